@@ -1,0 +1,24 @@
+# jobguard. `make test` needs nothing but Go: it starts its own redis-server on a
+# free port when REDIS_ADDR is unset (installing redis-server with apt-get if
+# the binary is missing) and stops it afterwards.
+GO ?= go
+PKGS := ./...
+
+.PHONY: test bench lint run-demo
+
+## test: every test with the race detector, against a real redis-server.
+test:
+	@tools/with-redis.sh $(GO) test -race -count=1 -timeout 10m $(PKGS)
+
+## bench: the comparison harness (bench/, a separate module) and Go benchmarks.
+bench:
+	@tools/with-redis.sh sh -c 'cd bench && $(GO) run . -out ../BENCHMARKS.md'
+
+## lint: gofmt and go vet.
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+## run-demo: the lockkit demo (embedded Redis unless REDIS_ADDR is set).
+run-demo:
+	$(GO) run ./examples/lockdemo

@@ -1,0 +1,109 @@
+// Package testredis gives tests a Redis: the real server named by REDIS_ADDR
+// (started by `make test`), or an embedded miniredis for fast unit tests, plus
+// a go-redis hook that counts round trips.
+package testredis
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// Addr returns REDIS_ADDR. Without it the test is skipped, except under CI
+// (CI=true), where a missing Redis is a failure.
+func Addr(t testing.TB) string {
+	t.Helper()
+	addr := os.Getenv("REDIS_ADDR")
+	if addr == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("REDIS_ADDR is not set; run the tests with `make test`")
+		}
+		t.Skip("REDIS_ADDR is not set; `make test` starts a redis-server and sets it")
+	}
+	return addr
+}
+
+// Client returns a client of the real Redis at Addr, closed when the test ends.
+func Client(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: Addr(t)})
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("redis at %s: %v", Addr(t), err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Mini starts a miniredis for the test and returns it with a client of it.
+func Mini(t testing.TB) (*miniredis.Miniredis, *redis.Client) {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	return mr, c
+}
+
+// Prefix returns a key prefix unique to this test run, and deletes every key
+// under it from c when the test ends.
+func Prefix(t testing.TB, c redis.UniversalClient) string {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := strings.NewReplacer("/", ".", " ", "_").Replace(t.Name())
+	p := "test:" + name + ":" + hex.EncodeToString(b) + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		del := func(ctx context.Context, c redis.Cmdable) error {
+			iter := c.Scan(ctx, 0, p+"*", 500).Iterator()
+			for iter.Next(ctx) {
+				c.Del(ctx, iter.Val())
+			}
+			return iter.Err()
+		}
+		if cc, ok := c.(*redis.ClusterClient); ok {
+			_ = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return del(ctx, n) })
+			return
+		}
+		_ = del(ctx, c)
+	})
+	return p
+}
+
+// Counter is a go-redis hook that counts round trips: one per command, one per
+// pipeline. Add it with client.AddHook.
+type Counter struct{ n atomic.Int64 }
+
+// Count returns the round trips so far.
+func (c *Counter) Count() int64 { return c.n.Load() }
+
+// Reset sets the count to zero.
+func (c *Counter) Reset() { c.n.Store(0) }
+
+// DialHook implements redis.Hook.
+func (c *Counter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook implements redis.Hook.
+func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook implements redis.Hook.
+func (c *Counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+var _ redis.Hook = (*Counter)(nil)

@@ -1,0 +1,37 @@
+// Package lockkit provides leases on keys: owner-checked locks and counting
+// semaphores in Redis that renew themselves while work runs and tell the work
+// when they are lost.
+//
+// A Locker hands out a *Lease per key. RedisLocker shares leases between
+// processes through Redis (standalone, Sentinel or Cluster); MemoryLocker has
+// the same semantics inside one process.
+//
+//	locker, err := lockkit.NewRedis(rdb, lockkit.WithTTL(30*time.Second))
+//	if err != nil { ... }
+//	defer locker.Close(ctx)
+//
+//	err = lockkit.Do(ctx, locker, "report:tenant-42", nil, func(ctx context.Context) error {
+//		// Runs alone across every process sharing rdb. ctx is cancelled with a
+//		// cause matching ErrLost if the lease cannot be renewed.
+//		return build(ctx)
+//	})
+//
+// What a lease gives:
+//   - TryAcquire makes one attempt; a held key returns a *ConflictError
+//     (errors.Is ErrNotAcquired) naming the holder and its TTL. Acquire waits,
+//     bounded by ctx; a release wakes waiters at once through pub/sub, with a
+//     bounded poll as the fallback for missed wake-ups and expired holders.
+//   - Release and Extend check the owner in one script call each and never
+//     touch another owner's lease (ErrNotHeld).
+//   - One renewer goroutine per Locker renews every held lease every TTL/3 in
+//     pipelined batches. A lease that cannot be renewed before its TTL runs out
+//     is lost: Lease.Lost closes and contexts from Lease.Context are cancelled
+//     with a cause matching ErrLost, a little before Redis would expire it.
+//   - Every acquire returns a fencing token (Lease.Token) greater than any
+//     earlier token of the key; resources that must never see a stale holder
+//     check it.
+//   - Options.Limit allows N holders of a key at once; Options.Fair serves
+//     waiters in arrival order; Options.Epoch claims a unit of work once.
+//   - Inspect and RedisLocker.Keys show holders and waiters.
+//   - Close stops the renewer and releases every lease the Locker holds.
+package lockkit

@@ -1,0 +1,242 @@
+package lockkit
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+const (
+	stateHeld = iota
+	stateReleased
+	stateLost
+)
+
+// releaseTimeout bounds the release that Run performs after fn returns, when
+// the caller's ctx is already done.
+const releaseTimeout = 5 * time.Second
+
+// Lease is a held claim on a key, returned by a Locker. It is renewed
+// automatically until Release (unless Options.NoRenew). When it can no longer
+// be renewed it is lost: Lost() closes and contexts from Context are cancelled
+// with a cause matching ErrLost. A Lease is safe for concurrent use.
+type Lease struct {
+	e      *engine
+	key    string
+	owner  string
+	token  int64
+	member string
+
+	// Guarded by e.mu.
+	ttl          time.Duration
+	interval     time.Duration
+	validUntil   time.Time
+	nextRenew    time.Time
+	lastRenewErr error
+	state        int
+	cause        error
+	lost         chan struct{}
+	cancels      map[int]context.CancelCauseFunc
+	nextCancel   int
+}
+
+// memberOf is how a lease is stored among a key's holders: its fencing token,
+// which is unique per key, then the owner id.
+func memberOf(token int64, owner string) string {
+	return strconv.FormatInt(token, 10) + ":" + owner
+}
+
+func parseMember(m string) (token int64, owner string) {
+	t, o, _ := strings.Cut(m, ":")
+	token, _ = strconv.ParseInt(t, 10, 64)
+	return token, o
+}
+
+// Key returns the key the lease holds.
+func (l *Lease) Key() string { return l.key }
+
+// Owner returns the owner id of the Locker that acquired the lease.
+func (l *Lease) Owner() string { return l.owner }
+
+// Token returns the fencing token: it is greater than the token of every
+// earlier lease on the same key, whoever held it. Pass it to the resource the
+// lease protects so that the resource can reject writes from a stale holder.
+func (l *Lease) Token() int64 { return l.token }
+
+// Lost returns a channel that is closed when the lease is lost (not when it is
+// released).
+func (l *Lease) Lost() <-chan struct{} { return l.lost }
+
+// Err returns nil while the lease is held or after a normal release, and the
+// loss cause (matching ErrLost) once it is lost.
+func (l *Lease) Err() error {
+	l.e.mu.Lock()
+	defer l.e.mu.Unlock()
+	if l.state == stateLost {
+		return l.cause
+	}
+	return nil
+}
+
+func (l *Lease) validUntilLocked() time.Time {
+	l.e.mu.Lock()
+	defer l.e.mu.Unlock()
+	return l.validUntil
+}
+
+// Context returns a context derived from parent that is also cancelled when the
+// lease is lost (context.Cause matches ErrLost) or released (the cause matches
+// ErrNotHeld). Call the returned cancel function when done with it.
+func (l *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	l.e.mu.Lock()
+	if l.state != stateHeld {
+		cause := l.cause
+		l.e.mu.Unlock()
+		cancel(cause)
+		return ctx, func() { cancel(context.Canceled) }
+	}
+	id := l.nextCancel
+	l.nextCancel++
+	if l.cancels == nil {
+		l.cancels = make(map[int]context.CancelCauseFunc)
+	}
+	l.cancels[id] = cancel
+	l.e.mu.Unlock()
+	return ctx, func() {
+		l.e.mu.Lock()
+		delete(l.cancels, id)
+		l.e.mu.Unlock()
+		cancel(context.Canceled)
+	}
+}
+
+// end moves a held lease to state and cancels its contexts with cause. It
+// reports whether the lease was held.
+func (l *Lease) end(state int, cause error) bool {
+	l.e.mu.Lock()
+	if l.state != stateHeld {
+		l.e.mu.Unlock()
+		return false
+	}
+	l.state = state
+	l.cause = cause
+	delete(l.e.leases, l)
+	cancels := l.cancels
+	l.cancels = nil
+	if state == stateLost {
+		close(l.lost)
+	}
+	l.e.mu.Unlock()
+	for _, c := range cancels {
+		c(cause)
+	}
+	return true
+}
+
+func (l *Lease) markLost(cause error) {
+	if l.end(stateLost, cause) {
+		l.e.emit(Event{Kind: EventLost, Key: l.key, Owner: l.owner, Token: l.token, Err: cause})
+	}
+}
+
+// Release gives the lease up and wakes waiters. It stops renewal first, so the
+// lease is no longer renewed even if the call fails. It returns an error
+// matching ErrNotHeld if the lease was already released, expired or lost; in
+// that case no other owner's lease is touched.
+func (l *Lease) Release(ctx context.Context) error {
+	notHeld := fmt.Errorf("%w: %q token %d", ErrNotHeld, l.key, l.token)
+	if !l.end(stateReleased, notHeld) {
+		l.e.mu.Lock()
+		state, cause := l.state, l.cause
+		l.e.mu.Unlock()
+		if state == stateLost {
+			// Best effort: the lease may still be stored if renewal failed for
+			// network reasons; removing our own entry is always safe.
+			_, _ = l.e.b.release(ctx, []*Lease{l})
+			return fmt.Errorf("%w: %w", ErrNotHeld, cause)
+		}
+		return notHeld
+	}
+	held, err := l.e.b.release(ctx, []*Lease{l})
+	if err != nil {
+		return fmt.Errorf("lockkit: release %q: %w", l.key, err)
+	}
+	if !held[0] {
+		return fmt.Errorf("%w: it expired or was taken over", notHeld)
+	}
+	l.e.emit(Event{Kind: EventReleased, Key: l.key, Owner: l.owner, Token: l.token})
+	return nil
+}
+
+// Extend resets the lease's TTL to ttl (zero keeps the current TTL) in one
+// owner-checked call; later renewals use the new TTL, every ttl/3 unless the
+// lease was acquired with NoRenew. It returns an error matching ErrNotHeld
+// (and marks the lease lost) if the lease is no longer held, or ErrInvalid for
+// a ttl below MinTTL.
+func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	l.e.mu.Lock()
+	if ttl == 0 {
+		ttl = l.ttl
+	}
+	if ttl < MinTTL {
+		l.e.mu.Unlock()
+		return fmt.Errorf("%w: Extend(%s): TTL must be at least %s", ErrInvalid, ttl, MinTTL)
+	}
+	if l.state != stateHeld {
+		cause := l.cause
+		l.e.mu.Unlock()
+		return fmt.Errorf("%w: %w", ErrNotHeld, cause)
+	}
+	old, oldInterval := l.ttl, l.interval
+	l.ttl = ttl
+	if l.interval > 0 {
+		l.interval = ttl / 3
+	}
+	l.e.mu.Unlock()
+	sent := time.Now()
+	err := l.e.b.extend(ctx, []*Lease{l})[0]
+	l.e.mu.Lock()
+	if err != nil {
+		l.ttl, l.interval = old, oldInterval
+	} else if l.state == stateHeld {
+		l.validUntil = validUntil(sent, ttl)
+		l.nextRenew = sent.Add(l.interval)
+	}
+	l.e.mu.Unlock()
+	if err == errNotHeld {
+		cause := fmt.Errorf("%w: %q: the key expired or was taken over", ErrLost, l.key)
+		l.markLost(cause)
+		return fmt.Errorf("%w: %w", ErrNotHeld, cause)
+	}
+	if err != nil {
+		return fmt.Errorf("lockkit: extend %q: %w", l.key, err)
+	}
+	l.e.poke()
+	return nil
+}
+
+// Run calls fn with a context from Context(ctx), then releases the lease, also
+// when fn panics (the panic is re-raised after the release). The lease stays
+// renewed until fn returns, even after ctx is cancelled. Run returns fn's error
+// if it is not nil; otherwise the release error, which matches ErrLost (and
+// ErrNotHeld) if the lease was lost while fn ran. The release uses a context
+// that survives ctx's cancellation, bounded to 5 seconds.
+func (l *Lease) Run(ctx context.Context, fn func(context.Context) error) (err error) {
+	wctx, cancel := l.Context(ctx)
+	defer func() {
+		cancel()
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		rerr := l.Release(rctx)
+		rcancel()
+		if p := recover(); p != nil {
+			panic(p)
+		}
+		if err == nil {
+			err = rerr
+		}
+	}()
+	return fn(wctx)
+}

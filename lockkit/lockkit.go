@@ -1,0 +1,186 @@
+package lockkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Defaults used when an option or field is left at its zero value.
+const (
+	// DefaultTTL is a lease's time to live when neither WithTTL nor Options.TTL sets one.
+	DefaultTTL = 30 * time.Second
+	// DefaultPrefix is prepended to every Redis key and channel when WithPrefix is not given.
+	DefaultPrefix = "jobguard:"
+	// DefaultPollInterval bounds how long a waiter sleeps between attempts when no
+	// release notification reaches it (a missed wake-up or a holder that died).
+	DefaultPollInterval = 250 * time.Millisecond
+	// DefaultRenewBatch is how many renewals the renewer pipelines in one round trip.
+	DefaultRenewBatch = 1000
+	// MinTTL is the shortest lease TTL accepted: anything shorter cannot be renewed
+	// reliably over a network.
+	MinTTL = 100 * time.Millisecond
+)
+
+// Errors returned by lockkit. Compare with errors.Is.
+var (
+	// ErrNotAcquired is returned by TryAcquire when the key already has as many
+	// holders as its limit allows, and wrapped by Acquire when its ctx ends first.
+	// The error is a *ConflictError that names the current holder.
+	ErrNotAcquired = errors.New("lockkit: not acquired")
+	// ErrNotHeld is returned by Release and Extend when the lease is no longer held:
+	// it was released already, it expired, or it was lost. It never deletes another
+	// owner's lock.
+	ErrNotHeld = errors.New("lockkit: lease not held")
+	// ErrLost is the cause of a lease context's cancellation (context.Cause) when the
+	// lease could not be renewed: the key was taken over or deleted, or Redis stayed
+	// unreachable until the TTL would have run out.
+	ErrLost = errors.New("lockkit: lease lost")
+	// ErrEpochUsed is returned when Options.Epoch is not greater than the last epoch
+	// that acquired the key: that unit of work was already claimed.
+	ErrEpochUsed = errors.New("lockkit: epoch already used")
+	// ErrClosed is returned by a Locker after Close, and is the cause (together with
+	// ErrLost) of cancelling the contexts of leases that Close released.
+	ErrClosed = errors.New("lockkit: locker closed")
+	// ErrInvalid is wrapped by every validation error; the message names the field
+	// and the bad value.
+	ErrInvalid = errors.New("lockkit: invalid argument")
+)
+
+// ConflictError is returned when a key has no free holder slot. It matches
+// ErrNotAcquired with errors.Is and tells who holds the key now.
+type ConflictError struct {
+	Key string
+	// Owner is the owner id of the holder whose lease runs out first; empty when
+	// the slot is free but earlier waiters are queued ahead (fair mode).
+	Owner string
+	// Token is that holder's fencing token.
+	Token int64
+	// TTL is the time that holder's lease has left.
+	TTL time.Duration
+	// Holders is the number of live holders.
+	Holders int
+	// Ahead is the number of live fair waiters queued before the caller.
+	Ahead int
+}
+
+// Error implements error.
+func (e *ConflictError) Error() string {
+	if e.Owner == "" {
+		return fmt.Sprintf("lockkit: not acquired: %q has %d holder(s) and %d waiter(s) ahead", e.Key, e.Holders, e.Ahead)
+	}
+	return fmt.Sprintf("lockkit: not acquired: %q is held by %s (token %d, ttl %s, %d holder(s))",
+		e.Key, e.Owner, e.Token, e.TTL.Round(time.Millisecond), e.Holders)
+}
+
+// Is reports whether target is ErrNotAcquired.
+func (e *ConflictError) Is(target error) bool { return target == ErrNotAcquired }
+
+// Locker hands out leases on keys. The layers above lockkit depend on this
+// interface only. RedisLocker implements it for a fleet of processes sharing a
+// Redis; MemoryLocker implements it with the same semantics inside one process.
+type Locker interface {
+	// TryAcquire makes one attempt. It returns a held lease, or an error that
+	// matches ErrNotAcquired (a *ConflictError), ErrEpochUsed, ErrInvalid,
+	// ErrClosed, or a Redis error.
+	TryAcquire(ctx context.Context, key string, opt *Options) (*Lease, error)
+	// Acquire waits until the key can be acquired or ctx ends. Waiters are woken
+	// when a holder releases. When ctx ends first the error wraps ctx.Err() and
+	// the last *ConflictError.
+	Acquire(ctx context.Context, key string, opt *Options) (*Lease, error)
+	// Inspect reports the live holders and waiters of key.
+	Inspect(ctx context.Context, key string) (*Info, error)
+	// Close stops renewal and releases every lease the Locker still holds.
+	Close(ctx context.Context) error
+}
+
+// Options are per-acquire settings. A nil *Options means all defaults.
+type Options struct {
+	// TTL is how long the lease lives without renewal. Zero means the Locker's
+	// default (DefaultTTL unless WithTTL). Must be at least MinTTL.
+	TTL time.Duration
+	// RenewInterval is how often the lease is renewed while held. Zero means TTL/3.
+	// Must be shorter than TTL.
+	RenewInterval time.Duration
+	// NoRenew turns auto-renewal off: the lease then lives for TTL unless Extend
+	// is called. Defaults to false (renewed until released).
+	NoRenew bool
+	// Limit is how many holders the key allows at once (a counting semaphore).
+	// Zero means 1, a plain lock; a negative value is an error. Every caller of a
+	// key should pass the same limit.
+	Limit int
+	// Fair makes a waiting Acquire queue in arrival order: a slot goes to the
+	// earliest live waiter. A waiter that stops polling (its process died) is
+	// dropped from the queue after 4 poll intervals. Callers that do not queue
+	// also respect the queue. Defaults to false.
+	Fair bool
+	// Epoch, when positive, makes the acquire succeed only if it is greater than
+	// the epoch of the previous successful acquire of the key; otherwise it fails
+	// with ErrEpochUsed. Use it to claim a unit of work (such as a cron tick) once.
+	// Zero means no epoch check.
+	Epoch int64
+	// EpochTTL is how long the key remembers its last epoch. Zero means TTL.
+	EpochTTL time.Duration
+}
+
+// Info describes a key's state, as returned by Inspect.
+type Info struct {
+	Key     string
+	Holders []Holder
+	// Waiters is the number of live callers waiting in Acquire.
+	Waiters int
+}
+
+// Holder is one live lease on a key.
+type Holder struct {
+	Owner string
+	Token int64
+	TTL   time.Duration
+}
+
+// EventKind names what happened to a lease.
+type EventKind int
+
+// Event kinds reported to the observer set with WithObserver.
+const (
+	EventAcquired    EventKind = iota + 1 // a lease was acquired (Event.Wait tells how long it waited)
+	EventContended                        // an acquire found the key held
+	EventReleased                         // a lease was released by its holder
+	EventRenewed                          // a lease was renewed
+	EventRenewFailed                      // a renewal failed but the lease is still valid (Event.Err)
+	EventLost                             // a lease was lost (Event.Err wraps ErrLost)
+)
+
+var eventNames = [...]string{"", "acquired", "contended", "released", "renewed", "renew_failed", "lost"}
+
+// String returns the event kind in snake case, such as "renew_failed".
+func (k EventKind) String() string {
+	if k > 0 && int(k) < len(eventNames) {
+		return eventNames[k]
+	}
+	return fmt.Sprintf("EventKind(%d)", int(k))
+}
+
+// Event is reported to the observer for every lease transition.
+type Event struct {
+	Kind  EventKind
+	Key   string
+	Owner string
+	Token int64
+	// Wait is how long Acquire waited (EventAcquired only).
+	Wait time.Duration
+	// Err is the failure for EventRenewFailed, EventLost and EventContended.
+	Err error
+}
+
+// Do acquires key on l (waiting, bounded by ctx), runs fn under the lease and
+// releases it when fn returns or panics. fn's ctx is cancelled with a cause
+// matching ErrLost if the lease is lost. See Lease.Run for the returned error.
+func Do(ctx context.Context, l Locker, key string, opt *Options, fn func(context.Context) error) error {
+	lease, err := l.Acquire(ctx, key, opt)
+	if err != nil {
+		return err
+	}
+	return lease.Run(ctx, fn)
+}

@@ -1,0 +1,154 @@
+package lockkit
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+)
+
+// Option configures a RedisLocker or a MemoryLocker.
+type Option func(*config)
+
+type config struct {
+	prefix     string
+	owner      string
+	ttl        time.Duration
+	poll       time.Duration
+	renewBatch int
+	logger     *slog.Logger
+	observer   func(Event)
+}
+
+// WithPrefix sets the prefix of every Redis key and channel the Locker uses.
+// Defaults to DefaultPrefix ("jobguard:").
+func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
+
+// WithOwner sets the owner id recorded with every lease, shown by Inspect and in
+// ConflictError. It must not be empty. Defaults to "hostname:pid:random".
+func WithOwner(id string) Option { return func(c *config) { c.owner = id } }
+
+// WithTTL sets the TTL of leases whose Options.TTL is zero. Must be at least
+// MinTTL. Defaults to DefaultTTL (30s).
+func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl = ttl } }
+
+// WithPollInterval bounds how long a waiter sleeps when no release notification
+// arrives. Release notifications wake waiters at once; this only covers missed
+// notifications. Must be positive. Defaults to DefaultPollInterval (250ms).
+func WithPollInterval(d time.Duration) Option { return func(c *config) { c.poll = d } }
+
+// WithRenewBatch sets how many renewals are pipelined in one round trip. Must be
+// positive. Defaults to DefaultRenewBatch (1000).
+func WithRenewBatch(n int) Option { return func(c *config) { c.renewBatch = n } }
+
+// WithLogger sets the logger for lost leases and failed renewals (Warn) and
+// other transitions (Debug). Defaults to no logging.
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithObserver sets a function called synchronously for every lease event. It
+// must be fast and must not call back into the Locker. Defaults to none.
+func WithObserver(fn func(Event)) Option { return func(c *config) { c.observer = fn } }
+
+func newConfig(opts []Option) (config, error) {
+	c := config{
+		prefix:     DefaultPrefix,
+		ttl:        DefaultTTL,
+		poll:       DefaultPollInterval,
+		renewBatch: DefaultRenewBatch,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if c.owner == "" {
+		c.owner = DefaultOwner()
+	}
+	switch {
+	case c.ttl < MinTTL:
+		return c, fmt.Errorf("%w: WithTTL(%s): must be at least %s", ErrInvalid, c.ttl, MinTTL)
+	case c.poll <= 0:
+		return c, fmt.Errorf("%w: WithPollInterval(%s): must be positive", ErrInvalid, c.poll)
+	case c.renewBatch <= 0:
+		return c, fmt.Errorf("%w: WithRenewBatch(%d): must be positive", ErrInvalid, c.renewBatch)
+	}
+	if c.logger == nil {
+		c.logger = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
+// DefaultOwner returns "hostname:pid:random", the owner id used when WithOwner
+// is not given. Each call returns a different id.
+func DefaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), randomID(4))
+}
+
+func randomID(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on supported platforms
+	return hex.EncodeToString(b)
+}
+
+// request is a validated acquire with every default filled in.
+type request struct {
+	key      string
+	owner    string
+	ttl      time.Duration
+	interval time.Duration // 0 when renewal is off
+	limit    int
+	fair     bool
+	epoch    int64
+	epochTTL time.Duration
+	// waiter is set when the caller waits: it registers in the key's waiter set.
+	waiter    string
+	waiterTTL time.Duration
+}
+
+func (c *config) request(key string, o *Options) (request, error) {
+	if o == nil {
+		o = &Options{}
+	}
+	r := request{key: key, owner: c.owner, ttl: o.TTL, limit: o.Limit, fair: o.Fair, epoch: o.Epoch, epochTTL: o.EpochTTL}
+	if key == "" {
+		return r, fmt.Errorf("%w: key is empty", ErrInvalid)
+	}
+	if r.ttl == 0 {
+		r.ttl = c.ttl
+	}
+	if r.ttl < MinTTL {
+		return r, fmt.Errorf("%w: key %q: TTL %s is shorter than MinTTL (%s)", ErrInvalid, key, r.ttl, MinTTL)
+	}
+	if !o.NoRenew {
+		r.interval = o.RenewInterval
+		if r.interval == 0 {
+			r.interval = r.ttl / 3
+		}
+		if r.interval < 0 || r.interval >= r.ttl {
+			return r, fmt.Errorf("%w: key %q: RenewInterval %s must be positive and shorter than TTL %s", ErrInvalid, key, o.RenewInterval, r.ttl)
+		}
+	}
+	if r.limit == 0 {
+		r.limit = 1
+	}
+	if r.limit < 1 {
+		return r, fmt.Errorf("%w: key %q: Limit %d must be at least 1", ErrInvalid, key, o.Limit)
+	}
+	if r.epoch < 0 {
+		return r, fmt.Errorf("%w: key %q: Epoch %d must not be negative", ErrInvalid, key, r.epoch)
+	}
+	if r.epochTTL < 0 {
+		return r, fmt.Errorf("%w: key %q: EpochTTL %s must not be negative", ErrInvalid, key, r.epochTTL)
+	}
+	if r.epochTTL == 0 {
+		r.epochTTL = r.ttl
+	}
+	r.waiterTTL = 4 * c.poll
+	return r, nil
+}

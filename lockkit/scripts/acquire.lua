@@ -1,0 +1,96 @@
+-- Acquires one holder slot of a lock, or reports who holds it.
+-- KEYS[1] holders: ZSET, member "<token>:<owner>", score = expiry (ms, server time)
+-- KEYS[2] meta: HASH, f = last fencing token, e = last epoch
+-- KEYS[3] queue: ZSET of fair waiters, score = arrival (us)
+-- KEYS[4] waiters: ZSET of every waiter, score = deadline (ms)
+-- ARGV[1] owner id
+-- ARGV[2] ttl (ms)
+-- ARGV[3] holder limit
+-- ARGV[4] waiter id, "" when the caller does not wait
+-- ARGV[5] "1" to queue the waiter in arrival order (fair)
+-- ARGV[6] waiter ttl (ms): a waiter not seen for this long is dropped
+-- ARGV[7] epoch, "0" for none
+-- ARGV[8] how long to remember the epoch (ms)
+-- Returns {1, token} when acquired,
+--         {0, first holder member, its ttl ms, holders, waiters ahead} when held,
+--         {-1, last epoch} when the epoch was already used.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local ttl = tonumber(ARGV[2])
+local limit = tonumber(ARGV[3])
+local wid = ARGV[4]
+local epoch = tonumber(ARGV[7])
+
+local function forget_waiter()
+  if wid ~= '' then
+    redis.call('ZREM', KEYS[3], wid)
+    redis.call('ZREM', KEYS[4], wid)
+  end
+end
+
+local function extend_key(key, ms)
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+
+if epoch > 0 then
+  local last = tonumber(redis.call('HGET', KEYS[2], 'e') or '0')
+  if epoch <= last then
+    forget_waiter()
+    return {-1, string.format('%d', last)}
+  end
+end
+
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local count = redis.call('ZCARD', KEYS[1])
+
+local ahead = 0
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+  for _, w in ipairs(dead) do
+    redis.call('ZREM', KEYS[3], w)
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  local rank = false
+  if wid ~= '' then
+    rank = redis.call('ZRANK', KEYS[3], wid)
+  end
+  if rank then
+    ahead = rank
+  else
+    ahead = redis.call('ZCARD', KEYS[3])
+  end
+end
+
+if count + ahead < limit then
+  local last = tonumber(redis.call('HGET', KEYS[2], 'f') or '0')
+  local token = string.format('%d', math.max(last + 1, nowus))
+  redis.call('ZADD', KEYS[1], now + ttl, token .. ':' .. ARGV[1])
+  extend_key(KEYS[1], ttl)
+  redis.call('HSET', KEYS[2], 'f', token)
+  if epoch > 0 then
+    redis.call('HSET', KEYS[2], 'e', ARGV[7])
+  end
+  extend_key(KEYS[2], math.max(ttl, tonumber(ARGV[8])))
+  forget_waiter()
+  return {1, token}
+end
+
+if wid ~= '' then
+  local wttl = tonumber(ARGV[6])
+  redis.call('ZADD', KEYS[4], now + wttl, wid)
+  extend_key(KEYS[4], wttl)
+  if ARGV[5] == '1' then
+    redis.call('ZADD', KEYS[3], 'NX', nowus, wid)
+    extend_key(KEYS[3], wttl)
+    ahead = redis.call('ZRANK', KEYS[3], wid)
+  end
+end
+
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if first[1] then
+  return {0, first[1], tonumber(first[2]) - now, count, ahead}
+end
+return {0, '', 0, count, ahead}

@@ -1,0 +1,17 @@
+-- Renews one holder's lease if it is still held.
+-- KEYS[1] holders: ZSET, member "<token>:<owner>", score = expiry (ms)
+-- ARGV[1] the lease's member
+-- ARGV[2] ttl (ms)
+-- Returns 1 when renewed, 0 when the lease had expired or was gone.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) <= now then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return 1

@@ -1,0 +1,600 @@
+package lockkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jobguard/jobguard/internal/testredis"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// harness builds Lockers that share one store, like processes sharing a Redis.
+type harness struct {
+	// locker returns a new Locker on the shared store, closed at test end.
+	locker func(t *testing.T, opts ...Option) Locker
+	// killable returns a Locker whose renewal can be stopped without releasing
+	// anything, as if its process froze or died.
+	killable func(t *testing.T, opts ...Option) (Locker, func())
+	// steal removes key's holders behind the holders' backs.
+	steal func(t *testing.T, key string)
+	// wipe forgets everything (a Redis restart without persistence).
+	wipe func(t *testing.T)
+}
+
+func memoryHarness(t *testing.T) *harness {
+	base, err := NewMemory()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = base.Close(context.Background()) })
+	newPeer := func(t *testing.T, opts ...Option) *MemoryLocker {
+		l, err := base.NewPeer(opts...)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		return l
+	}
+	return &harness{
+		locker: func(t *testing.T, opts ...Option) Locker { return newPeer(t, opts...) },
+		killable: func(t *testing.T, opts ...Option) (Locker, func()) {
+			l := newPeer(t, opts...)
+			return l, func() { l.e.stopOnce.Do(func() { close(l.e.stop) }); l.e.wg.Wait() }
+		},
+		steal: func(t *testing.T, key string) {
+			base.m.mu.Lock()
+			defer base.m.mu.Unlock()
+			if lk := base.m.locks[key]; lk != nil {
+				clear(lk.holders)
+			}
+		},
+		wipe: func(t *testing.T) {
+			base.m.mu.Lock()
+			defer base.m.mu.Unlock()
+			base.m.locks = make(map[string]*memLock)
+		},
+	}
+}
+
+func redisHarness(t *testing.T, client *redis.Client) *harness {
+	prefix := testredis.Prefix(t, client)
+	newLocker := func(t *testing.T, c redis.UniversalClient, opts ...Option) *RedisLocker {
+		l, err := NewRedis(c, append([]Option{WithPrefix(prefix)}, opts...)...)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		return l
+	}
+	return &harness{
+		locker: func(t *testing.T, opts ...Option) Locker { return newLocker(t, client, opts...) },
+		killable: func(t *testing.T, opts ...Option) (Locker, func()) {
+			own := redis.NewClient(client.Options())
+			t.Cleanup(func() { _ = own.Close() })
+			return newLocker(t, own, opts...), func() { _ = own.Close() }
+		},
+		steal: func(t *testing.T, key string) {
+			require.NoError(t, client.Del(context.Background(), prefix+"{"+key+"}:h").Err())
+		},
+		wipe: func(t *testing.T) {
+			iter := client.Scan(context.Background(), 0, prefix+"*", 100).Iterator()
+			for iter.Next(context.Background()) {
+				client.Del(context.Background(), iter.Val())
+			}
+			require.NoError(t, iter.Err())
+		},
+	}
+}
+
+// The same behaviour suite runs against every implementation.
+func TestBehaviourMemory(t *testing.T) { runSuite(t, memoryHarness) }
+
+func TestBehaviourMiniredis(t *testing.T) {
+	runSuite(t, func(t *testing.T) *harness {
+		_, c := testredis.Mini(t)
+		return redisHarness(t, c)
+	})
+}
+
+func TestBehaviourRedis(t *testing.T) {
+	testredis.Addr(t)
+	runSuite(t, func(t *testing.T) *harness { return redisHarness(t, testredis.Client(t)) })
+}
+
+func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
+	tests := []struct {
+		name string
+		fn   func(*testing.T, *harness)
+	}{
+		{"TryAcquireConflictNamesHolder", testConflict},
+		{"ReleaseWakesWaiterWithoutPolling", testWake},
+		{"ReleaseIsOwnerChecked", testReleaseOwnerChecked},
+		{"ExtendIsOwnerChecked", testExtend},
+		{"RenewalKeepsLeaseAlive", testRenewal},
+		{"StolenKeyCancelsWork", testLost},
+		{"DeadHolderExpiresAndTokenRises", testDeadHolder},
+		{"FencingTokenMonotonicAcrossRestart", testFencing},
+		{"HolderLimit", testLimit},
+		{"FairQueueIsFIFO", testFair},
+		{"DeadFairWaiterIsDropped", testDeadWaiter},
+		{"EpochClaimsOnce", testEpoch},
+		{"Inspect", testInspect},
+		{"CloseReleasesEverything", testClose},
+		{"AcquireEndsWithContext", testAcquireCtx},
+		{"RunReleasesOnPanic", testRunPanic},
+		{"Validation", testValidation},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t, newHarness(t))
+		})
+	}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func testConflict(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t, WithOwner("owner-a"))
+	b := h.locker(t, WithOwner("owner-b"))
+	la, err := a.TryAcquire(ctx, "k", nil)
+	require.NoError(t, err)
+	require.Equal(t, "owner-a", la.Owner())
+	require.Positive(t, la.Token())
+
+	_, err = b.TryAcquire(ctx, "k", nil)
+	require.ErrorIs(t, err, ErrNotAcquired)
+	var ce *ConflictError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "owner-a", ce.Owner)
+	require.Equal(t, la.Token(), ce.Token)
+	require.Equal(t, 1, ce.Holders)
+	require.Greater(t, ce.TTL, DefaultTTL-5*time.Second)
+	require.LessOrEqual(t, ce.TTL, DefaultTTL)
+
+	// A Locker does not re-enter its own lock either: two workers of one
+	// process must not run the same key.
+	_, err = a.TryAcquire(ctx, "k", nil)
+	require.ErrorIs(t, err, ErrNotAcquired)
+	require.NoError(t, la.Release(ctx))
+	lb, err := b.TryAcquire(ctx, "k", nil)
+	require.NoError(t, err)
+	require.NoError(t, lb.Release(ctx))
+}
+
+func testWake(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t)
+	// A poll interval far beyond the test's deadline: only a release
+	// notification can hand the lock over in time.
+	b := h.locker(t, WithPollInterval(time.Hour))
+	la, err := a.TryAcquire(ctx, "k", nil)
+	require.NoError(t, err)
+
+	var events []EventKind
+	var mu sync.Mutex
+	waiting := make(chan struct{})
+	c := h.locker(t, WithPollInterval(time.Hour), WithObserver(func(e Event) {
+		mu.Lock()
+		events = append(events, e.Kind)
+		mu.Unlock()
+		if e.Kind == EventContended {
+			close(waiting)
+		}
+	}))
+	got := make(chan *Lease, 1)
+	go func() {
+		l, err := c.Acquire(ctx, "k", nil)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	<-waiting
+	_ = b
+	require.NoError(t, la.Release(ctx))
+	select {
+	case l := <-got:
+		require.NotNil(t, l)
+		require.Greater(t, l.Token(), la.Token())
+		require.NoError(t, l.Release(ctx))
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter was not woken by the release")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []EventKind{EventContended, EventAcquired, EventReleased}, events)
+}
+
+func testReleaseOwnerChecked(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t)
+	b := h.locker(t)
+	la, err := a.TryAcquire(ctx, "k", &Options{TTL: MinTTL, NoRenew: true})
+	require.NoError(t, err)
+	lb, err := b.Acquire(ctx, "k", nil) // after la expires
+	require.NoError(t, err)
+
+	err = la.Release(ctx)
+	require.ErrorIs(t, err, ErrNotHeld)
+	// b's lock is untouched.
+	_, err = a.TryAcquire(ctx, "k", nil)
+	require.ErrorIs(t, err, ErrNotAcquired)
+
+	require.NoError(t, lb.Release(ctx))
+	require.ErrorIs(t, lb.Release(ctx), ErrNotHeld, "a second release")
+}
+
+func testExtend(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t)
+	la, err := a.TryAcquire(ctx, "k", &Options{TTL: time.Second, NoRenew: true})
+	require.NoError(t, err)
+	require.NoError(t, la.Extend(ctx, time.Minute))
+	info, err := a.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.Greater(t, info.Holders[0].TTL, 50*time.Second)
+	require.ErrorIs(t, la.Extend(ctx, time.Millisecond), ErrInvalid)
+
+	h.steal(t, "k")
+	err = la.Extend(ctx, time.Minute)
+	require.ErrorIs(t, err, ErrNotHeld)
+	require.ErrorIs(t, la.Err(), ErrLost)
+	info, err = a.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Empty(t, info.Holders, "extend must not recreate a lost lease")
+}
+
+func testRenewal(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	renewed := make(chan struct{}, 100)
+	a := h.locker(t, WithObserver(func(e Event) {
+		if e.Kind == EventRenewed {
+			renewed <- struct{}{}
+		}
+	}))
+	b := h.locker(t)
+	ttl := 300 * time.Millisecond
+	la, err := a.TryAcquire(ctx, "k", &Options{TTL: ttl})
+	require.NoError(t, err)
+	// Five renewals span well over one TTL.
+	start := time.Now()
+	for range 5 {
+		select {
+		case <-renewed:
+		case <-ctx.Done():
+			t.Fatal("lease was not renewed")
+		}
+	}
+	require.Greater(t, time.Since(start), ttl)
+	_, err = b.TryAcquire(ctx, "k", nil)
+	require.ErrorIs(t, err, ErrNotAcquired)
+	require.NoError(t, la.Err())
+	require.NoError(t, la.Release(ctx))
+}
+
+func testLost(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t)
+	la, err := a.TryAcquire(ctx, "k", &Options{TTL: 300 * time.Millisecond})
+	require.NoError(t, err)
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- la.Run(ctx, func(ctx context.Context) error {
+			close(started)
+			<-ctx.Done()
+			return context.Cause(ctx)
+		})
+	}()
+	<-started
+	h.steal(t, "k")
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, ErrLost)
+	case <-ctx.Done():
+		t.Fatal("work was not cancelled after its key was stolen")
+	}
+	<-la.Lost()
+	require.ErrorIs(t, la.Err(), ErrLost)
+}
+
+func testDeadHolder(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	ttl := 400 * time.Millisecond
+	holder, kill := h.killable(t)
+	waiter := h.locker(t, WithPollInterval(50*time.Millisecond))
+	lh, err := holder.TryAcquire(ctx, "k", &Options{TTL: ttl})
+	require.NoError(t, err)
+	kill()
+	killed := time.Now()
+	lw, err := waiter.Acquire(ctx, "k", nil)
+	require.NoError(t, err)
+	took := time.Since(killed)
+	require.Less(t, took, ttl+time.Second, "the next waiter gets the lock within TTL + a margin")
+	require.Greater(t, lw.Token(), lh.Token())
+	require.NoError(t, lw.Release(ctx))
+}
+
+func testFencing(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t)
+	b := h.locker(t)
+	var last int64
+	for i := range 6 {
+		l := a
+		if i%2 == 1 {
+			l = b
+		}
+		if i == 3 {
+			h.wipe(t) // the key and its counter are gone
+		}
+		lease, err := l.TryAcquire(ctx, "k", nil)
+		require.NoError(t, err)
+		require.Greater(t, lease.Token(), last, "acquire %d", i)
+		last = lease.Token()
+		require.NoError(t, lease.Release(ctx))
+	}
+}
+
+func testLimit(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	opt := &Options{Limit: 3}
+	var held []*Lease
+	for i := range 3 {
+		l, err := h.locker(t).TryAcquire(ctx, "k", opt)
+		require.NoError(t, err, "holder %d", i)
+		held = append(held, l)
+	}
+	other := h.locker(t)
+	_, err := other.TryAcquire(ctx, "k", opt)
+	var ce *ConflictError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, 3, ce.Holders)
+
+	got := make(chan *Lease, 1)
+	go func() {
+		l, err := other.Acquire(ctx, "k", opt)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	require.NoError(t, held[1].Release(ctx))
+	l := <-got
+	require.NotNil(t, l)
+	info, err := other.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 3)
+	for _, x := range []*Lease{held[0], held[2], l} {
+		require.NoError(t, x.Release(ctx))
+	}
+}
+
+// waitWaiters blocks until key has n live waiters.
+func waitWaiters(t *testing.T, l Locker, key string, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		info, err := l.Inspect(context.Background(), key)
+		return err == nil && info.Waiters == n
+	}, 10*time.Second, 2*time.Millisecond)
+}
+
+func testFair(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t)
+	la, err := a.TryAcquire(ctx, "k", nil)
+	require.NoError(t, err)
+	const n = 5
+	var (
+		mu    sync.Mutex
+		order []int
+		wg    sync.WaitGroup
+	)
+	for i := range n {
+		w := h.locker(t, WithPollInterval(20*time.Millisecond))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := w.Acquire(ctx, "k", &Options{Fair: true})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			_ = l.Release(ctx)
+		}()
+		waitWaiters(t, a, "k", i+1) // i is queued before i+1 arrives
+	}
+	require.NoError(t, la.Release(ctx))
+	wg.Wait()
+	require.Equal(t, []int{0, 1, 2, 3, 4}, order)
+}
+
+func testDeadWaiter(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	poll := 50 * time.Millisecond
+	a := h.locker(t)
+	la, err := a.TryAcquire(ctx, "k", nil)
+	require.NoError(t, err)
+	// A fair waiter that queued once and then died: it never polls or leaves.
+	dead := engineOf(h.locker(t, WithPollInterval(poll)))
+	r, err := dead.cfg.request("k", &Options{Fair: true})
+	require.NoError(t, err)
+	r.waiter = "dead-waiter"
+	res, err := dead.b.acquire(ctx, &r)
+	require.NoError(t, err)
+	require.False(t, res.ok)
+	waitWaiters(t, a, "k", 1)
+
+	live := h.locker(t, WithPollInterval(poll))
+	got := make(chan error, 1)
+	go func() {
+		l, err := live.Acquire(ctx, "k", &Options{Fair: true})
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	require.NoError(t, la.Release(ctx))
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a dead fair waiter blocked the queue")
+	}
+}
+
+func engineOf(l Locker) *engine {
+	switch x := l.(type) {
+	case *MemoryLocker:
+		return x.e
+	case *RedisLocker:
+		return x.e
+	}
+	panic(fmt.Sprintf("unknown Locker %T", l))
+}
+
+func testEpoch(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t)
+	b := h.locker(t)
+	l, err := a.TryAcquire(ctx, "tick", &Options{Epoch: 100, EpochTTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+	// A replica that fires the same tick late finds it claimed.
+	_, err = b.TryAcquire(ctx, "tick", &Options{Epoch: 100})
+	require.ErrorIs(t, err, ErrEpochUsed)
+	_, err = b.Acquire(ctx, "tick", &Options{Epoch: 99})
+	require.ErrorIs(t, err, ErrEpochUsed)
+	l, err = b.TryAcquire(ctx, "tick", &Options{Epoch: 101})
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+}
+
+func testInspect(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t, WithOwner("ins-a"))
+	b := h.locker(t, WithOwner("ins-b"))
+	info, err := a.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Empty(t, info.Holders)
+	la, err := a.TryAcquire(ctx, "k", &Options{Limit: 2, TTL: time.Minute})
+	require.NoError(t, err)
+	lb, err := b.TryAcquire(ctx, "k", &Options{Limit: 2, TTL: 2 * time.Minute})
+	require.NoError(t, err)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _, _ = h.locker(t).Acquire(wctx, "k", &Options{Limit: 2}) }()
+	waitWaiters(t, a, "k", 1)
+	info, err = b.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, "k", info.Key)
+	require.Len(t, info.Holders, 2)
+	require.Equal(t, Holder{Owner: "ins-a", Token: la.Token(), TTL: info.Holders[0].TTL}, info.Holders[0])
+	require.Equal(t, "ins-b", info.Holders[1].Owner)
+	require.Equal(t, lb.Token(), info.Holders[1].Token)
+	require.Greater(t, info.Holders[1].TTL, info.Holders[0].TTL)
+	cancel()
+	waitWaiters(t, a, "k", 0) // a waiter that gives up leaves at once
+	_, err = a.Inspect(ctx, "")
+	require.ErrorIs(t, err, ErrInvalid)
+}
+
+func testClose(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t)
+	var leases []*Lease
+	for i := range 3 {
+		l, err := a.TryAcquire(ctx, fmt.Sprint("k", i), nil)
+		require.NoError(t, err)
+		leases = append(leases, l)
+	}
+	wctx, wcancel := leases[0].Context(ctx)
+	defer wcancel()
+	require.NoError(t, a.Close(ctx))
+	require.ErrorIs(t, context.Cause(wctx), ErrClosed)
+	require.ErrorIs(t, context.Cause(wctx), ErrLost)
+	b := h.locker(t)
+	for i := range 3 {
+		l, err := b.TryAcquire(ctx, fmt.Sprint("k", i), nil)
+		require.NoError(t, err, "key %d is free after Close", i)
+		require.NoError(t, l.Release(ctx))
+	}
+	_, err := a.TryAcquire(ctx, "k9", nil)
+	require.ErrorIs(t, err, ErrClosed)
+	require.NoError(t, a.Close(ctx), "Close twice")
+}
+
+func testAcquireCtx(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t)
+	la, err := a.TryAcquire(ctx, "k", nil)
+	require.NoError(t, err)
+	wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	_, err = h.locker(t).Acquire(wctx, "k", nil)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, ErrNotAcquired)
+	var ce *ConflictError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, la.Owner(), ce.Owner)
+	require.NoError(t, la.Release(ctx))
+}
+
+func testRunPanic(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t)
+	require.PanicsWithValue(t, "boom", func() {
+		_ = Do(ctx, a, "k", nil, func(context.Context) error { panic("boom") })
+	})
+	var ran atomic.Bool
+	err := Do(ctx, h.locker(t), "k", nil, func(context.Context) error {
+		ran.Store(true)
+		return errors.New("work failed")
+	})
+	require.EqualError(t, err, "work failed")
+	require.True(t, ran.Load(), "the lock was released after the panic")
+	info, err := a.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Empty(t, info.Holders)
+}
+
+func testValidation(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	l := h.locker(t)
+	cases := []struct {
+		name string
+		key  string
+		opt  *Options
+		want string
+	}{
+		{"empty key", "", nil, "key is empty"},
+		{"negative TTL", "k", &Options{TTL: -time.Second}, "TTL -1s is shorter than MinTTL"},
+		{"TTL too short to renew", "k", &Options{TTL: 10 * time.Millisecond}, "TTL 10ms is shorter than MinTTL"},
+		{"renew interval equals TTL", "k", &Options{TTL: time.Second, RenewInterval: time.Second}, "RenewInterval 1s must be positive and shorter than TTL 1s"},
+		{"negative renew interval", "k", &Options{RenewInterval: -time.Second}, "RenewInterval -1s must be positive"},
+		{"limit below one", "k", &Options{Limit: -1}, "Limit -1 must be at least 1"},
+		{"negative epoch", "k", &Options{Epoch: -1}, "Epoch -1 must not be negative"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := l.TryAcquire(ctx, c.key, c.opt)
+			require.ErrorIs(t, err, ErrInvalid)
+			require.ErrorContains(t, err, c.want)
+			_, err = l.Acquire(ctx, c.key, c.opt)
+			require.ErrorIs(t, err, ErrInvalid)
+		})
+	}
+}
