@@ -1,0 +1,364 @@
+// Package middleware is the runtime-agnostic guard that the asynq adapter
+// (singleton) and the cron adapter (cronguard) share: key → lease → run →
+// release, the conflict policies and the events. It knows neither asynq nor
+// cron.
+//
+//	g, err := middleware.New(locker, middleware.WithPolicy(middleware.Wait(10*time.Second, middleware.Skip())))
+//	if err != nil { ... }
+//	err = g.Run(ctx, middleware.Job{Key: "tenant:42", Name: "report"}, func(ctx context.Context) error {
+//		return work(ctx) // ctx is cancelled (cause lockkit.ErrLost) if the lease is lost
+//	})
+//	var dup *middleware.DuplicateError
+//	if errors.As(err, &dup) {
+//		// Another run holds the key; dup.Action says what the caller should do.
+//	}
+//
+// The lease is renewed until fn returns, even after ctx is cancelled, and is
+// released when fn returns or panics.
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+// Defaults of a Guard.
+const (
+	// DefaultTTL is the lease TTL: renewal keeps long work covered, and a
+	// crashed worker's key frees within this time. It matches asynq's 30s worker
+	// lease, so a crashed task's key is free by the time asynq re-delivers it.
+	DefaultTTL = 30 * time.Second
+	// DefaultRequeueDelay is the base delay of Requeue when none is given.
+	DefaultRequeueDelay = 5 * time.Second
+)
+
+// ErrDuplicate is matched (errors.Is) by every *DuplicateError: the work did
+// not run because another run holds its key or already claimed its epoch.
+var ErrDuplicate = errors.New("middleware: duplicate")
+
+// Action is what happens to a job whose key is held.
+type Action int
+
+// Actions of a Policy.
+const (
+	// ActionSkip drops the duplicate: it completes without running.
+	ActionSkip Action = iota + 1
+	// ActionRequeue runs the duplicate again later (after the policy's delay
+	// plus up to 50% jitter). Adapters that cannot requeue reject it.
+	ActionRequeue
+	// ActionFail returns the *DuplicateError so the runtime's retry applies.
+	ActionFail
+)
+
+var actionNames = [...]string{"", "skip", "requeue", "fail"}
+
+// String returns "skip", "requeue" or "fail".
+func (a Action) String() string {
+	if a > 0 && int(a) < len(actionNames) {
+		return actionNames[a]
+	}
+	return fmt.Sprintf("Action(%d)", int(a))
+}
+
+// Policy says what happens when a job's key is held by another run.
+type Policy struct {
+	// OnConflict is the action for a duplicate (after waiting, if Wait > 0).
+	// The zero value means ActionSkip.
+	OnConflict Action
+	// RequeueDelay is the base delay of ActionRequeue; up to 50% jitter is
+	// added. Zero means DefaultRequeueDelay.
+	RequeueDelay time.Duration
+	// Wait, when positive, makes a duplicate wait up to Wait for the key
+	// (woken when it is released) before OnConflict applies.
+	Wait time.Duration
+	// Fair makes waiting duplicates acquire in arrival order.
+	Fair bool
+}
+
+// Skip returns the policy that drops duplicates.
+func Skip() Policy { return Policy{OnConflict: ActionSkip} }
+
+// Fail returns the policy that fails duplicates with a *DuplicateError.
+func Fail() Policy { return Policy{OnConflict: ActionFail} }
+
+// Requeue returns the policy that runs duplicates again after delay (plus up
+// to 50% jitter). Zero means DefaultRequeueDelay.
+func Requeue(delay time.Duration) Policy {
+	return Policy{OnConflict: ActionRequeue, RequeueDelay: delay}
+}
+
+// Wait returns then, made to first wait up to max for the key.
+func Wait(max time.Duration, then Policy) Policy {
+	then.Wait = max
+	return then
+}
+
+func (p Policy) validate() error {
+	switch {
+	case p.OnConflict < 0 || int(p.OnConflict) >= len(actionNames):
+		return fmt.Errorf("middleware: invalid policy: unknown OnConflict action %d", int(p.OnConflict))
+	case p.RequeueDelay < 0:
+		return fmt.Errorf("middleware: invalid policy: RequeueDelay %s is negative", p.RequeueDelay)
+	case p.Wait < 0:
+		return fmt.Errorf("middleware: invalid policy: Wait %s is negative", p.Wait)
+	case p.Fair && p.Wait == 0:
+		return fmt.Errorf("middleware: invalid policy: Fair needs a positive Wait")
+	}
+	return nil
+}
+
+// Reason tells why a job did not run.
+type Reason int
+
+// Reasons of a DuplicateError.
+const (
+	// ReasonHeld means another run holds the key (or all its slots).
+	ReasonHeld Reason = iota + 1
+	// ReasonClaimed means the job's epoch was already claimed: the same unit
+	// of work (such as a cron tick) ran elsewhere.
+	ReasonClaimed
+)
+
+// DuplicateError is returned by Guard.Run when the work did not run. It
+// matches ErrDuplicate and, for ReasonHeld, lockkit.ErrNotAcquired.
+type DuplicateError struct {
+	Job    Job
+	Reason Reason
+	// Action is what the caller should do: always ActionSkip for ReasonClaimed.
+	Action Action
+	// RequeueIn is the delay, jitter included, for ActionRequeue.
+	RequeueIn time.Duration
+	// Waited is how long the job waited for the key.
+	Waited time.Duration
+	// Cause is the lockkit error: a *lockkit.ConflictError (naming the holder)
+	// or one matching lockkit.ErrEpochUsed.
+	Cause error
+}
+
+// Error implements error.
+func (e *DuplicateError) Error() string {
+	if e.Reason == ReasonClaimed {
+		return fmt.Sprintf("middleware: duplicate %s (key %q): already claimed: %v", e.Job.label(), e.Job.Key, e.Cause)
+	}
+	return fmt.Sprintf("middleware: duplicate %s (key %q), %s: %v", e.Job.label(), e.Job.Key, e.Action, e.Cause)
+}
+
+// Is reports whether target is ErrDuplicate.
+func (e *DuplicateError) Is(target error) bool { return target == ErrDuplicate }
+
+// Unwrap returns the lockkit error.
+func (e *DuplicateError) Unwrap() error { return e.Cause }
+
+// Job is one run of work to guard.
+type Job struct {
+	// Key is the lock key; required.
+	Key string
+	// Name names the work in events and errors (a task type, a cron entry).
+	Name string
+	// ID identifies this run in events (a task id, a tick). Optional.
+	ID string
+	// Epoch, when positive, claims the unit of work once: a later run with an
+	// epoch not greater than the last claimed one fails with ReasonClaimed.
+	Epoch int64
+	// EpochTTL is how long the claim is remembered. Zero means the lease TTL.
+	EpochTTL time.Duration
+}
+
+func (j Job) label() string {
+	if j.Name == "" {
+		return "job"
+	}
+	return j.Name
+}
+
+// Option configures a Guard.
+type Option func(*Guard)
+
+// WithPolicy sets the conflict policy. Defaults to Skip().
+func WithPolicy(p Policy) Option { return func(g *Guard) { g.policy = p } }
+
+// WithLimit sets how many runs of one key may hold it at once (per-key
+// concurrency across every process). Must be at least 1. Defaults to 1.
+func WithLimit(n int) Option { return func(g *Guard) { g.limit = n } }
+
+// WithTTL sets the lease TTL; the lease is renewed every TTL/3 while the work
+// runs. Must be at least lockkit.MinTTL. Defaults to DefaultTTL (30s).
+func WithTTL(ttl time.Duration) Option { return func(g *Guard) { g.ttl = ttl } }
+
+// WithObserver adds an observer of the guard's events. It may be given more
+// than once; every observer is called, synchronously, in order. Defaults to
+// LogObserver(slog.Default()) when no observer is given.
+func WithObserver(o Observer) Option {
+	return func(g *Guard) {
+		if o != nil {
+			g.observers = append(g.observers, o)
+		}
+	}
+}
+
+// Guard runs work under a lease on the work's key. It is safe for concurrent
+// use and holds no goroutine of its own.
+type Guard struct {
+	locker    lockkit.Locker
+	policy    Policy
+	limit     int
+	ttl       time.Duration
+	observers []Observer
+}
+
+// New returns a Guard that takes leases from locker. It returns an error for a
+// nil locker or an invalid option, naming the option and the value.
+func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
+	if locker == nil {
+		return nil, errors.New("middleware: New: locker is nil")
+	}
+	g := &Guard{locker: locker, policy: Skip(), limit: 1, ttl: DefaultTTL}
+	for _, o := range opts {
+		if o != nil {
+			o(g)
+		}
+	}
+	if g.policy.OnConflict == 0 {
+		g.policy.OnConflict = ActionSkip
+	}
+	if g.policy.RequeueDelay == 0 {
+		g.policy.RequeueDelay = DefaultRequeueDelay
+	}
+	if err := g.policy.validate(); err != nil {
+		return nil, err
+	}
+	if g.limit < 1 {
+		return nil, fmt.Errorf("middleware: WithLimit(%d): must be at least 1", g.limit)
+	}
+	if g.ttl < lockkit.MinTTL {
+		return nil, fmt.Errorf("middleware: WithTTL(%s): must be at least %s", g.ttl, lockkit.MinTTL)
+	}
+	if len(g.observers) == 0 {
+		g.observers = []Observer{LogObserver(slog.Default())}
+	}
+	return g, nil
+}
+
+// Policy returns the guard's conflict policy with defaults filled in.
+func (g *Guard) Policy() Policy { return g.policy }
+
+// Emit reports an event to the guard's observers. Adapters use it for what
+// happens outside Run, such as a requeue.
+func (g *Guard) Emit(ctx context.Context, e Event) {
+	for _, o := range g.observers {
+		o(ctx, e)
+	}
+}
+
+// Run acquires job.Key under the guard's policy, runs fn with a context that
+// is cancelled (cause matching lockkit.ErrLost) if the lease is lost, and
+// releases the lease when fn returns or panics (the panic is re-raised). The
+// lease is renewed until fn returns, even after ctx is cancelled.
+//
+// Run returns fn's error (annotated with the loss cause if the lease was lost
+// and fn failed); nil when fn succeeded, even if the lease was lost meanwhile
+// (an EventLost reports it); a *DuplicateError when the work did not run; or
+// a lockkit error when the lease could not be taken (Redis unreachable).
+func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error) (err error) {
+	if job.Key == "" {
+		err := fmt.Errorf("middleware: %s: empty key", job.label())
+		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+		return err
+	}
+	lease, waited, err := g.acquire(ctx, job)
+	if err != nil {
+		return err
+	}
+	g.Emit(ctx, Event{Kind: EventAcquired, Job: job, Token: lease.Token(), Wait: waited})
+
+	wctx, cancel := lease.Context(ctx)
+	stopLost := context.AfterFunc(wctx, func() {
+		if cause := context.Cause(wctx); errors.Is(cause, lockkit.ErrLost) {
+			g.Emit(ctx, Event{Kind: EventLost, Job: job, Token: lease.Token(), Err: cause})
+		}
+	})
+	start := time.Now()
+	defer func() {
+		p := recover()
+		stopLost()
+		lost := lease.Err()
+		cancel()
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		rerr := lease.Release(rctx)
+		rcancel()
+		if p != nil {
+			perr := fmt.Errorf("middleware: %s panicked: %v", job.label(), p)
+			g.Emit(ctx, Event{Kind: EventError, Job: job, Token: lease.Token(), Err: perr, Duration: time.Since(start)})
+			panic(p)
+		}
+		if err != nil && lost != nil && !errors.Is(err, lockkit.ErrLost) {
+			err = fmt.Errorf("%w (%w)", err, lost)
+		}
+		if rerr != nil && lost == nil {
+			g.Emit(ctx, Event{Kind: EventError, Job: job, Token: lease.Token(), Err: rerr})
+		}
+		g.Emit(ctx, Event{Kind: EventReleased, Job: job, Token: lease.Token(), Duration: time.Since(start), Err: err})
+	}()
+	return fn(wctx)
+}
+
+func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Duration, error) {
+	opt := &lockkit.Options{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.Fair}
+	var (
+		lease  *lockkit.Lease
+		err    error
+		waited time.Duration
+	)
+	if g.policy.Wait > 0 {
+		lease, err = g.locker.TryAcquire(ctx, job.Key, opt)
+		if errors.Is(err, lockkit.ErrNotAcquired) {
+			start := time.Now()
+			wctx, cancel := context.WithTimeout(ctx, g.policy.Wait)
+			lease, err = g.locker.Acquire(wctx, job.Key, opt)
+			cancel()
+			waited = time.Since(start)
+			if err == nil {
+				g.Emit(ctx, Event{Kind: EventWaited, Job: job, Wait: waited})
+			} else if ctx.Err() != nil {
+				// The caller gave up, not the policy: report that, not a duplicate.
+				return nil, waited, fmt.Errorf("middleware: %s: waiting for %q: %w", job.label(), job.Key, err)
+			}
+		}
+	} else {
+		lease, err = g.locker.TryAcquire(ctx, job.Key, opt)
+	}
+	switch {
+	case err == nil:
+		return lease, waited, nil
+	case errors.Is(err, lockkit.ErrEpochUsed):
+		dup := &DuplicateError{Job: job, Reason: ReasonClaimed, Action: ActionSkip, Waited: waited, Cause: err}
+		g.Emit(ctx, Event{Kind: EventClaimed, Job: job, Action: ActionSkip, Wait: waited, Err: err})
+		return nil, waited, dup
+	case errors.Is(err, lockkit.ErrNotAcquired):
+		dup := &DuplicateError{Job: job, Reason: ReasonHeld, Action: g.policy.OnConflict, Waited: waited, Cause: err}
+		var ce *lockkit.ConflictError
+		if errors.As(err, &ce) {
+			dup.Cause = ce
+		}
+		if dup.Action == ActionRequeue {
+			d := g.policy.RequeueDelay
+			dup.RequeueIn = d + rand.N(d/2+1)
+		}
+		ev := Event{Kind: EventDuplicate, Job: job, Action: dup.Action, Wait: waited, Err: dup.Cause}
+		if ce != nil {
+			ev.Holder = ce.Owner
+		}
+		g.Emit(ctx, ev)
+		return nil, waited, dup
+	default:
+		err = fmt.Errorf("middleware: %s: acquire %q: %w", job.label(), job.Key, err)
+		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+		return nil, waited, err
+	}
+}
