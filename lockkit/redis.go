@@ -290,7 +290,9 @@ func (b *redisBackend) inspect(ctx context.Context, key string) (*Info, error) {
 }
 
 // wakeups shares one pub/sub connection among all waiters of the Locker; a
-// channel is subscribed while at least one waiter needs it.
+// channel is subscribed while at least one waiter needs it. It returns once
+// Redis has confirmed the subscription (or after subscribeWait), so that a
+// release after it is never missed.
 func (b *redisBackend) wakeups(key string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	name := b.keys(key).channel
@@ -301,19 +303,25 @@ func (b *redisBackend) wakeups(key string) (<-chan struct{}, func()) {
 	}
 	if b.ps == nil {
 		b.ps = b.c.Subscribe(context.Background())
-		msgs := b.ps.Channel()
+		msgs := b.ps.ChannelWithSubscriptions()
 		b.wg.Add(1)
 		go b.dispatch(msgs)
 	}
 	set := b.subs[name]
 	if set == nil {
-		set = &subscribers{chans: make(map[chan struct{}]struct{})}
+		set = &subscribers{chans: make(map[chan struct{}]struct{}), ready: make(chan struct{})}
 		b.subs[name] = set
 		// A failed subscribe only costs latency: waiters fall back to polling.
 		_ = b.ps.Subscribe(context.Background(), name)
 	}
 	set.chans[ch] = struct{}{}
 	b.mu.Unlock()
+	t := time.NewTimer(subscribeWait)
+	select {
+	case <-set.ready:
+	case <-t.C:
+	}
+	t.Stop()
 	return ch, func() {
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -327,23 +335,39 @@ func (b *redisBackend) wakeups(key string) (<-chan struct{}, func()) {
 	}
 }
 
-func (b *redisBackend) dispatch(msgs <-chan *redis.Message) {
+// subscribeWait bounds how long a waiter waits for Redis to confirm its
+// subscription before it relies on polling alone.
+const subscribeWait = time.Second
+
+type subscribers struct {
+	chans     map[chan struct{}]struct{}
+	ready     chan struct{} // closed when Redis confirms the subscription
+	confirmed bool
+}
+
+func (b *redisBackend) dispatch(msgs <-chan any) {
 	defer b.wg.Done()
 	for m := range msgs {
 		b.mu.Lock()
-		if set := b.subs[m.Channel]; set != nil {
-			for ch := range set.chans {
-				select {
-				case ch <- struct{}{}:
-				default:
+		switch m := m.(type) {
+		case *redis.Subscription:
+			if set := b.subs[m.Channel]; set != nil && m.Kind == "subscribe" && !set.confirmed {
+				set.confirmed = true
+				close(set.ready)
+			}
+		case *redis.Message:
+			if set := b.subs[m.Channel]; set != nil {
+				for ch := range set.chans {
+					select {
+					case ch <- struct{}{}:
+					default:
+					}
 				}
 			}
 		}
 		b.mu.Unlock()
 	}
 }
-
-type subscribers struct{ chans map[chan struct{}]struct{} }
 
 func (b *redisBackend) close() error {
 	b.mu.Lock()

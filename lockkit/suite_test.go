@@ -62,6 +62,16 @@ func memoryHarness(t *testing.T) *harness {
 }
 
 func redisHarness(t *testing.T, client *redis.Client) *harness {
+	return universalHarness(t, client, func() redis.UniversalClient { return redis.NewClient(client.Options()) })
+}
+
+func clusterHarness(t *testing.T, client *redis.ClusterClient) *harness {
+	return universalHarness(t, client, func() redis.UniversalClient {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: testredis.ClusterAddrs(t)})
+	})
+}
+
+func universalHarness(t *testing.T, client redis.UniversalClient, newClient func() redis.UniversalClient) *harness {
 	prefix := testredis.Prefix(t, client)
 	newLocker := func(t *testing.T, c redis.UniversalClient, opts ...Option) *RedisLocker {
 		l, err := NewRedis(c, append([]Option{WithPrefix(prefix)}, opts...)...)
@@ -72,7 +82,7 @@ func redisHarness(t *testing.T, client *redis.Client) *harness {
 	return &harness{
 		locker: func(t *testing.T, opts ...Option) Locker { return newLocker(t, client, opts...) },
 		killable: func(t *testing.T, opts ...Option) (Locker, func()) {
-			own := redis.NewClient(client.Options())
+			own := newClient()
 			t.Cleanup(func() { _ = own.Close() })
 			return newLocker(t, own, opts...), func() { _ = own.Close() }
 		},
@@ -80,11 +90,18 @@ func redisHarness(t *testing.T, client *redis.Client) *harness {
 			require.NoError(t, client.Del(context.Background(), prefix+"{"+key+"}:h").Err())
 		},
 		wipe: func(t *testing.T) {
-			iter := client.Scan(context.Background(), 0, prefix+"*", 100).Iterator()
-			for iter.Next(context.Background()) {
-				client.Del(context.Background(), iter.Val())
+			wipe := func(ctx context.Context, c redis.Cmdable) error {
+				iter := c.Scan(ctx, 0, prefix+"*", 100).Iterator()
+				for iter.Next(ctx) {
+					c.Del(ctx, iter.Val())
+				}
+				return iter.Err()
 			}
-			require.NoError(t, iter.Err())
+			if cc, ok := client.(*redis.ClusterClient); ok {
+				require.NoError(t, cc.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error { return wipe(ctx, c) }))
+				return
+			}
+			require.NoError(t, wipe(context.Background(), client))
 		},
 	}
 }
@@ -102,6 +119,11 @@ func TestBehaviourMiniredis(t *testing.T) {
 func TestBehaviourRedis(t *testing.T) {
 	testredis.Addr(t)
 	runSuite(t, func(t *testing.T) *harness { return redisHarness(t, testredis.Client(t)) })
+}
+
+func TestBehaviourRedisCluster(t *testing.T) {
+	testredis.ClusterAddrs(t)
+	runSuite(t, func(t *testing.T) *harness { return clusterHarness(t, testredis.Cluster(t)) })
 }
 
 func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {

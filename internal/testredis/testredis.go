@@ -42,6 +42,32 @@ func Client(t testing.TB) *redis.Client {
 	return c
 }
 
+// ClusterAddrs returns the seeds in REDIS_CLUSTER_ADDRS (comma-separated).
+// Without it the test is skipped, except under CI (CI=true).
+func ClusterAddrs(t testing.TB) []string {
+	t.Helper()
+	addrs := os.Getenv("REDIS_CLUSTER_ADDRS")
+	if addrs == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("REDIS_CLUSTER_ADDRS is not set; run the tests with `make test`")
+		}
+		t.Skip("REDIS_CLUSTER_ADDRS is not set; `make test` starts a Redis Cluster and sets it")
+	}
+	return strings.Split(addrs, ",")
+}
+
+// Cluster returns a client of the Redis Cluster at ClusterAddrs, closed when
+// the test ends.
+func Cluster(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: ClusterAddrs(t)})
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("redis cluster at %v: %v", ClusterAddrs(t), err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // Mini starts a miniredis for the test and returns it with a client of it.
 func Mini(t testing.TB) (*miniredis.Miniredis, *redis.Client) {
 	t.Helper()
