@@ -4,7 +4,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test bench lint run-demo
+.PHONY: test test-faults bench lint run-demo
 
 ## test: every test with the race detector, against a real redis-server.
 test:
@@ -18,7 +18,12 @@ bench:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags faults ./faults/
 
 ## run-demo: the lockkit demo (embedded Redis unless REDIS_ADDR is set).
 run-demo:
 	$(GO) run ./examples/lockdemo
+
+## test-faults: the fault suite (Redis restart, partitions, killed processes).
+test-faults:
+	@tools/with-redis.sh $(GO) test -race -count=1 -timeout 10m -tags faults ./faults/

@@ -93,12 +93,13 @@ func (e *engine) tryAcquire(ctx context.Context, key string, opt *Options) (*Lea
 	if e.isClosed() {
 		return nil, ErrClosed
 	}
+	sent := time.Now()
 	res, err := e.b.acquire(ctx, &r)
 	if err != nil {
 		return nil, fmt.Errorf("lockkit: acquire %q: %w", key, err)
 	}
 	if res.ok {
-		return e.hold(&r, res.token, 0), nil
+		return e.hold(&r, res.token, sent, 0), nil
 	}
 	if res.conflict == nil {
 		return nil, epochErr(key, r.epoch, res.lastEpoch)
@@ -144,6 +145,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *Options) (*Le
 		if err := ctx.Err(); err != nil {
 			return nil, giveUp(err)
 		}
+		sent := time.Now()
 		res, err := e.b.acquire(ctx, &r)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -152,7 +154,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *Options) (*Le
 			return nil, giveUp(err)
 		}
 		if res.ok {
-			return e.hold(&r, res.token, time.Since(start)), nil
+			return e.hold(&r, res.token, sent, time.Since(start)), nil
 		}
 		if res.conflict == nil {
 			return nil, epochErr(key, r.epoch, res.lastEpoch)
@@ -187,9 +189,10 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *Options) (*Le
 	}
 }
 
-// hold registers a freshly acquired lease with the renewer.
-func (e *engine) hold(r *request, token int64, waited time.Duration) *Lease {
-	now := time.Now()
+// hold registers a freshly acquired lease with the renewer. sent is when the
+// acquire was sent: the lease's TTL is counted from then, never later than
+// Redis counts it.
+func (e *engine) hold(r *request, token int64, sent time.Time, waited time.Duration) *Lease {
 	l := &Lease{
 		e:        e,
 		key:      r.key,
@@ -200,8 +203,8 @@ func (e *engine) hold(r *request, token int64, waited time.Duration) *Lease {
 		lost:     make(chan struct{}),
 	}
 	l.member = memberOf(token, r.owner)
-	l.validUntil = validUntil(now, r.ttl)
-	l.nextRenew = now.Add(r.interval)
+	l.validUntil = validUntil(sent, r.ttl)
+	l.nextRenew = sent.Add(r.interval)
 	e.mu.Lock()
 	e.leases[l] = struct{}{}
 	start := !e.started && !e.closed
