@@ -10,9 +10,10 @@ PKGS := ./...
 test:
 	@tools/with-redis.sh $(GO) test -race -count=1 -timeout 10m $(PKGS)
 
-## bench: the comparison harness (bench/, a separate module) and Go benchmarks.
+## bench: the comparison harness (bench/, a separate module) and the Go benchmarks.
 bench:
 	@tools/with-redis.sh sh -c 'cd bench && $(GO) run . -out ../BENCHMARKS.md'
+	@tools/with-redis.sh $(GO) test -run '^$$' -bench . -benchtime 2000x ./lockkit/
 
 ## lint: gofmt and go vet.
 lint:

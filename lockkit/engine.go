@@ -45,6 +45,9 @@ type engine struct {
 	leases map[*Lease]struct{}
 	closed bool
 
+	// nextWake is when the renewer plans to look at the leases next; a new
+	// lease only wakes it earlier when it needs attention before then.
+	nextWake time.Time
 	kick     chan struct{}
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -213,8 +216,15 @@ func (e *engine) hold(r *request, token int64, sent time.Time, waited time.Durat
 		e.wg.Add(1)
 		go e.renewLoop()
 	}
+	wake := l.validUntil
+	if r.interval > 0 {
+		wake = l.nextRenew
+	}
+	early := e.nextWake.IsZero() || wake.Before(e.nextWake)
 	e.mu.Unlock()
-	e.poke()
+	if early {
+		e.poke()
+	}
 	e.emit(Event{Kind: EventAcquired, Key: l.key, Owner: l.owner, Token: token, Wait: waited})
 	return l
 }
@@ -303,6 +313,7 @@ func (e *engine) scan(now time.Time, inflight bool) (due []*Lease, next time.Tim
 			next = l.nextRenew
 		}
 	}
+	e.nextWake = next
 	e.mu.Unlock()
 	for _, l := range lost {
 		cause := l.lastRenewErr

@@ -14,6 +14,9 @@ const (
 	stateLost
 )
 
+// errReleased is the cause of a lease context's cancellation by Release.
+var errReleased = fmt.Errorf("%w: released", ErrNotHeld)
+
 // releaseTimeout bounds the release that Run performs after fn returns, when
 // the caller's ctx is already done.
 const releaseTimeout = 5 * time.Second
@@ -147,8 +150,7 @@ func (l *Lease) markLost(cause error) {
 // matching ErrNotHeld if the lease was already released, expired or lost; in
 // that case no other owner's lease is touched.
 func (l *Lease) Release(ctx context.Context) error {
-	notHeld := fmt.Errorf("%w: %q token %d", ErrNotHeld, l.key, l.token)
-	if !l.end(stateReleased, notHeld) {
+	if !l.end(stateReleased, errReleased) {
 		l.e.mu.Lock()
 		state, cause := l.state, l.cause
 		l.e.mu.Unlock()
@@ -158,14 +160,14 @@ func (l *Lease) Release(ctx context.Context) error {
 			_, _ = l.e.b.release(ctx, []*Lease{l})
 			return fmt.Errorf("%w: %w", ErrNotHeld, cause)
 		}
-		return notHeld
+		return fmt.Errorf("%w: %q token %d was released already", ErrNotHeld, l.key, l.token)
 	}
 	held, err := l.e.b.release(ctx, []*Lease{l})
 	if err != nil {
 		return fmt.Errorf("lockkit: release %q: %w", l.key, err)
 	}
 	if !held[0] {
-		return fmt.Errorf("%w: it expired or was taken over", notHeld)
+		return fmt.Errorf("%w: %q token %d expired or was taken over", ErrNotHeld, l.key, l.token)
 	}
 	l.e.emit(Event{Kind: EventReleased, Key: l.key, Owner: l.owner, Token: l.token})
 	return nil

@@ -268,6 +268,9 @@ func (b *memBackend) extend(ctx context.Context, leases []*Lease) []error {
 		ttl := l.ttl
 		l.e.mu.Unlock()
 		lk.holders[l.member] = now.Add(ttl)
+		if u := now.Add(ttl); u.After(lk.metaUntil) {
+			lk.metaUntil = u // the epoch is remembered while the lease lives
+		}
 	}
 	return errs
 }

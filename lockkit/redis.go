@@ -191,16 +191,16 @@ func toInt(v any) int64 {
 
 // pipelineScript runs script once per lease in one pipeline, retrying with
 // EVAL the calls that found the script cache empty (after a Redis restart).
-func (b *redisBackend) pipelineScript(ctx context.Context, s *redis.Script, leases []*Lease, args func(*Lease) []any) []*redis.Cmd {
+func (b *redisBackend) pipelineScript(ctx context.Context, s *redis.Script, leases []*Lease, keys func(lockKeys) []string, args func(*Lease) []any) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(leases))
 	run := func(idx []int, eval bool) {
 		_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, i := range idx {
-				keys := []string{b.keys(leases[i].key).holders}
+				ks := keys(b.keys(leases[i].key))
 				if eval {
-					cmds[i] = s.Eval(ctx, p, keys, args(leases[i])...)
+					cmds[i] = s.Eval(ctx, p, ks, args(leases[i])...)
 				} else {
-					cmds[i] = s.EvalSha(ctx, p, keys, args(leases[i])...)
+					cmds[i] = s.EvalSha(ctx, p, ks, args(leases[i])...)
 				}
 			}
 			return nil
@@ -232,7 +232,7 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease) ([]bool, er
 		held[0] = n == 1
 		return held, err
 	}
-	cmds := b.pipelineScript(ctx, releaseScript, leases, func(l *Lease) []any {
+	cmds := b.pipelineScript(ctx, releaseScript, leases, func(k lockKeys) []string { return []string{k.holders} }, func(l *Lease) []any {
 		return []any{l.member, b.keys(l.key).channel}
 	})
 	var errs []error
@@ -252,7 +252,9 @@ func (b *redisBackend) extend(ctx context.Context, leases []*Lease) []error {
 		defer l.e.mu.Unlock()
 		return ms(l.ttl)
 	}
-	cmds := b.pipelineScript(ctx, extendScript, leases, func(l *Lease) []any { return []any{l.member, ttl(l)} })
+	cmds := b.pipelineScript(ctx, extendScript, leases,
+		func(k lockKeys) []string { return []string{k.holders, k.meta} },
+		func(l *Lease) []any { return []any{l.member, ttl(l)} })
 	errs := make([]error, len(leases))
 	for i, c := range cmds {
 		n, err := c.Int64()

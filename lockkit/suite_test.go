@@ -143,11 +143,13 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"FairQueueIsFIFO", testFair},
 		{"DeadFairWaiterIsDropped", testDeadWaiter},
 		{"EpochClaimsOnce", testEpoch},
+		{"EpochOutlivesARunLongerThanTTL", testEpochLongRun},
 		{"Inspect", testInspect},
 		{"CloseReleasesEverything", testClose},
 		{"AcquireEndsWithContext", testAcquireCtx},
 		{"RunReleasesOnPanic", testRunPanic},
 		{"Validation", testValidation},
+		{"KeysListsHeldKeys", testKeys},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -619,4 +621,47 @@ func testValidation(t *testing.T, h *harness) {
 			require.ErrorIs(t, err, ErrInvalid)
 		})
 	}
+}
+
+func testKeys(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	l := h.locker(t)
+	lister := l.(interface {
+		Keys(ctx context.Context, pattern string) ([]string, error)
+	})
+	var leases []*Lease
+	for _, k := range []string{"tenant:1", "tenant:2", "report", "tenant:3"} {
+		lease, err := l.TryAcquire(ctx, k, nil)
+		require.NoError(t, err)
+		leases = append(leases, lease)
+	}
+	require.NoError(t, leases[3].Release(ctx))
+	keys, err := lister.Keys(ctx, "tenant:*")
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"tenant:1", "tenant:2"}, keys)
+	keys, err = lister.Keys(ctx, "*")
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"tenant:1", "tenant:2", "report"}, keys)
+}
+
+// A run that outlasts its TTL (kept alive by renewal) must not let its epoch
+// be forgotten: a late replica of the same tick would run it again.
+func testEpochLongRun(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	renewed := make(chan struct{}, 100)
+	a := h.locker(t, WithObserver(func(e Event) {
+		if e.Kind == EventRenewed {
+			renewed <- struct{}{}
+		}
+	}))
+	ttl := 300 * time.Millisecond
+	l, err := a.TryAcquire(ctx, "tick", &Options{TTL: ttl, Epoch: 5})
+	require.NoError(t, err)
+	start := time.Now()
+	for time.Since(start) < 2*ttl {
+		<-renewed
+	}
+	require.NoError(t, l.Release(ctx))
+	_, err = h.locker(t).TryAcquire(ctx, "tick", &Options{TTL: ttl, Epoch: 5})
+	require.ErrorIs(t, err, ErrEpochUsed)
 }

@@ -1,6 +1,7 @@
 -- Acquires one holder slot of a lock, or reports who holds it.
 -- KEYS[1] holders: ZSET, member "<token>:<owner>", score = expiry (ms, server time)
--- KEYS[2] meta: HASH, f = last fencing token, e = last epoch
+-- KEYS[2] meta: HASH, f = last fencing token, e = last epoch, d = keep the epoch until (ms);
+--         it expires when both d and every lease that renewed it have passed
 -- KEYS[3] queue: ZSET of fair waiters, score = arrival (us)
 -- KEYS[4] waiters: ZSET of every waiter, score = deadline (ms)
 -- ARGV[1] owner id
@@ -35,16 +36,19 @@ local function extend_key(key, ms)
   end
 end
 
-if epoch > 0 then
-  local last = tonumber(redis.call('HGET', KEYS[2], 'e') or '0')
-  if epoch <= last then
-    forget_waiter()
-    return {-1, string.format('%d', last)}
-  end
+local meta = redis.call('HMGET', KEYS[2], 'f', 'e', 'd')
+local last_epoch = tonumber(meta[2] or '0')
+local kept_until = tonumber(meta[3] or '0')
+if epoch > 0 and epoch <= last_epoch then
+  forget_waiter()
+  return {-1, string.format('%d', last_epoch)}
 end
 
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local count = redis.call('ZCARD', KEYS[1])
+if count > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  count = redis.call('ZCARD', KEYS[1])
+end
 
 local ahead = 0
 if redis.call('EXISTS', KEYS[3]) == 1 then
@@ -65,15 +69,20 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
 end
 
 if count + ahead < limit then
-  local last = tonumber(redis.call('HGET', KEYS[2], 'f') or '0')
-  local token = string.format('%d', math.max(last + 1, nowus))
+  local token = string.format('%d', math.max(tonumber(meta[1] or '0') + 1, nowus))
   redis.call('ZADD', KEYS[1], now + ttl, token .. ':' .. ARGV[1])
-  extend_key(KEYS[1], ttl)
-  redis.call('HSET', KEYS[2], 'f', token)
-  if epoch > 0 then
-    redis.call('HSET', KEYS[2], 'e', ARGV[7])
+  if count == 0 then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  else
+    extend_key(KEYS[1], ttl)
   end
-  extend_key(KEYS[2], math.max(ttl, tonumber(ARGV[8])))
+  if epoch > 0 then
+    kept_until = math.max(kept_until, now + tonumber(ARGV[8]))
+    redis.call('HSET', KEYS[2], 'f', token, 'e', ARGV[7], 'd', string.format('%d', kept_until))
+  else
+    redis.call('HSET', KEYS[2], 'f', token)
+  end
+  redis.call('PEXPIRE', KEYS[2], math.max(ttl, kept_until - now))
   forget_waiter()
   return {1, token}
 end

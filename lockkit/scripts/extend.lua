@@ -1,5 +1,6 @@
 -- Renews one holder's lease if it is still held.
 -- KEYS[1] holders: ZSET, member "<token>:<owner>", score = expiry (ms)
+-- KEYS[2] meta: HASH (last token and epoch), kept at least as long as the lease
 -- ARGV[1] the lease's member
 -- ARGV[2] ttl (ms)
 -- Returns 1 when renewed, 0 when the lease had expired or was gone.
@@ -13,5 +14,8 @@ end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('PEXPIRE', KEYS[1], ttl)
+end
+if redis.call('PTTL', KEYS[2]) < ttl then
+  redis.call('PEXPIRE', KEYS[2], ttl)
 end
 return 1

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+type report struct {
+	*bench
+	env        [][]string
+	cycleRes   []cycleResult
+	cold       map[string]counts
+	handoffRes []handoffResult
+	renewalRes renewalResult
+	elapsed    time.Duration
+}
+
+func table(w *strings.Builder, header []string, rows [][]string) {
+	w.WriteString("| " + strings.Join(header, " | ") + " |\n|")
+	for range header {
+		w.WriteString(" --- |")
+	}
+	w.WriteString("\n")
+	for _, r := range rows {
+		w.WriteString("| " + strings.Join(r, " | ") + " |\n")
+	}
+	w.WriteString("\n")
+}
+
+func us(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond)) }
+
+func msec(d time.Duration) string {
+	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+}
+
+func (r *report) markdown() string {
+	var w strings.Builder
+	w.WriteString("# Benchmarks\n\n")
+	fmt.Fprintf(&w, "Written by the `bench/` module (`make bench` runs `go run . -out ../BENCHMARKS.md`) in %s. "+
+		"lockkit, bsm/redislock and go-redsync/redsync run against the same Redis in the same run.\n\n",
+		r.elapsed.Round(time.Second))
+
+	w.WriteString("## Environment\n\n")
+	table(&w, []string{"", ""}, r.env)
+
+	w.WriteString("## Method\n\n")
+	fmt.Fprintf(&w, "- Each library gets its own go-redis client (default options) with a hook that counts "+
+		"commands and round trips: a command sent alone is 1 round trip, a pipeline is 1 round trip for all its "+
+		"commands. Pub/sub connections bypass go-redis hooks, so lockkit's SUBSCRIBE/UNSUBSCRIBE are not counted "+
+		"(they are written without waiting for a reply).\n")
+	fmt.Fprintf(&w, "- Options: lockkit `Options{}` defaults (TTL %s, renewed every TTL/3); redislock TTL %s, and "+
+		"no retry (nil options) for a single attempt; redsync defaults (expiry 8s) with one pool, the goredis/v9 "+
+		"adapter on the shared Redis.\n", lockkit.DefaultTTL, lockTTL)
+	fmt.Fprintf(&w, "- CPU: the benchmark process's user+system time (getrusage) and the Redis server's "+
+		"(`INFO cpu` used_cpu_user+used_cpu_sys). Client and server share this machine's CPUs. Redis command "+
+		"time is the execution time `INFO commandstats` reports for the commands the library sent (a script's "+
+		"time includes the commands it calls; network I/O is not included).\n")
+	fmt.Fprintf(&w, "- Uncontended: each library first runs one cycle on a cold script cache (counted below), then "+
+		"%d warm-up cycles. Then, per concurrency, %d rounds in which each library in turn (order rotated) runs "+
+		"%d acquire+release cycles; each goroutine uses its own key, sequentially. The rate is the median "+
+		"of the rounds; counts and CPU are over all rounds.\n", 50*r.goroutines, r.rounds, r.cycles)
+	fmt.Fprintf(&w, "- Contended handoff: a holder and a waiter, each with its own client and locker. Per handoff "+
+		"the holder takes the key, the waiter enters its waiting acquire, and once the waiter's first attempt has "+
+		"returned the holder waits a uniformly random time in [0, %s) and releases (so the release falls at a "+
+		"random point of a polling waiter's cycle). Latency is from the start of the holder's release call to "+
+		"the return of the waiter's acquire. %d handoffs per library after one unmeasured.\n", r.spread, r.handoffs)
+	fmt.Fprintf(&w, "- Renewal: one RedisLocker takes %d leases (TTL %s, so renewed every %s; %d renewals per "+
+		"pipeline, the default) with 16 goroutines. A renewal tick is counted each time the number of "+
+		"`EventRenewed` events reaches a multiple of %d (observed with `WithObserver`, on the renewer goroutine). "+
+		"The first %d ticks are skipped, the next %d measured. The hook records every pipeline; a renewal batch "+
+		"is a run of pipelines each sent less than %s after the previous reply. lockkit's renewer renews together "+
+		"the leases due within a quarter of the renew interval, so leases taken over a longer span may be "+
+		"renewed in more than one batch per tick until their renewal times draw together.\n\n",
+		r.leases, r.leaseTTL, r.leaseTTL/3, lockkit.DefaultRenewBatch, r.leases, r.warmTicks, r.ticks, batchGap)
+
+	w.WriteString("## 1. Uncontended acquire + release\n\n")
+	w.WriteString(r.cycleTable())
+	var cold []string
+	for _, name := range libNames {
+		c := r.cold[name]
+		cold = append(cold, fmt.Sprintf("%s %d round trips (%d commands)", name, c.rts, c.cmds))
+	}
+	fmt.Fprintf(&w, "First cycle of the run, before the warm-up: %s. When Redis does not have a script cached yet, "+
+		"EVALSHA fails with NOSCRIPT and the script is sent with EVAL, one extra round trip per script, once per "+
+		"Redis (again after a restart or SCRIPT FLUSH). The rows above exclude it.\n\n", strings.Join(cold, "; "))
+
+	w.WriteString("## 2. Contended handoff\n\n")
+	w.WriteString(r.handoffTable())
+	w.WriteString("lockkit's waiter is woken by the PUBLISH in the holder's release script and then makes its " +
+		"attempt; redislock and redsync waiters find the key free at their next poll.\n\n")
+
+	w.WriteString("## 3. Renewal at scale (lockkit)\n\n")
+	w.WriteString(r.renewalTable())
+	return w.String()
+}
+
+func (r *report) cycleTable() string {
+	var w strings.Builder
+	var rows [][]string
+	lockkitRate := make(map[int]float64)
+	for _, c := range r.cycleRes {
+		if c.lib == "lockkit" {
+			lockkitRate[c.goroutines] = c.opsPerSec
+		}
+	}
+	for _, c := range r.cycleRes {
+		rows = append(rows, []string{
+			c.lib,
+			fmt.Sprint(c.goroutines),
+			fmt.Sprintf("%.0f", c.opsPerSec),
+			us(time.Duration(float64(time.Second) * float64(c.goroutines) / c.opsPerSec)),
+			fmt.Sprintf("%.2f", c.perCycle(c.per.rts)),
+			fmt.Sprintf("%.2f", c.perCycle(c.per.cmds)),
+			us(c.cpuPerCycle(c.clientCPU)),
+			us(c.cpuPerCycle(c.redisCPU)),
+			us(c.cpuPerCycle(c.redisCmd)),
+			fmt.Sprintf("%.2f", lockkitRate[c.goroutines]/c.opsPerSec),
+		})
+	}
+	table(&w, []string{"library", "goroutines", "cycles/s", "mean cycle time", "round trips/cycle",
+		"commands/cycle", "client CPU/cycle", "Redis CPU/cycle", "Redis command time/cycle", "lockkit ÷ library (cycles/s)"}, rows)
+	return w.String()
+}
+
+func (r *report) handoffTable() string {
+	var w strings.Builder
+	var rows [][]string
+	for _, h := range r.handoffRes {
+		rows = append(rows, []string{
+			h.lib,
+			waitDesc[h.lib],
+			msec(h.percentile(0.5)),
+			msec(h.percentile(0.9)),
+			msec(h.percentile(0.99)),
+			msec(h.latencies[len(h.latencies)-1]),
+			fmt.Sprintf("%.1f", float64(h.waiterCmds)/float64(len(h.latencies))),
+		})
+	}
+	table(&w, []string{"library", "waiting acquire", "p50", "p90", "p99", "max", "waiter commands/handoff"}, rows)
+	return w.String()
+}
+
+func (r *report) renewalTable() string {
+	var w strings.Builder
+	x := r.renewalRes
+	k := time.Duration(x.ticks)
+	perLease := func(d time.Duration) string { return us(d / time.Duration(x.leases)) }
+	var inPipes time.Duration
+	sizes := make(map[int]int)
+	for _, p := range x.pipes {
+		inPipes += p.dur
+		sizes[p.cmds]++
+	}
+	var sizeList []string
+	for _, n := range slices.Sorted(maps.Keys(sizes)) {
+		sizeList = append(sizeList, fmt.Sprintf("%d × %.1f", n, float64(sizes[n])/float64(x.ticks)))
+	}
+	slices.Reverse(sizeList)
+	var batchLeases []int
+	var batchWall []time.Duration
+	for _, bt := range x.batches {
+		n := 0
+		for _, p := range bt {
+			n += p.cmds
+		}
+		batchLeases = append(batchLeases, n)
+		batchWall = append(batchWall, bt[len(bt)-1].end().Sub(bt[0].start))
+	}
+	rows := [][]string{
+		{"leases held by one RedisLocker", fmt.Sprintf("%d (TTL %s, renewed every %s, up to %d per pipeline)", x.leases, x.ttl, x.interval, x.batch)},
+		{"taking them (16 goroutines)", fmt.Sprintf("%s wall, %s process CPU (%s per lease)", msec(x.acquireWall), msec(x.acquireCPU), perLease(x.acquireCPU))},
+		{"goroutines of the process", fmt.Sprintf("%d before the Locker took its first lease, %d while it holds them all (+%d)",
+			x.goroutinesBefore, x.goroutinesHolding, x.goroutinesHolding-x.goroutinesBefore)},
+		{"measured ticks", fmt.Sprintf("%d, one every %s on average", x.ticks, msec(x.period))},
+		{"Redis round trips per tick", fmt.Sprintf("%.1f", x.rtsPerTick)},
+		{"Redis commands per tick", fmt.Sprintf("%.0f (one EVALSHA per lease)", x.cmdsPerTick)},
+		{"pipeline sizes per tick (commands × pipelines)", strings.Join(sizeList, ", ")},
+		{"renewal batches per tick", fmt.Sprintf("%.1f; leases per batch: %s", float64(len(x.batches))/float64(x.ticks), joinInts(batchLeases))},
+		{"wall time per batch (first pipeline sent → last reply)", joinDurations(batchWall)},
+		{"time waiting on renewal pipelines per tick", msec(inPipes / k)},
+		{"process CPU per tick", fmt.Sprintf("%s (%s per lease)", msec(x.cpuPerTick), perLease(x.cpuPerTick))},
+		{"Redis CPU per tick", fmt.Sprintf("%s (%s per lease)", msec(x.redis.cpu), perLease(x.redis.cpu))},
+		{"Redis command time per tick (commandstats)", fmt.Sprintf("%s (%s per lease)", msec(x.redis.cmd), perLease(x.redis.cmd))},
+		{"renewals failed / leases lost", fmt.Sprintf("%d / %d", x.failed, x.lost)},
+		{"acquire+release cycle on the same Locker, holding no lease", fmt.Sprintf("%s wall, %s process CPU", us(x.emptyCycle.wall), us(x.emptyCycle.cpu))},
+		{fmt.Sprintf("acquire+release cycle on the same Locker, holding %d leases", x.leases), fmt.Sprintf("%s wall, %s process CPU", us(x.fullCycle.wall), us(x.fullCycle.cpu))},
+		{"Close (releases every lease)", fmt.Sprintf("%s, %d round trips", msec(x.closeWall), x.closeRts)},
+	}
+	table(&w, []string{"", ""}, rows)
+	return w.String()
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, ", ")
+}
+
+func joinDurations(ds []time.Duration) string {
+	s := make([]string, len(ds))
+	for i, d := range ds {
+		s[i] = msec(d)
+	}
+	return strings.Join(s, ", ")
+}
