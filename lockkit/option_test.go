@@ -1,0 +1,55 @@
+package lockkit
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestLockerOptionValidation(t *testing.T) {
+	_, err := NewRedis(nil)
+	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorContains(t, err, "client is nil")
+
+	cases := []struct {
+		name string
+		opt  Option
+		want string
+	}{
+		{"TTL below MinTTL", WithTTL(time.Millisecond), "WithTTL(1ms): must be at least 100ms"},
+		{"zero poll interval", WithPollInterval(0), "WithPollInterval(0s): must be positive"},
+		{"zero renew batch", WithRenewBatch(0), "WithRenewBatch(0): must be positive"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := NewMemory(c.opt)
+			require.ErrorIs(t, err, ErrInvalid)
+			require.ErrorContains(t, err, c.want)
+		})
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := newConfig(nil)
+	require.NoError(t, err)
+	require.Equal(t, DefaultTTL, c.ttl)
+	require.Equal(t, 30*time.Second, DefaultTTL)
+	require.Equal(t, DefaultPrefix, c.prefix)
+	require.Equal(t, DefaultPollInterval, c.poll)
+	require.Equal(t, DefaultRenewBatch, c.renewBatch)
+
+	host, _ := os.Hostname()
+	parts := strings.Split(c.owner, ":")
+	require.Len(t, parts, 3, "owner %q is hostname:pid:random", c.owner)
+	require.Equal(t, host, parts[0])
+	require.NotEqual(t, DefaultOwner(), DefaultOwner())
+
+	r, err := c.request("k", nil)
+	require.NoError(t, err)
+	require.Equal(t, DefaultTTL/3, r.interval, "renewed every TTL/3")
+	require.Equal(t, 1, r.limit)
+	require.Equal(t, DefaultTTL, r.epochTTL)
+}
