@@ -66,6 +66,32 @@ func ExampleOptions_limit() {
 	// report 3 acquired: false
 }
 
+// The work reads its lease's fencing token from its context and hands it to
+// the resource, which refuses writes carrying an older token.
+func ExampleLeaseFromContext() {
+	ctx := context.Background()
+	locker, _ := lockkit.NewMemory()
+	defer locker.Close(ctx)
+
+	var highest int64 // the resource's record of the newest token it accepted
+	write := func(token int64) error {
+		if token <= highest {
+			return errors.New("stale holder")
+		}
+		highest = token
+		return nil
+	}
+	err := lockkit.Do(ctx, locker, "ledger:42", nil, func(ctx context.Context) error {
+		lease, _ := lockkit.LeaseFromContext(ctx)
+		return write(lease.Token())
+	})
+	fmt.Println("write:", err)
+	fmt.Println("a stale token:", write(highest-1))
+	// Output:
+	// write: <nil>
+	// a stale token: stale holder
+}
+
 // Fencing tokens let the protected resource refuse a stale holder.
 func ExampleLease_Token() {
 	ctx := context.Background()

@@ -89,11 +89,21 @@ func (l *Lease) validUntilLocked() time.Time {
 	return l.validUntil
 }
 
+type leaseKey struct{}
+
+// LeaseFromContext returns the lease whose Context (or Run, or Do) made ctx, to
+// read its fencing token inside the work.
+func LeaseFromContext(ctx context.Context) (*Lease, bool) {
+	l, ok := ctx.Value(leaseKey{}).(*Lease)
+	return l, ok
+}
+
 // Context returns a context derived from parent that is also cancelled when the
 // lease is lost (context.Cause matches ErrLost) or released (the cause matches
-// ErrNotHeld). Call the returned cancel function when done with it.
+// ErrNotHeld), and that carries the lease (see LeaseFromContext). Call the
+// returned cancel function when done with it.
 func (l *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancelCause(parent)
+	ctx, cancel := context.WithCancelCause(context.WithValue(parent, leaseKey{}, l))
 	l.e.mu.Lock()
 	if l.state != stateHeld {
 		cause := l.cause
