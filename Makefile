@@ -4,7 +4,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test test-faults bench lint run-demo
+.PHONY: test test-faults bench lint run-demo run-worker
 
 ## test: every test with the race detector, against a real redis-server.
 test:
@@ -28,3 +28,7 @@ run-demo:
 ## test-faults: the fault suite (Redis restart, partitions, killed processes).
 test-faults:
 	@tools/with-redis.sh $(GO) test -race -count=1 -timeout 10m -tags faults ./faults/
+
+## run-worker: the asynq demo (embedded Redis unless REDIS_ADDR is set).
+run-worker:
+	$(GO) run ./examples/worker

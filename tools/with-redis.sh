@@ -55,7 +55,7 @@ start_server() {
 # A base port with base..base+3 free (and base+10000.. for the cluster bus).
 base=""
 for _ in $(seq 1 200); do
-  b=$(( 20000 + RANDOM % 2000 * 5 ))
+  b=$(( 20000 + RANDOM % 400 * 5 ))  # bus ports (+10000) stay below the ephemeral range
   if port_free $b && port_free $((b+1)) && port_free $((b+2)) && port_free $((b+3)) \
      && port_free $((b+10001)) && port_free $((b+10002)) && port_free $((b+10003)); then
     base=$b; break

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/jobguard/jobguard/internal/testredis"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testDB keeps this package's asynq keys (asynq:* is global to a database)
+// away from the other packages' tests running at the same time.
+const testDB = 12
+
+func checkRun(t *testing.T, rdb redis.UniversalClient) {
+	var out bytes.Buffer
+	res, err := run(context.Background(), &out, rdb)
+	require.NoError(t, err, out.String())
+	require.Equal(t, tenants*perTenant, res.Ran["report:build"], "every report ran, requeued duplicates included")
+	require.Equal(t, cacheWarms, res.Ran["cache:warm"]+res.Skipped["cache:warm"], "every cache warm-up ran or was skipped")
+	require.Positive(t, res.Skipped["cache:warm"])
+	require.Positive(t, res.Requeued["report:build"])
+	require.Len(t, res.MaxOverlap, 1+tenants)
+	for key, n := range res.MaxOverlap {
+		require.Equal(t, 1, n, "%s overlapped", key)
+	}
+	require.Zero(t, res.Archived)
+	require.Zero(t, res.Failed)
+	require.Contains(t, out.String(), "most runs of one key at once (must be 1):")
+}
+
+// The bare-machine path: an embedded miniredis.
+func TestRunOnMiniredis(t *testing.T) {
+	_, rdb := testredis.Mini(t)
+	checkRun(t, rdb)
+}
+
+// The REDIS_ADDR path: a real Redis.
+func TestRunOnRedis(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: testredis.Addr(t), DB: testDB})
+	defer rdb.Close()
+	checkRun(t, rdb)
+}

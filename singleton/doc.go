@@ -1,0 +1,48 @@
+// Package singleton is the asynq adapter of jobguard: an asynq.MiddlewareFunc
+// that runs each task under a lockkit lease on a key derived from the task, so
+// that tasks sharing a key never run at the same time (or no more than N at a
+// time) across every asynq.Server sharing the lock store.
+//
+//	locker, err := lockkit.NewRedis(rdb) // one per process; Close it after srv.Shutdown
+//	if err != nil { ... }
+//	guard, err := singleton.Middleware(locker,
+//		singleton.KeyByFields("tenant_id"),                    // one run per tenant at a time
+//		singleton.WithPolicy(middleware.Requeue(time.Second)), // duplicates run again later
+//		singleton.WithRedis(rdb),                              // the Redis the servers use
+//	)
+//	if err != nil { ... }
+//	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+//		IsFailure:      singleton.IsFailure(nil),  // a requeued duplicate is no failure
+//		RetryDelayFunc: singleton.RetryDelay(nil), // and comes back after the policy's delay
+//	})
+//	mux := asynq.NewServeMux()
+//	mux.Use(guard) // or guard(handler) around a single handler
+//
+// The key is the task type unless a key option says otherwise (KeyByTaskID,
+// KeyByPayload, KeyByFields, KeyFunc; PerQueue scopes any of them to the
+// queue). What happens to a task whose key is held (a duplicate) is the
+// middleware.Policy given with WithPolicy, Skip by default:
+//
+//   - Skip: the duplicate completes without running the handler.
+//   - Requeue: the duplicate runs again after the policy's delay plus jitter.
+//     While it has retries left it is returned to asynq as a retry that
+//     IsFailure reports as no failure (Retried is not incremented and no
+//     failure is counted). With no retries left (MaxRetry(0), or a budget used
+//     up by real failures) a copy is enqueued with the same queue, payload,
+//     headers, Timeout, Deadline and Retention and the remaining retry budget,
+//     and the original is revoked (asynq.RevokeTask), so it is never archived
+//     for being a duplicate.
+//   - Wait (middleware.Wait): the duplicate waits up to a bound, optionally in
+//     arrival order, then falls back to the wrapped policy.
+//   - Fail: the duplicate returns a *middleware.DuplicateError (errors.Is
+//     middleware.ErrDuplicate) and asynq's normal retry applies.
+//
+// The lease is renewed while the handler runs; if it is lost, the handler's ctx
+// is cancelled with a cause matching lockkit.ErrLost. It stays held until the
+// handler returns, even after asynq cancels the ctx at shutdown and puts the
+// task back, so the re-delivered task cannot overlap the old run.
+//
+// A task whose key cannot be derived (payload not JSON, field missing, empty
+// key) fails with an error matching ErrKey and asynq.SkipRetry: asynq archives
+// it with a message naming the task type and the reason.
+package singleton

@@ -1,0 +1,170 @@
+package singleton
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/hibiken/asynq"
+)
+
+// keyPrefix starts every key the built-in key options derive, so that they do
+// not collide with keys of other adapters sharing the Locker. KeyFunc keys are
+// used as returned.
+const keyPrefix = "asynq:"
+
+// KeyByType keys a task by its type: one task of a type runs at a time (or
+// WithLimit of them). The key is "asynq:<type>". This is the default.
+func KeyByType() Option {
+	return func(c *config) { c.keys = append(c.keys, keySpec{name: "KeyByType()", fn: keyByType}) }
+}
+
+func keyByType(_ context.Context, t *asynq.Task) (string, error) {
+	return keyPrefix + t.Type(), nil
+}
+
+// KeyByTaskID keys a task by its asynq task ID (the key is
+// "asynq:<type>:id:<id>"). It stops asynq's own re-deliveries of one task from
+// overlapping the run still in progress: after a worker lease expiry, from the
+// recoverer, or after a shutdown put the task back while its handler still
+// runs. A copy enqueued by Requeue keeps its original's key (OriginHeader).
+// Pair it with Requeue or Wait: Skip would complete a re-delivery whose old run
+// may still fail. The handler must be called by an asynq server; otherwise the
+// task fails with ErrKey.
+func KeyByTaskID() Option {
+	return func(c *config) { c.keys = append(c.keys, keySpec{name: "KeyByTaskID()", fn: keyByTaskID}) }
+}
+
+func keyByTaskID(ctx context.Context, t *asynq.Task) (string, error) {
+	id := t.Headers()[OriginHeader]
+	if id == "" {
+		var ok bool
+		if id, ok = asynq.GetTaskID(ctx); !ok || id == "" {
+			return "", errors.New("no task ID in the context (the handler was not called by an asynq server)")
+		}
+	}
+	return keyPrefix + t.Type() + ":id:" + id, nil
+}
+
+// KeyByPayload keys a task by its type and payload: identical tasks do not run
+// at once, different payloads do. The key is "asynq:<type>:payload:<hash>",
+// the hash being the first 128 bits of the payload's SHA-256 in hex.
+func KeyByPayload() Option {
+	return func(c *config) { c.keys = append(c.keys, keySpec{name: "KeyByPayload()", fn: keyByPayload}) }
+}
+
+func keyByPayload(_ context.Context, t *asynq.Task) (string, error) {
+	sum := sha256.Sum256(t.Payload())
+	return keyPrefix + t.Type() + ":payload:" + hex.EncodeToString(sum[:16]), nil
+}
+
+// KeyByFields keys a task by its type and the values of top-level fields of
+// its JSON object payload, such as "tenant_id" for per-tenant serialization.
+// The key is "asynq:<type>:<field>=<value>[,<field>=<value>...]" with each
+// value in compact JSON (a string keeps its quotes, so 42 and "42" differ).
+// A payload that is not a JSON object, or lacks a field, or has it null or
+// "", fails the task with ErrKey. At least one field is required; names must
+// be non-empty and distinct.
+func KeyByFields(fields ...string) Option {
+	spec := keySpec{name: fmt.Sprintf("KeyByFields(%s)", quoteAll(fields))}
+	seen := make(map[string]bool, len(fields))
+	switch {
+	case len(fields) == 0:
+		spec.err = errors.New("no field given")
+	default:
+		for _, f := range fields {
+			switch {
+			case f == "":
+				spec.err = errors.New("field name is empty")
+			case seen[f]:
+				spec.err = fmt.Errorf("field %q is given twice", f)
+			}
+			if spec.err != nil {
+				break
+			}
+			seen[f] = true
+		}
+	}
+	fields = append([]string(nil), fields...)
+	spec.fn = func(_ context.Context, t *asynq.Task) (string, error) { return keyByFields(t, fields) }
+	return func(c *config) { c.keys = append(c.keys, spec) }
+}
+
+func quoteAll(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = fmt.Sprintf("%q", s)
+	}
+	return strings.Join(q, ", ")
+}
+
+func keyByFields(t *asynq.Task, fields []string) (string, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(t.Payload(), &obj); err != nil {
+		return "", fmt.Errorf("payload is not a JSON object: %w", err)
+	}
+	if obj == nil {
+		return "", errors.New("payload is not a JSON object: null")
+	}
+	var b strings.Builder
+	b.WriteString(keyPrefix + t.Type() + ":")
+	for i, f := range fields {
+		raw, ok := obj[f]
+		if !ok {
+			return "", fmt.Errorf("payload has no field %q", f)
+		}
+		var v bytes.Buffer
+		if err := json.Compact(&v, raw); err != nil {
+			return "", fmt.Errorf("field %q: %w", f, err)
+		}
+		switch v.String() {
+		case "null":
+			return "", fmt.Errorf("field %q is null", f)
+		case `""`:
+			return "", fmt.Errorf("field %q is empty", f)
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(f + "=")
+		b.Write(v.Bytes())
+	}
+	return b.String(), nil
+}
+
+// KeyFunc keys a task by fn's result, used as the key as returned (no
+// prefix). An error from fn, or an empty key, fails the task with ErrKey,
+// wrapping fn's error. fn must not be nil.
+func KeyFunc(fn func(ctx context.Context, t *asynq.Task) (string, error)) Option {
+	spec := keySpec{name: "KeyFunc(nil)", fn: fn}
+	if fn == nil {
+		spec.err = errors.New("func is nil")
+	} else {
+		spec.name = "KeyFunc(fn)"
+	}
+	return func(c *config) { c.keys = append(c.keys, spec) }
+}
+
+// keyOf derives t's key, scoped to its queue with PerQueue.
+func (m *guarded) keyOf(ctx context.Context, t *asynq.Task) (string, error) {
+	key, err := m.key(ctx, t)
+	if err != nil {
+		return "", err
+	}
+	if key == "" {
+		return "", errors.New("the key is empty")
+	}
+	if m.perQueue {
+		q, ok := asynq.GetQueueName(ctx)
+		if !ok || q == "" {
+			return "", errors.New("no queue name in the context (the handler was not called by an asynq server)")
+		}
+		key += "@" + q
+	}
+	return key, nil
+}

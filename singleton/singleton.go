@@ -1,0 +1,242 @@
+package singleton
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
+)
+
+// DefaultTTL is the lease TTL when WithTTL is not given. The lease is renewed
+// every TTL/3 while the handler runs, so long tasks stay covered. A crashed
+// worker's key frees within this time; asynq re-delivers a crashed worker's
+// task only after its own 30s worker lease has expired and its recoverer has
+// run (at least 30s more), so the key is free by then.
+const DefaultTTL = middleware.DefaultTTL
+
+// OriginHeader is the task header that a copy enqueued by Requeue carries: the
+// ID of the task it was copied from (the first task of the chain). KeyByTaskID
+// uses it, so a copy keeps its original's key.
+const OriginHeader = "jobguard-origin-id"
+
+// Errors returned by the middleware. Compare with errors.Is.
+var (
+	// ErrKey is matched by the error a task fails with when its key cannot be
+	// derived: the payload is not JSON, a field is missing or empty, a KeyFunc
+	// failed or returned "". The error also matches asynq.SkipRetry, so asynq
+	// archives the task, and its message names the task type and the reason.
+	ErrKey = errors.New("singleton: cannot derive key")
+	// ErrInvalid is matched by every error Middleware returns for an invalid
+	// option; the message names the option and the bad value.
+	ErrInvalid = errors.New("singleton: invalid option")
+)
+
+// Option configures Middleware.
+type Option func(*config)
+
+type keyFunc func(ctx context.Context, t *asynq.Task) (string, error)
+
+type keySpec struct {
+	name string // the option as the user wrote it, for errors
+	fn   keyFunc
+	err  error
+}
+
+type config struct {
+	keys      []keySpec
+	perQueue  bool
+	types     []string
+	typesSet  bool
+	guardOpts []middleware.Option
+	policy    string // the WithPolicy value as written, for errors
+	rdb       redis.UniversalClient
+	rdbSet    bool
+}
+
+// WithPolicy sets what happens to a task whose key is held: middleware.Skip(),
+// middleware.Requeue(delay), middleware.Fail(), or middleware.Wait(max, then).
+// A policy that can requeue needs WithRedis. Defaults to middleware.Skip().
+func WithPolicy(p middleware.Policy) Option {
+	return func(c *config) {
+		c.guardOpts = append(c.guardOpts, middleware.WithPolicy(p))
+		c.policy = fmt.Sprintf("%+v", p)
+	}
+}
+
+// WithLimit sets how many tasks with the same key may run at once across
+// every server (per-key concurrency, such as per tenant). Must be at least 1.
+// Every server must use the same limit for a key. Defaults to 1.
+func WithLimit(n int) Option {
+	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithLimit(n)) }
+}
+
+// WithTTL sets the lease TTL. The lease is renewed every TTL/3 while the
+// handler runs; a crashed worker's key frees after at most TTL. Must be at
+// least lockkit.MinTTL. Defaults to DefaultTTL (30s).
+func WithTTL(ttl time.Duration) Option {
+	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithTTL(ttl)) }
+}
+
+// WithObserver adds an observer of the guard's events, including
+// middleware.EventRequeued (Event.Delay) and middleware.EventError for a key
+// that cannot be derived. It may be given more than once. Defaults to
+// middleware.LogObserver(slog.Default()) when no observer is given.
+func WithObserver(o middleware.Observer) Option {
+	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithObserver(o)) }
+}
+
+// WithRedis sets the Redis that the asynq servers use. Requeue enqueues the
+// copy of a duplicate with no retries left through it (with an asynq.Client
+// and Inspector made from it, which hold no goroutines and are never closed).
+// Required when the policy can requeue; must not be nil. Defaults to none.
+func WithRedis(client redis.UniversalClient) Option {
+	return func(c *config) { c.rdb, c.rdbSet = client, true }
+}
+
+// ForTypes guards only the tasks of the listed types; tasks of other types
+// run unguarded. At least one non-empty type is required. Defaults to every
+// task the middleware wraps.
+func ForTypes(types ...string) Option {
+	return func(c *config) { c.types, c.typesSet = append(c.types, types...), true }
+}
+
+// PerQueue scopes the key to the queue the task came from: "@<queue>" is
+// appended to whatever key the key option derives, so the same work in two
+// queues does not conflict. Defaults to off (one key across all queues).
+func PerQueue() Option { return func(c *config) { c.perQueue = true } }
+
+// Middleware returns an asynq.MiddlewareFunc that runs each task under a lease
+// on its key, taken from locker. Use it with mux.Use(m) for every handler of a
+// ServeMux or as m(handler) around one handler; mux.Use(a, b) runs a(b(h)).
+//
+// Without options the key is the task type, a duplicate is skipped, one task
+// per key runs at a time and the lease TTL is DefaultTTL. Middleware returns
+// an error matching ErrInvalid, naming the option and the value, for a nil
+// locker or an invalid option; it never panics on options.
+//
+// The wrapped handler returns: the handler's own error when it ran (annotated
+// with the loss cause if the lease was lost); nil for a skipped duplicate; a
+// *middleware.DuplicateError for Fail, and for Requeue while the task has
+// retries left; an error matching both middleware.ErrDuplicate and
+// asynq.RevokeTask after Requeue enqueued a copy; an error matching ErrKey and
+// asynq.SkipRetry for a key that cannot be derived; a lockkit error when the
+// lease could not be taken (Redis unreachable), which asynq retries.
+func Middleware(locker lockkit.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
+	if locker == nil {
+		return nil, fmt.Errorf("%w: Middleware: locker is nil", ErrInvalid)
+	}
+	var c config
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	m, err := c.build(locker)
+	if err != nil {
+		return nil, err
+	}
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			return m.process(ctx, next, t)
+		})
+	}, nil
+}
+
+// build validates c and returns the middleware it describes.
+func (c *config) build(locker lockkit.Locker) (*guarded, error) {
+	m := &guarded{perQueue: c.perQueue, key: keyByType}
+	switch len(c.keys) {
+	case 0:
+	case 1:
+		if c.keys[0].err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrInvalid, c.keys[0].name, c.keys[0].err)
+		}
+		m.key = c.keys[0].fn
+	default:
+		names := make([]string, len(c.keys))
+		for i, k := range c.keys {
+			names[i] = k.name
+		}
+		return nil, fmt.Errorf("%w: %s: give one key option", ErrInvalid, strings.Join(names, ", "))
+	}
+	if c.typesSet {
+		if len(c.types) == 0 {
+			return nil, fmt.Errorf("%w: ForTypes(): no task type given", ErrInvalid)
+		}
+		m.types = make(map[string]bool, len(c.types))
+		for _, t := range c.types {
+			if strings.TrimSpace(t) == "" {
+				return nil, fmt.Errorf("%w: ForTypes(%q): task type is empty", ErrInvalid, t)
+			}
+			m.types[t] = true
+		}
+	}
+	if c.rdbSet && c.rdb == nil {
+		return nil, fmt.Errorf("%w: WithRedis(nil): client is nil", ErrInvalid)
+	}
+	g, err := middleware.New(locker, c.guardOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if g.Policy().OnConflict == middleware.ActionRequeue && c.rdb == nil {
+		return nil, fmt.Errorf("%w: WithPolicy(%s): a policy that requeues needs WithRedis(client) to re-enqueue duplicates that have no retries left", ErrInvalid, c.policy)
+	}
+	m.guard = g
+	if c.rdb != nil {
+		m.client = asynq.NewClientFromRedisClient(c.rdb)
+		m.inspector = asynq.NewInspectorFromRedisClient(c.rdb)
+	}
+	return m, nil
+}
+
+// guarded is a built middleware.
+type guarded struct {
+	guard     *middleware.Guard
+	key       keyFunc
+	perQueue  bool
+	types     map[string]bool // nil: every type
+	client    *asynq.Client
+	inspector *asynq.Inspector
+}
+
+func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task) error {
+	if m.types != nil && !m.types[t.Type()] {
+		return next.ProcessTask(ctx, t)
+	}
+	id, _ := asynq.GetTaskID(ctx)
+	job := middleware.Job{Name: t.Type(), ID: id}
+	key, err := m.keyOf(ctx, t)
+	if err != nil {
+		err = fmt.Errorf("%w: task %q: %w (%w)", ErrKey, t.Type(), err, asynq.SkipRetry)
+		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job, Err: err})
+		return err
+	}
+	job.Key = key
+	ran := false
+	err = m.guard.Run(ctx, job, func(ctx context.Context) error {
+		ran = true
+		return next.ProcessTask(ctx, t)
+	})
+	if ran {
+		return err
+	}
+	var dup *middleware.DuplicateError
+	if !errors.As(err, &dup) {
+		return err
+	}
+	switch dup.Action {
+	case middleware.ActionSkip:
+		return nil
+	case middleware.ActionRequeue:
+		return m.requeue(ctx, t, dup)
+	default:
+		return dup
+	}
+}

@@ -1,0 +1,270 @@
+package singleton_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
+	"github.com/jobguard/jobguard/singleton"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func memLocker(t *testing.T) *lockkit.MemoryLocker {
+	t.Helper()
+	l, err := lockkit.NewMemory()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l
+}
+
+func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer rdb.Close()
+	keyFn := func(context.Context, *asynq.Task) (string, error) { return "k", nil }
+	cases := []struct {
+		name string
+		opts []singleton.Option
+		want string
+	}{
+		{"no fields", []singleton.Option{singleton.KeyByFields()}, "KeyByFields(): no field given"},
+		{"empty field", []singleton.Option{singleton.KeyByFields("tenant_id", "")}, `KeyByFields("tenant_id", ""): field name is empty`},
+		{"field twice", []singleton.Option{singleton.KeyByFields("a", "a")}, `KeyByFields("a", "a"): field "a" is given twice`},
+		{"nil key func", []singleton.Option{singleton.KeyFunc(nil)}, "KeyFunc(nil): func is nil"},
+		{"two key options", []singleton.Option{singleton.KeyByType(), singleton.KeyFunc(keyFn)}, "KeyByType(), KeyFunc(fn): give one key option"},
+		{"no types", []singleton.Option{singleton.ForTypes()}, "ForTypes(): no task type given"},
+		{"empty type", []singleton.Option{singleton.ForTypes("a", " ")}, `ForTypes(" "): task type is empty`},
+		{"nil redis", []singleton.Option{singleton.WithRedis(nil)}, "WithRedis(nil): client is nil"},
+		{"limit", []singleton.Option{singleton.WithLimit(0)}, "WithLimit(0): must be at least 1"},
+		{"ttl", []singleton.Option{singleton.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be at least 100ms"},
+		{"negative wait", []singleton.Option{singleton.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "Wait -1s is negative"},
+		{"requeue without redis", []singleton.Option{singleton.WithPolicy(middleware.Requeue(time.Second))},
+			"WithPolicy({OnConflict:requeue RequeueDelay:1s Wait:0s Fair:false}): a policy that requeues needs WithRedis(client)"},
+		{"wait then requeue without redis", []singleton.Option{singleton.WithPolicy(middleware.Wait(time.Second, middleware.Requeue(0)))},
+			"a policy that requeues needs WithRedis(client)"},
+	}
+	l := memLocker(t)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			mw, err := singleton.Middleware(l, c.opts...)
+			require.Nil(t, mw)
+			require.ErrorIs(t, err, singleton.ErrInvalid)
+			require.ErrorContains(t, err, c.want)
+		})
+	}
+	_, err := singleton.Middleware(nil)
+	require.ErrorIs(t, err, singleton.ErrInvalid)
+	require.ErrorContains(t, err, "locker is nil")
+
+	for _, opts := range [][]singleton.Option{
+		nil,
+		{nil},
+		{singleton.WithPolicy(middleware.Requeue(time.Second)), singleton.WithRedis(rdb)},
+		{singleton.KeyByFields("tenant_id", "region"), singleton.PerQueue(), singleton.ForTypes("report"), singleton.WithLimit(3), singleton.WithTTL(time.Minute)},
+	} {
+		_, err := singleton.Middleware(l, opts...)
+		require.NoError(t, err)
+	}
+}
+
+// keyOf runs t through a middleware built with opts on a fresh MemoryLocker
+// and returns the key the lease was taken on, or the handler's error.
+func keyOf(t *testing.T, ctx context.Context, task *asynq.Task, opts ...singleton.Option) (string, error) {
+	t.Helper()
+	var key string
+	opts = append(opts, singleton.WithObserver(func(_ context.Context, e middleware.Event) {
+		if e.Kind == middleware.EventAcquired {
+			key = e.Job.Key
+		}
+	}))
+	mw, err := singleton.Middleware(memLocker(t), opts...)
+	require.NoError(t, err)
+	ran := false
+	err = mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran = true; return nil })).ProcessTask(ctx, task)
+	require.Equal(t, err == nil, ran, "the handler runs exactly when a key was derived")
+	return key, err
+}
+
+func TestKeyDerivation(t *testing.T) {
+	payload := []byte(`{"tenant_id": "acme", "region": 7, "n": 1}`)
+	origin := asynq.NewTaskWithHeaders("report", nil, map[string]string{singleton.OriginHeader: "task-1"})
+	keyFn := func(_ context.Context, t *asynq.Task) (string, error) { return "custom:" + t.Type(), nil }
+	cases := []struct {
+		name string
+		task *asynq.Task
+		opts []singleton.Option
+		want string
+	}{
+		{"type by default", asynq.NewTask("report", payload), nil, "asynq:report"},
+		{"type", asynq.NewTask("report", payload), []singleton.Option{singleton.KeyByType()}, "asynq:report"},
+		{"payload", asynq.NewTask("report", []byte("abc")), []singleton.Option{singleton.KeyByPayload()},
+			"asynq:report:payload:ba7816bf8f01cfea414140de5dae2223"},
+		{"one field", asynq.NewTask("report", payload), []singleton.Option{singleton.KeyByFields("tenant_id")}, `asynq:report:tenant_id="acme"`},
+		{"two fields in the given order", asynq.NewTask("report", payload), []singleton.Option{singleton.KeyByFields("region", "tenant_id")},
+			`asynq:report:region=7,tenant_id="acme"`},
+		{"object field is compacted", asynq.NewTask("report", []byte(`{"t": {"a": 1,  "b": [1, 2]}}`)), []singleton.Option{singleton.KeyByFields("t")},
+			`asynq:report:t={"a":1,"b":[1,2]}`},
+		{"task ID of a requeued copy", origin, []singleton.Option{singleton.KeyByTaskID()}, "asynq:report:id:task-1"},
+		{"func", asynq.NewTask("report", nil), []singleton.Option{singleton.KeyFunc(keyFn)}, "custom:report"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			key, err := keyOf(t, context.Background(), c.task, c.opts...)
+			require.NoError(t, err)
+			require.Equal(t, c.want, key)
+		})
+	}
+}
+
+func TestKeyErrorsNameTheTaskAndTheReason(t *testing.T) {
+	fields := singleton.KeyByFields("tenant_id")
+	cases := []struct {
+		name    string
+		payload string
+		opts    []singleton.Option
+		want    string
+	}{
+		{"not JSON", `tenant=acme`, []singleton.Option{fields}, "payload is not a JSON object: invalid character"},
+		{"JSON array", `[1,2]`, []singleton.Option{fields}, "payload is not a JSON object: json: cannot unmarshal array"},
+		{"JSON null", `null`, []singleton.Option{fields}, "payload is not a JSON object: null"},
+		{"empty payload", ``, []singleton.Option{fields}, "payload is not a JSON object: unexpected end of JSON input"},
+		{"missing field", `{"tenant":"acme"}`, []singleton.Option{fields}, `payload has no field "tenant_id"`},
+		{"null field", `{"tenant_id":null}`, []singleton.Option{fields}, `field "tenant_id" is null`},
+		{"empty field", `{"tenant_id":""}`, []singleton.Option{fields}, `field "tenant_id" is empty`},
+		{"func error", `{}`, []singleton.Option{singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) {
+			return "", errors.New("no region in payload")
+		})}, "no region in payload"},
+		{"func empty key", `{}`, []singleton.Option{singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "", nil })}, "the key is empty"},
+		{"task ID outside a server", `{}`, []singleton.Option{singleton.KeyByTaskID()}, "no task ID in the context"},
+		{"queue outside a server", `{}`, []singleton.Option{singleton.PerQueue()}, "no queue name in the context"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := keyOf(t, context.Background(), asynq.NewTask("report:build", []byte(c.payload)), c.opts...)
+			require.ErrorIs(t, err, singleton.ErrKey)
+			require.ErrorIs(t, err, asynq.SkipRetry, "asynq archives the task instead of retrying it")
+			require.ErrorContains(t, err, `task "report:build"`)
+			require.ErrorContains(t, err, c.want)
+		})
+	}
+}
+
+func TestForTypesLeavesOtherTypesUnguarded(t *testing.T) {
+	l := memLocker(t)
+	var events []middleware.EventKind
+	mw, err := singleton.Middleware(l, singleton.ForTypes("report"), singleton.KeyByFields("tenant_id"),
+		singleton.WithObserver(func(_ context.Context, e middleware.Event) { events = append(events, e.Kind) }))
+	require.NoError(t, err)
+	ran := 0
+	h := mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran++; return nil }))
+	// "email" has no tenant_id, but it is not guarded, so it runs.
+	require.NoError(t, h.ProcessTask(context.Background(), asynq.NewTask("email", []byte("not json"))))
+	require.Empty(t, events)
+	require.NoError(t, h.ProcessTask(context.Background(), asynq.NewTask("report", []byte(`{"tenant_id":1}`))))
+	require.Equal(t, []middleware.EventKind{middleware.EventAcquired, middleware.EventReleased}, events)
+	require.Equal(t, 2, ran)
+}
+
+func TestDuplicateOutcomeOutsideAServer(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer rdb.Close()
+	cases := []struct {
+		policy middleware.Policy
+		check  func(t *testing.T, err error)
+	}{
+		{middleware.Skip(), func(t *testing.T, err error) { require.NoError(t, err) }},
+		{middleware.Fail(), func(t *testing.T, err error) {
+			require.ErrorIs(t, err, middleware.ErrDuplicate)
+			require.ErrorIs(t, err, lockkit.ErrNotAcquired)
+			require.NotErrorIs(t, err, asynq.SkipRetry)
+		}},
+		{middleware.Requeue(time.Second), func(t *testing.T, err error) {
+			// Without a server there is nothing to put back: the duplicate error
+			// is returned for the caller to act on.
+			var dup *middleware.DuplicateError
+			require.ErrorAs(t, err, &dup)
+			require.Equal(t, middleware.ActionRequeue, dup.Action)
+			require.False(t, singleton.IsFailure(nil)(err))
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.policy.OnConflict.String(), func(t *testing.T) {
+			l := memLocker(t)
+			holder, err := l.TryAcquire(context.Background(), "asynq:report", nil)
+			require.NoError(t, err)
+			defer holder.Release(context.Background())
+			mw, err := singleton.Middleware(l, singleton.WithPolicy(c.policy), singleton.WithRedis(rdb))
+			require.NoError(t, err)
+			err = mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+				t.Error("a duplicate ran")
+				return nil
+			})).ProcessTask(context.Background(), asynq.NewTask("report", nil))
+			c.check(t, err)
+		})
+	}
+}
+
+// A handler's own errors pass through unchanged, even when they are duplicate
+// errors of a guard nested inside.
+func TestHandlerErrorsPassThrough(t *testing.T) {
+	mw, err := singleton.Middleware(memLocker(t))
+	require.NoError(t, err)
+	inner := &middleware.DuplicateError{Action: middleware.ActionFail}
+	for _, want := range []error{errors.New("boom"), inner, asynq.SkipRetry} {
+		got := mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return want })).
+			ProcessTask(context.Background(), asynq.NewTask("report", nil))
+		require.ErrorIs(t, got, want)
+	}
+}
+
+func TestIsFailureAndRetryDelayCompose(t *testing.T) {
+	requeue := &middleware.DuplicateError{Action: middleware.ActionRequeue, RequeueIn: 1234 * time.Millisecond}
+	failDup := &middleware.DuplicateError{Action: middleware.ActionFail}
+	other := errors.New("boom")
+	wrapped := fmt.Errorf("outer: %w", requeue)
+
+	isFailure := singleton.IsFailure(nil)
+	require.False(t, isFailure(requeue))
+	require.False(t, isFailure(wrapped))
+	require.True(t, isFailure(failDup), "Fail counts as a failure: asynq's normal retry applies")
+	require.True(t, isFailure(other))
+
+	var asked []error
+	mine := singleton.IsFailure(func(err error) bool { asked = append(asked, err); return false })
+	require.False(t, mine(requeue))
+	require.False(t, mine(other))
+	require.Equal(t, []error{other}, asked, "next is asked about every error but a requeue")
+
+	task := asynq.NewTask("report", nil)
+	delay := singleton.RetryDelay(nil)
+	require.Equal(t, 1234*time.Millisecond, delay(3, requeue, task))
+	require.Equal(t, 1234*time.Millisecond, delay(3, wrapped, task))
+	require.GreaterOrEqual(t, delay(0, other, task), 15*time.Second, "asynq's default backoff")
+	fixed := singleton.RetryDelay(func(n int, _ error, _ *asynq.Task) time.Duration { return time.Duration(n) * time.Minute })
+	require.Equal(t, 2*time.Minute, fixed(2, failDup, task))
+	require.Equal(t, 1234*time.Millisecond, fixed(2, requeue, task))
+}
+
+func TestDefaultTTL(t *testing.T) {
+	require.Equal(t, 30*time.Second, singleton.DefaultTTL)
+	l := memLocker(t)
+	mw, err := singleton.Middleware(l)
+	require.NoError(t, err)
+	err = mw(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		info, err := l.Inspect(ctx, "asynq:report")
+		require.NoError(t, err)
+		require.Len(t, info.Holders, 1)
+		require.InDelta(t, singleton.DefaultTTL.Seconds(), info.Holders[0].TTL.Seconds(), 1)
+		return nil
+	})).ProcessTask(context.Background(), asynq.NewTask("report", nil))
+	require.NoError(t, err)
+}
