@@ -4,7 +4,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test test-faults bench lint run-demo run-worker
+.PHONY: test test-faults bench lint run-demo run-worker run-scheduler
 
 ## test: every test with the race detector, against a real redis-server.
 test:
@@ -32,3 +32,7 @@ test-faults:
 ## run-worker: the asynq demo (embedded Redis unless REDIS_ADDR is set).
 run-worker:
 	$(GO) run ./examples/worker
+
+## run-scheduler: three cron replicas enqueueing one asynq task per tick (embedded Redis unless REDIS_ADDR is set).
+run-scheduler:
+	$(GO) run ./examples/scheduler

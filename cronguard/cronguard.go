@@ -1,0 +1,403 @@
+package cronguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/robfig/cron/v3"
+
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
+)
+
+// DefaultTolerance is the clock skew between replicas that a Guard absorbs
+// when WithTolerance is not given. For an entry whose activations are closer
+// together than twice this, half the shortest interval is used instead.
+const DefaultTolerance = 2 * time.Second
+
+// keyPrefix is prepended to an entry's name to form its lockkit key.
+const keyPrefix = "cron:"
+
+// Errors of cronguard. Compare with errors.Is.
+var (
+	// ErrInvalid is wrapped by every validation error of New, Wrap and Add;
+	// the message names the option or argument and the bad value.
+	ErrInvalid = errors.New("cronguard: invalid argument")
+	// ErrNoTick is wrapped by the error reported (middleware.EventError and the
+	// logger) when a run cannot be matched to an activation of its schedule; the
+	// job is not run.
+	ErrNoTick = errors.New("cronguard: no tick")
+)
+
+type overlapMode int
+
+const (
+	overlapSkip overlapMode = iota
+	overlapDelay
+	overlapAllow
+)
+
+// Overlap says what a tick does when an earlier tick of the same entry is
+// still running somewhere in the fleet. The zero value is SkipIfStillRunning.
+type Overlap struct {
+	mode  overlapMode
+	wait  time.Duration
+	limit int
+}
+
+// SkipIfStillRunning skips a tick while an earlier tick of the entry runs on
+// any replica (EventDuplicate). It is cron.SkipIfStillRunning for the fleet.
+func SkipIfStillRunning() Overlap { return Overlap{mode: overlapSkip} }
+
+// DelayIfStillRunning makes a tick wait, for at most max, until the earlier
+// tick running on any replica ends; waiting ticks then run one at a time in
+// the order they fired (EventWaited). A tick still waiting after max is
+// skipped (EventDuplicate). It is cron.DelayIfStillRunning for the fleet, with
+// a bound. max must be positive.
+func DelayIfStillRunning(max time.Duration) Overlap {
+	return Overlap{mode: overlapDelay, wait: max}
+}
+
+// AllowOverlap lets up to max ticks of the entry run at once across the
+// fleet; each tick still runs once. A tick that finds max runs going is
+// skipped (EventDuplicate). max must be at least 1; AllowOverlap(1) is
+// SkipIfStillRunning.
+func AllowOverlap(max int) Overlap { return Overlap{mode: overlapAllow, limit: max} }
+
+// String returns the call that makes o, such as "AllowOverlap(2)".
+func (o Overlap) String() string {
+	switch o.mode {
+	case overlapDelay:
+		return fmt.Sprintf("DelayIfStillRunning(%s)", o.wait)
+	case overlapAllow:
+		return fmt.Sprintf("AllowOverlap(%d)", o.limit)
+	}
+	return "SkipIfStillRunning()"
+}
+
+// Option configures a Guard.
+type Option func(*config)
+
+type config struct {
+	tol       time.Duration
+	tolSet    bool
+	overlap   Overlap
+	ttl       time.Duration
+	observers []middleware.Observer
+	logger    cron.Logger
+	clock     func() time.Time
+	loc       *time.Location
+	parser    cron.ScheduleParser
+}
+
+// WithTolerance sets how far apart the replicas' clocks may be, so how far
+// apart in real time they may fire the same tick. A tick's claim is kept for 2
+// × its interval + 2 × d, so that a replica firing up to an interval late with
+// a clock up to d behind still finds it. It must not be negative and must be
+// shorter than the shortest interval of every schedule wrapped (Wrap and Add
+// return an error otherwise). Defaults to DefaultTolerance (2s), capped at
+// half the entry's shortest interval.
+func WithTolerance(d time.Duration) Option {
+	return func(c *config) { c.tol, c.tolSet = d, true }
+}
+
+// WithOverlap sets what a tick does while an earlier tick still runs
+// somewhere. Defaults to SkipIfStillRunning().
+func WithOverlap(o Overlap) Option { return func(c *config) { c.overlap = o } }
+
+// WithTTL sets the lease TTL: the lease is renewed every TTL/3 while the job
+// runs, and the entry of a replica that dies mid-run is free again at most
+// this long after its last renewal. Must be at least lockkit.MinTTL. Defaults
+// to middleware.DefaultTTL (30s).
+func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl = ttl } }
+
+// WithObserver adds an observer of every run's events, the same
+// middleware.Observer the other jobguard adapters take. Tick(ctx) gives the
+// tick inside the observer. It may be given more than once. Defaults to none.
+func WithObserver(o middleware.Observer) Option {
+	return func(c *config) { c.observers = append(c.observers, o) }
+}
+
+// WithLogger sets the logger: job errors, panics, lost leases and Redis
+// errors at Error; runs and skips at Info. Must not be nil (use
+// cron.DiscardLogger for silence). Defaults to cron.DefaultLogger, as for a
+// cron.Cron (errors only, to stdout).
+func WithLogger(l cron.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithClock sets the clock from which runs are matched to ticks: a run
+// counts for the latest activation at or before the clock's reading. It must
+// read the time cron fires by (a reading earlier than the activation that
+// fired the run names the activation before it). Must not be nil. Defaults to
+// time.Now, the clock cron fires by.
+func WithClock(now func() time.Time) Option { return func(c *config) { c.clock = now } }
+
+// WithLocation sets the time zone in which schedules without CRON_TZ are
+// interpreted by Wrap; give it the same value as cron.WithLocation. Add uses
+// the Cron's own location instead. Must not be nil. Defaults to time.Local,
+// like cron.
+func WithLocation(loc *time.Location) Option { return func(c *config) { c.loc = loc } }
+
+// WithParser sets the parser of the specs given to Wrap and Add; give it the
+// same parser as cron.WithParser. Must not be nil. Defaults to the parser of
+// cron.ParseStandard (five fields and descriptors such as @hourly).
+func WithParser(p cron.ScheduleParser) Option { return func(c *config) { c.parser = p } }
+
+// WithSeconds makes specs start with a seconds field, like cron.WithSeconds.
+// Defaults to off (five fields).
+func WithSeconds() Option {
+	return WithParser(cron.NewParser(cron.Second | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor))
+}
+
+// Guard makes cron entries run once per tick across every replica that shares
+// its Locker's Redis. It is safe for concurrent use and owns no goroutine.
+type Guard struct {
+	mw  *middleware.Guard
+	cfg config
+}
+
+// New returns a Guard taking leases from locker. It returns an error matching
+// ErrInvalid for a nil locker or an invalid option.
+func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
+	if locker == nil {
+		return nil, fmt.Errorf("%w: New: locker is nil", ErrInvalid)
+	}
+	cfg := config{
+		ttl:    middleware.DefaultTTL,
+		logger: cron.DefaultLogger,
+		clock:  time.Now,
+		loc:    time.Local,
+		parser: cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor),
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	var policy middleware.Policy
+	limit := 1
+	switch o := cfg.overlap; o.mode {
+	case overlapSkip:
+		policy = middleware.Skip()
+	case overlapDelay:
+		if o.wait <= 0 {
+			return nil, fmt.Errorf("%w: WithOverlap(%s): the wait must be positive", ErrInvalid, o)
+		}
+		policy = middleware.Wait(o.wait, middleware.Skip())
+		policy.Fair = true
+	case overlapAllow:
+		if o.limit < 1 {
+			return nil, fmt.Errorf("%w: WithOverlap(%s): must allow at least 1 run", ErrInvalid, o)
+		}
+		policy, limit = middleware.Skip(), o.limit
+	default:
+		return nil, fmt.Errorf("%w: WithOverlap: unknown mode %d", ErrInvalid, o.mode)
+	}
+	switch {
+	case cfg.tolSet && cfg.tol < 0:
+		return nil, fmt.Errorf("%w: WithTolerance(%s): must not be negative", ErrInvalid, cfg.tol)
+	case cfg.ttl < lockkit.MinTTL:
+		return nil, fmt.Errorf("%w: WithTTL(%s): must be at least %s", ErrInvalid, cfg.ttl, lockkit.MinTTL)
+	case cfg.logger == nil:
+		return nil, fmt.Errorf("%w: WithLogger(nil): use cron.DiscardLogger for no logging", ErrInvalid)
+	case cfg.clock == nil:
+		return nil, fmt.Errorf("%w: WithClock(nil)", ErrInvalid)
+	case cfg.loc == nil:
+		return nil, fmt.Errorf("%w: WithLocation(nil)", ErrInvalid)
+	case cfg.parser == nil:
+		return nil, fmt.Errorf("%w: WithParser(nil)", ErrInvalid)
+	}
+	mopts := []middleware.Option{middleware.WithPolicy(policy), middleware.WithLimit(limit), middleware.WithTTL(cfg.ttl)}
+	for i, o := range cfg.observers {
+		if o == nil {
+			return nil, fmt.Errorf("%w: WithObserver #%d is nil", ErrInvalid, i+1)
+		}
+		mopts = append(mopts, middleware.WithObserver(o))
+	}
+	mopts = append(mopts, middleware.WithObserver(logObserver(cfg.logger)))
+	mw, err := middleware.New(locker, mopts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return &Guard{mw: mw, cfg: cfg}, nil
+}
+
+// Wrap is New(locker, opts...) followed by Guard.Wrap(name, spec).
+func Wrap(locker lockkit.Locker, name, spec string, opts ...Option) (cron.JobWrapper, error) {
+	g, err := New(locker, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return g.Wrap(name, spec)
+}
+
+// Wrap returns the cron.JobWrapper of one entry: name identifies it across
+// the fleet (every replica must use the same name, and no other entry may),
+// spec is its schedule, parsed as WithParser says, in the time zone set by
+// WithLocation. Use it as cron.NewChain(w).Then(job) for that entry's job, as
+// the last (innermost) wrapper of the chain, or in cron.WithChain(w) on a Cron
+// that runs only this entry; for a Cron with several entries use Add.
+//
+// It returns an error matching ErrInvalid for an empty name, a spec that does
+// not parse, a schedule whose ticks cannot be named the same way on every
+// replica (@every, which counts from each replica's start; a schedule with no
+// future activation), or a tolerance not shorter than the schedule's shortest
+// interval.
+func (g *Guard) Wrap(name, spec string) (cron.JobWrapper, error) {
+	e, err := g.entry(name, spec, g.cfg.loc)
+	if err != nil {
+		return nil, err
+	}
+	return e.wrap, nil
+}
+
+// Add schedules job on c as the entry name, on spec parsed as WithParser says
+// in c's time zone, and returns its id. c's own chain (cron.WithChain) wraps
+// the guarded job, so cron.Recover there also catches the job's panics. It
+// returns the errors of Wrap, and one matching ErrInvalid for a nil c or job.
+func (g *Guard) Add(c *cron.Cron, name, spec string, job cron.Job) (cron.EntryID, error) {
+	if c == nil {
+		return 0, fmt.Errorf("%w: Add(%q): the Cron is nil", ErrInvalid, name)
+	}
+	if job == nil {
+		return 0, fmt.Errorf("%w: Add(%q): the job is nil", ErrInvalid, name)
+	}
+	e, err := g.entry(name, spec, c.Location())
+	if err != nil {
+		return 0, err
+	}
+	return c.Schedule(e.sched, e.wrap(job)), nil
+}
+
+func (g *Guard) entry(name, spec string, loc *time.Location) (*entry, error) {
+	if name == "" {
+		return nil, fmt.Errorf("%w: entry name is empty (spec %q)", ErrInvalid, spec)
+	}
+	sched, err := g.cfg.parser.Parse(spec)
+	if err != nil {
+		return nil, fmt.Errorf("%w: entry %q: spec %q: %v", ErrInvalid, name, spec, err)
+	}
+	gap, err := checkSchedule(sched, g.cfg.clock().In(loc))
+	if err != nil {
+		return nil, fmt.Errorf("%w: entry %q: spec %q: %v", ErrInvalid, name, spec, err)
+	}
+	tol := min(DefaultTolerance, gap/2)
+	if g.cfg.tolSet {
+		tol = g.cfg.tol
+		if tol >= gap {
+			return nil, fmt.Errorf("%w: entry %q: WithTolerance(%s) must be shorter than the schedule's shortest interval (%s of %q)",
+				ErrInvalid, name, tol, gap, spec)
+		}
+	}
+	return &entry{g: g, name: name, key: keyPrefix + name, sched: sched, loc: loc, tol: tol, gap: gap}, nil
+}
+
+// entry is one guarded cron entry.
+type entry struct {
+	g     *Guard
+	name  string
+	key   string
+	sched cron.Schedule
+	loc   *time.Location
+	tol   time.Duration
+	gap   time.Duration // shortest interval between activations
+}
+
+func (e *entry) wrap(job cron.Job) cron.Job {
+	return cron.FuncJob(func() { e.run(job) })
+}
+
+// run is one firing: name the tick, claim it, run the job under the lease.
+func (e *entry) run(job cron.Job) {
+	ctx := context.Background()
+	mj := middleware.Job{Key: e.key, Name: e.name}
+	tick, err := tickAt(e.sched, e.g.cfg.clock().In(e.loc), e.gap)
+	if err == nil && tick.UnixMilli() <= 0 {
+		err = fmt.Errorf("%w: tick %s is not after 1970", ErrNoTick, tick.Format(time.RFC3339Nano))
+	}
+	if err == nil && job == nil {
+		err = fmt.Errorf("cronguard: the wrapped job is nil")
+	}
+	if err != nil {
+		e.g.mw.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: mj, Err: fmt.Errorf("cronguard: entry %q: %w", e.name, err)})
+		return
+	}
+	next := e.sched.Next(tick)
+	interval := e.gap
+	if !next.IsZero() {
+		interval = next.Sub(tick)
+	}
+	mj.ID = tick.UTC().Format(time.RFC3339Nano)
+	mj.Epoch = tick.UnixMilli()
+	// The claim outlives every run that can name this tick: replicas up to
+	// the tolerance apart, firing up to an interval late.
+	mj.EpochTTL = 2*interval + 2*e.tol
+	ctx = context.WithValue(ctx, tickKey{}, tick)
+	// Every outcome is reported through the observers (events) and the logger.
+	_ = e.g.mw.Run(ctx, mj, func(ctx context.Context) error {
+		if cj, ok := job.(contextJob); ok {
+			return cj.RunContext(ctx)
+		}
+		job.Run()
+		return nil
+	})
+}
+
+// contextJob is a job that takes a context and reports an error, such as Func.
+type contextJob interface {
+	RunContext(ctx context.Context) error
+}
+
+// Func is the context-aware form of a job. Under a Guard, its ctx is cancelled
+// with a cause matching lockkit.ErrLost if the lease is lost, Tick(ctx) gives
+// the tick, lockkit.LeaseFromContext(ctx) the lease (and its fencing token),
+// and a returned error is reported (EventReleased.Err and the logger). Any cron.Job with a RunContext(context.Context) error method is run
+// the same way.
+type Func func(ctx context.Context) error
+
+// Run implements cron.Job for use without a Guard: it calls f with
+// context.Background() and drops the error.
+func (f Func) Run() { _ = f(context.Background()) }
+
+// RunContext calls f(ctx).
+func (f Func) RunContext(ctx context.Context) error { return f(ctx) }
+
+type tickKey struct{}
+
+// Tick returns the scheduled time of the tick being run, from the ctx a Guard
+// gives to a Func job and to observers.
+func Tick(ctx context.Context) (time.Time, bool) {
+	t, ok := ctx.Value(tickKey{}).(time.Time)
+	return t, ok
+}
+
+// logObserver reports events to l.
+func logObserver(l cron.Logger) middleware.Observer {
+	return func(ctx context.Context, e middleware.Event) {
+		kv := []any{"entry", e.Job.Name}
+		if e.Job.ID != "" {
+			kv = append(kv, "tick", e.Job.ID)
+		}
+		switch e.Kind {
+		case middleware.EventAcquired:
+			l.Info("run", kv...)
+		case middleware.EventWaited:
+			l.Info("delayed", append(kv, "wait", e.Wait)...)
+		case middleware.EventClaimed:
+			l.Info("skip", append(kv, "reason", "ran on another replica")...)
+		case middleware.EventDuplicate:
+			l.Info("skip", append(kv, "reason", "still running", "holder", e.Holder, "waited", e.Wait)...)
+		case middleware.EventReleased:
+			if e.Err != nil {
+				l.Error(e.Err, "job failed", append(kv, "duration", e.Duration)...)
+			} else {
+				l.Info("done", append(kv, "duration", e.Duration)...)
+			}
+		case middleware.EventLost:
+			l.Error(e.Err, "lease lost", kv...)
+		case middleware.EventError:
+			l.Error(e.Err, "guard error", kv...)
+		}
+	}
+}

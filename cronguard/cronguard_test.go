@@ -1,0 +1,481 @@
+package cronguard_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sort"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/robfig/cron/v3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/cronguard"
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
+)
+
+func TestRunIsCountedForTheTickThatFiredIt(t *testing.T) {
+	tokyo, err := time.LoadLocation("Asia/Tokyo")
+	require.NoError(t, err)
+	monday := time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC) // a Monday
+	ms := time.Millisecond
+	cases := []struct {
+		name string
+		spec string
+		tick time.Time     // the activation that fired
+		late time.Duration // the replica's clock reading minus tick
+		want time.Time
+	}{
+		{"on time", "* * * * * *", t0, 0, t0},
+		{"1ms late", "* * * * * *", t0, ms, t0},
+		{"300ms late", "* * * * * *", t0, 300 * ms, t0},
+		{"999ms late", "* * * * * *", t0, 999 * ms, t0},
+		{"a whole interval late: the next tick", "* * * * * *", t0, time.Second, t0.Add(time.Second)},
+		{"a reading before the activation: the previous tick", "* * * * * *", t0, -ms, t0.Add(-time.Second)},
+		{"5m: 4m59.999s late", "0 */5 * * * *", t0, 5*time.Minute - ms, t0},
+		{"weekdays: Friday's run 60h late", "0 0 9 * * MON-FRI", monday.AddDate(0, 0, 4), 60 * time.Hour, monday.AddDate(0, 0, 4)},
+		{"weekdays: Monday on time", "0 0 9 * * MON-FRI", monday, 0, monday},
+		{"CRON_TZ read from a UTC clock", "CRON_TZ=Asia/Tokyo 0 0 9 * * *", time.Date(2026, 3, 2, 9, 0, 0, 0, tokyo), 100 * ms, time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := newRecorder()
+			r := newFleet(t).replica(0, "entry", tc.spec, rec)
+			var got time.Time
+			r.fire(tc.tick.Add(tc.late).UTC(), cronguard.Func(func(ctx context.Context) error {
+				got, _ = cronguard.Tick(ctx)
+				return nil
+			}))
+			require.True(t, tc.want.Equal(got), "want %s, got %s", tc.want, got)
+			ev, ok := rec.find(middleware.EventAcquired)
+			require.True(t, ok)
+			require.Equal(t, tc.want.UnixMilli(), ev.Job.Epoch)
+			require.Equal(t, tc.want.UTC().Format(time.RFC3339Nano), ev.Job.ID)
+			require.Equal(t, "cron:entry", ev.Job.Key)
+		})
+	}
+}
+
+// TestEachTickRunsOnceAcrossSkewedReplicas: replicas whose clocks are ahead of
+// or behind the others fire each tick at different real times, each when its
+// own clock reads the tick (plus a random delay); the job takes no time, so
+// every replica but the first fires after the run has ended. Each tick runs
+// once.
+func TestEachTickRunsOnceAcrossSkewedReplicas(t *testing.T) {
+	f := newFleet(t)
+	rec := newRecorder()
+	skews := []time.Duration{0, 300 * time.Millisecond, -300 * time.Millisecond, 450 * time.Millisecond} // clock ahead (+) or behind (-)
+	var replicas []*replica
+	for i := range skews {
+		replicas = append(replicas, f.replica(i, "report", "* * * * * *", rec))
+	}
+	runs := make(map[int64]int) // by tick, in Unix ms
+	won := make([]int, len(replicas))
+	const ticks = 50
+	for k := range ticks {
+		tick := t0.Add(time.Duration(k) * time.Second)
+		// Replica i fires when its clock reads tick + delay: at real time
+		// tick + delay - skew. Fire them in real-time order.
+		delays := make([]time.Duration, len(replicas))
+		order := rand.Perm(len(replicas))
+		for i := range replicas {
+			delays[i] = time.Duration(rand.N(500)) * time.Millisecond
+		}
+		sort.Slice(order, func(a, b int) bool {
+			i, j := order[a], order[b]
+			return delays[i]-skews[i] < delays[j]-skews[j]
+		})
+		for _, i := range order {
+			replicas[i].fire(tick.Add(delays[i]), cronguard.Func(func(ctx context.Context) error {
+				tick, _ := cronguard.Tick(ctx)
+				runs[tick.UnixMilli()]++ // replicas fire one at a time here
+				won[i]++
+				return nil
+			}))
+		}
+	}
+	require.Len(t, runs, ticks)
+	for k := range ticks {
+		tick := t0.Add(time.Duration(k) * time.Second)
+		require.Equal(t, 1, runs[tick.UnixMilli()], "tick %s", tick)
+		require.Equal(t, len(replicas)-1, rec.count(middleware.EventClaimed, tick), "tick %s", tick)
+	}
+	require.Greater(t, won[3], won[2], "the replica whose clock is ahead wins more ticks")
+}
+
+func TestSkipIfStillRunning(t *testing.T) {
+	f := newFleet(t)
+	rec := newRecorder()
+	a := f.replica(0, "e", "* * * * * *", rec)
+	b := f.replica(1, "e", "* * * * * *", rec)
+	c := f.replica(2, "e", "* * * * * *", rec)
+	long := newBlocking()
+	doneA := a.fireAsync(t0, long.job())
+	require.True(t, t0.Equal(recv(t, long.started)))
+
+	// The next tick fires while the first still runs: skipped, not run.
+	next := t0.Add(time.Second)
+	ran := false
+	b.fire(next, cronguard.Func(func(context.Context) error { ran = true; return nil }))
+	require.False(t, ran)
+	require.Equal(t, 1, rec.count(middleware.EventDuplicate, next))
+	ev, _ := rec.find(middleware.EventDuplicate)
+	require.Equal(t, middleware.ActionSkip, ev.Action)
+	require.Equal(t, "replica-0", ev.Holder)
+
+	// A replica firing that tick after the first run ended runs it, once.
+	close(long.release)
+	<-doneA
+	c.fire(next.Add(300*time.Millisecond), cronguard.Func(func(context.Context) error { ran = true; return nil }))
+	require.True(t, ran)
+	ran = false
+	b.fire(next.Add(400*time.Millisecond), cronguard.Func(func(context.Context) error { ran = true; return nil }))
+	require.False(t, ran)
+	require.Equal(t, 1, rec.count(middleware.EventClaimed, next))
+}
+
+func TestDelayIfStillRunning(t *testing.T) {
+	f := newFleet(t)
+	rec := newRecorder()
+	opt := cronguard.WithOverlap(cronguard.DelayIfStillRunning(time.Minute))
+	a := f.replica(0, "e", "* * * * * *", rec, opt)
+	b := f.replica(1, "e", "* * * * * *", rec, opt)
+	c := f.replica(2, "e", "* * * * * *", rec, opt)
+	d := f.replica(3, "e", "* * * * * *", rec, opt)
+	waiters := func() int {
+		info, err := f.base.Inspect(context.Background(), "cron:e")
+		require.NoError(t, err)
+		return info.Waiters
+	}
+
+	first := newBlocking()
+	doneA := a.fireAsync(t0, first.job())
+	recv(t, first.started)
+
+	// Tick 1 fires on b, then late on c; tick 2 fires on d. All wait.
+	second := newBlocking()
+	doneB := b.fireAsync(t0.Add(time.Second), second.job())
+	require.Eventually(t, func() bool { return waiters() == 1 }, 5*time.Second, time.Millisecond)
+	ranC := make(chan struct{}, 1)
+	doneC := c.fireAsync(t0.Add(1300*time.Millisecond), cronguard.Func(func(context.Context) error { ranC <- struct{}{}; return nil }))
+	require.Eventually(t, func() bool { return waiters() == 2 }, 5*time.Second, time.Millisecond)
+	third := newBlocking()
+	doneD := d.fireAsync(t0.Add(2*time.Second), third.job())
+	require.Eventually(t, func() bool { return waiters() == 3 }, 5*time.Second, time.Millisecond)
+
+	// When tick 0 ends, tick 1 runs (once), then tick 2 after it.
+	close(first.release)
+	<-doneA
+	require.True(t, t0.Add(time.Second).Equal(recv(t, second.started)))
+	<-doneC
+	require.Empty(t, ranC)
+	require.Equal(t, 1, rec.count(middleware.EventClaimed, t0.Add(time.Second)))
+	select {
+	case <-third.started:
+		t.Fatal("tick 2 overlapped tick 1")
+	default:
+	}
+	close(second.release)
+	<-doneB
+	require.True(t, t0.Add(2*time.Second).Equal(recv(t, third.started)))
+	close(third.release)
+	<-doneD
+	require.Equal(t, 2, rec.count(middleware.EventWaited, time.Time{}))
+	require.Equal(t, 0, rec.count(middleware.EventDuplicate, time.Time{}))
+}
+
+func TestDelayIfStillRunningGivesUpAfterMax(t *testing.T) {
+	f := newFleet(t)
+	rec := newRecorder()
+	opt := cronguard.WithOverlap(cronguard.DelayIfStillRunning(20 * time.Millisecond))
+	a := f.replica(0, "e", "* * * * * *", rec, opt)
+	b := f.replica(1, "e", "* * * * * *", rec, opt)
+	long := newBlocking()
+	doneA := a.fireAsync(t0, long.job())
+	recv(t, long.started)
+	ran := false
+	b.fire(t0.Add(time.Second), cronguard.Func(func(context.Context) error { ran = true; return nil }))
+	require.False(t, ran)
+	ev, ok := rec.find(middleware.EventDuplicate)
+	require.True(t, ok)
+	require.GreaterOrEqual(t, ev.Wait, 20*time.Millisecond)
+	close(long.release)
+	<-doneA
+}
+
+func TestAllowOverlap(t *testing.T) {
+	f := newFleet(t)
+	rec := newRecorder()
+	opt := cronguard.WithOverlap(cronguard.AllowOverlap(2))
+	var reps []*replica
+	for i := range 4 {
+		reps = append(reps, f.replica(i, "e", "* * * * * *", rec, opt))
+	}
+	first, second := newBlocking(), newBlocking()
+	done0 := reps[0].fireAsync(t0, first.job())
+	recv(t, first.started)
+	done1 := reps[1].fireAsync(t0.Add(time.Second), second.job())
+	require.True(t, t0.Add(time.Second).Equal(recv(t, second.started)), "tick 1 runs while tick 0 runs")
+
+	// Late replicas of ticks 0 and 1 skip: each tick runs once.
+	ran := false
+	never := cronguard.Func(func(context.Context) error { ran = true; return nil })
+	reps[2].fire(t0.Add(300*time.Millisecond), never)
+	reps[3].fire(t0.Add(1300*time.Millisecond), never)
+	require.False(t, ran)
+	require.Equal(t, 1, rec.count(middleware.EventClaimed, t0))
+	require.Equal(t, 1, rec.count(middleware.EventClaimed, t0.Add(time.Second)))
+
+	// A third tick finds both slots taken: skipped for overlap.
+	reps[2].fire(t0.Add(2*time.Second), never)
+	require.False(t, ran)
+	require.Equal(t, 1, rec.count(middleware.EventDuplicate, t0.Add(2*time.Second)))
+
+	close(first.release)
+	close(second.release)
+	<-done0
+	<-done1
+	reps[3].fire(t0.Add(3*time.Second), never)
+	require.True(t, ran)
+}
+
+func TestErrorsAndPanicsAreReportedAndReleased(t *testing.T) {
+	f := newFleet(t)
+	rec := newRecorder()
+	logs := &logRecorder{}
+	r := f.replica(0, "e", "* * * * * *", rec, cronguard.WithLogger(logs))
+
+	boom := errors.New("boom")
+	r.fire(t0, cronguard.Func(func(context.Context) error { return boom }))
+	ev, ok := rec.find(middleware.EventReleased)
+	require.True(t, ok)
+	require.ErrorIs(t, ev.Err, boom)
+	require.True(t, logs.has("error job failed: boom"))
+
+	require.PanicsWithValue(t, "kaput", func() {
+		r.fire(t0.Add(time.Second), cron.FuncJob(func() { panic("kaput") }))
+	})
+	ev, ok = rec.find(middleware.EventError)
+	require.True(t, ok)
+	require.ErrorContains(t, ev.Err, "kaput")
+	require.True(t, logs.has("error guard error: middleware: e panicked: kaput"))
+	info, err := f.base.Inspect(context.Background(), "cron:e")
+	require.NoError(t, err)
+	require.Empty(t, info.Holders, "the panic released the lease")
+
+	ran := false
+	r.fire(t0.Add(2*time.Second), cron.FuncJob(func() { ran = true }))
+	require.True(t, ran)
+	require.True(t, logs.has("info run"))
+	require.True(t, logs.has("info done"))
+}
+
+func TestCronRecoverInTheChainKeepsTheProcessAlive(t *testing.T) {
+	f := newFleet(t)
+	rec := newRecorder()
+	logs := &logRecorder{}
+	r := f.replica(0, "e", "* * * * * *", rec)
+	job := cron.NewChain(cron.Recover(logs), r.wrap).Then(cron.FuncJob(func() { panic("kaput") }))
+	r.clock.Set(t0)
+	require.NotPanics(t, job.Run)
+	require.True(t, logs.has("error panic: kaput"))
+	require.Equal(t, 1, rec.count(middleware.EventError, t0))
+}
+
+// once is a schedule with a single activation.
+type once struct{ at time.Time }
+
+func (o once) Next(t time.Time) time.Time {
+	if t.Before(o.at) {
+		return o.at
+	}
+	return time.Time{}
+}
+
+// relative is a schedule that counts from its argument, like @every.
+type relative struct{ d time.Duration }
+
+func (r relative) Next(t time.Time) time.Time { return t.Add(r.d) }
+
+// parser returns fixed schedules by spec.
+type parser map[string]cron.Schedule
+
+func (p parser) Parse(spec string) (cron.Schedule, error) {
+	if s, ok := p[spec]; ok {
+		return s, nil
+	}
+	return nil, errors.New("unknown spec")
+}
+
+func TestRunWithoutATickIsReportedNotRun(t *testing.T) {
+	f := newFleet(t)
+	rec := newRecorder()
+	logs := &logRecorder{}
+	r := f.replica(0, "e", "launch", rec, cronguard.WithLogger(logs),
+		cronguard.WithParser(parser{"launch": once{t0.Add(time.Hour)}}))
+	ran := false
+	r.fire(t0, cron.FuncJob(func() { ran = true }))
+	require.False(t, ran)
+	ev, ok := rec.find(middleware.EventError)
+	require.True(t, ok)
+	require.ErrorIs(t, ev.Err, cronguard.ErrNoTick)
+	require.True(t, logs.has("error guard error"))
+
+	r.fire(t0.Add(time.Hour), cron.FuncJob(func() { ran = true }))
+	require.True(t, ran)
+}
+
+func TestValidation(t *testing.T) {
+	mem, err := lockkit.NewMemory()
+	require.NoError(t, err)
+	defer mem.Close(context.Background())
+	sec := cronguard.WithSeconds()
+	cases := []struct {
+		name       string
+		locker     lockkit.Locker
+		opts       []cronguard.Option
+		entry      string
+		spec       string
+		wantErrMsg string // "" means valid
+	}{
+		{"valid", mem, []cronguard.Option{sec}, "e", "* * * * * *", ""},
+		{"valid five fields", mem, nil, "e", "*/5 * * * *", ""},
+		{"valid descriptor", mem, nil, "e", "@hourly", ""},
+		{"nil locker", nil, nil, "e", "@hourly", "New: locker is nil"},
+		{"negative tolerance", mem, []cronguard.Option{cronguard.WithTolerance(-time.Second)}, "e", "@hourly", "WithTolerance(-1s): must not be negative"},
+		{"short TTL", mem, []cronguard.Option{cronguard.WithTTL(time.Millisecond)}, "e", "@hourly", "WithTTL(1ms): must be at least 100ms"},
+		{"delay without a bound", mem, []cronguard.Option{cronguard.WithOverlap(cronguard.DelayIfStillRunning(0))}, "e", "@hourly", "WithOverlap(DelayIfStillRunning(0s)): the wait must be positive"},
+		{"allow zero", mem, []cronguard.Option{cronguard.WithOverlap(cronguard.AllowOverlap(0))}, "e", "@hourly", "WithOverlap(AllowOverlap(0)): must allow at least 1 run"},
+		{"nil clock", mem, []cronguard.Option{cronguard.WithClock(nil)}, "e", "@hourly", "WithClock(nil)"},
+		{"nil location", mem, []cronguard.Option{cronguard.WithLocation(nil)}, "e", "@hourly", "WithLocation(nil)"},
+		{"nil parser", mem, []cronguard.Option{cronguard.WithParser(nil)}, "e", "@hourly", "WithParser(nil)"},
+		{"nil logger", mem, []cronguard.Option{cronguard.WithLogger(nil)}, "e", "@hourly", "WithLogger(nil)"},
+		{"nil observer", mem, []cronguard.Option{cronguard.WithObserver(nil)}, "e", "@hourly", "WithObserver #1 is nil"},
+		{"empty name", mem, nil, "", "@hourly", `entry name is empty (spec "@hourly")`},
+		{"bad spec", mem, nil, "e", "every minute", `entry "e": spec "every minute": expected exactly 5 fields, found 2`},
+		{"seconds field without WithSeconds", mem, nil, "e", "* * * * * *", `entry "e": spec "* * * * * *": expected exactly 5 fields, found 6`},
+		{"@every", mem, nil, "e", "@every 5m", "@every 5m0s counts from when each replica started"},
+		{"never fires", mem, []cronguard.Option{sec}, "e", "0 0 0 30 2 *", "the schedule has no activation after"},
+		{"not anchored", mem, []cronguard.Option{cronguard.WithParser(parser{"r": relative{5 * time.Second}})}, "e", "r", "the schedule is not anchored to fixed times"},
+		{"tolerance = interval", mem, []cronguard.Option{sec, cronguard.WithTolerance(time.Second)}, "e", "* * * * * *",
+			`WithTolerance(1s) must be shorter than the schedule's shortest interval (1s of "* * * * * *")`},
+		{"tolerance > shortest interval", mem, []cronguard.Option{sec, cronguard.WithTolerance(3 * time.Second)}, "e", "0,2,30 * * * * *",
+			`WithTolerance(3s) must be shorter than the schedule's shortest interval (2s of "0,2,30 * * * * *")`},
+		{"tolerance just under the interval", mem, []cronguard.Option{sec, cronguard.WithTolerance(999 * time.Millisecond)}, "e", "* * * * * *", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := cronguard.Wrap(tc.locker, tc.entry, tc.spec, tc.opts...)
+			if tc.wantErrMsg == "" {
+				require.NoError(t, err)
+				require.NotNil(t, w)
+				return
+			}
+			require.ErrorIs(t, err, cronguard.ErrInvalid)
+			require.ErrorContains(t, err, tc.wantErrMsg)
+			require.Nil(t, w)
+		})
+	}
+
+	g, err := cronguard.New(mem)
+	require.NoError(t, err)
+	_, err = g.Add(nil, "e", "@hourly", cron.FuncJob(func() {}))
+	require.ErrorIs(t, err, cronguard.ErrInvalid)
+	_, err = g.Add(cron.New(), "e", "@hourly", nil)
+	require.ErrorIs(t, err, cronguard.ErrInvalid)
+	_, err = g.Add(cron.New(), "", "@hourly", cron.FuncJob(func() {}))
+	require.ErrorIs(t, err, cronguard.ErrInvalid)
+}
+
+func TestDefaultTolerance(t *testing.T) {
+	require.Equal(t, 2*time.Second, cronguard.DefaultTolerance)
+	for _, tc := range []struct {
+		spec string
+		opts []cronguard.Option
+		want time.Duration // the claim's lifetime: 2 × interval + 2 × tolerance
+	}{
+		{"@hourly", nil, 2*time.Hour + 2*cronguard.DefaultTolerance},
+		{"*/3 * * * * *", nil, 6*time.Second + 2*1500*time.Millisecond}, // capped at half the interval
+		{"* * * * * *", nil, 2*time.Second + 2*500*time.Millisecond},
+		{"@hourly", []cronguard.Option{cronguard.WithTolerance(time.Minute)}, 2*time.Hour + 2*time.Minute},
+		{"* * * * * *", []cronguard.Option{cronguard.WithTolerance(0)}, 2 * time.Second},
+	} {
+		rec := newRecorder()
+		r := newFleet(t).replica(0, "e", tc.spec, rec, tc.opts...)
+		r.fire(t0, cron.FuncJob(func() {}))
+		ev, ok := rec.find(middleware.EventAcquired)
+		require.True(t, ok)
+		require.Equal(t, tc.want, ev.Job.EpochTTL, tc.spec)
+	}
+}
+
+func TestAddUsesTheCronsLocationAndChain(t *testing.T) {
+	tokyo, err := time.LoadLocation("Asia/Tokyo")
+	require.NoError(t, err)
+	f := newFleet(t)
+	rec := newRecorder()
+	clk := newClock(time.Date(2026, 3, 2, 0, 0, 0, 300e6, time.UTC)) // 09:00:00.3 in Tokyo
+	g, err := cronguard.New(f.locker(0), cronguard.WithSeconds(), cronguard.WithClock(clk.Now),
+		cronguard.WithLogger(cron.DiscardLogger), cronguard.WithObserver(rec.observe))
+	require.NoError(t, err)
+	var wrapped atomic.Int32
+	outer := func(j cron.Job) cron.Job {
+		return cron.FuncJob(func() { wrapped.Add(1); j.Run() })
+	}
+	c := cron.New(cron.WithLocation(tokyo), cron.WithChain(outer))
+	var got time.Time
+	id, err := g.Add(c, "morning", "0 0 9 * * *", cronguard.Func(func(ctx context.Context) error {
+		got, _ = cronguard.Tick(ctx)
+		return nil
+	}))
+	require.NoError(t, err)
+	entry := c.Entry(id)
+	require.True(t, entry.Valid())
+	entry.WrappedJob.Run()
+	require.Equal(t, int32(1), wrapped.Load())
+	require.True(t, time.Date(2026, 3, 2, 9, 0, 0, 0, tokyo).Equal(got), "got %s", got)
+	next := entry.Schedule.Next(got)
+	require.Equal(t, 24*time.Hour, next.Sub(got))
+}
+
+func TestObserversAndJobSeeTheTickAndTheLease(t *testing.T) {
+	f := newFleet(t)
+	rec := newRecorder()
+	r := f.replica(0, "e", "*/10 * * * * *", rec)
+	var (
+		inJob time.Time
+		token int64
+	)
+	r.fire(t0.Add(3*time.Second), cronguard.Func(func(ctx context.Context) error {
+		inJob, _ = cronguard.Tick(ctx)
+		if lease, ok := lockkit.LeaseFromContext(ctx); ok {
+			token = lease.Token()
+		}
+		return nil
+	}))
+	require.True(t, t0.Equal(inJob))
+	require.Equal(t, 1, rec.count(middleware.EventAcquired, t0))
+	ev, _ := rec.find(middleware.EventAcquired)
+	require.NotZero(t, token)
+	require.Equal(t, ev.Token, token, "the job sees its lease's fencing token")
+	require.Equal(t, 1, rec.count(middleware.EventReleased, t0))
+	_, ok := cronguard.Tick(context.Background())
+	require.False(t, ok)
+}
+
+func TestDefaultTTLIsMiddlewares(t *testing.T) {
+	f := newFleet(t)
+	r := f.replica(0, "e", "* * * * * *", newRecorder())
+	long := newBlocking()
+	done := r.fireAsync(t0, long.job())
+	recv(t, long.started)
+	info, err := f.base.Inspect(context.Background(), "cron:e")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.InDelta(t, middleware.DefaultTTL.Seconds(), info.Holders[0].TTL.Seconds(), 1)
+	close(long.release)
+	<-done
+}

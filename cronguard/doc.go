@@ -1,0 +1,77 @@
+// Package cronguard makes a robfig/cron v3 schedule that runs on several
+// replicas run each tick once across the fleet, with leases from lockkit and
+// the guard, policies and events of middleware.
+//
+//	locker, err := lockkit.NewRedis(rdb)
+//	if err != nil { ... }
+//	guard, err := cronguard.New(locker, cronguard.WithSeconds())
+//	if err != nil { ... }
+//	c := cron.New(cron.WithSeconds(), cron.WithChain(cron.Recover(cron.DefaultLogger)))
+//	_, err = guard.Add(c, "send-digest", "0 */5 * * * *", cronguard.Func(func(ctx context.Context) error {
+//		return sendDigest(ctx) // ctx is cancelled (cause lockkit.ErrLost) if the lease is lost
+//	}))
+//	if err != nil { ... }
+//	c.Start()
+//
+// For one entry, Guard.Wrap(name, spec) (or the package-level Wrap) returns a
+// cron.JobWrapper: cron.NewChain(cron.Recover(l), w).Then(job). Put it last in
+// the chain so that it sees the job itself (and its RunContext method).
+//
+// # Once per tick
+//
+// cron calls Job.Run without saying which scheduled time fired, so a run
+// names its tick from the entry's schedule: the latest activation at or
+// before now. cron fires an activation when its clock reads it, so a run that
+// starts late (a busy process, a delay in the chain), by less than the
+// interval to the next activation, still names the activation that fired it,
+// and replicas whose clocks are skewed name the same tick: they only fire it
+// at real times up to the skew apart. The tolerance (WithTolerance, default
+// DefaultTolerance, at most half the entry's shortest interval) is the skew
+// the fleet absorbs.
+//
+// The tick, in Unix milliseconds, is the lockkit epoch of the entry's key
+// "cron:<name>": the first replica claims it and runs the job; every other
+// replica of that tick gets lockkit.ErrEpochUsed (EventClaimed) and skips,
+// even after a 1 ms run has released the lease, because the claim is kept for
+// 2 × interval + 2 × tolerance and only a later tick can replace it. The
+// epoch is checked before the lease, so a late replica of a tick that is
+// still running is also told the tick ran (EventClaimed), not that it
+// overlaps. Entries need schedules anchored to fixed times: @every, which
+// counts from each replica's start, is rejected.
+//
+// # Overlap across the fleet
+//
+// WithOverlap says what a tick does while an earlier tick of the entry still
+// runs on any replica:
+//   - SkipIfStillRunning() (default): the tick is skipped (EventDuplicate). A
+//     replica firing that tick later, after the earlier run ended, runs it:
+//     still once.
+//   - DelayIfStillRunning(max): the tick waits up to max for the key, woken
+//     when it is released; waiting ticks run one at a time in the order they
+//     fired (EventWaited), other replicas of a tick that ran skip it
+//     (EventClaimed), and a tick still waiting after max is skipped
+//     (EventDuplicate).
+//   - AllowOverlap(n): up to n ticks run at once (the key is a semaphore of n
+//     slots); the epoch still lets each tick run once. A tick that finds n
+//     runs going is skipped (EventDuplicate).
+//
+// # Long runs, failures, events
+//
+// The lease is renewed every TTL/3 (WithTTL, 30s) while the job runs and is
+// released when it returns or panics; a replica that dies mid-run frees the
+// entry within the TTL. A Func job's ctx is cancelled if the lease is lost.
+// Panics are reported and re-raised after the release, for cron.Recover.
+// Every run reports to the middleware.Observer values of WithObserver, with
+// Tick(ctx) available to them: EventAcquired and EventReleased (ran; its Err
+// is the job's error), EventClaimed (skipped: the tick ran on another
+// replica), EventDuplicate (skipped: overlap), EventWaited, EventLost and
+// EventError (Redis errors, panics, a run not matched to a tick). The logger
+// (WithLogger, a cron.Logger) gets errors at Error and the rest at Info.
+//
+// # Redis cost
+//
+// With the default overlap, a tick costs each replica one round trip (the
+// acquire script) when another replica runs it, and two (acquire, release)
+// on the replica that runs it, plus one pipelined renewal per TTL/3 shared by
+// every lease of the Locker while it runs.
+package cronguard
