@@ -115,27 +115,31 @@ func lateBy(d time.Duration) cron.JobWrapper {
 
 // node is one replica: its own Redis client, Locker and Cron.
 type node struct {
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	locker *lockkit.RedisLocker
 	cron   *cron.Cron
 	rt     *testredis.Counter
 }
 
 type nodeConfig struct {
-	prefix string
-	owner  string
-	late   time.Duration // fires this late (a slow or skewed replica)
-	behind time.Duration // its clock is this far behind
-	opts   []cronguard.Option
-	spec   string
-	entry  string
-	job    cron.Job
+	cluster bool // on the Redis Cluster instead of the standalone server
+	prefix  string
+	owner   string
+	late    time.Duration // fires this late (a slow or skewed replica)
+	behind  time.Duration // its clock is this far behind
+	opts    []cronguard.Option
+	spec    string
+	entry   string
+	job     cron.Job
 }
 
 // startNode starts a replica of the entry; it is stopped when the test ends.
 func startNode(t *testing.T, cfg nodeConfig) *node {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	var rdb redis.UniversalClient = redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	if cfg.cluster {
+		rdb = redis.NewClusterClient(testredis.ClusterOptions(t))
+	}
 	// Open the connection first: its handshake is not a tick's cost.
 	require.NoError(t, rdb.Ping(context.Background()).Err())
 	rt := &testredis.Counter{}
@@ -177,7 +181,25 @@ func (n *node) stop() {
 // runs exactly once, within its second.
 func TestFleetRunsEachTickOnce(t *testing.T) {
 	t.Parallel()
-	prefix := testredis.Prefix(t, testredis.Client(t))
+	testFleetRunsEachTickOnce(t, false)
+}
+
+// TestFleetRunsEachTickOnceOnCluster is the same on a Redis Cluster.
+func TestFleetRunsEachTickOnceOnCluster(t *testing.T) {
+	t.Parallel()
+	testFleetRunsEachTickOnce(t, true)
+}
+
+// testPrefix returns a key prefix on the standalone server or the cluster.
+func testPrefix(t *testing.T, cluster bool) string {
+	if cluster {
+		return testredis.Prefix(t, testredis.Cluster(t))
+	}
+	return testredis.Prefix(t, testredis.Client(t))
+}
+
+func testFleetRunsEachTickOnce(t *testing.T, cluster bool) {
+	prefix := testPrefix(t, cluster)
 	out := newOutcomes()
 	type run struct {
 		tick time.Time
@@ -191,7 +213,7 @@ func TestFleetRunsEachTickOnce(t *testing.T) {
 	var nodes []*node
 	for i, sk := range skews {
 		nodes = append(nodes, startNode(t, nodeConfig{
-			prefix: prefix, owner: fmt.Sprintf("replica-%d", i), late: sk.late, behind: sk.behind,
+			cluster: cluster, prefix: prefix, owner: fmt.Sprintf("replica-%d", i), late: sk.late, behind: sk.behind,
 			entry: "once", spec: "* * * * * *",
 			opts: []cronguard.Option{cronguard.WithObserver(out.observer(i))},
 			job: cronguard.Func(func(ctx context.Context) error {
@@ -328,13 +350,23 @@ func TestFleetLongJobNeverOverlaps(t *testing.T) {
 // most the lease TTL.
 func TestDeadReplicaFreesEntryWithinTTL(t *testing.T) {
 	t.Parallel()
-	prefix := testredis.Prefix(t, testredis.Client(t))
+	testDeadReplicaFreesEntryWithinTTL(t, false)
+}
+
+// TestDeadReplicaFreesEntryWithinTTLOnCluster is the same on a Redis Cluster.
+func TestDeadReplicaFreesEntryWithinTTLOnCluster(t *testing.T) {
+	t.Parallel()
+	testDeadReplicaFreesEntryWithinTTL(t, true)
+}
+
+func testDeadReplicaFreesEntryWithinTTL(t *testing.T, cluster bool) {
+	prefix := testPrefix(t, cluster)
 	const ttl = 2 * time.Second
 	out := newOutcomes()
 	started := make(chan time.Time, 1)
 	lostCause := make(chan error, 1)
 	doomed := startNode(t, nodeConfig{
-		prefix: prefix, owner: "doomed", entry: "e", spec: "* * * * * *",
+		cluster: cluster, prefix: prefix, owner: "doomed", entry: "e", spec: "* * * * * *",
 		opts: []cronguard.Option{cronguard.WithTTL(ttl), cronguard.WithObserver(out.observer(0))},
 		job: cronguard.Func(func(ctx context.Context) error {
 			tick, _ := cronguard.Tick(ctx)
@@ -346,7 +378,7 @@ func TestDeadReplicaFreesEntryWithinTTL(t *testing.T) {
 	})
 	ran := make(chan time.Time, 16)
 	startNode(t, nodeConfig{
-		prefix: prefix, owner: "survivor", entry: "e", spec: "* * * * * *", late: 300 * time.Millisecond,
+		cluster: cluster, prefix: prefix, owner: "survivor", entry: "e", spec: "* * * * * *", late: 300 * time.Millisecond,
 		opts: []cronguard.Option{cronguard.WithTTL(ttl), cronguard.WithObserver(out.observer(1))},
 		job: cronguard.Func(func(ctx context.Context) error {
 			tick, _ := cronguard.Tick(ctx)

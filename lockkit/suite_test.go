@@ -67,7 +67,7 @@ func redisHarness(t *testing.T, client *redis.Client) *harness {
 
 func clusterHarness(t *testing.T, client *redis.ClusterClient) *harness {
 	return universalHarness(t, client, func() redis.UniversalClient {
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: testredis.ClusterAddrs(t)})
+		return redis.NewClusterClient(testredis.ClusterOptions(t))
 	})
 }
 

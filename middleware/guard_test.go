@@ -3,6 +3,8 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -369,4 +371,19 @@ func TestNewValidation(t *testing.T) {
 	require.Equal(t, middleware.Policy{OnConflict: middleware.ActionSkip, RequeueDelay: middleware.DefaultRequeueDelay}, g.Policy())
 	err = g.Run(context.Background(), middleware.Job{Name: "report"}, func(context.Context) error { return nil })
 	require.ErrorContains(t, err, "report: empty key")
+}
+
+func TestLogObserverLevels(t *testing.T) {
+	var buf strings.Builder
+	log := middleware.LogObserver(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	ctx := context.Background()
+	job := middleware.Job{Key: "k", Name: "report", ID: "t1"}
+	log(ctx, middleware.Event{Kind: middleware.EventAcquired, Job: job})
+	log(ctx, middleware.Event{Kind: middleware.EventReleased, Job: job})
+	require.Empty(t, buf.String(), "routine events stay at Debug")
+	log(ctx, middleware.Event{Kind: middleware.EventReleased, Job: job, Err: errors.New("smtp down")})
+	log(ctx, middleware.Event{Kind: middleware.EventLost, Job: job, Err: lockkit.ErrLost})
+	out := buf.String()
+	require.Contains(t, out, `level=WARN msg="jobguard: released" key=k job=report id=t1 err="smtp down"`)
+	require.Contains(t, out, `msg="jobguard: lost"`)
 }

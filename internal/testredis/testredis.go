@@ -15,6 +15,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // Addr returns REDIS_ADDR. Without it the test is skipped, except under CI
@@ -56,11 +57,22 @@ func ClusterAddrs(t testing.TB) []string {
 	return strings.Split(addrs, ",")
 }
 
+// ClusterOptions returns options for a client of the Redis Cluster at
+// ClusterAddrs. Maintenance notifications are off: go-redis v9.23 leaves a
+// circuit-breaker goroutine running after such a client is closed.
+func ClusterOptions(t testing.TB) *redis.ClusterOptions {
+	t.Helper()
+	return &redis.ClusterOptions{
+		Addrs:                    ClusterAddrs(t),
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	}
+}
+
 // Cluster returns a client of the Redis Cluster at ClusterAddrs, closed when
 // the test ends.
 func Cluster(t testing.TB) *redis.ClusterClient {
 	t.Helper()
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: ClusterAddrs(t)})
+	c := redis.NewClusterClient(ClusterOptions(t))
 	if err := c.Ping(context.Background()).Err(); err != nil {
 		t.Fatalf("redis cluster at %v: %v", ClusterAddrs(t), err)
 	}
