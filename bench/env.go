@@ -124,8 +124,9 @@ func environment(ctx context.Context, admin *redis.Client, addr string) [][]stri
 				if rev := gitRev(); rev != "" {
 					v += " (" + rev + ")"
 				}
-				rows = append(rows, []string{"lockkit", v})
-			case "github.com/bsm/redislock", "github.com/go-redsync/redsync/v4", "github.com/redis/go-redis/v9":
+				rows = append(rows, []string{"jobguard (lockkit, singleton, cronguard)", v})
+			case "github.com/bsm/redislock", "github.com/go-redsync/redsync/v4", "github.com/redis/go-redis/v9",
+				"github.com/hibiken/asynq", "github.com/robfig/cron/v3":
 				rows = append(rows, []string{d.Path, d.Version})
 			}
 		}
@@ -168,4 +169,13 @@ func gitRev() string {
 		rev += ", with uncommitted changes"
 	}
 	return rev
+}
+
+// loadAvg returns the 1, 5 and 15 minute load averages.
+func loadAvg() string {
+	f := strings.Fields(readTrim("/proc/loadavg"))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], ", ")
 }

@@ -14,8 +14,10 @@ import (
 // carrying all of its commands. Pub/sub connections bypass hooks, so SUBSCRIBE
 // and UNSUBSCRIBE are not counted.
 type counter struct {
-	cmds atomic.Int64
-	rts  atomic.Int64
+	cmds  atomic.Int64
+	rts   atomic.Int64
+	npipe atomic.Int64 // round trips that were pipelines
+	wait  atomic.Int64 // nanoseconds spent in round trips (summed over callers)
 	// notify, when set, is closed after the next command or pipeline returns.
 	notify atomic.Pointer[chan struct{}]
 
@@ -36,11 +38,24 @@ type pipeline struct {
 
 func (p pipeline) end() time.Time { return p.start.Add(p.dur) }
 
-type counts struct{ cmds, rts int64 }
+// counts is what a client sent: commands, round trips, how many of those
+// round trips were pipelines, and the time callers spent waiting on them.
+type counts struct {
+	cmds, rts, pipes int64
+	wait             time.Duration
+}
 
-func (c *counter) counts() counts { return counts{c.cmds.Load(), c.rts.Load()} }
+func (c *counter) counts() counts {
+	return counts{c.cmds.Load(), c.rts.Load(), c.npipe.Load(), time.Duration(c.wait.Load())}
+}
 
-func (a counts) sub(b counts) counts { return counts{a.cmds - b.cmds, a.rts - b.rts} }
+func (a counts) sub(b counts) counts {
+	return counts{a.cmds - b.cmds, a.rts - b.rts, a.pipes - b.pipes, a.wait - b.wait}
+}
+
+func (a counts) add(b counts) counts {
+	return counts{a.cmds + b.cmds, a.rts + b.rts, a.pipes + b.pipes, a.wait + b.wait}
+}
 
 // afterNext returns a channel that is closed when the next command or
 // pipeline sent through the client has returned.
@@ -103,7 +118,9 @@ func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		c.mu.Lock()
 		c.saw(cmd)
 		c.mu.Unlock()
+		start := time.Now()
 		err := next(ctx, cmd)
+		c.wait.Add(int64(time.Since(start)))
 		c.done()
 		return err
 	}
@@ -114,8 +131,10 @@ func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		c.cmds.Add(int64(len(cmds)))
 		c.rts.Add(1)
+		c.npipe.Add(1)
 		start := time.Now()
 		err := next(ctx, cmds)
+		c.wait.Add(int64(time.Since(start)))
 		c.mu.Lock()
 		c.saw(cmds...)
 		if c.rec {

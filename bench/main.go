@@ -1,7 +1,10 @@
 // Command bench compares lockkit with github.com/bsm/redislock and
-// github.com/go-redsync/redsync/v4 against one Redis in one run, and measures
-// lockkit's renewal of many leases. It prints markdown tables to stdout and,
-// with -out, writes them with the environment and the method to a file.
+// github.com/go-redsync/redsync/v4 against one Redis in one run, measures
+// lockkit's renewal of many leases, and measures the adapters end to end:
+// asynq servers with and without singleton.Middleware (throughput, round
+// trips per task, a burst of duplicates) and cronguard's round trips per tick.
+// It prints markdown tables to stdout and, with -out, writes them with the
+// environment and the method to a file.
 //
 // It is a separate module so that users of jobguard never download the
 // libraries it compares. Run it with `make bench`, which starts a throwaway
@@ -10,7 +13,10 @@
 //	REDIS_ADDR=127.0.0.1:6379 go run . -out ../BENCHMARKS.md
 //
 // Every key it writes starts with "jobguard-bench:<random>:" and is deleted
-// at the end.
+// at the end; the asynq queues it uses are named "jobguard-bench-<random>-..."
+// and deleted with asynq's Inspector, then the counters asynq keeps for them
+// (its server bookkeeping is removed at shutdown). -only runs some sections,
+// for iteration.
 package main
 
 import (
@@ -20,6 +26,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -37,6 +46,21 @@ type bench struct {
 	ticks      int
 	warmTicks  int
 
+	// End to end.
+	sections       []string
+	concurrency    int
+	tputTasks      int
+	tputSleepTasks int
+	e2eRounds      int
+	e2eTimeout     time.Duration
+	burstTasks     int
+	burstKeys      int
+	burstWork      time.Duration
+	requeueDelay   time.Duration
+	burstTimeout   time.Duration
+	cronTicks      int
+
+	runID   string
 	prefix  string
 	admin   *redis.Client // INFO and cleanup; not counted
 	clients []*redis.Client
@@ -64,18 +88,53 @@ func main() {
 	flag.DurationVar(&b.leaseTTL, "lease-ttl", 3*time.Second, "renewal: lease TTL (renewed every TTL/3)")
 	flag.IntVar(&b.ticks, "ticks", 5, "renewal: measured renewal ticks")
 	flag.IntVar(&b.warmTicks, "warm-ticks", 3, "renewal: ticks skipped before measuring")
+	only := flag.String("only", "", "comma-separated sections to run: "+strings.Join(allSections, ", ")+
+		"; or the groups locks ("+strings.Join(lockSections, ", ")+") and e2e ("+strings.Join(e2eSections, ", ")+"). Default: all")
+	flag.IntVar(&b.concurrency, "concurrency", 10, "e2e: asynq.Config.Concurrency of every server")
+	flag.IntVar(&b.tputTasks, "tput-tasks", 10000, "throughput: tasks per run with the no-op handler")
+	flag.IntVar(&b.tputSleepTasks, "tput-sleep-tasks", 3000, "throughput: tasks per run with the 5 ms handler")
+	flag.IntVar(&b.e2eRounds, "e2e-rounds", 5, "throughput: rounds of bare and guarded runs; the table shows medians")
+	flag.DurationVar(&b.e2eTimeout, "e2e-timeout", 60*time.Second, "throughput: the most one run may take")
+	flag.IntVar(&b.burstTasks, "burst-tasks", 10000, "burst: tasks")
+	flag.IntVar(&b.burstKeys, "burst-keys", 10, "burst: distinct keys")
+	flag.DurationVar(&b.burstWork, "burst-work", time.Millisecond, "burst: handler time")
+	flag.DurationVar(&b.requeueDelay, "requeue-delay", 50*time.Millisecond, "burst: the Requeue policy's delay")
+	flag.DurationVar(&b.burstTimeout, "burst-timeout", 60*time.Second, "burst: the most one policy's run may take; a run cut off is reported as such")
+	flag.IntVar(&b.cronTicks, "cron-ticks", 200, "cron: measured ticks")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	var err error
+	if b.sections, err = parseSections(*only); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
 	if b.addr == "" {
 		fmt.Fprintln(os.Stderr, "bench: set REDIS_ADDR or -addr (`make bench` starts a redis-server and sets it)")
 		os.Exit(2)
 	}
 	if b.cycles < b.goroutines || b.goroutines < 1 || b.rounds < 1 || b.handoffs < 1 || b.spread <= 0 ||
-		b.leases < 1 || b.ticks < 1 || b.warmTicks < 0 || b.leaseTTL < 300*time.Millisecond {
+		b.leases < 1 || b.ticks < 1 || b.warmTicks < 0 || b.leaseTTL < 300*time.Millisecond ||
+		b.concurrency < 1 || b.tputTasks < 1 || b.tputSleepTasks < 1 || b.e2eRounds < 1 || b.e2eTimeout <= 0 ||
+		b.burstTasks < 1 || b.burstKeys < 1 || b.burstWork < 0 || b.requeueDelay <= 0 || b.burstTimeout <= 0 || b.cronTicks < 1 {
 		fmt.Fprintln(os.Stderr, "bench: invalid flag value")
 		flag.Usage()
 		os.Exit(2)
 	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	if err := b.run(*out); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -86,7 +145,8 @@ func (b *bench) run(out string) error {
 	start := time.Now()
 	id := make([]byte, 4)
 	_, _ = rand.Read(id)
-	b.prefix = "jobguard-bench:" + hex.EncodeToString(id) + ":"
+	b.runID = hex.EncodeToString(id)
+	b.prefix = "jobguard-bench:" + b.runID + ":"
 	b.admin = redis.NewClient(&redis.Options{Addr: b.addr})
 	defer b.admin.Close()
 	defer func() {
@@ -100,24 +160,55 @@ func (b *bench) run(out string) error {
 	}
 
 	r := &report{bench: b, env: environment(ctx, b.admin, b.addr)}
+	loadStart := loadAvg()
 	var err error
-	progress("uncontended acquire+release: %d cycles × %d rounds per library, 1 and %d goroutines", b.cycles, b.rounds, b.goroutines)
-	if r.cycleRes, r.cold, err = b.uncontended(ctx); err != nil {
-		return err
-	}
-	for _, name := range libNames {
-		progress("contended handoff: %s, %d handoffs", name, b.handoffs)
-		h, err := b.handoff(ctx, name)
-		if err != nil {
+	if b.runs("uncontended") {
+		progress("uncontended acquire+release: %d cycles × %d rounds per library, 1 and %d goroutines", b.cycles, b.rounds, b.goroutines)
+		if r.cycleRes, r.cold, err = b.uncontended(ctx); err != nil {
 			return err
 		}
-		r.handoffRes = append(r.handoffRes, h)
 	}
-	progress("renewal: %d leases, TTL %s", b.leases, b.leaseTTL)
-	if r.renewalRes, err = b.renewal(ctx); err != nil {
-		return err
+	if b.runs("handoff") {
+		for _, name := range libNames {
+			progress("contended handoff: %s, %d handoffs", name, b.handoffs)
+			h, err := b.handoff(ctx, name)
+			if err != nil {
+				return err
+			}
+			r.handoffRes = append(r.handoffRes, h)
+		}
+	}
+	if b.runs("renewal") {
+		progress("renewal: %d leases, TTL %s", b.leases, b.leaseTTL)
+		if r.renewalRes, err = b.renewal(ctx); err != nil {
+			return err
+		}
+	}
+	if b.runs("throughput") || b.runs("burst") {
+		env := b.asynqEnv()
+		defer env.cleanup()
+		if b.runs("throughput") {
+			progress("asynq throughput: bare and guarded, %d rounds, concurrency %d", b.e2eRounds, b.concurrency)
+			if r.tputRes, r.renewRun, err = b.throughput(ctx, env); err != nil {
+				return err
+			}
+		}
+		if b.runs("burst") {
+			progress("asynq duplicate burst: %d tasks over %d keys", b.burstTasks, b.burstKeys)
+			if r.burstRes, r.burstEnq, err = b.burst(ctx, env); err != nil {
+				return err
+			}
+		}
+	}
+	if b.runs("cron") {
+		progress("cronguard: %d ticks on 3 replicas", b.cronTicks)
+		if r.cronRes, err = b.cronRoundTrips(ctx); err != nil {
+			return err
+		}
 	}
 	r.elapsed = time.Since(start)
+	r.env = append(r.env, []string{"load average (1, 5, 15 min) at the start → the end of the run",
+		loadStart + " → " + loadAvg() + " (other processes on this machine were not stopped)"})
 
 	doc := r.markdown()
 	fmt.Print(doc)
@@ -129,6 +220,37 @@ func (b *bench) run(out string) error {
 	}
 	return nil
 }
+
+// Sections of the report, in order.
+var (
+	lockSections = []string{"uncontended", "handoff", "renewal"}
+	e2eSections  = []string{"throughput", "burst", "cron"}
+	allSections  = append(slices.Clone(lockSections), e2eSections...)
+)
+
+// parseSections parses -only.
+func parseSections(only string) ([]string, error) {
+	if strings.TrimSpace(only) == "" {
+		return allSections, nil
+	}
+	var out []string
+	for _, s := range strings.Split(only, ",") {
+		switch s = strings.TrimSpace(s); {
+		case s == "locks":
+			out = append(out, lockSections...)
+		case s == "e2e":
+			out = append(out, e2eSections...)
+		case slices.Contains(allSections, s):
+			out = append(out, s)
+		default:
+			return nil, fmt.Errorf("-only: unknown section %q (known: %s, locks, e2e)", s, strings.Join(allSections, ", "))
+		}
+	}
+	return out, nil
+}
+
+// runs reports whether section is to run.
+func (b *bench) runs(section string) bool { return slices.Contains(b.sections, section) }
 
 // cleanup deletes every key of this run.
 func (b *bench) cleanup() {

@@ -17,7 +17,19 @@ type report struct {
 	cold       map[string]counts
 	handoffRes []handoffResult
 	renewalRes renewalResult
+	tputRes    []tputResult
+	renewRun   renewRun
+	burstRes   []burstRun
+	burstEnq   counts // the enqueue of one burst
+	cronRes    cronResult
 	elapsed    time.Duration
+	sectionNo  int
+}
+
+// heading writes the next numbered section heading.
+func (r *report) heading(w *strings.Builder, title string) {
+	r.sectionNo++
+	fmt.Fprintf(w, "## %d. %s\n\n", r.sectionNo, title)
 }
 
 func table(w *strings.Builder, header []string, rows [][]string) {
@@ -42,8 +54,11 @@ func (r *report) markdown() string {
 	var w strings.Builder
 	w.WriteString("# Benchmarks\n\n")
 	fmt.Fprintf(&w, "Written by the `bench/` module (`make bench` runs `go run . -out ../BENCHMARKS.md`) in %s. "+
-		"lockkit, bsm/redislock and go-redsync/redsync run against the same Redis in the same run.\n\n",
-		r.elapsed.Round(time.Second))
+		"lockkit, bsm/redislock and go-redsync/redsync run against the same Redis in the same run, and so do the "+
+		"end-to-end measurements of the asynq and cron adapters.\n\n", r.elapsed.Round(time.Second))
+	if len(r.sections) < len(allSections) {
+		fmt.Fprintf(&w, "This run was limited to: %s (`-only`).\n\n", strings.Join(r.sections, ", "))
+	}
 
 	w.WriteString("## Environment\n\n")
 	table(&w, []string{"", ""}, r.env)
@@ -60,42 +75,83 @@ func (r *report) markdown() string {
 		"(`INFO cpu` used_cpu_user+used_cpu_sys). Client and server share this machine's CPUs. Redis command "+
 		"time is the execution time `INFO commandstats` reports for the commands the library sent (a script's "+
 		"time includes the commands it calls; network I/O is not included).\n")
-	fmt.Fprintf(&w, "- Uncontended: each library first runs one cycle on a cold script cache (counted below), then "+
-		"%d warm-up cycles. Then, per concurrency, %d rounds in which each library in turn (order rotated) runs "+
-		"%d acquire+release cycles; each goroutine uses its own key, sequentially. The rate is the median "+
-		"of the rounds; counts and CPU are over all rounds.\n", 50*r.goroutines, r.rounds, r.cycles)
-	fmt.Fprintf(&w, "- Contended handoff: a holder and a waiter, each with its own client and locker. Per handoff "+
-		"the holder takes the key, the waiter enters its waiting acquire, and once the waiter's first attempt has "+
-		"returned the holder waits a uniformly random time in [0, %s) and releases (so the release falls at a "+
-		"random point of a polling waiter's cycle). Latency is from the start of the holder's release call to "+
-		"the return of the waiter's acquire. %d handoffs per library after one unmeasured.\n", r.spread, r.handoffs)
-	fmt.Fprintf(&w, "- Renewal: one RedisLocker takes %d leases (TTL %s, so renewed every %s; %d renewals per "+
-		"pipeline, the default) with 16 goroutines. A renewal tick is counted each time the number of "+
-		"`EventRenewed` events reaches a multiple of %d (observed with `WithObserver`, on the renewer goroutine). "+
-		"The first %d ticks are skipped, the next %d measured. The hook records every pipeline; a renewal batch "+
-		"is a run of pipelines each sent less than %s after the previous reply. lockkit's renewer renews together "+
-		"the leases due within a quarter of the renew interval, so leases taken over a longer span may be "+
-		"renewed in more than one batch per tick until their renewal times draw together.\n\n",
-		r.leases, r.leaseTTL, r.leaseTTL/3, lockkit.DefaultRenewBatch, r.leases, r.warmTicks, r.ticks, batchGap)
-
-	w.WriteString("## 1. Uncontended acquire + release\n\n")
-	w.WriteString(r.cycleTable())
-	var cold []string
-	for _, name := range libNames {
-		c := r.cold[name]
-		cold = append(cold, fmt.Sprintf("%s %d round trips (%d commands)", name, c.rts, c.cmds))
+	if r.runs("uncontended") {
+		fmt.Fprintf(&w, "- Uncontended: each library first runs one cycle on a cold script cache (counted below), then "+
+			"%d warm-up cycles. Then, per concurrency, %d rounds in which each library in turn (order rotated) runs "+
+			"%d acquire+release cycles; each goroutine uses its own key, sequentially. The rate is the median "+
+			"of the rounds; counts and CPU are over all rounds.\n", 50*r.goroutines, r.rounds, r.cycles)
 	}
-	fmt.Fprintf(&w, "First cycle of the run, before the warm-up: %s. When Redis does not have a script cached yet, "+
-		"EVALSHA fails with NOSCRIPT and the script is sent with EVAL, one extra round trip per script, once per "+
-		"Redis (again after a restart or SCRIPT FLUSH). The rows above exclude it.\n\n", strings.Join(cold, "; "))
+	if r.runs("handoff") {
+		fmt.Fprintf(&w, "- Contended handoff: a holder and a waiter, each with its own client and locker. Per handoff "+
+			"the holder takes the key, the waiter enters its waiting acquire, and once the waiter's first attempt has "+
+			"returned the holder waits a uniformly random time in [0, %s) and releases (so the release falls at a "+
+			"random point of a polling waiter's cycle). Latency is from the start of the holder's release call to "+
+			"the return of the waiter's acquire. %d handoffs per library after one unmeasured.\n", r.spread, r.handoffs)
+	}
+	if r.runs("renewal") {
+		fmt.Fprintf(&w, "- Renewal: one RedisLocker takes %d leases (TTL %s, so renewed every %s; %d renewals per "+
+			"pipeline, the default) with 16 goroutines. A renewal tick is counted each time the number of "+
+			"`EventRenewed` events reaches a multiple of %d (observed with `WithObserver`, on the renewer goroutine). "+
+			"The first %d ticks are skipped, the next %d measured. The hook records every pipeline; a renewal batch "+
+			"is a run of pipelines each sent less than %s after the previous reply. lockkit's renewer renews together "+
+			"the leases due within a quarter of the renew interval, so leases taken over a longer span may be "+
+			"renewed in more than one batch per tick until their renewal times draw together.\n",
+			r.leases, r.leaseTTL, r.leaseTTL/3, lockkit.DefaultRenewBatch, r.leases, r.warmTicks, r.ticks, batchGap)
+	}
+	if r.runs("throughput") || r.runs("burst") {
+		fmt.Fprintf(&w, "- asynq (sections on throughput, round trips and the burst): every run starts an "+
+			"`asynq.Server` (`NewServerFromRedisClient`) on a fresh queue, with the same `asynq.Config` guarded or "+
+			"bare: `Concurrency: %d`, `TaskCheckInterval: %s`, `DelayedTaskCheckInterval: %s`, "+
+			"`IsFailure: singleton.IsFailure(nil)`, `RetryDelayFunc: singleton.RetryDelay(nil)`, `LogLevel: ErrorLevel`. "+
+			"The server, the Locker and the enqueuer each have their own counted client; guarded runs use a new "+
+			"`lockkit.NewRedis` Locker (default options) and `singleton.Middleware` with its default observer "+
+			"(a `slog` logger at Info: the Debug events are not formatted). The batch is enqueued first (8 "+
+			"goroutines, one `Enqueue` each per task); the clock starts when `srv.Start` is called and stops when "+
+			"the last task has returned from the outermost handler (skipped duplicates: when the middleware "+
+			"reports them), so the asynq `Done` of the last few tasks and the shutdown are not timed. Counts and "+
+			"CPU are taken at that moment too. Afterwards the queue is checked with the Inspector (all tasks done, "+
+			"none left in any state) and deleted.\n", r.concurrency, taskCheckInterval, delayedCheckInterval)
+	}
+	w.WriteString("\n")
 
-	w.WriteString("## 2. Contended handoff\n\n")
-	w.WriteString(r.handoffTable())
-	w.WriteString("lockkit's waiter is woken by the PUBLISH in the holder's release script and then makes its " +
-		"attempt; redislock and redsync waiters find the key free at their next poll.\n\n")
+	if r.runs("uncontended") {
+		r.heading(&w, "Uncontended acquire + release")
+		w.WriteString(r.cycleTable())
+		var cold []string
+		for _, name := range libNames {
+			c := r.cold[name]
+			cold = append(cold, fmt.Sprintf("%s %d round trips (%d commands)", name, c.rts, c.cmds))
+		}
+		fmt.Fprintf(&w, "First cycle of the run, before the warm-up: %s. When Redis does not have a script cached yet, "+
+			"EVALSHA fails with NOSCRIPT and the script is sent with EVAL, one extra round trip per script, once per "+
+			"Redis (again after a restart or SCRIPT FLUSH). The rows above exclude it.\n\n", strings.Join(cold, "; "))
+	}
 
-	w.WriteString("## 3. Renewal at scale (lockkit)\n\n")
-	w.WriteString(r.renewalTable())
+	if r.runs("handoff") {
+		r.heading(&w, "Contended handoff")
+		w.WriteString(r.handoffTable())
+		w.WriteString("lockkit's waiter is woken by the PUBLISH in the holder's release script and then makes its " +
+			"attempt; redislock and redsync waiters find the key free at their next poll.\n\n")
+	}
+
+	if r.runs("renewal") {
+		r.heading(&w, "Renewal at scale (lockkit)")
+		w.WriteString(r.renewalTable())
+	}
+	if r.runs("throughput") {
+		r.heading(&w, "asynq throughput: singleton.Middleware vs the bare handler")
+		w.WriteString(r.throughputSection())
+		r.heading(&w, "Redis round trips per asynq task")
+		w.WriteString(r.roundTripSection())
+	}
+	if r.runs("burst") {
+		r.heading(&w, "A burst of duplicates: Skip vs Requeue")
+		w.WriteString(r.burstSection())
+	}
+	if r.runs("cron") {
+		r.heading(&w, "cronguard: Redis round trips per tick and replica")
+		w.WriteString(r.cronSection())
+	}
 	return w.String()
 }
 

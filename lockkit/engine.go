@@ -201,6 +201,7 @@ func (e *engine) hold(r *request, token int64, sent time.Time, waited time.Durat
 		key:      r.key,
 		owner:    r.owner,
 		token:    token,
+		epoch:    r.epoch > 0,
 		ttl:      r.ttl,
 		interval: r.interval,
 		lost:     make(chan struct{}),

@@ -31,6 +31,7 @@ type Lease struct {
 	owner  string
 	token  int64
 	member string
+	epoch  bool // the acquire claimed an epoch
 
 	// Guarded by e.mu.
 	ttl          time.Duration

@@ -228,11 +228,11 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease) ([]bool, er
 	if len(leases) == 1 {
 		l := leases[0]
 		k := b.keys(l.key)
-		n, err := releaseScript.Run(ctx, b.c, []string{k.holders}, l.member, k.channel).Int64()
+		n, err := releaseScript.Run(ctx, b.c, []string{k.holders, k.waiters}, l.member, k.channel).Int64()
 		held[0] = n == 1
 		return held, err
 	}
-	cmds := b.pipelineScript(ctx, releaseScript, leases, func(k lockKeys) []string { return []string{k.holders} }, func(l *Lease) []any {
+	cmds := b.pipelineScript(ctx, releaseScript, leases, func(k lockKeys) []string { return []string{k.holders, k.waiters} }, func(l *Lease) []any {
 		return []any{l.member, b.keys(l.key).channel}
 	})
 	var errs []error
@@ -254,7 +254,13 @@ func (b *redisBackend) extend(ctx context.Context, leases []*Lease) []error {
 	}
 	cmds := b.pipelineScript(ctx, extendScript, leases,
 		func(k lockKeys) []string { return []string{k.holders, k.meta} },
-		func(l *Lease) []any { return []any{l.member, ttl(l)} })
+		func(l *Lease) []any {
+			epoch := "0"
+			if l.epoch {
+				epoch = "1"
+			}
+			return []any{l.member, ttl(l), epoch}
+		})
 	errs := make([]error, len(leases))
 	for i, c := range cmds {
 		n, err := c.Int64()

@@ -1,7 +1,8 @@
 -- Acquires one holder slot of a lock, or reports who holds it.
 -- KEYS[1] holders: ZSET, member "<token>:<owner>", score = expiry (ms, server time)
 -- KEYS[2] meta: HASH, f = last fencing token, e = last epoch, d = keep the epoch until (ms);
---         it expires when both d and every lease that renewed it have passed
+--         with an epoch it lives until d and while leases with an epoch are renewed;
+--         without one only a second (tokens never go back anyway: see below)
 -- KEYS[3] queue: ZSET of fair waiters, score = arrival (us)
 -- KEYS[4] waiters: ZSET of every waiter, score = deadline (ms)
 -- ARGV[1] owner id
@@ -76,13 +77,19 @@ if count + ahead < limit then
   else
     extend_key(KEYS[1], ttl)
   end
+  -- A token is at least the server time in microseconds, so it keeps growing
+  -- after the meta key expires; the stored one only orders acquires within a
+  -- microsecond or across a small clock step.
   if epoch > 0 then
     kept_until = math.max(kept_until, now + tonumber(ARGV[8]))
     redis.call('HSET', KEYS[2], 'f', token, 'e', ARGV[7], 'd', string.format('%d', kept_until))
+    redis.call('PEXPIRE', KEYS[2], math.max(ttl, kept_until - now))
   else
     redis.call('HSET', KEYS[2], 'f', token)
+    if kept_until <= now then
+      redis.call('PEXPIRE', KEYS[2], 1000)
+    end
   end
-  redis.call('PEXPIRE', KEYS[2], math.max(ttl, kept_until - now))
   forget_waiter()
   return {1, token}
 end

@@ -1,8 +1,9 @@
 -- Renews one holder's lease if it is still held.
 -- KEYS[1] holders: ZSET, member "<token>:<owner>", score = expiry (ms)
--- KEYS[2] meta: HASH (last token and epoch), kept at least as long as the lease
+-- KEYS[2] meta: HASH (last token and epoch), kept as long as a lease with an epoch
 -- ARGV[1] the lease's member
 -- ARGV[2] ttl (ms)
+-- ARGV[3] "1" when the lease claimed an epoch
 -- Returns 1 when renewed, 0 when the lease had expired or was gone.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -15,7 +16,7 @@ redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('PEXPIRE', KEYS[1], ttl)
 end
-if redis.call('PTTL', KEYS[2]) < ttl then
+if ARGV[3] == '1' and redis.call('PTTL', KEYS[2]) < ttl then
   redis.call('PEXPIRE', KEYS[2], ttl)
 end
 return 1

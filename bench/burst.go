@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
+	"github.com/jobguard/jobguard/singleton"
+)
+
+// burstRun is one policy over the duplicate burst.
+type burstRun struct {
+	name     string // "bare", "Skip", "Requeue(50ms)"
+	policy   string // the option as written, for the report
+	ran      int64  // handler runs
+	skipped  int64  // EventDuplicate with ActionSkip
+	requeued int64  // EventRequeued
+	// maxOverlap is the most runs of one key at once.
+	maxOverlap int
+	runStats
+	left string
+}
+
+// burst enqueues b.burstTasks tasks whose "k" field takes one of b.burstKeys
+// values, drawn at random (fixed seed, so every policy sees the same
+// sequence), and runs them with a b.burstWork handler: bare (every task runs,
+// overlapping freely), then behind singleton.Middleware keyed by "k" with Skip
+// and with Requeue. A run ends when every task is accounted for: ran or
+// skipped for Skip, ran for bare and Requeue.
+func (b *bench) burst(ctx context.Context, env *asynqEnv) ([]burstRun, counts, error) {
+	srvClient, srvCtr := b.client()
+	lockClient, lockCtr := b.client()
+	variants := []struct {
+		name, policy string
+		p            *middleware.Policy
+	}{
+		{"bare", "no middleware", nil},
+		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip())},
+		{fmt.Sprintf("Requeue(%s)", b.requeueDelay), fmt.Sprintf("`middleware.Requeue(%s)`", b.requeueDelay), ptr(middleware.Requeue(b.requeueDelay))},
+	}
+	var out []burstRun
+	var enq counts
+	for i, v := range variants {
+		progress("  %s: %d tasks over %d keys, %s handler", v.name, b.burstTasks, b.burstKeys, b.burstWork)
+		q := env.queue(fmt.Sprintf("burst-%d", i))
+		rng := rand.New(rand.NewPCG(1, 2))
+		keys := make([]int, b.burstTasks)
+		for j := range keys {
+			keys[j] = rng.IntN(b.burstKeys)
+		}
+		e0 := env.enqCtr.counts()
+		if _, err := env.enqueue(ctx, q, b.burstTasks, func(j int) *asynq.Task {
+			return asynq.NewTask("bench:burst", fmt.Appendf(nil, `{"k":"key-%d","n":%d}`, keys[j], j))
+		}); err != nil {
+			return nil, enq, err
+		}
+		enq = env.enqCtr.counts().sub(e0)
+
+		r := burstRun{name: v.name, policy: v.policy}
+		t := newTally(b.burstTasks)
+		var ran, skipped, requeued atomic.Int64
+		var mu sync.Mutex
+		running := make(map[string]int)
+		type payload struct {
+			K string `json:"k"`
+		}
+		var h asynq.Handler = asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			var p payload
+			if err := json.Unmarshal(task.Payload(), &p); err != nil {
+				return err
+			}
+			k := p.K
+			mu.Lock()
+			running[k]++
+			r.maxOverlap = max(r.maxOverlap, running[k])
+			mu.Unlock()
+			time.Sleep(b.burstWork)
+			mu.Lock()
+			running[k]--
+			mu.Unlock()
+			ran.Add(1)
+			t.add()
+			return nil
+		})
+		var locker *lockkit.RedisLocker
+		if v.p != nil {
+			var err error
+			locker, err = lockkit.NewRedis(lockClient, lockkit.WithPrefix(b.prefix+"e2e:"))
+			if err != nil {
+				return nil, enq, err
+			}
+			guard, err := singleton.Middleware(locker,
+				singleton.KeyByFields("k"),
+				singleton.WithPolicy(*v.p),
+				singleton.WithRedis(srvClient),
+				singleton.WithObserver(func(_ context.Context, e middleware.Event) {
+					switch {
+					case e.Kind == middleware.EventDuplicate && e.Action == middleware.ActionSkip:
+						skipped.Add(1)
+						t.add()
+					case e.Kind == middleware.EventRequeued:
+						requeued.Add(1)
+					}
+				}))
+			if err != nil {
+				return nil, enq, err
+			}
+			h = guard(h)
+		}
+		st, err := env.serve(ctx, srvClient, srvCtr, lockCtr, serverConfig(q, b.concurrency), h, t, b.burstTimeout)
+		if locker != nil {
+			_ = locker.Close(ctx)
+		}
+		if err != nil {
+			return nil, enq, err
+		}
+		r.runStats = st
+		r.ran, r.skipped, r.requeued = ran.Load(), skipped.Load(), requeued.Load()
+		if r.left, err = env.left(q); err != nil {
+			return nil, enq, err
+		}
+		env.deleteQueue(q)
+		out = append(out, r)
+	}
+	return out, enq, nil
+}
+
+func ptr[T any](v T) *T { return &v }
