@@ -16,8 +16,12 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv("JOBGUARD_FAULT_CHILD") == "holder" {
+	switch os.Getenv("JOBGUARD_FAULT_CHILD") {
+	case "holder":
 		holderChild()
+		return
+	case "asynq-worker":
+		asynqWorkerChild()
 		return
 	}
 	goleak.VerifyTestMain(m)

@@ -20,28 +20,59 @@ import (
 	"github.com/jobguard/jobguard/singleton"
 )
 
-// testDB is the Redis database these tests use: asynq's keys (asynq:*) are
-// global to a database, so this package keeps them away from the other
-// packages' tests running at the same time. Each test also has its own queue
-// names and lock key prefix.
+// testDB is the database of the standalone Redis these tests use: asynq's
+// keys (asynq:*) are global to a database, so this package keeps them away
+// from the other packages' tests running at the same time. A Redis Cluster
+// has no databases: there each test relies on its own queue names (asynq
+// keeps a queue's keys under the hash tag {<queue>}) and lock key prefix.
 const testDB = 11
 
-// env is one test's share of the real Redis: a client of testDB, a lock key
-// prefix and a queue name, all cleaned up when the test ends.
+// connect returns a client of one Redis deployment, closed when the test ends.
+type connect func(t *testing.T) redis.UniversalClient
+
+// standalone connects to the standalone Redis at REDIS_ADDR, database testDB.
+func standalone(t *testing.T) redis.UniversalClient {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: testredis.Addr(t), DB: testDB})
+	require.NoError(t, rdb.Ping(context.Background()).Err())
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// cluster connects to the Redis Cluster at REDIS_CLUSTER_ADDRS.
+func cluster(t *testing.T) redis.UniversalClient {
+	t.Helper()
+	return testredis.Cluster(t)
+}
+
+// onEachRedis runs test as the subtests "standalone" and "cluster", each
+// with a connect for that deployment.
+func onEachRedis(t *testing.T, test func(t *testing.T, c connect)) {
+	t.Run("standalone", func(t *testing.T) { test(t, standalone) })
+	t.Run("cluster", func(t *testing.T) { test(t, cluster) })
+}
+
+// env is one test's share of a real Redis: a client, a lock key prefix and a
+// queue name, all cleaned up when the test ends.
 type env struct {
 	t      *testing.T
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	prefix string
 	queue  string
 	insp   *asynq.Inspector
 	client *asynq.Client
 }
 
+// newEnv returns an env on the standalone Redis.
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: testredis.Addr(t), DB: testDB})
-	require.NoError(t, rdb.Ping(context.Background()).Err())
-	t.Cleanup(func() { _ = rdb.Close() })
+	return newEnvOn(t, standalone)
+}
+
+// newEnvOn returns an env on the Redis that c connects to.
+func newEnvOn(t *testing.T, c connect) *env {
+	t.Helper()
+	rdb := c(t)
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	e := &env{

@@ -1,0 +1,626 @@
+//go:build faults
+
+package faults_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/internal/testredis"
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
+	"github.com/jobguard/jobguard/singleton"
+)
+
+// asynqDB is the database of the standalone Redis the asynq scenarios use:
+// asynq's global keys (asynq:queues, asynq:servers) stay away from other
+// packages' tests. Each scenario also has its own queue and lock key prefix.
+const asynqDB = 13
+
+// asynqEnv is one scenario's queue, lock key prefix and clients.
+type asynqEnv struct {
+	t      *testing.T
+	rdb    *redis.Client
+	prefix string
+	queue  string
+	insp   *asynq.Inspector
+	client *asynq.Client
+}
+
+func newAsynqEnv(t *testing.T) *asynqEnv {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: testredis.Addr(t), DB: asynqDB})
+	require.NoError(t, rdb.Ping(context.Background()).Err())
+	t.Cleanup(func() { _ = rdb.Close() })
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	e := &asynqEnv{
+		t:      t,
+		rdb:    rdb,
+		prefix: testredis.Prefix(t, rdb),
+		queue:  "jg-faults-" + t.Name() + "-" + hex.EncodeToString(b),
+		insp:   asynq.NewInspectorFromRedisClient(rdb),
+		client: asynq.NewClientFromRedisClient(rdb),
+	}
+	// Registered before any server, so it runs after every server has shut down.
+	t.Cleanup(func() { _ = e.insp.DeleteQueue(e.queue, true) })
+	return e
+}
+
+// asynqGuard is the singleton middleware every worker of a scenario uses: tasks
+// keyed by their task ID, duplicates requeued after 50ms. held, if not nil,
+// counts the duplicates it holds back.
+func asynqGuard(rdb redis.UniversalClient, prefix, owner string, ttl time.Duration, held *atomic.Int32) (asynq.MiddlewareFunc, *lockkit.RedisLocker, error) {
+	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix), lockkit.WithOwner(owner))
+	if err != nil {
+		return nil, nil, err
+	}
+	mw, err := singleton.Middleware(locker,
+		singleton.KeyByTaskID(),
+		singleton.WithPolicy(middleware.Requeue(50*time.Millisecond)),
+		singleton.WithTTL(ttl),
+		singleton.WithRedis(rdb),
+		singleton.WithObserver(func(_ context.Context, e middleware.Event) {
+			if e.Kind == middleware.EventDuplicate && held != nil {
+				held.Add(1)
+			}
+		}))
+	if err != nil {
+		_ = locker.Close(context.Background())
+		return nil, nil, err
+	}
+	return mw, locker, nil
+}
+
+// asynqConfig is the asynq.Config of every worker: the singleton pieces,
+// fast polling and forwarding, and no logs. Other errors (asynq's
+// ErrLeaseExpired from its recoverer) are retried at once.
+func asynqConfig(queue string, concurrency int) asynq.Config {
+	return asynq.Config{
+		Concurrency:              concurrency,
+		Queues:                   map[string]int{queue: 1},
+		TaskCheckInterval:        20 * time.Millisecond,
+		DelayedTaskCheckInterval: 100 * time.Millisecond,
+		IsFailure:                singleton.IsFailure(nil),
+		RetryDelayFunc:           singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 0 }),
+		Logger:                   quietAsynqLogger{},
+	}
+}
+
+// quietAsynqLogger drops asynq's logs.
+type quietAsynqLogger struct{}
+
+func (quietAsynqLogger) Debug(...any) {}
+func (quietAsynqLogger) Info(...any)  {}
+func (quietAsynqLogger) Warn(...any)  {}
+func (quietAsynqLogger) Error(...any) {}
+func (quietAsynqLogger) Fatal(...any) {}
+
+// taskOf names the work a run did: the ID of the task it was enqueued as,
+// also for a copy that Requeue enqueued (singleton.OriginHeader).
+func taskOf(ctx context.Context, t *asynq.Task) string {
+	if id := t.Headers()[singleton.OriginHeader]; id != "" {
+		return id
+	}
+	id, _ := asynq.GetTaskID(ctx)
+	return id
+}
+
+// taskRun is one handler call: from its start to its end. A run of a killed
+// process has no end of its own; the scenario gives it the time its lease
+// expired at the earliest.
+type taskRun struct {
+	task, where string
+	start, end  time.Time // end is zero while the run is in progress
+	completed   bool      // the work was done (not abandoned)
+}
+
+// taskLog records every handler start and end, per task. The scenarios key
+// their work by task ID, so a task is also a lock key.
+type taskLog struct {
+	mu   sync.Mutex
+	runs []*taskRun
+}
+
+func (l *taskLog) begin(task, where string, at time.Time) *taskRun {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := &taskRun{task: task, where: where, start: at}
+	l.runs = append(l.runs, r)
+	return r
+}
+
+func (l *taskLog) finish(r *taskRun, at time.Time, completed bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r.end, r.completed = at, completed
+}
+
+// peaks returns the most runs of each task seen at once, a run without an
+// end counting until the end of time. A run that starts when another ends
+// does not overlap it.
+func (l *taskLog) peaks() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	type edge struct {
+		at    time.Time
+		delta int
+	}
+	edges := map[string][]edge{}
+	for _, r := range l.runs {
+		edges[r.task] = append(edges[r.task], edge{r.start, +1})
+		if !r.end.IsZero() {
+			edges[r.task] = append(edges[r.task], edge{r.end, -1})
+		}
+	}
+	out := map[string]int{}
+	for task, es := range edges {
+		slices.SortFunc(es, func(a, b edge) int {
+			if c := a.at.Compare(b.at); c != 0 {
+				return c
+			}
+			return a.delta - b.delta // ends first
+		})
+		n := 0
+		for _, e := range es {
+			n += e.delta
+			out[task] = max(out[task], n)
+		}
+	}
+	return out
+}
+
+// completions returns how many runs of each task did the work.
+func (l *taskLog) completions() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[string]int{}
+	for _, r := range l.runs {
+		if r.completed {
+			out[r.task]++
+		}
+	}
+	return out
+}
+
+// ended reports whether every run has ended.
+func (l *taskLog) ended() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.runs {
+		if r.end.IsZero() {
+			return false
+		}
+	}
+	return true
+}
+
+// of returns the runs of task in start order.
+func (l *taskLog) of(task string) []taskRun {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []taskRun
+	for _, r := range l.runs {
+		if r.task == task {
+			out = append(out, *r)
+		}
+	}
+	slices.SortFunc(out, func(a, b taskRun) int { return a.start.Compare(b.start) })
+	return out
+}
+
+// taskOutcome is what a scenario reports and asserts on.
+type taskOutcome struct {
+	peak                  int // the most runs of one task (one lock key) at once
+	lost, twice, archived int // tasks never completed, tasks completed more than once
+}
+
+func (l *taskLog) outcome(t *testing.T, e *asynqEnv, tasks []string) taskOutcome {
+	t.Helper()
+	var o taskOutcome
+	for _, p := range l.peaks() {
+		o.peak = max(o.peak, p)
+	}
+	done := l.completions()
+	for _, id := range tasks {
+		switch {
+		case done[id] == 0:
+			o.lost++
+		case done[id] > 1:
+			o.twice++
+		}
+	}
+	qi, err := e.insp.GetQueueInfo(e.queue)
+	require.NoError(t, err)
+	o.archived = qi.Archived
+	return o
+}
+
+// drained waits until the queue holds no pending, active, scheduled, retry or
+// archived task.
+func (e *asynqEnv) drained(timeout time.Duration) {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool {
+		qi, err := e.insp.GetQueueInfo(e.queue)
+		return err == nil && qi.Pending+qi.Active+qi.Scheduled+qi.Retry+qi.Archived == 0
+	}, timeout, 10*time.Millisecond)
+}
+
+// A worker process is killed with SIGKILL while its handlers run under
+// singleton leases (KeyByTaskID, Requeue, a 1.5s TTL). The dead worker's keys
+// free within TTL + 1s; asynq re-delivers its tasks; no re-run starts before
+// the dead holder's lease would have expired; every task then runs to
+// completion exactly once and nothing is archived.
+//
+// asynq hands a dead worker's task back only once its worker lease (30s,
+// renewed by the dead worker's heartbeater) has expired and its recoverer's
+// 30s cutoff has passed. To keep the test short, the scenario moves the
+// scores of the queue's lease ZSET (asynq:{<queue>}:lease, lease expiry in
+// unix seconds) 60s into the past right after the kill, which is what those
+// 60s would have done, and then starts a fresh server, whose recoverer runs at
+// once. asynq therefore re-delivers long before the dead holder's lock lease
+// expires: the guard has to hold the re-runs back.
+func TestKilledAsynqWorker(t *testing.T) {
+	if os.Getenv("JOBGUARD_FAULT_CHILD") != "" {
+		return // runs as the child in TestMain
+	}
+	const ttl = 1500 * time.Millisecond
+	const childConcurrency, tasks = 2, 3
+	e := newAsynqEnv(t)
+	rl := &taskLog{}
+
+	var ids []string
+	for i := range tasks {
+		// Retries left: asynq's recoverer archives a lease-expired task that has none.
+		info, err := e.client.Enqueue(asynq.NewTask("work", fmt.Appendf(nil, `{"n":%d}`, i)),
+			asynq.Queue(e.queue), asynq.MaxRetry(3))
+		require.NoError(t, err)
+		ids = append(ids, info.ID)
+	}
+
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), "JOBGUARD_FAULT_CHILD=asynq-worker", "REDIS_ADDR="+testredis.Addr(t),
+		"JOBGUARD_DB="+strconv.Itoa(asynqDB), "JOBGUARD_PREFIX="+e.prefix, "JOBGUARD_QUEUE="+e.queue,
+		"JOBGUARD_TTL="+ttl.String(), "JOBGUARD_CONCURRENCY="+strconv.Itoa(childConcurrency))
+	child.Stderr = os.Stderr
+	out, err := child.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, child.Start())
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	waited := false
+	wait := func() {
+		if !waited {
+			waited = true
+			for range lines { // until the pipe closes: Wait must come after the reads
+			}
+			_ = child.Wait()
+		}
+	}
+	defer func() { _ = child.Process.Kill(); wait() }()
+
+	// The child's handlers report "started <task id> <fencing token>".
+	tokens := map[string]int64{}
+	dead := map[string]*taskRun{}
+	for len(tokens) < childConcurrency {
+		select {
+		case line, ok := <-lines:
+			require.True(t, ok, "the child exited")
+			var id string
+			var token int64
+			_, err := fmt.Sscanf(line, "started %s %d", &id, &token)
+			require.NoError(t, err, "child said %q", line)
+			require.Contains(t, ids, id)
+			tokens[id] = token
+			dead[id] = rl.begin(id, "killed worker", time.Now())
+		case <-time.After(10 * time.Second):
+			t.Fatal("the child's handlers did not start")
+		}
+	}
+
+	locker, err := lockkit.NewRedis(e.rdb, lockkit.WithPrefix(e.prefix))
+	require.NoError(t, err)
+	defer locker.Close(context.Background())
+	keyOf := func(id string) string { return "asynq:work:id:" + id }
+
+	// Let the child renew its leases at least once (without a renewal less
+	// than half the TTL would be left by now), then kill it mid-lease.
+	require.Eventually(t, func() bool {
+		for id, r := range dead {
+			info, err := locker.Inspect(context.Background(), keyOf(id))
+			if err != nil || len(info.Holders) != 1 || time.Since(r.start) < ttl/2 || info.Holders[0].TTL < ttl/2+100*time.Millisecond {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 5*time.Millisecond)
+
+	// Just before the kill: the lease TTL left on each key. The lease
+	// expires no earlier than the time before the call plus that TTL, less
+	// the millisecond Inspect may round up (it counts whole milliseconds from
+	// Redis's clock truncated to the millisecond).
+	expires := map[string]time.Time{}
+	for id, token := range tokens {
+		before := time.Now()
+		info, err := locker.Inspect(context.Background(), keyOf(id))
+		require.NoError(t, err)
+		require.Len(t, info.Holders, 1)
+		require.Equal(t, token, info.Holders[0].Token)
+		expires[id] = before.Add(info.Holders[0].TTL - time.Millisecond)
+	}
+	require.NoError(t, child.Process.Kill())
+	killed := time.Now()
+	wait()
+	for id, r := range dead {
+		// From the guard's view the dead run lasts as long as its lease.
+		rl.finish(r, expires[id], false)
+	}
+
+	// asynq's 60s, simulated: every lease of the queue expired 60s earlier.
+	ctx := context.Background()
+	leaseKey := "asynq:{" + e.queue + "}:lease"
+	leases, err := e.rdb.ZRangeWithScores(ctx, leaseKey, 0, -1).Result()
+	require.NoError(t, err)
+	require.Len(t, leases, childConcurrency, "the killed worker's tasks are active")
+	for _, z := range leases {
+		require.NoError(t, e.rdb.ZAddXX(ctx, leaseKey, redis.Z{Member: z.Member, Score: z.Score - 60}).Err())
+	}
+
+	// A fresh server: its recoverer hands the dead worker's tasks back at once.
+	var held atomic.Int32
+	mw, l2, err := asynqGuard(e.rdb, e.prefix, "fresh-server", ttl, &held)
+	require.NoError(t, err)
+	defer l2.Close(context.Background())
+	retries := map[string]int{}
+	var mu sync.Mutex
+	srv := asynq.NewServerFromRedisClient(e.rdb, asynqConfig(e.queue, 4))
+	require.NoError(t, srv.Start(mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		id := taskOf(ctx, task)
+		r := rl.begin(id, "fresh server", time.Now())
+		n, _ := asynq.GetRetryCount(ctx)
+		mu.Lock()
+		retries[id] = n
+		mu.Unlock()
+		time.Sleep(20 * time.Millisecond) // the work
+		rl.finish(r, time.Now(), true)
+		return nil
+	}))))
+	defer srv.Shutdown()
+
+	// The dead holder's keys free within TTL + 1s, not before their leases expire.
+	free := map[string]time.Time{}
+	require.Eventually(t, func() bool {
+		for id, token := range tokens {
+			if _, ok := free[id]; ok {
+				continue
+			}
+			info, err := locker.Inspect(ctx, keyOf(id))
+			if err == nil && !slices.ContainsFunc(info.Holders, func(h lockkit.Holder) bool { return h.Token == token }) {
+				free[id] = time.Now()
+			}
+		}
+		return len(free) == len(tokens)
+	}, ttl+5*time.Second, 5*time.Millisecond)
+	for id, at := range free {
+		require.Less(t, at.Sub(killed), ttl+time.Second, "task %s: key free within TTL + 1s of the kill", id)
+		require.False(t, at.Before(expires[id]), "task %s: key free %s before the dead holder's lease expired", id, expires[id].Sub(at))
+	}
+
+	require.Eventually(t, func() bool {
+		done := rl.completions()
+		return len(done) == tasks && rl.ended()
+	}, 20*time.Second, 5*time.Millisecond)
+	recovered := time.Now()
+	e.drained(10 * time.Second)
+
+	for id := range tokens {
+		runs := rl.of(id)
+		require.Len(t, runs, 2, "task %s: the killed run and one re-run", id)
+		require.False(t, runs[1].start.Before(expires[id]),
+			"task %s re-ran %s before the dead holder's lease expired", id, expires[id].Sub(runs[1].start))
+		mu.Lock()
+		require.Equal(t, 1, retries[id], "task %s was re-delivered by asynq's recoverer", id)
+		mu.Unlock()
+	}
+	o := rl.outcome(t, e, ids)
+	var firstFree, lastFree, firstRerun time.Duration
+	firstFree = math.MaxInt64
+	for id, at := range free {
+		firstFree = min(firstFree, at.Sub(killed))
+		lastFree = max(lastFree, at.Sub(killed))
+		if rr := rl.of(id)[1].start.Sub(killed); firstRerun == 0 || rr < firstRerun {
+			firstRerun = rr
+		}
+	}
+	t.Logf("SIGKILLed asynq worker (lock TTL %s, %d tasks, %d in the killed worker): max concurrent runs per key %d, "+
+		"lost %d, run twice %d, archived %d; re-deliveries held back by the dead holder's leases %d; "+
+		"keys free %s–%s after the kill, first re-run %s after, all done %s after",
+		ttl, tasks, childConcurrency, o.peak, o.lost, o.twice, o.archived, held.Load(), firstFree.Round(time.Millisecond),
+		lastFree.Round(time.Millisecond), firstRerun.Round(time.Millisecond), recovered.Sub(killed).Round(time.Millisecond))
+	require.Positive(t, held.Load(), "asynq re-delivered while the dead holder's leases were valid")
+	require.Equal(t, 1, o.peak, "no re-run overlapped a valid lease")
+	require.Zero(t, o.lost)
+	require.Zero(t, o.twice)
+	require.Zero(t, o.archived)
+}
+
+// asynqWorkerChild is the killed process of TestKilledAsynqWorker: an asynq
+// server whose handlers report their start on stdout and then block until
+// the process is killed.
+func asynqWorkerChild() {
+	fail := func(err error) {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	ttl, err := time.ParseDuration(os.Getenv("JOBGUARD_TTL"))
+	if err != nil {
+		fail(err)
+	}
+	db, _ := strconv.Atoi(os.Getenv("JOBGUARD_DB"))
+	concurrency, _ := strconv.Atoi(os.Getenv("JOBGUARD_CONCURRENCY"))
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR"), DB: db})
+	mw, _, err := asynqGuard(rdb, os.Getenv("JOBGUARD_PREFIX"), "doomed-worker", ttl, nil)
+	if err != nil {
+		fail(err)
+	}
+	var mu sync.Mutex
+	srv := asynq.NewServerFromRedisClient(rdb, asynqConfig(os.Getenv("JOBGUARD_QUEUE"), concurrency))
+	err = srv.Start(mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		lease, _ := lockkit.LeaseFromContext(ctx)
+		mu.Lock()
+		fmt.Println("started", taskOf(ctx, task), lease.Token())
+		mu.Unlock()
+		select {} // works until killed
+	})))
+	if err != nil {
+		fail(err)
+	}
+	select {}
+}
+
+// A server shuts down with a short ShutdownTimeout while its handlers run and
+// keep running for a while after their ctx is cancelled. asynq puts the tasks
+// back at once and a second server picks them up; with KeyByTaskID (and the
+// Requeue copies of MaxRetry(0) tasks keeping their original's key) no re-run
+// starts before the old run has returned, and no task is lost or archived.
+// Half the handlers finish their work anyway (so those tasks run to
+// completion twice, one after the other: asynq's at-least-once delivery); the
+// other half abandon it, so the second server does it once.
+func TestShutdownRequeueNeverOverlaps(t *testing.T) {
+	const tasks = 6
+	const grace = 300 * time.Millisecond // how long a handler ignores its cancelled ctx
+	e := newAsynqEnv(t)
+	rl := &taskLog{}
+	finishes := func(n int) bool { return n%2 == 0 }
+
+	var ids []string
+	index := map[string]int{}
+	for i := range tasks {
+		retries := 3
+		if i%3 == 0 {
+			retries = 0 // a duplicate of it is re-enqueued as a copy
+		}
+		opts := []asynq.Option{asynq.Queue(e.queue), asynq.MaxRetry(retries)}
+		info, err := e.client.Enqueue(asynq.NewTask("work", fmt.Appendf(nil, `{"n":%d}`, i)), opts...)
+		require.NoError(t, err)
+		ids = append(ids, info.ID)
+		index[info.ID] = i
+	}
+
+	started := make(chan string, tasks)
+	cancelled := make(chan struct{}, tasks)
+	handler := func(where string) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			id := taskOf(ctx, task)
+			r := rl.begin(id, where, time.Now())
+			if where == "second" {
+				time.Sleep(20 * time.Millisecond) // the work
+				rl.finish(r, time.Now(), true)
+				return nil
+			}
+			started <- id
+			<-ctx.Done()
+			cancelled <- struct{}{}
+			time.Sleep(grace) // deaf to the cancellation for a while
+			rl.finish(r, time.Now(), finishes(index[id]))
+			if finishes(index[id]) {
+				return nil
+			}
+			return ctx.Err()
+		})
+	}
+	mwA, lA, err := asynqGuard(e.rdb, e.prefix, "first", 5*time.Second, nil)
+	require.NoError(t, err)
+	defer lA.Close(context.Background())
+	cfgA := asynqConfig(e.queue, tasks)
+	cfgA.ShutdownTimeout = 200 * time.Millisecond
+	srvA := asynq.NewServerFromRedisClient(e.rdb, cfgA)
+	require.NoError(t, srvA.Start(mwA(handler("first"))))
+	defer srvA.Shutdown()
+	for range tasks {
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the first server did not start every task")
+		}
+	}
+
+	var held atomic.Int32
+	mwB, lB, err := asynqGuard(e.rdb, e.prefix, "second", 5*time.Second, &held)
+	require.NoError(t, err)
+	defer lB.Close(context.Background())
+	srvB := asynq.NewServerFromRedisClient(e.rdb, asynqConfig(e.queue, tasks))
+	require.NoError(t, srvB.Start(mwB(handler("second"))))
+	defer srvB.Shutdown()
+
+	shutdown := time.Now()
+	srvA.Shutdown() // after 200ms every task goes back to pending and its ctx is cancelled
+	for range tasks {
+		select {
+		case <-cancelled:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a handler's ctx was not cancelled by the shutdown")
+		}
+	}
+	require.Eventually(t, func() bool {
+		done := rl.completions()
+		for _, id := range ids {
+			want := 1
+			if finishes(index[id]) {
+				want = 2
+			}
+			if done[id] != want {
+				return false
+			}
+		}
+		return rl.ended()
+	}, 20*time.Second, 5*time.Millisecond)
+	recovered := time.Now()
+	e.drained(10 * time.Second)
+
+	var lastOld time.Time
+	for _, id := range ids {
+		runs := rl.of(id)
+		require.Len(t, runs, 2, "task %s: the interrupted run and one re-run", id)
+		require.Equal(t, "first", runs[0].where)
+		require.Equal(t, "second", runs[1].where)
+		require.False(t, runs[1].start.Before(runs[0].end), "task %s re-ran %s before the old run returned",
+			id, runs[0].end.Sub(runs[1].start))
+		if runs[0].end.After(lastOld) {
+			lastOld = runs[0].end
+		}
+	}
+	o := rl.outcome(t, e, ids)
+	t.Logf("shutdown (ShutdownTimeout 200ms, handlers deaf for %s, %d tasks): max concurrent runs per key %d, "+
+		"lost %d, run twice %d (the handlers that finished after the cancellation), archived %d; "+
+		"re-deliveries held back by the old runs' leases %d; old runs returned %s after Shutdown, all done %s after",
+		grace, tasks, o.peak, o.lost, o.twice, o.archived, held.Load(), lastOld.Sub(shutdown).Round(time.Millisecond),
+		recovered.Sub(shutdown).Round(time.Millisecond))
+	require.Positive(t, held.Load(), "the second server got re-deliveries while the old runs held their keys")
+	require.Equal(t, 1, o.peak, "no re-run overlapped the run still holding the key")
+	require.Zero(t, o.lost)
+	require.Equal(t, tasks/2, o.twice)
+	require.Zero(t, o.archived)
+}
