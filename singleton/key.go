@@ -8,6 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
+	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/hibiken/asynq"
@@ -66,7 +69,10 @@ func keyByPayload(_ context.Context, t *asynq.Task) (string, error) {
 // KeyByFields keys a task by its type and the values of top-level fields of
 // its JSON object payload, such as "tenant_id" for per-tenant serialization.
 // The key is "asynq:<type>:<field>=<value>[,<field>=<value>...]" with each
-// value in compact JSON (a string keeps its quotes, so 42 and "42" differ).
+// value in canonical JSON, so that producers with different JSON encoders
+// agree: strings unescaped where JSON allows ("caf\u00e9" and "café" are one
+// key), numbers by value (1, 1.0 and 1e0 are one key), object members sorted,
+// no spaces. A string keeps its quotes, so 42 and "42" differ.
 // A payload that is not a JSON object, or lacks a field, or has it null or
 // "", fails the task with ErrKey. At least one field is required; names must
 // be non-empty and distinct.
@@ -118,23 +124,83 @@ func keyByFields(t *asynq.Task, fields []string) (string, error) {
 		if !ok {
 			return "", fmt.Errorf("payload has no field %q", f)
 		}
-		var v bytes.Buffer
-		if err := json.Compact(&v, raw); err != nil {
+		d := json.NewDecoder(bytes.NewReader(raw))
+		d.UseNumber()
+		var v any
+		if err := d.Decode(&v); err != nil {
 			return "", fmt.Errorf("field %q: %w", f, err)
 		}
-		switch v.String() {
-		case "null":
+		switch v {
+		case nil:
 			return "", fmt.Errorf("field %q is null", f)
-		case `""`:
+		case "":
 			return "", fmt.Errorf("field %q is empty", f)
 		}
 		if i > 0 {
 			b.WriteByte(',')
 		}
 		b.WriteString(f + "=")
-		b.Write(v.Bytes())
+		canonicalJSON(&b, v)
 	}
 	return b.String(), nil
+}
+
+// canonicalJSON writes v, as decoded with UseNumber, in one canonical form.
+func canonicalJSON(b *strings.Builder, v any) {
+	switch x := v.(type) {
+	case nil:
+		b.WriteString("null")
+	case bool:
+		b.WriteString(strconv.FormatBool(x))
+	case json.Number:
+		b.WriteString(canonicalNumber(string(x)))
+	case string:
+		var buf bytes.Buffer
+		e := json.NewEncoder(&buf)
+		e.SetEscapeHTML(false)
+		_ = e.Encode(x) // a string always encodes
+		b.Write(bytes.TrimSuffix(buf.Bytes(), []byte("\n")))
+	case []any:
+		b.WriteByte('[')
+		for i, e := range x {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			canonicalJSON(b, e)
+		}
+		b.WriteByte(']')
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		b.WriteByte('{')
+		for i, k := range keys {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			canonicalJSON(b, k)
+			b.WriteByte(':')
+			canonicalJSON(b, x[k])
+		}
+		b.WriteByte('}')
+	}
+}
+
+// canonicalNumber writes a JSON number by value: an integer in decimal
+// digits, anything else in the shortest form that reads back as the same
+// float64.
+func canonicalNumber(n string) string {
+	r, ok := new(big.Rat).SetString(n)
+	if !ok {
+		return n
+	}
+	if r.IsInt() {
+		return r.Num().String()
+	}
+	f, _ := r.Float64()
+	return strconv.FormatFloat(f, 'g', -1, 64)
 }
 
 // KeyFunc keys a task by fn's result, used as the key as returned (no
