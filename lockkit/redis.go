@@ -37,8 +37,9 @@ var (
 // works on Redis Cluster as well as standalone and Sentinel deployments.
 //
 // Redis layout for key K under prefix P: P{K}:h holds the holders (a sorted
-// set scored by expiry), P{K}:m the last fencing token and epoch, P{K}:q and
-// P{K}:w the waiters; releases are published on P{K}:r.
+// set scored by expiry), P{K}:f the last fencing token (for a second),
+// P{K}:m the last epoch, P{K}:q and P{K}:w the waiters; releases are
+// published on P{K}:r. Every key expires on its own.
 type RedisLocker struct {
 	e *engine
 	r *redisBackend
@@ -139,11 +140,11 @@ type redisBackend struct {
 	done bool
 }
 
-type lockKeys struct{ holders, meta, queue, waiters, channel string }
+type lockKeys struct{ holders, meta, queue, waiters, fence, channel string }
 
 func (b *redisBackend) keys(key string) lockKeys {
 	base := b.prefix + "{" + key + "}"
-	return lockKeys{base + ":h", base + ":m", base + ":q", base + ":w", base + ":r"}
+	return lockKeys{base + ":h", base + ":m", base + ":q", base + ":w", base + ":f", base + ":r"}
 }
 
 func ms(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
@@ -154,7 +155,7 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 	if r.fair {
 		fair = "1"
 	}
-	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters},
+	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence},
 		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL)).Slice()
 	if err != nil {
 		return acquireResult{}, err

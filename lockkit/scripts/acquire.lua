@@ -1,10 +1,10 @@
 -- Acquires one holder slot of a lock, or reports who holds it.
 -- KEYS[1] holders: ZSET, member "<token>:<owner>", score = expiry (ms, server time)
--- KEYS[2] meta: HASH, f = last fencing token, e = last epoch, d = keep the epoch until (ms);
---         with an epoch it lives until d and while leases with an epoch are renewed;
---         without one only a second (tokens never go back anyway: see below)
+-- KEYS[2] epoch: HASH, e = last epoch, d = keep it until (ms); it lives until d and
+--         while leases that claimed an epoch are renewed
 -- KEYS[3] queue: ZSET of fair waiters, score = arrival (us)
 -- KEYS[4] waiters: ZSET of every waiter, score = deadline (ms)
+-- KEYS[5] fence: STRING, the last fencing token, kept for a second
 -- ARGV[1] owner id
 -- ARGV[2] ttl (ms)
 -- ARGV[3] holder limit
@@ -37,58 +37,60 @@ local function extend_key(key, ms)
   end
 end
 
-local meta = redis.call('HMGET', KEYS[2], 'f', 'e', 'd')
-local last_epoch = tonumber(meta[2] or '0')
-local kept_until = tonumber(meta[3] or '0')
-if epoch > 0 and epoch <= last_epoch then
-  forget_waiter()
-  return {-1, string.format('%d', last_epoch)}
+local kept_until = 0
+if epoch > 0 then
+  local meta = redis.call('HMGET', KEYS[2], 'e', 'd')
+  local last_epoch = tonumber(meta[1] or '0')
+  kept_until = tonumber(meta[2] or '0')
+  if epoch <= last_epoch then
+    forget_waiter()
+    return {-1, string.format('%d', last_epoch)}
+  end
 end
 
-local count = redis.call('ZCARD', KEYS[1])
-if count > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  count = redis.call('ZCARD', KEYS[1])
-end
-
+-- A free key with nobody queued (the common case) costs one EXISTS.
+local count = 0
 local ahead = 0
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
-  for _, w in ipairs(dead) do
-    redis.call('ZREM', KEYS[3], w)
+if redis.call('EXISTS', KEYS[1], KEYS[3]) > 0 then
+  count = redis.call('ZCARD', KEYS[1])
+  if count > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+    count = redis.call('ZCARD', KEYS[1])
   end
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-  local rank = false
-  if wid ~= '' then
-    rank = redis.call('ZRANK', KEYS[3], wid)
-  end
-  if rank then
-    ahead = rank
-  else
-    ahead = redis.call('ZCARD', KEYS[3])
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+    for _, w in ipairs(dead) do
+      redis.call('ZREM', KEYS[3], w)
+    end
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+    local rank = false
+    if wid ~= '' then
+      rank = redis.call('ZRANK', KEYS[3], wid)
+    end
+    if rank then
+      ahead = rank
+    else
+      ahead = redis.call('ZCARD', KEYS[3])
+    end
   end
 end
 
 if count + ahead < limit then
-  local token = string.format('%d', math.max(tonumber(meta[1] or '0') + 1, nowus))
+  -- A token is at least the server time in microseconds, so tokens keep
+  -- growing after the fence key expires; the stored one orders acquires
+  -- across a small backward step of the clock.
+  local token = string.format('%d', math.max(tonumber(redis.call('GET', KEYS[5]) or '0') + 1, nowus))
   redis.call('ZADD', KEYS[1], now + ttl, token .. ':' .. ARGV[1])
   if count == 0 then
     redis.call('PEXPIRE', KEYS[1], ttl)
   else
     extend_key(KEYS[1], ttl)
   end
-  -- A token is at least the server time in microseconds, so it keeps growing
-  -- after the meta key expires; the stored one only orders acquires within a
-  -- microsecond or across a small clock step.
+  redis.call('SET', KEYS[5], token, 'PX', 1000)
   if epoch > 0 then
     kept_until = math.max(kept_until, now + tonumber(ARGV[8]))
-    redis.call('HSET', KEYS[2], 'f', token, 'e', ARGV[7], 'd', string.format('%d', kept_until))
+    redis.call('HSET', KEYS[2], 'e', ARGV[7], 'd', string.format('%d', kept_until))
     redis.call('PEXPIRE', KEYS[2], math.max(ttl, kept_until - now))
-  else
-    redis.call('HSET', KEYS[2], 'f', token)
-    if kept_until <= now then
-      redis.call('PEXPIRE', KEYS[2], 1000)
-    end
   end
   forget_waiter()
   return {1, token}

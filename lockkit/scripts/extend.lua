@@ -1,6 +1,6 @@
 -- Renews one holder's lease if it is still held.
 -- KEYS[1] holders: ZSET, member "<token>:<owner>", score = expiry (ms)
--- KEYS[2] meta: HASH (last token and epoch), kept as long as a lease with an epoch
+-- KEYS[2] epoch: HASH (last epoch), kept as long as a lease that claimed an epoch
 -- ARGV[1] the lease's member
 -- ARGV[2] ttl (ms)
 -- ARGV[3] "1" when the lease claimed an epoch
