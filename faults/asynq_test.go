@@ -5,8 +5,6 @@ package faults_test
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"math"
 	"os"
@@ -22,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqtest"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
@@ -33,34 +32,11 @@ import (
 // packages' tests. Each scenario also has its own queue and lock key prefix.
 const asynqDB = 13
 
-// asynqEnv is one scenario's queue, lock key prefix and clients.
-type asynqEnv struct {
-	t      *testing.T
-	rdb    *redis.Client
-	prefix string
-	queue  string
-	insp   *asynq.Inspector
-	client *asynq.Client
-}
-
-func newAsynqEnv(t *testing.T) *asynqEnv {
+// newAsynqEnv returns a scenario's queue, lock key prefix and clients on
+// database asynqDB of the standalone Redis.
+func newAsynqEnv(t *testing.T) *asynqtest.Env {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: testredis.Addr(t), DB: asynqDB})
-	require.NoError(t, rdb.Ping(context.Background()).Err())
-	t.Cleanup(func() { _ = rdb.Close() })
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	e := &asynqEnv{
-		t:      t,
-		rdb:    rdb,
-		prefix: testredis.Prefix(t, rdb),
-		queue:  "jg-faults-" + t.Name() + "-" + hex.EncodeToString(b),
-		insp:   asynq.NewInspectorFromRedisClient(rdb),
-		client: asynq.NewClientFromRedisClient(rdb),
-	}
-	// Registered before any server, so it runs after every server has shut down.
-	t.Cleanup(func() { _ = e.insp.DeleteQueue(e.queue, true) })
-	return e
+	return asynqtest.NewEnv(t, asynqtest.Standalone(t, asynqDB))
 }
 
 // asynqGuard is the singleton middleware every worker of a scenario uses: tasks
@@ -88,29 +64,15 @@ func asynqGuard(rdb redis.UniversalClient, prefix, owner string, ttl time.Durati
 	return mw, locker, nil
 }
 
-// asynqConfig is the asynq.Config of every worker: the singleton pieces,
-// fast polling and forwarding, and no logs. Other errors (asynq's
-// ErrLeaseExpired from its recoverer) are retried at once.
+// asynqConfig is the asynq.Config of every worker: asynqtest.Config (the
+// singleton pieces, fast polling and forwarding, and no logs), except that
+// other errors (asynq's ErrLeaseExpired from its recoverer) are retried at
+// once.
 func asynqConfig(queue string, concurrency int) asynq.Config {
-	return asynq.Config{
-		Concurrency:              concurrency,
-		Queues:                   map[string]int{queue: 1},
-		TaskCheckInterval:        20 * time.Millisecond,
-		DelayedTaskCheckInterval: 100 * time.Millisecond,
-		IsFailure:                singleton.IsFailure(nil),
-		RetryDelayFunc:           singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 0 }),
-		Logger:                   quietAsynqLogger{},
-	}
+	cfg := asynqtest.Config(queue, concurrency)
+	cfg.RetryDelayFunc = singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 0 })
+	return cfg
 }
-
-// quietAsynqLogger drops asynq's logs.
-type quietAsynqLogger struct{}
-
-func (quietAsynqLogger) Debug(...any) {}
-func (quietAsynqLogger) Info(...any)  {}
-func (quietAsynqLogger) Warn(...any)  {}
-func (quietAsynqLogger) Error(...any) {}
-func (quietAsynqLogger) Fatal(...any) {}
 
 // taskOf names the work a run did: the ID of the task it was enqueued as,
 // also for a copy that Requeue enqueued (singleton.OriginHeader).
@@ -231,7 +193,7 @@ type taskOutcome struct {
 	lost, twice, archived int // tasks never completed, tasks completed more than once
 }
 
-func (l *taskLog) outcome(t *testing.T, e *asynqEnv, tasks []string) taskOutcome {
+func (l *taskLog) outcome(t *testing.T, e *asynqtest.Env, tasks []string) taskOutcome {
 	t.Helper()
 	var o taskOutcome
 	for _, p := range l.peaks() {
@@ -246,20 +208,8 @@ func (l *taskLog) outcome(t *testing.T, e *asynqEnv, tasks []string) taskOutcome
 			o.twice++
 		}
 	}
-	qi, err := e.insp.GetQueueInfo(e.queue)
-	require.NoError(t, err)
-	o.archived = qi.Archived
+	o.archived = e.QueueInfo().Archived
 	return o
-}
-
-// drained waits until the queue holds no pending, active, scheduled, retry or
-// archived task.
-func (e *asynqEnv) drained(timeout time.Duration) {
-	e.t.Helper()
-	require.Eventually(e.t, func() bool {
-		qi, err := e.insp.GetQueueInfo(e.queue)
-		return err == nil && qi.Pending+qi.Active+qi.Scheduled+qi.Retry+qi.Archived == 0
-	}, timeout, 10*time.Millisecond)
 }
 
 // A worker process is killed with SIGKILL while its handlers run under
@@ -288,15 +238,13 @@ func TestKilledAsynqWorker(t *testing.T) {
 	var ids []string
 	for i := range tasks {
 		// Retries left: asynq's recoverer archives a lease-expired task that has none.
-		info, err := e.client.Enqueue(asynq.NewTask("work", fmt.Appendf(nil, `{"n":%d}`, i)),
-			asynq.Queue(e.queue), asynq.MaxRetry(3))
-		require.NoError(t, err)
+		info := e.Enqueue(asynq.NewTask("work", fmt.Appendf(nil, `{"n":%d}`, i)), asynq.MaxRetry(3))
 		ids = append(ids, info.ID)
 	}
 
 	child := exec.Command(os.Args[0], "-test.run=^$")
 	child.Env = append(os.Environ(), "JOBGUARD_FAULT_CHILD=asynq-worker", "REDIS_ADDR="+testredis.Addr(t),
-		"JOBGUARD_DB="+strconv.Itoa(asynqDB), "JOBGUARD_PREFIX="+e.prefix, "JOBGUARD_QUEUE="+e.queue,
+		"JOBGUARD_DB="+strconv.Itoa(asynqDB), "JOBGUARD_PREFIX="+e.Prefix, "JOBGUARD_QUEUE="+e.Queue,
 		"JOBGUARD_TTL="+ttl.String(), "JOBGUARD_CONCURRENCY="+strconv.Itoa(childConcurrency))
 	child.Stderr = os.Stderr
 	out, err := child.StdoutPipe()
@@ -340,7 +288,7 @@ func TestKilledAsynqWorker(t *testing.T) {
 		}
 	}
 
-	locker, err := lockkit.NewRedis(e.rdb, lockkit.WithPrefix(e.prefix))
+	locker, err := lockkit.NewRedis(e.RDB, lockkit.WithPrefix(e.Prefix))
 	require.NoError(t, err)
 	defer locker.Close(context.Background())
 	keyOf := func(id string) string { return "asynq:work:id:" + id }
@@ -380,22 +328,22 @@ func TestKilledAsynqWorker(t *testing.T) {
 
 	// asynq's 60s, simulated: every lease of the queue expired 60s earlier.
 	ctx := context.Background()
-	leaseKey := "asynq:{" + e.queue + "}:lease"
-	leases, err := e.rdb.ZRangeWithScores(ctx, leaseKey, 0, -1).Result()
+	leaseKey := "asynq:{" + e.Queue + "}:lease"
+	leases, err := e.RDB.ZRangeWithScores(ctx, leaseKey, 0, -1).Result()
 	require.NoError(t, err)
 	require.Len(t, leases, childConcurrency, "the killed worker's tasks are active")
 	for _, z := range leases {
-		require.NoError(t, e.rdb.ZAddXX(ctx, leaseKey, redis.Z{Member: z.Member, Score: z.Score - 60}).Err())
+		require.NoError(t, e.RDB.ZAddXX(ctx, leaseKey, redis.Z{Member: z.Member, Score: z.Score - 60}).Err())
 	}
 
 	// A fresh server: its recoverer hands the dead worker's tasks back at once.
 	var held atomic.Int32
-	mw, l2, err := asynqGuard(e.rdb, e.prefix, "fresh-server", ttl, &held)
+	mw, l2, err := asynqGuard(e.RDB, e.Prefix, "fresh-server", ttl, &held)
 	require.NoError(t, err)
 	defer l2.Close(context.Background())
 	retries := map[string]int{}
 	var mu sync.Mutex
-	srv := asynq.NewServerFromRedisClient(e.rdb, asynqConfig(e.queue, 4))
+	srv := asynq.NewServerFromRedisClient(e.RDB, asynqConfig(e.Queue, 4))
 	require.NoError(t, srv.Start(mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 		id := taskOf(ctx, task)
 		r := rl.begin(id, "fresh server", time.Now())
@@ -433,7 +381,7 @@ func TestKilledAsynqWorker(t *testing.T) {
 		return len(done) == tasks && rl.ended()
 	}, 20*time.Second, 5*time.Millisecond)
 	recovered := time.Now()
-	e.drained(10 * time.Second)
+	e.Drained(10 * time.Second)
 
 	for id := range tokens {
 		runs := rl.of(id)
@@ -522,9 +470,7 @@ func TestShutdownRequeueNeverOverlaps(t *testing.T) {
 		if i%3 == 0 {
 			retries = 0 // a duplicate of it is re-enqueued as a copy
 		}
-		opts := []asynq.Option{asynq.Queue(e.queue), asynq.MaxRetry(retries)}
-		info, err := e.client.Enqueue(asynq.NewTask("work", fmt.Appendf(nil, `{"n":%d}`, i)), opts...)
-		require.NoError(t, err)
+		info := e.Enqueue(asynq.NewTask("work", fmt.Appendf(nil, `{"n":%d}`, i)), asynq.MaxRetry(retries))
 		ids = append(ids, info.ID)
 		index[info.ID] = i
 	}
@@ -551,12 +497,12 @@ func TestShutdownRequeueNeverOverlaps(t *testing.T) {
 			return ctx.Err()
 		})
 	}
-	mwA, lA, err := asynqGuard(e.rdb, e.prefix, "first", 5*time.Second, nil)
+	mwA, lA, err := asynqGuard(e.RDB, e.Prefix, "first", 5*time.Second, nil)
 	require.NoError(t, err)
 	defer lA.Close(context.Background())
-	cfgA := asynqConfig(e.queue, tasks)
+	cfgA := asynqConfig(e.Queue, tasks)
 	cfgA.ShutdownTimeout = 200 * time.Millisecond
-	srvA := asynq.NewServerFromRedisClient(e.rdb, cfgA)
+	srvA := asynq.NewServerFromRedisClient(e.RDB, cfgA)
 	require.NoError(t, srvA.Start(mwA(handler("first"))))
 	defer srvA.Shutdown()
 	for range tasks {
@@ -568,10 +514,10 @@ func TestShutdownRequeueNeverOverlaps(t *testing.T) {
 	}
 
 	var held atomic.Int32
-	mwB, lB, err := asynqGuard(e.rdb, e.prefix, "second", 5*time.Second, &held)
+	mwB, lB, err := asynqGuard(e.RDB, e.Prefix, "second", 5*time.Second, &held)
 	require.NoError(t, err)
 	defer lB.Close(context.Background())
-	srvB := asynq.NewServerFromRedisClient(e.rdb, asynqConfig(e.queue, tasks))
+	srvB := asynq.NewServerFromRedisClient(e.RDB, asynqConfig(e.Queue, tasks))
 	require.NoError(t, srvB.Start(mwB(handler("second"))))
 	defer srvB.Shutdown()
 
@@ -598,7 +544,7 @@ func TestShutdownRequeueNeverOverlaps(t *testing.T) {
 		return rl.ended()
 	}, 20*time.Second, 5*time.Millisecond)
 	recovered := time.Now()
-	e.drained(10 * time.Second)
+	e.Drained(10 * time.Second)
 
 	var lastOld time.Time
 	for _, id := range ids {

@@ -2,10 +2,7 @@ package singleton_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,10 +11,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqtest"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
-	"github.com/jobguard/jobguard/singleton"
 )
 
 // testDB is the database of the standalone Redis these tests use: asynq's
@@ -33,10 +30,7 @@ type connect func(t *testing.T) redis.UniversalClient
 // standalone connects to the standalone Redis at REDIS_ADDR, database testDB.
 func standalone(t *testing.T) redis.UniversalClient {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: testredis.Addr(t), DB: testDB})
-	require.NoError(t, rdb.Ping(context.Background()).Err())
-	t.Cleanup(func() { _ = rdb.Close() })
-	return rdb
+	return asynqtest.Standalone(t, testDB)
 }
 
 // cluster connects to the Redis Cluster at REDIS_CLUSTER_ADDRS.
@@ -52,15 +46,11 @@ func onEachRedis(t *testing.T, test func(t *testing.T, c connect)) {
 	t.Run("cluster", func(t *testing.T) { test(t, cluster) })
 }
 
-// env is one test's share of a real Redis: a client, a lock key prefix and a
-// queue name, all cleaned up when the test ends.
+// env is one test's share of a real Redis (asynqtest.Env) with the helpers
+// of this package's tests.
 type env struct {
-	t      *testing.T
-	rdb    redis.UniversalClient
-	prefix string
-	queue  string
-	insp   *asynq.Inspector
-	client *asynq.Client
+	*asynqtest.Env
+	t *testing.T
 }
 
 // newEnv returns an env on the standalone Redis.
@@ -72,88 +62,34 @@ func newEnv(t *testing.T) *env {
 // newEnvOn returns an env on the Redis that c connects to.
 func newEnvOn(t *testing.T, c connect) *env {
 	t.Helper()
-	rdb := c(t)
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	e := &env{
-		t:      t,
-		rdb:    rdb,
-		prefix: testredis.Prefix(t, rdb),
-		queue:  "jg-" + strings.NewReplacer("/", "-", " ", "_").Replace(t.Name()) + "-" + hex.EncodeToString(b),
-		insp:   asynq.NewInspectorFromRedisClient(rdb),
-		client: asynq.NewClientFromRedisClient(rdb),
-	}
-	// Registered before any server, so it runs after every server has shut down.
-	t.Cleanup(func() { _ = e.insp.DeleteQueue(e.queue, true) })
-	return e
+	return &env{Env: asynqtest.NewEnv(t, c(t)), t: t}
 }
 
 // locker returns a RedisLocker with its own owner id, as on its own machine.
 func (e *env) locker(opts ...lockkit.Option) *lockkit.RedisLocker {
 	e.t.Helper()
-	l, err := lockkit.NewRedis(e.rdb, append([]lockkit.Option{lockkit.WithPrefix(e.prefix)}, opts...)...)
+	l, err := lockkit.NewRedis(e.RDB, append([]lockkit.Option{lockkit.WithPrefix(e.Prefix)}, opts...)...)
 	require.NoError(e.t, err)
 	e.t.Cleanup(func() { _ = l.Close(context.Background()) })
 	return l
 }
 
-// config is the asynq.Config of the tests' servers: the singleton pieces,
-// fast polling and forwarding so that requeues come back within ~100ms, and a
-// quiet logger.
+// config is the asynq.Config of the tests' servers: asynqtest.Config (the
+// singleton pieces, fast polling, a quiet logger) with a 3s ShutdownTimeout.
 func (e *env) config(concurrency int) asynq.Config {
-	return asynq.Config{
-		Concurrency:              concurrency,
-		Queues:                   map[string]int{e.queue: 1},
-		TaskCheckInterval:        20 * time.Millisecond,
-		DelayedTaskCheckInterval: 100 * time.Millisecond,
-		ShutdownTimeout:          3 * time.Second,
-		IsFailure:                singleton.IsFailure(nil),
-		RetryDelayFunc:           singleton.RetryDelay(nil),
-		Logger:                   quietLogger{},
-	}
+	cfg := asynqtest.Config(e.Queue, concurrency)
+	cfg.ShutdownTimeout = 3 * time.Second
+	return cfg
 }
 
 // start starts a server running h; it is shut down when the test ends.
 func (e *env) start(cfg asynq.Config, h asynq.Handler) *asynq.Server {
 	e.t.Helper()
-	srv := asynq.NewServerFromRedisClient(e.rdb, cfg)
+	srv := asynq.NewServerFromRedisClient(e.RDB, cfg)
 	require.NoError(e.t, srv.Start(h))
 	e.t.Cleanup(srv.Shutdown)
 	return srv
 }
-
-func (e *env) enqueue(task *asynq.Task, opts ...asynq.Option) *asynq.TaskInfo {
-	e.t.Helper()
-	info, err := e.client.Enqueue(task, append([]asynq.Option{asynq.Queue(e.queue)}, opts...)...)
-	require.NoError(e.t, err)
-	return info
-}
-
-func (e *env) queueInfo() *asynq.QueueInfo {
-	e.t.Helper()
-	qi, err := e.insp.GetQueueInfo(e.queue)
-	require.NoError(e.t, err)
-	return qi
-}
-
-// drained waits until the queue holds no pending, active, scheduled, retry or
-// archived task.
-func (e *env) drained(timeout time.Duration) {
-	e.t.Helper()
-	require.Eventually(e.t, func() bool {
-		qi, err := e.insp.GetQueueInfo(e.queue)
-		return err == nil && qi.Pending+qi.Active+qi.Scheduled+qi.Retry+qi.Archived == 0
-	}, timeout, 10*time.Millisecond)
-}
-
-// quietLogger drops asynq's logs.
-type quietLogger struct{}
-
-func (quietLogger) Debug(...any) {}
-func (quietLogger) Info(...any)  {}
-func (quietLogger) Warn(...any)  {}
-func (quietLogger) Error(...any) {}
-func (quietLogger) Fatal(...any) {}
 
 // tracker records every handler start and end per key and the most runs of
 // one key seen at the same time.

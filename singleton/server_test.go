@@ -66,7 +66,7 @@ func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int) {
 		if n%2 == 0 {
 			opts = append(opts, asynq.MaxRetry(0))
 		}
-		info := e.enqueue(asynq.NewTask("report", []byte(payload)), opts...)
+		info := e.Enqueue(asynq.NewTask("report", []byte(payload)), opts...)
 		labels[info.ID] = fmt.Sprintf("%s/%d", tenant, n)
 	}
 	for i := range servers {
@@ -74,7 +74,7 @@ func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int) {
 			singleton.KeyByFields("tenant_id"),
 			singleton.WithPolicy(policy),
 			singleton.WithLimit(limit),
-			singleton.WithRedis(e.rdb),
+			singleton.WithRedis(e.RDB),
 			singleton.WithObserver(ev.observe))
 		require.NoError(t, err)
 		mux := asynq.NewServeMux()
@@ -120,7 +120,7 @@ func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int) {
 		return n
 	}
 	require.Eventually(t, func() bool { return accounted() == tenants*perTenant }, 30*time.Second, 10*time.Millisecond)
-	e.drained(10 * time.Second)
+	e.Drained(10 * time.Second)
 
 	completed, skips := tr.completed(), skipped()
 	for _, label := range labels {
@@ -142,7 +142,7 @@ func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int) {
 		}
 		require.Equal(t, limit, best, "the limit is used")
 	}
-	qi := e.queueInfo()
+	qi := e.QueueInfo()
 	require.Zero(t, qi.Archived)
 	require.Zero(t, qi.FailedTotal, "duplicates are not counted as failures")
 	require.Empty(t, ev.errs(middleware.EventError))
@@ -192,7 +192,7 @@ func TestTaskIDKeyKeepsRedeliveryFromOverlapping(t *testing.T) {
 					return nil
 				})
 				newMW := func(owner string, obs middleware.Observer) asynq.MiddlewareFunc {
-					opts := []singleton.Option{singleton.KeyByTaskID(), singleton.WithPolicy(middleware.Requeue(50 * time.Millisecond)), singleton.WithRedis(e.rdb)}
+					opts := []singleton.Option{singleton.KeyByTaskID(), singleton.WithPolicy(middleware.Requeue(50 * time.Millisecond)), singleton.WithRedis(e.RDB)}
 					if obs != nil {
 						opts = append(opts, singleton.WithObserver(obs))
 					}
@@ -203,7 +203,7 @@ func TestTaskIDKeyKeepsRedeliveryFromOverlapping(t *testing.T) {
 				cfgA := e.config(2)
 				cfgA.ShutdownTimeout = 200 * time.Millisecond
 				srvA := e.start(cfgA, newMW("server-a", nil)(handler))
-				e.enqueue(asynq.NewTask("sync", nil), asynq.MaxRetry(maxRetry))
+				e.Enqueue(asynq.NewTask("sync", nil), asynq.MaxRetry(maxRetry))
 				recv(t, firstStarted, 10*time.Second)
 
 				e.start(e.config(2), newMW("server-b", evB.observe)(handler))
@@ -217,9 +217,9 @@ func TestTaskIDKeyKeepsRedeliveryFromOverlapping(t *testing.T) {
 				close(finish)
 				recv(t, firstDone, 10*time.Second)
 				require.Eventually(t, func() bool { return tr.completed()["run"] == 2 }, 10*time.Second, 5*time.Millisecond)
-				e.drained(10 * time.Second)
+				e.Drained(10 * time.Second)
 				require.Equal(t, map[string]int{"task": 1}, tr.peaks(), "the two runs never overlapped")
-				qi := e.queueInfo()
+				qi := e.QueueInfo()
 				require.Zero(t, qi.Archived)
 				require.Zero(t, qi.FailedTotal)
 			})
@@ -244,19 +244,19 @@ func TestLostLockCancelsTheHandler(t *testing.T) {
 			causes <- context.Cause(ctx)
 			return ctx.Err()
 		})))
-		info := e.enqueue(asynq.NewTask("sync", nil), asynq.MaxRetry(0))
+		info := e.Enqueue(asynq.NewTask("sync", nil), asynq.MaxRetry(0))
 		recv(t, started, 10*time.Second)
-		n, err := e.rdb.Del(context.Background(), e.prefix+"{asynq:sync}:h").Result()
+		n, err := e.RDB.Del(context.Background(), e.Prefix+"{asynq:sync}:h").Result()
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n, "the lease's holders key existed")
 
 		cause := recv(t, causes, 5*time.Second)
 		require.ErrorIs(t, cause, lockkit.ErrLost)
 		require.Eventually(t, func() bool {
-			ti, err := e.insp.GetTaskInfo(e.queue, info.ID)
+			ti, err := e.Inspector.GetTaskInfo(e.Queue, info.ID)
 			return err == nil && ti.State == asynq.TaskStateArchived
 		}, 10*time.Second, 10*time.Millisecond)
-		ti, err := e.insp.GetTaskInfo(e.queue, info.ID)
+		ti, err := e.Inspector.GetTaskInfo(e.Queue, info.ID)
 		require.NoError(t, err)
 		require.Contains(t, ti.LastErr, "lockkit: lease lost")
 	})
@@ -296,7 +296,7 @@ func TestUnderivableKeyArchivesTheTask(t *testing.T) {
 		ids := map[string]string{}
 		for _, c := range cases {
 			// The default MaxRetry (25) and a Retention: a retry or a completion would show.
-			ids[c.typ] = e.enqueue(asynq.NewTask(c.typ, []byte(c.payload)), asynq.Retention(time.Hour)).ID
+			ids[c.typ] = e.Enqueue(asynq.NewTask(c.typ, []byte(c.payload)), asynq.Retention(time.Hour)).ID
 		}
 		e.start(cfg, mux)
 		for _, c := range cases {
@@ -304,7 +304,7 @@ func TestUnderivableKeyArchivesTheTask(t *testing.T) {
 				var ti *asynq.TaskInfo
 				require.Eventually(t, func() bool {
 					var err error
-					ti, err = e.insp.GetTaskInfo(e.queue, ids[c.typ])
+					ti, err = e.Inspector.GetTaskInfo(e.Queue, ids[c.typ])
 					return err == nil && ti.State == asynq.TaskStateArchived
 				}, 10*time.Second, 10*time.Millisecond)
 				require.Zero(t, ti.Retried)
@@ -314,7 +314,7 @@ func TestUnderivableKeyArchivesTheTask(t *testing.T) {
 			})
 		}
 		require.Zero(t, ran.Load())
-		qi := e.queueInfo()
+		qi := e.QueueInfo()
 		require.Zero(t, qi.Completed)
 		require.Equal(t, len(cases), qi.Archived)
 		require.True(t, errs.any(func(err error) bool { return errors.Is(err, singleton.ErrKey) && errors.Is(err, asynq.SkipRetry) }), errs.String())
@@ -338,19 +338,19 @@ func TestFailPolicyUsesAsynqRetry(t *testing.T) {
 		cfg.RetryDelayFunc = singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 2 * time.Second })
 		var ran atomic.Int32
 		e.start(cfg, mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran.Add(1); return nil })))
-		info := e.enqueue(asynq.NewTask("report", nil))
+		info := e.Enqueue(asynq.NewTask("report", nil))
 
 		require.Eventually(t, func() bool {
-			ti, err := e.insp.GetTaskInfo(e.queue, info.ID)
+			ti, err := e.Inspector.GetTaskInfo(e.Queue, info.ID)
 			return err == nil && ti.Retried >= 1
 		}, 10*time.Second, 5*time.Millisecond)
 		require.Zero(t, ran.Load())
 		require.NoError(t, lease.Release(context.Background()))
 		require.Eventually(t, func() bool { return ran.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
-		e.drained(10 * time.Second)
+		e.Drained(10 * time.Second)
 
 		require.True(t, errs.any(func(err error) bool { return errors.Is(err, middleware.ErrDuplicate) }), errs.String())
-		require.Positive(t, e.queueInfo().FailedTotal)
+		require.Positive(t, e.QueueInfo().FailedTotal)
 	})
 }
 
@@ -365,20 +365,20 @@ func TestRequeueCopiesATaskWithNoRetriesLeft(t *testing.T) {
 		require.NoError(t, err)
 		ev := &events{}
 		mw, err := singleton.Middleware(e.locker(),
-			singleton.WithPolicy(middleware.Requeue(time.Hour)), singleton.WithRedis(e.rdb), singleton.WithObserver(ev.observe))
+			singleton.WithPolicy(middleware.Requeue(time.Hour)), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
 		require.NoError(t, err)
 		ran := make(chan *asynq.Task, 1)
 		e.start(e.config(2), mw(asynq.HandlerFunc(func(_ context.Context, task *asynq.Task) error {
 			ran <- task
 			return nil
 		})))
-		orig := e.enqueue(asynq.NewTaskWithHeaders("report", []byte(`{"n":1}`), map[string]string{"trace": "abc"}),
+		orig := e.Enqueue(asynq.NewTaskWithHeaders("report", []byte(`{"n":1}`), map[string]string{"trace": "abc"}),
 			asynq.MaxRetry(0), asynq.Timeout(7*time.Minute), asynq.Retention(time.Hour), asynq.Unique(time.Hour),
 			asynq.TaskID("invoice-42"))
 
 		var copied *asynq.TaskInfo
 		require.Eventually(t, func() bool {
-			tasks, err := e.insp.ListScheduledTasks(e.queue)
+			tasks, err := e.Inspector.ListScheduledTasks(e.Queue)
 			if err != nil || len(tasks) != 1 {
 				return false
 			}
@@ -388,14 +388,14 @@ func TestRequeueCopiesATaskWithNoRetriesLeft(t *testing.T) {
 		// The copy is enqueued before the original is revoked, so the
 		// original may still be active for a moment.
 		require.Eventually(t, func() bool {
-			_, err := e.insp.GetTaskInfo(e.queue, orig.ID)
+			_, err := e.Inspector.GetTaskInfo(e.Queue, orig.ID)
 			return errors.Is(err, asynq.ErrTaskNotFound)
 		}, 10*time.Second, 5*time.Millisecond, "the original was revoked")
 		require.NotEqual(t, orig.ID, copied.ID)
 		require.Equal(t, "report", copied.Type)
 		require.Equal(t, `{"n":1}`, string(copied.Payload))
 		require.Equal(t, map[string]string{"trace": "abc", singleton.OriginHeader: "invoice-42"}, copied.Headers)
-		require.Equal(t, e.queue, copied.Queue)
+		require.Equal(t, e.Queue, copied.Queue)
 		require.Zero(t, copied.MaxRetry)
 		require.Equal(t, 7*time.Minute, copied.Timeout)
 		require.Equal(t, time.Hour, copied.Retention)
@@ -403,14 +403,14 @@ func TestRequeueCopiesATaskWithNoRetriesLeft(t *testing.T) {
 		require.Equal(t, 1, ev.count(middleware.EventRequeued, 0))
 
 		require.NoError(t, lease.Release(context.Background()))
-		require.NoError(t, e.insp.RunTask(e.queue, copied.ID))
+		require.NoError(t, e.Inspector.RunTask(e.Queue, copied.ID))
 		task := recv(t, ran, 10*time.Second)
 		require.Equal(t, "invoice-42", task.Headers()[singleton.OriginHeader])
 		require.Eventually(t, func() bool {
-			ti, err := e.insp.GetTaskInfo(e.queue, copied.ID)
+			ti, err := e.Inspector.GetTaskInfo(e.Queue, copied.ID)
 			return err == nil && ti.State == asynq.TaskStateCompleted
 		}, 10*time.Second, 5*time.Millisecond)
-		qi := e.queueInfo()
+		qi := e.QueueInfo()
 		require.Zero(t, qi.Archived)
 		require.Zero(t, qi.FailedTotal)
 	})
@@ -426,20 +426,20 @@ func TestRequeueWithoutIsFailureStillNeverArchives(t *testing.T) {
 		require.NoError(t, err)
 		ev := &events{}
 		mw, err := singleton.Middleware(e.locker(),
-			singleton.WithPolicy(middleware.Requeue(50*time.Millisecond)), singleton.WithRedis(e.rdb), singleton.WithObserver(ev.observe))
+			singleton.WithPolicy(middleware.Requeue(50*time.Millisecond)), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
 		require.NoError(t, err)
 		cfg := e.config(2)
 		cfg.IsFailure = nil
 		var ran atomic.Int32
 		e.start(cfg, mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran.Add(1); return nil })))
-		e.enqueue(asynq.NewTask("report", nil), asynq.MaxRetry(2))
+		e.Enqueue(asynq.NewTask("report", nil), asynq.MaxRetry(2))
 
 		require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) >= 4 }, 10*time.Second, 5*time.Millisecond,
 			"two retries counted as failures, then copies")
 		require.NoError(t, lease.Release(context.Background()))
 		require.Eventually(t, func() bool { return ran.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
-		e.drained(10 * time.Second)
-		qi := e.queueInfo()
+		e.Drained(10 * time.Second)
+		qi := e.QueueInfo()
 		require.Zero(t, qi.Archived)
 		require.Equal(t, 2, qi.FailedTotal)
 	})
@@ -449,25 +449,25 @@ func TestRequeueWithoutIsFailureStillNeverArchives(t *testing.T) {
 func TestPerQueueScopesTheKey(t *testing.T) {
 	onEachRedis(t, func(t *testing.T, r connect) {
 		e := newEnvOn(t, r)
-		other := e.queue + "-b"
-		t.Cleanup(func() { _ = e.insp.DeleteQueue(other, true) })
+		other := e.Queue + "-b"
+		t.Cleanup(func() { _ = e.Inspector.DeleteQueue(other, true) })
 		ev := &events{}
 		mw, err := singleton.Middleware(e.locker(), singleton.PerQueue(), singleton.WithObserver(ev.observe))
 		require.NoError(t, err)
 		started := make(chan string, 2)
 		release := make(chan struct{})
 		cfg := e.config(4)
-		cfg.Queues = map[string]int{e.queue: 1, other: 1}
+		cfg.Queues = map[string]int{e.Queue: 1, other: 1}
 		e.start(cfg, mw(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 			q, _ := asynq.GetQueueName(ctx)
 			started <- q
 			<-release
 			return nil
 		})))
-		e.enqueue(asynq.NewTask("report", nil))
-		e.enqueue(asynq.NewTask("report", nil), asynq.Queue(other))
+		e.Enqueue(asynq.NewTask("report", nil))
+		e.Enqueue(asynq.NewTask("report", nil), asynq.Queue(other))
 		got := map[string]bool{recv(t, started, 10*time.Second): true, recv(t, started, 10*time.Second): true}
-		require.Equal(t, map[string]bool{e.queue: true, other: true}, got, "both ran at the same time")
+		require.Equal(t, map[string]bool{e.Queue: true, other: true}, got, "both ran at the same time")
 		close(release)
 		require.Eventually(t, func() bool { return ev.count(middleware.EventReleased, 0) == 2 }, 10*time.Second, 5*time.Millisecond)
 		ev.mu.Lock()
@@ -476,6 +476,6 @@ func TestPerQueueScopesTheKey(t *testing.T) {
 		for _, x := range ev.list {
 			keys[x.Job.Key] = true
 		}
-		require.Equal(t, map[string]bool{"asynq:report@" + e.queue: true, "asynq:report@" + other: true}, keys)
+		require.Equal(t, map[string]bool{"asynq:report@" + e.Queue: true, "asynq:report@" + other: true}, keys)
 	})
 }

@@ -1,0 +1,138 @@
+// Package asynqtest gives tests of asynq servers a share of a real Redis: a
+// client, a lock key prefix and a queue of their own, cleaned up when the test
+// ends, plus the asynq.Config of a test server running the singleton
+// middleware. It is for tests only, in the spirit of River's rivertest.
+//
+// asynq's global keys (asynq:queues, asynq:servers) are per database, so each
+// package's tests keep to their own database of the standalone Redis
+// (Standalone). A Redis Cluster has no databases: there a test relies on its
+// own queue name (asynq keeps a queue's keys under the hash tag {<queue>}) and
+// lock key prefix.
+package asynqtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/internal/testredis"
+	"github.com/jobguard/jobguard/singleton"
+)
+
+// Standalone returns a client of database db of the standalone Redis at
+// REDIS_ADDR (testredis.Addr), closed when the test ends.
+func Standalone(t *testing.T, db int) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: testredis.Addr(t), DB: db})
+	require.NoError(t, rdb.Ping(context.Background()).Err())
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// Env is one test's share of a real Redis: a client, a lock key prefix and a
+// queue name, with an asynq.Inspector and asynq.Client on that Redis. The
+// queue is deleted when the test ends.
+type Env struct {
+	t *testing.T
+
+	// RDB is the client of the test's Redis.
+	RDB redis.UniversalClient
+	// Prefix is a lock key prefix of the test's own (testredis.Prefix).
+	Prefix string
+	// Queue is a queue name of the test's own: "jg-", the test's name and a
+	// random suffix.
+	Queue string
+	// Inspector is an asynq.Inspector on RDB.
+	Inspector *asynq.Inspector
+	// Client is an asynq.Client on RDB.
+	Client *asynq.Client
+}
+
+// NewEnv returns an Env on rdb. Call it before starting any server: the
+// queue's deletion, registered with t.Cleanup here, then runs after every
+// server registered later has shut down.
+func NewEnv(t *testing.T, rdb redis.UniversalClient) *Env {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	e := &Env{
+		t:         t,
+		RDB:       rdb,
+		Prefix:    testredis.Prefix(t, rdb),
+		Queue:     "jg-" + strings.NewReplacer("/", "-", " ", "_").Replace(t.Name()) + "-" + hex.EncodeToString(b),
+		Inspector: asynq.NewInspectorFromRedisClient(rdb),
+		Client:    asynq.NewClientFromRedisClient(rdb),
+	}
+	t.Cleanup(func() { _ = e.Inspector.DeleteQueue(e.Queue, true) })
+	return e
+}
+
+// Enqueue enqueues task on the Env's queue (opts may add to that) and fails
+// the test on an error.
+func (e *Env) Enqueue(task *asynq.Task, opts ...asynq.Option) *asynq.TaskInfo {
+	e.t.Helper()
+	info, err := e.Client.Enqueue(task, append([]asynq.Option{asynq.Queue(e.Queue)}, opts...)...)
+	require.NoError(e.t, err)
+	return info
+}
+
+// QueueInfo returns the Env's queue's asynq.QueueInfo and fails the test on
+// an error.
+func (e *Env) QueueInfo() *asynq.QueueInfo {
+	e.t.Helper()
+	qi, err := e.Inspector.GetQueueInfo(e.Queue)
+	require.NoError(e.t, err)
+	return qi
+}
+
+// Drained waits up to timeout until the queue holds no pending, active,
+// scheduled, retry or archived task, and fails the test if it never does.
+func (e *Env) Drained(timeout time.Duration) {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool {
+		qi, err := e.Inspector.GetQueueInfo(e.Queue)
+		return err == nil && qi.Pending+qi.Active+qi.Scheduled+qi.Retry+qi.Archived == 0
+	}, timeout, 10*time.Millisecond)
+}
+
+// Config returns the asynq.Config of a test server with concurrency workers on
+// queue: the singleton pieces (singleton.IsFailure and singleton.RetryDelay
+// with asynq's default delay for other errors), fast polling and forwarding so
+// that requeues come back within ~100ms, and a QuietLogger. ShutdownTimeout is
+// asynq's default; callers set it, or another RetryDelayFunc, as they need.
+func Config(queue string, concurrency int) asynq.Config {
+	return asynq.Config{
+		Concurrency:              concurrency,
+		Queues:                   map[string]int{queue: 1},
+		TaskCheckInterval:        20 * time.Millisecond,
+		DelayedTaskCheckInterval: 100 * time.Millisecond,
+		IsFailure:                singleton.IsFailure(nil),
+		RetryDelayFunc:           singleton.RetryDelay(nil),
+		Logger:                   QuietLogger{},
+	}
+}
+
+// QuietLogger is an asynq.Logger that drops every log.
+type QuietLogger struct{}
+
+// Debug drops the log.
+func (QuietLogger) Debug(...any) {}
+
+// Info drops the log.
+func (QuietLogger) Info(...any) {}
+
+// Warn drops the log.
+func (QuietLogger) Warn(...any) {}
+
+// Error drops the log.
+func (QuietLogger) Error(...any) {}
+
+// Fatal drops the log.
+func (QuietLogger) Fatal(...any) {}
