@@ -104,11 +104,16 @@ func (e *engine) tryAcquire(ctx context.Context, key string, opt *Options) (*Lea
 	if res.ok {
 		return e.hold(&r, res.token, sent, 0), nil
 	}
+	return nil, e.notAcquired(key, r.epoch, res)
+}
+
+// notAcquired reports a failed attempt and returns its error.
+func (e *engine) notAcquired(key string, epoch int64, res acquireResult) error {
 	if res.conflict == nil {
-		return nil, epochErr(key, r.epoch, res.lastEpoch)
+		return epochErr(key, epoch, res.lastEpoch)
 	}
 	e.emit(Event{Kind: EventContended, Key: key, Owner: res.conflict.Owner, Token: res.conflict.Token, Err: res.conflict})
-	return nil, res.conflict
+	return res.conflict
 }
 
 func epochErr(key string, epoch, last int64) error {

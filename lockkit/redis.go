@@ -169,10 +169,15 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 	case -1:
 		return acquireResult{lastEpoch: toInt(vals[1])}, nil
 	}
+	return conflictOf(r.key, vals)
+}
+
+// conflictOf reads the acquire script's reply for a held key.
+func conflictOf(key string, vals []any) (acquireResult, error) {
 	if len(vals) < 5 {
 		return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
 	}
-	c := &ConflictError{Key: r.key, TTL: time.Duration(toInt(vals[2])) * time.Millisecond, Holders: int(toInt(vals[3])), Ahead: int(toInt(vals[4]))}
+	c := &ConflictError{Key: key, TTL: time.Duration(toInt(vals[2])) * time.Millisecond, Holders: int(toInt(vals[3])), Ahead: int(toInt(vals[4]))}
 	if m, _ := vals[1].(string); m != "" {
 		c.Token, c.Owner = parseMember(m)
 	}

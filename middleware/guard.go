@@ -266,80 +266,111 @@ func (g *Guard) Emit(ctx context.Context, e Event) {
 // (an EventLost reports it); a *DuplicateError when the work did not run; or
 // a lockkit error when the lease could not be taken (Redis unreachable).
 func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error) (err error) {
+	// The path to fn is kept to small frames: events and errors are built in
+	// separate functions, so a task's goroutine rarely has to grow its stack.
 	if job.Key == "" {
-		err := fmt.Errorf("middleware: %s: empty key", job.label())
-		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
-		return err
+		return g.emptyKey(ctx, job)
 	}
 	lease, waited, err := g.acquire(ctx, job)
 	if err != nil {
 		return err
 	}
-	g.Emit(ctx, Event{Kind: EventAcquired, Job: job, Token: lease.Token(), Wait: waited})
-
+	g.emitLease(ctx, EventAcquired, job, lease, waited, 0, nil)
 	wctx, cancel := lease.Context(ctx)
-	stopLost := context.AfterFunc(wctx, func() {
-		if cause := context.Cause(wctx); errors.Is(cause, lockkit.ErrLost) {
-			g.Emit(ctx, Event{Kind: EventLost, Job: job, Token: lease.Token(), Err: cause})
-		}
-	})
+	stopLost := context.AfterFunc(wctx, func() { g.reportLost(ctx, wctx, job, lease) })
 	start := time.Now()
 	defer func() {
 		p := recover()
 		stopLost()
-		lost := lease.Err()
 		cancel()
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		rerr := lease.Release(rctx)
-		rcancel()
-		if p != nil {
-			perr := fmt.Errorf("middleware: %s panicked: %v", job.label(), p)
-			g.Emit(ctx, Event{Kind: EventError, Job: job, Token: lease.Token(), Err: perr, Duration: time.Since(start)})
-			panic(p)
-		}
-		if err != nil && lost != nil && !errors.Is(err, lockkit.ErrLost) {
-			err = fmt.Errorf("%w (%w)", err, lost)
-		}
-		if rerr != nil && lost == nil {
-			g.Emit(ctx, Event{Kind: EventError, Job: job, Token: lease.Token(), Err: rerr})
-		}
-		g.Emit(ctx, Event{Kind: EventReleased, Job: job, Token: lease.Token(), Duration: time.Since(start), Err: err})
+		err = g.finish(ctx, job, lease, start, p, err)
 	}()
 	return fn(wctx)
 }
 
+func (g *Guard) emptyKey(ctx context.Context, job Job) error {
+	err := fmt.Errorf("middleware: %s: empty key", job.label())
+	g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+	return err
+}
+
+func (g *Guard) emitLease(ctx context.Context, kind EventKind, job Job, lease *lockkit.Lease, wait, took time.Duration, err error) {
+	g.Emit(ctx, Event{Kind: kind, Job: job, Token: lease.Token(), Wait: wait, Duration: took, Err: err})
+}
+
+func (g *Guard) reportLost(ctx, wctx context.Context, job Job, lease *lockkit.Lease) {
+	if cause := context.Cause(wctx); errors.Is(cause, lockkit.ErrLost) {
+		g.emitLease(ctx, EventLost, job, lease, 0, 0, cause)
+	}
+}
+
+// finish releases the lease after the work returned err or panicked with p
+// (re-raised here), reports it, and returns the work's error, annotated with
+// the loss cause if the lease was lost.
+func (g *Guard) finish(ctx context.Context, job Job, lease *lockkit.Lease, start time.Time, p any, err error) error {
+	lost := lease.Err()
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	rerr := lease.Release(rctx)
+	rcancel()
+	if p != nil {
+		perr := fmt.Errorf("middleware: %s panicked: %v", job.label(), p)
+		g.emitLease(ctx, EventError, job, lease, 0, time.Since(start), perr)
+		panic(p)
+	}
+	if err != nil && lost != nil && !errors.Is(err, lockkit.ErrLost) {
+		err = fmt.Errorf("%w (%w)", err, lost)
+	}
+	if rerr != nil && lost == nil {
+		g.emitLease(ctx, EventError, job, lease, 0, 0, rerr)
+	}
+	g.emitLease(ctx, EventReleased, job, lease, 0, time.Since(start), err)
+	return err
+}
+
 func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Duration, error) {
 	opt := &lockkit.Options{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.Fair}
-	var (
-		lease  *lockkit.Lease
-		err    error
-		waited time.Duration
-	)
 	if g.policy.Wait > 0 {
-		lease, err = g.locker.TryAcquire(ctx, job.Key, opt)
-		if errors.Is(err, lockkit.ErrNotAcquired) {
-			start := time.Now()
-			wctx, cancel := context.WithTimeout(ctx, g.policy.Wait)
-			lease, err = g.locker.Acquire(wctx, job.Key, opt)
-			cancel()
-			waited = time.Since(start)
-			if err == nil {
-				g.Emit(ctx, Event{Kind: EventWaited, Job: job, Wait: waited})
-			} else if ctx.Err() != nil {
-				// The caller gave up, not the policy: report that, not a duplicate.
-				return nil, waited, fmt.Errorf("middleware: %s: waiting for %q: %w", job.label(), job.Key, err)
-			}
-		}
-	} else {
-		lease, err = g.locker.TryAcquire(ctx, job.Key, opt)
+		return g.acquireWaiting(ctx, job, opt)
 	}
+	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)
+	if err == nil {
+		return lease, 0, nil
+	}
+	return nil, 0, g.notAcquired(ctx, job, err, 0)
+}
+
+// acquireWaiting tries once, then waits up to the policy's bound.
+func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockkit.Options) (*lockkit.Lease, time.Duration, error) {
+	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)
+	if err == nil {
+		return lease, 0, nil
+	}
+	if !errors.Is(err, lockkit.ErrNotAcquired) {
+		return nil, 0, g.notAcquired(ctx, job, err, 0)
+	}
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, g.policy.Wait)
+	lease, err = g.locker.Acquire(wctx, job.Key, opt)
+	cancel()
+	waited := time.Since(start)
 	switch {
 	case err == nil:
+		g.Emit(ctx, Event{Kind: EventWaited, Job: job, Wait: waited})
 		return lease, waited, nil
+	case ctx.Err() != nil:
+		// The caller gave up, not the policy: report that, not a duplicate.
+		return nil, waited, fmt.Errorf("middleware: %s: waiting for %q: %w", job.label(), job.Key, err)
+	}
+	return nil, waited, g.notAcquired(ctx, job, err, waited)
+}
+
+// notAcquired turns a failed acquire into a *DuplicateError (the key is held
+// or the epoch claimed) or a wrapped lockkit error, and reports it.
+func (g *Guard) notAcquired(ctx context.Context, job Job, err error, waited time.Duration) error {
+	switch {
 	case errors.Is(err, lockkit.ErrEpochUsed):
-		dup := &DuplicateError{Job: job, Reason: ReasonClaimed, Action: ActionSkip, Waited: waited, Cause: err}
 		g.Emit(ctx, Event{Kind: EventClaimed, Job: job, Action: ActionSkip, Wait: waited, Err: err})
-		return nil, waited, dup
+		return &DuplicateError{Job: job, Reason: ReasonClaimed, Action: ActionSkip, Waited: waited, Cause: err}
 	case errors.Is(err, lockkit.ErrNotAcquired):
 		dup := &DuplicateError{Job: job, Reason: ReasonHeld, Action: g.policy.OnConflict, Waited: waited, Cause: err}
 		var ce *lockkit.ConflictError
@@ -355,10 +386,10 @@ func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Dura
 			ev.Holder = ce.Owner
 		}
 		g.Emit(ctx, ev)
-		return nil, waited, dup
+		return dup
 	default:
 		err = fmt.Errorf("middleware: %s: acquire %q: %w", job.label(), job.Key, err)
 		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
-		return nil, waited, err
+		return err
 	}
 }
