@@ -15,11 +15,15 @@ bench:
 	@tools/with-redis.sh sh -c 'cd bench && $(GO) run . -out ../BENCHMARKS.md'
 	@tools/with-redis.sh $(GO) test -run '^$$' -bench . -benchtime 2000x ./lockkit/
 
-## lint: gofmt and go vet.
+STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+## lint: gofmt, go vet and staticcheck.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags faults ./faults/
+	$(STATICCHECK) ./...
+	$(STATICCHECK) -tags faults ./faults/
 
 ## run-demo: the lockkit demo (embedded Redis unless REDIS_ADDR is set).
 run-demo:

@@ -10,14 +10,6 @@ func perTask(n int64, tasks int) string { return fmt.Sprintf("%.2f", float64(n)/
 
 func rateStr(x float64) string { return fmt.Sprintf("%.0f", x) }
 
-func joinRates(xs []float64) string {
-	s := make([]string, len(xs))
-	for i, x := range xs {
-		s[i] = rateStr(x)
-	}
-	return strings.Join(s, ", ")
-}
-
 func joinRatios(xs []float64) string {
 	s := make([]string, len(xs))
 	for i, x := range xs {

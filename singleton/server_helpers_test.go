@@ -53,12 +53,6 @@ type env struct {
 	t *testing.T
 }
 
-// newEnv returns an env on the standalone Redis.
-func newEnv(t *testing.T) *env {
-	t.Helper()
-	return newEnvOn(t, standalone)
-}
-
 // newEnvOn returns an env on the Redis that c connects to.
 func newEnvOn(t *testing.T, c connect) *env {
 	t.Helper()
