@@ -24,6 +24,7 @@ lint:
 	$(GO) vet -tags faults ./faults/
 	$(STATICCHECK) ./...
 	$(STATICCHECK) -tags faults ./faults/
+	cd bench && $(GO) vet ./... && $(STATICCHECK) ./...
 
 ## run-demo: the lockkit demo (embedded Redis unless REDIS_ADDR is set).
 run-demo:
