@@ -21,18 +21,18 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
-	$(GO) vet -tags faults ./faults/
 	$(STATICCHECK) ./...
-	$(STATICCHECK) -tags faults ./faults/
+	cd faults && $(GO) vet -tags faults ./... && $(STATICCHECK) -tags faults ./...
 	cd bench && $(GO) vet ./... && $(STATICCHECK) ./...
 
 ## run-demo: the lockkit demo (embedded Redis unless REDIS_ADDR is set).
 run-demo:
 	$(GO) run ./examples/lockdemo
 
-## test-faults: the fault suite (Redis restart, partitions, killed processes).
+## test-faults: the fault suite (faults/, a separate module: Redis restart,
+## partitions, killed processes, lost and repeated replies).
 test-faults:
-	@tools/with-redis.sh $(GO) test -race -count=1 -timeout 10m -tags faults ./faults/
+	@tools/with-redis.sh sh -c 'cd faults && $(GO) test -race -count=1 -timeout 10m -tags faults ./...'
 
 ## run-worker: the asynq demo (embedded Redis unless REDIS_ADDR is set).
 run-worker:

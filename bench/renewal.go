@@ -75,7 +75,7 @@ func (b *bench) renewal(ctx context.Context) (renewalResult, error) {
 	if err != nil {
 		return res, err
 	}
-	if _, err := warm.TryAcquire(ctx, "warm", &lockkit.Options{TTL: 300 * time.Millisecond}); err != nil {
+	if _, err := warm.TryAcquire(ctx, "warm", &lockkit.AcquireOptions{TTL: 300 * time.Millisecond}); err != nil {
 		return res, err
 	}
 	select {
@@ -132,7 +132,7 @@ func (b *bench) renewal(ctx context.Context) (renewalResult, error) {
 		return res, err
 	}
 
-	opt := &lockkit.Options{TTL: b.leaseTTL}
+	opt := &lockkit.AcquireOptions{TTL: b.leaseTTL}
 	const workers = 16
 	errs := make([]error, workers)
 	var wg sync.WaitGroup

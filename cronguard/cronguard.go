@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/robfig/cron/v3"
 
+	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -23,8 +25,9 @@ const keyPrefix = "cron:"
 // Errors of cronguard. Compare with errors.Is.
 var (
 	// ErrInvalid is wrapped by every validation error of New, Wrap and Add;
-	// the message names the option or argument and the bad value.
-	ErrInvalid = errors.New("cronguard: invalid argument")
+	// it also matches lockkit.ErrInvalid. The message names the option or
+	// argument and the bad value.
+	ErrInvalid = invalid.New("cronguard: invalid argument")
 	// ErrNoTick is wrapped by the error reported (middleware.EventError and the
 	// logger) when a run cannot be matched to an activation of its schedule; the
 	// job is not run.
@@ -87,6 +90,7 @@ type config struct {
 	ttl       time.Duration
 	observers []middleware.Observer
 	logger    cron.Logger
+	loggerSet bool
 	clock     func() time.Time
 	loc       *time.Location
 	parser    cron.ScheduleParser
@@ -107,24 +111,28 @@ func WithTolerance(d time.Duration) Option {
 // somewhere. Defaults to SkipIfStillRunning().
 func WithOverlap(o Overlap) Option { return func(c *config) { c.overlap = o } }
 
-// WithTTL sets the lease TTL: the lease is renewed every TTL/3 while the job
-// runs, and the entry of a replica that dies mid-run is free again at most
-// this long after its last renewal. Must be at least lockkit.MinTTL. Defaults
-// to middleware.DefaultTTL (30s).
+// WithTTL overrides, for this Guard's leases, the TTL the Locker gives them
+// (lockkit.WithTTL; lockkit.DefaultTTL, 30s, unless set): the lease is
+// renewed every TTL/3 while the job runs, and the entry of a replica that dies
+// mid-run is free again at most this long after its last renewal. Zero means
+// the Locker's; otherwise it must be between lockkit.MinTTL and
+// lockkit.MaxTTL. Defaults to zero.
 func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl = ttl } }
 
 // WithObserver adds an observer of every run's events, the same
 // middleware.Observer the other jobguard adapters take. Tick(ctx) gives the
-// tick inside the observer. It may be given more than once. Defaults to none.
+// tick inside the observer. It may be given more than once. Must not be nil.
+// Defaults to none.
 func WithObserver(o middleware.Observer) Option {
 	return func(c *config) { c.observers = append(c.observers, o) }
 }
 
-// WithLogger sets the logger: job errors, panics, lost leases and Redis
+// WithLogger makes the Guard log to a cron.Logger instead of the Locker's
+// slog logger (lockkit.WithLogger): job errors, panics, lost leases and Redis
 // errors at Error; runs and skips at Info. Must not be nil (use
-// cron.DiscardLogger for silence). Defaults to cron.DefaultLogger, as for a
-// cron.Cron (errors only, to stdout).
-func WithLogger(l cron.Logger) Option { return func(c *config) { c.logger = l } }
+// cron.DiscardLogger for silence). Defaults to the Locker's logger, like
+// every jobguard adapter.
+func WithLogger(l cron.Logger) Option { return func(c *config) { c.logger, c.loggerSet = l, true } }
 
 // WithClock sets the clock from which runs are matched to ticks: a run
 // counts for the latest activation at or before the clock's reading. It must
@@ -164,8 +172,6 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("%w: New: locker is nil", ErrInvalid)
 	}
 	cfg := config{
-		ttl:    middleware.DefaultTTL,
-		logger: cron.DefaultLogger,
 		clock:  time.Now,
 		loc:    time.Local,
 		parser: cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor),
@@ -197,9 +203,7 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	switch {
 	case cfg.tolSet && cfg.tol < 0:
 		return nil, fmt.Errorf("%w: WithTolerance(%s): must not be negative", ErrInvalid, cfg.tol)
-	case cfg.ttl < lockkit.MinTTL:
-		return nil, fmt.Errorf("%w: WithTTL(%s): must be at least %s", ErrInvalid, cfg.ttl, lockkit.MinTTL)
-	case cfg.logger == nil:
+	case cfg.loggerSet && cfg.logger == nil:
 		return nil, fmt.Errorf("%w: WithLogger(nil): use cron.DiscardLogger for no logging", ErrInvalid)
 	case cfg.clock == nil:
 		return nil, fmt.Errorf("%w: WithClock(nil)", ErrInvalid)
@@ -215,7 +219,9 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		}
 		mopts = append(mopts, middleware.WithObserver(o))
 	}
-	mopts = append(mopts, middleware.WithObserver(logObserver(cfg.logger)))
+	if cfg.loggerSet {
+		mopts = append(mopts, middleware.WithLogger(slog.New(slog.DiscardHandler)), middleware.WithObserver(logObserver(cfg.logger)))
+	}
 	mw, err := middleware.New(locker, mopts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -302,6 +308,7 @@ type entry struct {
 	loc   *time.Location
 	tol   time.Duration
 	gap   time.Duration // shortest interval between activations
+
 }
 
 func (e *entry) wrap(job cron.Job) cron.Job {
@@ -332,7 +339,7 @@ func (e *entry) run(job cron.Job) {
 	mj.Epoch = tick.UnixMilli()
 	// The claim outlives every run that can name this tick: replicas up to
 	// the tolerance apart, firing up to an interval late.
-	mj.EpochTTL = 2*interval + 2*e.tol
+	mj.EpochTTL = min(2*interval+2*e.tol, lockkit.MaxTTL)
 	ctx = context.WithValue(ctx, tickKey{}, tick)
 	// Every outcome is reported through the observers (events) and the logger.
 	_ = e.g.mw.Run(ctx, mj, func(ctx context.Context) error {

@@ -3,8 +3,11 @@ package cronguard_test
 import (
 	"context"
 	"errors"
+	"log"
+	"log/slog"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -346,7 +349,7 @@ func TestValidation(t *testing.T) {
 		{"valid descriptor", mem, nil, "e", "@hourly", ""},
 		{"nil locker", nil, nil, "e", "@hourly", "New: locker is nil"},
 		{"negative tolerance", mem, []cronguard.Option{cronguard.WithTolerance(-time.Second)}, "e", "@hourly", "WithTolerance(-1s): must not be negative"},
-		{"short TTL", mem, []cronguard.Option{cronguard.WithTTL(time.Millisecond)}, "e", "@hourly", "WithTTL(1ms): must be at least 100ms"},
+		{"short TTL", mem, []cronguard.Option{cronguard.WithTTL(time.Millisecond)}, "e", "@hourly", "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
 		{"delay without a bound", mem, []cronguard.Option{cronguard.WithOverlap(cronguard.DelayIfStillRunning(0))}, "e", "@hourly", "WithOverlap(DelayIfStillRunning(0s)): the wait must be positive"},
 		{"allow zero", mem, []cronguard.Option{cronguard.WithOverlap(cronguard.AllowOverlap(0))}, "e", "@hourly", "WithOverlap(AllowOverlap(0)): must allow at least 1 run"},
 		{"nil clock", mem, []cronguard.Option{cronguard.WithClock(nil)}, "e", "@hourly", "WithClock(nil)"},
@@ -375,6 +378,7 @@ func TestValidation(t *testing.T) {
 				return
 			}
 			require.ErrorIs(t, err, cronguard.ErrInvalid)
+			require.ErrorIs(t, err, lockkit.ErrInvalid)
 			require.ErrorContains(t, err, tc.wantErrMsg)
 			require.Nil(t, w)
 		})
@@ -466,7 +470,7 @@ func TestObserversAndJobSeeTheTickAndTheLease(t *testing.T) {
 	require.False(t, ok)
 }
 
-func TestDefaultTTLIsMiddlewares(t *testing.T) {
+func TestDefaultTTLIsTheLockers(t *testing.T) {
 	f := newFleet(t)
 	r := f.replica(0, "e", "* * * * * *", newRecorder())
 	long := newBlocking()
@@ -475,7 +479,40 @@ func TestDefaultTTLIsMiddlewares(t *testing.T) {
 	info, err := f.base.Inspect(context.Background(), "cron:e")
 	require.NoError(t, err)
 	require.Len(t, info.Holders, 1)
-	require.InDelta(t, middleware.DefaultTTL.Seconds(), info.Holders[0].TTL.Seconds(), 1)
+	require.InDelta(t, lockkit.DefaultTTL.Seconds(), info.Holders[0].TTL.Seconds(), 1)
 	close(long.release)
 	<-done
+}
+
+// The TTL and the slog logger given once at the Locker are what a Guard
+// uses, unless WithTTL or WithLogger (a cron.Logger) override them.
+func TestSettingsComeFromTheLocker(t *testing.T) {
+	ctx := context.Background()
+	var lockerLog strings.Builder
+	l, err := lockkit.NewMemory(lockkit.WithTTL(2*time.Second),
+		lockkit.WithLogger(slog.New(slog.NewTextHandler(&lockerLog, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	run := func(name string, opts ...cronguard.Option) time.Duration {
+		w, err := cronguard.Wrap(l, name, "* * * * *", append([]cronguard.Option{
+			cronguard.WithClock(func() time.Time { return at }), cronguard.WithLocation(time.UTC)}, opts...)...)
+		require.NoError(t, err)
+		var ttl time.Duration
+		w(cronguard.Func(func(ctx context.Context) error {
+			info, err := l.Inspect(ctx, "cron:"+name)
+			require.NoError(t, err)
+			ttl = info.Holders[0].TTL
+			return errors.New("smtp down")
+		})).Run()
+		return ttl
+	}
+	require.InDelta(t, 2, run("a").Seconds(), 0.1, "the Locker's TTL")
+	require.Contains(t, lockerLog.String(), `level=WARN msg="jobguard: released" key=cron:a job=a`)
+	lockerLog.Reset()
+	var cronLog strings.Builder
+	ttl := run("b", cronguard.WithTTL(5*time.Second), cronguard.WithLogger(cron.PrintfLogger(log.New(&cronLog, "", 0))))
+	require.InDelta(t, 5, ttl.Seconds(), 0.1, "the Guard's own TTL")
+	require.Empty(t, lockerLog.String())
+	require.Contains(t, cronLog.String(), "job failed")
 }

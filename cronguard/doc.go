@@ -39,6 +39,17 @@
 // overlaps. Entries need schedules anchored to fixed times: @every, which
 // counts from each replica's start, is rejected.
 //
+// # Daylight saving time
+//
+// On the day the schedule's time zone changes its UTC offset, robfig/cron may
+// fire a spec twice (New_York "30 1 * * *" at 01:30 EDT and at 01:30 EST),
+// at a shifted time (Chatham "45 2 * * *" at 03:45) or not at all. Runs name
+// the activations cron fires, the same on every replica, whichever day the
+// entry was added; a replica whose Cron started just after a change may fire
+// a time the others skip, and that run names the activation before it. The
+// shortest interval a tolerance must be shorter than leaves out intervals
+// across a change.
+//
 // # Overlap across the fleet
 //
 // WithOverlap says what a tick does while an earlier tick of the entry still

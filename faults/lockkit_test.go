@@ -30,7 +30,7 @@ type work struct {
 	cause     error
 }
 
-func startWork(t *testing.T, l lockkit.Locker, key string, opt *lockkit.Options) *work {
+func startWork(t *testing.T, l lockkit.Locker, key string, opt *lockkit.AcquireOptions) *work {
 	t.Helper()
 	lease, err := l.TryAcquire(context.Background(), key, opt)
 	require.NoError(t, err)
@@ -59,7 +59,7 @@ func TestRedisRestartWhileLeasesHeld(t *testing.T) {
 	ttl := time.Second
 	works := make([]*work, n)
 	for i := range works {
-		works[i] = startWork(t, locker, fmt.Sprint("job-", i), &lockkit.Options{TTL: ttl})
+		works[i] = startWork(t, locker, fmt.Sprint("job-", i), &lockkit.AcquireOptions{TTL: ttl})
 	}
 	restartedAt := time.Now()
 	srv.Kill()
@@ -123,7 +123,7 @@ func TestPartitionCancelsWorkBeforeTakeover(t *testing.T) {
 
 	// Latency well under the renewal interval: renewals keep succeeding.
 	px.latency(50 * time.Millisecond)
-	wl := startWork(t, obs, "latency", &lockkit.Options{TTL: ttl})
+	wl := startWork(t, obs, "latency", &lockkit.AcquireOptions{TTL: ttl})
 	for range 4 {
 		select {
 		case <-renewed:
@@ -135,7 +135,7 @@ func TestPartitionCancelsWorkBeforeTakeover(t *testing.T) {
 	}
 	px.clear()
 
-	w := startWork(t, a, "k", &lockkit.Options{TTL: ttl})
+	w := startWork(t, a, "k", &lockkit.AcquireOptions{TTL: ttl})
 	partitioned := time.Now()
 	px.blackhole()
 
@@ -223,7 +223,7 @@ func holderChild() {
 		fmt.Println("error", err)
 		os.Exit(1)
 	}
-	lease, err := l.TryAcquire(context.Background(), "k", &lockkit.Options{TTL: ttl})
+	lease, err := l.TryAcquire(context.Background(), "k", &lockkit.AcquireOptions{TTL: ttl})
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)

@@ -30,8 +30,8 @@
 //   - Every acquire returns a fencing token (Lease.Token) greater than any
 //     earlier token of the key; resources that must never see a stale holder
 //     check it.
-//   - Options.Limit allows N holders of a key at once; Options.Fair serves
-//     waiters in arrival order; Options.Epoch claims a unit of work once.
+//   - AcquireOptions.Limit allows N holders of a key at once; AcquireOptions.Fair serves
+//     waiters in arrival order; AcquireOptions.Epoch claims a unit of work once.
 //   - Inspect and RedisLocker.Keys show holders and waiters.
 //   - Close stops the renewer and releases every lease the Locker holds.
 package lockkit

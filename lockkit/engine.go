@@ -12,11 +12,20 @@ import (
 // backend is the storage a Locker runs on: Redis or process memory. Every
 // method is one atomic step; the engine adds waiting, renewal and events.
 type backend interface {
+	// ready reports whether the store can serve this Locker (RedisLocker:
+	// the server's version); it is called before the first acquire.
+	ready(ctx context.Context) error
 	acquire(ctx context.Context, r *request) (acquireResult, error)
-	// release removes each lease; held[i] reports whether lease i was still held.
-	release(ctx context.Context, leases []*Lease) (held []bool, err error)
-	// extend renews each lease for its TTL; errs[i] is nil, errNotHeld or a failure.
-	extend(ctx context.Context, leases []*Lease) (errs []error)
+	// release removes each lease; held[i] reports whether lease i was still
+	// held. A lease with no member is found by its acquire id. done > 0
+	// records each lease's label as completed for that long.
+	release(ctx context.Context, leases []*Lease, done time.Duration) (held []bool, err error)
+	// extend sets each lease's expiry to now + ttls[i]; a renewal (renew
+	// true) never shortens one. errs[i] is nil, errNotHeld or a failure.
+	extend(ctx context.Context, leases []*Lease, ttls []time.Duration, renew bool) (errs []error)
+	// groups splits leases by the server that stores them, so that one slow
+	// server does not hold up the renewal of the others.
+	groups(leases []*Lease) [][]*Lease
 	// leave removes a waiter that gave up.
 	leave(ctx context.Context, key, waiter string) error
 	inspect(ctx context.Context, key string) (*Info, error)
@@ -31,6 +40,8 @@ type acquireResult struct {
 	token     int64
 	conflict  *ConflictError
 	lastEpoch int64 // set (with ok false and conflict nil) when the epoch was used
+	completed bool  // the label was completed (Lease.Complete)
+	abandoned bool  // the acquire call was cleaned up already (a late run)
 }
 
 var errNotHeld = errors.New("not held")
@@ -43,7 +54,15 @@ type engine struct {
 
 	mu     sync.Mutex
 	leases map[*Lease]struct{}
-	closed bool
+	// orphans are holders that an acquire or release call may have left in
+	// the store when it failed: the renewer removes them by acquire id.
+	orphans []*orphan
+	closed  bool
+	// calls counts acquire calls in progress; Close waits for them, so that
+	// no lease is handed out after Close started.
+	calls sync.WaitGroup
+	// readyErr is the backend's ready result once it was conclusive.
+	readyDone bool
 
 	// nextWake is when the renewer plans to look at the leases next; a new
 	// lease only wakes it earlier when it needs attention before then.
@@ -53,6 +72,15 @@ type engine struct {
 	wg       sync.WaitGroup
 	started  bool
 	stopOnce sync.Once
+}
+
+// orphan is a holder that may exist without a Lease: its acquire id and how
+// long to keep trying to remove it.
+type orphan struct {
+	l        *Lease // key, aid and ttl; no member
+	until    time.Time
+	next     time.Time
+	inflight bool
 }
 
 func newEngine(cfg config, b backend) *engine {
@@ -82,90 +110,126 @@ func (e *engine) emit(ev Event) {
 	}
 }
 
+// begin registers an acquire call; it fails once Close has started. The
+// first call also checks that the backend can serve the Locker.
+func (e *engine) begin(ctx context.Context) error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return ErrClosed
+	}
+	e.calls.Add(1)
+	ready := e.readyDone
+	e.mu.Unlock()
+	if !ready {
+		if err := e.b.ready(ctx); err != nil {
+			e.calls.Done()
+			return err
+		}
+		e.mu.Lock()
+		e.readyDone = true
+		e.mu.Unlock()
+	}
+	return nil
+}
+
 func (e *engine) isClosed() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.closed
 }
 
-func (e *engine) tryAcquire(ctx context.Context, key string, opt *Options) (*Lease, error) {
+func (e *engine) tryAcquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error) {
 	r, err := e.cfg.request(key, opt)
 	if err != nil {
 		return nil, err
 	}
-	if e.isClosed() {
-		return nil, ErrClosed
+	if err := e.begin(ctx); err != nil {
+		return nil, err
 	}
+	defer e.calls.Done()
 	sent := time.Now()
 	res, err := e.b.acquire(ctx, &r)
 	if err != nil {
+		e.orphan(r.key, r.aid, sent.Add(r.ttl))
 		return nil, fmt.Errorf("lockkit: acquire %q: %w", key, err)
 	}
 	if res.ok {
-		return e.hold(&r, res.token, sent, 0), nil
+		return e.hold(ctx, &r, res.token, sent, 0)
 	}
-	return nil, e.notAcquired(key, r.epoch, res)
+	return nil, e.notAcquired(&r, res)
 }
 
 // notAcquired reports a failed attempt and returns its error.
-func (e *engine) notAcquired(key string, epoch int64, res acquireResult) error {
-	if res.conflict == nil {
-		return epochErr(key, epoch, res.lastEpoch)
+func (e *engine) notAcquired(r *request, res acquireResult) error {
+	switch {
+	case res.completed:
+		return fmt.Errorf("%w: %q label %q", ErrCompleted, r.key, r.label)
+	case res.abandoned:
+		return fmt.Errorf("lockkit: acquire %q: the call was abandoned", r.key)
+	case res.conflict == nil:
+		return fmt.Errorf("%w: %q epoch %d is not after %d", ErrEpochUsed, r.key, r.epoch, res.lastEpoch)
 	}
-	e.emit(Event{Kind: EventContended, Key: key, Owner: res.conflict.Owner, Token: res.conflict.Token, Err: res.conflict})
+	e.emit(Event{Kind: EventContended, Key: r.key, Owner: res.conflict.Owner, Token: res.conflict.Token, Err: res.conflict})
 	return res.conflict
 }
 
-func epochErr(key string, epoch, last int64) error {
-	return fmt.Errorf("%w: %q epoch %d is not after %d", ErrEpochUsed, key, epoch, last)
-}
-
-func (e *engine) acquireWait(ctx context.Context, key string, opt *Options) (*Lease, error) {
+func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error) {
 	r, err := e.cfg.request(key, opt)
 	if err != nil {
 		return nil, err
 	}
+	if err := e.begin(ctx); err != nil {
+		return nil, err
+	}
+	defer e.calls.Done()
 	r.waiter = randomID(8)
 	start := time.Now()
 	var (
 		wake     <-chan struct{}
 		timer    *time.Timer
 		conflict *ConflictError
+		tried    bool
 	)
 	defer func() {
 		if timer != nil {
 			timer.Stop()
 		}
 	}()
-	giveUp := func(cause error) error {
-		if conflict != nil {
+	// giveUp ends the wait. Only a wait that ended between attempts, with the
+	// key held by someone else, is reported as not acquired (ErrNotAcquired);
+	// a failed attempt is an error whatever the earlier ones found.
+	giveUp := func(cause error, held bool) error {
+		if tried {
 			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 			_ = e.b.leave(lctx, key, r.waiter)
 			cancel()
+		}
+		if held && conflict != nil {
 			return fmt.Errorf("lockkit: acquire %q: %w: %w", key, cause, conflict)
 		}
 		return fmt.Errorf("lockkit: acquire %q: %w", key, cause)
 	}
 	for {
 		if e.isClosed() {
-			return nil, giveUp(ErrClosed)
+			return nil, giveUp(ErrClosed, true)
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, giveUp(err)
+			return nil, giveUp(err, true)
 		}
 		sent := time.Now()
+		tried = true
 		res, err := e.b.acquire(ctx, &r)
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil, giveUp(ctx.Err())
-			}
-			return nil, giveUp(err)
+			// The script may have run: make sure what it took is given back.
+			e.orphan(r.key, r.aid, sent.Add(r.ttl))
+			return nil, giveUp(err, false)
 		}
 		if res.ok {
-			return e.hold(&r, res.token, sent, time.Since(start)), nil
+			return e.hold(ctx, &r, res.token, sent, time.Since(start))
 		}
 		if res.conflict == nil {
-			return nil, epochErr(key, r.epoch, res.lastEpoch)
+			return nil, e.notAcquired(&r, res)
 		}
 		if wake == nil {
 			// Subscribe before the next attempt so a release between the two is seen.
@@ -188,9 +252,9 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *Options) (*Le
 		}
 		select {
 		case <-ctx.Done():
-			return nil, giveUp(ctx.Err())
+			return nil, giveUp(ctx.Err(), true)
 		case <-e.stop:
-			return nil, giveUp(ErrClosed)
+			return nil, giveUp(ErrClosed, true)
 		case <-wake:
 		case <-timer.C:
 		}
@@ -199,29 +263,38 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *Options) (*Le
 
 // hold registers a freshly acquired lease with the renewer. sent is when the
 // acquire was sent: the lease's TTL is counted from then, never later than
-// Redis counts it.
-func (e *engine) hold(r *request, token int64, sent time.Time, waited time.Duration) *Lease {
+// Redis counts it. After Close has started the lease is released at once and
+// ErrClosed returned: it would never be renewed.
+func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Time, waited time.Duration) (*Lease, error) {
 	l := &Lease{
 		e:        e,
 		key:      r.key,
 		owner:    r.owner,
+		label:    r.label,
+		aid:      r.aid,
 		token:    token,
 		epoch:    r.epoch > 0,
 		ttl:      r.ttl,
 		interval: r.interval,
 		lost:     make(chan struct{}),
 	}
-	l.member = memberOf(token, r.owner)
+	l.member = memberOf(token, r.aid, r.owner, r.label)
 	l.validUntil = validUntil(sent, r.ttl)
 	l.nextRenew = sent.Add(r.interval)
 	e.mu.Lock()
-	e.leases[l] = struct{}{}
-	start := !e.started && !e.closed
-	if start {
-		e.started = true
-		e.wg.Add(1)
-		go e.renewLoop()
+	if e.closed {
+		l.state, l.cause = stateReleased, ErrClosed
+		e.mu.Unlock()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		_, err := e.b.release(rctx, []*Lease{l}, 0)
+		cancel()
+		if err != nil {
+			e.orphan(l.key, l.aid, l.validUntil)
+		}
+		return nil, fmt.Errorf("lockkit: acquire %q: %w", r.key, ErrClosed)
 	}
+	e.leases[l] = struct{}{}
+	e.startLocked()
 	wake := l.validUntil
 	if r.interval > 0 {
 		wake = l.nextRenew
@@ -232,7 +305,29 @@ func (e *engine) hold(r *request, token int64, sent time.Time, waited time.Durat
 		e.poke()
 	}
 	e.emit(Event{Kind: EventAcquired, Key: l.key, Owner: l.owner, Token: token, Wait: waited})
-	return l
+	return l, nil
+}
+
+// startLocked starts the renewer if it is not running. e.mu is held.
+func (e *engine) startLocked() {
+	if !e.started && !e.closed {
+		e.started = true
+		e.wg.Add(1)
+		go e.renewLoop()
+	}
+}
+
+// orphan makes the renewer remove the holder that acquire call aid on key may
+// have left, until it succeeds or until, when the holder would have expired
+// anyway. After Close it is attempted once by Close.
+func (e *engine) orphan(key, aid string, until time.Time) {
+	ttl := max(time.Until(until), MinTTL)
+	o := &orphan{l: &Lease{e: e, key: key, aid: aid, ttl: ttl, state: stateReleased}, until: until}
+	e.mu.Lock()
+	e.orphans = append(e.orphans, o)
+	e.startLocked()
+	e.mu.Unlock()
+	e.poke()
 }
 
 // validUntil is when a lease whose TTL started at sent must be treated as gone:
@@ -250,22 +345,28 @@ func (e *engine) poke() {
 }
 
 // renewLoop is the Locker's single renewer: it renews every held lease in
-// pipelined batches and marks leases lost when their validity runs out. At
-// most one batch is in flight, so a hung Redis cannot pile up goroutines, and
-// loss is detected on time even while a batch hangs.
+// pipelined batches, one per Redis server, and marks leases lost when their
+// validity runs out. A lease is in at most one batch at a time and each batch
+// ends by the validity of its leases, so a hung server cannot pile up
+// goroutines, and loss is detected on time even while a batch hangs. It also
+// removes orphaned holders.
 func (e *engine) renewLoop() {
 	defer e.wg.Done()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	results := make(chan []renewed, 1)
-	inflight := false
+	results := make(chan []renewed, 4)
 	for {
 		now := time.Now()
-		due, next := e.scan(now, inflight)
+		due, orphans, next := e.scan(now)
 		if len(due) > 0 {
-			inflight = true
+			for _, g := range e.b.groups(due) {
+				e.wg.Add(1)
+				go e.renewBatch(g, results)
+			}
+		}
+		if len(orphans) > 0 {
 			e.wg.Add(1)
-			go e.renewBatch(due, results)
+			go e.releaseOrphans(orphans)
 		}
 		if !timer.Stop() {
 			select {
@@ -279,7 +380,6 @@ func (e *engine) renewLoop() {
 			return
 		case <-e.kick:
 		case rs := <-results:
-			inflight = false
 			e.applyRenewals(rs)
 		case <-timer.C:
 		}
@@ -289,12 +389,15 @@ func (e *engine) renewLoop() {
 type renewed struct {
 	l    *Lease
 	sent time.Time
+	ttl  time.Duration // the TTL the renewal carried
+	gen  int           // the lease's Extend count when it was sent
 	err  error
 }
 
-// scan marks expired leases lost and, unless a batch is in flight, returns the
-// leases due for renewal. next is when the loop must look again.
-func (e *engine) scan(now time.Time, inflight bool) (due []*Lease, next time.Time) {
+// scan marks expired leases lost and returns the leases due for renewal and
+// the orphans due for removal, marking them in flight. next is when the loop
+// must look again.
+func (e *engine) scan(now time.Time) (due []*Lease, orphans []*orphan, next time.Time) {
 	next = now.Add(time.Hour)
 	var lost []*Lease
 	e.mu.Lock()
@@ -306,19 +409,33 @@ func (e *engine) scan(now time.Time, inflight bool) (due []*Lease, next time.Tim
 		if l.validUntil.Before(next) {
 			next = l.validUntil
 		}
-		if inflight || l.interval == 0 {
+		if l.renewing || l.interval == 0 {
 			continue
 		}
 		// Renew a little early so that leases acquired close together share a batch.
 		if l.nextRenew.Sub(now) <= l.interval/4 {
+			l.renewing = true
 			due = append(due, l)
-			if t := now.Add(l.interval); t.Before(next) {
-				next = t
-			}
 		} else if l.nextRenew.Before(next) {
 			next = l.nextRenew
 		}
 	}
+	live := e.orphans[:0]
+	for _, o := range e.orphans {
+		switch {
+		case o.inflight:
+		case !now.Before(o.until):
+			continue // the holder, if any, has expired
+		case !now.Before(o.next):
+			o.inflight = true
+			orphans = append(orphans, o)
+		case o.next.Before(next):
+			next = o.next
+		}
+		live = append(live, o)
+	}
+	clear(e.orphans[len(live):])
+	e.orphans = live
 	e.nextWake = next
 	e.mu.Unlock()
 	for _, l := range lost {
@@ -328,63 +445,106 @@ func (e *engine) scan(now time.Time, inflight bool) (due []*Lease, next time.Tim
 		}
 		l.markLost(fmt.Errorf("%w: %q: validity ran out: %w", ErrLost, l.key, cause))
 	}
-	return due, next
+	return due, orphans, next
 }
 
+// renewBatch renews leases stored on one server, in pipelines of at most
+// WithRenewBatch, each bounded by the validity of its leases.
 func (e *engine) renewBatch(due []*Lease, out chan<- []renewed) {
 	defer e.wg.Done()
 	rs := make([]renewed, 0, len(due))
 	for start := 0; start < len(due); start += e.cfg.renewBatch {
 		chunk := due[start:min(start+e.cfg.renewBatch, len(due))]
-		deadline := chunk[0].validUntilLocked()
-		for _, l := range chunk[1:] {
-			if v := l.validUntilLocked(); v.Before(deadline) {
-				deadline = v
+		ttls := make([]time.Duration, len(chunk))
+		gens := make([]int, len(chunk))
+		e.mu.Lock()
+		deadline := chunk[0].validUntil
+		for i, l := range chunk {
+			ttls[i], gens[i] = l.ttl, l.gen
+			if l.validUntil.Before(deadline) {
+				deadline = l.validUntil
 			}
 		}
+		e.mu.Unlock()
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		sent := time.Now()
-		errs := e.b.extend(ctx, chunk)
+		errs := e.b.extend(ctx, chunk, ttls, true)
 		cancel()
 		for i, l := range chunk {
-			rs = append(rs, renewed{l: l, sent: sent, err: errs[i]})
+			rs = append(rs, renewed{l: l, sent: sent, ttl: ttls[i], gen: gens[i], err: errs[i]})
 		}
 	}
-	out <- rs
+	select {
+	case out <- rs:
+	case <-e.stop:
+	}
 }
 
 func (e *engine) applyRenewals(rs []renewed) {
 	now := time.Now()
 	for _, r := range rs {
 		l := r.l
+		e.mu.Lock()
+		l.renewing = false
+		held := l.state == stateHeld
+		e.mu.Unlock()
+		if !held {
+			continue
+		}
 		switch {
 		case r.err == nil:
 			e.mu.Lock()
-			held := l.state == stateHeld
-			if held {
-				l.validUntil = validUntil(r.sent, l.ttl)
+			// A renewal never shortens the lease in Redis, so it can only add
+			// validity; one sent before an Extend says nothing of the TTL now.
+			if l.gen == r.gen {
+				if v := validUntil(r.sent, r.ttl); v.After(l.validUntil) {
+					l.validUntil = v
+				}
 				l.nextRenew = r.sent.Add(l.interval)
 				l.lastRenewErr = nil
+			} else if !l.nextRenew.After(now) {
+				l.nextRenew = now.Add(max(l.interval/4, 10*time.Millisecond))
 			}
 			e.mu.Unlock()
-			if held {
-				e.emit(Event{Kind: EventRenewed, Key: l.key, Owner: l.owner, Token: l.token})
-			}
+			e.emit(Event{Kind: EventRenewed, Key: l.key, Owner: l.owner, Token: l.token})
 		case errors.Is(r.err, errNotHeld):
 			l.markLost(fmt.Errorf("%w: %q: the key expired or was taken over", ErrLost, l.key))
 		default:
 			e.mu.Lock()
-			held := l.state == stateHeld
-			if held {
-				l.lastRenewErr = r.err
-				l.nextRenew = now.Add(max(l.interval/4, 10*time.Millisecond))
-			}
+			l.lastRenewErr = r.err
+			l.nextRenew = now.Add(max(l.interval/4, 10*time.Millisecond))
 			e.mu.Unlock()
-			if held {
-				e.emit(Event{Kind: EventRenewFailed, Key: l.key, Owner: l.owner, Token: l.token, Err: r.err})
-			}
+			e.emit(Event{Kind: EventRenewFailed, Key: l.key, Owner: l.owner, Token: l.token, Err: r.err})
 		}
 	}
+}
+
+// releaseOrphans removes orphaned holders; the ones that fail are retried
+// with a growing delay.
+func (e *engine) releaseOrphans(os []*orphan) {
+	defer e.wg.Done()
+	leases := make([]*Lease, len(os))
+	for i, o := range os {
+		leases[i] = o.l
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	_, err := e.b.release(ctx, leases, 0)
+	cancel()
+	e.mu.Lock()
+	now := time.Now()
+	for _, o := range os {
+		o.inflight = false
+		if err == nil {
+			o.until = now // done
+			continue
+		}
+		o.next = now.Add(min(max(time.Until(o.until)/8, 10*time.Millisecond), time.Second))
+	}
+	e.mu.Unlock()
+	if err != nil {
+		e.cfg.logger.Warn("lockkit: removing holders of failed calls", "count", len(os), "err", err)
+	}
+	e.poke()
 }
 
 func (e *engine) inspect(ctx context.Context, key string) (*Info, error) {
@@ -398,7 +558,9 @@ func (e *engine) inspect(ctx context.Context, key string) (*Info, error) {
 	return info, nil
 }
 
-// close stops the renewer, releases every held lease and closes the backend.
+// close stops new acquires, waits for the ones in flight (a lease they take
+// is released, not handed out), stops the renewer, releases every held lease
+// and every orphaned holder, and closes the backend.
 func (e *engine) close(ctx context.Context) error {
 	e.mu.Lock()
 	if e.closed {
@@ -406,13 +568,23 @@ func (e *engine) close(ctx context.Context) error {
 		return nil
 	}
 	e.closed = true
+	e.mu.Unlock()
+	e.stopOnce.Do(func() { close(e.stop) })
+	e.calls.Wait()
+	e.wg.Wait()
+
+	e.mu.Lock()
 	held := make([]*Lease, 0, len(e.leases))
 	for l := range e.leases {
 		held = append(held, l)
 	}
+	for _, o := range e.orphans {
+		if time.Now().Before(o.until) {
+			held = append(held, o.l)
+		}
+	}
+	e.orphans = nil
 	e.mu.Unlock()
-	e.stopOnce.Do(func() { close(e.stop) })
-	e.wg.Wait()
 
 	cause := fmt.Errorf("%w: %w", ErrLost, ErrClosed)
 	for _, l := range held {
@@ -421,7 +593,7 @@ func (e *engine) close(ctx context.Context) error {
 	var errs []error
 	for start := 0; start < len(held); start += e.cfg.renewBatch {
 		chunk := held[start:min(start+e.cfg.renewBatch, len(held))]
-		if _, err := e.b.release(ctx, chunk); err != nil {
+		if _, err := e.b.release(ctx, chunk, 0); err != nil {
 			errs = append(errs, fmt.Errorf("lockkit: close: release %d lease(s): %w", len(chunk), err))
 			break
 		}

@@ -34,7 +34,7 @@ func ExampleLocker_tryAcquire() {
 	defer a.Close(ctx)
 	defer b.Close(ctx)
 
-	lease, _ := a.TryAcquire(ctx, "nightly-report", &lockkit.Options{TTL: time.Minute})
+	lease, _ := a.TryAcquire(ctx, "nightly-report", &lockkit.AcquireOptions{TTL: time.Minute})
 	_, err := b.TryAcquire(ctx, "nightly-report", nil)
 	var conflict *lockkit.ConflictError
 	if errors.As(err, &conflict) {
@@ -50,12 +50,12 @@ func ExampleLocker_tryAcquire() {
 
 // A limit turns the lock into a counting semaphore: here at most two reports
 // per tenant run at once.
-func ExampleOptions_limit() {
+func ExampleAcquireOptions_limit() {
 	ctx := context.Background()
 	locker, _ := lockkit.NewMemory()
 	defer locker.Close(ctx)
 
-	opt := &lockkit.Options{Limit: 2}
+	opt := &lockkit.AcquireOptions{Limit: 2}
 	for i := range 3 {
 		_, err := locker.TryAcquire(ctx, "tenant:42", opt)
 		fmt.Printf("report %d acquired: %v\n", i+1, err == nil)
@@ -107,14 +107,14 @@ func ExampleLease_Token() {
 }
 
 // An epoch claims a unit of work once, even after the lease is released.
-func ExampleOptions_epoch() {
+func ExampleAcquireOptions_epoch() {
 	ctx := context.Background()
 	locker, _ := lockkit.NewMemory()
 	defer locker.Close(ctx)
 
 	tick := time.Date(2026, 1, 1, 3, 0, 0, 0, time.UTC).Unix()
 	for replica := range 2 {
-		lease, err := locker.TryAcquire(ctx, "cron:backup", &lockkit.Options{Epoch: tick, EpochTTL: time.Hour})
+		lease, err := locker.TryAcquire(ctx, "cron:backup", &lockkit.AcquireOptions{Epoch: tick, EpochTTL: time.Hour})
 		if errors.Is(err, lockkit.ErrEpochUsed) {
 			fmt.Printf("replica %d: tick already ran\n", replica)
 			continue

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// FuzzOptions checks that every Options value is either rejected with an
+// FuzzOptions checks that every AcquireOptions value is either rejected with an
 // ErrInvalid naming the problem, or turned into a request the renewer can
 // honour: never a panic, never a lease that cannot be renewed in time.
 func FuzzOptions(f *testing.F) {
@@ -20,7 +20,7 @@ func FuzzOptions(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		o := &Options{TTL: time.Duration(ttl), RenewInterval: time.Duration(interval), NoRenew: noRenew,
+		o := &AcquireOptions{TTL: time.Duration(ttl), RenewInterval: time.Duration(interval), NoRenew: noRenew,
 			Limit: limit, Epoch: epoch, EpochTTL: time.Duration(epochTTL)}
 		r, err := c.request(key, o)
 		if err != nil {

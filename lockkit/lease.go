@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -22,16 +23,22 @@ var errReleased = fmt.Errorf("%w: released", ErrNotHeld)
 const releaseTimeout = 5 * time.Second
 
 // Lease is a held claim on a key, returned by a Locker. It is renewed
-// automatically until Release (unless Options.NoRenew). When it can no longer
+// automatically until Release (unless AcquireOptions.NoRenew). When it can no longer
 // be renewed it is lost: Lost() closes and contexts from Context are cancelled
 // with a cause matching ErrLost. A Lease is safe for concurrent use.
 type Lease struct {
 	e      *engine
 	key    string
 	owner  string
+	label  string
+	aid    string // the acquire call's id
 	token  int64
-	member string
-	epoch  bool // the acquire claimed an epoch
+	member string // "" for a holder no Lease was handed out for (see engine.orphan)
+	epoch  bool   // the acquire claimed an epoch
+
+	// extendMu orders the Extend calls of one lease, so that the TTL the
+	// holder believes in is the one Redis applied last.
+	extendMu sync.Mutex
 
 	// Guarded by e.mu.
 	ttl          time.Duration
@@ -39,23 +46,33 @@ type Lease struct {
 	validUntil   time.Time
 	nextRenew    time.Time
 	lastRenewErr error
-	state        int
-	cause        error
-	lost         chan struct{}
-	cancels      map[int]context.CancelCauseFunc
-	nextCancel   int
+	// gen counts Extend calls: a renewal sent before the latest Extend says
+	// nothing about the TTL in force.
+	gen        int
+	renewing   bool // a renewal of the lease is in flight
+	state      int
+	cause      error
+	lost       chan struct{}
+	cancels    map[int]context.CancelCauseFunc
+	nextCancel int
 }
 
-// memberOf is how a lease is stored among a key's holders: its fencing token,
-// which is unique per key, then the owner id.
-func memberOf(token int64, owner string) string {
-	return strconv.FormatInt(token, 10) + ":" + owner
+// memberOf is how a lease is stored among a key's holders: its fencing token
+// (unique per key), the acquire call's id (so that a repeated script finds its
+// own holder), the owner id, and the label, escaped so that it is the text
+// after the last ':'.
+func memberOf(token int64, aid, owner, label string) string {
+	return strconv.FormatInt(token, 10) + ":" + aid + ":" + owner + ":" + escapeLabel(label)
 }
 
-func parseMember(m string) (token int64, owner string) {
-	t, o, _ := strings.Cut(m, ":")
+func parseMember(m string) (token int64, owner, label string) {
+	t, rest, _ := strings.Cut(m, ":")
 	token, _ = strconv.ParseInt(t, 10, 64)
-	return token, o
+	_, rest, _ = strings.Cut(rest, ":")
+	if i := strings.LastIndexByte(rest, ':'); i >= 0 {
+		return token, rest[:i], unescape(rest[i+1:])
+	}
+	return token, rest, ""
 }
 
 // Key returns the key the lease holds.
@@ -159,8 +176,28 @@ func (l *Lease) markLost(cause error) {
 // Release gives the lease up and wakes waiters. It stops renewal first, so the
 // lease is no longer renewed even if the call fails. It returns an error
 // matching ErrNotHeld if the lease was already released, expired or lost; in
-// that case no other owner's lease is touched.
-func (l *Lease) Release(ctx context.Context) error {
+// that case no other owner's lease is touched. A release that Redis ran but
+// whose reply was lost and retried still returns nil.
+func (l *Lease) Release(ctx context.Context) error { return l.release(ctx, 0) }
+
+// Complete releases the lease like Release and records its AcquireOptions.Label as
+// completed on the key for keep: until then an acquire of the key with the
+// same label fails with ErrCompleted. Use it when the work is done but the
+// runtime that runs it may deliver it again (a task queue that gave up on the
+// run). keep must be positive and at most MaxTTL, and the lease must have a
+// label (ErrInvalid otherwise). Nothing is recorded if the lease was no
+// longer held (ErrNotHeld).
+func (l *Lease) Complete(ctx context.Context, keep time.Duration) error {
+	switch {
+	case l.label == "":
+		return fmt.Errorf("%w: Complete: the lease of %q has no Label", ErrInvalid, l.key)
+	case keep <= 0 || keep > MaxTTL:
+		return fmt.Errorf("%w: Complete(%s): keep must be positive and at most %s", ErrInvalid, keep, MaxTTL)
+	}
+	return l.release(ctx, keep)
+}
+
+func (l *Lease) release(ctx context.Context, done time.Duration) error {
 	if !l.end(stateReleased, errReleased) {
 		l.e.mu.Lock()
 		state, cause := l.state, l.cause
@@ -168,13 +205,15 @@ func (l *Lease) Release(ctx context.Context) error {
 		if state == stateLost {
 			// Best effort: the lease may still be stored if renewal failed for
 			// network reasons; removing our own entry is always safe.
-			_, _ = l.e.b.release(ctx, []*Lease{l})
+			_, _ = l.e.b.release(ctx, []*Lease{l}, 0)
 			return fmt.Errorf("%w: %w", ErrNotHeld, cause)
 		}
 		return fmt.Errorf("%w: %q token %d was released already", ErrNotHeld, l.key, l.token)
 	}
-	held, err := l.e.b.release(ctx, []*Lease{l})
+	held, err := l.e.b.release(ctx, []*Lease{l}, done)
 	if err != nil {
+		// The release may not have run: make sure it does, in the background.
+		l.e.orphan(l.key, l.aid, l.validUntilLocked())
 		return fmt.Errorf("lockkit: release %q: %w", l.key, err)
 	}
 	if !held[0] {
@@ -188,15 +227,21 @@ func (l *Lease) Release(ctx context.Context) error {
 // owner-checked call; later renewals use the new TTL, every ttl/3 unless the
 // lease was acquired with NoRenew. It returns an error matching ErrNotHeld
 // (and marks the lease lost) if the lease is no longer held, or ErrInvalid for
-// a ttl below MinTTL.
+// a ttl below MinTTL or above MaxTTL. Calls on one lease are serialized.
+//
+// The lease counts as valid until the TTL that Redis applied last runs out,
+// measured from when it was sent: a renewal in flight when Extend is called
+// never makes the holder believe in a longer TTL than Redis keeps.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	l.extendMu.Lock()
+	defer l.extendMu.Unlock()
 	l.e.mu.Lock()
 	if ttl == 0 {
 		ttl = l.ttl
 	}
-	if ttl < MinTTL {
+	if ttl < MinTTL || ttl > MaxTTL {
 		l.e.mu.Unlock()
-		return fmt.Errorf("%w: Extend(%s): TTL must be at least %s", ErrInvalid, ttl, MinTTL)
+		return fmt.Errorf("%w: Extend(%s): TTL must be at least %s and at most %s", ErrInvalid, ttl, MinTTL, MaxTTL)
 	}
 	if l.state != stateHeld {
 		cause := l.cause
@@ -208,13 +253,20 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l.interval > 0 {
 		l.interval = ttl / 3
 	}
+	l.gen++
 	l.e.mu.Unlock()
 	sent := time.Now()
-	err := l.e.b.extend(ctx, []*Lease{l})[0]
+	err := l.e.b.extend(ctx, []*Lease{l}, []time.Duration{ttl}, false)[0]
 	l.e.mu.Lock()
 	if err != nil {
 		l.ttl, l.interval = old, oldInterval
+		// The call may have run: if it shortened the lease, believe it.
+		if v := validUntil(sent, ttl); v.Before(l.validUntil) {
+			l.validUntil = v
+		}
 	} else if l.state == stateHeld {
+		// Renewals never shorten a lease, so whatever ran after this call,
+		// Redis keeps it at least this long.
 		l.validUntil = validUntil(sent, ttl)
 		l.nextRenew = sent.Add(l.interval)
 	}

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 )
 
 // Defaults used when an option or field is left at its zero value.
 const (
-	// DefaultTTL is a lease's time to live when neither WithTTL nor Options.TTL sets one.
+	// DefaultTTL is a lease's time to live when neither WithTTL nor AcquireOptions.TTL sets one.
 	DefaultTTL = 30 * time.Second
 	// DefaultPrefix is prepended to every Redis key and channel when WithPrefix is not given.
 	DefaultPrefix = "jobguard:"
@@ -21,6 +22,13 @@ const (
 	// MinTTL is the shortest lease TTL accepted: anything shorter cannot be renewed
 	// reliably over a network.
 	MinTTL = 100 * time.Millisecond
+	// MaxTTL is the longest TTL, EpochTTL or Complete keep accepted (100 years
+	// of 365 days): longer values would not fit Redis' expiry arithmetic. Both
+	// Lockers reject a longer value with ErrInvalid.
+	MaxTTL = 100 * 365 * 24 * time.Hour
+	// MinRedisVersion is the oldest Redis server RedisLocker works with: its
+	// scripts renew with ZADD GT (6.2), and asynq needs 6.2 as well.
+	MinRedisVersion = "6.2.0"
 )
 
 // Errors returned by lockkit. Compare with errors.Is.
@@ -37,7 +45,7 @@ var (
 	// lease could not be renewed: the key was taken over or deleted, or Redis stayed
 	// unreachable until the TTL would have run out.
 	ErrLost = errors.New("lockkit: lease lost")
-	// ErrEpochUsed is returned when Options.Epoch is not greater than the last epoch
+	// ErrEpochUsed is returned when AcquireOptions.Epoch is not greater than the last epoch
 	// that acquired the key: that unit of work was already claimed.
 	ErrEpochUsed = errors.New("lockkit: epoch already used")
 	// ErrClosed is returned by a Locker after Close, and is the cause (together with
@@ -46,15 +54,26 @@ var (
 	// ErrInvalid is wrapped by every validation error; the message names the field
 	// and the bad value.
 	ErrInvalid = errors.New("lockkit: invalid argument")
+	// ErrCompleted is returned by an acquire whose AcquireOptions.Label was recorded as
+	// completed on the key by Lease.Complete, while that record lasts: the work
+	// it names is done.
+	ErrCompleted = errors.New("lockkit: already completed")
+	// ErrUnsupported is returned by the first call of a RedisLocker on a Redis
+	// server older than MinRedisVersion; the message names the version found.
+	ErrUnsupported = errors.New("lockkit: unsupported Redis server")
 )
 
 // ConflictError is returned when a key has no free holder slot. It matches
 // ErrNotAcquired with errors.Is and tells who holds the key now.
 type ConflictError struct {
 	Key string
-	// Owner is the owner id of the holder whose lease runs out first; empty when
-	// the slot is free but earlier waiters are queued ahead (fair mode).
+	// Owner is the owner id of the holder whose lease runs out first, or of
+	// the holder carrying the caller's AcquireOptions.Label; empty when the slot is
+	// free but earlier waiters are queued ahead (fair mode).
 	Owner string
+	// Label is that holder's AcquireOptions.Label. When it equals the caller's label,
+	// the key is held by the same work (see AcquireOptions.Label).
+	Label string
 	// Token is that holder's fencing token.
 	Token int64
 	// TTL is the time that holder's lease has left.
@@ -70,8 +89,12 @@ func (e *ConflictError) Error() string {
 	if e.Owner == "" {
 		return fmt.Sprintf("lockkit: not acquired: %q has %d holder(s) and %d waiter(s) ahead", e.Key, e.Holders, e.Ahead)
 	}
-	return fmt.Sprintf("lockkit: not acquired: %q is held by %s (token %d, ttl %s, %d holder(s))",
-		e.Key, e.Owner, e.Token, e.TTL.Round(time.Millisecond), e.Holders)
+	label := ""
+	if e.Label != "" {
+		label = fmt.Sprintf(" for %q", e.Label)
+	}
+	return fmt.Sprintf("lockkit: not acquired: %q is held by %s%s (token %d, ttl %s, %d holder(s))",
+		e.Key, e.Owner, label, e.Token, e.TTL.Round(time.Millisecond), e.Holders)
 }
 
 // Is reports whether target is ErrNotAcquired.
@@ -84,19 +107,26 @@ type Locker interface {
 	// TryAcquire makes one attempt. It returns a held lease, or an error that
 	// matches ErrNotAcquired (a *ConflictError), ErrEpochUsed, ErrInvalid,
 	// ErrClosed, or a Redis error.
-	TryAcquire(ctx context.Context, key string, opt *Options) (*Lease, error)
+	TryAcquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error)
 	// Acquire waits until the key can be acquired or ctx ends. Waiters are woken
 	// when a holder releases. When ctx ends first the error wraps ctx.Err() and
 	// the last *ConflictError.
-	Acquire(ctx context.Context, key string, opt *Options) (*Lease, error)
+	Acquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error)
 	// Inspect reports the live holders and waiters of key.
 	Inspect(ctx context.Context, key string) (*Info, error)
+	// Keys returns, sorted, the keys that have a live holder and match
+	// pattern in Redis glob syntax ('*' matches any run of characters, '/'
+	// included; '?' one character; "[a-z]", "[^a]" a class; '\' escapes).
+	Keys(ctx context.Context, pattern string) ([]string, error)
+	// Logger returns the logger set with WithLogger. The layers above lockkit
+	// log through it unless they are given their own.
+	Logger() *slog.Logger
 	// Close stops renewal and releases every lease the Locker still holds.
 	Close(ctx context.Context) error
 }
 
-// Options are per-acquire settings. A nil *Options means all defaults.
-type Options struct {
+// AcquireOptions are per-acquire settings. A nil *AcquireOptions means all defaults.
+type AcquireOptions struct {
 	// TTL is how long the lease lives without renewal. Zero means the Locker's
 	// default (DefaultTTL unless WithTTL). Must be at least MinTTL.
 	TTL time.Duration
@@ -121,7 +151,15 @@ type Options struct {
 	// Zero means no epoch check.
 	Epoch int64
 	// EpochTTL is how long the key remembers its last epoch. Zero means TTL.
+	// Must not exceed MaxTTL.
 	EpochTTL time.Duration
+	// Label names the work that takes the lease, such as a task ID; empty means
+	// none. It is recorded with the holder (Holder.Label, ConflictError.Label).
+	// Two live holders of a key never share a label: an acquire whose label a
+	// live holder carries fails with a *ConflictError naming that holder, even
+	// below Limit. An acquire whose label was recorded by Lease.Complete fails
+	// with ErrCompleted.
+	Label string
 }
 
 // Info describes a key's state, as returned by Inspect.
@@ -135,6 +173,8 @@ type Info struct {
 // Holder is one live lease on a key.
 type Holder struct {
 	Owner string
+	// Label is the AcquireOptions.Label the holder acquired with.
+	Label string
 	Token int64
 	TTL   time.Duration
 }
@@ -177,7 +217,7 @@ type Event struct {
 // Do acquires key on l (waiting, bounded by ctx), runs fn under the lease and
 // releases it when fn returns or panics. fn's ctx is cancelled with a cause
 // matching ErrLost if the lease is lost. See Lease.Run for the returned error.
-func Do(ctx context.Context, l Locker, key string, opt *Options, fn func(context.Context) error) error {
+func Do(ctx context.Context, l Locker, key string, opt *AcquireOptions, fn func(context.Context) error) error {
 	lease, err := l.Acquire(ctx, key, opt)
 	if err != nil {
 		return err

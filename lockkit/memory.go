@@ -2,9 +2,9 @@ package lockkit
 
 import (
 	"context"
-	"fmt"
-	"path"
+	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -45,12 +45,12 @@ func newMemory(s *memStore, opts []Option) (*MemoryLocker, error) {
 func (l *MemoryLocker) Owner() string { return l.e.cfg.owner }
 
 // TryAcquire implements Locker.
-func (l *MemoryLocker) TryAcquire(ctx context.Context, key string, opt *Options) (*Lease, error) {
+func (l *MemoryLocker) TryAcquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error) {
 	return l.e.tryAcquire(ctx, key, opt)
 }
 
 // Acquire implements Locker.
-func (l *MemoryLocker) Acquire(ctx context.Context, key string, opt *Options) (*Lease, error) {
+func (l *MemoryLocker) Acquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error) {
 	return l.e.acquireWait(ctx, key, opt)
 }
 
@@ -62,12 +62,8 @@ func (l *MemoryLocker) Inspect(ctx context.Context, key string) (*Info, error) {
 // Close implements Locker.
 func (l *MemoryLocker) Close(ctx context.Context) error { return l.e.close(ctx) }
 
-// Keys returns the keys matching pattern (path.Match syntax) that have at
-// least one live holder, sorted.
+// Keys implements Locker.
 func (l *MemoryLocker) Keys(_ context.Context, pattern string) ([]string, error) {
-	if _, err := path.Match(pattern, ""); err != nil {
-		return nil, fmt.Errorf("%w: Keys(%q): %v", ErrInvalid, pattern, err)
-	}
 	s := l.m
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -75,13 +71,16 @@ func (l *MemoryLocker) Keys(_ context.Context, pattern string) ([]string, error)
 	var out []string
 	for k, lk := range s.locks {
 		lk.expire(now)
-		if ok, _ := path.Match(pattern, k); ok && len(lk.holders) > 0 {
+		if len(lk.holders) > 0 && globMatch(pattern, k) {
 			out = append(out, k)
 		}
 	}
 	sort.Strings(out)
 	return out, nil
 }
+
+// Logger implements Locker.
+func (l *MemoryLocker) Logger() *slog.Logger { return l.e.cfg.logger }
 
 type memStore struct {
 	mu    sync.Mutex
@@ -91,18 +90,23 @@ type memStore struct {
 
 type memLock struct {
 	holders   map[string]time.Time // member → expiry
+	done      map[string]time.Time // completed label → forgotten at
+	abandoned map[string]time.Time // acquire id of a failed call → forgotten at
 	token     int64
 	epoch     int64
-	metaUntil time.Time
+	epochAid  string               // the acquire call that claimed epoch
+	metaUntil time.Time            // the epoch is forgotten at
 	queue     []string             // fair waiters in arrival order
 	waiters   map[string]time.Time // waiter → deadline
 	subs      map[chan struct{}]struct{}
 }
 
 func (lk *memLock) expire(now time.Time) {
-	for m, exp := range lk.holders {
-		if !now.Before(exp) {
-			delete(lk.holders, m)
+	for _, set := range []map[string]time.Time{lk.holders, lk.done, lk.abandoned} {
+		for m, exp := range set {
+			if !now.Before(exp) {
+				delete(set, m)
+			}
 		}
 	}
 	for w, d := range lk.waiters {
@@ -140,7 +144,8 @@ func (lk *memLock) forget(w string) bool {
 }
 
 func (lk *memLock) idle(now time.Time) bool {
-	return len(lk.holders) == 0 && len(lk.waiters) == 0 && len(lk.subs) == 0 && !now.Before(lk.metaUntil)
+	return len(lk.holders) == 0 && len(lk.waiters) == 0 && len(lk.subs) == 0 && len(lk.done) == 0 &&
+		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil)
 }
 
 // get returns key's state, creating it; every 1024 calls it drops idle keys.
@@ -156,7 +161,8 @@ func (s *memStore) get(key string, now time.Time) *memLock {
 	}
 	lk := s.locks[key]
 	if lk == nil {
-		lk = &memLock{holders: make(map[string]time.Time), waiters: make(map[string]time.Time), subs: make(map[chan struct{}]struct{})}
+		lk = &memLock{holders: make(map[string]time.Time), done: make(map[string]time.Time), abandoned: make(map[string]time.Time),
+			waiters: make(map[string]time.Time), subs: make(map[chan struct{}]struct{})}
 		s.locks[key] = lk
 	}
 	lk.expire(now)
@@ -164,6 +170,20 @@ func (s *memStore) get(key string, now time.Time) *memLock {
 }
 
 type memBackend struct{ s *memStore }
+
+func (b *memBackend) ready(context.Context) error { return nil }
+
+func (b *memBackend) groups(leases []*Lease) [][]*Lease { return [][]*Lease{leases} }
+
+// holderOf returns the live member of lk taken by acquire call aid.
+func (lk *memLock) holderOf(aid string) (string, bool) {
+	for m := range lk.holders {
+		if _, rest, _ := strings.Cut(m, ":"); strings.HasPrefix(rest, aid+":") {
+			return m, true
+		}
+	}
+	return "", false
+}
 
 func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
 	if err := ctx.Err(); err != nil {
@@ -174,12 +194,32 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 	defer s.mu.Unlock()
 	now := time.Now()
 	lk := s.get(r.key, now)
-	if r.epoch > 0 && !now.Before(lk.metaUntil) {
-		lk.epoch = 0
+	if !now.Before(lk.metaUntil) {
+		lk.epoch, lk.epochAid = 0, ""
 	}
-	if r.epoch > 0 && r.epoch <= lk.epoch {
+	if r.epoch > 0 && (r.epoch < lk.epoch || (r.epoch == lk.epoch && lk.epochAid != r.aid)) {
 		lk.forget(r.waiter)
 		return acquireResult{lastEpoch: lk.epoch}, nil
+	}
+	if _, ok := lk.abandoned[r.aid]; ok {
+		lk.forget(r.waiter)
+		return acquireResult{abandoned: true}, nil
+	}
+	if m, ok := lk.holderOf(r.aid); ok {
+		token, _, _ := parseMember(m)
+		return acquireResult{ok: true, token: token}, nil
+	}
+	if _, ok := lk.done[r.label]; ok && r.label != "" {
+		lk.forget(r.waiter)
+		return acquireResult{completed: true}, nil
+	}
+	same := ""
+	if r.label != "" {
+		for m := range lk.holders {
+			if _, _, l := parseMember(m); l == r.label {
+				same = m
+			}
+		}
 	}
 	ahead := len(lk.queue)
 	for i, w := range lk.queue {
@@ -188,15 +228,15 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 			break
 		}
 	}
-	if len(lk.holders)+ahead < r.limit {
+	if same == "" && len(lk.holders)+ahead < r.limit {
 		token := max(lk.token+1, now.UnixMicro())
 		lk.token = token
-		lk.holders[memberOf(token, r.owner)] = now.Add(r.ttl)
+		lk.holders[memberOf(token, r.aid, r.owner, r.label)] = now.Add(r.ttl)
 		if r.epoch > 0 {
-			lk.epoch = r.epoch
-		}
-		if u := now.Add(max(r.ttl, r.epochTTL)); u.After(lk.metaUntil) {
-			lk.metaUntil = u
+			lk.epoch, lk.epochAid = r.epoch, r.aid
+			if u := now.Add(max(r.ttl, r.epochTTL)); u.After(lk.metaUntil) {
+				lk.metaUntil = u
+			}
 		}
 		lk.forget(r.waiter)
 		return acquireResult{ok: true, token: token}, nil
@@ -217,16 +257,19 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 	c := &ConflictError{Key: r.key, Holders: len(lk.holders), Ahead: ahead}
 	var first time.Time
 	for m, exp := range lk.holders {
+		if same != "" && m != same {
+			continue
+		}
 		if first.IsZero() || exp.Before(first) {
 			first = exp
-			c.Token, c.Owner = parseMember(m)
+			c.Token, c.Owner, c.Label = parseMember(m)
 			c.TTL = exp.Sub(now)
 		}
 	}
 	return acquireResult{conflict: c}, nil
 }
 
-func (b *memBackend) release(ctx context.Context, leases []*Lease) ([]bool, error) {
+func (b *memBackend) release(ctx context.Context, leases []*Lease, done time.Duration) ([]bool, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -237,16 +280,27 @@ func (b *memBackend) release(ctx context.Context, leases []*Lease) ([]bool, erro
 	held := make([]bool, len(leases))
 	for i, l := range leases {
 		lk := s.get(l.key, now)
-		if _, ok := lk.holders[l.member]; ok {
-			delete(lk.holders, l.member)
+		member := l.member
+		if member == "" {
+			var ok bool
+			if member, ok = lk.holderOf(l.aid); !ok {
+				lk.abandoned[l.aid] = now.Add(l.ttl)
+				continue
+			}
+		}
+		if _, ok := lk.holders[member]; ok {
+			delete(lk.holders, member)
 			held[i] = true
+			if done > 0 {
+				lk.done[l.label] = now.Add(done)
+			}
 			lk.wake()
 		}
 	}
 	return held, nil
 }
 
-func (b *memBackend) extend(ctx context.Context, leases []*Lease) []error {
+func (b *memBackend) extend(ctx context.Context, leases []*Lease, ttls []time.Duration, renew bool) []error {
 	errs := make([]error, len(leases))
 	if err := ctx.Err(); err != nil {
 		for i := range errs {
@@ -260,15 +314,16 @@ func (b *memBackend) extend(ctx context.Context, leases []*Lease) []error {
 	now := time.Now()
 	for i, l := range leases {
 		lk := s.get(l.key, now)
-		if _, ok := lk.holders[l.member]; !ok {
+		exp, ok := lk.holders[l.member]
+		if !ok {
 			errs[i] = errNotHeld
 			continue
 		}
-		l.e.mu.Lock()
-		ttl := l.ttl
-		l.e.mu.Unlock()
-		lk.holders[l.member] = now.Add(ttl)
-		if u := now.Add(ttl); u.After(lk.metaUntil) {
+		u := now.Add(ttls[i])
+		if !renew || u.After(exp) {
+			lk.holders[l.member] = u
+		}
+		if l.epoch && u.After(lk.metaUntil) {
 			lk.metaUntil = u // the epoch is remembered while the lease lives
 		}
 	}
@@ -297,8 +352,8 @@ func (b *memBackend) inspect(ctx context.Context, key string) (*Info, error) {
 	lk := s.get(key, now)
 	info := &Info{Key: key, Waiters: len(lk.waiters)}
 	for m, exp := range lk.holders {
-		tok, owner := parseMember(m)
-		info.Holders = append(info.Holders, Holder{Owner: owner, Token: tok, TTL: exp.Sub(now)})
+		tok, owner, label := parseMember(m)
+		info.Holders = append(info.Holders, Holder{Owner: owner, Label: label, Token: tok, TTL: exp.Sub(now)})
 	}
 	sort.Slice(info.Holders, func(i, j int) bool { return info.Holders[i].TTL < info.Holders[j].TTL })
 	return info, nil

@@ -30,8 +30,8 @@ func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = pref
 // ConflictError. It must not be empty. Defaults to "hostname:pid:random".
 func WithOwner(id string) Option { return func(c *config) { c.owner = id } }
 
-// WithTTL sets the TTL of leases whose Options.TTL is zero. Must be at least
-// MinTTL. Defaults to DefaultTTL (30s).
+// WithTTL sets the TTL of leases whose AcquireOptions.TTL is zero. Must be at least
+// MinTTL and at most MaxTTL. Defaults to DefaultTTL (30s).
 func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl = ttl } }
 
 // WithPollInterval bounds how long a waiter sleeps when no release notification
@@ -43,8 +43,10 @@ func WithPollInterval(d time.Duration) Option { return func(c *config) { c.poll 
 // positive. Defaults to DefaultRenewBatch (1000).
 func WithRenewBatch(n int) Option { return func(c *config) { c.renewBatch = n } }
 
-// WithLogger sets the logger for lost leases and failed renewals (Warn) and
-// other transitions (Debug). Defaults to no logging.
+// WithLogger sets the logger of the Locker and of everything built on it:
+// lost leases and failed renewals at Warn, other transitions at Debug; the
+// middleware, singleton and cronguard adapters log their jobs through it
+// too. A nil logger means slog.Default(). Defaults to slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithObserver sets a function called synchronously for every lease event. It
@@ -67,15 +69,15 @@ func newConfig(opts []Option) (config, error) {
 		c.owner = DefaultOwner()
 	}
 	switch {
-	case c.ttl < MinTTL:
-		return c, fmt.Errorf("%w: WithTTL(%s): must be at least %s", ErrInvalid, c.ttl, MinTTL)
-	case c.poll <= 0:
-		return c, fmt.Errorf("%w: WithPollInterval(%s): must be positive", ErrInvalid, c.poll)
+	case c.ttl < MinTTL || c.ttl > MaxTTL:
+		return c, fmt.Errorf("%w: WithTTL(%s): must be at least %s and at most %s", ErrInvalid, c.ttl, MinTTL, MaxTTL)
+	case c.poll <= 0 || c.poll > MaxTTL/4:
+		return c, fmt.Errorf("%w: WithPollInterval(%s): must be positive and at most %s", ErrInvalid, c.poll, MaxTTL/4)
 	case c.renewBatch <= 0:
 		return c, fmt.Errorf("%w: WithRenewBatch(%d): must be positive", ErrInvalid, c.renewBatch)
 	}
 	if c.logger == nil {
-		c.logger = slog.New(slog.DiscardHandler)
+		c.logger = slog.Default()
 	}
 	return c, nil
 }
@@ -98,8 +100,12 @@ func randomID(n int) string {
 
 // request is a validated acquire with every default filled in.
 type request struct {
-	key      string
-	owner    string
+	key   string
+	owner string
+	// aid identifies one acquire call: a repeated script of the same call
+	// returns the lease the first run took instead of a conflict with it.
+	aid      string
+	label    string
 	ttl      time.Duration
 	interval time.Duration // 0 when renewal is off
 	limit    int
@@ -111,11 +117,11 @@ type request struct {
 	waiterTTL time.Duration
 }
 
-func (c *config) request(key string, o *Options) (request, error) {
+func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	if o == nil {
-		o = &Options{}
+		o = &AcquireOptions{}
 	}
-	r := request{key: key, owner: c.owner, ttl: o.TTL, limit: o.Limit, fair: o.Fair, epoch: o.Epoch, epochTTL: o.EpochTTL}
+	r := request{key: key, owner: c.owner, label: o.Label, ttl: o.TTL, limit: o.Limit, fair: o.Fair, epoch: o.Epoch, epochTTL: o.EpochTTL}
 	if key == "" {
 		return r, fmt.Errorf("%w: key is empty", ErrInvalid)
 	}
@@ -124,6 +130,9 @@ func (c *config) request(key string, o *Options) (request, error) {
 	}
 	if r.ttl < MinTTL {
 		return r, fmt.Errorf("%w: key %q: TTL %s is shorter than MinTTL (%s)", ErrInvalid, key, r.ttl, MinTTL)
+	}
+	if r.ttl > MaxTTL {
+		return r, fmt.Errorf("%w: key %q: TTL %s is longer than MaxTTL (%s)", ErrInvalid, key, r.ttl, MaxTTL)
 	}
 	if !o.NoRenew {
 		r.interval = o.RenewInterval
@@ -143,12 +152,13 @@ func (c *config) request(key string, o *Options) (request, error) {
 	if r.epoch < 0 {
 		return r, fmt.Errorf("%w: key %q: Epoch %d must not be negative", ErrInvalid, key, r.epoch)
 	}
-	if r.epochTTL < 0 {
-		return r, fmt.Errorf("%w: key %q: EpochTTL %s must not be negative", ErrInvalid, key, r.epochTTL)
+	if r.epochTTL < 0 || r.epochTTL > MaxTTL {
+		return r, fmt.Errorf("%w: key %q: EpochTTL %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, r.epochTTL, MaxTTL)
 	}
 	if r.epochTTL == 0 {
 		r.epochTTL = r.ttl
 	}
 	r.waiterTTL = 4 * c.poll
+	r.aid = randomID(8)
 	return r, nil
 }

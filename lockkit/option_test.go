@@ -1,11 +1,13 @@
 package lockkit
 
 import (
+	"math"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -13,6 +15,11 @@ func TestLockerOptionValidation(t *testing.T) {
 	_, err := NewRedis(nil)
 	require.ErrorIs(t, err, ErrInvalid)
 	require.ErrorContains(t, err, "client is nil")
+	_, err = NewRedis((*redis.Client)(nil))
+	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorContains(t, err, "client is a nil *redis.Client")
+	_, err = NewRedis((*redis.ClusterClient)(nil))
+	require.ErrorIs(t, err, ErrInvalid)
 
 	cases := []struct {
 		name string
@@ -20,6 +27,8 @@ func TestLockerOptionValidation(t *testing.T) {
 		want string
 	}{
 		{"TTL below MinTTL", WithTTL(time.Millisecond), "WithTTL(1ms): must be at least 100ms"},
+		{"TTL above MaxTTL", WithTTL(math.MaxInt64), "at most 876000h0m0s"},
+		{"huge poll interval", WithPollInterval(math.MaxInt64), "WithPollInterval(2562047h47m16.854775807s)"},
 		{"zero poll interval", WithPollInterval(0), "WithPollInterval(0s): must be positive"},
 		{"zero renew batch", WithRenewBatch(0), "WithRenewBatch(0): must be positive"},
 	}

@@ -5,6 +5,9 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"log/slog"
+	"reflect"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,9 +40,17 @@ var (
 // works on Redis Cluster as well as standalone and Sentinel deployments.
 //
 // Redis layout for key K under prefix P: P{K}:h holds the holders (a sorted
-// set scored by expiry), P{K}:f the last fencing token (for a second),
-// P{K}:m the last epoch, P{K}:q and P{K}:w the waiters; releases are
-// published on P{K}:r. Every key expires on its own.
+// set scored by expiry, with short-lived records of released holders),
+// P{K}:f the last fencing token (for a second), P{K}:m the last epoch, P{K}:q
+// and P{K}:w the waiters; releases are published on P{K}:r. In P and K, the
+// characters '{', '}' and '%' are written %7B, %7D and %25, so that {K} is
+// always the hash tag: any key and any prefix work on Redis Cluster. Every
+// key expires on its own; the holders of a released lock are kept for the
+// client's retry window (see NewRedis).
+//
+// Every script is safe to run twice, as go-redis does when a reply is late:
+// a repeated acquire returns the lease its first run took, a repeated release
+// reports the same success.
 type RedisLocker struct {
 	e *engine
 	r *redisBackend
@@ -48,31 +59,61 @@ type RedisLocker struct {
 var _ Locker = (*RedisLocker)(nil)
 
 // NewRedis returns a RedisLocker using client, which it does not close. It
-// returns an error matching ErrInvalid for a nil client or an invalid option.
-// The Locker starts no goroutine until a lease is acquired or a waiter waits;
-// call Close to stop them.
+// returns an error matching ErrInvalid for a nil client (also a typed nil) or
+// an invalid option. The Locker starts no goroutine until a lease is acquired
+// or a waiter waits; call Close to stop them. Its first acquire checks the
+// server's version and fails with ErrUnsupported below MinRedisVersion.
+//
+// A released lock's holders key is kept for the client's retry window,
+// (MaxRetries+1) × (ReadTimeout + MaxRetryBackoff), 14s with go-redis'
+// defaults, so that a release that go-redis sends again reports the same.
 func NewRedis(client redis.UniversalClient, opts ...Option) (*RedisLocker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: NewRedis: client is nil", ErrInvalid)
+	}
+	if v := reflect.ValueOf(client); v.Kind() == reflect.Pointer && v.IsNil() {
+		return nil, fmt.Errorf("%w: NewRedis: client is a nil %T", ErrInvalid, client)
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, err
 	}
-	b := &redisBackend{c: client, prefix: cfg.prefix, subs: make(map[string]*subscribers)}
+	b := &redisBackend{c: client, prefix: escapeKey(cfg.prefix), grace: retryWindow(client), subs: make(map[string]*subscribers)}
 	return &RedisLocker{e: newEngine(cfg, b), r: b}, nil
+}
+
+// retryWindow is how long after a command's first run go-redis may run it
+// again: every retry waits for a read timeout and a backoff.
+func retryWindow(client redis.UniversalClient) time.Duration {
+	retries, read, backoff := 3, 3*time.Second, 512*time.Millisecond
+	switch c := client.(type) {
+	case *redis.Client:
+		o := c.Options()
+		retries, read, backoff = o.MaxRetries, o.ReadTimeout, o.MaxRetryBackoff
+	case *redis.ClusterClient:
+		o := c.Options()
+		retries, read, backoff = o.MaxRetries, o.ReadTimeout, o.MaxRetryBackoff
+	case *redis.Ring:
+		o := c.Options()
+		retries, read, backoff = o.MaxRetries, o.ReadTimeout, o.MaxRetryBackoff
+	}
+	if read <= 0 {
+		read = 3 * time.Second
+	}
+	w := time.Duration(max(retries, 0)+1) * (read + max(backoff, 0))
+	return min(max(w, time.Second), time.Minute)
 }
 
 // Owner returns the owner id recorded with this Locker's leases.
 func (l *RedisLocker) Owner() string { return l.e.cfg.owner }
 
 // TryAcquire implements Locker.
-func (l *RedisLocker) TryAcquire(ctx context.Context, key string, opt *Options) (*Lease, error) {
+func (l *RedisLocker) TryAcquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error) {
 	return l.e.tryAcquire(ctx, key, opt)
 }
 
 // Acquire implements Locker.
-func (l *RedisLocker) Acquire(ctx context.Context, key string, opt *Options) (*Lease, error) {
+func (l *RedisLocker) Acquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error) {
 	return l.e.acquireWait(ctx, key, opt)
 }
 
@@ -81,29 +122,56 @@ func (l *RedisLocker) Inspect(ctx context.Context, key string) (*Info, error) {
 	return l.e.inspect(ctx, key)
 }
 
+// Logger implements Locker.
+func (l *RedisLocker) Logger() *slog.Logger { return l.e.cfg.logger }
+
 // Close implements Locker. It does not close the Redis client.
 func (l *RedisLocker) Close(ctx context.Context) error { return l.e.close(ctx) }
 
-// Keys returns the keys matching pattern (Redis glob syntax, applied to the
-// key without the prefix) that have at least one holder. It uses SCAN on every
-// master, never KEYS; a key may be missed or reported after it was released,
-// as SCAN guarantees.
+// Keys implements Locker. It uses SCAN on every master, never KEYS, then
+// checks each key's holders; a key may be missed or reported after it was
+// released, as SCAN guarantees.
 func (l *RedisLocker) Keys(ctx context.Context, pattern string) ([]string, error) {
-	match := globEscape(l.r.prefix) + "{" + pattern + "}:h"
+	// The server filters by the pattern when its escaped form means the same;
+	// globMatch decides in every case.
+	tag := "*"
+	if !strings.ContainsAny(pattern, "[{}%") {
+		tag = pattern
+	}
+	match := globEscape(l.r.prefix) + "{" + tag + "}:h"
 	var (
 		mu  sync.Mutex
 		out []string
 	)
 	scan := func(ctx context.Context, c redis.Cmdable) error {
+		var found []string
 		iter := c.Scan(ctx, 0, match, 1000).Iterator()
 		for iter.Next(ctx) {
-			k := iter.Val()
-			k = strings.TrimSuffix(strings.TrimPrefix(k, l.r.prefix+"{"), "}:h")
-			mu.Lock()
-			out = append(out, k)
-			mu.Unlock()
+			found = append(found, iter.Val())
 		}
-		return iter.Err()
+		if err := iter.Err(); err != nil {
+			return err
+		}
+		// A holders key lives as long as its longest record: keep the keys
+		// with a live holder.
+		cmds := make([]*redis.Cmd, len(found))
+		if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, k := range found {
+				cmds[i] = inspectScript.Eval(ctx, p, []string{k, k})
+			}
+			return nil
+		}); err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for i, k := range found {
+			key := unescape(strings.TrimSuffix(strings.TrimPrefix(k, l.r.prefix+"{"), "}:h"))
+			if vals, err := cmds[i].Slice(); err == nil && len(vals) > 1 && globMatch(pattern, key) {
+				out = append(out, key)
+			}
+		}
+		return nil
 	}
 	var err error
 	if cc, ok := l.r.c.(*redis.ClusterClient); ok {
@@ -114,6 +182,7 @@ func (l *RedisLocker) Keys(ctx context.Context, pattern string) ([]string, error
 	if err != nil {
 		return nil, fmt.Errorf("lockkit: keys %q: %w", pattern, err)
 	}
+	sort.Strings(out)
 	return out, nil
 }
 
@@ -131,7 +200,8 @@ func globEscape(s string) string {
 
 type redisBackend struct {
 	c      redis.UniversalClient
-	prefix string
+	prefix string        // escaped
+	grace  time.Duration // how long a released holder is remembered
 
 	mu   sync.Mutex
 	ps   *redis.PubSub
@@ -143,11 +213,51 @@ type redisBackend struct {
 type lockKeys struct{ holders, meta, queue, waiters, fence, channel string }
 
 func (b *redisBackend) keys(key string) lockKeys {
-	base := b.prefix + "{" + key + "}"
+	base := b.prefix + "{" + escapeKey(key) + "}"
 	return lockKeys{base + ":h", base + ":m", base + ":q", base + ":w", base + ":f", base + ":r"}
 }
 
 func ms(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+
+// ready fails with ErrUnsupported when the server is older than
+// MinRedisVersion. A server that does not report its version (INFO renamed
+// or limited) is accepted.
+func (b *redisBackend) ready(ctx context.Context) error {
+	info, err := b.c.Info(ctx, "server").Result()
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("lockkit: checking the Redis version: %w", err)
+		}
+		return nil
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			if versionLess(v, MinRedisVersion) {
+				return fmt.Errorf("%w: Redis %s is older than %s", ErrUnsupported, v, MinRedisVersion)
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+// versionLess compares dotted version numbers.
+func versionLess(a, b string) bool {
+	as, bs := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < max(len(as), len(bs)); i++ {
+		var x, y int
+		if i < len(as) {
+			x, _ = strconv.Atoi(as[i])
+		}
+		if i < len(bs) {
+			y, _ = strconv.Atoi(bs[i])
+		}
+		if x != y {
+			return x < y
+		}
+	}
+	return false
+}
 
 func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
 	k := b.keys(r.key)
@@ -156,18 +266,28 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 		fair = "1"
 	}
 	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence},
-		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL)).Slice()
+		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label)).Slice()
 	if err != nil {
 		return acquireResult{}, err
 	}
-	if len(vals) < 2 {
+	if len(vals) < 1 {
 		return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
 	}
 	switch toInt(vals[0]) {
 	case 1:
+		if len(vals) < 2 {
+			return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
+		}
 		return acquireResult{ok: true, token: toInt(vals[1])}, nil
 	case -1:
+		if len(vals) < 2 {
+			return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
+		}
 		return acquireResult{lastEpoch: toInt(vals[1])}, nil
+	case -2:
+		return acquireResult{completed: true}, nil
+	case -3:
+		return acquireResult{abandoned: true}, nil
 	}
 	return conflictOf(r.key, vals)
 }
@@ -179,7 +299,7 @@ func conflictOf(key string, vals []any) (acquireResult, error) {
 	}
 	c := &ConflictError{Key: key, TTL: time.Duration(toInt(vals[2])) * time.Millisecond, Holders: int(toInt(vals[3])), Ahead: int(toInt(vals[4]))}
 	if m, _ := vals[1].(string); m != "" {
-		c.Token, c.Owner = parseMember(m)
+		c.Token, c.Owner, c.Label = parseMember(m)
 	}
 	return acquireResult{conflict: c}, nil
 }
@@ -229,18 +349,25 @@ func (b *redisBackend) pipelineScript(ctx context.Context, s *redis.Script, leas
 	return cmds
 }
 
-func (b *redisBackend) release(ctx context.Context, leases []*Lease) ([]bool, error) {
+func (b *redisBackend) release(ctx context.Context, leases []*Lease, done time.Duration) ([]bool, error) {
+	label := func(l *Lease) string {
+		if done > 0 {
+			return escapeLabel(l.label)
+		}
+		return ""
+	}
+	args := func(l *Lease) []any {
+		return []any{l.member, l.aid, b.keys(l.key).channel, ms(b.grace), label(l), ms(done), ms(l.ttl)}
+	}
 	held := make([]bool, len(leases))
 	if len(leases) == 1 {
 		l := leases[0]
 		k := b.keys(l.key)
-		n, err := releaseScript.Run(ctx, b.c, []string{k.holders, k.waiters}, l.member, k.channel).Int64()
+		n, err := releaseScript.Run(ctx, b.c, []string{k.holders, k.waiters}, args(l)...).Int64()
 		held[0] = n == 1
 		return held, err
 	}
-	cmds := b.pipelineScript(ctx, releaseScript, leases, func(k lockKeys) []string { return []string{k.holders, k.waiters} }, func(l *Lease) []any {
-		return []any{l.member, b.keys(l.key).channel}
-	})
+	cmds := b.pipelineScript(ctx, releaseScript, leases, func(k lockKeys) []string { return []string{k.holders, k.waiters} }, args)
 	var errs []error
 	for i, c := range cmds {
 		n, err := c.Int64()
@@ -252,11 +379,14 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease) ([]bool, er
 	return held, errors.Join(errs...)
 }
 
-func (b *redisBackend) extend(ctx context.Context, leases []*Lease) []error {
-	ttl := func(l *Lease) int64 {
-		l.e.mu.Lock()
-		defer l.e.mu.Unlock()
-		return ms(l.ttl)
+func (b *redisBackend) extend(ctx context.Context, leases []*Lease, ttls []time.Duration, renew bool) []error {
+	mode := "0"
+	if renew {
+		mode = "1"
+	}
+	idx := make(map[*Lease]int, len(leases))
+	for i, l := range leases {
+		idx[l] = i
 	}
 	cmds := b.pipelineScript(ctx, extendScript, leases,
 		func(k lockKeys) []string { return []string{k.holders, k.meta} },
@@ -265,7 +395,7 @@ func (b *redisBackend) extend(ctx context.Context, leases []*Lease) []error {
 			if l.epoch {
 				epoch = "1"
 			}
-			return []any{l.member, ttl(l), epoch}
+			return []any{l.member, ms(ttls[idx[l]]), epoch, mode}
 		})
 	errs := make([]error, len(leases))
 	for i, c := range cmds {
@@ -278,6 +408,34 @@ func (b *redisBackend) extend(ctx context.Context, leases []*Lease) []error {
 		}
 	}
 	return errs
+}
+
+// groups splits leases by the Cluster master that stores them; on any other
+// client they are one group.
+func (b *redisBackend) groups(leases []*Lease) [][]*Lease {
+	cc, ok := b.c.(*redis.ClusterClient)
+	if !ok {
+		return [][]*Lease{leases}
+	}
+	byNode := make(map[string][]*Lease)
+	var order []string
+	for _, l := range leases {
+		addr := ""
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if c, err := cc.MasterForKey(ctx, b.keys(l.key).holders); err == nil {
+			addr = c.Options().Addr
+		}
+		cancel()
+		if _, seen := byNode[addr]; !seen {
+			order = append(order, addr)
+		}
+		byNode[addr] = append(byNode[addr], l)
+	}
+	out := make([][]*Lease, len(order))
+	for i, a := range order {
+		out[i] = byNode[a]
+	}
+	return out
 }
 
 func (b *redisBackend) leave(ctx context.Context, key, waiter string) error {
@@ -297,8 +455,8 @@ func (b *redisBackend) inspect(ctx context.Context, key string) (*Info, error) {
 	}
 	for i := 1; i+1 < len(vals); i += 2 {
 		m, _ := vals[i].(string)
-		tok, owner := parseMember(m)
-		info.Holders = append(info.Holders, Holder{Owner: owner, Token: tok, TTL: time.Duration(toInt(vals[i+1])) * time.Millisecond})
+		tok, owner, label := parseMember(m)
+		info.Holders = append(info.Holders, Holder{Owner: owner, Label: label, Token: tok, TTL: time.Duration(toInt(vals[i+1])) * time.Millisecond})
 	}
 	return info, nil
 }

@@ -22,7 +22,8 @@ func cacheScripts(t *testing.T, c redis.Scripter) {
 }
 
 // An uncontended TryAcquire then Release, with default options (auto-renewal
-// on), costs one round trip each once the scripts are cached.
+// on), costs one round trip each once the scripts are cached and the Locker
+// has checked the server's version.
 func TestAcquireReleaseCostsTwoRoundTrips(t *testing.T) {
 	ctx := ctxT(t)
 	client := testredis.Client(t)
@@ -33,6 +34,11 @@ func TestAcquireReleaseCostsTwoRoundTrips(t *testing.T) {
 	l, err := NewRedis(client, WithPrefix(prefix))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	// The first acquire of a Locker also reads the server's version.
+	lease, err := l.TryAcquire(ctx, "first", nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, rt.Count(), "INFO, then the acquire")
+	require.NoError(t, lease.Release(ctx))
 
 	for i := range 50 {
 		rt.Reset()
@@ -84,7 +90,7 @@ func TestRenewalCostsOneRoundTripPerTick(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 
-	opt := &Options{TTL: 600 * time.Millisecond} // renewed every 200ms
+	opt := &AcquireOptions{TTL: 600 * time.Millisecond} // renewed every 200ms
 	for i := range leases {
 		_, err := l.TryAcquire(ctx, fmt.Sprintf("job:%d", i), opt)
 		require.NoError(t, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,6 +29,8 @@ type harness struct {
 	steal func(t *testing.T, key string)
 	// wipe forgets everything (a Redis restart without persistence).
 	wipe func(t *testing.T)
+	// prefix is the key prefix the harness's Lockers use ("" in memory).
+	prefix string
 }
 
 func memoryHarness(t *testing.T) *harness {
@@ -80,6 +83,7 @@ func universalHarness(t *testing.T, client redis.UniversalClient, newClient func
 		return l
 	}
 	return &harness{
+		prefix: prefix,
 		locker: func(t *testing.T, opts ...Option) Locker { return newLocker(t, client, opts...) },
 		killable: func(t *testing.T, opts ...Option) (Locker, func()) {
 			own := newClient()
@@ -87,7 +91,7 @@ func universalHarness(t *testing.T, client redis.UniversalClient, newClient func
 			return newLocker(t, own, opts...), func() { _ = own.Close() }
 		},
 		steal: func(t *testing.T, key string) {
-			require.NoError(t, client.Del(context.Background(), prefix+"{"+key+"}:h").Err())
+			require.NoError(t, client.Del(context.Background(), escapeKey(prefix)+"{"+escapeKey(key)+"}:h").Err())
 		},
 		wipe: func(t *testing.T) {
 			wipe := func(ctx context.Context, c redis.Cmdable) error {
@@ -111,7 +115,8 @@ func TestBehaviourMemory(t *testing.T) { runSuite(t, memoryHarness) }
 
 func TestBehaviourMiniredis(t *testing.T) {
 	runSuite(t, func(t *testing.T) *harness {
-		_, c := testredis.Mini(t)
+		mr, c := testredis.Mini(t)
+		mr.ClockTTL(true) // keys expire as real time passes, as on Redis
 		return redisHarness(t, c)
 	})
 }
@@ -150,6 +155,12 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"RunReleasesOnPanic", testRunPanic},
 		{"Validation", testValidation},
 		{"KeysListsHeldKeys", testKeys},
+		{"KeysSkipsKeysWithNoLiveHolder", testKeysLive},
+		{"AnyKeyAndPrefix", testBraces},
+		{"EpochForgottenAfterEpochTTL", testEpochForgotten},
+		{"LabelsAreUniqueAmongHolders", testLabels},
+		{"CompletedLabelIsRefused", testComplete},
+		{"HugeTTLsAreRejected", testHugeTTL},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -242,7 +253,7 @@ func testReleaseOwnerChecked(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	a := h.locker(t)
 	b := h.locker(t)
-	la, err := a.TryAcquire(ctx, "k", &Options{TTL: MinTTL, NoRenew: true})
+	la, err := a.TryAcquire(ctx, "k", &AcquireOptions{TTL: MinTTL, NoRenew: true})
 	require.NoError(t, err)
 	lb, err := b.Acquire(ctx, "k", nil) // after la expires
 	require.NoError(t, err)
@@ -260,7 +271,7 @@ func testReleaseOwnerChecked(t *testing.T, h *harness) {
 func testExtend(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	a := h.locker(t)
-	la, err := a.TryAcquire(ctx, "k", &Options{TTL: time.Second, NoRenew: true})
+	la, err := a.TryAcquire(ctx, "k", &AcquireOptions{TTL: time.Second, NoRenew: true})
 	require.NoError(t, err)
 	require.NoError(t, la.Extend(ctx, time.Minute))
 	info, err := a.Inspect(ctx, "k")
@@ -288,7 +299,7 @@ func testRenewal(t *testing.T, h *harness) {
 	}))
 	b := h.locker(t)
 	ttl := 300 * time.Millisecond
-	la, err := a.TryAcquire(ctx, "k", &Options{TTL: ttl})
+	la, err := a.TryAcquire(ctx, "k", &AcquireOptions{TTL: ttl})
 	require.NoError(t, err)
 	// Five renewals span well over one TTL.
 	start := time.Now()
@@ -309,7 +320,7 @@ func testRenewal(t *testing.T, h *harness) {
 func testLost(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	a := h.locker(t)
-	la, err := a.TryAcquire(ctx, "k", &Options{TTL: 300 * time.Millisecond})
+	la, err := a.TryAcquire(ctx, "k", &AcquireOptions{TTL: 300 * time.Millisecond})
 	require.NoError(t, err)
 	started := make(chan struct{})
 	done := make(chan error, 1)
@@ -337,7 +348,7 @@ func testDeadHolder(t *testing.T, h *harness) {
 	ttl := 400 * time.Millisecond
 	holder, kill := h.killable(t)
 	waiter := h.locker(t, WithPollInterval(50*time.Millisecond))
-	lh, err := holder.TryAcquire(ctx, "k", &Options{TTL: ttl})
+	lh, err := holder.TryAcquire(ctx, "k", &AcquireOptions{TTL: ttl})
 	require.NoError(t, err)
 	kill()
 	killed := time.Now()
@@ -372,7 +383,7 @@ func testFencing(t *testing.T, h *harness) {
 
 func testLimit(t *testing.T, h *harness) {
 	ctx := ctxT(t)
-	opt := &Options{Limit: 3}
+	opt := &AcquireOptions{Limit: 3}
 	var held []*Lease
 	for i := range 3 {
 		l, err := h.locker(t).TryAcquire(ctx, "k", opt)
@@ -429,7 +440,7 @@ func testFair(t *testing.T, h *harness) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l, err := w.Acquire(ctx, "k", &Options{Fair: true})
+			l, err := w.Acquire(ctx, "k", &AcquireOptions{Fair: true})
 			if err != nil {
 				t.Error(err)
 				return
@@ -454,7 +465,7 @@ func testDeadWaiter(t *testing.T, h *harness) {
 	require.NoError(t, err)
 	// A fair waiter that queued once and then died: it never polls or leaves.
 	dead := engineOf(h.locker(t, WithPollInterval(poll)))
-	r, err := dead.cfg.request("k", &Options{Fair: true})
+	r, err := dead.cfg.request("k", &AcquireOptions{Fair: true})
 	require.NoError(t, err)
 	r.waiter = "dead-waiter"
 	res, err := dead.b.acquire(ctx, &r)
@@ -465,7 +476,7 @@ func testDeadWaiter(t *testing.T, h *harness) {
 	live := h.locker(t, WithPollInterval(poll))
 	got := make(chan error, 1)
 	go func() {
-		l, err := live.Acquire(ctx, "k", &Options{Fair: true})
+		l, err := live.Acquire(ctx, "k", &AcquireOptions{Fair: true})
 		if err == nil {
 			err = l.Release(ctx)
 		}
@@ -494,15 +505,15 @@ func testEpoch(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	a := h.locker(t)
 	b := h.locker(t)
-	l, err := a.TryAcquire(ctx, "tick", &Options{Epoch: 100, EpochTTL: time.Minute})
+	l, err := a.TryAcquire(ctx, "tick", &AcquireOptions{Epoch: 100, EpochTTL: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, l.Release(ctx))
 	// A replica that fires the same tick late finds it claimed.
-	_, err = b.TryAcquire(ctx, "tick", &Options{Epoch: 100})
+	_, err = b.TryAcquire(ctx, "tick", &AcquireOptions{Epoch: 100})
 	require.ErrorIs(t, err, ErrEpochUsed)
-	_, err = b.Acquire(ctx, "tick", &Options{Epoch: 99})
+	_, err = b.Acquire(ctx, "tick", &AcquireOptions{Epoch: 99})
 	require.ErrorIs(t, err, ErrEpochUsed)
-	l, err = b.TryAcquire(ctx, "tick", &Options{Epoch: 101})
+	l, err = b.TryAcquire(ctx, "tick", &AcquireOptions{Epoch: 101})
 	require.NoError(t, err)
 	require.NoError(t, l.Release(ctx))
 }
@@ -514,13 +525,13 @@ func testInspect(t *testing.T, h *harness) {
 	info, err := a.Inspect(ctx, "k")
 	require.NoError(t, err)
 	require.Empty(t, info.Holders)
-	la, err := a.TryAcquire(ctx, "k", &Options{Limit: 2, TTL: time.Minute})
+	la, err := a.TryAcquire(ctx, "k", &AcquireOptions{Limit: 2, TTL: time.Minute})
 	require.NoError(t, err)
-	lb, err := b.TryAcquire(ctx, "k", &Options{Limit: 2, TTL: 2 * time.Minute})
+	lb, err := b.TryAcquire(ctx, "k", &AcquireOptions{Limit: 2, TTL: 2 * time.Minute})
 	require.NoError(t, err)
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go func() { _, _ = h.locker(t).Acquire(wctx, "k", &Options{Limit: 2}) }()
+	go func() { _, _ = h.locker(t).Acquire(wctx, "k", &AcquireOptions{Limit: 2}) }()
 	waitWaiters(t, a, "k", 1)
 	info, err = b.Inspect(ctx, "k")
 	require.NoError(t, err)
@@ -601,16 +612,16 @@ func testValidation(t *testing.T, h *harness) {
 	cases := []struct {
 		name string
 		key  string
-		opt  *Options
+		opt  *AcquireOptions
 		want string
 	}{
 		{"empty key", "", nil, "key is empty"},
-		{"negative TTL", "k", &Options{TTL: -time.Second}, "TTL -1s is shorter than MinTTL"},
-		{"TTL too short to renew", "k", &Options{TTL: 10 * time.Millisecond}, "TTL 10ms is shorter than MinTTL"},
-		{"renew interval equals TTL", "k", &Options{TTL: time.Second, RenewInterval: time.Second}, "RenewInterval 1s must be positive and shorter than TTL 1s"},
-		{"negative renew interval", "k", &Options{RenewInterval: -time.Second}, "RenewInterval -1s must be positive"},
-		{"limit below one", "k", &Options{Limit: -1}, "Limit -1 must be at least 1"},
-		{"negative epoch", "k", &Options{Epoch: -1}, "Epoch -1 must not be negative"},
+		{"negative TTL", "k", &AcquireOptions{TTL: -time.Second}, "TTL -1s is shorter than MinTTL"},
+		{"TTL too short to renew", "k", &AcquireOptions{TTL: 10 * time.Millisecond}, "TTL 10ms is shorter than MinTTL"},
+		{"renew interval equals TTL", "k", &AcquireOptions{TTL: time.Second, RenewInterval: time.Second}, "RenewInterval 1s must be positive and shorter than TTL 1s"},
+		{"negative renew interval", "k", &AcquireOptions{RenewInterval: -time.Second}, "RenewInterval -1s must be positive"},
+		{"limit below one", "k", &AcquireOptions{Limit: -1}, "Limit -1 must be at least 1"},
+		{"negative epoch", "k", &AcquireOptions{Epoch: -1}, "Epoch -1 must not be negative"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -626,22 +637,30 @@ func testValidation(t *testing.T, h *harness) {
 func testKeys(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	l := h.locker(t)
-	lister := l.(interface {
-		Keys(ctx context.Context, pattern string) ([]string, error)
-	})
 	var leases []*Lease
-	for _, k := range []string{"tenant:1", "tenant:2", "report", "tenant:3"} {
+	for _, k := range []string{"tenant:1", "tenant:2", "report", "tenant:3", "a/b/c", "x[1]", "T*"} {
 		lease, err := l.TryAcquire(ctx, k, nil)
 		require.NoError(t, err)
 		leases = append(leases, lease)
 	}
 	require.NoError(t, leases[3].Release(ctx))
-	keys, err := lister.Keys(ctx, "tenant:*")
-	require.NoError(t, err)
-	require.ElementsMatch(t, []string{"tenant:1", "tenant:2"}, keys)
-	keys, err = lister.Keys(ctx, "*")
-	require.NoError(t, err)
-	require.ElementsMatch(t, []string{"tenant:1", "tenant:2", "report"}, keys)
+	// One glob syntax (Redis') on every backend.
+	for pattern, want := range map[string][]string{
+		"tenant:*":     {"tenant:1", "tenant:2"},
+		"*":            {"T*", "a/b/c", "report", "tenant:1", "tenant:2", "x[1]"},
+		"tenant:[12]":  {"tenant:1", "tenant:2"},
+		"tenant:[^1]":  {"tenant:2"},
+		"tenant:[0-1]": {"tenant:1"},
+		"a*c":          {"a/b/c"},
+		"?eport":       {"report"},
+		"x\\[1]":       {"x[1]"},
+		"T\\*":         {"T*"},
+		"nothing*":     nil,
+	} {
+		keys, err := l.Keys(ctx, pattern)
+		require.NoError(t, err)
+		require.Equal(t, want, keys, "pattern %q", pattern)
+	}
 }
 
 // A run that outlasts its TTL (kept alive by renewal) must not let its epoch
@@ -655,13 +674,177 @@ func testEpochLongRun(t *testing.T, h *harness) {
 		}
 	}))
 	ttl := 300 * time.Millisecond
-	l, err := a.TryAcquire(ctx, "tick", &Options{TTL: ttl, Epoch: 5})
+	l, err := a.TryAcquire(ctx, "tick", &AcquireOptions{TTL: ttl, Epoch: 5})
 	require.NoError(t, err)
 	start := time.Now()
 	for time.Since(start) < 2*ttl {
 		<-renewed
 	}
 	require.NoError(t, l.Release(ctx))
-	_, err = h.locker(t).TryAcquire(ctx, "tick", &Options{TTL: ttl, Epoch: 5})
+	_, err = h.locker(t).TryAcquire(ctx, "tick", &AcquireOptions{TTL: ttl, Epoch: 5})
 	require.ErrorIs(t, err, ErrEpochUsed)
+}
+
+// A key whose only holder expired is not listed, even when a released
+// holder with a longer TTL made its record outlive it.
+func testKeysLive(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	short, kill := h.killable(t)
+	long := h.locker(t)
+	opt := &AcquireOptions{Limit: 2, TTL: 200 * time.Millisecond}
+	_, err := short.TryAcquire(ctx, "k", opt)
+	require.NoError(t, err)
+	ll, err := long.TryAcquire(ctx, "k", &AcquireOptions{Limit: 2, TTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, ll.Release(ctx))
+	kill() // the short holder's process dies: nobody releases it
+	keys, err := long.Keys(ctx, "*")
+	require.NoError(t, err)
+	require.Equal(t, []string{"k"}, keys)
+	require.Eventually(t, func() bool {
+		keys, err := long.Keys(ctx, "*")
+		require.NoError(t, err)
+		return len(keys) == 0
+	}, 5*time.Second, 10*time.Millisecond)
+}
+
+// Braces and percent signs in keys and prefixes are plain characters: every
+// key is its own lock, on Redis Cluster too.
+func testBraces(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	keys := []string{"}job", "{a}", "a{}b", "{", "}", "%7B", "{}", "x%y"}
+	for _, prefix := range []string{"", "app{}:", "}{:"} {
+		var opts []Option
+		if prefix != "" {
+			opts = append(opts, WithPrefix(h.prefix+prefix))
+		}
+		a := h.locker(t, opts...)
+		b := h.locker(t, opts...)
+		var leases []*Lease
+		for _, k := range keys {
+			l, err := a.TryAcquire(ctx, k, &AcquireOptions{TTL: 5 * time.Second})
+			require.NoError(t, err, "prefix %q key %q", prefix, k)
+			leases = append(leases, l)
+			_, err = b.TryAcquire(ctx, k, nil)
+			require.ErrorIs(t, err, ErrNotAcquired, "prefix %q key %q", prefix, k)
+			info, err := b.Inspect(ctx, k)
+			require.NoError(t, err)
+			require.Len(t, info.Holders, 1)
+			require.Equal(t, l.Token(), info.Holders[0].Token)
+		}
+		got, err := a.Keys(ctx, "*")
+		require.NoError(t, err)
+		require.ElementsMatch(t, keys, got, "prefix %q", prefix)
+		for _, l := range leases {
+			require.NoError(t, l.Release(ctx))
+			lb, err := b.TryAcquire(ctx, l.Key(), nil)
+			require.NoError(t, err)
+			require.NoError(t, lb.Release(ctx))
+		}
+	}
+}
+
+// An epoch is forgotten EpochTTL after its claim once no lease that claimed
+// it lives, whatever other leases of the key do.
+func testEpochForgotten(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t)
+	ttl := 200 * time.Millisecond
+	l, err := a.TryAcquire(ctx, "tick", &AcquireOptions{Limit: 2, TTL: ttl, Epoch: 5, EpochTTL: ttl})
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+	// A lease without an epoch, renewed and extended meanwhile.
+	other, err := h.locker(t).TryAcquire(ctx, "tick", &AcquireOptions{Limit: 2, TTL: 2 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, other.Extend(ctx, 3*time.Second))
+	_, err = a.TryAcquire(ctx, "tick", &AcquireOptions{Limit: 2, Epoch: 5})
+	require.ErrorIs(t, err, ErrEpochUsed)
+	require.Eventually(t, func() bool {
+		l, err := a.TryAcquire(ctx, "tick", &AcquireOptions{Limit: 2, TTL: ttl, Epoch: 5})
+		if errors.Is(err, ErrEpochUsed) {
+			return false
+		}
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx))
+		return true
+	}, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, other.Release(ctx))
+}
+
+// Two live holders of a key never share a label, whatever the limit.
+func testLabels(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t, WithOwner("lab-a"))
+	b := h.locker(t, WithOwner("lab-b"))
+	opt := &AcquireOptions{Limit: 3, Label: "task:1 {x}%"}
+	la, err := a.TryAcquire(ctx, "k", opt)
+	require.NoError(t, err)
+	lo, err := b.TryAcquire(ctx, "k", &AcquireOptions{Limit: 3, Label: "task:2"})
+	require.NoError(t, err)
+	_, err = b.TryAcquire(ctx, "k", opt)
+	var ce *ConflictError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "lab-a", ce.Owner)
+	require.Equal(t, opt.Label, ce.Label)
+	require.Equal(t, la.Token(), ce.Token)
+	info, err := b.Inspect(ctx, "k")
+	require.NoError(t, err)
+	labels := []string{info.Holders[0].Label, info.Holders[1].Label}
+	require.ElementsMatch(t, []string{"task:1 {x}%", "task:2"}, labels)
+	require.NoError(t, la.Release(ctx))
+	lb, err := b.TryAcquire(ctx, "k", opt)
+	require.NoError(t, err)
+	require.NoError(t, lb.Release(ctx))
+	require.NoError(t, lo.Release(ctx))
+}
+
+// A label recorded by Complete refuses later acquires of it, for keep.
+func testComplete(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t)
+	l, err := a.TryAcquire(ctx, "k", nil)
+	require.NoError(t, err)
+	require.ErrorIs(t, l.Complete(ctx, time.Second), ErrInvalid, "no label")
+	require.NoError(t, l.Release(ctx))
+	l, err = a.TryAcquire(ctx, "k", &AcquireOptions{Label: "t1"})
+	require.NoError(t, err)
+	require.ErrorIs(t, l.Complete(ctx, 0), ErrInvalid)
+	require.NoError(t, l.Complete(ctx, 300*time.Millisecond))
+	_, err = h.locker(t).TryAcquire(ctx, "k", &AcquireOptions{Label: "t1"})
+	require.ErrorIs(t, err, ErrCompleted)
+	_, err = h.locker(t).Acquire(ctx, "k", &AcquireOptions{Label: "t1"})
+	require.ErrorIs(t, err, ErrCompleted)
+	other, err := a.TryAcquire(ctx, "k", &AcquireOptions{Label: "t2"})
+	require.NoError(t, err, "other labels are not affected")
+	require.NoError(t, other.Release(ctx))
+	require.Eventually(t, func() bool {
+		l, err := a.TryAcquire(ctx, "k", &AcquireOptions{Label: "t1"})
+		if errors.Is(err, ErrCompleted) {
+			return false
+		}
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx))
+		return true
+	}, 5*time.Second, 10*time.Millisecond)
+}
+
+// TTLs past MaxTTL are refused, never stored as already expired.
+func testHugeTTL(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	l := h.locker(t)
+	for _, opt := range []*AcquireOptions{
+		{TTL: math.MaxInt64},
+		{TTL: MaxTTL + time.Millisecond},
+		{EpochTTL: math.MaxInt64, Epoch: 1},
+	} {
+		_, err := l.TryAcquire(ctx, "k", opt)
+		require.ErrorIs(t, err, ErrInvalid)
+		require.ErrorContains(t, err, "MaxTTL")
+	}
+	lease, err := l.TryAcquire(ctx, "k", &AcquireOptions{TTL: MaxTTL})
+	require.NoError(t, err)
+	require.ErrorIs(t, lease.Extend(ctx, math.MaxInt64), ErrInvalid)
+	_, err = h.locker(t).TryAcquire(ctx, "k", nil)
+	require.ErrorIs(t, err, ErrNotAcquired, "a MaxTTL lease is held")
+	require.NoError(t, lease.Release(ctx))
 }

@@ -67,13 +67,9 @@ type Event struct {
 // Observer receives a guard's events synchronously; it must be fast.
 type Observer func(ctx context.Context, e Event)
 
-// LogObserver returns an Observer that logs to l: EventLost, EventError and an
-// EventReleased whose job failed at Warn, everything else at Debug. A nil l
-// means slog.Default().
-func LogObserver(l *slog.Logger) Observer {
-	if l == nil {
-		l = slog.Default()
-	}
+// logObserver returns an Observer that logs to l: EventLost, EventError and
+// an EventReleased whose job failed at Warn, everything else at Debug.
+func logObserver(l *slog.Logger) Observer {
 	return func(ctx context.Context, e Event) {
 		lvl := slog.LevelDebug
 		if e.Kind == EventLost || e.Kind == EventError || (e.Kind == EventReleased && e.Err != nil) {

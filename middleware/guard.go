@@ -25,22 +25,31 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/lockkit"
 )
 
 // Defaults of a Guard.
 const (
-	// DefaultTTL is the lease TTL: renewal keeps long work covered, and a
-	// crashed worker's key frees within this time. It matches asynq's 30s worker
-	// lease, so a crashed task's key is free by the time asynq re-delivers it.
-	DefaultTTL = 30 * time.Second
 	// DefaultRequeueDelay is the base delay of Requeue when none is given.
 	DefaultRequeueDelay = 5 * time.Second
+	// CompletedRetention is how long a run that succeeded after its caller's
+	// ctx ended (the runtime gave up on it and may deliver it again) is
+	// remembered by its Job.Origin.
+	CompletedRetention = 24 * time.Hour
 )
 
-// ErrDuplicate is matched (errors.Is) by every *DuplicateError: the work did
-// not run because another run holds its key or already claimed its epoch.
-var ErrDuplicate = errors.New("middleware: duplicate")
+// Errors of the guard. Compare with errors.Is.
+var (
+	// ErrDuplicate is matched (errors.Is) by every *DuplicateError: the work
+	// did not run because another run holds its key or already claimed its
+	// epoch.
+	ErrDuplicate = errors.New("middleware: duplicate")
+	// ErrInvalid is matched by every error New returns for a nil locker or an
+	// invalid option; it also matches lockkit.ErrInvalid. The message names
+	// the option and the bad value.
+	ErrInvalid = invalid.New("middleware: invalid option")
+)
 
 // Action is what happens to a job whose key is held.
 type Action int
@@ -102,13 +111,13 @@ func Wait(max time.Duration, then Policy) Policy {
 func (p Policy) validate() error {
 	switch {
 	case p.OnConflict < 0 || int(p.OnConflict) >= len(actionNames):
-		return fmt.Errorf("middleware: invalid policy: unknown OnConflict action %d", int(p.OnConflict))
+		return fmt.Errorf("%w: WithPolicy: unknown OnConflict action %d", ErrInvalid, int(p.OnConflict))
 	case p.RequeueDelay < 0:
-		return fmt.Errorf("middleware: invalid policy: RequeueDelay %s is negative", p.RequeueDelay)
+		return fmt.Errorf("%w: WithPolicy: RequeueDelay %s is negative", ErrInvalid, p.RequeueDelay)
 	case p.Wait < 0:
-		return fmt.Errorf("middleware: invalid policy: Wait %s is negative", p.Wait)
+		return fmt.Errorf("%w: WithPolicy: Wait %s is negative", ErrInvalid, p.Wait)
 	case p.Fair && p.Wait == 0:
-		return fmt.Errorf("middleware: invalid policy: Fair needs a positive Wait")
+		return fmt.Errorf("%w: WithPolicy: Fair needs a positive Wait", ErrInvalid)
 	}
 	return nil
 }
@@ -123,10 +132,15 @@ const (
 	// ReasonClaimed means the job's epoch was already claimed: the same unit
 	// of work (such as a cron tick) ran elsewhere.
 	ReasonClaimed
+	// ReasonCompleted means an earlier delivery of the same work (same
+	// Job.Origin) completed successfully after the runtime had given up on
+	// it: running it again would do the work twice.
+	ReasonCompleted
 )
 
 // DuplicateError is returned by Guard.Run when the work did not run. It
-// matches ErrDuplicate and, for ReasonHeld, lockkit.ErrNotAcquired.
+// matches ErrDuplicate and, for ReasonHeld, lockkit.ErrNotAcquired; for
+// ReasonCompleted, lockkit.ErrCompleted.
 type DuplicateError struct {
 	Job    Job
 	Reason Reason
@@ -143,8 +157,11 @@ type DuplicateError struct {
 
 // Error implements error.
 func (e *DuplicateError) Error() string {
-	if e.Reason == ReasonClaimed {
+	switch e.Reason {
+	case ReasonClaimed:
 		return fmt.Sprintf("middleware: duplicate %s (key %q): already claimed: %v", e.Job.label(), e.Job.Key, e.Cause)
+	case ReasonCompleted:
+		return fmt.Sprintf("middleware: duplicate %s (key %q): delivery of %q that completed already: %v", e.Job.label(), e.Job.Key, e.Job.Origin, e.Cause)
 	}
 	return fmt.Sprintf("middleware: duplicate %s (key %q), %s: %v", e.Job.label(), e.Job.Key, e.Action, e.Cause)
 }
@@ -163,6 +180,14 @@ type Job struct {
 	Name string
 	// ID identifies this run in events (a task id, a tick). Optional.
 	ID string
+	// Origin identifies the work across the deliveries a runtime may make of
+	// it (an asynq task's ID, kept by its requeued copies). Optional. A job
+	// whose key is held by a run with the same Origin is never a duplicate of
+	// it: it waits for that run to end, bounded only by ctx, and then runs;
+	// unless that run succeeded after its ctx had ended, in which case the job
+	// does not run (ReasonCompleted, ActionSkip). Two runs with one Origin
+	// never hold a key at once, whatever WithLimit says.
+	Origin string
 	// Epoch, when positive, claims the unit of work once: a later run with an
 	// epoch not greater than the last claimed one fails with ReasonClaimed.
 	Epoch int64
@@ -187,19 +212,24 @@ func WithPolicy(p Policy) Option { return func(g *Guard) { g.policy = p } }
 // concurrency across every process). Must be at least 1. Defaults to 1.
 func WithLimit(n int) Option { return func(g *Guard) { g.limit = n } }
 
-// WithTTL sets the lease TTL; the lease is renewed every TTL/3 while the work
-// runs. Must be at least lockkit.MinTTL. Defaults to DefaultTTL (30s).
+// WithTTL overrides, for this guard's leases, the TTL the Locker gives them
+// (lockkit.WithTTL, lockkit.DefaultTTL unless set); the lease is renewed every
+// TTL/3 while the work runs. Zero means the Locker's. Must be zero or between
+// lockkit.MinTTL and lockkit.MaxTTL. Defaults to zero.
 func WithTTL(ttl time.Duration) Option { return func(g *Guard) { g.ttl = ttl } }
 
-// WithObserver adds an observer of the guard's events. It may be given more
-// than once; every observer is called, synchronously, in order. Defaults to
-// LogObserver(slog.Default()) when no observer is given.
+// WithLogger overrides, for this guard, the logger the Locker logs through
+// (lockkit.WithLogger): lost leases, errors and jobs that failed at Warn,
+// everything else at Debug. Must not be nil. Defaults to the Locker's.
+func WithLogger(l *slog.Logger) Option {
+	return func(g *Guard) { g.logger, g.loggerSet = l, true }
+}
+
+// WithObserver adds an observer of the guard's events, called synchronously
+// after the event is logged. It may be given more than once; observers are
+// called in order. Must not be nil. Defaults to none.
 func WithObserver(o Observer) Option {
-	return func(g *Guard) {
-		if o != nil {
-			g.observers = append(g.observers, o)
-		}
-	}
+	return func(g *Guard) { g.observers = append(g.observers, o) }
 }
 
 // Guard runs work under a lease on the work's key. It is safe for concurrent
@@ -209,16 +239,20 @@ type Guard struct {
 	policy    Policy
 	limit     int
 	ttl       time.Duration
+	logger    *slog.Logger
+	loggerSet bool
+	log       Observer
 	observers []Observer
 }
 
-// New returns a Guard that takes leases from locker. It returns an error for a
-// nil locker or an invalid option, naming the option and the value.
+// New returns a Guard that takes leases from locker. It returns an error
+// matching ErrInvalid for a nil locker or an invalid option, naming the option
+// and the value.
 func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	if locker == nil {
-		return nil, errors.New("middleware: New: locker is nil")
+		return nil, fmt.Errorf("%w: New: locker is nil", ErrInvalid)
 	}
-	g := &Guard{locker: locker, policy: Skip(), limit: 1, ttl: DefaultTTL}
+	g := &Guard{locker: locker, policy: Skip(), limit: 1}
 	for _, o := range opts {
 		if o != nil {
 			o(g)
@@ -233,15 +267,23 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	if err := g.policy.validate(); err != nil {
 		return nil, err
 	}
-	if g.limit < 1 {
-		return nil, fmt.Errorf("middleware: WithLimit(%d): must be at least 1", g.limit)
+	switch {
+	case g.limit < 1:
+		return nil, fmt.Errorf("%w: WithLimit(%d): must be at least 1", ErrInvalid, g.limit)
+	case g.ttl != 0 && (g.ttl < lockkit.MinTTL || g.ttl > lockkit.MaxTTL):
+		return nil, fmt.Errorf("%w: WithTTL(%s): must be zero (the Locker's) or between %s and %s", ErrInvalid, g.ttl, lockkit.MinTTL, lockkit.MaxTTL)
+	case g.loggerSet && g.logger == nil:
+		return nil, fmt.Errorf("%w: WithLogger(nil)", ErrInvalid)
 	}
-	if g.ttl < lockkit.MinTTL {
-		return nil, fmt.Errorf("middleware: WithTTL(%s): must be at least %s", g.ttl, lockkit.MinTTL)
+	for i, o := range g.observers {
+		if o == nil {
+			return nil, fmt.Errorf("%w: WithObserver #%d is nil", ErrInvalid, i+1)
+		}
 	}
-	if len(g.observers) == 0 {
-		g.observers = []Observer{LogObserver(slog.Default())}
+	if g.logger == nil {
+		g.logger = locker.Logger()
 	}
+	g.log = logObserver(g.logger)
 	return g, nil
 }
 
@@ -251,6 +293,7 @@ func (g *Guard) Policy() Policy { return g.policy }
 // Emit reports an event to the guard's observers. Adapters use it for what
 // happens outside Run, such as a requeue.
 func (g *Guard) Emit(ctx context.Context, e Event) {
+	g.log(ctx, e)
 	for _, o := range g.observers {
 		o(ctx, e)
 	}
@@ -264,7 +307,13 @@ func (g *Guard) Emit(ctx context.Context, e Event) {
 // Run returns fn's error (annotated with the loss cause if the lease was lost
 // and fn failed); nil when fn succeeded, even if the lease was lost meanwhile
 // (an EventLost reports it); a *DuplicateError when the work did not run; or
-// a lockkit error when the lease could not be taken (Redis unreachable).
+// an error when the lease could not be taken (Redis unreachable, or an
+// acquire whose outcome is unknown), which is never a *DuplicateError.
+//
+// When fn succeeds after ctx ended (the runtime gave up on the run and may
+// deliver it again) and job.Origin is set, the success is remembered for
+// CompletedRetention: a later delivery with the same Origin returns a
+// *DuplicateError with ReasonCompleted instead of running.
 func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error) (err error) {
 	// The path to fn is kept to small frames: events and errors are built in
 	// separate functions, so a task's goroutine rarely has to grow its stack.
@@ -310,7 +359,14 @@ func (g *Guard) reportLost(ctx, wctx context.Context, job Job, lease *lockkit.Le
 func (g *Guard) finish(ctx context.Context, job Job, lease *lockkit.Lease, start time.Time, p any, err error) error {
 	lost := lease.Err()
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	rerr := lease.Release(rctx)
+	var rerr error
+	if p == nil && err == nil && job.Origin != "" && ctx.Err() != nil {
+		// The runtime gave up on this run and may deliver the work again,
+		// but it is done: remember that for the next delivery.
+		rerr = lease.Complete(rctx, CompletedRetention)
+	} else {
+		rerr = lease.Release(rctx)
+	}
 	rcancel()
 	if p != nil {
 		perr := fmt.Errorf("middleware: %s panicked: %v", job.label(), p)
@@ -328,19 +384,7 @@ func (g *Guard) finish(ctx context.Context, job Job, lease *lockkit.Lease, start
 }
 
 func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Duration, error) {
-	opt := &lockkit.Options{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.Fair}
-	if g.policy.Wait > 0 {
-		return g.acquireWaiting(ctx, job, opt)
-	}
-	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)
-	if err == nil {
-		return lease, 0, nil
-	}
-	return nil, 0, g.notAcquired(ctx, job, err, 0)
-}
-
-// acquireWaiting tries once, then waits up to the policy's bound.
-func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockkit.Options) (*lockkit.Lease, time.Duration, error) {
+	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.Fair, Label: job.Origin}
 	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)
 	if err == nil {
 		return lease, 0, nil
@@ -348,9 +392,44 @@ func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockkit.Option
 	if !errors.Is(err, lockkit.ErrNotAcquired) {
 		return nil, 0, g.notAcquired(ctx, job, err, 0)
 	}
+	if ownRun(job, err) {
+		return g.awaitOwnRun(ctx, job, opt)
+	}
+	if g.policy.Wait > 0 {
+		return g.acquireWaiting(ctx, job, opt)
+	}
+	return nil, 0, g.notAcquired(ctx, job, err, 0)
+}
+
+// ownRun reports whether err is a conflict with a run of the same work.
+func ownRun(job Job, err error) bool {
+	var ce *lockkit.ConflictError
+	return job.Origin != "" && errors.As(err, &ce) && ce.Label == job.Origin
+}
+
+// awaitOwnRun waits, bounded by ctx only, for the earlier delivery of the same
+// work to end: a delivery is never skipped as a duplicate of itself.
+func (g *Guard) awaitOwnRun(ctx context.Context, job Job, opt *lockkit.AcquireOptions) (*lockkit.Lease, time.Duration, error) {
+	start := time.Now()
+	lease, err := g.locker.Acquire(ctx, job.Key, opt)
+	waited := time.Since(start)
+	switch {
+	case err == nil:
+		g.Emit(ctx, Event{Kind: EventWaited, Job: job, Wait: waited})
+		return lease, waited, nil
+	case errors.Is(err, lockkit.ErrCompleted):
+		return nil, waited, g.notAcquired(ctx, job, err, waited)
+	}
+	err = fmt.Errorf("middleware: %s: waiting for the earlier delivery of %q: %w", job.label(), job.Origin, err)
+	g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
+	return nil, waited, err
+}
+
+// acquireWaiting waits up to the policy's bound.
+func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockkit.AcquireOptions) (*lockkit.Lease, time.Duration, error) {
 	start := time.Now()
 	wctx, cancel := context.WithTimeout(ctx, g.policy.Wait)
-	lease, err = g.locker.Acquire(wctx, job.Key, opt)
+	lease, err := g.locker.Acquire(wctx, job.Key, opt)
 	cancel()
 	waited := time.Since(start)
 	switch {
@@ -359,7 +438,11 @@ func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockkit.Option
 		return lease, waited, nil
 	case ctx.Err() != nil:
 		// The caller gave up, not the policy: report that, not a duplicate.
-		return nil, waited, fmt.Errorf("middleware: %s: waiting for %q: %w", job.label(), job.Key, err)
+		err = fmt.Errorf("middleware: %s: waiting for %q: %w", job.label(), job.Key, err)
+		g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
+		return nil, waited, err
+	case ownRun(job, err):
+		return g.awaitOwnRun(ctx, job, opt)
 	}
 	return nil, waited, g.notAcquired(ctx, job, err, waited)
 }
@@ -371,6 +454,9 @@ func (g *Guard) notAcquired(ctx context.Context, job Job, err error, waited time
 	case errors.Is(err, lockkit.ErrEpochUsed):
 		g.Emit(ctx, Event{Kind: EventClaimed, Job: job, Action: ActionSkip, Wait: waited, Err: err})
 		return &DuplicateError{Job: job, Reason: ReasonClaimed, Action: ActionSkip, Waited: waited, Cause: err}
+	case errors.Is(err, lockkit.ErrCompleted):
+		g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Wait: waited, Err: err})
+		return &DuplicateError{Job: job, Reason: ReasonCompleted, Action: ActionSkip, Waited: waited, Cause: err}
 	case errors.Is(err, lockkit.ErrNotAcquired):
 		dup := &DuplicateError{Job: job, Reason: ReasonHeld, Action: g.policy.OnConflict, Waited: waited, Cause: err}
 		var ce *lockkit.ConflictError

@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -351,7 +352,7 @@ func TestNewValidation(t *testing.T) {
 		want string
 	}{
 		{"limit", []middleware.Option{middleware.WithLimit(0)}, "WithLimit(0): must be at least 1"},
-		{"ttl", []middleware.Option{middleware.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be at least 100ms"},
+		{"ttl", []middleware.Option{middleware.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
 		{"negative wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "Wait -1s is negative"},
 		{"negative delay", []middleware.Option{middleware.WithPolicy(middleware.Requeue(-time.Second))}, "RequeueDelay -1s is negative"},
 		{"fair without wait", []middleware.Option{middleware.WithPolicy(middleware.Policy{Fair: true})}, "Fair needs a positive Wait"},
@@ -360,6 +361,8 @@ func TestNewValidation(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := middleware.New(l, c.opts...)
+			require.ErrorIs(t, err, middleware.ErrInvalid)
+			require.ErrorIs(t, err, lockkit.ErrInvalid)
 			require.ErrorContains(t, err, c.want)
 		})
 	}
@@ -373,17 +376,125 @@ func TestNewValidation(t *testing.T) {
 	require.ErrorContains(t, err, "report: empty key")
 }
 
-func TestLogObserverLevels(t *testing.T) {
-	var buf strings.Builder
-	log := middleware.LogObserver(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn})))
+// syncBuffer is a log destination safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (w *syncBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// The TTL and the logger given once at the Locker are what the guard uses;
+// a guard option overrides them for that guard only.
+func TestSettingsComeFromTheLocker(t *testing.T) {
 	ctx := context.Background()
-	job := middleware.Job{Key: "k", Name: "report", ID: "t1"}
-	log(ctx, middleware.Event{Kind: middleware.EventAcquired, Job: job})
-	log(ctx, middleware.Event{Kind: middleware.EventReleased, Job: job})
-	require.Empty(t, buf.String(), "routine events stay at Debug")
-	log(ctx, middleware.Event{Kind: middleware.EventReleased, Job: job, Err: errors.New("smtp down")})
-	log(ctx, middleware.Event{Kind: middleware.EventLost, Job: job, Err: lockkit.ErrLost})
-	out := buf.String()
-	require.Contains(t, out, `level=WARN msg="jobguard: released" key=k job=report id=t1 err="smtp down"`)
-	require.Contains(t, out, `msg="jobguard: lost"`)
+	var lockerLog, guardLog syncBuffer
+	l, err := lockkit.NewMemory(lockkit.WithTTL(2*time.Second),
+		lockkit.WithLogger(slog.New(slog.NewTextHandler(&lockerLog, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	ttlOf := func(g *middleware.Guard, key string) time.Duration {
+		var ttl time.Duration
+		err := g.Run(ctx, middleware.Job{Key: key, Name: "report", ID: "t1"}, func(ctx context.Context) error {
+			info, err := l.Inspect(ctx, key)
+			require.NoError(t, err)
+			ttl = info.Holders[0].TTL
+			return errors.New("smtp down")
+		})
+		require.EqualError(t, err, "smtp down")
+		return ttl
+	}
+
+	g, err := middleware.New(l)
+	require.NoError(t, err)
+	require.InDelta(t, 2, ttlOf(g, "a").Seconds(), 0.1, "the Locker's TTL")
+	out := lockerLog.String()
+	require.Contains(t, out, `level=WARN msg="jobguard: released" key=a job=report id=t1`)
+	require.Contains(t, out, `err="smtp down"`)
+	require.NotContains(t, out, "acquired", "routine events stay at Debug")
+
+	g, err = middleware.New(l, middleware.WithTTL(5*time.Second),
+		middleware.WithLogger(slog.New(slog.NewTextHandler(&guardLog, nil))))
+	require.NoError(t, err)
+	require.InDelta(t, 5, ttlOf(g, "b").Seconds(), 0.1, "the guard's own TTL")
+	require.Contains(t, guardLog.String(), "key=b")
+	require.NotContains(t, lockerLog.String(), "key=b", "the guard's own logger")
+}
+
+// A job whose key is held by an earlier delivery of the same work (same
+// Origin) is never a duplicate, whatever the policy: it waits for that run.
+// If that run succeeded after its caller's ctx ended, the work is done and the
+// job does not run; otherwise it runs.
+func TestOwnEarlierDeliveryIsNeverADuplicate(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		for _, firstErr := range []error{nil, errors.New("interrupted")} {
+			t.Run(fmt.Sprintf("%s/first err %v", name, firstErr), func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				a, err := middleware.New(newLocker(t), middleware.WithPolicy(middleware.Skip()))
+				require.NoError(t, err)
+				b, err := middleware.New(newLocker(t))
+				require.NoError(t, err)
+				key := t.Name()
+				job := middleware.Job{Key: key, Name: "sync", Origin: "task-1"}
+
+				// The first delivery: its runtime gives up on it (ctx cancelled)
+				// while it keeps working.
+				actx, giveUp := context.WithCancel(ctx)
+				started, finish := make(chan struct{}), make(chan struct{})
+				firstDone := make(chan error, 1)
+				go func() {
+					firstDone <- a.Run(actx, job, func(context.Context) error {
+						close(started)
+						<-finish
+						return firstErr
+					})
+				}()
+				<-started
+				giveUp()
+				// Another job of the key is a duplicate as usual.
+				err = b.Run(ctx, middleware.Job{Key: key, Name: "sync", Origin: "task-2"}, func(context.Context) error { return nil })
+				require.ErrorIs(t, err, middleware.ErrDuplicate)
+
+				var ran atomic.Bool
+				second := make(chan error, 1)
+				go func() {
+					second <- b.Run(ctx, job, func(context.Context) error { ran.Store(true); return nil })
+				}()
+				require.Eventually(t, func() bool {
+					info, err := newLocker(t).Inspect(ctx, key)
+					require.NoError(t, err)
+					return info.Waiters == 1
+				}, 10*time.Second, time.Millisecond, "the second delivery waits")
+				close(finish)
+				if ferr := <-firstDone; firstErr == nil {
+					require.NoError(t, ferr)
+				} else {
+					require.ErrorIs(t, ferr, firstErr)
+				}
+				err = <-second
+				if firstErr == nil {
+					var dup *middleware.DuplicateError
+					require.ErrorAs(t, err, &dup)
+					require.Equal(t, middleware.ReasonCompleted, dup.Reason)
+					require.Equal(t, middleware.ActionSkip, dup.Action)
+					require.ErrorIs(t, err, lockkit.ErrCompleted)
+					require.False(t, ran.Load())
+				} else {
+					require.NoError(t, err)
+					require.True(t, ran.Load())
+				}
+			})
+		}
+	}
 }

@@ -40,7 +40,9 @@
 // The lease is renewed while the handler runs; if it is lost, the handler's ctx
 // is cancelled with a cause matching lockkit.ErrLost. It stays held until the
 // handler returns, even after asynq cancels the ctx at shutdown and puts the
-// task back, so the re-delivered task cannot overlap the old run.
+// task back. The re-delivered task waits for the old run, whatever the policy,
+// and runs only if that run did not succeed: a task is never skipped as a
+// duplicate of itself, and never because of a Redis error.
 //
 // A task whose key cannot be derived (payload not JSON, field missing, empty
 // key) fails with an error matching ErrKey and asynq.SkipRetry: asynq archives

@@ -36,8 +36,8 @@ func keyByType(_ context.Context, t *asynq.Task) (string, error) {
 // overlapping the run still in progress: after a worker lease expiry, from the
 // recoverer, or after a shutdown put the task back while its handler still
 // runs. A copy enqueued by Requeue keeps its original's key (OriginHeader).
-// Pair it with Requeue or Wait: Skip would complete a re-delivery whose old run
-// may still fail. The handler must be called by an asynq server; otherwise the
+// Whatever the policy, a re-delivery waits for the run in progress (see
+// Middleware). The handler must be called by an asynq server; otherwise the
 // task fails with ErrKey.
 func KeyByTaskID() Option {
 	return func(c *config) { c.keys = append(c.keys, keySpec{name: "KeyByTaskID()", fn: keyByTaskID}) }

@@ -5,13 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
@@ -160,68 +163,96 @@ func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int) {
 	}
 }
 
-// With KeyByTaskID, asynq's own re-delivery of a task cannot overlap the run
-// still in progress: here a shutdown puts the task back while its handler
-// keeps working past the ctx cancellation; the other server gets the
-// re-delivery, finds the key held and requeues it until the old run returns.
-func TestTaskIDKeyKeepsRedeliveryFromOverlapping(t *testing.T) {
+// A rolling deploy: server A shuts down while a handler runs past its
+// ShutdownTimeout, so asynq puts the task back while the handler still works;
+// server B gets the re-delivery. With every key option and policy, the
+// re-delivery waits for the run in progress (it is never skipped as a
+// duplicate of itself). If that run then succeeds, the work is done and the
+// re-delivery completes without running; if it fails, the re-delivery runs.
+// Either way the work is done exactly once and the runs never overlap.
+func TestRollingDeployDoesTheWorkOnce(t *testing.T) {
 	onEachRedis(t, func(t *testing.T, r connect) {
-		for _, maxRetry := range []int{3, 0} {
-			t.Run(fmt.Sprintf("MaxRetry(%d)", maxRetry), func(t *testing.T) {
+		cases := []struct {
+			name     string
+			opts     []singleton.Option
+			maxRetry int
+			firstErr error
+		}{
+			{"defaults", nil, 3, nil},
+			{"defaults/first run fails", nil, 3, errors.New("interrupted")},
+			{"KeyByTaskID/Requeue", []singleton.Option{singleton.KeyByTaskID(), singleton.WithPolicy(middleware.Requeue(50 * time.Millisecond))}, 3, nil},
+			{"KeyByTaskID/Requeue/MaxRetry(0)", []singleton.Option{singleton.KeyByTaskID(), singleton.WithPolicy(middleware.Requeue(50 * time.Millisecond))}, 0, nil},
+			{"Fail/first run fails", []singleton.Option{singleton.WithPolicy(middleware.Fail())}, 3, errors.New("interrupted")},
+		}
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
 				e := newEnvOn(t, r)
 				tr := newTracker()
-				evB := &events{}
-				var calls atomic.Int32
+				var calls, done atomic.Int32
 				firstStarted := make(chan struct{})
 				firstCancelled := make(chan error, 1)
 				finish := make(chan struct{})
-				firstDone := make(chan struct{})
+				firstReturned := make(chan struct{})
 				handler := asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+					tr.start("task")
+					defer tr.end("task", "run")
 					if calls.Add(1) == 1 {
-						defer close(firstDone)
-						tr.start("task")
-						defer tr.end("task", "run")
+						defer close(firstReturned)
 						close(firstStarted)
 						<-ctx.Done()
 						firstCancelled <- context.Cause(ctx)
 						<-finish // still working after the cancellation
+						if tc.firstErr != nil {
+							return tc.firstErr
+						}
+						done.Add(1)
 						return nil
 					}
-					tr.start("task")
-					tr.end("task", "run")
+					done.Add(1)
 					return nil
 				})
-				newMW := func(owner string, obs middleware.Observer) asynq.MiddlewareFunc {
-					opts := []singleton.Option{singleton.KeyByTaskID(), singleton.WithPolicy(middleware.Requeue(50 * time.Millisecond)), singleton.WithRedis(e.RDB)}
-					if obs != nil {
-						opts = append(opts, singleton.WithObserver(obs))
-					}
-					mw, err := singleton.Middleware(e.locker(lockkit.WithOwner(owner)), opts...)
+				newMW := func(l lockkit.Locker) asynq.MiddlewareFunc {
+					mw, err := singleton.Middleware(l, append([]singleton.Option{singleton.WithRedis(e.RDB)}, tc.opts...)...)
 					require.NoError(t, err)
 					return mw
 				}
 				cfgA := e.config(2)
 				cfgA.ShutdownTimeout = 200 * time.Millisecond
-				srvA := e.start(cfgA, newMW("server-a", nil)(handler))
-				e.Enqueue(asynq.NewTask("sync", nil), asynq.MaxRetry(maxRetry))
+				srvA := e.start(cfgA, newMW(e.locker(lockkit.WithOwner("server-a")))(handler))
+				info := e.Enqueue(asynq.NewTask("sync", nil), asynq.MaxRetry(tc.maxRetry))
 				recv(t, firstStarted, 10*time.Second)
 
-				e.start(e.config(2), newMW("server-b", evB.observe)(handler))
+				lockerB := e.locker(lockkit.WithOwner("server-b"))
+				cfgB := e.config(2)
+				cfgB.RetryDelayFunc = singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond })
+				e.start(cfgB, newMW(lockerB)(handler))
 				srvA.Shutdown() // after 200ms: the task goes back to pending and the first run's ctx is cancelled
 				require.ErrorIs(t, recv(t, firstCancelled, 10*time.Second), context.Canceled)
 
-				require.Eventually(t, func() bool { return evB.count(middleware.EventRequeued, 0) >= 2 }, 10*time.Second, 5*time.Millisecond,
-					"server B keeps requeuing the re-delivered task while the first run holds its key")
+				key := "asynq:sync"
+				if strings.HasPrefix(tc.name, "KeyByTaskID") {
+					key = "asynq:sync:id:" + info.ID
+				}
+				// Server B holds the re-delivery while the first run holds the key.
+				require.Eventually(t, func() bool {
+					i, err := lockerB.Inspect(context.Background(), key)
+					require.NoError(t, err)
+					return i.Waiters == 1
+				}, 10*time.Second, 5*time.Millisecond, "the re-delivery waits for the run in progress")
 				require.EqualValues(t, 1, calls.Load(), "the re-delivery did not run")
 
 				close(finish)
-				recv(t, firstDone, 10*time.Second)
-				require.Eventually(t, func() bool { return tr.completed()["run"] == 2 }, 10*time.Second, 5*time.Millisecond)
+				recv(t, firstReturned, 10*time.Second)
 				e.Drained(10 * time.Second)
-				require.Equal(t, map[string]int{"task": 1}, tr.peaks(), "the two runs never overlapped")
+				require.EqualValues(t, 1, done.Load(), "the work was done exactly once")
+				wantCalls := 1
+				if tc.firstErr != nil {
+					wantCalls = 2
+				}
+				require.EqualValues(t, wantCalls, calls.Load())
+				require.Equal(t, map[string]int{"task": 1}, tr.peaks(), "the runs never overlapped")
 				qi := e.QueueInfo()
 				require.Zero(t, qi.Archived)
-				require.Zero(t, qi.FailedTotal)
 			})
 		}
 	})
@@ -478,4 +509,39 @@ func TestPerQueueScopesTheKey(t *testing.T) {
 		}
 		require.Equal(t, map[string]bool{"asynq:report@" + e.Queue: true, "asynq:report@" + other: true}, keys)
 	})
+}
+
+// A Redis error or an acquire whose outcome is unknown fails the task (asynq
+// retries it); it never completes the task as a duplicate. Here the lock's
+// client loses the reply of the acquire script (it ran) or sends it twice.
+func TestRedisErrorIsNeverADuplicate(t *testing.T) {
+	for _, f := range []testredis.Fault{testredis.DropReply, testredis.Repeat, testredis.Late} {
+		t.Run(f.String(), func(t *testing.T) {
+			e := newEnvOn(t, standalone)
+			c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t), DB: testDB})
+			t.Cleanup(func() { _ = c.Close() })
+			hook := &testredis.Faults{Match: testredis.ScriptWithKeys(5), Delay: 100 * time.Millisecond}
+			c.AddHook(hook)
+			l, err := lockkit.NewRedis(c, lockkit.WithPrefix(e.Prefix))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = l.Close(context.Background()) })
+			ev := &events{}
+			mw, err := singleton.Middleware(l, singleton.WithObserver(ev.observe))
+			require.NoError(t, err)
+			var runs atomic.Int32
+			cfg := e.config(1)
+			cfg.RetryDelayFunc = singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond })
+			hook.Arm(f, 1)
+			e.start(cfg, mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+				runs.Add(1)
+				return nil
+			})))
+			e.Enqueue(asynq.NewTask("sync", nil), asynq.MaxRetry(3))
+			e.Drained(10 * time.Second)
+			require.EqualValues(t, 1, hook.Hits())
+			require.EqualValues(t, 1, runs.Load(), "the task ran")
+			require.Zero(t, ev.count(middleware.EventDuplicate, 0), "no delivery was taken for a duplicate")
+			require.Zero(t, e.QueueInfo().Archived)
+		})
+	}
 }

@@ -4,22 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
-
-// DefaultTTL is the lease TTL when WithTTL is not given. The lease is renewed
-// every TTL/3 while the handler runs, so long tasks stay covered. A crashed
-// worker's key frees within this time; asynq re-delivers a crashed worker's
-// task only after its own 30s worker lease has expired and its recoverer has
-// run (at least 30s more), so the key is free by then.
-const DefaultTTL = middleware.DefaultTTL
 
 // OriginHeader is the task header that a copy enqueued by Requeue carries: the
 // ID of the task it was copied from (the first task of the chain). KeyByTaskID
@@ -34,8 +29,9 @@ var (
 	// archives the task, and its message names the task type and the reason.
 	ErrKey = errors.New("singleton: cannot derive key")
 	// ErrInvalid is matched by every error Middleware returns for an invalid
-	// option; the message names the option and the bad value.
-	ErrInvalid = errors.New("singleton: invalid option")
+	// option; it also matches lockkit.ErrInvalid. The message names the option
+	// and the bad value.
+	ErrInvalid = invalid.New("singleton: invalid option")
 )
 
 // Option configures Middleware.
@@ -77,17 +73,27 @@ func WithLimit(n int) Option {
 	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithLimit(n)) }
 }
 
-// WithTTL sets the lease TTL. The lease is renewed every TTL/3 while the
-// handler runs; a crashed worker's key frees after at most TTL. Must be at
-// least lockkit.MinTTL. Defaults to DefaultTTL (30s).
+// WithTTL overrides, for this middleware's leases, the TTL the Locker gives
+// them (lockkit.WithTTL; lockkit.DefaultTTL, 30s, unless set). The lease is
+// renewed every TTL/3 while the handler runs; a crashed worker's key frees
+// after at most TTL. asynq re-delivers a crashed worker's task only after its
+// own 30s worker lease has expired and its recoverer has run, so with 30s the
+// key is free by then. Zero means the Locker's; otherwise it must be between
+// lockkit.MinTTL and lockkit.MaxTTL. Defaults to zero.
 func WithTTL(ttl time.Duration) Option {
 	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithTTL(ttl)) }
 }
 
+// WithLogger overrides, for this middleware, the logger the Locker logs
+// through (lockkit.WithLogger). Must not be nil. Defaults to the Locker's.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithLogger(l)) }
+}
+
 // WithObserver adds an observer of the guard's events, including
 // middleware.EventRequeued (Event.Delay) and middleware.EventError for a key
-// that cannot be derived. It may be given more than once. Defaults to
-// middleware.LogObserver(slog.Default()) when no observer is given.
+// that cannot be derived. It may be given more than once. Must not be nil.
+// Defaults to none.
 func WithObserver(o middleware.Observer) Option {
 	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithObserver(o)) }
 }
@@ -117,9 +123,19 @@ func PerQueue() Option { return func(c *config) { c.perQueue = true } }
 // ServeMux or as m(handler) around one handler; mux.Use(a, b) runs a(b(h)).
 //
 // Without options the key is the task type, a duplicate is skipped, one task
-// per key runs at a time and the lease TTL is DefaultTTL. Middleware returns
+// per key runs at a time, and the lease TTL and the logger are the Locker's
+// (see lockkit.WithTTL and lockkit.WithLogger). Middleware returns
 // an error matching ErrInvalid, naming the option and the value, for a nil
 // locker or an invalid option; it never panics on options.
+//
+// A re-delivery of a task whose earlier delivery still holds the key (same
+// task ID, or the original of a Requeue copy) is never a duplicate: it waits
+// for that run, whatever the policy, bounded by its ctx. If that run succeeded
+// after asynq had given up on it, the work is done and the re-delivery
+// completes without running (middleware.ReasonCompleted); otherwise it runs.
+// A task completes without running only then and, under Skip, when another
+// task holds its key. A Redis error or an acquire whose outcome is unknown
+// fails the task, so asynq retries it.
 //
 // The wrapped handler returns: the handler's own error when it ran (annotated
 // with the loss cause if the lease was lost); nil for a skipped duplicate; a
@@ -211,7 +227,11 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		return next.ProcessTask(ctx, t)
 	}
 	id, _ := asynq.GetTaskID(ctx)
-	job := middleware.Job{Name: t.Type(), ID: id}
+	origin := t.Headers()[OriginHeader]
+	if origin == "" {
+		origin = id
+	}
+	job := middleware.Job{Name: t.Type(), ID: id, Origin: origin}
 	key, err := m.keyOf(ctx, t)
 	if err != nil {
 		err = fmt.Errorf("%w: task %q: %w (%w)", ErrKey, t.Type(), err, asynq.SkipRetry)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,7 +47,7 @@ func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 		{"empty type", []singleton.Option{singleton.ForTypes("a", " ")}, `ForTypes(" "): task type is empty`},
 		{"nil redis", []singleton.Option{singleton.WithRedis(nil)}, "WithRedis(nil): client is nil"},
 		{"limit", []singleton.Option{singleton.WithLimit(0)}, "WithLimit(0): must be at least 1"},
-		{"ttl", []singleton.Option{singleton.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be at least 100ms"},
+		{"ttl", []singleton.Option{singleton.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
 		{"negative wait", []singleton.Option{singleton.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "Wait -1s is negative"},
 		{"requeue without redis", []singleton.Option{singleton.WithPolicy(middleware.Requeue(time.Second))},
 			"WithPolicy({OnConflict:requeue RequeueDelay:1s Wait:0s Fair:false}): a policy that requeues needs WithRedis(client)"},
@@ -58,6 +60,7 @@ func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 			mw, err := singleton.Middleware(l, c.opts...)
 			require.Nil(t, mw)
 			require.ErrorIs(t, err, singleton.ErrInvalid)
+			require.ErrorIs(t, err, lockkit.ErrInvalid, "one errors.Is for every jobguard validation error")
 			require.ErrorContains(t, err, c.want)
 		})
 	}
@@ -264,17 +267,38 @@ func TestIsFailureAndRetryDelayCompose(t *testing.T) {
 	require.Equal(t, 1234*time.Millisecond, fixed(2, requeue, task))
 }
 
-func TestDefaultTTL(t *testing.T) {
-	require.Equal(t, 30*time.Second, singleton.DefaultTTL)
-	l := memLocker(t)
-	mw, err := singleton.Middleware(l)
+// The TTL and the logger given once at the Locker are what the middleware
+// uses; singleton.WithTTL and WithLogger override them for it.
+func TestSettingsComeFromTheLocker(t *testing.T) {
+	var lockerLog, ownLog strings.Builder
+	l, err := lockkit.NewMemory(lockkit.WithTTL(2*time.Second),
+		lockkit.WithLogger(slog.New(slog.NewTextHandler(&lockerLog, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	require.NoError(t, err)
-	err = mw(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
-		info, err := l.Inspect(ctx, "asynq:report")
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	var seen []middleware.EventKind
+	run := func(opts ...singleton.Option) time.Duration {
+		mw, err := singleton.Middleware(l, opts...)
 		require.NoError(t, err)
-		require.Len(t, info.Holders, 1)
-		require.InDelta(t, singleton.DefaultTTL.Seconds(), info.Holders[0].TTL.Seconds(), 1)
-		return nil
-	})).ProcessTask(context.Background(), asynq.NewTask("report", nil))
-	require.NoError(t, err)
+		var ttl time.Duration
+		err = mw(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+			info, err := l.Inspect(ctx, "asynq:report")
+			require.NoError(t, err)
+			require.Len(t, info.Holders, 1)
+			ttl = info.Holders[0].TTL
+			return errors.New("smtp down")
+		})).ProcessTask(context.Background(), asynq.NewTask("report", nil))
+		require.EqualError(t, err, "smtp down")
+		return ttl
+	}
+	require.InDelta(t, 2, run().Seconds(), 0.1, "the Locker's TTL")
+	require.Contains(t, lockerLog.String(), `level=WARN msg="jobguard: released" key=asynq:report job=report`)
+	require.Contains(t, lockerLog.String(), `err="smtp down"`)
+	lockerLog.Reset()
+
+	ttl := run(singleton.WithTTL(5*time.Second), singleton.WithLogger(slog.New(slog.NewTextHandler(&ownLog, nil))),
+		singleton.WithObserver(func(_ context.Context, e middleware.Event) { seen = append(seen, e.Kind) }))
+	require.InDelta(t, 5, ttl.Seconds(), 0.1, "the middleware's own TTL")
+	require.Contains(t, ownLog.String(), `err="smtp down"`)
+	require.Empty(t, lockerLog.String())
+	require.Equal(t, []middleware.EventKind{middleware.EventAcquired, middleware.EventReleased}, seen)
 }

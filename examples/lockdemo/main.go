@@ -44,7 +44,7 @@ func main() {
 		go func() {
 			defer wg.Done()
 			for i := range 3 {
-				err := lockkit.Do(ctx, locker, "nightly-report", &lockkit.Options{Fair: true}, func(ctx context.Context) error {
+				err := lockkit.Do(ctx, locker, "nightly-report", &lockkit.AcquireOptions{Fair: true}, func(ctx context.Context) error {
 					fmt.Printf("%s runs nightly-report (round %d)\n", name, i+1)
 					time.Sleep(20 * time.Millisecond) // the work
 					return nil

@@ -1,7 +1,15 @@
--- Acquires one holder slot of a lock, or reports who holds it.
--- KEYS[1] holders: ZSET, member "<token>:<owner>", score = expiry (ms, server time)
--- KEYS[2] epoch: HASH, e = last epoch, d = keep it until (ms); it lives until d and
---         while leases that claimed an epoch are renewed
+-- Acquires one holder slot of a lock, or reports why not. Safe to run twice:
+-- a repeat with the same acquire id returns the lease the first run took.
+-- KEYS[1] holders: ZSET. A live holder is "<token>:<acquire id>:<owner>:<label>"
+--         scored by its expiry (ms, server time). Negative scores are records
+--         that outlive a holder, scored -(when they are forgotten): a released
+--         holder's member (a repeated release returns the same) and
+--         "done:<label>" (Lease.Complete), and "x:<acquire id>" for an acquire
+--         call that failed and was cleaned up (a late run of it must not take
+--         the key).
+-- KEYS[2] epoch: HASH, e = last epoch, d = keep it until (ms), a = the acquire id
+--         that claimed it; it lives until d and while leases that claimed an
+--         epoch are renewed
 -- KEYS[3] queue: ZSET of fair waiters, score = arrival (us)
 -- KEYS[4] waiters: ZSET of every waiter, score = deadline (ms)
 -- KEYS[5] fence: STRING, the last fencing token, kept for a second
@@ -13,9 +21,13 @@
 -- ARGV[6] waiter ttl (ms): a waiter not seen for this long is dropped
 -- ARGV[7] epoch, "0" for none
 -- ARGV[8] how long to remember the epoch (ms)
--- Returns {1, token} when acquired,
---         {0, first holder member, its ttl ms, holders, waiters ahead} when held,
---         {-1, last epoch} when the epoch was already used.
+-- ARGV[9] acquire id (hex)
+-- ARGV[10] label, escaped so that it holds no ':'; "" for none
+-- Returns {1, token} when acquired (now or by an earlier run of this acquire),
+--         {0, holder member, its ttl ms, holders, waiters ahead} when held,
+--         {-1, last epoch} when the epoch was already used,
+--         {-2} when the label was completed,
+--         {-3} when this acquire call was abandoned.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -23,6 +35,8 @@ local ttl = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 local wid = ARGV[4]
 local epoch = tonumber(ARGV[7])
+local aid = ARGV[9]
+local label = ARGV[10]
 
 local function forget_waiter()
   if wid ~= '' then
@@ -39,57 +53,81 @@ end
 
 local kept_until = 0
 if epoch > 0 then
-  local meta = redis.call('HMGET', KEYS[2], 'e', 'd')
+  local meta = redis.call('HMGET', KEYS[2], 'e', 'd', 'a')
   local last_epoch = tonumber(meta[1] or '0')
   kept_until = tonumber(meta[2] or '0')
-  if epoch <= last_epoch then
+  if epoch < last_epoch or (epoch == last_epoch and meta[3] ~= aid) then
     forget_waiter()
     return {-1, string.format('%d', last_epoch)}
   end
 end
 
 -- A free key with nobody queued (the common case) costs one EXISTS.
+local existed = redis.call('EXISTS', KEYS[1]) == 1
 local count = 0
 local ahead = 0
-if redis.call('EXISTS', KEYS[1], KEYS[3]) > 0 then
-  count = redis.call('ZCARD', KEYS[1])
-  if count > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-    count = redis.call('ZCARD', KEYS[1])
+local holder = false
+local holder_exp = 0
+if existed then
+  -- Drop expired holders and forgotten records.
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], -now, now)
+  local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+  if redis.call('ZSCORE', KEYS[1], 'x:' .. aid) then
+    forget_waiter()
+    return {-3}
   end
-  if redis.call('EXISTS', KEYS[3]) == 1 then
-    local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
-    for _, w in ipairs(dead) do
-      redis.call('ZREM', KEYS[3], w)
+  count = #live / 2
+  local suffix = ':' .. label
+  for i = 1, #live, 2 do
+    local m = live[i]
+    if string.find(m, '^%d+:' .. aid .. ':') then
+      return {1, string.match(m, '^(%d+):')}
     end
-    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-    local rank = false
-    if wid ~= '' then
-      rank = redis.call('ZRANK', KEYS[3], wid)
+    if label ~= '' and string.sub(m, -#suffix) == suffix then
+      holder, holder_exp = m, tonumber(live[i + 1])
     end
-    if rank then
-      ahead = rank
-    else
-      ahead = redis.call('ZCARD', KEYS[3])
-    end
+  end
+  if label ~= '' and redis.call('ZSCORE', KEYS[1], 'done:' .. label) then
+    forget_waiter()
+    return {-2}
+  end
+  if not holder and count > 0 then
+    holder, holder_exp = live[1], tonumber(live[2])
+  end
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+  for _, w in ipairs(dead) do
+    redis.call('ZREM', KEYS[3], w)
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  local rank = false
+  if wid ~= '' then
+    rank = redis.call('ZRANK', KEYS[3], wid)
+  end
+  if rank then
+    ahead = rank
+  else
+    ahead = redis.call('ZCARD', KEYS[3])
   end
 end
 
-if count + ahead < limit then
+local same = holder and label ~= '' and string.sub(holder, -#label - 1) == ':' .. label
+if not same and count + ahead < limit then
   -- A token is at least the server time in microseconds, so tokens keep
   -- growing after the fence key expires; the stored one orders acquires
   -- across a small backward step of the clock.
   local token = string.format('%d', math.max(tonumber(redis.call('GET', KEYS[5]) or '0') + 1, nowus))
-  redis.call('ZADD', KEYS[1], now + ttl, token .. ':' .. ARGV[1])
-  if count == 0 then
-    redis.call('PEXPIRE', KEYS[1], ttl)
-  else
+  redis.call('ZADD', KEYS[1], now + ttl, token .. ':' .. aid .. ':' .. ARGV[1] .. ':' .. label)
+  if existed then
     extend_key(KEYS[1], ttl)
+  else
+    redis.call('PEXPIRE', KEYS[1], ttl)
   end
   redis.call('SET', KEYS[5], token, 'PX', 1000)
   if epoch > 0 then
     kept_until = math.max(kept_until, now + tonumber(ARGV[8]))
-    redis.call('HSET', KEYS[2], 'e', ARGV[7], 'd', string.format('%d', kept_until))
+    redis.call('HSET', KEYS[2], 'e', ARGV[7], 'd', string.format('%d', kept_until), 'a', aid)
     redis.call('PEXPIRE', KEYS[2], math.max(ttl, kept_until - now))
   end
   forget_waiter()
@@ -107,8 +145,7 @@ if wid ~= '' then
   end
 end
 
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if first[1] then
-  return {0, first[1], tonumber(first[2]) - now, count, ahead}
+if holder then
+  return {0, holder, holder_exp - now, count, ahead}
 end
 return {0, '', 0, count, ahead}

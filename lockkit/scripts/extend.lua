@@ -1,9 +1,11 @@
--- Renews one holder's lease if it is still held.
--- KEYS[1] holders: ZSET, member "<token>:<owner>", score = expiry (ms)
+-- Renews or extends one holder's lease if it is still held. Safe to run twice.
+-- KEYS[1] holders: ZSET (see acquire.lua)
 -- KEYS[2] epoch: HASH (last epoch), kept as long as a lease that claimed an epoch
 -- ARGV[1] the lease's member
 -- ARGV[2] ttl (ms)
 -- ARGV[3] "1" when the lease claimed an epoch
+-- ARGV[4] "1" for a renewal, which never shortens the lease (a late renewal
+--         must not undo a longer Extend); "0" for Extend, which sets it
 -- Returns 1 when renewed, 0 when the lease had expired or was gone.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -12,7 +14,11 @@ local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) <= now then
   return 0
 end
-redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+if ARGV[4] == '1' then
+  redis.call('ZADD', KEYS[1], 'GT', now + ttl, ARGV[1])
+else
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+end
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('PEXPIRE', KEYS[1], ttl)
 end

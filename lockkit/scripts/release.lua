@@ -1,20 +1,67 @@
--- Removes one holder if it is still held, and wakes waiters.
--- KEYS[1] holders: ZSET, member "<token>:<owner>", score = expiry (ms)
+-- Removes one holder if it is still held, and wakes waiters. Safe to run
+-- twice: the released holder is remembered for a grace period, so a repeat
+-- returns 1 as the first run did.
+-- KEYS[1] holders: ZSET (see acquire.lua)
 -- KEYS[2] waiters: ZSET of every waiter; nobody is woken when it does not exist
--- ARGV[1] the lease's member
--- ARGV[2] release channel
--- Returns 1 when the lease was held, 0 when it had expired or was gone.
+-- ARGV[1] the lease's member, or "" to find the live holder by acquire id
+-- ARGV[2] acquire id
+-- ARGV[3] release channel
+-- ARGV[4] grace (ms): how long the released member is remembered
+-- ARGV[5] label to record as completed (escaped), "" for none
+-- ARGV[6] how long the completion is remembered (ms)
+-- ARGV[7] with ARGV[1] "": how long an acquire with this id stays refused
+--         when no holder has it (ms); it may still be on its way (x:<id>)
+-- Returns 1 when released (now or by an earlier run of this release), 0 when
+-- the lease had expired or was gone.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local member = ARGV[1]
+if member == '' then
+  local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+  for _, m in ipairs(live) do
+    if string.find(m, '^%d+:' .. ARGV[2] .. ':') then
+      member = m
+      break
+    end
+  end
+  if member == '' then
+    local keep = tonumber(ARGV[7])
+    redis.call('ZADD', KEYS[1], -(now + keep), 'x:' .. ARGV[2])
+    if redis.call('PTTL', KEYS[1]) < keep then
+      redis.call('PEXPIRE', KEYS[1], keep)
+    end
+    return 0
+  end
+end
+local score = redis.call('ZSCORE', KEYS[1], member)
 if not score then
   return 0
 end
-redis.call('ZREM', KEYS[1], ARGV[1])
-if tonumber(score) <= now then
+score = tonumber(score)
+if score < -now then
+  return 1
+end
+if score <= now then
+  redis.call('ZREM', KEYS[1], member)
   return 0
 end
+local keep = tonumber(ARGV[4])
+redis.call('ZADD', KEYS[1], -(now + keep), member)
+if ARGV[5] ~= '' then
+  local done = tonumber(ARGV[6])
+  redis.call('ZADD', KEYS[1], -(now + done), 'done:' .. ARGV[5])
+  keep = math.max(keep, done)
+end
+-- The key lives as long as its longest live holder or record: without a
+-- live holder, only as long as its records.
+local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if tonumber(top[2]) <= now then
+  local bottom = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  redis.call('PEXPIRE', KEYS[1], math.max(keep, -tonumber(bottom[2]) - now))
+elseif redis.call('PTTL', KEYS[1]) < keep then
+  redis.call('PEXPIRE', KEYS[1], keep)
+end
 if redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('PUBLISH', ARGV[2], '1')
+  redis.call('PUBLISH', ARGV[3], '1')
 end
 return 1

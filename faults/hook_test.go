@@ -1,0 +1,253 @@
+//go:build faults
+
+package faults_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/internal/testredis"
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+// leaseSet is the leases a Locker handed out in one scenario.
+type leaseSet struct {
+	mu     sync.Mutex
+	leases []*lockkit.Lease
+}
+
+func (s *leaseSet) add(l *lockkit.Lease) *lockkit.Lease {
+	if l != nil {
+		s.mu.Lock()
+		s.leases = append(s.leases, l)
+		s.mu.Unlock()
+	}
+	return l
+}
+
+// held returns the tokens of the leases that still count as held.
+func (s *leaseSet) held() map[int64]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[int64]bool{}
+	for _, l := range s.leases {
+		select {
+		case <-l.Lost():
+			continue
+		default:
+		}
+		if ctx, cancel := l.Context(context.Background()); ctx.Err() == nil {
+			out[l.Token()] = true
+			cancel()
+		} else {
+			cancel()
+		}
+	}
+	return out
+}
+
+// faultOp is one lockkit operation run while its command suffers a fault.
+type faultOp struct {
+	name  string
+	match func(redis.Cmder) bool
+	// run performs the operation on l (whose client is faulted once armed);
+	// other is a Locker on a clean client.
+	run func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error
+}
+
+var (
+	acquireCmd = testredis.ScriptShape(5, 10)
+	releaseCmd = testredis.ScriptShape(2, 7)
+	extendCmd  = testredis.ScriptShape(2, 4)
+	inspectCmd = testredis.ScriptShape(2, 0)
+)
+
+const faultKey = "job"
+
+var faultOps = []faultOp{
+	{"acquire", acquireCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		lease, err := l.TryAcquire(ctx, faultKey, nil)
+		got.add(lease)
+		return err
+	}},
+	{"acquire-wait", acquireCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		holder, err := other.TryAcquire(context.Background(), faultKey, nil)
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() {
+			lease, err := l.Acquire(ctx, faultKey, nil)
+			got.add(lease)
+			done <- err
+		}()
+		// The waiter's first attempt finds the key held and queues it; a
+		// second, right after it subscribed to releases, finds it still held.
+		// Arm only then, between attempts: an attempt in flight while the key
+		// is released could take it unfaulted.
+		require.Eventually(t, func() bool { return hook.Done() >= 2 }, 5*time.Second, time.Millisecond)
+		i, err := other.Inspect(context.Background(), faultKey)
+		require.NoError(t, err)
+		require.Equal(t, 1, i.Waiters)
+		hook.Arm(f, 1) // the attempt after the wake-up
+		require.NoError(t, holder.Release(context.Background()))
+		return <-done
+	}},
+	{"release", releaseCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		lease, err := l.TryAcquire(context.Background(), faultKey, nil)
+		require.NoError(t, err)
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		return lease.Release(ctx)
+	}},
+	{"extend", extendCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		lease := got.add(must(l.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{NoRenew: true, TTL: 5 * time.Second})))
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		return lease.Extend(ctx, 10*time.Second)
+	}},
+	{"renewal", extendCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		got.add(must(l.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{TTL: 900 * time.Millisecond})))
+		require.Eventually(t, func() bool { return hook.Hits() == 1 }, 5*time.Second, time.Millisecond)
+		return nil
+	}},
+	{"inspect", inspectCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		got.add(must(l.TryAcquire(context.Background(), faultKey, nil)))
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		_, err := l.Inspect(ctx, faultKey)
+		return err
+	}},
+	{"close", releaseCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		for i := range 3 {
+			must(l.TryAcquire(context.Background(), fmt.Sprint(faultKey, i), nil))
+		}
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		return l.Close(ctx)
+	}},
+}
+
+func must(l *lockkit.Lease, err error) *lockkit.Lease {
+	if err != nil {
+		panic(err)
+	}
+	return l
+}
+
+// pendingFault returns the fault hook was armed with before the operation
+// disarms it to set up.
+func pendingFault(hook *testredis.Faults) testredis.Fault { return hook.Pending() }
+
+// Every lockkit operation, with its command repeated, its reply dropped after
+// the command ran, or its reply arriving after the caller gave up: once the
+// call returns, no holder exists that no Lease represents (beyond one renewal
+// interval), no lease is reported lost while Redis is healthy, and a limit-1
+// key never has two holders.
+func TestOperationsUnderReplyFaults(t *testing.T) {
+	deployments := map[string]func(t *testing.T) (redis.UniversalClient, redis.UniversalClient){
+		"standalone": func(t *testing.T) (redis.UniversalClient, redis.UniversalClient) {
+			addr := testredis.Addr(t)
+			a, b := redis.NewClient(&redis.Options{Addr: addr}), redis.NewClient(&redis.Options{Addr: addr})
+			t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
+			return a, b
+		},
+		"cluster": func(t *testing.T) (redis.UniversalClient, redis.UniversalClient) {
+			a, b := redis.NewClusterClient(testredis.ClusterOptions(t)), redis.NewClusterClient(testredis.ClusterOptions(t))
+			t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
+			return a, b
+		},
+	}
+	for dname, connect := range deployments {
+		for _, op := range faultOps {
+			for _, f := range []testredis.Fault{testredis.Repeat, testredis.DropReply, testredis.Late} {
+				t.Run(fmt.Sprintf("%s/%s/%s", dname, op.name, f), func(t *testing.T) {
+					faulty, clean := connect(t)
+					hook := &testredis.Faults{Match: op.match, Delay: 200 * time.Millisecond}
+					faulty.AddHook(hook)
+					prefix := testredis.Prefix(t, clean)
+					lost := make(chan lockkit.Event, 16)
+					ttl := 900 * time.Millisecond
+					l, err := lockkit.NewRedis(faulty, lockkit.WithPrefix(prefix), lockkit.WithTTL(ttl), lockkit.WithOwner("faulty"),
+						lockkit.WithObserver(func(e lockkit.Event) {
+							if e.Kind == lockkit.EventLost {
+								lost <- e
+							}
+						}))
+					require.NoError(t, err)
+					defer l.Close(context.Background())
+					other, err := lockkit.NewRedis(clean, lockkit.WithPrefix(prefix), lockkit.WithOwner("observer"))
+					require.NoError(t, err)
+					defer other.Close(context.Background())
+
+					got := &leaseSet{}
+					hook.Arm(f, 1)
+					start := time.Now()
+					err = op.run(t, l, other, hook, got)
+					returned := time.Now()
+					require.EqualValues(t, 1, hook.Hits(), "the fault was injected once")
+					if err != nil && errors.Is(err, lockkit.ErrNotAcquired) {
+						t.Fatalf("a fault was reported as a conflict: %v", err)
+					}
+
+					// No holder that no Lease represents survives one renewal interval.
+					keys := []string{faultKey, faultKey + "0", faultKey + "1", faultKey + "2"}
+					orphansGone := func() bool {
+						held := got.held()
+						for _, k := range keys {
+							info, err := other.Inspect(context.Background(), k)
+							require.NoError(t, err)
+							if len(info.Holders) > 1 {
+								t.Fatalf("%q has %d holders", k, len(info.Holders))
+							}
+							for _, h := range info.Holders {
+								if !held[h.Token] {
+									return false
+								}
+							}
+						}
+						return true
+					}
+					require.Eventually(t, orphansGone, ttl/3, time.Millisecond, "a holder no Lease represents survived a renewal interval")
+					cleaned := time.Since(returned)
+
+					// A held lease keeps the key: nobody else gets it.
+					for tok := range got.held() {
+						_, err := other.TryAcquire(context.Background(), faultKey, nil)
+						require.ErrorIs(t, err, lockkit.ErrNotAcquired, "token %d is held", tok)
+					}
+					select {
+					case e := <-lost:
+						t.Fatalf("lease %q lost while Redis was healthy: %v", e.Key, e.Err)
+					default:
+					}
+					t.Logf("%s %s %s: call %s (err %v), state consistent %s after it returned, %d lease(s) held",
+						dname, op.name, f, returned.Sub(start).Round(time.Millisecond), err, cleaned.Round(time.Millisecond), len(got.held()))
+				})
+			}
+		}
+	}
+}

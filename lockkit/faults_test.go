@@ -1,0 +1,236 @@
+package lockkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/internal/testredis"
+)
+
+// faultyLocker returns a RedisLocker whose client runs commands through a
+// Faults hook matching script src, and a clean client of the same Redis.
+func faultyLocker(t *testing.T, src string, opts ...Option) (*RedisLocker, *testredis.Faults, *RedisLocker) {
+	t.Helper()
+	clean := testredis.Client(t)
+	c := redis.NewClient(clean.Options())
+	t.Cleanup(func() { _ = c.Close() })
+	hook := &testredis.Faults{Match: testredis.IsScript(src)}
+	c.AddHook(hook)
+	prefix := testredis.Prefix(t, clean)
+	l, err := NewRedis(c, append([]Option{WithPrefix(prefix), WithOwner("faulty")}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	observer, err := NewRedis(clean, WithPrefix(prefix), WithOwner("observer"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = observer.Close(context.Background()) })
+	return l, hook, observer
+}
+
+func holders(t *testing.T, l Locker, key string) []Holder {
+	t.Helper()
+	info, err := l.Inspect(context.Background(), key)
+	require.NoError(t, err)
+	return info.Holders
+}
+
+// go-redis sends a command again when its reply is late or lost. The repeated
+// acquire script must return the lease its first run took, not a conflict
+// with it.
+func TestRepeatedAcquireReturnsTheSameLease(t *testing.T) {
+	for _, wait := range []bool{false, true} {
+		t.Run(fmt.Sprintf("wait=%v", wait), func(t *testing.T) {
+			ctx := ctxT(t)
+			l, hook, observer := faultyLocker(t, acquireSrc)
+			hook.Arm(testredis.Repeat, 1)
+			var (
+				lease *Lease
+				err   error
+			)
+			if wait {
+				lease, err = l.Acquire(ctx, "job", nil)
+			} else {
+				lease, err = l.TryAcquire(ctx, "job", nil)
+			}
+			require.NoError(t, err)
+			require.EqualValues(t, 1, hook.Hits())
+			hs := holders(t, observer, "job")
+			require.Len(t, hs, 1)
+			require.Equal(t, lease.Token(), hs[0].Token)
+			require.NoError(t, lease.Release(ctx))
+			require.Empty(t, holders(t, observer, "job"))
+		})
+	}
+}
+
+// An acquire whose script ran but whose reply never arrived fails, and the
+// holder it left is removed within one renewal interval; a late run of the
+// same call cannot take the key afterwards.
+func TestFailedAcquireLeavesNoHolder(t *testing.T) {
+	for _, f := range []testredis.Fault{testredis.DropReply, testredis.Late} {
+		for _, wait := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/wait=%v", f, wait), func(t *testing.T) {
+				ctx := ctxT(t)
+				ttl := 3 * time.Second
+				l, hook, observer := faultyLocker(t, acquireSrc, WithTTL(ttl))
+				hook.Arm(f, 1)
+				actx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+				defer cancel()
+				var err error
+				if wait {
+					_, err = l.Acquire(actx, "job", nil)
+				} else {
+					_, err = l.TryAcquire(actx, "job", nil)
+				}
+				require.Error(t, err)
+				require.NotErrorIs(t, err, ErrNotAcquired, "an unknown outcome is not a conflict")
+				returned := time.Now()
+				require.Eventually(t, func() bool { return len(holders(t, observer, "job")) == 0 }, ttl/3, 5*time.Millisecond)
+				t.Logf("%s: holder removed %s after the call returned", f, time.Since(returned).Round(time.Millisecond))
+				other, err := observer.TryAcquire(ctx, "job", nil)
+				require.NoError(t, err)
+				require.NoError(t, other.Release(ctx))
+			})
+		}
+	}
+}
+
+// A release that Redis ran but whose reply was lost and sent again still
+// succeeds: Do reports the job's own result, not ErrNotHeld.
+func TestRepeatedReleaseSucceeds(t *testing.T) {
+	ctx := ctxT(t)
+	l, hook, observer := faultyLocker(t, releaseSrc)
+	hook.Arm(testredis.Repeat, 1)
+	ran := false
+	err := Do(ctx, l, "job", nil, func(context.Context) error { ran = true; return nil })
+	require.NoError(t, err)
+	require.True(t, ran)
+	require.EqualValues(t, 1, hook.Hits())
+	require.Empty(t, holders(t, observer, "job"))
+}
+
+// A release whose reply was lost returns the error, and the holder is gone
+// all the same.
+func TestFailedReleaseLeavesNoHolder(t *testing.T) {
+	ctx := ctxT(t)
+	l, hook, observer := faultyLocker(t, releaseSrc)
+	lease, err := l.TryAcquire(ctx, "job", nil)
+	require.NoError(t, err)
+	hook.Arm(testredis.DropReply, 1)
+	require.Error(t, lease.Release(ctx))
+	require.Eventually(t, func() bool { return len(holders(t, observer, "job")) == 0 }, time.Second, 5*time.Millisecond)
+}
+
+// An acquire whose script lands after Close started is released, never
+// handed out: it would never be renewed.
+func TestAcquireDuringCloseIsReleased(t *testing.T) {
+	ctx := ctxT(t)
+	l, hook, observer := faultyLocker(t, acquireSrc)
+	inFlight := make(chan struct{})
+	hook.Before = func(redis.Cmder) {
+		close(inFlight)
+		require.Eventually(t, l.e.isClosed, 5*time.Second, time.Millisecond)
+	}
+	hook.Arm(testredis.Repeat, 1) // any fault that runs the script; Before holds it
+	done := make(chan error, 1)
+	go func() {
+		lease, err := l.TryAcquire(ctx, "job", nil)
+		if lease != nil {
+			err = errors.Join(err, errors.New("a lease was handed out after Close"))
+		}
+		done <- err
+	}()
+	<-inFlight
+	require.NoError(t, l.Close(ctx))
+	require.ErrorIs(t, <-done, ErrClosed)
+	require.Empty(t, holders(t, observer, "job"), "Close returned with a holder no Lease represents")
+	_, err := l.TryAcquire(ctx, "job", nil)
+	require.ErrorIs(t, err, ErrClosed)
+}
+
+// A renewal still in flight when Extend lengthens the lease must not shorten
+// it again when it lands, and the holder never believes in more time than
+// Redis gives it.
+func TestExtendRacingRenewal(t *testing.T) {
+	ctx := ctxT(t)
+	clean := testredis.Client(t)
+	c := redis.NewClient(clean.Options())
+	t.Cleanup(func() { _ = c.Close() })
+	hold := make(chan struct{})
+	held := make(chan struct{})
+	landed := make(chan struct{})
+	hook := &testredis.Faults{
+		Match:  testredis.IsScript(extendSrc),
+		Before: func(redis.Cmder) { close(held); <-hold },
+		After:  func(redis.Cmder) { close(landed) },
+	}
+	c.AddHook(hook)
+	prefix := testredis.Prefix(t, clean)
+	l, err := NewRedis(c, WithPrefix(prefix))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	observer, err := NewRedis(clean, WithPrefix(prefix))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = observer.Close(context.Background()) })
+
+	lease, err := l.TryAcquire(ctx, "job", &AcquireOptions{TTL: 600 * time.Millisecond}) // renewed every 200ms
+	require.NoError(t, err)
+	// Hold the first renewal (a pipeline of one EVALSHA) in flight.
+	hook.Arm(testredis.Repeat, 1)
+	<-held
+	require.NoError(t, lease.Extend(ctx, 10*time.Second))
+	close(hold)
+	<-landed
+	hs := holders(t, observer, "job")
+	require.Len(t, hs, 1)
+	require.Greater(t, hs[0].TTL, 5*time.Second, "the late renewal shortened the extended lease")
+	require.True(t, lease.validUntilLocked().Before(time.Now().Add(hs[0].TTL)), "the holder believes in more time than Redis gives")
+	require.NoError(t, lease.Release(ctx))
+}
+
+// A server older than MinRedisVersion is refused with a clear error.
+func TestOldRedisIsRefused(t *testing.T) {
+	ctx := ctxT(t)
+	c := redis.NewClient(testredis.Client(t).Options())
+	t.Cleanup(func() { _ = c.Close() })
+	c.AddHook(fakeVersion("6.0.16"))
+	l, err := NewRedis(c, WithPrefix(testredis.Prefix(t, c)))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	_, err = l.TryAcquire(ctx, "job", nil)
+	require.ErrorIs(t, err, ErrUnsupported)
+	require.ErrorContains(t, err, "Redis 6.0.16 is older than 6.2.0")
+	_, err = l.Acquire(ctx, "job", nil)
+	require.ErrorIs(t, err, ErrUnsupported)
+
+	c2 := redis.NewClient(testredis.Client(t).Options())
+	t.Cleanup(func() { _ = c2.Close() })
+	c2.AddHook(fakeVersion("6.2.0"))
+	l2, err := NewRedis(c2, WithPrefix(testredis.Prefix(t, c2)))
+	require.NoError(t, err)
+	defer l2.Close(ctx)
+	lease, err := l2.TryAcquire(ctx, "job", nil)
+	require.NoError(t, err)
+	require.NoError(t, lease.Release(ctx))
+}
+
+type fakeVersion string
+
+func (v fakeVersion) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (v fakeVersion) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "info" {
+			cmd.(*redis.StringCmd).SetVal("# Server\r\nredis_version:" + string(v) + "\r\nredis_mode:standalone\r\n")
+			return nil
+		}
+		return next(ctx, cmd)
+	}
+}
+func (v fakeVersion) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
