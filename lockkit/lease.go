@@ -289,14 +289,25 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // if it is not nil; otherwise the release error, which matches ErrLost (and
 // ErrNotHeld) if the lease was lost while fn ran. The release uses a context
 // that survives ctx's cancellation, bounded to 5 seconds.
+//
+// When the lease has a label (AcquireOptions.Label) and fn succeeded after
+// ctx ended, the caller gave up on the work although it is done: Run then
+// ends the lease with Complete(CompletedRetention) instead of Release, so an
+// acquire of the same label fails with ErrCompleted while that record lasts.
 func (l *Lease) Run(ctx context.Context, fn func(context.Context) error) (err error) {
 	wctx, cancel := l.Context(ctx)
 	defer func() {
 		cancel()
+		p := recover()
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		rerr := l.Release(rctx)
+		var rerr error
+		if p == nil && err == nil && l.label != "" && ctx.Err() != nil {
+			rerr = l.Complete(rctx, CompletedRetention)
+		} else {
+			rerr = l.Release(rctx)
+		}
 		rcancel()
-		if p := recover(); p != nil {
+		if p != nil {
 			panic(p)
 		}
 		if err == nil {

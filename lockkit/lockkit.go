@@ -14,6 +14,9 @@ const (
 	DefaultTTL = 30 * time.Second
 	// DefaultPrefix is prepended to every Redis key and channel when WithPrefix is not given.
 	DefaultPrefix = "jobguard:"
+	// CompletedRetention is how long Lease.Run remembers that the work of a
+	// labeled lease succeeded after its caller had given up on it.
+	CompletedRetention = 24 * time.Hour
 	// DefaultPollInterval bounds how long a waiter sleeps between attempts when no
 	// release notification reaches it (a missed wake-up or a holder that died).
 	DefaultPollInterval = 250 * time.Millisecond

@@ -160,6 +160,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"EpochForgottenAfterEpochTTL", testEpochForgotten},
 		{"LabelsAreUniqueAmongHolders", testLabels},
 		{"CompletedLabelIsRefused", testComplete},
+		{"RunCompletesWorkItsCallerGaveUpOn", testRunCompletes},
 		{"HugeTTLsAreRejected", testHugeTTL},
 	}
 	for _, tc := range tests {
@@ -826,6 +827,42 @@ func testComplete(t *testing.T, h *harness) {
 		require.NoError(t, l.Release(ctx))
 		return true
 	}, 5*time.Second, 10*time.Millisecond)
+}
+
+// Lease.Run ends a labeled lease whose work succeeded after its caller's ctx
+// ended with Complete, and every other lease with Release.
+func testRunCompletes(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t)
+	run := func(key, label string, work func(ctx context.Context, cancel context.CancelFunc) error) {
+		l, err := a.TryAcquire(ctx, key, &AcquireOptions{Label: label})
+		require.NoError(t, err)
+		rctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		func() {
+			defer func() { _ = recover() }()
+			_ = l.Run(rctx, func(context.Context) error { return work(rctx, cancel) })
+		}()
+	}
+	givenUp := func(_ context.Context, cancel context.CancelFunc) error { cancel(); return nil }
+	failed := func(_ context.Context, cancel context.CancelFunc) error { cancel(); return errors.New("boom") }
+	panicked := func(_ context.Context, cancel context.CancelFunc) error { cancel(); panic("boom") }
+	inTime := func(context.Context, context.CancelFunc) error { return nil }
+
+	run("done", "t1", givenUp)
+	_, err := h.locker(t).TryAcquire(ctx, "done", &AcquireOptions{Label: "t1"})
+	require.ErrorIs(t, err, ErrCompleted, "succeeded after the caller gave up: recorded")
+
+	for name, work := range map[string]func(context.Context, context.CancelFunc) error{"failed": failed, "panicked": panicked, "in time": inTime} {
+		run(name, "t1", work)
+		l, err := h.locker(t).TryAcquire(ctx, name, &AcquireOptions{Label: "t1"})
+		require.NoError(t, err, "%s: released, not recorded", name)
+		require.NoError(t, l.Release(ctx))
+	}
+	run("unlabeled", "", givenUp)
+	l, err := h.locker(t).TryAcquire(ctx, "unlabeled", nil)
+	require.NoError(t, err, "a lease without a label is released")
+	require.NoError(t, l.Release(ctx))
 }
 
 // TTLs past MaxTTL are refused, never stored as already expired.

@@ -5,16 +5,28 @@
 //
 //	g, err := middleware.New(locker, middleware.WithPolicy(middleware.Wait(10*time.Second, middleware.Skip())))
 //	if err != nil { ... }
-//	err = g.Run(ctx, middleware.Job{Key: "tenant:42", Name: "report"}, func(ctx context.Context) error {
+//	out := g.Run(ctx, middleware.Job{Key: "tenant:42", Name: "report"}, func(ctx context.Context) error {
 //		return work(ctx) // ctx is cancelled (cause lockkit.ErrLost) if the lease is lost
 //	})
-//	var dup *middleware.DuplicateError
-//	if errors.As(err, &dup) {
-//		// Another run holds the key; dup.Action says what the caller should do.
+//	switch {
+//	case out.Ran: // out.Err is work's error
+//	case out.Duplicate != nil: // another run holds the key; out.Duplicate.Action says what to do
+//	default: // out.Err kept the work from running (Redis unreachable, ...)
 //	}
 //
 // The lease is renewed until fn returns, even after ctx is cancelled, and is
 // released when fn returns or panics.
+//
+// # How it relates to the other packages
+//
+// A Guard runs jobs on lockkit leases: lockkit.Event reports what happens to
+// a lease (acquired, renewed, lost) to the Locker's observer, while Event
+// here reports what happens to a job (ran, duplicate, waited, lost) to the
+// Guard's observers; the two share kind names where a job's step is a
+// lease's (EventAcquired, EventReleased, EventLost). cronguard.Guard is the
+// cron adapter built on a Guard of this package. ErrInvalid here, in
+// singleton and in cronguard also matches lockkit.ErrInvalid. The TTL and
+// the logger are the Locker's unless WithTTL or WithLogger overrides them.
 package middleware
 
 import (
@@ -22,7 +34,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jobguard/jobguard/internal/invalid"
@@ -33,10 +44,6 @@ import (
 const (
 	// DefaultRequeueDelay is the base delay of Requeue when none is given.
 	DefaultRequeueDelay = 5 * time.Second
-	// CompletedRetention is how long a run that succeeded after its caller's
-	// ctx ended (the runtime gave up on it and may deliver it again) is
-	// remembered by its Job.Origin.
-	CompletedRetention = 24 * time.Hour
 )
 
 // Errors of the guard. Compare with errors.Is.
@@ -146,8 +153,6 @@ type DuplicateError struct {
 	Reason Reason
 	// Action is what the caller should do: always ActionSkip for ReasonClaimed.
 	Action Action
-	// RequeueIn is the delay, jitter included, for ActionRequeue.
-	RequeueIn time.Duration
 	// Waited is how long the job waited for the key.
 	Waited time.Duration
 	// Cause is the lockkit error: a *lockkit.ConflictError (naming the holder)
@@ -299,42 +304,77 @@ func (g *Guard) Emit(ctx context.Context, e Event) {
 	}
 }
 
+// Outcome is what Run did with a job: exactly one of ran, duplicate, or
+// failed to take the lease.
+type Outcome struct {
+	// Ran reports that fn was called. Err is then what it returned,
+	// annotated with the loss cause if the lease was lost and fn failed; nil
+	// when fn succeeded, even if the lease was lost meanwhile (an EventLost
+	// reports it).
+	Ran bool
+	// Duplicate is set when the work did not run because the key was held,
+	// the epoch claimed, or the work completed already. Duplicate.Action is
+	// what the policy says to do with it. Err is then Duplicate.
+	Duplicate *DuplicateError
+	// Err is fn's error when Ran, the *DuplicateError when Duplicate is set,
+	// and otherwise the error that kept fn from running: an empty key, Redis
+	// unreachable, or an acquire whose outcome is unknown. Such an error is
+	// never a *DuplicateError.
+	Err error
+}
+
 // Run acquires job.Key under the guard's policy, runs fn with a context that
 // is cancelled (cause matching lockkit.ErrLost) if the lease is lost, and
 // releases the lease when fn returns or panics (the panic is re-raised). The
-// lease is renewed until fn returns, even after ctx is cancelled.
-//
-// Run returns fn's error (annotated with the loss cause if the lease was lost
-// and fn failed); nil when fn succeeded, even if the lease was lost meanwhile
-// (an EventLost reports it); a *DuplicateError when the work did not run; or
-// an error when the lease could not be taken (Redis unreachable, or an
-// acquire whose outcome is unknown), which is never a *DuplicateError.
+// lease is renewed until fn returns, even after ctx is cancelled. The
+// returned Outcome says which of these happened.
 //
 // When fn succeeds after ctx ended (the runtime gave up on the run and may
 // deliver it again) and job.Origin is set, the success is remembered for
-// CompletedRetention: a later delivery with the same Origin returns a
+// lockkit.CompletedRetention: a later delivery with the same Origin returns a
 // *DuplicateError with ReasonCompleted instead of running.
-func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error) (err error) {
-	// The path to fn is kept to small frames: events and errors are built in
-	// separate functions, so a task's goroutine rarely has to grow its stack.
+func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error) Outcome {
 	if job.Key == "" {
-		return g.emptyKey(ctx, job)
+		return Outcome{Err: g.emptyKey(ctx, job)}
 	}
 	lease, waited, err := g.acquire(ctx, job)
 	if err != nil {
-		return err
+		var dup *DuplicateError
+		errors.As(err, &dup)
+		return Outcome{Duplicate: dup, Err: err}
 	}
+	return Outcome{Ran: true, Err: g.run(ctx, job, lease, waited, fn)}
+}
+
+// errPanicked ends a lease whose work panicked: never a success.
+var errPanicked = errors.New("middleware: the work panicked")
+
+// run runs fn under lease (lockkit.Lease.Run derives fn's context and ends
+// the lease) and reports it.
+func (g *Guard) run(ctx context.Context, job Job, lease *lockkit.Lease, waited time.Duration, fn func(context.Context) error) error {
 	g.emitLease(ctx, EventAcquired, job, lease, waited, 0, nil)
-	wctx, cancel := lease.Context(ctx)
-	stopLost := context.AfterFunc(wctx, func() { g.reportLost(ctx, wctx, job, lease) })
 	start := time.Now()
-	defer func() {
-		p := recover()
-		stopLost()
-		cancel()
-		err = g.finish(ctx, job, lease, start, p, err)
-	}()
-	return fn(wctx)
+	var (
+		p         any
+		err, lost error
+	)
+	end := lease.Run(ctx, func(wctx context.Context) (ferr error) {
+		stopLost := context.AfterFunc(wctx, func() { g.reportLost(ctx, wctx, job, lease) })
+		defer func() {
+			stopLost()
+			lost = lease.Err()
+			if p = recover(); p != nil {
+				ferr = errPanicked
+			}
+		}()
+		err = fn(wctx)
+		return err
+	})
+	var rerr error
+	if p == nil && err == nil {
+		rerr = end
+	}
+	return g.finish(ctx, job, lease, start, p, err, lost, rerr)
 }
 
 func (g *Guard) emptyKey(ctx context.Context, job Job) error {
@@ -353,21 +393,10 @@ func (g *Guard) reportLost(ctx, wctx context.Context, job Job, lease *lockkit.Le
 	}
 }
 
-// finish releases the lease after the work returned err or panicked with p
-// (re-raised here), reports it, and returns the work's error, annotated with
-// the loss cause if the lease was lost.
-func (g *Guard) finish(ctx context.Context, job Job, lease *lockkit.Lease, start time.Time, p any, err error) error {
-	lost := lease.Err()
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	var rerr error
-	if p == nil && err == nil && job.Origin != "" && ctx.Err() != nil {
-		// The runtime gave up on this run and may deliver the work again,
-		// but it is done: remember that for the next delivery.
-		rerr = lease.Complete(rctx, CompletedRetention)
-	} else {
-		rerr = lease.Release(rctx)
-	}
-	rcancel()
+// finish reports a run whose work returned err or panicked with p (re-raised
+// here), with the lease lost (lost) or not and ended with rerr, and returns
+// the work's error, annotated with the loss cause if the lease was lost.
+func (g *Guard) finish(ctx context.Context, job Job, lease *lockkit.Lease, start time.Time, p any, err, lost, rerr error) error {
 	if p != nil {
 		perr := fmt.Errorf("middleware: %s panicked: %v", job.label(), p)
 		g.emitLease(ctx, EventError, job, lease, 0, time.Since(start), perr)
@@ -462,10 +491,6 @@ func (g *Guard) notAcquired(ctx context.Context, job Job, err error, waited time
 		var ce *lockkit.ConflictError
 		if errors.As(err, &ce) {
 			dup.Cause = ce
-		}
-		if dup.Action == ActionRequeue {
-			d := g.policy.RequeueDelay
-			dup.RequeueIn = d + rand.N(d/2+1)
 		}
 		ev := Event{Kind: EventDuplicate, Job: job, Action: dup.Action, Wait: waited, Err: dup.Cause}
 		if ce != nil {

@@ -103,7 +103,7 @@ func holdKey(t *testing.T, g *middleware.Guard, key string) (release func()) {
 	stop := make(chan struct{})
 	go func() {
 		defer close(done)
-		err := g.Run(context.Background(), middleware.Job{Key: key, Name: "holder"}, func(context.Context) error {
+		err := runErr(g, context.Background(), middleware.Job{Key: key, Name: "holder"}, func(context.Context) error {
 			close(started)
 			<-stop
 			return nil
@@ -130,8 +130,12 @@ func TestPolicies(t *testing.T) {
 			t.Run("skip", func(t *testing.T) {
 				g, rec := newGuard(t, newLocker(t))
 				ran := false
-				err := g.Run(ctx, middleware.Job{Key: "k", Name: "report"}, func(context.Context) error { ran = true; return nil })
+				out := g.Run(ctx, middleware.Job{Key: "k", Name: "report"}, func(context.Context) error { ran = true; return nil })
 				require.False(t, ran)
+				require.False(t, out.Ran)
+				require.NotNil(t, out.Duplicate)
+				require.Same(t, out.Duplicate, out.Err)
+				err := out.Err
 				require.ErrorIs(t, err, middleware.ErrDuplicate)
 				require.ErrorIs(t, err, lockkit.ErrNotAcquired)
 				var dup *middleware.DuplicateError
@@ -145,28 +149,25 @@ func TestPolicies(t *testing.T) {
 			})
 			t.Run("requeue", func(t *testing.T) {
 				g, _ := newGuard(t, newLocker(t), middleware.WithPolicy(middleware.Requeue(time.Second)))
-				err := g.Run(ctx, middleware.Job{Key: "k"}, func(context.Context) error { return nil })
+				err := runErr(g, ctx, middleware.Job{Key: "k"}, func(context.Context) error { return nil })
 				var dup *middleware.DuplicateError
 				require.ErrorAs(t, err, &dup)
 				require.Equal(t, middleware.ActionRequeue, dup.Action)
-				require.GreaterOrEqual(t, dup.RequeueIn, time.Second)
-				require.LessOrEqual(t, dup.RequeueIn, 1500*time.Millisecond)
 			})
 			t.Run("fail", func(t *testing.T) {
 				g, _ := newGuard(t, newLocker(t), middleware.WithPolicy(middleware.Fail()))
-				err := g.Run(ctx, middleware.Job{Key: "k"}, func(context.Context) error { return nil })
+				err := runErr(g, ctx, middleware.Job{Key: "k"}, func(context.Context) error { return nil })
 				var dup *middleware.DuplicateError
 				require.ErrorAs(t, err, &dup)
 				require.Equal(t, middleware.ActionFail, dup.Action)
 			})
 			t.Run("wait then fall back", func(t *testing.T) {
 				g, rec := newGuard(t, newLocker(t), middleware.WithPolicy(middleware.Wait(150*time.Millisecond, middleware.Requeue(0))))
-				err := g.Run(ctx, middleware.Job{Key: "k"}, func(context.Context) error { return nil })
+				err := runErr(g, ctx, middleware.Job{Key: "k"}, func(context.Context) error { return nil })
 				var dup *middleware.DuplicateError
 				require.ErrorAs(t, err, &dup)
 				require.Equal(t, middleware.ActionRequeue, dup.Action)
 				require.GreaterOrEqual(t, dup.Waited, 150*time.Millisecond)
-				require.GreaterOrEqual(t, dup.RequeueIn, middleware.DefaultRequeueDelay)
 				require.Equal(t, []middleware.EventKind{middleware.EventDuplicate}, rec.kinds())
 			})
 		})
@@ -184,7 +185,7 @@ func TestWaitRunsAfterRelease(t *testing.T) {
 			g, rec := newGuard(t, newLocker(t), middleware.WithPolicy(middleware.Wait(time.Minute, middleware.Skip())))
 			done := make(chan error, 1)
 			go func() {
-				done <- g.Run(context.Background(), middleware.Job{Key: "k"}, func(context.Context) error { return nil })
+				done <- runErr(g, context.Background(), middleware.Job{Key: "k"}, func(context.Context) error { return nil })
 			}()
 			require.Eventually(t, func() bool {
 				info, err := newLocker(t).Inspect(context.Background(), "k")
@@ -212,7 +213,7 @@ func TestLimitAllowsNConcurrentRuns(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					err := g.Run(context.Background(), middleware.Job{Key: "tenant"}, func(context.Context) error {
+					err := runErr(g, context.Background(), middleware.Job{Key: "tenant"}, func(context.Context) error {
 						n := running.Add(1)
 						for m := maxRunning.Load(); n > m && !maxRunning.CompareAndSwap(m, n); m = maxRunning.Load() {
 						}
@@ -248,7 +249,7 @@ func TestEpochRunsOnce(t *testing.T) {
 			job := middleware.Job{Key: "cron:report", Name: "report", Epoch: 1700000000, EpochTTL: time.Minute}
 			for i := range 3 {
 				g, rec := newGuard(t, newLocker(t))
-				err := g.Run(context.Background(), job, func(context.Context) error { runs.Add(1); return nil })
+				err := runErr(g, context.Background(), job, func(context.Context) error { runs.Add(1); return nil })
 				if i == 0 {
 					require.NoError(t, err)
 					continue
@@ -270,7 +271,7 @@ func TestPanicReleasesAndRepanics(t *testing.T) {
 	defer l.Close(context.Background())
 	g, rec := newGuard(t, l)
 	require.PanicsWithValue(t, "boom", func() {
-		_ = g.Run(context.Background(), middleware.Job{Key: "k"}, func(context.Context) error { panic("boom") })
+		_ = runErr(g, context.Background(), middleware.Job{Key: "k"}, func(context.Context) error { panic("boom") })
 	})
 	info, err := l.Inspect(context.Background(), "k")
 	require.NoError(t, err)
@@ -300,7 +301,7 @@ func TestLeaseHeldUntilWorkReturnsAfterCancel(t *testing.T) {
 	finish := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- ga.Run(ctx, middleware.Job{Key: "k"}, func(ctx context.Context) error {
+		done <- runErr(ga, ctx, middleware.Job{Key: "k"}, func(ctx context.Context) error {
 			close(started)
 			<-ctx.Done()
 			close(cancelled)
@@ -313,7 +314,7 @@ func TestLeaseHeldUntilWorkReturnsAfterCancel(t *testing.T) {
 	<-cancelled
 	renewedPast := time.Now().Add(time.Second) // > 3 TTLs
 	for time.Now().Before(renewedPast) {
-		err := gb.Run(context.Background(), middleware.Job{Key: "k"}, func(context.Context) error {
+		err := runErr(gb, context.Background(), middleware.Job{Key: "k"}, func(context.Context) error {
 			t.Error("a second run overlapped the cancelled one")
 			return nil
 		})
@@ -322,7 +323,7 @@ func TestLeaseHeldUntilWorkReturnsAfterCancel(t *testing.T) {
 	}
 	close(finish)
 	require.NoError(t, <-done)
-	require.NoError(t, gb.Run(context.Background(), middleware.Job{Key: "k"}, func(context.Context) error { return nil }))
+	require.NoError(t, runErr(gb, context.Background(), middleware.Job{Key: "k"}, func(context.Context) error { return nil }))
 }
 
 func TestLostLeaseCancelsWork(t *testing.T) {
@@ -332,7 +333,7 @@ func TestLostLeaseCancelsWork(t *testing.T) {
 	require.NoError(t, err)
 	defer l.Close(context.Background())
 	g, rec := newGuard(t, l, middleware.WithTTL(300*time.Millisecond))
-	err = g.Run(context.Background(), middleware.Job{Key: "k"}, func(ctx context.Context) error {
+	err = runErr(g, context.Background(), middleware.Job{Key: "k"}, func(ctx context.Context) error {
 		require.NoError(t, c.Del(context.Background(), prefix+"{k}:h").Err()) // the key is stolen
 		<-ctx.Done()
 		require.ErrorIs(t, context.Cause(ctx), lockkit.ErrLost)
@@ -372,7 +373,7 @@ func TestNewValidation(t *testing.T) {
 	g, err := middleware.New(l)
 	require.NoError(t, err)
 	require.Equal(t, middleware.Policy{OnConflict: middleware.ActionSkip, RequeueDelay: middleware.DefaultRequeueDelay}, g.Policy())
-	err = g.Run(context.Background(), middleware.Job{Name: "report"}, func(context.Context) error { return nil })
+	err = runErr(g, context.Background(), middleware.Job{Name: "report"}, func(context.Context) error { return nil })
 	require.ErrorContains(t, err, "report: empty key")
 }
 
@@ -405,7 +406,7 @@ func TestSettingsComeFromTheLocker(t *testing.T) {
 	defer l.Close(ctx)
 	ttlOf := func(g *middleware.Guard, key string) time.Duration {
 		var ttl time.Duration
-		err := g.Run(ctx, middleware.Job{Key: key, Name: "report", ID: "t1"}, func(ctx context.Context) error {
+		err := runErr(g, ctx, middleware.Job{Key: key, Name: "report", ID: "t1"}, func(ctx context.Context) error {
 			info, err := l.Inspect(ctx, key)
 			require.NoError(t, err)
 			ttl = info.Holders[0].TTL
@@ -454,7 +455,7 @@ func TestOwnEarlierDeliveryIsNeverADuplicate(t *testing.T) {
 				started, finish := make(chan struct{}), make(chan struct{})
 				firstDone := make(chan error, 1)
 				go func() {
-					firstDone <- a.Run(actx, job, func(context.Context) error {
+					firstDone <- runErr(a, actx, job, func(context.Context) error {
 						close(started)
 						<-finish
 						return firstErr
@@ -463,13 +464,13 @@ func TestOwnEarlierDeliveryIsNeverADuplicate(t *testing.T) {
 				<-started
 				giveUp()
 				// Another job of the key is a duplicate as usual.
-				err = b.Run(ctx, middleware.Job{Key: key, Name: "sync", Origin: "task-2"}, func(context.Context) error { return nil })
+				err = runErr(b, ctx, middleware.Job{Key: key, Name: "sync", Origin: "task-2"}, func(context.Context) error { return nil })
 				require.ErrorIs(t, err, middleware.ErrDuplicate)
 
 				var ran atomic.Bool
 				second := make(chan error, 1)
 				go func() {
-					second <- b.Run(ctx, job, func(context.Context) error { ran.Store(true); return nil })
+					second <- runErr(b, ctx, job, func(context.Context) error { ran.Store(true); return nil })
 				}()
 				require.Eventually(t, func() bool {
 					info, err := newLocker(t).Inspect(ctx, key)
@@ -497,4 +498,41 @@ func TestOwnEarlierDeliveryIsNeverADuplicate(t *testing.T) {
 			})
 		}
 	}
+}
+
+// runErr runs fn under g and returns the outcome's error.
+func runErr(g *middleware.Guard, ctx context.Context, job middleware.Job, fn func(context.Context) error) error {
+	return g.Run(ctx, job, fn).Err
+}
+
+// Run's Outcome says which path a job took: ran (with fn's error), duplicate,
+// or kept from running by an error that is never a duplicate.
+func TestOutcome(t *testing.T) {
+	l, err := lockkit.NewMemory()
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	g, _ := newGuard(t, l)
+	ctx := context.Background()
+
+	boom := errors.New("boom")
+	out := g.Run(ctx, middleware.Job{Key: "k"}, func(context.Context) error { return boom })
+	require.Equal(t, middleware.Outcome{Ran: true, Err: boom}, out)
+
+	out = g.Run(ctx, middleware.Job{Key: "k"}, func(context.Context) error { return nil })
+	require.Equal(t, middleware.Outcome{Ran: true}, out)
+
+	out = g.Run(ctx, middleware.Job{Name: "report"}, func(context.Context) error { return nil })
+	require.False(t, out.Ran)
+	require.Nil(t, out.Duplicate)
+	require.ErrorContains(t, out.Err, "empty key")
+	require.NotErrorIs(t, out.Err, middleware.ErrDuplicate)
+
+	closed, err := lockkit.NewMemory()
+	require.NoError(t, err)
+	require.NoError(t, closed.Close(ctx))
+	gc, _ := newGuard(t, closed)
+	out = gc.Run(ctx, middleware.Job{Key: "k"}, func(context.Context) error { return nil })
+	require.False(t, out.Ran)
+	require.Nil(t, out.Duplicate)
+	require.ErrorIs(t, out.Err, lockkit.ErrClosed)
 }

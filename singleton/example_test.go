@@ -138,7 +138,7 @@ func ExampleIsFailure() {
 	}
 	cfg.IsFailure, cfg.RetryDelayFunc = singleton.IsFailure(cfg.IsFailure), singleton.RetryDelay(cfg.RetryDelayFunc)
 
-	requeued := &middleware.DuplicateError{Action: middleware.ActionRequeue, RequeueIn: 1500 * time.Millisecond}
+	requeued := &singleton.RequeueError{Duplicate: &middleware.DuplicateError{Action: middleware.ActionRequeue}, Delay: 1500 * time.Millisecond}
 	boom := errors.New("boom")
 	fmt.Println(cfg.IsFailure(requeued), cfg.RetryDelayFunc(0, requeued, nil))
 	fmt.Println(cfg.IsFailure(boom), cfg.RetryDelayFunc(0, boom, nil))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -22,7 +23,7 @@ import (
 // is still never archived for being a duplicate.
 func IsFailure(next func(error) bool) func(error) bool {
 	return func(err error) bool {
-		if isRequeue(err) {
+		if _, ok := requeueOf(err); ok {
 			return false
 		}
 		if next == nil {
@@ -32,19 +33,42 @@ func IsFailure(next func(error) bool) func(error) bool {
 	}
 }
 
+// RequeueError is what the middleware returns for a duplicate that Requeue
+// puts back: it wraps the *middleware.DuplicateError (so it matches
+// middleware.ErrDuplicate) and carries the delay after which the duplicate
+// runs again.
+type RequeueError struct {
+	Duplicate *middleware.DuplicateError
+	// Delay is the policy's RequeueDelay plus up to 50% jitter, so that
+	// duplicates put back together do not all come back at once.
+	Delay time.Duration
+}
+
+// Error implements error.
+func (e *RequeueError) Error() string {
+	return fmt.Sprintf("%v; runs again in %s", e.Duplicate, e.Delay.Round(time.Millisecond))
+}
+
+// Unwrap returns the duplicate.
+func (e *RequeueError) Unwrap() error { return e.Duplicate }
+
+// requeueOf returns the *RequeueError in err, if any.
+func requeueOf(err error) (*RequeueError, bool) {
+	var re *RequeueError
+	return re, errors.As(err, &re)
+}
+
 // RetryDelay returns an asynq.Config.RetryDelayFunc that retries a duplicate
-// put back by Requeue after the policy's delay plus jitter
-// (middleware.DuplicateError.RequeueIn), and asks next about every other
-// error. A nil next means asynq.DefaultRetryDelayFunc.
+// put back by Requeue after its RequeueError.Delay, and asks next about every
+// other error. A nil next means asynq.DefaultRetryDelayFunc.
 //
 // asynq moves due retries back to their queue every
 // asynq.Config.DelayedTaskCheckInterval (5s by default) and schedules them in
 // whole seconds, so a shorter requeue delay waits that long.
 func RetryDelay(next asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 	return func(n int, err error, t *asynq.Task) time.Duration {
-		var dup *middleware.DuplicateError
-		if errors.As(err, &dup) && dup.Action == middleware.ActionRequeue {
-			return dup.RequeueIn
+		if re, ok := requeueOf(err); ok {
+			return re.Delay
 		}
 		if next == nil {
 			return asynq.DefaultRetryDelayFunc(n, err, t)
@@ -53,16 +77,14 @@ func RetryDelay(next asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 	}
 }
 
-func isRequeue(err error) bool {
-	var dup *middleware.DuplicateError
-	return errors.As(err, &dup) && dup.Action == middleware.ActionRequeue
-}
-
-// requeue puts a duplicate back to run after dup.RequeueIn. While the task has
-// retries left it returns dup, which asynq retries (IsFailure and RetryDelay
-// make that retry free and timed by the policy). With none left a retry would
-// archive the task, so it enqueues a copy and revokes the original.
+// requeue puts a duplicate back to run after the policy's delay plus jitter.
+// While the task has retries left it returns a *RequeueError, which asynq
+// retries (IsFailure and RetryDelay make that retry free and timed by the
+// policy). With none left a retry would archive the task, so it enqueues a
+// copy and revokes the original.
 func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) error {
+	d := m.guard.Policy().RequeueDelay
+	re := &RequeueError{Duplicate: dup, Delay: d + rand.N(d/2+1)}
 	retried, ok := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
 	id, ok3 := asynq.GetTaskID(ctx)
@@ -70,20 +92,20 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.Du
 	if !ok || !ok2 || !ok3 || !ok4 || ctx.Err() != nil {
 		// Not called by a server, or the server is already handling the task
 		// itself (shutdown or deadline): there is nothing to put back.
-		return dup
+		return re
 	}
 	if retried < maxRetry {
-		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventRequeued, Job: dup.Job, Delay: dup.RequeueIn})
-		return dup
+		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventRequeued, Job: dup.Job, Delay: re.Delay})
+		return re
 	}
-	copyID, err := m.enqueueCopy(ctx, t, id, queue, dup.RequeueIn)
+	copyID, err := m.enqueueCopy(ctx, t, id, queue, re.Delay)
 	if err != nil {
 		err = fmt.Errorf("singleton: task %q (id %s): re-enqueue duplicate: %w (%w)", t.Type(), id, err, dup)
 		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: dup.Job, Err: err})
 		return err
 	}
-	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventRequeued, Job: dup.Job, Delay: dup.RequeueIn})
-	return fmt.Errorf("%w; re-enqueued as task %s (%w)", dup, copyID, asynq.RevokeTask)
+	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventRequeued, Job: dup.Job, Delay: re.Delay})
+	return fmt.Errorf("%w; re-enqueued as task %s (%w)", re, copyID, asynq.RevokeTask)
 }
 
 // enqueueCopy enqueues a copy of the active task id to run after delay, with

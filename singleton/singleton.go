@@ -139,9 +139,10 @@ func PerQueue() Option { return func(c *config) { c.perQueue = true } }
 //
 // The wrapped handler returns: the handler's own error when it ran (annotated
 // with the loss cause if the lease was lost); nil for a skipped duplicate; a
-// *middleware.DuplicateError for Fail, and for Requeue while the task has
-// retries left; an error matching both middleware.ErrDuplicate and
-// asynq.RevokeTask after Requeue enqueued a copy; an error matching ErrKey and
+// *middleware.DuplicateError for Fail; a *RequeueError (wrapping the
+// *middleware.DuplicateError) for Requeue while the task has retries left; an
+// error matching *RequeueError, middleware.ErrDuplicate and asynq.RevokeTask
+// after Requeue enqueued a copy; an error matching ErrKey and
 // asynq.SkipRetry for a key that cannot be derived; a lockkit error when the
 // lease could not be taken (Redis unreachable), which asynq retries.
 func Middleware(locker lockkit.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
@@ -239,24 +240,16 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		return err
 	}
 	job.Key = key
-	ran := false
-	err = m.guard.Run(ctx, job, func(ctx context.Context) error {
-		ran = true
-		return next.ProcessTask(ctx, t)
-	})
-	if ran {
-		return err
+	out := m.guard.Run(ctx, job, func(ctx context.Context) error { return next.ProcessTask(ctx, t) })
+	if out.Duplicate == nil {
+		return out.Err
 	}
-	var dup *middleware.DuplicateError
-	if !errors.As(err, &dup) {
-		return err
-	}
-	switch dup.Action {
+	switch out.Duplicate.Action {
 	case middleware.ActionSkip:
 		return nil
 	case middleware.ActionRequeue:
-		return m.requeue(ctx, t, dup)
+		return m.requeue(ctx, t, out.Duplicate)
 	default:
-		return dup
+		return out.Duplicate
 	}
 }

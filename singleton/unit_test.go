@@ -206,6 +206,10 @@ func TestDuplicateOutcomeOutsideAServer(t *testing.T) {
 			var dup *middleware.DuplicateError
 			require.ErrorAs(t, err, &dup)
 			require.Equal(t, middleware.ActionRequeue, dup.Action)
+			var re *singleton.RequeueError
+			require.ErrorAs(t, err, &re)
+			require.GreaterOrEqual(t, re.Delay, time.Second, "the policy's delay")
+			require.LessOrEqual(t, re.Delay, 1500*time.Millisecond, "plus up to 50% jitter")
 			require.False(t, singleton.IsFailure(nil)(err))
 		}},
 	}
@@ -240,7 +244,7 @@ func TestHandlerErrorsPassThrough(t *testing.T) {
 }
 
 func TestIsFailureAndRetryDelayCompose(t *testing.T) {
-	requeue := &middleware.DuplicateError{Action: middleware.ActionRequeue, RequeueIn: 1234 * time.Millisecond}
+	requeue := &singleton.RequeueError{Duplicate: &middleware.DuplicateError{Action: middleware.ActionRequeue}, Delay: 1234 * time.Millisecond}
 	failDup := &middleware.DuplicateError{Action: middleware.ActionFail}
 	other := errors.New("boom")
 	wrapped := fmt.Errorf("outer: %w", requeue)
