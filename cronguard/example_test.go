@@ -116,3 +116,39 @@ func ExampleGuard_Wrap() {
 	// a runs the 09:00:00 tick
 	// b skips the 09:00:00 tick: it ran on another replica
 }
+
+// Add in a program: one digest per five minutes across every replica
+// sharing rdb. (Compiled, not run: it schedules until stopped.)
+func ExampleGuard_Add() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	if err := scheduleDigests(rdb); err != nil {
+		log.Fatal(err)
+	}
+	select {}
+}
+
+// scheduleDigests starts the Cron of ExampleGuard_Add.
+func scheduleDigests(rdb redis.UniversalClient) error {
+	locker, err := lockkit.NewRedis(rdb) // one per process, on the Redis every replica shares
+	if err != nil {
+		return err
+	}
+	defer locker.Close(context.Background())
+	guard, err := cronguard.New(locker, cronguard.WithSeconds())
+	if err != nil {
+		return err
+	}
+	c := cron.New(cron.WithSeconds(), cron.WithChain(cron.Recover(cron.DefaultLogger)))
+	_, err = guard.Add(c, "send-digest", "0 */5 * * * *", cronguard.Func(func(ctx context.Context) error {
+		tick, _ := cronguard.Tick(ctx) // the scheduled time this run is for
+		return sendDigest(ctx, tick)   // ctx is cancelled (cause lockkit.ErrLost) if the lease is lost
+	}))
+	if err != nil {
+		return err // empty name, bad spec, @every...: errors, never panics
+	}
+	c.Start()
+	return nil
+}
+
+// sendDigest is the job.
+func sendDigest(ctx context.Context, tick time.Time) error { return nil }

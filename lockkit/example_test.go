@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/lockkit"
 )
@@ -126,3 +129,69 @@ func ExampleAcquireOptions_epoch() {
 	// replica 0: runs the tick
 	// replica 1: tick already ran
 }
+
+// Do on Redis: the work runs alone across every process sharing rdb.
+// (Compiled, not run: it needs a Redis.)
+func ExampleNewRedis() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	if err := processInvoice(context.Background(), rdb); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// processInvoice is ExampleNewRedis's program.
+func processInvoice(ctx context.Context, rdb redis.UniversalClient) error {
+	locker, err := lockkit.NewRedis(rdb) // any redis.UniversalClient: standalone, Sentinel, Cluster
+	if err != nil {
+		return err
+	}
+	defer locker.Close(ctx)
+
+	err = lockkit.Do(ctx, locker, "invoice:42", nil, func(ctx context.Context) error {
+		// Runs alone across every process sharing rdb. The lease renews itself every TTL/3;
+		// ctx is cancelled with a cause matching lockkit.ErrLost if it cannot be renewed.
+		return process(ctx)
+	})
+	return err
+}
+
+// process is the work.
+func process(ctx context.Context) error { return nil }
+
+// A Locker on Redis Sentinel (or Cluster: give its addresses and no
+// MasterName). (Compiled, not run: it needs the servers.)
+func ExampleNewRedis_sentinel() {
+	rdb := redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs:      []string{"10.0.0.1:26379", "10.0.0.2:26379"}, // Sentinel addresses
+		MasterName: "jobs",                                       // set for Sentinel; omit for Cluster
+	})
+	locker, err := lockkit.NewRedis(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+}
+
+// The fencing token reaches the store with the write, which refuses an older
+// token. (Compiled, not run: store is a database.)
+func ExampleLease_Token_store() {
+	ctx := context.Background()
+	locker, _ := lockkit.NewMemory()
+	defer locker.Close(ctx)
+	var store ledger
+	balance := 100
+	err := lockkit.Do(ctx, locker, "ledger:42", nil, func(ctx context.Context) error {
+		lease, _ := lockkit.LeaseFromContext(ctx)
+		// The store runs: UPDATE ledger SET balance = $1, fence = $2 WHERE id = 42 AND fence < $2
+		return store.Write(ctx, balance, lease.Token())
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// ledger is the store of ExampleLease_Token_store.
+type ledger struct{}
+
+// Write stores balance if fence is newer than the stored one.
+func (ledger) Write(ctx context.Context, balance int, fence int64) error { return nil }

@@ -146,3 +146,41 @@ func ExampleIsFailure() {
 	// false 1.5s
 	// true 1m0s
 }
+
+// The quick start: a server whose report:build tasks run one per tenant at a
+// time across every server sharing rdb. (Compiled, not run: it serves until
+// stopped.)
+func ExampleMiddleware() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	if err := serveReports(rdb); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// serveReports runs the server of ExampleMiddleware.
+func serveReports(rdb redis.UniversalClient) error {
+	locker, err := lockkit.NewRedis(rdb) // one per process; close it after srv.Shutdown()
+	if err != nil {
+		return err
+	}
+	defer locker.Close(context.Background())
+	guard, err := singleton.Middleware(locker,
+		singleton.KeyByFields("tenant_id"),                    // one report per tenant at a time
+		singleton.WithPolicy(middleware.Requeue(time.Second)), // a duplicate runs again ~1s later
+		singleton.WithRedis(rdb),                              // the Redis the servers use
+	)
+	if err != nil {
+		return err
+	}
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+		IsFailure:      singleton.IsFailure(nil),  // a requeued duplicate is no failure...
+		RetryDelayFunc: singleton.RetryDelay(nil), // ...and comes back after the policy's delay
+	})
+	mux := asynq.NewServeMux()
+	mux.Use(guard)
+	mux.HandleFunc("report:build", buildReport)
+	return srv.Run(mux)
+}
+
+// buildReport is the report:build handler.
+func buildReport(ctx context.Context, t *asynq.Task) error { return nil }
