@@ -9,20 +9,16 @@
 // REDIS_ADDR, where it uses the queue "jobguard-demo" (deleted when it ends)
 // and locks under the prefix "jobguard-demo:" (released when it ends; their
 // bookkeeping keys expire on their own).
+//
+// startMachine is the setup to copy; demo.go holds the demo around it.
 package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"log"
-	"maps"
 	"os"
 	"os/signal"
-	"slices"
-	"sync"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -37,12 +33,7 @@ import (
 const (
 	queue      = "jobguard-demo"
 	lockPrefix = "jobguard-demo:"
-	tenants    = 3
-	perTenant  = 4
-	cacheWarms = 6
 	workers    = 4
-	// maxRunTime bounds the whole run.
-	maxRunTime = 30 * time.Second
 )
 
 func main() {
@@ -67,203 +58,57 @@ func main() {
 	}
 }
 
-// result is what a run saw.
-type result struct {
-	Ran, Skipped, Requeued map[string]int // per task type
-	CopiesRan              int            // runs of copies re-enqueued by Requeue
-	MaxOverlap             map[string]int // per key: the most runs at once
-	Archived, Failed       int
-}
-
-// demo is the state shared by both machines' handlers and observers.
-type demo struct {
-	w  io.Writer
-	mu sync.Mutex
-	result
-	running map[string]int
-}
-
-// observer reports the guard events of one machine.
-func (d *demo) observer(machine string) middleware.Observer {
-	return func(_ context.Context, e middleware.Event) {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		switch {
-		case e.Kind == middleware.EventDuplicate && e.Action == middleware.ActionSkip:
-			d.Skipped[e.Job.Name]++
-			fmt.Fprintf(d.w, "%-10s skipped   %s: %s is held by %s\n", machine, e.Job.Name, e.Job.Key, e.Holder)
-		case e.Kind == middleware.EventRequeued:
-			d.Requeued[e.Job.Name]++
-			fmt.Fprintf(d.w, "%-10s requeued  %s: %s is held; back in %s\n", machine, e.Job.Name, e.Job.Key, e.Delay.Round(time.Millisecond))
-		case e.Kind == middleware.EventError:
-			fmt.Fprintf(d.w, "%-10s error     %s: %v\n", machine, e.Job.Name, e.Err)
-		}
+// startMachine starts the asynq server of the machine name, the part of this
+// demo to copy. cache:warm runs once at a time across all machines, its
+// duplicates skipped; report:build runs once at a time per tenant_id, its
+// duplicates put back to run later. obs reports what the guards decide, and
+// cacheWarm and reportBuild do the work.
+//
+// It returns the started server and its locker: shut the server down first,
+// then close the locker.
+func startMachine(rdb redis.UniversalClient, name string, obs middleware.Observer,
+	cacheWarm, reportBuild asynq.Handler) (_ *asynq.Server, _ *lockkit.RedisLocker, err error) {
+	locker, err := lockkit.NewRedis(rdb, lockkit.WithOwner(name), lockkit.WithPrefix(lockPrefix))
+	if err != nil {
+		return nil, nil, err
 	}
-}
-
-// handler is one machine's task handler: it records the run and works for d.
-func (d *demo) handler(machine string, work time.Duration) asynq.HandlerFunc {
-	return func(ctx context.Context, t *asynq.Task) error {
-		key := t.Type()
-		var p struct {
-			Tenant string `json:"tenant_id"`
-			N      int    `json:"n"`
-		}
-		if t.Type() == "report:build" {
-			if err := json.Unmarshal(t.Payload(), &p); err != nil {
-				return err
-			}
-			key += " tenant=" + p.Tenant
-		}
-		copied := t.Headers()[singleton.OriginHeader] != ""
-		d.mu.Lock()
-		d.running[key]++
-		d.MaxOverlap[key] = max(d.MaxOverlap[key], d.running[key])
-		note := ""
-		if copied {
-			note = " (a requeued copy)"
-		}
-		fmt.Fprintf(d.w, "%-10s runs      %s%s\n", machine, key, note)
-		d.mu.Unlock()
-
-		select {
-		case <-time.After(work):
-		case <-ctx.Done():
-		}
-
-		d.mu.Lock()
-		d.running[key]--
-		d.Ran[t.Type()]++
-		if copied {
-			d.CopiesRan++
-		}
-		d.mu.Unlock()
-		return ctx.Err()
-	}
-}
-
-// run runs the demo on rdb, writing what happens to w, and returns what it
-// saw. It fails if a key ever ran more than once at a time, if a task was
-// archived or counted as failed, or if the tasks are not done within 30s.
-func run(ctx context.Context, w io.Writer, rdb redis.UniversalClient) (*result, error) {
-	ctx, cancel := context.WithTimeout(ctx, maxRunTime)
-	defer cancel()
-	insp := asynq.NewInspectorFromRedisClient(rdb)
-	client := asynq.NewClientFromRedisClient(rdb)
-	clean := func() { _ = insp.DeleteQueue(queue, true) }
-	clean() // leftovers of an interrupted run
-	defer clean()
-
-	d := &demo{w: w, running: map[string]int{}, result: result{
-		Ran: map[string]int{}, Skipped: map[string]int{}, Requeued: map[string]int{}, MaxOverlap: map[string]int{},
-	}}
-	fmt.Fprintf(w, "enqueue %d duplicate cache:warm tasks (key: the type; duplicates skipped)\n", cacheWarms)
-	for range cacheWarms {
-		if _, err := client.EnqueueContext(ctx, asynq.NewTask("cache:warm", nil), asynq.Queue(queue)); err != nil {
-			return nil, err
-		}
-	}
-	fmt.Fprintf(w, "enqueue %d report:build tasks for %d tenants (key: tenant_id; duplicates requeued; half with MaxRetry(0))\n",
-		tenants*perTenant, tenants)
-	for n := range tenants * perTenant {
-		payload := fmt.Sprintf(`{"tenant_id":"tenant-%d","n":%d}`, n%tenants, n)
-		opts := []asynq.Option{asynq.Queue(queue)}
-		if n%2 == 0 {
-			opts = append(opts, asynq.MaxRetry(0))
-		}
-		if _, err := client.EnqueueContext(ctx, asynq.NewTask("report:build", []byte(payload)), opts...); err != nil {
-			return nil, err
-		}
-	}
-
-	fmt.Fprintf(w, "start machine-a and machine-b, %d workers each\n", workers)
-	for _, machine := range []string{"machine-a", "machine-b"} {
-		locker, err := lockkit.NewRedis(rdb, lockkit.WithOwner(machine), lockkit.WithPrefix(lockPrefix))
+	defer func() {
 		if err != nil {
-			return nil, err
+			_ = locker.Close(context.Background())
 		}
-		defer locker.Close(context.Background()) // after the server's shutdown (deferred later, so run earlier)
-		perType, err := singleton.Middleware(locker,
-			singleton.ForTypes("cache:warm"),
-			singleton.WithObserver(d.observer(machine)))
-		if err != nil {
-			return nil, err
-		}
-		perTenant, err := singleton.Middleware(locker,
-			singleton.ForTypes("report:build"),
-			singleton.KeyByFields("tenant_id"),
-			singleton.WithPolicy(middleware.Requeue(100*time.Millisecond)),
-			singleton.WithRedis(rdb),
-			singleton.WithObserver(d.observer(machine)))
-		if err != nil {
-			return nil, err
-		}
-		mux := asynq.NewServeMux()
-		mux.Use(perType, perTenant)
-		mux.Handle("cache:warm", d.handler(machine, 300*time.Millisecond))
-		mux.Handle("report:build", d.handler(machine, 100*time.Millisecond))
-		srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
-			Concurrency:              workers,
-			Queues:                   map[string]int{queue: 1},
-			IsFailure:                singleton.IsFailure(nil),
-			RetryDelayFunc:           singleton.RetryDelay(nil),
-			TaskCheckInterval:        50 * time.Millisecond,
-			DelayedTaskCheckInterval: 100 * time.Millisecond,
-			ShutdownTimeout:          2 * time.Second,
-			LogLevel:                 asynq.ErrorLevel,
-		})
-		if err := srv.Start(mux); err != nil {
-			return nil, err
-		}
-		defer srv.Shutdown()
+	}()
+	perType, err := singleton.Middleware(locker,
+		singleton.ForTypes("cache:warm"),
+		singleton.WithObserver(obs))
+	if err != nil {
+		return nil, nil, err
 	}
-
-	done := func() (bool, error) {
-		qi, err := insp.GetQueueInfo(queue)
-		if err != nil {
-			return false, err
-		}
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		d.Archived, d.Failed = qi.Archived, qi.FailedTotal
-		accounted := d.Ran["report:build"] == tenants*perTenant && d.Ran["cache:warm"]+d.Skipped["cache:warm"] == cacheWarms
-		return accounted && qi.Pending+qi.Active+qi.Scheduled+qi.Retry+qi.Archived == 0, nil
+	perTenant, err := singleton.Middleware(locker,
+		singleton.ForTypes("report:build"),
+		singleton.KeyByFields("tenant_id"),
+		singleton.WithPolicy(middleware.Requeue(100*time.Millisecond)),
+		singleton.WithRedis(rdb),
+		singleton.WithObserver(obs))
+	if err != nil {
+		return nil, nil, err
 	}
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ok, err := done()
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("the tasks were not done in time: %w", ctx.Err())
-		case <-tick.C:
-		}
+	mux := asynq.NewServeMux()
+	mux.Use(perType, perTenant)
+	mux.Handle("cache:warm", cacheWarm)
+	mux.Handle("report:build", reportBuild)
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+		Concurrency:    workers,
+		Queues:         map[string]int{queue: 1},
+		IsFailure:      singleton.IsFailure(nil),  // a requeued duplicate is no failure
+		RetryDelayFunc: singleton.RetryDelay(nil), // and comes back after the Requeue delay
+		// Quick polling and shutdown, for a demo that lasts a few seconds.
+		TaskCheckInterval:        50 * time.Millisecond,
+		DelayedTaskCheckInterval: 100 * time.Millisecond,
+		ShutdownTimeout:          2 * time.Second,
+		LogLevel:                 asynq.ErrorLevel,
+	})
+	if err = srv.Start(mux); err != nil {
+		return nil, nil, err
 	}
-
-	d.mu.Lock()
-	res := d.result
-	d.mu.Unlock()
-	fmt.Fprintln(w, "summary:")
-	fmt.Fprintf(w, "  cache:warm    ran %d, skipped %d\n", res.Ran["cache:warm"], res.Skipped["cache:warm"])
-	fmt.Fprintf(w, "  report:build  ran %d (%d of them requeued copies of MaxRetry(0) tasks), requeued %d times\n",
-		res.Ran["report:build"], res.CopiesRan, res.Requeued["report:build"])
-	fmt.Fprintf(w, "  archived %d, failed %d\n", res.Archived, res.Failed)
-	fmt.Fprintln(w, "most runs of one key at once (must be 1):")
-	var errs []error
-	for _, key := range slices.Sorted(maps.Keys(res.MaxOverlap)) {
-		fmt.Fprintf(w, "  %-28s %d\n", key, res.MaxOverlap[key])
-		if res.MaxOverlap[key] != 1 {
-			errs = append(errs, fmt.Errorf("%s ran %d times at once", key, res.MaxOverlap[key]))
-		}
-	}
-	if res.Archived+res.Failed > 0 {
-		errs = append(errs, fmt.Errorf("%d task(s) archived, %d failed", res.Archived, res.Failed))
-	}
-	return &res, errors.Join(errs...)
+	return srv, locker, nil
 }

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/middleware"
+	"github.com/jobguard/jobguard/singleton"
+)
+
+const (
+	tenants    = 3
+	perTenant  = 4
+	cacheWarms = 6
+	// maxRunTime bounds the whole run.
+	maxRunTime = 30 * time.Second
+)
+
+// result is what a run saw.
+type result struct {
+	Ran, Skipped, Requeued map[string]int // per task type
+	CopiesRan              int            // runs of copies re-enqueued by Requeue
+	MaxOverlap             map[string]int // per key: the most runs at once
+	Archived, Failed       int
+}
+
+// demo is the state shared by both machines' handlers and observers.
+type demo struct {
+	w  io.Writer
+	mu sync.Mutex
+	result
+	running map[string]int
+}
+
+// run runs the demo on rdb, writing what happens to w, and returns what it
+// saw. It fails if a key ever ran more than once at a time, if a task was
+// archived or counted as failed, or if the tasks are not done within 30s.
+func run(ctx context.Context, w io.Writer, rdb redis.UniversalClient) (*result, error) {
+	ctx, cancel := context.WithTimeout(ctx, maxRunTime)
+	defer cancel()
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	clean := func() { _ = insp.DeleteQueue(queue, true) }
+	clean() // leftovers of an interrupted run
+	defer clean()
+
+	d := &demo{w: w, running: map[string]int{}, result: result{
+		Ran: map[string]int{}, Skipped: map[string]int{}, Requeued: map[string]int{}, MaxOverlap: map[string]int{},
+	}}
+	if err := d.enqueue(ctx, asynq.NewClientFromRedisClient(rdb)); err != nil {
+		return nil, err
+	}
+
+	fmt.Fprintf(w, "start machine-a and machine-b, %d workers each\n", workers)
+	for _, machine := range []string{"machine-a", "machine-b"} {
+		srv, locker, err := startMachine(rdb, machine, d.observer(machine),
+			d.handler(machine, 300*time.Millisecond), d.handler(machine, 100*time.Millisecond))
+		if err != nil {
+			return nil, err
+		}
+		defer locker.Close(context.Background()) // after the server's shutdown (deferred later, so run earlier)
+		defer srv.Shutdown()
+	}
+
+	if err := d.wait(ctx, insp); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	res := d.result
+	d.mu.Unlock()
+	return &res, res.report(w)
+}
+
+// enqueue enqueues the burst of tasks: duplicate cache:warm tasks, and
+// report:build tasks spread over the tenants, every other one with
+// MaxRetry(0).
+func (d *demo) enqueue(ctx context.Context, client *asynq.Client) error {
+	fmt.Fprintf(d.w, "enqueue %d duplicate cache:warm tasks (key: the type; duplicates skipped)\n", cacheWarms)
+	for range cacheWarms {
+		if _, err := client.EnqueueContext(ctx, asynq.NewTask("cache:warm", nil), asynq.Queue(queue)); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(d.w, "enqueue %d report:build tasks for %d tenants (key: tenant_id; duplicates requeued; half with MaxRetry(0))\n",
+		tenants*perTenant, tenants)
+	for n := range tenants * perTenant {
+		payload := fmt.Sprintf(`{"tenant_id":"tenant-%d","n":%d}`, n%tenants, n)
+		opts := []asynq.Option{asynq.Queue(queue)}
+		if n%2 == 0 {
+			opts = append(opts, asynq.MaxRetry(0))
+		}
+		if _, err := client.EnqueueContext(ctx, asynq.NewTask("report:build", []byte(payload)), opts...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// wait polls the queue until every task is accounted for (run or skipped)
+// and none is left in it, or ctx ends.
+func (d *demo) wait(ctx context.Context, insp *asynq.Inspector) error {
+	done := func() (bool, error) {
+		qi, err := insp.GetQueueInfo(queue)
+		if err != nil {
+			return false, err
+		}
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.Archived, d.Failed = qi.Archived, qi.FailedTotal
+		accounted := d.Ran["report:build"] == tenants*perTenant && d.Ran["cache:warm"]+d.Skipped["cache:warm"] == cacheWarms
+		return accounted && qi.Pending+qi.Active+qi.Scheduled+qi.Retry+qi.Archived == 0, nil
+	}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ok, err := done()
+		if err != nil || ok {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the tasks were not done in time: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// report writes the summary of res to w and returns an error if a key ran
+// more than once at a time or a task was archived or counted as failed.
+func (res *result) report(w io.Writer) error {
+	fmt.Fprintln(w, "summary:")
+	fmt.Fprintf(w, "  cache:warm    ran %d, skipped %d\n", res.Ran["cache:warm"], res.Skipped["cache:warm"])
+	fmt.Fprintf(w, "  report:build  ran %d (%d of them requeued copies of MaxRetry(0) tasks), requeued %d times\n",
+		res.Ran["report:build"], res.CopiesRan, res.Requeued["report:build"])
+	fmt.Fprintf(w, "  archived %d, failed %d\n", res.Archived, res.Failed)
+	fmt.Fprintln(w, "most runs of one key at once (must be 1):")
+	var errs []error
+	for _, key := range slices.Sorted(maps.Keys(res.MaxOverlap)) {
+		fmt.Fprintf(w, "  %-28s %d\n", key, res.MaxOverlap[key])
+		if res.MaxOverlap[key] != 1 {
+			errs = append(errs, fmt.Errorf("%s ran %d times at once", key, res.MaxOverlap[key]))
+		}
+	}
+	if res.Archived+res.Failed > 0 {
+		errs = append(errs, fmt.Errorf("%d task(s) archived, %d failed", res.Archived, res.Failed))
+	}
+	return errors.Join(errs...)
+}
+
+// observer reports the guard events of one machine.
+func (d *demo) observer(machine string) middleware.Observer {
+	return func(_ context.Context, e middleware.Event) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		switch {
+		case e.Kind == middleware.EventDuplicate && e.Action == middleware.ActionSkip:
+			d.Skipped[e.Job.Name]++
+			fmt.Fprintf(d.w, "%-10s skipped   %s: %s is held by %s\n", machine, e.Job.Name, e.Job.Key, e.Holder)
+		case e.Kind == middleware.EventRequeued:
+			d.Requeued[e.Job.Name]++
+			fmt.Fprintf(d.w, "%-10s requeued  %s: %s is held; back in %s\n", machine, e.Job.Name, e.Job.Key, e.Delay.Round(time.Millisecond))
+		case e.Kind == middleware.EventError:
+			fmt.Fprintf(d.w, "%-10s error     %s: %v\n", machine, e.Job.Name, e.Err)
+		}
+	}
+}
+
+// handler is one machine's task handler: it records the run and works for
+// work (or until ctx ends).
+func (d *demo) handler(machine string, work time.Duration) asynq.HandlerFunc {
+	return func(ctx context.Context, t *asynq.Task) error {
+		key := t.Type()
+		var p struct {
+			Tenant string `json:"tenant_id"`
+			N      int    `json:"n"`
+		}
+		if t.Type() == "report:build" {
+			if err := json.Unmarshal(t.Payload(), &p); err != nil {
+				return err
+			}
+			key += " tenant=" + p.Tenant
+		}
+		copied := t.Headers()[singleton.OriginHeader] != ""
+		d.mu.Lock()
+		d.running[key]++
+		d.MaxOverlap[key] = max(d.MaxOverlap[key], d.running[key])
+		note := ""
+		if copied {
+			note = " (a requeued copy)"
+		}
+		fmt.Fprintf(d.w, "%-10s runs      %s%s\n", machine, key, note)
+		d.mu.Unlock()
+
+		select {
+		case <-time.After(work):
+		case <-ctx.Done():
+		}
+
+		d.mu.Lock()
+		d.running[key]--
+		d.Ran[t.Type()]++
+		if copied {
+			d.CopiesRan++
+		}
+		d.mu.Unlock()
+		return ctx.Err()
+	}
+}
