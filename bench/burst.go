@@ -33,7 +33,7 @@ type burstRun struct {
 // values, drawn at random (fixed seed, so every policy sees the same
 // sequence), and runs them with a b.burstWork handler: bare (every task runs,
 // overlapping freely), then behind singleton.Middleware keyed by "k" with Skip
-// and with Requeue. A run ends when every task is accounted for: ran or
+// with Requeue and with Coalesce. A run ends when every task is accounted for: ran or
 // skipped for Skip, ran for bare and Requeue.
 func (b *bench) burst(ctx context.Context, env *asynqEnv) ([]burstRun, counts, error) {
 	srvClient, srvCtr := b.client()
@@ -45,6 +45,7 @@ func (b *bench) burst(ctx context.Context, env *asynqEnv) ([]burstRun, counts, e
 		{"bare", "no middleware", nil},
 		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip())},
 		{fmt.Sprintf("Requeue(%s)", b.requeueDelay), fmt.Sprintf("`middleware.Requeue(%s)`", b.requeueDelay), ptr(middleware.Requeue(b.requeueDelay))},
+		{"Coalesce", "`middleware.Coalesce()`", ptr(middleware.Coalesce())},
 	}
 	var out []burstRun
 	var enq counts

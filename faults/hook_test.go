@@ -63,8 +63,8 @@ type faultOp struct {
 }
 
 var (
-	acquireCmd = testredis.ScriptShape(5, 10)
-	releaseCmd = testredis.ScriptShape(2, 7)
+	acquireCmd = testredis.ScriptShape(6, 11)
+	releaseCmd = testredis.ScriptShape(3, 8)
 	extendCmd  = testredis.ScriptShape(2, 4)
 	inspectCmd = testredis.ScriptShape(2, 0)
 )

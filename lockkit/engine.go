@@ -19,7 +19,7 @@ type backend interface {
 	// release removes each lease; held[i] reports whether lease i was still
 	// held. A lease with no member is found by its acquire id. done > 0
 	// records each lease's label as completed for that long.
-	release(ctx context.Context, leases []*Lease, done time.Duration) (held []bool, err error)
+	release(ctx context.Context, leases []*Lease, end ending) (held []bool, err error)
 	// extend sets each lease's expiry to now + ttls[i]; a renewal (renew
 	// true) never shortens one. errs[i] is nil, errNotHeld or a failure.
 	extend(ctx context.Context, leases []*Lease, ttls []time.Duration, renew bool) (errs []error)
@@ -42,7 +42,13 @@ type acquireResult struct {
 	lastEpoch int64 // set (with ok false and conflict nil) when the epoch was used
 	completed bool  // the label was completed (Lease.Complete)
 	abandoned bool  // the acquire call was cleaned up already (a late run)
+	covered   *CoveredError
+	since     int64 // a Coalesce call's start (server us), when the store set it
 }
+
+// ending says what a release records besides freeing the holder: the label
+// as completed for done, and the run's success for cover (both when > 0).
+type ending struct{ done, cover time.Duration }
 
 var errNotHeld = errors.New("not held")
 
@@ -167,6 +173,8 @@ func (e *engine) notAcquired(r *request, res acquireResult) error {
 		return fmt.Errorf("%w: %q label %q", ErrCompleted, r.key, r.label)
 	case res.abandoned:
 		return fmt.Errorf("lockkit: acquire %q: the call was abandoned", r.key)
+	case res.covered != nil:
+		return res.covered
 	case res.conflict == nil:
 		return fmt.Errorf("%w: %q epoch %d is not after %d", ErrEpochUsed, r.key, r.epoch, res.lastEpoch)
 	}
@@ -220,6 +228,9 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 		sent := time.Now()
 		tried = true
 		res, err := e.b.acquire(ctx, &r)
+		if res.since > 0 {
+			r.since = res.since
+		}
 		if err != nil {
 			// The script may have run: make sure what it took is given back.
 			e.orphan(r.key, r.aid, sent.Add(r.ttl))
@@ -274,6 +285,8 @@ func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Ti
 		aid:      r.aid,
 		token:    token,
 		epoch:    r.epoch > 0,
+		coalesce: r.coalesce,
+		coverFor: r.coverFor,
 		ttl:      r.ttl,
 		interval: r.interval,
 		lost:     make(chan struct{}),
@@ -286,7 +299,7 @@ func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Ti
 		l.state, l.cause = stateReleased, ErrClosed
 		e.mu.Unlock()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		_, err := e.b.release(rctx, []*Lease{l}, 0)
+		_, err := e.b.release(rctx, []*Lease{l}, ending{})
 		cancel()
 		if err != nil {
 			e.orphan(l.key, l.aid, l.validUntil)
@@ -528,7 +541,7 @@ func (e *engine) releaseOrphans(os []*orphan) {
 		leases[i] = o.l
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-	_, err := e.b.release(ctx, leases, 0)
+	_, err := e.b.release(ctx, leases, ending{})
 	cancel()
 	e.mu.Lock()
 	now := time.Now()
@@ -593,7 +606,7 @@ func (e *engine) close(ctx context.Context) error {
 	var errs []error
 	for start := 0; start < len(held); start += e.cfg.renewBatch {
 		chunk := held[start:min(start+e.cfg.renewBatch, len(held))]
-		if _, err := e.b.release(ctx, chunk, 0); err != nil {
+		if _, err := e.b.release(ctx, chunk, ending{}); err != nil {
 			errs = append(errs, fmt.Errorf("lockkit: close: release %d lease(s): %w", len(chunk), err))
 			break
 		}

@@ -35,6 +35,10 @@ type Lease struct {
 	token  int64
 	member string // "" for a holder no Lease was handed out for (see engine.orphan)
 	epoch  bool   // the acquire claimed an epoch
+	// coalesce: the acquire was a Coalesce one; a success is remembered for
+	// coverFor.
+	coalesce bool
+	coverFor time.Duration
 
 	// extendMu orders the Extend calls of one lease, so that the TTL the
 	// holder believes in is the one Redis applied last.
@@ -178,7 +182,23 @@ func (l *Lease) markLost(cause error) {
 // matching ErrNotHeld if the lease was already released, expired or lost; in
 // that case no other owner's lease is touched. A release that Redis ran but
 // whose reply was lost and retried still returns nil.
-func (l *Lease) Release(ctx context.Context) error { return l.release(ctx, 0) }
+func (l *Lease) Release(ctx context.Context) error { return l.release(ctx, ending{}) }
+
+// Succeed releases the lease like Release and, for a lease acquired with
+// AcquireOptions.Coalesce, records that its run succeeded: until CoverFor
+// has passed, a Coalesce acquire of the key that began before this lease was
+// acquired fails with a *CoveredError. Run calls it when fn succeeds.
+func (l *Lease) Succeed(ctx context.Context) error { return l.release(ctx, l.success(0)) }
+
+// success is the ending of a lease whose run succeeded, with done for a
+// completed label.
+func (l *Lease) success(done time.Duration) ending {
+	end := ending{done: done}
+	if l.coalesce {
+		end.cover = l.coverFor
+	}
+	return end
+}
 
 // Complete releases the lease like Release and records its AcquireOptions.Label as
 // completed on the key for keep: until then an acquire of the key with the
@@ -194,10 +214,10 @@ func (l *Lease) Complete(ctx context.Context, keep time.Duration) error {
 	case keep <= 0 || keep > MaxTTL:
 		return fmt.Errorf("%w: Complete(%s): keep must be positive and at most %s", ErrInvalid, keep, MaxTTL)
 	}
-	return l.release(ctx, keep)
+	return l.release(ctx, ending{done: keep})
 }
 
-func (l *Lease) release(ctx context.Context, done time.Duration) error {
+func (l *Lease) release(ctx context.Context, end ending) error {
 	if !l.end(stateReleased, errReleased) {
 		l.e.mu.Lock()
 		state, cause := l.state, l.cause
@@ -205,12 +225,12 @@ func (l *Lease) release(ctx context.Context, done time.Duration) error {
 		if state == stateLost {
 			// Best effort: the lease may still be stored if renewal failed for
 			// network reasons; removing our own entry is always safe.
-			_, _ = l.e.b.release(ctx, []*Lease{l}, 0)
+			_, _ = l.e.b.release(ctx, []*Lease{l}, ending{})
 			return fmt.Errorf("%w: %w", ErrNotHeld, cause)
 		}
 		return fmt.Errorf("%w: %q token %d was released already", ErrNotHeld, l.key, l.token)
 	}
-	held, err := l.e.b.release(ctx, []*Lease{l}, done)
+	held, err := l.e.b.release(ctx, []*Lease{l}, end)
 	if err != nil {
 		// The release may not have run: make sure it does, in the background.
 		l.e.orphan(l.key, l.aid, l.validUntilLocked())
@@ -290,10 +310,12 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // ErrNotHeld) if the lease was lost while fn ran. The release uses a context
 // that survives ctx's cancellation, bounded to 5 seconds.
 //
-// When the lease has a label (AcquireOptions.Label) and fn succeeded after
-// ctx ended, the caller gave up on the work although it is done: Run then
-// ends the lease with Complete(CompletedRetention) instead of Release, so an
-// acquire of the same label fails with ErrCompleted while that record lasts.
+// When fn succeeds, Run ends the lease with Succeed (a Coalesce lease's
+// success is recorded). When the lease also has a label (AcquireOptions.Label)
+// and ctx had ended, the caller gave up on the work although it is done: Run
+// then also records the label as completed for CompletedRetention, as
+// Complete does, so an acquire of the same label fails with ErrCompleted
+// while that record lasts.
 func (l *Lease) Run(ctx context.Context, fn func(context.Context) error) (err error) {
 	wctx, cancel := l.Context(ctx)
 	defer func() {
@@ -301,10 +323,13 @@ func (l *Lease) Run(ctx context.Context, fn func(context.Context) error) (err er
 		p := recover()
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		var rerr error
-		if p == nil && err == nil && l.label != "" && ctx.Err() != nil {
-			rerr = l.Complete(rctx, CompletedRetention)
-		} else {
+		switch {
+		case p != nil || err != nil:
 			rerr = l.Release(rctx)
+		case l.label != "" && ctx.Err() != nil:
+			rerr = l.release(rctx, l.success(CompletedRetention))
+		default:
+			rerr = l.Succeed(rctx)
 		}
 		rcancel()
 		if p != nil {

@@ -17,6 +17,9 @@ const (
 	// CompletedRetention is how long Lease.Run remembers that the work of a
 	// labeled lease succeeded after its caller had given up on it.
 	CompletedRetention = 24 * time.Hour
+	// DefaultCoverFor is how long a Coalesce lease's success is remembered
+	// when AcquireOptions.CoverFor is zero.
+	DefaultCoverFor = 24 * time.Hour
 	// DefaultPollInterval bounds how long a waiter sleeps between attempts when no
 	// release notification reaches it (a missed wake-up or a holder that died).
 	DefaultPollInterval = 250 * time.Millisecond
@@ -61,6 +64,9 @@ var (
 	// completed on the key by Lease.Complete, while that record lasts: the work
 	// it names is done.
 	ErrCompleted = errors.New("lockkit: already completed")
+	// ErrCovered is matched by the *CoveredError of an AcquireOptions.Coalesce
+	// acquire whose work a run of the key that began after it already covers.
+	ErrCovered = errors.New("lockkit: covered by another run")
 	// ErrUnsupported is returned by the first call of a RedisLocker on a Redis
 	// server older than MinRedisVersion; the message names the version found.
 	ErrUnsupported = errors.New("lockkit: unsupported Redis server")
@@ -163,7 +169,64 @@ type AcquireOptions struct {
 	// below Limit. An acquire whose label was recorded by Lease.Complete fails
 	// with ErrCompleted.
 	Label string
+	// Coalesce makes the acquire give way to a run of the key that began
+	// after the call's first attempt reached Redis (server time): it fails
+	// with a *CoveredError (matching ErrCovered) when such a run succeeded
+	// (Lease.Run or Lease.Succeed on a Coalesce lease, remembered for
+	// CoverFor), holds the key now, or when another Coalesce acquire already
+	// waits for the key (it will begin later). Otherwise the key is taken as
+	// usual; Acquire waits for it and is then the one follow-up that others
+	// fold into. Defaults to false.
+	Coalesce bool
+	// CoverFor is how long the success of a Coalesce lease's run is
+	// remembered. Zero means DefaultCoverFor; at most MaxTTL.
+	CoverFor time.Duration
 }
+
+// Coverage says how a Coalesce acquire's work is covered.
+type Coverage int
+
+// Coverages of a CoveredError.
+const (
+	CoveredBySuccess  Coverage = iota + 1 // a run that began after the acquire succeeded
+	CoveredByRun                          // a run that began after the acquire holds the key
+	CoveredByFollowUp                     // another Coalesce acquire waits for the key
+)
+
+var coverageNames = [...]string{"", "a run that began later succeeded", "a run that began later is running", "a follow-up run is pending"}
+
+// String describes the coverage.
+func (c Coverage) String() string {
+	if c > 0 && int(c) < len(coverageNames) {
+		return coverageNames[c]
+	}
+	return fmt.Sprintf("Coverage(%d)", int(c))
+}
+
+// CoveredError is returned by a Coalesce acquire that gave way.
+type CoveredError struct {
+	Key string
+	By  Coverage
+	// Token is the covering run's fencing token (its start, in server
+	// microseconds); zero for CoveredByFollowUp.
+	Token int64
+	// Owner is the owner of the covering run when it holds the key.
+	Owner string
+}
+
+// Error implements error.
+func (e *CoveredError) Error() string {
+	if e.Owner != "" {
+		return fmt.Sprintf("lockkit: %q is covered: %s (token %d, owner %s)", e.Key, e.By, e.Token, e.Owner)
+	}
+	if e.Token != 0 {
+		return fmt.Sprintf("lockkit: %q is covered: %s (token %d)", e.Key, e.By, e.Token)
+	}
+	return fmt.Sprintf("lockkit: %q is covered: %s", e.Key, e.By)
+}
+
+// Is reports whether target is ErrCovered.
+func (e *CoveredError) Is(target error) bool { return target == ErrCovered }
 
 // Info describes a key's state, as returned by Inspect.
 type Info struct {

@@ -96,6 +96,8 @@ type memLock struct {
 	epoch     int64
 	epochAid  string               // the acquire call that claimed epoch
 	metaUntil time.Time            // the epoch is forgotten at
+	cover     int64                // the token of the latest Coalesce run that succeeded
+	coverTill time.Time            // cover is forgotten at
 	queue     []string             // fair waiters in arrival order
 	waiters   map[string]time.Time // waiter → deadline
 	subs      map[chan struct{}]struct{}
@@ -113,6 +115,9 @@ func (lk *memLock) expire(now time.Time) {
 		if !now.Before(d) {
 			delete(lk.waiters, w)
 		}
+	}
+	if !now.Before(lk.coverTill) {
+		lk.cover = 0
 	}
 	live := lk.queue[:0]
 	for _, w := range lk.queue {
@@ -145,7 +150,7 @@ func (lk *memLock) forget(w string) bool {
 
 func (lk *memLock) idle(now time.Time) bool {
 	return len(lk.holders) == 0 && len(lk.waiters) == 0 && len(lk.subs) == 0 && len(lk.done) == 0 &&
-		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil)
+		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil) && lk.cover == 0
 }
 
 // get returns key's state, creating it; every 1024 calls it drops idle keys.
@@ -209,6 +214,32 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		token, _, _ := parseMember(m)
 		return acquireResult{ok: true, token: token}, nil
 	}
+	since := int64(0)
+	if r.coalesce {
+		since = r.since
+		if since < 0 {
+			since = now.UnixMicro()
+		}
+		covered := func(by Coverage, token int64, owner string) (acquireResult, error) {
+			lk.forget(r.waiter)
+			return acquireResult{covered: &CoveredError{Key: r.key, By: by, Token: token, Owner: owner}, since: since}, nil
+		}
+		if lk.cover >= since {
+			return covered(CoveredBySuccess, lk.cover, "")
+		}
+		for m := range lk.holders {
+			if token, owner, _ := parseMember(m); token >= since {
+				return covered(CoveredByRun, token, owner)
+			}
+		}
+		if !lk.hasSameLabel(r.label) {
+			for w := range lk.waiters {
+				if w != r.waiter {
+					return covered(CoveredByFollowUp, 0, "")
+				}
+			}
+		}
+	}
 	if _, ok := lk.done[r.label]; ok && r.label != "" {
 		lk.forget(r.waiter)
 		return acquireResult{completed: true}, nil
@@ -266,10 +297,23 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 			c.TTL = exp.Sub(now)
 		}
 	}
-	return acquireResult{conflict: c}, nil
+	return acquireResult{conflict: c, since: since}, nil
 }
 
-func (b *memBackend) release(ctx context.Context, leases []*Lease, done time.Duration) ([]bool, error) {
+// hasSameLabel reports whether a live holder carries label.
+func (lk *memLock) hasSameLabel(label string) bool {
+	if label == "" {
+		return false
+	}
+	for m := range lk.holders {
+		if _, _, l := parseMember(m); l == label {
+			return true
+		}
+	}
+	return false
+}
+
+func (b *memBackend) release(ctx context.Context, leases []*Lease, end ending) ([]bool, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -291,8 +335,11 @@ func (b *memBackend) release(ctx context.Context, leases []*Lease, done time.Dur
 		if _, ok := lk.holders[member]; ok {
 			delete(lk.holders, member)
 			held[i] = true
-			if done > 0 {
-				lk.done[l.label] = now.Add(done)
+			if end.done > 0 {
+				lk.done[l.label] = now.Add(end.done)
+			}
+			if end.cover > 0 && l.token > lk.cover {
+				lk.cover, lk.coverTill = l.token, now.Add(end.cover)
 			}
 			lk.wake()
 		}

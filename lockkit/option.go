@@ -115,13 +115,19 @@ type request struct {
 	// waiter is set when the caller waits: it registers in the key's waiter set.
 	waiter    string
 	waiterTTL time.Duration
+	// coalesce: since is when the call's first attempt reached the store
+	// (server microseconds), -1 before it did.
+	coalesce bool
+	since    int64
+	coverFor time.Duration
 }
 
 func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	if o == nil {
 		o = &AcquireOptions{}
 	}
-	r := request{key: key, owner: c.owner, label: o.Label, ttl: o.TTL, limit: o.Limit, fair: o.Fair, epoch: o.Epoch, epochTTL: o.EpochTTL}
+	r := request{key: key, owner: c.owner, label: o.Label, ttl: o.TTL, limit: o.Limit, fair: o.Fair, epoch: o.Epoch, epochTTL: o.EpochTTL,
+		coalesce: o.Coalesce, since: -1, coverFor: o.CoverFor}
 	if key == "" {
 		return r, fmt.Errorf("%w: key is empty", ErrInvalid)
 	}
@@ -157,6 +163,15 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	}
 	if r.epochTTL == 0 {
 		r.epochTTL = r.ttl
+	}
+	if r.coverFor < 0 || r.coverFor > MaxTTL {
+		return r, fmt.Errorf("%w: key %q: CoverFor %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, r.coverFor, MaxTTL)
+	}
+	if r.coverFor == 0 {
+		r.coverFor = DefaultCoverFor
+	}
+	if r.coalesce && (r.fair || r.limit > 1) {
+		return r, fmt.Errorf("%w: key %q: Coalesce works with one holder and no Fair queue", ErrInvalid, key)
 	}
 	r.waiterTTL = 4 * c.poll
 	r.aid = randomID(8)

@@ -210,11 +210,11 @@ type redisBackend struct {
 	done bool
 }
 
-type lockKeys struct{ holders, meta, queue, waiters, fence, channel string }
+type lockKeys struct{ holders, meta, queue, waiters, fence, channel, cover string }
 
 func (b *redisBackend) keys(key string) lockKeys {
 	base := b.prefix + "{" + escapeKey(key) + "}"
-	return lockKeys{base + ":h", base + ":m", base + ":q", base + ":w", base + ":f", base + ":r"}
+	return lockKeys{base + ":h", base + ":m", base + ":q", base + ":w", base + ":f", base + ":r", base + ":c"}
 }
 
 func ms(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
@@ -265,8 +265,12 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 	if r.fair {
 		fair = "1"
 	}
-	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence},
-		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label)).Slice()
+	since := int64(0)
+	if r.coalesce {
+		since = r.since
+	}
+	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover},
+		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since).Slice()
 	if err != nil {
 		return acquireResult{}, err
 	}
@@ -288,6 +292,15 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 		return acquireResult{completed: true}, nil
 	case -3:
 		return acquireResult{abandoned: true}, nil
+	case -4:
+		if len(vals) < 5 {
+			return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
+		}
+		c := &CoveredError{Key: r.key, By: Coverage(toInt(vals[1])), Token: toInt(vals[2])}
+		if m, _ := vals[3].(string); m != "" {
+			_, c.Owner, _ = parseMember(m)
+		}
+		return acquireResult{covered: c, since: toInt(vals[4])}, nil
 	}
 	return conflictOf(r.key, vals)
 }
@@ -301,7 +314,11 @@ func conflictOf(key string, vals []any) (acquireResult, error) {
 	if m, _ := vals[1].(string); m != "" {
 		c.Token, c.Owner, c.Label = parseMember(m)
 	}
-	return acquireResult{conflict: c}, nil
+	res := acquireResult{conflict: c}
+	if len(vals) > 5 {
+		res.since = toInt(vals[5])
+	}
+	return res, nil
 }
 
 func toInt(v any) int64 {
@@ -349,25 +366,25 @@ func (b *redisBackend) pipelineScript(ctx context.Context, s *redis.Script, leas
 	return cmds
 }
 
-func (b *redisBackend) release(ctx context.Context, leases []*Lease, done time.Duration) ([]bool, error) {
+func (b *redisBackend) release(ctx context.Context, leases []*Lease, end ending) ([]bool, error) {
 	label := func(l *Lease) string {
-		if done > 0 {
+		if end.done > 0 {
 			return escapeLabel(l.label)
 		}
 		return ""
 	}
 	args := func(l *Lease) []any {
-		return []any{l.member, l.aid, b.keys(l.key).channel, ms(b.grace), label(l), ms(done), ms(l.ttl)}
+		return []any{l.member, l.aid, b.keys(l.key).channel, ms(b.grace), label(l), ms(end.done), ms(l.ttl), ms(end.cover)}
 	}
 	held := make([]bool, len(leases))
 	if len(leases) == 1 {
 		l := leases[0]
 		k := b.keys(l.key)
-		n, err := releaseScript.Run(ctx, b.c, []string{k.holders, k.waiters}, args(l)...).Int64()
+		n, err := releaseScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.cover}, args(l)...).Int64()
 		held[0] = n == 1
 		return held, err
 	}
-	cmds := b.pipelineScript(ctx, releaseScript, leases, func(k lockKeys) []string { return []string{k.holders, k.waiters} }, args)
+	cmds := b.pipelineScript(ctx, releaseScript, leases, func(k lockKeys) []string { return []string{k.holders, k.waiters, k.cover} }, args)
 	var errs []error
 	for i, c := range cmds {
 		n, err := c.Int64()

@@ -161,6 +161,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"LabelsAreUniqueAmongHolders", testLabels},
 		{"CompletedLabelIsRefused", testComplete},
 		{"RunCompletesWorkItsCallerGaveUpOn", testRunCompletes},
+		{"CoalesceGivesWayToLaterRuns", testCoalesce},
 		{"HugeTTLsAreRejected", testHugeTTL},
 	}
 	for _, tc := range tests {
@@ -863,6 +864,94 @@ func testRunCompletes(t *testing.T, h *harness) {
 	l, err := h.locker(t).TryAcquire(ctx, "unlabeled", nil)
 	require.NoError(t, err, "a lease without a label is released")
 	require.NoError(t, l.Release(ctx))
+}
+
+// A Coalesce acquire gives way to a run that began after it: one that
+// succeeded, one that holds the key, or a follow-up that waits for it.
+func testCoalesce(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a, b := h.locker(t), h.locker(t)
+	co := &AcquireOptions{Coalesce: true}
+
+	first, err := a.TryAcquire(ctx, "k", co)
+	require.NoError(t, err, "a free key is taken")
+
+	// The key is held by a run that began before: no coverage, a conflict.
+	_, err = b.TryAcquire(ctx, "k", co)
+	require.ErrorIs(t, err, ErrNotAcquired)
+	require.NotErrorIs(t, err, ErrCovered)
+
+	// A waiting Coalesce acquire is the follow-up; later ones fold into it.
+	type res struct {
+		l   *Lease
+		err error
+	}
+	follow := make(chan res, 1)
+	go func() {
+		l, err := b.Acquire(ctx, "k", co)
+		follow <- res{l, err}
+	}()
+	require.Eventually(t, func() bool {
+		info, err := a.Inspect(ctx, "k")
+		require.NoError(t, err)
+		return info.Waiters == 1
+	}, 5*time.Second, time.Millisecond)
+	_, err = a.TryAcquire(ctx, "k", co)
+	var ce *CoveredError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, CoveredByFollowUp, ce.By)
+	_, err = a.Acquire(ctx, "k", co)
+	require.ErrorAs(t, err, &ce, "a waiting acquire folds too")
+	require.Equal(t, CoveredByFollowUp, ce.By)
+	_, err = a.TryAcquire(ctx, "k", nil)
+	require.ErrorIs(t, err, ErrNotAcquired, "an acquire without Coalesce is not covered")
+	require.NotErrorIs(t, err, ErrCovered)
+
+	// The first run succeeds: the follow-up runs anyway (it began later).
+	require.NoError(t, first.Succeed(ctx))
+	r := <-follow
+	require.NoError(t, r.err)
+	second := r.l
+	require.Greater(t, second.Token(), first.Token())
+
+	// A call that began before the follow-up took the key is covered by it
+	// while it runs, and by its success after.
+	e := engineOf(a)
+	early, err := e.cfg.request("k", co)
+	require.NoError(t, err)
+	early.since = second.Token() - 1
+	got, err := e.b.acquire(ctx, &early)
+	require.NoError(t, err)
+	require.NotNil(t, got.covered)
+	require.Equal(t, CoveredByRun, got.covered.By)
+	require.Equal(t, second.Token(), got.covered.Token)
+	require.NotEmpty(t, got.covered.Owner)
+	require.NoError(t, second.Run(ctx, func(context.Context) error { return nil }), "Run records the success")
+	early.aid = randomID(8)
+	got, err = e.b.acquire(ctx, &early)
+	require.NoError(t, err)
+	require.NotNil(t, got.covered)
+	require.Equal(t, CoveredBySuccess, got.covered.By)
+	require.Equal(t, second.Token(), got.covered.Token)
+
+	// A call that began after that success is not covered: it runs.
+	third, err := a.TryAcquire(ctx, "k", co)
+	require.NoError(t, err)
+	// A failed run records nothing.
+	require.Error(t, third.Run(ctx, func(context.Context) error { return errors.New("boom") }))
+	early.since = third.Token() - 1
+	early.aid = randomID(8)
+	got, err = e.b.acquire(ctx, &early)
+	require.NoError(t, err)
+	require.True(t, got.ok, "a failed run covers nothing")
+	_, err = e.b.release(ctx, []*Lease{{key: "k", aid: early.aid}}, ending{})
+	require.NoError(t, err)
+
+	// Bad options.
+	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Coalesce: true, Limit: 2})
+	require.ErrorIs(t, err, ErrInvalid)
+	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Coalesce: true, CoverFor: -time.Second})
+	require.ErrorIs(t, err, ErrInvalid)
 }
 
 // TTLs past MaxTTL are refused, never stored as already expired.

@@ -95,7 +95,47 @@ type Policy struct {
 	Wait time.Duration
 	// Fair makes waiting duplicates acquire in arrival order.
 	Fair bool
+	// Coalesce makes a job give way to a run of its key that began after
+	// the job did (after Run was called: the delivery, which is after the
+	// enqueue): it completes without running (ReasonCovered, ActionSkip)
+	// when such a run succeeded, is running, or is pending as the key's
+	// follow-up. Any other job waits for the key, bounded by its ctx only,
+	// and runs as the key's one follow-up. OnConflict, Wait and Fair do not
+	// apply; a job whose wait ends with its ctx fails with an error that is
+	// not a duplicate, so the runtime retries it.
+	Coalesce bool
 }
+
+// String writes the policy the way it is built: "Skip()", "Requeue(1s)",
+// "Wait(10s, Fail())", "Coalesce()"; a Fair wait reads "Wait(10s, fair, Skip())".
+func (p Policy) String() string {
+	if p.Coalesce {
+		return "Coalesce()"
+	}
+	var s string
+	switch p.OnConflict {
+	case 0, ActionSkip:
+		s = "Skip()"
+	case ActionRequeue:
+		s = fmt.Sprintf("Requeue(%s)", p.RequeueDelay)
+	case ActionFail:
+		s = "Fail()"
+	default:
+		s = fmt.Sprintf("Policy{OnConflict: %s}", p.OnConflict)
+	}
+	if p.Wait > 0 || p.Fair {
+		fair := ""
+		if p.Fair {
+			fair = "fair, "
+		}
+		s = fmt.Sprintf("Wait(%s, %s%s)", p.Wait, fair, s)
+	}
+	return s
+}
+
+// Coalesce returns the policy that folds duplicates into a run that began
+// after them (see Policy.Coalesce).
+func Coalesce() Policy { return Policy{OnConflict: ActionSkip, Coalesce: true} }
 
 // Skip returns the policy that drops duplicates.
 func Skip() Policy { return Policy{OnConflict: ActionSkip} }
@@ -125,6 +165,8 @@ func (p Policy) validate() error {
 		return fmt.Errorf("%w: WithPolicy: Wait %s is negative", ErrInvalid, p.Wait)
 	case p.Fair && p.Wait == 0:
 		return fmt.Errorf("%w: WithPolicy: Fair needs a positive Wait", ErrInvalid)
+	case p.Coalesce && (p.Wait > 0 || p.OnConflict != ActionSkip):
+		return fmt.Errorf("%w: WithPolicy: Coalesce waits for its follow-up run itself; it takes no Wait, Fair or OnConflict", ErrInvalid)
 	}
 	return nil
 }
@@ -139,6 +181,10 @@ const (
 	// ReasonClaimed means the job's epoch was already claimed: the same unit
 	// of work (such as a cron tick) ran elsewhere.
 	ReasonClaimed
+	// ReasonCovered means a run of the key that began after the job did
+	// succeeded, is running, or is pending as the key's follow-up
+	// (Policy.Coalesce): it does the job's work.
+	ReasonCovered
 	// ReasonCompleted means an earlier delivery of the same work (same
 	// Job.Origin) completed successfully after the runtime had given up on
 	// it: running it again would do the work twice.
@@ -147,7 +193,7 @@ const (
 
 // DuplicateError is returned by Guard.Run when the work did not run. It
 // matches ErrDuplicate and, for ReasonHeld, lockkit.ErrNotAcquired; for
-// ReasonCompleted, lockkit.ErrCompleted.
+// ReasonCompleted, lockkit.ErrCompleted; for ReasonCovered, lockkit.ErrCovered.
 type DuplicateError struct {
 	Job    Job
 	Reason Reason
@@ -167,6 +213,8 @@ func (e *DuplicateError) Error() string {
 		return fmt.Sprintf("middleware: duplicate %s (key %q): already claimed: %v", e.Job.label(), e.Job.Key, e.Cause)
 	case ReasonCompleted:
 		return fmt.Sprintf("middleware: duplicate %s (key %q): delivery of %q that completed already: %v", e.Job.label(), e.Job.Key, e.Job.Origin, e.Cause)
+	case ReasonCovered:
+		return fmt.Sprintf("middleware: duplicate %s (key %q): covered: %v", e.Job.label(), e.Job.Key, e.Cause)
 	}
 	return fmt.Sprintf("middleware: duplicate %s (key %q), %s: %v", e.Job.label(), e.Job.Key, e.Action, e.Cause)
 }
@@ -275,6 +323,8 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	switch {
 	case g.limit < 1:
 		return nil, fmt.Errorf("%w: WithLimit(%d): must be at least 1", ErrInvalid, g.limit)
+	case g.limit > 1 && g.policy.Coalesce:
+		return nil, fmt.Errorf("%w: WithLimit(%d): Coalesce runs one job per key at a time", ErrInvalid, g.limit)
 	case g.ttl != 0 && (g.ttl < lockkit.MinTTL || g.ttl > lockkit.MaxTTL):
 		return nil, fmt.Errorf("%w: WithTTL(%s): must be zero (the Locker's) or between %s and %s", ErrInvalid, g.ttl, lockkit.MinTTL, lockkit.MaxTTL)
 	case g.loggerSet && g.logger == nil:
@@ -414,6 +464,9 @@ func (g *Guard) finish(ctx context.Context, job Job, lease *lockkit.Lease, start
 
 func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Duration, error) {
 	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.Fair, Label: job.Origin}
+	if g.policy.Coalesce {
+		return g.coalesce(ctx, job, opt)
+	}
 	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)
 	if err == nil {
 		return lease, 0, nil
@@ -428,6 +481,25 @@ func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Dura
 		return g.acquireWaiting(ctx, job, opt)
 	}
 	return nil, 0, g.notAcquired(ctx, job, err, 0)
+}
+
+// coalesce takes the key for a Coalesce job in one waiting call, bounded by
+// ctx: the job either gives way to a run that began after it or becomes the
+// key's follow-up and waits for the key.
+func (g *Guard) coalesce(ctx context.Context, job Job, opt *lockkit.AcquireOptions) (*lockkit.Lease, time.Duration, error) {
+	opt.Coalesce = true
+	start := time.Now()
+	lease, err := g.locker.Acquire(ctx, job.Key, opt)
+	waited := time.Since(start)
+	switch {
+	case err == nil:
+		return lease, waited, nil // EventAcquired reports the wait
+	case errors.Is(err, lockkit.ErrCovered), errors.Is(err, lockkit.ErrCompleted), errors.Is(err, lockkit.ErrEpochUsed):
+		return nil, waited, g.notAcquired(ctx, job, err, waited)
+	}
+	err = fmt.Errorf("middleware: %s: waiting for %q: %w", job.label(), job.Key, err)
+	g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
+	return nil, waited, err
 }
 
 // ownRun reports whether err is a conflict with a run of the same work.
@@ -486,6 +558,14 @@ func (g *Guard) notAcquired(ctx context.Context, job Job, err error, waited time
 	case errors.Is(err, lockkit.ErrCompleted):
 		g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Wait: waited, Err: err})
 		return &DuplicateError{Job: job, Reason: ReasonCompleted, Action: ActionSkip, Waited: waited, Cause: err}
+	case errors.Is(err, lockkit.ErrCovered):
+		ev := Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Wait: waited, Err: err}
+		var ce *lockkit.CoveredError
+		if errors.As(err, &ce) {
+			ev.Holder = ce.Owner
+		}
+		g.Emit(ctx, ev)
+		return &DuplicateError{Job: job, Reason: ReasonCovered, Action: ActionSkip, Waited: waited, Cause: err}
 	case errors.Is(err, lockkit.ErrNotAcquired):
 		dup := &DuplicateError{Job: job, Reason: ReasonHeld, Action: g.policy.OnConflict, Waited: waited, Cause: err}
 		var ce *lockkit.ConflictError

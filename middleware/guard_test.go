@@ -536,3 +536,83 @@ func TestOutcome(t *testing.T) {
 	require.Nil(t, out.Duplicate)
 	require.ErrorIs(t, out.Err, lockkit.ErrClosed)
 }
+
+// Coalesce: a job waits as its key's follow-up, later jobs fold into it, and
+// a job that began after a run started is not covered by that run.
+func TestCoalescePolicy(t *testing.T) {
+	l, err := lockkit.NewMemory()
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	holder, _ := newGuard(t, l)
+	release := holdKey(t, holder, "k")
+
+	g, rec := newGuard(t, l, middleware.WithPolicy(middleware.Coalesce()))
+	follow := make(chan middleware.Outcome, 1)
+	go func() {
+		follow <- g.Run(ctx, middleware.Job{Key: "k", ID: "t1"}, func(context.Context) error { return nil })
+	}()
+	require.Eventually(t, func() bool {
+		info, err := l.Inspect(ctx, "k")
+		require.NoError(t, err)
+		return info.Waiters == 1
+	}, 5*time.Second, time.Millisecond)
+
+	out := g.Run(ctx, middleware.Job{Key: "k", ID: "t2"}, func(context.Context) error { t.Error("t2 ran"); return nil })
+	require.False(t, out.Ran)
+	require.NotNil(t, out.Duplicate)
+	require.Equal(t, middleware.ReasonCovered, out.Duplicate.Reason)
+	require.Equal(t, middleware.ActionSkip, out.Duplicate.Action)
+	require.ErrorIs(t, out.Err, lockkit.ErrCovered)
+	require.ErrorIs(t, out.Err, middleware.ErrDuplicate)
+	ev, ok := rec.find(middleware.EventDuplicate)
+	require.True(t, ok)
+	require.Equal(t, "t2", ev.Job.ID)
+
+	release()
+	require.True(t, (<-follow).Ran, "the follow-up runs")
+	out = g.Run(ctx, middleware.Job{Key: "k", ID: "t3"}, func(context.Context) error { return nil })
+	require.True(t, out.Ran, "a job that began after the follow-up started is not covered by it")
+
+	cctx, cancel := context.WithCancel(ctx)
+	release = holdKey(t, holder, "k")
+	go func() {
+		require.Eventually(t, func() bool {
+			info, err := l.Inspect(ctx, "k")
+			require.NoError(t, err)
+			return info.Waiters == 1
+		}, 5*time.Second, time.Millisecond)
+		cancel()
+	}()
+	out = g.Run(cctx, middleware.Job{Key: "k", ID: "t4"}, func(context.Context) error { return nil })
+	release()
+	require.False(t, out.Ran)
+	require.Nil(t, out.Duplicate, "a follow-up whose wait ended is an error, so the runtime retries it")
+	require.ErrorIs(t, out.Err, context.Canceled)
+
+	for _, opts := range [][]middleware.Option{
+		{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Coalesce()))},
+		{middleware.WithPolicy(middleware.Policy{Coalesce: true, OnConflict: middleware.ActionRequeue})},
+		{middleware.WithPolicy(middleware.Coalesce()), middleware.WithLimit(2)},
+	} {
+		_, err := middleware.New(l, opts...)
+		require.ErrorIs(t, err, middleware.ErrInvalid)
+		require.ErrorContains(t, err, "Coalesce")
+	}
+}
+
+func TestPolicyString(t *testing.T) {
+	for want, p := range map[string]middleware.Policy{
+		"Skip()":                        middleware.Skip(),
+		"Skip()\x00zero":                {},
+		"Fail()":                        middleware.Fail(),
+		"Requeue(1s)":                   middleware.Requeue(time.Second),
+		"Wait(10s, Fail())":             middleware.Wait(10*time.Second, middleware.Fail()),
+		"Wait(5s, fair, Skip())":        {Wait: 5 * time.Second, Fair: true},
+		"Coalesce()":                    middleware.Coalesce(),
+		"Policy{OnConflict: Action(9)}": {OnConflict: 9},
+	} {
+		want, _, _ = strings.Cut(want, "\x00")
+		require.Equal(t, want, p.String())
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,6 +47,7 @@ func TestBurstAcrossServers(t *testing.T) {
 		{"requeue", middleware.Requeue(50 * time.Millisecond), 1},
 		{"wait in order then requeue", middleware.Policy{OnConflict: middleware.ActionRequeue, RequeueDelay: 50 * time.Millisecond, Wait: 100 * time.Millisecond, Fair: true}, 1},
 		{"limit 2 then requeue", middleware.Requeue(50 * time.Millisecond), 2},
+		{"coalesce", middleware.Coalesce(), 1},
 	}
 	onEachRedis(t, func(t *testing.T, r connect) {
 		for _, c := range cases {
@@ -158,9 +160,100 @@ func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int) {
 		require.Len(t, completed, tenants*perTenant, "every requeued task ran")
 		require.Positive(t, ev.count(middleware.EventRequeued, 0))
 		require.Positive(t, copiesRan.Load(), "MaxRetry(0) duplicates were re-enqueued as copies and ran")
+	case policy.Coalesce:
+		// Every task was enqueued before the servers started: a run covers
+		// the tasks delivered after it began, a follow-up those delivered
+		// while it ran. The deliveries spread over a few runs at most.
+		runs := 0
+		for _, n := range completed {
+			runs += n
+		}
+		require.Positive(t, len(skips))
+		require.Less(t, runs, tenants*perTenant, "duplicates were coalesced")
+		t.Logf("coalesce: %d tasks, %d runs", tenants*perTenant, runs)
 	default:
 		require.Positive(t, len(skips))
 	}
+}
+
+// Coalesce under a steady stream: tasks of one key are enqueued while two
+// servers process them. A task completes without running only when a run of
+// its key began after it was enqueued, and the stream costs far fewer runs
+// than tasks.
+func TestCoalesceSteadyStream(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		const tasks = 60
+		ev := &events{}
+		var (
+			mu       sync.Mutex
+			starts   []time.Time              // handler starts
+			enqueued = map[string]time.Time{} // task ID → when its enqueue began
+			ran      = map[string]bool{}
+		)
+		for i := range 2 {
+			mw, err := singleton.Middleware(e.locker(lockkit.WithOwner(fmt.Sprintf("server-%d", i))),
+				singleton.WithPolicy(middleware.Coalesce()), singleton.WithObserver(ev.observe))
+			require.NoError(t, err)
+			mux := asynq.NewServeMux()
+			mux.Use(mw)
+			mux.HandleFunc("sync", func(ctx context.Context, task *asynq.Task) error {
+				id, _ := asynq.GetTaskID(ctx)
+				mu.Lock()
+				starts = append(starts, time.Now())
+				ran[id] = true
+				mu.Unlock()
+				time.Sleep(20 * time.Millisecond) // the work
+				return nil
+			})
+			e.start(e.config(4), mux)
+		}
+		for n := range tasks {
+			at := time.Now()
+			info := e.Enqueue(asynq.NewTask("sync", []byte(fmt.Sprint(n))))
+			mu.Lock()
+			enqueued[info.ID] = at
+			mu.Unlock()
+			time.Sleep(3 * time.Millisecond)
+		}
+		covered := func() map[string]bool {
+			ev.mu.Lock()
+			defer ev.mu.Unlock()
+			out := map[string]bool{}
+			for _, x := range ev.list {
+				if x.Kind == middleware.EventDuplicate {
+					require.ErrorIs(t, x.Err, lockkit.ErrCovered)
+					out[x.Job.ID] = true
+				}
+			}
+			return out
+		}
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(ran)+len(covered()) == tasks
+		}, 30*time.Second, 10*time.Millisecond)
+		e.Drained(10 * time.Second)
+
+		mu.Lock()
+		defer mu.Unlock()
+		cov := covered()
+		for id := range cov {
+			require.False(t, ran[id], "task %s ran and was covered", id)
+			later := false
+			for _, s := range starts {
+				later = later || s.After(enqueued[id])
+			}
+			require.True(t, later, "task %s completed without running, but no run began after its enqueue", id)
+		}
+		require.Positive(t, len(cov))
+		require.Less(t, len(starts), tasks/2, "the stream was coalesced")
+		require.Empty(t, ev.errs(middleware.EventError))
+		qi := e.QueueInfo()
+		require.Zero(t, qi.Archived)
+		require.Zero(t, qi.FailedTotal)
+		t.Logf("steady stream: %d tasks, %d runs, %d covered", tasks, len(starts), len(cov))
+	})
 }
 
 // A rolling deploy: server A shuts down while a handler runs past its
@@ -520,7 +613,7 @@ func TestRedisErrorIsNeverADuplicate(t *testing.T) {
 			e := newEnvOn(t, standalone)
 			c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t), DB: testDB})
 			t.Cleanup(func() { _ = c.Close() })
-			hook := &testredis.Faults{Match: testredis.ScriptWithKeys(5), Delay: 100 * time.Millisecond}
+			hook := &testredis.Faults{Match: testredis.ScriptWithKeys(6), Delay: 100 * time.Millisecond}
 			c.AddHook(hook)
 			l, err := lockkit.NewRedis(c, lockkit.WithPrefix(e.Prefix))
 			require.NoError(t, err)

@@ -50,7 +50,7 @@ func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 		{"ttl", []singleton.Option{singleton.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
 		{"negative wait", []singleton.Option{singleton.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "Wait -1s is negative"},
 		{"requeue without redis", []singleton.Option{singleton.WithPolicy(middleware.Requeue(time.Second))},
-			"WithPolicy({OnConflict:requeue RequeueDelay:1s Wait:0s Fair:false}): a policy that requeues needs WithRedis(client)"},
+			"WithPolicy(Requeue(1s)): a policy that requeues needs WithRedis(client)"},
 		{"wait then requeue without redis", []singleton.Option{singleton.WithPolicy(middleware.Wait(time.Second, middleware.Requeue(0)))},
 			"a policy that requeues needs WithRedis(client)"},
 	}

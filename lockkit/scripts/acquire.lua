@@ -13,6 +13,8 @@
 -- KEYS[3] queue: ZSET of fair waiters, score = arrival (us)
 -- KEYS[4] waiters: ZSET of every waiter, score = deadline (ms)
 -- KEYS[5] fence: STRING, the last fencing token, kept for a second
+-- KEYS[6] cover: STRING, the token (start) of the latest Coalesce run that
+--         succeeded, kept for its CoverFor
 -- ARGV[1] owner id
 -- ARGV[2] ttl (ms)
 -- ARGV[3] holder limit
@@ -23,11 +25,17 @@
 -- ARGV[8] how long to remember the epoch (ms)
 -- ARGV[9] acquire id (hex)
 -- ARGV[10] label, escaped so that it holds no ':'; "" for none
+-- ARGV[11] Coalesce: "0" off; otherwise when the call began (server us), "-1"
+--          for now (its first attempt)
 -- Returns {1, token} when acquired (now or by an earlier run of this acquire),
 --         {0, holder member, its ttl ms, holders, waiters ahead} when held,
 --         {-1, last epoch} when the epoch was already used,
 --         {-2} when the label was completed,
---         {-3} when this acquire call was abandoned.
+--         {-3} when this acquire call was abandoned,
+--         {-4, coverage, covering token, holder member, since} when a
+--         Coalesce acquire is covered (1 by a success, 2 by a running
+--         holder, 3 by a waiting follow-up);
+--         conflicts carry since as a sixth element.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -62,6 +70,21 @@ if epoch > 0 then
   end
 end
 
+local since = tonumber(ARGV[11])
+if since < 0 then
+  since = nowus
+end
+local function covered(kind, tok, member)
+  forget_waiter()
+  return {-4, kind, string.format('%d', tok), member, string.format('%d', since)}
+end
+if since > 0 then
+  local c = tonumber(redis.call('GET', KEYS[6]) or '0')
+  if c >= since then
+    return covered(1, c, '')
+  end
+end
+
 -- A free key with nobody queued (the common case) costs one EXISTS.
 local existed = redis.call('EXISTS', KEYS[1]) == 1
 local count = 0
@@ -85,6 +108,14 @@ if existed then
     end
     if label ~= '' and string.sub(m, -#suffix) == suffix then
       holder, holder_exp = m, tonumber(live[i + 1])
+    end
+  end
+  if since > 0 then
+    for i = 1, #live, 2 do
+      local tok = tonumber(string.match(live[i], '^(%d+):') or '0')
+      if tok >= since then
+        return covered(2, tok, live[i])
+      end
     end
   end
   if label ~= '' and redis.call('ZSCORE', KEYS[1], 'done:' .. label) then
@@ -113,6 +144,15 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
 end
 
 local same = holder and label ~= '' and string.sub(holder, -#label - 1) == ':' .. label
+if since > 0 and not same then
+  -- A Coalesce acquire already waiting begins later: it covers this one.
+  local ws = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. now, '+inf', 'LIMIT', 0, 2)
+  for _, w in ipairs(ws) do
+    if w ~= wid then
+      return covered(3, 0, '')
+    end
+  end
+end
 if not same and count + ahead < limit then
   -- A token is at least the server time in microseconds, so tokens keep
   -- growing after the fence key expires; the stored one orders acquires
@@ -145,7 +185,8 @@ if wid ~= '' then
   end
 end
 
+local s = string.format('%d', since)
 if holder then
-  return {0, holder, holder_exp - now, count, ahead}
+  return {0, holder, holder_exp - now, count, ahead, s}
 end
-return {0, '', 0, count, ahead}
+return {0, '', 0, count, ahead, s}

@@ -3,6 +3,7 @@
 -- returns 1 as the first run did.
 -- KEYS[1] holders: ZSET (see acquire.lua)
 -- KEYS[2] waiters: ZSET of every waiter; nobody is woken when it does not exist
+-- KEYS[3] cover: STRING (see acquire.lua)
 -- ARGV[1] the lease's member, or "" to find the live holder by acquire id
 -- ARGV[2] acquire id
 -- ARGV[3] release channel
@@ -11,6 +12,8 @@
 -- ARGV[6] how long the completion is remembered (ms)
 -- ARGV[7] with ARGV[1] "": how long an acquire with this id stays refused
 --         when no holder has it (ms); it may still be on its way (x:<id>)
+-- ARGV[8] how long to remember that this holder's run succeeded (ms), "0"
+--         for no record (a Coalesce lease whose run succeeded sets it)
 -- Returns 1 when released (now or by an earlier run of this release), 0 when
 -- the lease had expired or was gone.
 local t = redis.call('TIME')
@@ -47,6 +50,13 @@ if score <= now then
 end
 local keep = tonumber(ARGV[4])
 redis.call('ZADD', KEYS[1], -(now + keep), member)
+local cover = tonumber(ARGV[8])
+if cover > 0 then
+  local tok = tonumber(string.match(member, '^(%d+):') or '0')
+  if tok > tonumber(redis.call('GET', KEYS[3]) or '0') then
+    redis.call('SET', KEYS[3], string.format('%d', tok), 'PX', cover)
+  end
+end
 if ARGV[5] ~= '' then
   local done = tonumber(ARGV[6])
   redis.call('ZADD', KEYS[1], -(now + done), 'done:' .. ARGV[5])
