@@ -44,6 +44,7 @@ type asynqEnv struct {
 	b        *bench
 	insp     *asynq.Inspector // on the admin client: not counted
 	enqueuer *asynq.Client
+	enqRedis redis.UniversalClient // the enqueuer's Redis client (counted)
 	enqCtr   *counter
 	queues   []string
 }
@@ -54,6 +55,7 @@ func (b *bench) asynqEnv() *asynqEnv {
 		b:        b,
 		insp:     asynq.NewInspectorFromRedisClient(b.admin),
 		enqueuer: asynq.NewClientFromRedisClient(c),
+		enqRedis: c,
 		enqCtr:   ctr,
 	}
 }
@@ -93,7 +95,17 @@ func (e *asynqEnv) cleanup() {
 
 // enqueue enqueues n tasks made by task(i) to queue q with 8 goroutines and
 // returns the wall time.
+// enqueuer is what enqueues a task: an asynq.Client or a singleton.Client.
+type enqueuer interface {
+	EnqueueContext(ctx context.Context, task *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error)
+}
+
 func (e *asynqEnv) enqueue(ctx context.Context, q string, n int, task func(i int) *asynq.Task) (time.Duration, error) {
+	return e.enqueueWith(ctx, e.enqueuer, q, n, task)
+}
+
+// enqueueWith enqueues n tasks into q with c, from 8 goroutines.
+func (e *asynqEnv) enqueueWith(ctx context.Context, c enqueuer, q string, n int, task func(i int) *asynq.Task) (time.Duration, error) {
 	const workers = 8
 	start := time.Now()
 	var next atomic.Int64
@@ -106,7 +118,7 @@ func (e *asynqEnv) enqueue(ctx context.Context, q string, n int, task func(i int
 				if i >= n {
 					return
 				}
-				if _, err := e.enqueuer.EnqueueContext(ctx, task(i), asynq.Queue(q)); err != nil {
+				if _, err := c.EnqueueContext(ctx, task(i), asynq.Queue(q)); err != nil {
 					errs[w] = err
 					return
 				}

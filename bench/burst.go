@@ -41,11 +41,13 @@ func (b *bench) burst(ctx context.Context, env *asynqEnv) ([]burstRun, counts, e
 	variants := []struct {
 		name, policy string
 		p            *middleware.Policy
+		stamped      bool // enqueued with singleton.Client
 	}{
-		{"bare", "no middleware", nil},
-		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip())},
-		{fmt.Sprintf("Requeue(%s)", b.requeueDelay), fmt.Sprintf("`middleware.Requeue(%s)`", b.requeueDelay), ptr(middleware.Requeue(b.requeueDelay))},
-		{"Coalesce", "`middleware.Coalesce()`", ptr(middleware.Coalesce())},
+		{"bare", "no middleware", nil, false},
+		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip()), false},
+		{fmt.Sprintf("Requeue(%s)", b.requeueDelay), fmt.Sprintf("`middleware.Requeue(%s)`", b.requeueDelay), ptr(middleware.Requeue(b.requeueDelay)), false},
+		{"Coalesce", "`middleware.Coalesce()`", ptr(middleware.Coalesce()), false},
+		{"Coalesce, stamped", "`middleware.Coalesce()`, tasks enqueued with `singleton.Client`", ptr(middleware.Coalesce()), true},
 	}
 	var out []burstRun
 	var enq counts
@@ -58,7 +60,15 @@ func (b *bench) burst(ctx context.Context, env *asynqEnv) ([]burstRun, counts, e
 			keys[j] = rng.IntN(b.burstKeys)
 		}
 		e0 := env.enqCtr.counts()
-		if _, err := env.enqueue(ctx, q, b.burstTasks, func(j int) *asynq.Task {
+		var c enqueuer = env.enqueuer
+		if v.stamped {
+			sc, err := singleton.NewClient(env.enqueuer, env.enqRedis)
+			if err != nil {
+				return nil, enq, err
+			}
+			c = sc
+		}
+		if _, err := env.enqueueWith(ctx, c, q, b.burstTasks, func(j int) *asynq.Task {
 			return asynq.NewTask("bench:burst", fmt.Appendf(nil, `{"k":"key-%d","n":%d}`, keys[j], j))
 		}); err != nil {
 			return nil, enq, err

@@ -170,7 +170,8 @@ type AcquireOptions struct {
 	// with ErrCompleted.
 	Label string
 	// Coalesce makes the acquire give way to a run of the key that began
-	// after the call's first attempt reached Redis (server time): it fails
+	// after the call's first attempt reached Redis (server time), or after
+	// Since if that is earlier: it fails
 	// with a *CoveredError (matching ErrCovered) when such a run succeeded
 	// (Lease.Run or Lease.Succeed on a Coalesce lease, remembered for
 	// CoverFor), holds the key now, or when another Coalesce acquire already
@@ -181,6 +182,11 @@ type AcquireOptions struct {
 	// CoverFor is how long the success of a Coalesce lease's run is
 	// remembered. Zero means DefaultCoverFor; at most MaxTTL.
 	CoverFor time.Duration
+	// Since, for Coalesce, is when the work to be covered was asked for (an
+	// enqueue), on the Redis server's clock: only a run that began after it
+	// covers the call. Zero, or a time after the call's first attempt
+	// reached Redis, means that first attempt. Before 1970 is an error.
+	Since time.Time
 }
 
 // Coverage says how a Coalesce acquire's work is covered.

@@ -217,7 +217,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 	since := int64(0)
 	if r.coalesce {
 		since = r.since
-		if since < 0 {
+		if since < 0 || since > now.UnixMicro() {
 			since = now.UnixMicro()
 		}
 		covered := func(by Coverage, token int64, owner string) (acquireResult, error) {

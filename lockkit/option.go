@@ -164,6 +164,12 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	if r.epochTTL == 0 {
 		r.epochTTL = r.ttl
 	}
+	if !o.Since.IsZero() {
+		if o.Since.UnixMicro() <= 0 {
+			return r, fmt.Errorf("%w: key %q: Since %s is not after 1970", ErrInvalid, key, o.Since.Format(time.RFC3339Nano))
+		}
+		r.since = o.Since.UnixMicro()
+	}
 	if r.coverFor < 0 || r.coverFor > MaxTTL {
 		return r, fmt.Errorf("%w: key %q: CoverFor %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, r.coverFor, MaxTTL)
 	}

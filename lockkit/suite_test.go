@@ -947,7 +947,25 @@ func testCoalesce(t *testing.T, h *harness) {
 	_, err = e.b.release(ctx, []*Lease{{key: "k", aid: early.aid}}, ending{})
 	require.NoError(t, err)
 
+	// Since: work asked for before a run began is covered by it; a Since
+	// in the future means the call's first attempt.
+	held, err := a.TryAcquire(ctx, "s", co)
+	require.NoError(t, err)
+	asked := &AcquireOptions{Coalesce: true, Since: time.UnixMicro(held.Token() - 1)}
+	_, err = b.TryAcquire(ctx, "s", asked)
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, CoveredByRun, ce.By)
+	require.NoError(t, held.Succeed(ctx))
+	_, err = b.TryAcquire(ctx, "s", asked)
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, CoveredBySuccess, ce.By)
+	late, err := b.TryAcquire(ctx, "s", &AcquireOptions{Coalesce: true, Since: time.Now().Add(time.Hour)})
+	require.NoError(t, err, "a future Since counts from the call")
+	require.NoError(t, late.Release(ctx))
+
 	// Bad options.
+	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Coalesce: true, Since: time.Unix(-1, 0)})
+	require.ErrorIs(t, err, ErrInvalid)
 	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Coalesce: true, Limit: 2})
 	require.ErrorIs(t, err, ErrInvalid)
 	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Coalesce: true, CoverFor: -time.Second})

@@ -241,6 +241,11 @@ type Job struct {
 	// does not run (ReasonCompleted, ActionSkip). Two runs with one Origin
 	// never hold a key at once, whatever WithLimit says.
 	Origin string
+	// EnqueuedAt is when the work was asked for, on the Redis server's clock
+	// (singleton.Client stamps it); zero means unknown. Under Coalesce only a
+	// run that began after it, or after Run was called if that is earlier,
+	// covers the job.
+	EnqueuedAt time.Time
 	// Epoch, when positive, claims the unit of work once: a later run with an
 	// epoch not greater than the last claimed one fails with ReasonClaimed.
 	Epoch int64
@@ -465,6 +470,7 @@ func (g *Guard) finish(ctx context.Context, job Job, lease *lockkit.Lease, start
 func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Duration, error) {
 	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.Fair, Label: job.Origin}
 	if g.policy.Coalesce {
+		opt.Since = job.EnqueuedAt
 		return g.coalesce(ctx, job, opt)
 	}
 	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)

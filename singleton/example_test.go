@@ -184,3 +184,27 @@ func serveReports(rdb redis.UniversalClient) error {
 
 // buildReport is the report:build handler.
 func buildReport(ctx context.Context, t *asynq.Task) error { return nil }
+
+// A Client stamps each task with the Redis clock, so that under
+// middleware.Coalesce one run covers every task enqueued before it began.
+func ExampleNewClient() {
+	mr := miniredis.NewMiniRedis() // any Redis; this one is embedded
+	if err := mr.Start(); err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(rdb), rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	info, err := client.Enqueue(asynq.NewTask("report:build", []byte(`{"tenant_id":"acme"}`)), asynq.Queue("reports"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, stamped := info.Headers[singleton.EnqueuedAtHeader]
+	fmt.Println("queue:", info.Queue, "stamped:", stamped)
+	// Output: queue: reports stamped: true
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -176,10 +177,10 @@ func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int) {
 	}
 }
 
-// Coalesce under a steady stream: tasks of one key are enqueued while two
-// servers process them. A task completes without running only when a run of
-// its key began after it was enqueued, and the stream costs far fewer runs
-// than tasks.
+// Coalesce under a steady stream: tasks of one key, half of them stamped by
+// singleton.Client, are enqueued while two servers process them. A task
+// completes without running only when a run of its key began after it was
+// enqueued, and the stream costs far fewer runs than tasks.
 func TestCoalesceSteadyStream(t *testing.T) {
 	onEachRedis(t, func(t *testing.T, r connect) {
 		e := newEnvOn(t, r)
@@ -208,9 +209,20 @@ func TestCoalesceSteadyStream(t *testing.T) {
 			})
 			e.start(e.config(4), mux)
 		}
+		client, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB)
+		require.NoError(t, err)
 		for n := range tasks {
 			at := time.Now()
-			info := e.Enqueue(asynq.NewTask("sync", []byte(fmt.Sprint(n))))
+			task := asynq.NewTask("sync", []byte(fmt.Sprint(n)))
+			var info *asynq.TaskInfo
+			if n%2 == 0 {
+				// Stamped: covered by a run that began after the enqueue.
+				info, err = client.Enqueue(task, asynq.Queue(e.Queue))
+				require.NoError(t, err)
+			} else {
+				// Plain: covered by a run that began after the delivery.
+				info = e.Enqueue(task)
+			}
 			mu.Lock()
 			enqueued[info.ID] = at
 			mu.Unlock()
@@ -637,4 +649,67 @@ func TestRedisErrorIsNeverADuplicate(t *testing.T) {
 			require.Zero(t, e.QueueInfo().Archived)
 		})
 	}
+}
+
+// Coalesce with tasks stamped by singleton.Client: every task enqueued before
+// the first run of its key began is covered by that run, so a burst enqueued
+// before the servers start runs exactly once per key.
+func TestCoalesceStampedBurstRunsOncePerKey(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		const tenants, perTenant = 3, 10
+		client, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB)
+		require.NoError(t, err)
+		var last int64
+		for n := range tenants * perTenant {
+			info, err := client.Enqueue(asynq.NewTask("report", fmt.Appendf(nil, `{"tenant_id":"t%d"}`, n%tenants)), asynq.Queue(e.Queue))
+			require.NoError(t, err)
+			us, err := strconv.ParseInt(info.Headers[singleton.EnqueuedAtHeader], 10, 64)
+			require.NoError(t, err)
+			last = max(last, us)
+		}
+		// The stamps are upper bounds of the Redis clock: start once it has
+		// passed them all, as any later enqueue-then-process would.
+		require.Eventually(t, func() bool {
+			now, err := e.RDB.Time(context.Background()).Result()
+			require.NoError(t, err)
+			return now.UnixMicro() > last
+		}, 5*time.Second, time.Millisecond)
+
+		ev := &events{}
+		tr := newTracker()
+		for i := range 2 {
+			mw, err := singleton.Middleware(e.locker(lockkit.WithOwner(fmt.Sprintf("server-%d", i))),
+				singleton.KeyByFields("tenant_id"), singleton.WithPolicy(middleware.Coalesce()), singleton.WithObserver(ev.observe))
+			require.NoError(t, err)
+			mux := asynq.NewServeMux()
+			mux.Use(mw)
+			mux.HandleFunc("report", func(ctx context.Context, task *asynq.Task) error {
+				id, _ := asynq.GetTaskID(ctx)
+				var p struct {
+					Tenant string `json:"tenant_id"`
+				}
+				if err := json.Unmarshal(task.Payload(), &p); err != nil {
+					return err
+				}
+				tr.start(p.Tenant)
+				time.Sleep(20 * time.Millisecond) // the work
+				tr.end(p.Tenant, id)
+				return nil
+			})
+			e.start(e.config(4), mux)
+		}
+		require.Eventually(t, func() bool {
+			return len(tr.completed())+ev.count(middleware.EventDuplicate, middleware.ActionSkip) == tenants*perTenant
+		}, 30*time.Second, 10*time.Millisecond)
+		e.Drained(10 * time.Second)
+		require.Len(t, tr.completed(), tenants, "one run per key")
+		for tenant, peak := range tr.peaks() {
+			require.Equal(t, 1, peak, "tenant %s", tenant)
+		}
+		require.Empty(t, ev.errs(middleware.EventError))
+		qi := e.QueueInfo()
+		require.Zero(t, qi.Archived)
+		require.Zero(t, qi.FailedTotal)
+	})
 }

@@ -25,8 +25,8 @@
 -- ARGV[8] how long to remember the epoch (ms)
 -- ARGV[9] acquire id (hex)
 -- ARGV[10] label, escaped so that it holds no ':'; "" for none
--- ARGV[11] Coalesce: "0" off; otherwise when the call began (server us), "-1"
---          for now (its first attempt)
+-- ARGV[11] Coalesce: "0" off; otherwise when the work was asked for (server
+--          us; a time after now means now), "-1" for now (the first attempt)
 -- Returns {1, token} when acquired (now or by an earlier run of this acquire),
 --         {0, holder member, its ttl ms, holders, waiters ahead} when held,
 --         {-1, last epoch} when the epoch was already used,
@@ -71,7 +71,7 @@ if epoch > 0 then
 end
 
 local since = tonumber(ARGV[11])
-if since < 0 then
+if since < 0 or since > nowus then
   since = nowus
 end
 local function covered(kind, tok, member)
