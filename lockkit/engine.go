@@ -28,6 +28,8 @@ type backend interface {
 	groups(leases []*Lease) [][]*Lease
 	// leave removes a waiter that gave up.
 	leave(ctx context.Context, key, waiter string) error
+	// free removes the live holder of key that carries label.
+	free(ctx context.Context, key, label string) (bool, error)
 	inspect(ctx context.Context, key string) (*Info, error)
 	// wakeups returns a channel that receives when key is released, and a
 	// function that stops the notifications.
@@ -166,6 +168,17 @@ func (e *engine) tryAcquire(ctx context.Context, key string, opt *AcquireOptions
 	return nil, e.notAcquired(&r, res)
 }
 
+func (e *engine) free(ctx context.Context, key, label string) (bool, error) {
+	if key == "" || label == "" {
+		return false, fmt.Errorf("%w: Free(%q, %q): key and label must not be empty", ErrInvalid, key, label)
+	}
+	ok, err := e.b.free(ctx, key, label)
+	if err != nil {
+		return false, fmt.Errorf("lockkit: free %q label %q: %w", key, label, err)
+	}
+	return ok, nil
+}
+
 // notAcquired reports a failed attempt and returns its error.
 func (e *engine) notAcquired(r *request, res acquireResult) error {
 	switch {
@@ -294,6 +307,12 @@ func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Ti
 	l.member = memberOf(token, r.aid, r.owner, r.label)
 	l.validUntil = validUntil(sent, r.ttl)
 	l.nextRenew = sent.Add(r.interval)
+	if r.detached {
+		// A reservation: its TTL alone bounds it; nothing here renews or
+		// releases it.
+		e.emit(Event{Kind: EventAcquired, Key: l.key, Owner: l.owner, Token: token, Wait: waited})
+		return l, nil
+	}
 	e.mu.Lock()
 	if e.closed {
 		l.state, l.cause = stateReleased, ErrClosed

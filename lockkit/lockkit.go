@@ -127,6 +127,11 @@ type Locker interface {
 	// pattern in Redis glob syntax ('*' matches any run of characters, '/'
 	// included; '?' one character; "[a-z]", "[^a]" a class; '\' escapes).
 	Keys(ctx context.Context, pattern string) ([]string, error)
+	// Free removes the live holder of key that carries label, whoever
+	// holds it, and wakes waiters: it ends a reservation (a Detached lease)
+	// from another process. It reports whether such a holder was removed,
+	// and returns ErrInvalid for an empty key or label.
+	Free(ctx context.Context, key, label string) (bool, error)
 	// Logger returns the logger set with WithLogger. The layers above lockkit
 	// log through it unless they are given their own.
 	Logger() *slog.Logger
@@ -182,6 +187,11 @@ type AcquireOptions struct {
 	// CoverFor is how long the success of a Coalesce lease's run is
 	// remembered. Zero means DefaultCoverFor; at most MaxTTL.
 	CoverFor time.Duration
+	// Detached makes the lease a reservation: it stands for work that no
+	// process runs yet (a queued task), so it is not renewed, Close does not
+	// release it, and it lasts for TTL unless Release or another process's
+	// Free (by its Label) ends it first. Defaults to false.
+	Detached bool
 	// Since, for Coalesce, is when the work to be covered was asked for (an
 	// enqueue), on the Redis server's clock: only a run that began after it
 	// covers the call. Zero, or a time after the call's first attempt

@@ -79,6 +79,11 @@ func (l *MemoryLocker) Keys(_ context.Context, pattern string) ([]string, error)
 	return out, nil
 }
 
+// Free implements Locker.
+func (l *MemoryLocker) Free(ctx context.Context, key, label string) (bool, error) {
+	return l.e.free(ctx, key, label)
+}
+
 // Logger implements Locker.
 func (l *MemoryLocker) Logger() *slog.Logger { return l.e.cfg.logger }
 
@@ -375,6 +380,24 @@ func (b *memBackend) extend(ctx context.Context, leases []*Lease, ttls []time.Du
 		}
 	}
 	return errs
+}
+
+func (b *memBackend) free(ctx context.Context, key, label string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	lk := s.get(key, time.Now())
+	for m := range lk.holders {
+		if _, _, l := parseMember(m); l == label {
+			delete(lk.holders, m)
+			lk.wake()
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 func (b *memBackend) leave(_ context.Context, key, waiter string) error {

@@ -120,6 +120,7 @@ type request struct {
 	coalesce bool
 	since    int64
 	coverFor time.Duration
+	detached bool
 }
 
 func (c *config) request(key string, o *AcquireOptions) (request, error) {
@@ -127,7 +128,7 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 		o = &AcquireOptions{}
 	}
 	r := request{key: key, owner: c.owner, label: o.Label, ttl: o.TTL, limit: o.Limit, fair: o.Fair, epoch: o.Epoch, epochTTL: o.EpochTTL,
-		coalesce: o.Coalesce, since: -1, coverFor: o.CoverFor}
+		coalesce: o.Coalesce, since: -1, coverFor: o.CoverFor, detached: o.Detached}
 	if key == "" {
 		return r, fmt.Errorf("%w: key is empty", ErrInvalid)
 	}
@@ -140,7 +141,7 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	if r.ttl > MaxTTL {
 		return r, fmt.Errorf("%w: key %q: TTL %s is longer than MaxTTL (%s)", ErrInvalid, key, r.ttl, MaxTTL)
 	}
-	if !o.NoRenew {
+	if !o.NoRenew && !o.Detached {
 		r.interval = o.RenewInterval
 		if r.interval == 0 {
 			r.interval = r.ttl / 3

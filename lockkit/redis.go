@@ -27,12 +27,15 @@ var (
 	leaveSrc string
 	//go:embed scripts/inspect.lua
 	inspectSrc string
+	//go:embed scripts/free.lua
+	freeSrc string
 
 	acquireScript = redis.NewScript(acquireSrc)
 	releaseScript = redis.NewScript(releaseSrc)
 	extendScript  = redis.NewScript(extendSrc)
 	leaveScript   = redis.NewScript(leaveSrc)
 	inspectScript = redis.NewScript(inspectSrc)
+	freeScript    = redis.NewScript(freeSrc)
 )
 
 // RedisLocker is a Locker backed by Redis, shared by every process that uses
@@ -120,6 +123,11 @@ func (l *RedisLocker) Acquire(ctx context.Context, key string, opt *AcquireOptio
 // Inspect implements Locker.
 func (l *RedisLocker) Inspect(ctx context.Context, key string) (*Info, error) {
 	return l.e.inspect(ctx, key)
+}
+
+// Free implements Locker.
+func (l *RedisLocker) Free(ctx context.Context, key, label string) (bool, error) {
+	return l.e.free(ctx, key, label)
 }
 
 // Logger implements Locker.
@@ -453,6 +461,12 @@ func (b *redisBackend) groups(leases []*Lease) [][]*Lease {
 		out[i] = byNode[a]
 	}
 	return out
+}
+
+func (b *redisBackend) free(ctx context.Context, key, label string) (bool, error) {
+	k := b.keys(key)
+	n, err := freeScript.Run(ctx, b.c, []string{k.holders, k.waiters}, escapeLabel(label), k.channel, ms(b.grace)).Int64()
+	return n == 1, err
 }
 
 func (b *redisBackend) leave(ctx context.Context, key, waiter string) error {

@@ -162,6 +162,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"CompletedLabelIsRefused", testComplete},
 		{"RunCompletesWorkItsCallerGaveUpOn", testRunCompletes},
 		{"CoalesceGivesWayToLaterRuns", testCoalesce},
+		{"ReservationsAreDetachedAndFreedByLabel", testReservation},
 		{"HugeTTLsAreRejected", testHugeTTL},
 	}
 	for _, tc := range tests {
@@ -969,6 +970,48 @@ func testCoalesce(t *testing.T, h *harness) {
 	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Coalesce: true, Limit: 2})
 	require.ErrorIs(t, err, ErrInvalid)
 	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Coalesce: true, CoverFor: -time.Second})
+	require.ErrorIs(t, err, ErrInvalid)
+}
+
+// A Detached lease (a reservation) is not renewed and survives its
+// Locker's Close; any Locker frees it by its label.
+func testReservation(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	client := h.locker(t, WithOwner("client"))
+	worker := h.locker(t, WithOwner("worker"))
+	res, err := client.TryAcquire(ctx, "u", &AcquireOptions{Label: "q/t1", Detached: true, TTL: 300 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, client.Close(ctx))
+	info, err := worker.Inspect(ctx, "u")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1, "Close leaves a reservation")
+	require.Equal(t, "q/t1", info.Holders[0].Label)
+
+	_, err = worker.TryAcquire(ctx, "u", &AcquireOptions{Label: "q/t2", Detached: true})
+	require.ErrorIs(t, err, ErrNotAcquired, "a reserved key refuses another reservation")
+	var ce *ConflictError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "q/t1", ce.Label)
+
+	ok, err := worker.Free(ctx, "u", "q/other")
+	require.NoError(t, err)
+	require.False(t, ok)
+	ok, err = worker.Free(ctx, "u", "q/t1")
+	require.NoError(t, err)
+	require.True(t, ok)
+	next, err := worker.TryAcquire(ctx, "u", &AcquireOptions{Label: "q/t2", Detached: true, TTL: 200 * time.Millisecond})
+	require.NoError(t, err)
+	require.ErrorIs(t, res.Release(ctx), ErrNotHeld, "the freed reservation is gone")
+
+	// Not renewed: it ends with its TTL.
+	require.Eventually(t, func() bool {
+		info, err := worker.Inspect(ctx, "u")
+		require.NoError(t, err)
+		return len(info.Holders) == 0
+	}, 5*time.Second, 10*time.Millisecond)
+	require.ErrorIs(t, next.Release(ctx), ErrNotHeld)
+
+	_, err = worker.Free(ctx, "u", "")
 	require.ErrorIs(t, err, ErrInvalid)
 }
 

@@ -350,6 +350,9 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 // Policy returns the guard's conflict policy with defaults filled in.
 func (g *Guard) Policy() Policy { return g.policy }
 
+// Locker returns the Locker the guard takes its leases from.
+func (g *Guard) Locker() lockkit.Locker { return g.locker }
+
 // Emit reports an event to the guard's observers. Adapters use it for what
 // happens outside Run, such as a requeue.
 func (g *Guard) Emit(ctx context.Context, e Event) {

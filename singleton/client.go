@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -29,10 +30,13 @@ const clockSync = 30 * time.Second
 
 // Client enqueues asynq tasks stamped with EnqueuedAtHeader, so that
 // middleware.Coalesce can let one run cover every task enqueued before it
-// began. Its Enqueue and EnqueueContext are asynq.Client's.
+// began, and, with Unique, refuses a task whose key another task reserved.
+// Its Enqueue and EnqueueContext are asynq.Client's.
 type Client struct {
-	c   *asynq.Client
-	rdb redis.UniversalClient
+	c      *asynq.Client
+	rdb    redis.UniversalClient
+	keys   *guarded // the key and type options
+	unique *uniqueSpec
 
 	mu     sync.Mutex
 	offset time.Duration // an upper bound of the server clock minus ours
@@ -40,10 +44,20 @@ type Client struct {
 }
 
 // NewClient returns a Client that enqueues with c and reads the clock of rdb,
-// the Redis the servers use. It returns an error matching ErrInvalid for a
-// nil c or rdb. The clock is read on the first enqueue and every 30 seconds
-// after: one TIME round trip, none per task.
-func NewClient(c *asynq.Client, rdb redis.UniversalClient) (*Client, error) {
+// the Redis the servers use. The clock is read on the first enqueue and
+// every 30 seconds after: one TIME round trip, none per task.
+//
+// Without Unique, opts are not needed. With Unique, the key options
+// (KeyByType by default, KeyByTaskID, KeyByPayload, KeyByFields, KeyFunc,
+// PerQueue) and ForTypes derive each task's key as Middleware does: give
+// both the same ones. A KeyFunc is called at enqueue with a ctx in which the
+// task's ID and queue are known to the key options but not to
+// asynq.GetTaskID.
+//
+// It returns an error matching ErrInvalid for a nil c or rdb, an invalid
+// option, or an option that only Middleware takes (WithPolicy, WithLimit,
+// WithTTL, WithLogger, WithObserver, WithRedis).
+func NewClient(c *asynq.Client, rdb redis.UniversalClient, opts ...Option) (*Client, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: NewClient: asynq client is nil", ErrInvalid)
 	}
@@ -53,7 +67,25 @@ func NewClient(c *asynq.Client, rdb redis.UniversalClient) (*Client, error) {
 	if _, err := taskOptions(asynq.NewTask("probe", nil)); err != nil {
 		return nil, err
 	}
-	return &Client{c: c, rdb: rdb}, nil
+	var cfg config
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	if len(cfg.guardOpts) > 0 || cfg.rdbSet {
+		return nil, fmt.Errorf("%w: NewClient: WithPolicy, WithLimit, WithTTL, WithLogger, WithObserver and WithRedis are Middleware options", ErrInvalid)
+	}
+	keys, err := cfg.buildKeys()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.unique != nil {
+		if err := cfg.unique.validate(); err != nil {
+			return nil, err
+		}
+	}
+	return &Client{c: c, rdb: rdb, keys: keys, unique: cfg.unique}, nil
 }
 
 // Enqueue is EnqueueContext with context.Background.
@@ -62,9 +94,13 @@ func (c *Client) Enqueue(task *asynq.Task, opts ...asynq.Option) (*asynq.TaskInf
 }
 
 // EnqueueContext enqueues a copy of task that carries EnqueuedAtHeader, with
-// the options given to asynq.NewTask and opts, like asynq.Client's. It
-// returns asynq's errors unchanged, and an error when the Redis clock cannot
-// be read (nothing is enqueued then).
+// the options given to asynq.NewTask and opts, like asynq.Client's. With
+// Unique it first reserves the task's key (giving the task an ID with
+// asynq.TaskID unless it has one): it returns a *DuplicateTaskError when
+// another task that still exists holds the reservation, and an error
+// matching ErrKey when the key cannot be derived. It returns asynq's errors
+// unchanged (a reservation made for the task is then given back), and an
+// error when Redis cannot be reached; nothing is enqueued then.
 func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
 	if task == nil {
 		return nil, fmt.Errorf("%w: EnqueueContext: task is nil", ErrInvalid)
@@ -82,8 +118,35 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 	if err != nil {
 		return nil, err
 	}
+	if c.unique == nil || (c.keys.types != nil && !c.keys.types[task.Type()]) {
+		return c.c.EnqueueContext(ctx, asynq.NewTaskWithHeaders(task.Type(), task.Payload(), headers, built...), opts...)
+	}
+	id, queue := optionValues(append(slices.Clone(built), opts...))
+	if id == "" {
+		id = newTaskID()
+		opts = append(slices.Clone(opts), asynq.TaskID(id))
+	}
+	if queue == "" {
+		queue = "default"
+	}
+	headers[UniqueHeader] = c.unique.life.String()
 	stamped := asynq.NewTaskWithHeaders(task.Type(), task.Payload(), headers, built...)
-	return c.c.EnqueueContext(ctx, stamped, opts...)
+	key, err := deriveKey(context.WithValue(ctx, identityKey{}, identity{id: id, queue: queue}), stamped, c.keys.key, c.keys.perQueue)
+	if err != nil {
+		return nil, fmt.Errorf("%w: task %q: %w", ErrKey, task.Type(), err)
+	}
+	res, err := c.reserve(ctx, key, id, queue)
+	if err != nil {
+		return nil, err
+	}
+	info, err := c.c.EnqueueContext(ctx, stamped, opts...)
+	if err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = res.Release(rctx)
+		cancel()
+		return nil, err
+	}
+	return info, nil
 }
 
 // now returns an upper bound of the Redis server's clock.

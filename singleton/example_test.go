@@ -208,3 +208,36 @@ func ExampleNewClient() {
 	fmt.Println("queue:", info.Queue, "stamped:", stamped)
 	// Output: queue: reports stamped: true
 }
+
+// Unique refuses a second task for a key while the first still needs it.
+func ExampleUnique() {
+	mr := miniredis.NewMiniRedis() // any Redis; this one is embedded
+	if err := mr.Start(); err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	locker, err := lockkit.NewRedis(rdb) // the servers' Locker settings
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+
+	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(rdb), rdb,
+		singleton.KeyByFields("tenant_id"),                   // the middleware's key options
+		singleton.Unique(locker, singleton.UntilExecuted, 0), // until the task has run
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	report := asynq.NewTask("report:build", []byte(`{"tenant_id":"acme"}`))
+	first, err := client.Enqueue(report)
+	fmt.Println("first:", err == nil)
+	_, err = client.Enqueue(report)
+	var dup *singleton.DuplicateTaskError
+	fmt.Println("second refused:", errors.As(err, &dup) && dup.ID == first.ID, errors.Is(err, asynq.ErrDuplicateTask))
+	// Output:
+	// first: true
+	// second refused: true true
+}

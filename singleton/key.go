@@ -46,8 +46,7 @@ func KeyByTaskID() Option {
 func keyByTaskID(ctx context.Context, t *asynq.Task) (string, error) {
 	id := t.Headers()[OriginHeader]
 	if id == "" {
-		var ok bool
-		if id, ok = asynq.GetTaskID(ctx); !ok || id == "" {
+		if id, _ = taskIdentity(ctx); id == "" {
 			return "", errors.New("no task ID in the context (the handler was not called by an asynq server)")
 		}
 	}
@@ -218,19 +217,24 @@ func KeyFunc(fn func(ctx context.Context, t *asynq.Task) (string, error)) Option
 
 // keyOf derives t's key, scoped to its queue with PerQueue.
 func (m *guarded) keyOf(ctx context.Context, t *asynq.Task) (string, error) {
-	key, err := m.key(ctx, t)
+	return deriveKey(ctx, t, m.key, m.perQueue)
+}
+
+// deriveKey derives t's key with key, scoped to its queue when perQueue.
+func deriveKey(ctx context.Context, t *asynq.Task, key keyFunc, perQueue bool) (string, error) {
+	k, err := key(ctx, t)
 	if err != nil {
 		return "", err
 	}
-	if key == "" {
+	if k == "" {
 		return "", errors.New("the key is empty")
 	}
-	if m.perQueue {
-		q, ok := asynq.GetQueueName(ctx)
-		if !ok || q == "" {
+	if perQueue {
+		_, q := taskIdentity(ctx)
+		if q == "" {
 			return "", errors.New("no queue name in the context (the handler was not called by an asynq server)")
 		}
-		key += "@" + q
+		k += "@" + q
 	}
-	return key, nil
+	return k, nil
 }

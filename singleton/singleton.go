@@ -54,6 +54,7 @@ type config struct {
 	policy    string // the WithPolicy value as written, for errors
 	rdb       redis.UniversalClient
 	rdbSet    bool
+	unique    *uniqueSpec // a Client option
 }
 
 // WithPolicy sets what happens to a task whose key is held: middleware.Skip(),
@@ -168,6 +169,18 @@ func Middleware(locker lockkit.Locker, opts ...Option) (asynq.MiddlewareFunc, er
 
 // build validates c and returns the middleware it describes.
 func (c *config) build(locker lockkit.Locker) (*guarded, error) {
+	if c.unique != nil {
+		return nil, fmt.Errorf("%w: Unique: it is an option of NewClient, not of Middleware", ErrInvalid)
+	}
+	m, err := c.buildKeys()
+	if err != nil {
+		return nil, err
+	}
+	return c.buildGuard(m, locker)
+}
+
+// buildKeys validates the key and type options.
+func (c *config) buildKeys() (*guarded, error) {
 	m := &guarded{perQueue: c.perQueue, key: keyByType}
 	switch len(c.keys) {
 	case 0:
@@ -195,6 +208,11 @@ func (c *config) build(locker lockkit.Locker) (*guarded, error) {
 			m.types[t] = true
 		}
 	}
+	return m, nil
+}
+
+// buildGuard adds the guard to m.
+func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error) {
 	if c.rdbSet && c.rdb == nil {
 		return nil, fmt.Errorf("%w: WithRedis(nil): client is nil", ErrInvalid)
 	}
@@ -240,7 +258,9 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		return err
 	}
 	job.Key = key
+	m.endReservation(ctx, t, key, origin, middleware.Outcome{}, true)
 	out := m.guard.Run(ctx, job, func(ctx context.Context) error { return next.ProcessTask(ctx, t) })
+	m.endReservation(ctx, t, key, origin, out, false)
 	if out.Duplicate == nil {
 		return out.Err
 	}

@@ -1,0 +1,274 @@
+package singleton
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
+)
+
+// Lifetime says how long a reservation that Client makes keeps a key.
+type Lifetime int
+
+// Lifetimes of a reservation.
+const (
+	// UntilExecuted keeps the key from the enqueue until the task has run
+	// successfully, failed for the last time (asynq archives it or was told
+	// to skip its retries), completed without running, or was revoked. A
+	// failure that asynq retries keeps it.
+	UntilExecuted Lifetime = iota + 1
+	// UntilStarted keeps the key from the enqueue until the task starts: a
+	// duplicate may be enqueued while the task runs.
+	UntilStarted
+)
+
+var lifetimeNames = [...]string{"", "until-executed", "until-started"}
+
+// String returns "until-executed" or "until-started".
+func (l Lifetime) String() string {
+	if l > 0 && int(l) < len(lifetimeNames) {
+		return lifetimeNames[l]
+	}
+	return fmt.Sprintf("Lifetime(%d)", int(l))
+}
+
+func lifetimeOf(s string) Lifetime {
+	for i, n := range lifetimeNames {
+		if i > 0 && n == s {
+			return Lifetime(i)
+		}
+	}
+	return 0
+}
+
+// UniqueHeader is the task header in which Client records the Lifetime of a
+// task's reservation; the middleware ends the reservation by it.
+const UniqueHeader = "jobguard-unique"
+
+// DefaultReserveTTL bounds a reservation when Unique is given no TTL: a
+// reservation whose task is never processed ends after it.
+const DefaultReserveTTL = 24 * time.Hour
+
+// reservePrefix is put before a task's key to name its reservation's key.
+const reservePrefix = "unique:"
+
+// ErrDuplicate is matched by every duplicate error of this package: the
+// middleware's (it is middleware.ErrDuplicate) and a refused enqueue's
+// (*DuplicateTaskError).
+var ErrDuplicate = middleware.ErrDuplicate
+
+// DuplicateTaskError is returned by Client.Enqueue when the task's key is
+// reserved by another task that still exists. It matches ErrDuplicate and
+// asynq.ErrDuplicateTask.
+type DuplicateTaskError struct {
+	Key string // the task's key
+	// ID, Queue and State name the task that holds the reservation; State
+	// is asynq's ("pending", "active", "scheduled", "retry", ...).
+	ID, Queue, State string
+}
+
+// Error implements error.
+func (e *DuplicateTaskError) Error() string {
+	return fmt.Sprintf("singleton: duplicate task: key %q is reserved by task %s in queue %q (%s)", e.Key, e.ID, e.Queue, e.State)
+}
+
+// Is reports whether target is ErrDuplicate or asynq.ErrDuplicateTask.
+func (e *DuplicateTaskError) Is(target error) bool {
+	return target == ErrDuplicate || target == asynq.ErrDuplicateTask
+}
+
+// Unique makes Client reserve each task's key when it enqueues it, on
+// locker (use the Locker settings of the middleware: the same Redis and
+// prefix). The key is derived by the key options, as the middleware derives
+// it. An enqueue whose key is reserved by a task that still exists is
+// refused with a *DuplicateTaskError; a reservation whose task no longer
+// exists (deleted, archived, completed, its queue deleted) is taken over.
+// life says when the reservation ends (zero means UntilExecuted); ttl bounds
+// it (zero means DefaultReserveTTL; at least lockkit.MinTTL, at most
+// lockkit.MaxTTL). It is a Client option: Middleware rejects it.
+func Unique(locker lockkit.Locker, life Lifetime, ttl time.Duration) Option {
+	return func(c *config) { c.unique = &uniqueSpec{locker: locker, life: life, ttl: ttl} }
+}
+
+type uniqueSpec struct {
+	locker lockkit.Locker
+	life   Lifetime
+	ttl    time.Duration
+}
+
+func (u *uniqueSpec) validate() error {
+	if u.locker == nil {
+		return fmt.Errorf("%w: Unique: locker is nil", ErrInvalid)
+	}
+	if u.life == 0 {
+		u.life = UntilExecuted
+	}
+	if u.life < 0 || int(u.life) >= len(lifetimeNames) {
+		return fmt.Errorf("%w: Unique: unknown Lifetime %d", ErrInvalid, int(u.life))
+	}
+	if u.ttl == 0 {
+		u.ttl = DefaultReserveTTL
+	}
+	if u.ttl < lockkit.MinTTL || u.ttl > lockkit.MaxTTL {
+		return fmt.Errorf("%w: Unique: ttl %s must be between %s and %s", ErrInvalid, u.ttl, lockkit.MinTTL, lockkit.MaxTTL)
+	}
+	return nil
+}
+
+// reservationLabel names a task's reservation: its queue and the ID of the
+// first task of its chain (a Requeue copy ends its original's reservation).
+func reservationLabel(queue, origin string) string { return queue + "/" + origin }
+
+// identity is the task ID and queue of a task being enqueued, given to the
+// key functions through the context.
+type identity struct{ id, queue string }
+
+type identityKey struct{}
+
+// taskIdentity returns the task ID and queue from an asynq handler's ctx, or
+// from the ctx of an enqueue by Client.
+func taskIdentity(ctx context.Context) (id, queue string) {
+	id, _ = asynq.GetTaskID(ctx)
+	queue, _ = asynq.GetQueueName(ctx)
+	if v, ok := ctx.Value(identityKey{}).(identity); ok {
+		if id == "" {
+			id = v.id
+		}
+		if queue == "" {
+			queue = v.queue
+		}
+	}
+	return id, queue
+}
+
+// newTaskID returns a random task ID.
+func newTaskID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// optionValues returns the task ID and queue that opts set, if any.
+func optionValues(opts []asynq.Option) (id, queue string) {
+	for _, o := range opts {
+		switch o.Type() {
+		case asynq.TaskIDOpt:
+			id, _ = o.Value().(string)
+		case asynq.QueueOpt:
+			queue, _ = o.Value().(string)
+		}
+	}
+	return id, queue
+}
+
+// reserve reserves the key of a task with ID id in queue, taking over a
+// reservation whose task no longer exists. It returns the reservation.
+func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.Lease, error) {
+	u := c.unique
+	opt := &lockkit.AcquireOptions{Label: reservationLabel(queue, id), Detached: true, TTL: u.ttl}
+	for attempt := 0; ; attempt++ {
+		res, err := u.locker.TryAcquire(ctx, reservePrefix+key, opt)
+		if err == nil {
+			return res, nil
+		}
+		var ce *lockkit.ConflictError
+		if !errors.As(err, &ce) {
+			return nil, fmt.Errorf("singleton: reserving key %q: %w", key, err)
+		}
+		holderQueue, holderID := splitLabel(ce.Label)
+		state, err := c.taskState(ctx, holderQueue, holderID)
+		if err != nil {
+			return nil, fmt.Errorf("singleton: reserving key %q: reading the state of task %s: %w", key, holderID, err)
+		}
+		if state != "" || attempt > 0 {
+			if state == "" {
+				state = "unknown"
+			}
+			return nil, &DuplicateTaskError{Key: key, ID: holderID, Queue: holderQueue, State: state}
+		}
+		// The reserving task is gone: its reservation must not block the key.
+		if _, err := u.locker.Free(ctx, reservePrefix+key, ce.Label); err != nil {
+			return nil, fmt.Errorf("singleton: reserving key %q: %w", key, err)
+		}
+	}
+}
+
+// splitLabel splits a reservation label into queue and task ID.
+func splitLabel(label string) (queue, id string) {
+	for i := len(label) - 1; i >= 0; i-- {
+		if label[i] == '/' {
+			return label[:i], label[i+1:]
+		}
+	}
+	return "", label
+}
+
+// taskState returns the asynq state of a task that still needs its
+// reservation ("pending", "active", "scheduled", "retry", "aggregating"),
+// or "" when it does not (it does not exist, or is archived or completed).
+func (c *Client) taskState(ctx context.Context, queue, id string) (string, error) {
+	state, err := c.rdb.HGet(ctx, "asynq:{"+queue+"}:t:"+id, "state").Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	switch state {
+	case "archived", "completed":
+		return "", nil
+	}
+	return state, nil
+}
+
+// endReservation ends the reservation of a task that the middleware ran (or
+// decided not to run) with outcome out, as the task's Lifetime says.
+func (m *guarded) endReservation(ctx context.Context, t *asynq.Task, key, origin string, out middleware.Outcome, started bool) {
+	life := lifetimeOf(t.Headers()[UniqueHeader])
+	if life == 0 {
+		return
+	}
+	if started != (life == UntilStarted) {
+		return
+	}
+	if life == UntilExecuted && !m.doneWith(ctx, out) {
+		return
+	}
+	_, queue := taskIdentity(ctx)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := m.guard.Locker().Free(fctx, reservePrefix+key, reservationLabel(queue, origin)); err != nil {
+		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: middleware.Job{Key: key, Name: t.Type(), Origin: origin},
+			Err: fmt.Errorf("singleton: ending the reservation of task %s: %w", origin, err)})
+	}
+}
+
+// doneWith reports whether asynq is done with a task after out: it will not
+// run it again.
+func (m *guarded) doneWith(ctx context.Context, out middleware.Outcome) bool {
+	if out.Duplicate != nil {
+		switch out.Duplicate.Action {
+		case middleware.ActionSkip:
+			return true
+		case middleware.ActionRequeue:
+			return false // it runs later (a copy ends the same reservation)
+		}
+	}
+	if out.Err == nil {
+		return true
+	}
+	if errors.Is(out.Err, asynq.SkipRetry) {
+		return true
+	}
+	retried, ok1 := asynq.GetRetryCount(ctx)
+	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
+	return ok1 && ok2 && retried >= maxRetry
+}

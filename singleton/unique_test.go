@@ -1,0 +1,228 @@
+package singleton_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/internal/testredis"
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/singleton"
+)
+
+// uniqueEnv is a Client with Unique and a server whose handler the test steers.
+type uniqueEnv struct {
+	*env
+	client *singleton.Client
+	locker *lockkit.RedisLocker
+	rt     *testredis.Counter
+
+	mu      sync.Mutex
+	results map[string][]error // tenant → what the next runs return, in order
+	block   chan struct{}      // when set, runs wait for it to close
+	ran     map[string]int     // tenant → runs
+}
+
+func newUniqueEnv(t *testing.T, r connect, life singleton.Lifetime, ttl time.Duration) *uniqueEnv {
+	e := newEnvOn(t, r)
+	u := &uniqueEnv{env: e, results: map[string][]error{}, ran: map[string]int{}, rt: &testredis.Counter{}}
+	u.locker = e.locker()
+	var err error
+	u.client, err = singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB,
+		singleton.KeyByFields("tenant_id"), singleton.Unique(u.locker, life, ttl))
+	require.NoError(t, err)
+	return u
+}
+
+// serve starts a server whose middleware keys by tenant.
+func (u *uniqueEnv) serve() {
+	mw, err := singleton.Middleware(u.locker, singleton.KeyByFields("tenant_id"))
+	require.NoError(u.t, err)
+	mux := asynq.NewServeMux()
+	mux.Use(mw)
+	mux.HandleFunc("report", func(ctx context.Context, t *asynq.Task) error {
+		tenant := string(t.Payload()[len(`{"tenant_id":"`) : len(t.Payload())-2])
+		u.mu.Lock()
+		block := u.block
+		var res error
+		if rs := u.results[tenant]; len(rs) > 0 {
+			res, u.results[tenant] = rs[0], rs[1:]
+		}
+		u.mu.Unlock()
+		if block != nil {
+			<-block
+		}
+		u.mu.Lock()
+		u.ran[tenant]++
+		u.mu.Unlock()
+		return res
+	})
+	cfg := u.config(2)
+	cfg.RetryDelayFunc = func(int, error, *asynq.Task) time.Duration { return 300 * time.Millisecond }
+	u.start(cfg, mux)
+}
+
+func (u *uniqueEnv) enqueue(tenant string, opts ...asynq.Option) (*asynq.TaskInfo, error) {
+	return u.client.Enqueue(asynq.NewTask("report", fmt.Appendf(nil, `{"tenant_id":%q}`, tenant)), append([]asynq.Option{asynq.Queue(u.Queue)}, opts...)...)
+}
+
+func (u *uniqueEnv) runs(tenant string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.ran[tenant]
+}
+
+// refused checks that err is a refused duplicate naming holder in state.
+func refused(t *testing.T, err error, holder *asynq.TaskInfo, state string) {
+	t.Helper()
+	var dup *singleton.DuplicateTaskError
+	require.ErrorAs(t, err, &dup)
+	require.ErrorIs(t, err, singleton.ErrDuplicate)
+	require.ErrorIs(t, err, asynq.ErrDuplicateTask)
+	require.Equal(t, holder.ID, dup.ID)
+	require.Equal(t, state, dup.State)
+}
+
+// UntilExecuted: a duplicate enqueue is refused while the task is pending,
+// after a failure asynq retries, and while it runs; the key frees when it
+// succeeds.
+func TestUniqueUntilExecuted(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		u := newUniqueEnv(t, r, singleton.UntilExecuted, 0)
+		a, err := u.enqueue("acme", asynq.MaxRetry(3))
+		require.NoError(t, err)
+		_, err = u.enqueue("acme")
+		refused(t, err, a, "pending")
+		other, err := u.enqueue("globex")
+		require.NoError(t, err, "another key is not refused")
+
+		u.results["acme"] = []error{errors.New("smtp down"), nil}
+		u.block = make(chan struct{})
+		u.serve()
+		require.Eventually(t, func() bool {
+			ti, err := u.Inspector.GetTaskInfo(u.Queue, a.ID)
+			return err == nil && ti.State == asynq.TaskStateActive
+		}, 10*time.Second, 5*time.Millisecond)
+		_, err = u.enqueue("acme")
+		refused(t, err, a, "active")
+		close(u.block)
+		require.Eventually(t, func() bool {
+			ti, err := u.Inspector.GetTaskInfo(u.Queue, a.ID)
+			return err == nil && ti.State == asynq.TaskStateRetry
+		}, 10*time.Second, 5*time.Millisecond)
+		_, err = u.enqueue("acme")
+		refused(t, err, a, "retry")
+		require.Eventually(t, func() bool { return u.runs("acme") == 2 && u.runs("globex") == 1 }, 10*time.Second, 5*time.Millisecond,
+			"the failed run is retried")
+		u.Drained(10 * time.Second)
+		next, err := u.enqueue("acme")
+		require.NoError(t, err, "the key frees when the task succeeds")
+		require.NotEqual(t, a.ID, next.ID)
+		_ = other
+	})
+}
+
+// A reservation never outlives its task: archived, deleted by an operator,
+// or past its TTL, the key is free again.
+func TestUniqueIsNeverStuck(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		u := newUniqueEnv(t, r, singleton.UntilExecuted, 500*time.Millisecond)
+
+		// An operator deletes the pending task.
+		a, err := u.enqueue("acme")
+		require.NoError(t, err)
+		require.NoError(t, u.Inspector.DeleteTask(u.Queue, a.ID))
+		b, err := u.enqueue("acme")
+		require.NoError(t, err, "a deleted task's reservation is taken over")
+
+		// The TTL bounds a reservation whose task stays (a crashed worker's
+		// task waiting for asynq's recovery): the key frees after it.
+		require.Eventually(t, func() bool {
+			_, err := u.enqueue("acme")
+			return err == nil
+		}, 5*time.Second, 20*time.Millisecond)
+		require.NoError(t, u.Inspector.DeleteQueue(u.Queue, true))
+		_ = b
+
+		// A MaxRetry(0) task that fails is archived: the key frees.
+		u2 := newUniqueEnv(t, r, singleton.UntilExecuted, 0)
+		u2.results["acme"] = []error{errors.New("boom")}
+		c, err := u2.enqueue("acme", asynq.MaxRetry(0))
+		require.NoError(t, err)
+		u2.serve()
+		require.Eventually(t, func() bool {
+			ti, err := u2.Inspector.GetTaskInfo(u2.Queue, c.ID)
+			return err == nil && ti.State == asynq.TaskStateArchived
+		}, 10*time.Second, 5*time.Millisecond)
+		_, err = u2.enqueue("acme")
+		require.NoError(t, err, "an archived task's reservation ends")
+	})
+}
+
+// UntilStarted: the key frees when the task starts, so a duplicate can be
+// enqueued while it runs.
+func TestUniqueUntilStarted(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		u := newUniqueEnv(t, r, singleton.UntilStarted, 0)
+		a, err := u.enqueue("acme")
+		require.NoError(t, err)
+		_, err = u.enqueue("acme")
+		refused(t, err, a, "pending")
+		u.block = make(chan struct{})
+		u.serve()
+		require.Eventually(t, func() bool {
+			_, err := u.enqueue("acme")
+			return err == nil
+		}, 10*time.Second, 5*time.Millisecond, "a duplicate is accepted once the task started")
+		close(u.block)
+		u.Drained(10 * time.Second)
+	})
+}
+
+// What uniqueness costs, counted with a go-redis hook: a unique enqueue is
+// the reservation and the enqueue (one round trip more than asynq's), a
+// refused duplicate the reservation and a read of the holder's state.
+func TestUniqueRoundTrips(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	rdb := testredis.Client(t)
+	rt := &testredis.Counter{}
+	rdb.AddHook(rt)
+	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(e.Prefix))
+	require.NoError(t, err)
+	defer locker.Close(context.Background())
+	ac := asynq.NewClientFromRedisClient(rdb)
+	client, err := singleton.NewClient(ac, rdb, singleton.KeyByFields("tenant_id"), singleton.Unique(locker, 0, 0))
+	require.NoError(t, err)
+	task := func(tenant string) *asynq.Task {
+		return asynq.NewTask("report", fmt.Appendf(nil, `{"tenant_id":%q}`, tenant), asynq.Queue(e.Queue))
+	}
+	// Warm up: the clock read, the scripts' first loads, the version check.
+	_, err = client.Enqueue(task("warm"))
+	require.NoError(t, err)
+	_, err = client.Enqueue(task("warm"))
+	require.Error(t, err)
+	_, err = ac.Enqueue(task("plain-warm"))
+	require.NoError(t, err)
+
+	rt.Reset()
+	_, err = ac.Enqueue(task("plain"))
+	require.NoError(t, err)
+	plain := rt.Count()
+	rt.Reset()
+	_, err = client.Enqueue(task("acme"))
+	require.NoError(t, err)
+	unique := rt.Count()
+	rt.Reset()
+	_, err = client.Enqueue(task("acme"))
+	require.ErrorIs(t, err, singleton.ErrDuplicate)
+	dup := rt.Count()
+	t.Logf("round trips: asynq enqueue %d, unique enqueue %d, refused duplicate %d", plain, unique, dup)
+	require.Equal(t, plain+1, unique)
+	require.Equal(t, int64(2), dup)
+}
