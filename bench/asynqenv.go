@@ -105,7 +105,15 @@ func (e *asynqEnv) enqueue(ctx context.Context, q string, n int, task func(i int
 }
 
 // enqueueWith enqueues n tasks into q with c, from 8 goroutines.
-func (e *asynqEnv) enqueueWith(ctx context.Context, c enqueuer, q string, n int, task func(i int) *asynq.Task) (time.Duration, error) {
+func (e *asynqEnv) enqueueWith(ctx context.Context, c enqueuer, q string, n int, task func(i int) *asynq.Task, opts ...asynq.Option) (time.Duration, error) {
+	d, _, err := e.enqueueCounting(ctx, c, q, n, task, opts...)
+	return d, err
+}
+
+// enqueueCounting is enqueueWith that counts the tasks accepted: a task
+// refused as a duplicate (asynq.ErrDuplicateTask) is not an error.
+func (e *asynqEnv) enqueueCounting(ctx context.Context, c enqueuer, q string, n int, task func(i int) *asynq.Task, opts ...asynq.Option) (time.Duration, int64, error) {
+	var accepted atomic.Int64
 	const workers = 8
 	start := time.Now()
 	var next atomic.Int64
@@ -118,7 +126,12 @@ func (e *asynqEnv) enqueueWith(ctx context.Context, c enqueuer, q string, n int,
 				if i >= n {
 					return
 				}
-				if _, err := c.EnqueueContext(ctx, task(i), asynq.Queue(q)); err != nil {
+				_, err := c.EnqueueContext(ctx, task(i), append([]asynq.Option{asynq.Queue(q)}, opts...)...)
+				switch {
+				case err == nil:
+					accepted.Add(1)
+				case errors.Is(err, asynq.ErrDuplicateTask):
+				default:
 					errs[w] = err
 					return
 				}
@@ -126,7 +139,7 @@ func (e *asynqEnv) enqueueWith(ctx context.Context, c enqueuer, q string, n int,
 		})
 	}
 	wg.Wait()
-	return time.Since(start), errors.Join(errs...)
+	return time.Since(start), accepted.Load(), errors.Join(errs...)
 }
 
 // tally counts tasks as they are accounted for and notes when the count

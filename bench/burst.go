@@ -20,6 +20,8 @@ import (
 type burstRun struct {
 	name     string // "bare", "Skip", "Requeue(50ms)"
 	policy   string // the option as written, for the report
+	enqueued int64  // tasks accepted by the enqueue
+	enq      counts // the enqueue's Redis commands
 	ran      int64  // handler runs
 	skipped  int64  // EventDuplicate with ActionSkip
 	requeued int64  // EventRequeued
@@ -41,13 +43,16 @@ func (b *bench) burst(ctx context.Context, env *asynqEnv) ([]burstRun, counts, e
 	variants := []struct {
 		name, policy string
 		p            *middleware.Policy
-		stamped      bool // enqueued with singleton.Client
+		stamped      bool   // enqueued with singleton.Client
+		unique       string // "asynq": asynq.Unique; "jobguard": singleton.Unique
 	}{
-		{"bare", "no middleware", nil, false},
-		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip()), false},
-		{fmt.Sprintf("Requeue(%s)", b.requeueDelay), fmt.Sprintf("`middleware.Requeue(%s)`", b.requeueDelay), ptr(middleware.Requeue(b.requeueDelay)), false},
-		{"Coalesce", "`middleware.Coalesce()`", ptr(middleware.Coalesce()), false},
-		{"Coalesce, stamped", "`middleware.Coalesce()`, tasks enqueued with `singleton.Client`", ptr(middleware.Coalesce()), true},
+		{"bare", "no middleware", nil, false, ""},
+		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip()), false, ""},
+		{fmt.Sprintf("Requeue(%s)", b.requeueDelay), fmt.Sprintf("`middleware.Requeue(%s)`", b.requeueDelay), ptr(middleware.Requeue(b.requeueDelay)), false, ""},
+		{"Coalesce", "`middleware.Coalesce()`", ptr(middleware.Coalesce()), false, ""},
+		{"Coalesce, stamped", "`middleware.Coalesce()`, tasks enqueued with `singleton.Client`", ptr(middleware.Coalesce()), true, ""},
+		{"asynq Unique", "no middleware; enqueued with `asynq.Unique(time.Hour)`", nil, false, "asynq"},
+		{"Unique", "`singleton.Unique(locker, UntilExecuted, 0)` at enqueue; `middleware.Skip()`", ptr(middleware.Skip()), false, "jobguard"},
 	}
 	var out []burstRun
 	var enq counts
@@ -61,22 +66,41 @@ func (b *bench) burst(ctx context.Context, env *asynqEnv) ([]burstRun, counts, e
 		}
 		e0 := env.enqCtr.counts()
 		var c enqueuer = env.enqueuer
-		if v.stamped {
+		var opts []asynq.Option
+		var reserver *lockkit.RedisLocker
+		switch {
+		case v.unique == "asynq":
+			opts = append(opts, asynq.Unique(time.Hour))
+		case v.unique == "jobguard":
+			var err error
+			if reserver, err = lockkit.NewRedis(env.enqRedis, lockkit.WithPrefix(b.prefix+"e2e:")); err != nil {
+				return nil, enq, err
+			}
+			sc, err := singleton.NewClient(env.enqueuer, env.enqRedis, singleton.KeyByFields("k"), singleton.Unique(reserver, singleton.UntilExecuted, 0))
+			if err != nil {
+				return nil, enq, err
+			}
+			c = sc
+		case v.stamped:
 			sc, err := singleton.NewClient(env.enqueuer, env.enqRedis)
 			if err != nil {
 				return nil, enq, err
 			}
 			c = sc
 		}
-		if _, err := env.enqueueWith(ctx, c, q, b.burstTasks, func(j int) *asynq.Task {
-			return asynq.NewTask("bench:burst", fmt.Appendf(nil, `{"k":"key-%d","n":%d}`, keys[j], j))
-		}); err != nil {
+		_, accepted, err := env.enqueueCounting(ctx, c, q, b.burstTasks, func(j int) *asynq.Task {
+			return asynq.NewTask("bench:burst", fmt.Appendf(nil, `{"k":"key-%d"}`, keys[j]))
+		}, opts...)
+		if reserver != nil {
+			_ = reserver.Close(ctx)
+		}
+		if err != nil {
 			return nil, enq, err
 		}
 		enq = env.enqCtr.counts().sub(e0)
 
-		r := burstRun{name: v.name, policy: v.policy}
-		t := newTally(b.burstTasks)
+		r := burstRun{name: v.name, policy: v.policy, enqueued: accepted, enq: enq}
+		t := newTally(int(accepted))
 		var ran, skipped, requeued atomic.Int64
 		var mu sync.Mutex
 		running := make(map[string]int)

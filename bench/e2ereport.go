@@ -180,9 +180,11 @@ func (r *report) burstSection() string {
 		"(`time.Sleep`). Guarded: `singleton.Middleware(locker, singleton.KeyByFields(\"k\"), "+
 		"singleton.WithPolicy(p), singleton.WithRedis(srvClient))`. The tasks have asynq's default MaxRetry (25), "+
 		"so a requeued duplicate goes back as a retry that `IsFailure` reports as no failure (it never uses up "+
-		"its retries). Wall time is from `srv.Start` to the moment every task is accounted for: each ran once "+
-		"(bare, Requeue) or ran or was skipped (Skip). Redis counts are the server's and the Locker's clients "+
-		"over that time. Each run is bounded by %s (`-burst-timeout`).\n\n",
+		"its retries). Coalesce runs once with a plain enqueue and once with `singleton.Client` (\"stamped\"); "+
+		"\"asynq Unique\" enqueues with `asynq.Unique(time.Hour)` and no middleware, \"Unique\" with `singleton.Client` "+
+		"and `singleton.Unique`: their refused enqueues are not tasks. Wall time is from `srv.Start` to the moment every "+
+		"enqueued task is accounted for: it ran, or completed without running. Redis counts are the server's and the "+
+		"Locker's clients over that time. Each run is bounded by %s (`-burst-timeout`).\n\n",
 		r.burstTasks, r.burstKeys, r.burstEnq.cmds, r.concurrency, r.burstWork, r.burstTimeout)
 	var rows [][]string
 	for _, x := range r.burstRes {
@@ -192,14 +194,14 @@ func (r *report) burstSection() string {
 			wall = fmt.Sprintf("**not finished** in %s: %d of %d accounted for", msec(x.wall), x.ran+x.skipped, r.burstTasks)
 		}
 		rows = append(rows, []string{
-			x.name, wall, fmt.Sprint(x.ran), fmt.Sprint(x.skipped), fmt.Sprint(x.requeued),
+			x.name, fmt.Sprint(x.enqueued), wall, fmt.Sprint(x.ran), fmt.Sprint(x.skipped), fmt.Sprint(x.requeued),
 			fmt.Sprint(x.ran + x.skipped + x.requeued), fmt.Sprint(x.maxOverlap),
 			fmt.Sprintf("%d (server %d + Locker %d)", total.cmds, x.srv.cmds, x.lock.cmds),
-			fmt.Sprint(total.rts), perTask(total.cmds, r.burstTasks), fmt.Sprint(total.cmds + r.burstEnq.cmds),
+			fmt.Sprint(total.rts), perTask(total.cmds, r.burstTasks), fmt.Sprint(total.cmds + x.enq.cmds),
 			msec(x.cpu), msec(x.redisCPU), x.left,
 		})
 	}
-	table(&w, []string{"policy", "wall until all accounted for", "ran", "skipped", "requeued", "deliveries (ran + skipped + requeued)",
+	table(&w, []string{"policy", "tasks enqueued", "wall until all accounted for", "ran", "skipped or covered", "requeued", "deliveries (ran + skipped + requeued)",
 		"most runs of one key at once", "Redis commands while processing (server + Locker)", "round trips", "commands per task",
 		"Redis commands with the enqueue", "process CPU", "Redis CPU", "queue after"}, rows)
 	return w.String()

@@ -145,7 +145,7 @@ func (r *report) markdown() string {
 		w.WriteString(r.roundTripSection())
 	}
 	if r.runs("burst") {
-		r.heading(&w, "A burst of duplicates: Skip vs Requeue")
+		r.heading(&w, "A burst of duplicates: every policy, and uniqueness at enqueue")
 		w.WriteString(r.burstSection())
 	}
 	if r.runs("cron") {

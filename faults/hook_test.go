@@ -67,6 +67,7 @@ var (
 	releaseCmd = testredis.ScriptShape(3, 8)
 	extendCmd  = testredis.ScriptShape(2, 4)
 	inspectCmd = testredis.ScriptShape(2, 0)
+	freeCmd    = testredis.ScriptShape(2, 3)
 )
 
 const faultKey = "job"
@@ -77,6 +78,24 @@ var faultOps = []faultOp{
 		defer cancel()
 		lease, err := l.TryAcquire(ctx, faultKey, nil)
 		got.add(lease)
+		return err
+	}},
+	{"acquire-coalesce", acquireCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		lease, err := l.TryAcquire(ctx, faultKey, &lockkit.AcquireOptions{Coalesce: true})
+		got.add(lease)
+		return err
+	}},
+	{"free", freeCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		_, err := other.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "q/t1", Detached: true})
+		require.NoError(t, err)
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		_, err = l.Free(ctx, faultKey, "q/t1")
 		return err
 	}},
 	{"acquire-wait", acquireCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {

@@ -57,6 +57,11 @@ const UniqueHeader = "jobguard-unique"
 // reservation whose task is never processed ends after it.
 const DefaultReserveTTL = 24 * time.Hour
 
+// enqueueGrace is how long a reservation whose task is not found yet counts
+// as an enqueue in flight rather than as abandoned (a quarter of the
+// reservation's TTL if that is shorter).
+const enqueueGrace = 5 * time.Second
+
 // reservePrefix is put before a task's key to name its reservation's key.
 const reservePrefix = "unique:"
 
@@ -93,7 +98,10 @@ func (e *DuplicateTaskError) Is(target error) bool {
 // exists (deleted, archived, completed, its queue deleted) is taken over.
 // life says when the reservation ends (zero means UntilExecuted); ttl bounds
 // it (zero means DefaultReserveTTL; at least lockkit.MinTTL, at most
-// lockkit.MaxTTL). It is a Client option: Middleware rejects it.
+// lockkit.MaxTTL). A reservation is made just before its task is enqueued,
+// so one whose task is not found is taken over only once it is 5 seconds
+// old (a quarter of ttl if that is shorter): until then its enqueue may be
+// in flight. It is a Client option: Middleware rejects it.
 func Unique(locker lockkit.Locker, life Lifetime, ttl time.Duration) Option {
 	return func(c *config) { c.unique = &uniqueSpec{locker: locker, life: life, ttl: ttl} }
 }
@@ -187,6 +195,17 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 		state, err := c.taskState(ctx, holderQueue, holderID)
 		if err != nil {
 			return nil, fmt.Errorf("singleton: reserving key %q: reading the state of task %s: %w", key, holderID, err)
+		}
+		if state == "" {
+			// A reservation is made before its task is enqueued: a young one
+			// whose task is not there yet is an enqueue in flight.
+			now, err := c.now(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if now.Sub(time.UnixMicro(ce.Token)) < min(enqueueGrace, u.ttl/4) {
+				state = "enqueuing"
+			}
 		}
 		if state != "" || attempt > 0 {
 			if state == "" {

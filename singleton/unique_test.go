@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -132,14 +133,24 @@ func TestUniqueUntilExecuted(t *testing.T) {
 // or past its TTL, the key is free again.
 func TestUniqueIsNeverStuck(t *testing.T) {
 	onEachRedis(t, func(t *testing.T, r connect) {
-		u := newUniqueEnv(t, r, singleton.UntilExecuted, 500*time.Millisecond)
+		const ttl = 2 * time.Second
+		u := newUniqueEnv(t, r, singleton.UntilExecuted, ttl)
 
-		// An operator deletes the pending task.
+		// An operator deletes the pending task: its reservation is taken
+		// over once its enqueue cannot be in flight any more (ttl/4), long
+		// before the reservation's TTL.
 		a, err := u.enqueue("acme")
 		require.NoError(t, err)
+		reserved := time.Now()
 		require.NoError(t, u.Inspector.DeleteTask(u.Queue, a.ID))
-		b, err := u.enqueue("acme")
-		require.NoError(t, err, "a deleted task's reservation is taken over")
+		_, err = u.enqueue("acme")
+		refused(t, err, a, "enqueuing")
+		var b *asynq.TaskInfo
+		require.Eventually(t, func() bool {
+			b, err = u.enqueue("acme")
+			return err == nil
+		}, ttl, 10*time.Millisecond)
+		require.Less(t, time.Since(reserved), ttl, "taken over, not expired")
 
 		// The TTL bounds a reservation whose task stays (a crashed worker's
 		// task waiting for asynq's recovery): the key frees after it.
@@ -225,4 +236,31 @@ func TestUniqueRoundTrips(t *testing.T) {
 	t.Logf("round trips: asynq enqueue %d, unique enqueue %d, refused duplicate %d", plain, unique, dup)
 	require.Equal(t, plain+1, unique)
 	require.Equal(t, int64(2), dup)
+}
+
+// Concurrent enqueues of one key: exactly one is accepted, even though a
+// reservation is made before its task exists.
+func TestUniqueConcurrentEnqueues(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		u := newUniqueEnv(t, r, singleton.UntilExecuted, 0)
+		var accepted, refusedN atomic.Int32
+		var wg sync.WaitGroup
+		for range 20 {
+			wg.Go(func() {
+				_, err := u.enqueue("acme")
+				switch {
+				case err == nil:
+					accepted.Add(1)
+				case errors.Is(err, singleton.ErrDuplicate):
+					refusedN.Add(1)
+				default:
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		require.EqualValues(t, 1, accepted.Load())
+		require.EqualValues(t, 19, refusedN.Load())
+		require.EqualValues(t, 1, u.QueueInfo().Pending)
+	})
 }
