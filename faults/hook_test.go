@@ -63,7 +63,7 @@ type faultOp struct {
 }
 
 var (
-	acquireCmd = testredis.ScriptShape(6, 11)
+	acquireCmd = testredis.ScriptShape(6, 12)
 	releaseCmd = testredis.ScriptShape(3, 8)
 	extendCmd  = testredis.ScriptShape(2, 4)
 	inspectCmd = testredis.ScriptShape(2, 0)

@@ -28,6 +28,8 @@ type backend interface {
 	groups(leases []*Lease) [][]*Lease
 	// leave removes a waiter that gave up.
 	leave(ctx context.Context, key, waiter string) error
+	// detach replaces l's holder by member, a reservation living for ttl.
+	detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error)
 	// free removes the live holder of key that carries label.
 	free(ctx context.Context, key, label string) (bool, error)
 	inspect(ctx context.Context, key string) (*Info, error)

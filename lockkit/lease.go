@@ -200,6 +200,34 @@ func (l *Lease) success(done time.Duration) ending {
 	return end
 }
 
+// Detach turns the lease into a reservation (as if acquired with
+// AcquireOptions.Detached) that lives for ttl: it is no longer renewed and
+// its holder stays on the key, with the same token and label, until ttl
+// passes, another acquire Adopts it, or Free ends it. It returns ErrInvalid
+// for a ttl outside MinTTL..MaxTTL or a lease without a label, and an error
+// matching ErrNotHeld if the lease was no longer held. After an error other
+// than ErrInvalid the lease is no longer renewed: it ends with its TTL.
+func (l *Lease) Detach(ctx context.Context, ttl time.Duration) error {
+	switch {
+	case l.label == "":
+		return fmt.Errorf("%w: Detach: the lease of %q has no Label", ErrInvalid, l.key)
+	case ttl < MinTTL || ttl > MaxTTL:
+		return fmt.Errorf("%w: Detach(%s): ttl must be between %s and %s", ErrInvalid, ttl, MinTTL, MaxTTL)
+	}
+	if !l.end(stateReleased, errReleased) {
+		return fmt.Errorf("%w: %q token %d was released or lost already", ErrNotHeld, l.key, l.token)
+	}
+	member := memberOf(l.token, "r"+l.aid, l.owner, l.label)
+	held, err := l.e.b.detach(ctx, l, member, ttl)
+	if err != nil {
+		return fmt.Errorf("lockkit: detach %q: %w", l.key, err)
+	}
+	if !held {
+		return fmt.Errorf("%w: %q token %d expired or was taken over", ErrNotHeld, l.key, l.token)
+	}
+	return nil
+}
+
 // Complete releases the lease like Release and records its AcquireOptions.Label as
 // completed on the key for keep: until then an acquire of the key with the
 // same label fails with ErrCompleted. Use it when the work is done but the

@@ -192,6 +192,11 @@ type AcquireOptions struct {
 	// release it, and it lasts for TTL unless Release or another process's
 	// Free (by its Label) ends it first. Defaults to false.
 	Detached bool
+	// Adopt, with Label, takes over a reservation (a Detached lease) of the
+	// key that carries Label: it is replaced by this lease, which is renewed
+	// like any other; Lease.Detach turns it back into a reservation.
+	// Defaults to false.
+	Adopt bool
 	// Since, for Coalesce, is when the work to be covered was asked for (an
 	// enqueue), on the Redis server's clock: only a run that began after it
 	// covers the call. Zero, or a time after the call's first attempt

@@ -219,6 +219,15 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		token, _, _ := parseMember(m)
 		return acquireResult{ok: true, token: token}, nil
 	}
+	if r.adopt {
+		for m := range lk.holders {
+			if _, aid, _ := strings.Cut(m, ":"); strings.HasPrefix(aid, "r") {
+				if _, _, l := parseMember(m); l == r.label {
+					delete(lk.holders, m)
+				}
+			}
+		}
+	}
 	since := int64(0)
 	if r.coalesce {
 		since = r.since
@@ -380,6 +389,23 @@ func (b *memBackend) extend(ctx context.Context, leases []*Lease, ttls []time.Du
 		}
 	}
 	return errs
+}
+
+func (b *memBackend) detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	lk := s.get(l.key, now)
+	if _, ok := lk.holders[l.member]; !ok {
+		return false, nil
+	}
+	delete(lk.holders, l.member)
+	lk.holders[member] = now.Add(ttl)
+	return true, nil
 }
 
 func (b *memBackend) free(ctx context.Context, key, label string) (bool, error) {

@@ -121,6 +121,7 @@ type request struct {
 	since    int64
 	coverFor time.Duration
 	detached bool
+	adopt    bool
 }
 
 func (c *config) request(key string, o *AcquireOptions) (request, error) {
@@ -182,5 +183,15 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	}
 	r.waiterTTL = 4 * c.poll
 	r.aid = randomID(8)
+	if r.detached {
+		r.aid = "r" + r.aid // marks a reservation, which Adopt may replace
+	}
+	if o.Adopt && r.label == "" {
+		return r, fmt.Errorf("%w: key %q: Adopt needs a Label", ErrInvalid, key)
+	}
+	if o.Adopt && r.detached {
+		return r, fmt.Errorf("%w: key %q: Adopt and Detached exclude each other", ErrInvalid, key)
+	}
+	r.adopt = o.Adopt
 	return r, nil
 }

@@ -29,6 +29,8 @@ var (
 	inspectSrc string
 	//go:embed scripts/free.lua
 	freeSrc string
+	//go:embed scripts/detach.lua
+	detachSrc string
 
 	acquireScript = redis.NewScript(acquireSrc)
 	releaseScript = redis.NewScript(releaseSrc)
@@ -36,6 +38,7 @@ var (
 	leaveScript   = redis.NewScript(leaveSrc)
 	inspectScript = redis.NewScript(inspectSrc)
 	freeScript    = redis.NewScript(freeSrc)
+	detachScript  = redis.NewScript(detachSrc)
 )
 
 // RedisLocker is a Locker backed by Redis, shared by every process that uses
@@ -277,8 +280,12 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 	if r.coalesce {
 		since = r.since
 	}
+	adopt := "0"
+	if r.adopt {
+		adopt = "1"
+	}
 	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover},
-		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since).Slice()
+		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt).Slice()
 	if err != nil {
 		return acquireResult{}, err
 	}
@@ -461,6 +468,11 @@ func (b *redisBackend) groups(leases []*Lease) [][]*Lease {
 		out[i] = byNode[a]
 	}
 	return out
+}
+
+func (b *redisBackend) detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error) {
+	n, err := detachScript.Run(ctx, b.c, []string{b.keys(l.key).holders}, l.member, member, ms(ttl)).Int64()
+	return n == 1, err
 }
 
 func (b *redisBackend) free(ctx context.Context, key, label string) (bool, error) {

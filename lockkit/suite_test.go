@@ -1013,6 +1013,38 @@ func testReservation(t *testing.T, h *harness) {
 
 	_, err = worker.Free(ctx, "u", "")
 	require.ErrorIs(t, err, ErrInvalid)
+
+	// Adopt: a run takes the reservation over and renews it; Detach gives
+	// it back as a reservation.
+	other := h.locker(t, WithOwner("other"))
+	_, err = other.TryAcquire(ctx, "v", &AcquireOptions{Label: "q/t3", Detached: true, TTL: 300 * time.Millisecond})
+	require.NoError(t, err)
+	_, err = worker.TryAcquire(ctx, "v", &AcquireOptions{Label: "q/t4", Adopt: true})
+	require.ErrorIs(t, err, ErrNotAcquired, "another label's reservation is not adopted")
+	run, err := worker.TryAcquire(ctx, "v", &AcquireOptions{Label: "q/t3", Adopt: true, TTL: 10 * time.Second})
+	require.NoError(t, err)
+	info, err = worker.Inspect(ctx, "v")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.Equal(t, "worker", info.Holders[0].Owner)
+	require.Greater(t, info.Holders[0].TTL, 5*time.Second, "the run's lease, not the reservation")
+	_, err = other.TryAcquire(ctx, "v", &AcquireOptions{Label: "q/t3", Adopt: true})
+	require.ErrorIs(t, err, ErrNotAcquired, "a running lease is not a reservation")
+
+	require.NoError(t, run.Detach(ctx, time.Second))
+	info, err = worker.Inspect(ctx, "v")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.Equal(t, "q/t3", info.Holders[0].Label)
+	require.LessOrEqual(t, info.Holders[0].TTL, time.Second)
+	require.ErrorIs(t, run.Release(ctx), ErrNotHeld, "a detached lease is no longer this run's")
+	again, err := other.TryAcquire(ctx, "v", &AcquireOptions{Label: "q/t3", Adopt: true})
+	require.NoError(t, err, "a detached lease is a reservation again")
+	require.NoError(t, again.Release(ctx))
+
+	_, err = worker.TryAcquire(ctx, "v", &AcquireOptions{Adopt: true})
+	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorIs(t, again.Detach(ctx, time.Second), ErrNotHeld)
 }
 
 // TTLs past MaxTTL are refused, never stored as already expired.

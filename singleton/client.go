@@ -129,7 +129,7 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 	if queue == "" {
 		queue = "default"
 	}
-	headers[UniqueHeader] = c.unique.life.String()
+	headers[UniqueHeader] = uniqueHeader(c.unique.life, c.unique.ttl)
 	stamped := asynq.NewTaskWithHeaders(task.Type(), task.Payload(), headers, built...)
 	key, err := deriveKey(context.WithValue(ctx, identityKey{}, identity{id: id, queue: queue}), stamped, c.keys.key, c.keys.perQueue)
 	if err != nil {

@@ -258,9 +258,9 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		return err
 	}
 	job.Key = key
-	m.endReservation(ctx, t, key, origin, middleware.Outcome{}, true)
+	res := m.startReservation(ctx, t, key, origin)
 	out := m.guard.Run(ctx, job, func(ctx context.Context) error { return next.ProcessTask(ctx, t) })
-	m.endReservation(ctx, t, key, origin, out, false)
+	m.endReservation(ctx, t, key, origin, res, out)
 	if out.Duplicate == nil {
 		return out.Err
 	}

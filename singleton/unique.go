@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -49,8 +51,9 @@ func lifetimeOf(s string) Lifetime {
 	return 0
 }
 
-// UniqueHeader is the task header in which Client records the Lifetime of a
-// task's reservation; the middleware ends the reservation by it.
+// UniqueHeader is the task header in which Client records the Lifetime and
+// the TTL (ms) of a task's reservation, such as "until-executed 86400000";
+// the middleware adopts and ends the reservation by it.
 const UniqueHeader = "jobguard-unique"
 
 // DefaultReserveTTL bounds a reservation when Unique is given no TTL: a
@@ -248,26 +251,82 @@ func (c *Client) taskState(ctx context.Context, queue, id string) (string, error
 	return state, nil
 }
 
-// endReservation ends the reservation of a task that the middleware ran (or
-// decided not to run) with outcome out, as the task's Lifetime says.
-func (m *guarded) endReservation(ctx context.Context, t *asynq.Task, key, origin string, out middleware.Outcome, started bool) {
-	life := lifetimeOf(t.Headers()[UniqueHeader])
+// uniqueOf reads t's UniqueHeader: the reservation's Lifetime and TTL, or
+// zero when the task was not enqueued with Unique.
+func uniqueOf(t *asynq.Task) (Lifetime, time.Duration) {
+	life, ttl, _ := strings.Cut(t.Headers()[UniqueHeader], " ")
+	ms, err := strconv.ParseInt(ttl, 10, 64)
+	d := time.Duration(ms) * time.Millisecond
+	if err != nil || d < lockkit.MinTTL || d > lockkit.MaxTTL {
+		d = DefaultReserveTTL
+	}
+	return lifetimeOf(life), d
+}
+
+// uniqueHeader is the UniqueHeader value for life and ttl.
+func uniqueHeader(life Lifetime, ttl time.Duration) string {
+	return life.String() + " " + strconv.FormatInt(ttl.Milliseconds(), 10)
+}
+
+// startReservation is called when a task starts: UntilStarted ends the
+// reservation; UntilExecuted adopts it, so that it is renewed while the task
+// runs, and returns the lease.
+func (m *guarded) startReservation(ctx context.Context, t *asynq.Task, key, origin string) *lockkit.Lease {
+	life, _ := uniqueOf(t)
 	if life == 0 {
-		return
-	}
-	if started != (life == UntilStarted) {
-		return
-	}
-	if life == UntilExecuted && !m.doneWith(ctx, out) {
-		return
+		return nil
 	}
 	_, queue := taskIdentity(ctx)
+	label := reservationLabel(queue, origin)
+	if life == UntilStarted {
+		m.freeReservation(ctx, t, key, origin, label)
+		return nil
+	}
+	res, err := m.guard.Locker().TryAcquire(ctx, reservePrefix+key, &lockkit.AcquireOptions{Label: label, Adopt: true})
+	if err != nil {
+		// Gone (its TTL passed) or held by another task: nothing to adopt.
+		return nil
+	}
+	return res
+}
+
+// endReservation is called when the middleware is done with a task that
+// ran, or did not, with outcome out: an UntilExecuted reservation ends when
+// asynq will not run the task again, and otherwise stays for its TTL.
+func (m *guarded) endReservation(ctx context.Context, t *asynq.Task, key, origin string, res *lockkit.Lease, out middleware.Outcome) {
+	life, ttl := uniqueOf(t)
+	if life != UntilExecuted {
+		return
+	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, err := m.guard.Locker().Free(fctx, reservePrefix+key, reservationLabel(queue, origin)); err != nil {
-		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: middleware.Job{Key: key, Name: t.Type(), Origin: origin},
-			Err: fmt.Errorf("singleton: ending the reservation of task %s: %w", origin, err)})
+	done := m.doneWith(ctx, out)
+	var err error
+	switch {
+	case res != nil && done:
+		err = res.Release(fctx)
+	case res != nil:
+		err = res.Detach(fctx, ttl)
+	case done:
+		_, queue := taskIdentity(ctx)
+		m.freeReservation(ctx, t, key, origin, reservationLabel(queue, origin))
 	}
+	if err != nil && !errors.Is(err, lockkit.ErrNotHeld) {
+		m.reservationError(ctx, t, key, origin, err)
+	}
+}
+
+func (m *guarded) freeReservation(ctx context.Context, t *asynq.Task, key, origin, label string) {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := m.guard.Locker().Free(fctx, reservePrefix+key, label); err != nil {
+		m.reservationError(ctx, t, key, origin, err)
+	}
+}
+
+func (m *guarded) reservationError(ctx context.Context, t *asynq.Task, key, origin string, err error) {
+	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: middleware.Job{Key: key, Name: t.Type(), Origin: origin},
+		Err: fmt.Errorf("singleton: the reservation of task %s: %w", origin, err)})
 }
 
 // doneWith reports whether asynq is done with a task after out: it will not

@@ -264,3 +264,27 @@ func TestUniqueConcurrentEnqueues(t *testing.T) {
 		require.EqualValues(t, 1, u.QueueInfo().Pending)
 	})
 }
+
+// UntilExecuted: the running task adopts its reservation, so it is renewed
+// while the task runs, however short the reservation's TTL.
+func TestUniqueReservationIsRenewedWhileTheTaskRuns(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		const ttl = 300 * time.Millisecond
+		u := newUniqueEnv(t, r, singleton.UntilExecuted, ttl)
+		a, err := u.enqueue("acme")
+		require.NoError(t, err)
+		u.block = make(chan struct{})
+		u.serve()
+		require.Eventually(t, func() bool {
+			ti, err := u.Inspector.GetTaskInfo(u.Queue, a.ID)
+			return err == nil && ti.State == asynq.TaskStateActive
+		}, 10*time.Second, 5*time.Millisecond)
+		time.Sleep(3 * ttl) // the reservation's own TTL passes while the task runs
+		_, err = u.enqueue("acme")
+		refused(t, err, a, "active")
+		close(u.block)
+		u.Drained(10 * time.Second)
+		_, err = u.enqueue("acme")
+		require.NoError(t, err, "the key frees when the task succeeds")
+	})
+}

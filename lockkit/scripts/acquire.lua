@@ -25,6 +25,8 @@
 -- ARGV[8] how long to remember the epoch (ms)
 -- ARGV[9] acquire id (hex)
 -- ARGV[10] label, escaped so that it holds no ':'; "" for none
+-- ARGV[12] "1" to adopt: a live reservation (a holder whose acquire id
+--          starts with "r") carrying the label is replaced by this holder
 -- ARGV[11] Coalesce: "0" off; otherwise when the work was asked for (server
 --          us; a time after now means now), "-1" for now (the first attempt)
 -- Returns {1, token} when acquired (now or by an earlier run of this acquire),
@@ -94,6 +96,13 @@ local holder_exp = 0
 if existed then
   -- Drop expired holders and forgotten records.
   redis.call('ZREMRANGEBYSCORE', KEYS[1], -now, now)
+  if ARGV[12] == '1' and label ~= '' and not redis.call('ZSCORE', KEYS[1], 'x:' .. aid) then
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+      if string.find(m, '^%d+:r') and string.sub(m, -#label - 1) == ':' .. label then
+        redis.call('ZREM', KEYS[1], m)
+      end
+    end
+  end
   local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
   if redis.call('ZSCORE', KEYS[1], 'x:' .. aid) then
     forget_waiter()
