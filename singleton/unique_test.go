@@ -106,17 +106,11 @@ func TestUniqueUntilExecuted(t *testing.T) {
 		u.results["acme"] = []error{errors.New("smtp down"), nil}
 		u.block = make(chan struct{})
 		u.serve()
-		require.Eventually(t, func() bool {
-			ti, err := u.Inspector.GetTaskInfo(u.Queue, a.ID)
-			return err == nil && ti.State == asynq.TaskStateActive
-		}, 10*time.Second, 5*time.Millisecond)
+		u.waitState(a, asynq.TaskStateActive)
 		_, err = u.enqueue("acme")
 		refused(t, err, a, "active")
 		close(u.block)
-		require.Eventually(t, func() bool {
-			ti, err := u.Inspector.GetTaskInfo(u.Queue, a.ID)
-			return err == nil && ti.State == asynq.TaskStateRetry
-		}, 10*time.Second, 5*time.Millisecond)
+		u.waitState(a, asynq.TaskStateRetry)
 		_, err = u.enqueue("acme")
 		refused(t, err, a, "retry")
 		require.Eventually(t, func() bool { return u.runs("acme") == 2 && u.runs("globex") == 1 }, 10*time.Second, 5*time.Millisecond,
@@ -167,10 +161,7 @@ func TestUniqueIsNeverStuck(t *testing.T) {
 		c, err := u2.enqueue("acme", asynq.MaxRetry(0))
 		require.NoError(t, err)
 		u2.serve()
-		require.Eventually(t, func() bool {
-			ti, err := u2.Inspector.GetTaskInfo(u2.Queue, c.ID)
-			return err == nil && ti.State == asynq.TaskStateArchived
-		}, 10*time.Second, 5*time.Millisecond)
+		u2.waitState(c, asynq.TaskStateArchived)
 		_, err = u2.enqueue("acme")
 		require.NoError(t, err, "an archived task's reservation ends")
 	})
@@ -275,10 +266,7 @@ func TestUniqueReservationIsRenewedWhileTheTaskRuns(t *testing.T) {
 		require.NoError(t, err)
 		u.block = make(chan struct{})
 		u.serve()
-		require.Eventually(t, func() bool {
-			ti, err := u.Inspector.GetTaskInfo(u.Queue, a.ID)
-			return err == nil && ti.State == asynq.TaskStateActive
-		}, 10*time.Second, 5*time.Millisecond)
+		u.waitState(a, asynq.TaskStateActive)
 		time.Sleep(3 * ttl) // the reservation's own TTL passes while the task runs
 		_, err = u.enqueue("acme")
 		refused(t, err, a, "active")
@@ -287,4 +275,13 @@ func TestUniqueReservationIsRenewedWhileTheTaskRuns(t *testing.T) {
 		_, err = u.enqueue("acme")
 		require.NoError(t, err, "the key frees when the task succeeds")
 	})
+}
+
+// waitState waits until task has state.
+func (u *uniqueEnv) waitState(task *asynq.TaskInfo, state asynq.TaskState) {
+	u.t.Helper()
+	require.Eventually(u.t, func() bool {
+		ti, err := u.Inspector.GetTaskInfo(u.Queue, task.ID)
+		return err == nil && ti.State == state
+	}, 10*time.Second, 5*time.Millisecond, "task %s never became %s", task.ID, state)
 }
