@@ -59,6 +59,9 @@ type bench struct {
 	requeueDelay   time.Duration
 	burstTimeout   time.Duration
 	cronTicks      int
+	streamTasks    int
+	streamInterval time.Duration
+	streamWork     time.Duration
 
 	runID   string
 	prefix  string
@@ -100,6 +103,9 @@ func main() {
 	flag.DurationVar(&b.burstWork, "burst-work", time.Millisecond, "burst: handler time")
 	flag.DurationVar(&b.requeueDelay, "requeue-delay", 50*time.Millisecond, "burst: the Requeue policy's delay")
 	flag.DurationVar(&b.burstTimeout, "burst-timeout", 60*time.Second, "burst: the most one policy's run may take; a run cut off is reported as such")
+	flag.IntVar(&b.streamTasks, "stream-tasks", 2000, "stream: tasks enqueued while processing")
+	flag.DurationVar(&b.streamInterval, "stream-interval", time.Millisecond, "stream: time between two enqueues")
+	flag.DurationVar(&b.streamWork, "stream-work", 20*time.Millisecond, "stream: handler time (one run window)")
 	flag.IntVar(&b.cronTicks, "cron-ticks", 200, "cron: measured ticks")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
@@ -184,7 +190,7 @@ func (b *bench) run(out string) error {
 			return err
 		}
 	}
-	if b.runs("throughput") || b.runs("burst") {
+	if b.runs("throughput") || b.runs("burst") || b.runs("stream") {
 		env := b.asynqEnv()
 		defer env.cleanup()
 		if b.runs("throughput") {
@@ -196,6 +202,12 @@ func (b *bench) run(out string) error {
 		if b.runs("burst") {
 			progress("asynq duplicate burst: %d tasks over %d keys", b.burstTasks, b.burstKeys)
 			if r.burstRes, r.burstEnq, err = b.burst(ctx, env); err != nil {
+				return err
+			}
+		}
+		if b.runs("stream") {
+			progress("asynq Coalesce under a steady stream: %d tasks over %d keys", b.streamTasks, b.burstKeys)
+			if r.streamRes, err = b.stream(ctx, env); err != nil {
 				return err
 			}
 		}
@@ -224,7 +236,7 @@ func (b *bench) run(out string) error {
 // Sections of the report, in order.
 var (
 	lockSections = []string{"uncontended", "handoff", "renewal"}
-	e2eSections  = []string{"throughput", "burst", "cron"}
+	e2eSections  = []string{"throughput", "burst", "stream", "cron"}
 	allSections  = append(slices.Clone(lockSections), e2eSections...)
 )
 

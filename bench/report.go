@@ -21,6 +21,7 @@ type report struct {
 	renewRun   renewRun
 	burstRes   []burstRun
 	burstEnq   counts // the enqueue of one burst
+	streamRes  streamResult
 	cronRes    cronResult
 	elapsed    time.Duration
 	sectionNo  int
@@ -147,6 +148,10 @@ func (r *report) markdown() string {
 	if r.runs("burst") {
 		r.heading(&w, "A burst of duplicates: every policy, and uniqueness at enqueue")
 		w.WriteString(r.burstSection())
+	}
+	if r.runs("stream") {
+		r.heading(&w, "Coalesce under a steady stream of enqueues")
+		w.WriteString(r.streamSection())
 	}
 	if r.runs("cron") {
 		r.heading(&w, "cronguard: Redis round trips per tick and replica")
