@@ -46,8 +46,10 @@ var (
 // works on Redis Cluster as well as standalone and Sentinel deployments.
 //
 // Redis layout for key K under prefix P: P{K}:h holds the holders (a sorted
-// set scored by expiry, with short-lived records of released holders),
-// P{K}:f the last fencing token (for a second), P{K}:m the last epoch, P{K}:q
+// set scored by expiry, with records of completed labels and cleaned-up
+// calls), P{K}:d the holders released within the client's retry window,
+// P{K}:c the start of the last Coalesce run that succeeded, P{K}:f the last
+// fencing token (for a second), P{K}:m the last epoch, P{K}:q
 // and P{K}:w the waiters; releases are published on P{K}:r. In P and K, the
 // characters '{', '}' and '%' are written %7B, %7D and %25, so that {K} is
 // always the hash tag: any key and any prefix work on Redis Cluster. Every
@@ -221,11 +223,11 @@ type redisBackend struct {
 	done bool
 }
 
-type lockKeys struct{ holders, meta, queue, waiters, fence, channel, cover string }
+type lockKeys struct{ holders, meta, queue, waiters, fence, channel, cover, released string }
 
 func (b *redisBackend) keys(key string) lockKeys {
 	base := b.prefix + "{" + escapeKey(key) + "}"
-	return lockKeys{base + ":h", base + ":m", base + ":q", base + ":w", base + ":f", base + ":r", base + ":c"}
+	return lockKeys{base + ":h", base + ":m", base + ":q", base + ":w", base + ":f", base + ":r", base + ":c", base + ":d"}
 }
 
 func ms(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
@@ -395,11 +397,11 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, end ending)
 	if len(leases) == 1 {
 		l := leases[0]
 		k := b.keys(l.key)
-		n, err := releaseScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.cover}, args(l)...).Int64()
+		n, err := releaseScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.cover, k.released}, args(l)...).Int64()
 		held[0] = n == 1
 		return held, err
 	}
-	cmds := b.pipelineScript(ctx, releaseScript, leases, func(k lockKeys) []string { return []string{k.holders, k.waiters, k.cover} }, args)
+	cmds := b.pipelineScript(ctx, releaseScript, leases, func(k lockKeys) []string { return []string{k.holders, k.waiters, k.cover, k.released} }, args)
 	var errs []error
 	for i, c := range cmds {
 		n, err := c.Int64()

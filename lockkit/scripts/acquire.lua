@@ -2,11 +2,12 @@
 -- a repeat with the same acquire id returns the lease the first run took.
 -- KEYS[1] holders: ZSET. A live holder is "<token>:<acquire id>:<owner>:<label>"
 --         scored by its expiry (ms, server time). Negative scores are records
---         that outlive a holder, scored -(when they are forgotten): a released
---         holder's member (a repeated release returns the same) and
---         "done:<label>" (Lease.Complete), and "x:<acquire id>" for an acquire
---         call that failed and was cleaned up (a late run of it must not take
---         the key).
+--         that outlive a holder, scored -(when they are forgotten):
+--         "done:<label>" (Lease.Complete), "f:<label>" (Free), and
+--         "x:<acquire id>" for an acquire call that failed and was cleaned up
+--         (a late run of it must not take the key). Released holders are
+--         remembered in a key of their own (release.lua), so a key whose last
+--         holder left is gone and the next acquire takes the fast path.
 -- KEYS[2] epoch: HASH, e = last epoch, d = keep it until (ms), a = the acquire id
 --         that claimed it; it lives until d and while leases that claimed an
 --         epoch are renewed

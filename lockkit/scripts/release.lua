@@ -1,9 +1,12 @@
 -- Removes one holder if it is still held, and wakes waiters. Safe to run
--- twice: the released holder is remembered for a grace period, so a repeat
--- returns 1 as the first run did.
+-- twice: the released holder is remembered for a grace period in a key of
+-- its own, so a repeat returns 1 as the first run did while the holders key
+-- goes away with its last holder (and the next acquire takes the fast path).
 -- KEYS[1] holders: ZSET (see acquire.lua)
 -- KEYS[2] waiters: ZSET of every waiter; nobody is woken when it does not exist
 -- KEYS[3] cover: STRING (see acquire.lua)
+-- KEYS[4] released: ZSET of released members, scored by when they are
+--         forgotten (ms)
 -- ARGV[1] the lease's member, or "" to find the live holder by acquire id
 -- ARGV[2] acquire id
 -- ARGV[3] release channel
@@ -38,6 +41,10 @@ if member == '' then
 end
 local score = redis.call('ZSCORE', KEYS[1], member)
 if not score then
+  local gone = redis.call('ZSCORE', KEYS[4], member)
+  if gone and tonumber(gone) > now then
+    return 1
+  end
   return 0
 end
 score = tonumber(score)
@@ -49,7 +56,12 @@ if score <= now then
   return 0
 end
 local keep = tonumber(ARGV[4])
-redis.call('ZADD', KEYS[1], -(now + keep), member)
+redis.call('ZREM', KEYS[1], member)
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+redis.call('ZADD', KEYS[4], now + keep, member)
+if redis.call('PTTL', KEYS[4]) < keep then
+  redis.call('PEXPIRE', KEYS[4], keep)
+end
 local cover = tonumber(ARGV[8])
 if cover > 0 then
   local tok = tonumber(string.match(member, '^(%d+):') or '0')
@@ -57,19 +69,21 @@ if cover > 0 then
     redis.call('SET', KEYS[3], string.format('%d', tok), 'PX', cover)
   end
 end
+local done = 0
 if ARGV[5] ~= '' then
-  local done = tonumber(ARGV[6])
+  done = tonumber(ARGV[6])
   redis.call('ZADD', KEYS[1], -(now + done), 'done:' .. ARGV[5])
-  keep = math.max(keep, done)
 end
--- The key lives as long as its longest live holder or record: without a
--- live holder, only as long as its records.
+-- The holders key lives as long as its longest live holder or record:
+-- without a live holder, only as long as its records; with none, not at all.
 local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-if tonumber(top[2]) <= now then
-  local bottom = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  redis.call('PEXPIRE', KEYS[1], math.max(keep, -tonumber(bottom[2]) - now))
-elseif redis.call('PTTL', KEYS[1]) < keep then
-  redis.call('PEXPIRE', KEYS[1], keep)
+if #top > 0 then
+  if tonumber(top[2]) <= now then
+    local bottom = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+    redis.call('PEXPIRE', KEYS[1], math.max(1, -tonumber(bottom[2]) - now))
+  elseif redis.call('PTTL', KEYS[1]) < done then
+    redis.call('PEXPIRE', KEYS[1], done)
+  end
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('PUBLISH', ARGV[3], '1')
