@@ -346,6 +346,12 @@ func (m *guarded) doneWith(ctx context.Context, out middleware.Outcome) bool {
 	if errors.Is(out.Err, asynq.SkipRetry) {
 		return true
 	}
+	if errors.Is(out.Err, asynq.RevokeTask) {
+		// Revoked: deleted, never run again. A Requeue copy is the exception:
+		// it runs later, and ends the reservation then.
+		_, requeued := requeueOf(out.Err)
+		return !requeued
+	}
 	retried, ok1 := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
 	return ok1 && ok2 && retried >= maxRetry

@@ -41,9 +41,16 @@ func newUniqueEnv(t *testing.T, r connect, life singleton.Lifetime, ttl time.Dur
 	return u
 }
 
-// serve starts a server whose middleware keys by tenant.
+// serve starts two servers (each with its own Locker, as on two machines)
+// whose middleware keys by tenant.
 func (u *uniqueEnv) serve() {
-	mw, err := singleton.Middleware(u.locker, singleton.KeyByFields("tenant_id"))
+	for i := range 2 {
+		u.serveOn(u.env.locker(lockkit.WithOwner(fmt.Sprintf("server-%d", i))))
+	}
+}
+
+func (u *uniqueEnv) serveOn(locker *lockkit.RedisLocker) {
+	mw, err := singleton.Middleware(locker, singleton.KeyByFields("tenant_id"))
 	require.NoError(u.t, err)
 	mux := asynq.NewServeMux()
 	mux.Use(mw)
@@ -64,7 +71,7 @@ func (u *uniqueEnv) serve() {
 		u.mu.Unlock()
 		return res
 	})
-	cfg := u.config(2)
+	cfg := u.config(1)
 	cfg.RetryDelayFunc = func(int, error, *asynq.Task) time.Duration { return 300 * time.Millisecond }
 	u.start(cfg, mux)
 }
@@ -164,6 +171,19 @@ func TestUniqueIsNeverStuck(t *testing.T) {
 		u2.waitState(c, asynq.TaskStateArchived)
 		_, err = u2.enqueue("acme")
 		require.NoError(t, err, "an archived task's reservation ends")
+
+		// A task its handler revokes is deleted: the key frees.
+		u3 := newUniqueEnv(t, r, singleton.UntilExecuted, 0)
+		u3.results["acme"] = []error{fmt.Errorf("not needed any more: %w", asynq.RevokeTask)}
+		d, err := u3.enqueue("acme", asynq.MaxRetry(5))
+		require.NoError(t, err)
+		u3.serve()
+		require.Eventually(t, func() bool {
+			_, err := u3.Inspector.GetTaskInfo(u3.Queue, d.ID)
+			return errors.Is(err, asynq.ErrTaskNotFound)
+		}, 10*time.Second, 5*time.Millisecond)
+		_, err = u3.enqueue("acme")
+		require.NoError(t, err, "a revoked task's reservation ends")
 	})
 }
 
