@@ -305,3 +305,32 @@ func (u *uniqueEnv) waitState(task *asynq.TaskInfo, state asynq.TaskState) {
 		return err == nil && ti.State == state
 	}, 10*time.Second, 5*time.Millisecond, "task %s never became %s", task.ID, state)
 }
+
+// A worker that stops renewing (it crashed, or lost Redis) while its task
+// runs holds the adopted reservation no longer than its Locker's TTL.
+func TestUniqueCrashedWorkerFreesWithinTheTTL(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		u := newUniqueEnv(t, r, singleton.UntilExecuted, 0)
+		a, err := u.enqueue("acme")
+		require.NoError(t, err)
+		// The worker's Locker has its own connection, which the test cuts.
+		conn := r(t)
+		const ttl = time.Second
+		locker, err := lockkit.NewRedis(conn, lockkit.WithPrefix(u.Prefix), lockkit.WithOwner("doomed"), lockkit.WithTTL(ttl))
+		require.NoError(t, err)
+		u.block = make(chan struct{})
+		u.serveOn(locker)
+		u.waitState(a, asynq.TaskStateActive)
+		_, err = u.enqueue("acme")
+		refused(t, err, a, "active")
+		cut := time.Now()
+		require.NoError(t, conn.Close())
+		require.Eventually(t, func() bool {
+			_, err := u.enqueue("acme")
+			return err == nil
+		}, 5*ttl, 10*time.Millisecond)
+		require.Less(t, time.Since(cut), 3*ttl, "freed within about the TTL")
+		close(u.block)
+		_ = locker.Close(context.Background())
+	})
+}
