@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/internal/testredis"
@@ -27,12 +28,13 @@ type uniqueEnv struct {
 	mu      sync.Mutex
 	results map[string][]error // tenant → what the next runs return, in order
 	block   chan struct{}      // when set, runs wait for it to close
+	started chan string        // each run sends its tenant when it starts
 	ran     map[string]int     // tenant → runs
 }
 
 func newUniqueEnv(t *testing.T, r connect, life singleton.Lifetime, ttl time.Duration) *uniqueEnv {
 	e := newEnvOn(t, r)
-	u := &uniqueEnv{env: e, results: map[string][]error{}, ran: map[string]int{}, rt: &testredis.Counter{}}
+	u := &uniqueEnv{env: e, results: map[string][]error{}, ran: map[string]int{}, rt: &testredis.Counter{}, started: make(chan string, 64)}
 	u.locker = e.locker()
 	var err error
 	u.client, err = singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB,
@@ -63,6 +65,10 @@ func (u *uniqueEnv) serveOn(locker *lockkit.RedisLocker) {
 			res, u.results[tenant] = rs[0], rs[1:]
 		}
 		u.mu.Unlock()
+		select {
+		case u.started <- tenant:
+		default:
+		}
 		if block != nil {
 			<-block
 		}
@@ -280,14 +286,14 @@ func TestUniqueConcurrentEnqueues(t *testing.T) {
 // while the task runs, however short the reservation's TTL.
 func TestUniqueReservationIsRenewedWhileTheTaskRuns(t *testing.T) {
 	onEachRedis(t, func(t *testing.T, r connect) {
-		const ttl = 300 * time.Millisecond
+		const ttl = time.Second
 		u := newUniqueEnv(t, r, singleton.UntilExecuted, ttl)
 		a, err := u.enqueue("acme")
 		require.NoError(t, err)
 		u.block = make(chan struct{})
 		u.serve()
-		u.waitState(a, asynq.TaskStateActive)
-		time.Sleep(3 * ttl) // the reservation's own TTL passes while the task runs
+		require.Equal(t, "acme", recv(t, u.started, 10*time.Second))
+		time.Sleep(ttl + ttl/2) // the reservation's own TTL passes while the task runs
 		_, err = u.enqueue("acme")
 		refused(t, err, a, "active")
 		close(u.block)
@@ -320,15 +326,17 @@ func TestUniqueCrashedWorkerFreesWithinTheTTL(t *testing.T) {
 		require.NoError(t, err)
 		u.block = make(chan struct{})
 		u.serveOn(locker)
-		u.waitState(a, asynq.TaskStateActive)
+		require.Equal(t, "acme", recv(t, u.started, 10*time.Second), "the task runs: its reservation is adopted")
 		_, err = u.enqueue("acme")
 		refused(t, err, a, "active")
 		cut := time.Now()
 		require.NoError(t, conn.Close())
-		require.Eventually(t, func() bool {
-			_, err := u.enqueue("acme")
-			return err == nil
+		var last error
+		ok := assert.Eventually(t, func() bool {
+			_, last = u.enqueue("acme")
+			return last == nil
 		}, 5*ttl, 10*time.Millisecond)
+		require.True(t, ok, "last error: %v", last)
 		require.Less(t, time.Since(cut), 3*ttl, "freed within about the TTL")
 		close(u.block)
 		_ = locker.Close(context.Background())
