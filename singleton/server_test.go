@@ -178,13 +178,15 @@ func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int) {
 }
 
 // Coalesce under a steady stream: tasks of one key, half of them stamped by
-// singleton.Client, are enqueued while two servers process them. A task
-// completes without running only when a run of its key began after it was
-// enqueued, and the stream costs far fewer runs than tasks.
+// singleton.Client, are enqueued while two servers process them, the first
+// run lasting until the stream ends. A task completes without running only
+// when a run of its key began after it was enqueued, and the stream costs
+// far fewer runs than tasks.
 func TestCoalesceSteadyStream(t *testing.T) {
 	onEachRedis(t, func(t *testing.T, r connect) {
 		e := newEnvOn(t, r)
 		const tasks = 60
+		streamed := make(chan struct{}) // closed when every task is enqueued
 		ev := &events{}
 		var (
 			mu       sync.Mutex
@@ -202,8 +204,12 @@ func TestCoalesceSteadyStream(t *testing.T) {
 				id, _ := asynq.GetTaskID(ctx)
 				mu.Lock()
 				starts = append(starts, time.Now())
+				first := len(starts) == 1
 				ran[id] = true
 				mu.Unlock()
+				if first {
+					<-streamed // a long first run: the stream arrives while it lasts
+				}
 				time.Sleep(20 * time.Millisecond) // the work
 				return nil
 			})
@@ -228,6 +234,7 @@ func TestCoalesceSteadyStream(t *testing.T) {
 			mu.Unlock()
 			time.Sleep(3 * time.Millisecond)
 		}
+		close(streamed)
 		covered := func() map[string]bool {
 			ev.mu.Lock()
 			defer ev.mu.Unlock()
