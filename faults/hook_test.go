@@ -64,7 +64,7 @@ type faultOp struct {
 
 var (
 	acquireCmd = testredis.ScriptShape(6, 12)
-	releaseCmd = testredis.ScriptShape(4, 8)
+	releaseCmd = testredis.ScriptShape(4, 9)
 	extendCmd  = testredis.ScriptShape(2, 4)
 	inspectCmd = testredis.ScriptShape(2, 0)
 	freeCmd    = testredis.ScriptShape(2, 3)

@@ -302,6 +302,7 @@ func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Ti
 		epoch:    r.epoch > 0,
 		coalesce: r.coalesce,
 		coverFor: r.coverFor,
+		hold:     r.hold,
 		ttl:      r.ttl,
 		interval: r.interval,
 		lost:     make(chan struct{}),

@@ -195,3 +195,20 @@ type ledger struct{}
 
 // Write stores balance if fence is newer than the stored one.
 func (ledger) Write(ctx context.Context, balance int, fence int64) error { return nil }
+
+// HoldAtLeast makes a fast job's key stay taken for a period after it began:
+// at most one run per period across every process.
+func ExampleAcquireOptions_holdAtLeast() {
+	ctx := context.Background()
+	locker, _ := lockkit.NewMemory()
+	defer locker.Close(ctx)
+	opt := &lockkit.AcquireOptions{HoldAtLeast: time.Minute}
+
+	err := lockkit.Do(ctx, locker, "refresh-prices", opt, func(context.Context) error { return nil })
+	fmt.Println("first run:", err)
+	_, err = locker.TryAcquire(ctx, "refresh-prices", opt)
+	fmt.Println("again within the minute:", errors.Is(err, lockkit.ErrNotAcquired))
+	// Output:
+	// first run: <nil>
+	// again within the minute: true
+}

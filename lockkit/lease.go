@@ -39,6 +39,7 @@ type Lease struct {
 	// coverFor.
 	coalesce bool
 	coverFor time.Duration
+	hold     time.Duration // AcquireOptions.HoldAtLeast
 
 	// extendMu orders the Extend calls of one lease, so that the TTL the
 	// holder believes in is the one Redis applied last.

@@ -187,6 +187,12 @@ type AcquireOptions struct {
 	// CoverFor is how long the success of a Coalesce lease's run is
 	// remembered. Zero means DefaultCoverFor; at most MaxTTL.
 	CoverFor time.Duration
+	// HoldAtLeast keeps the key held for at least this long after the
+	// lease was acquired, even when it is released sooner: a release before
+	// then leaves the holder in place, no longer renewed, until then. It
+	// makes "at most one run per period" of a fast job. Zero means none; at
+	// most MaxTTL.
+	HoldAtLeast time.Duration
 	// Detached makes the lease a reservation: it stands for work that no
 	// process runs yet (a queued task), so it is not renewed, Close does not
 	// release it, and it lasts for TTL unless Release or another process's

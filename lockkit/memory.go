@@ -347,15 +347,19 @@ func (b *memBackend) release(ctx context.Context, leases []*Lease, end ending) (
 			}
 		}
 		if _, ok := lk.holders[member]; ok {
-			delete(lk.holders, member)
 			held[i] = true
+			if until := time.UnixMicro(l.token).Add(l.hold); l.hold > 0 && until.After(now) {
+				lk.holders[member] = until // held, no longer renewed, until then
+			} else {
+				delete(lk.holders, member)
+				lk.wake()
+			}
 			if end.done > 0 {
 				lk.done[l.label] = now.Add(end.done)
 			}
 			if end.cover > 0 && l.token > lk.cover {
 				lk.cover, lk.coverTill = l.token, now.Add(end.cover)
 			}
-			lk.wake()
 		}
 	}
 	return held, nil

@@ -122,6 +122,7 @@ type request struct {
 	coverFor time.Duration
 	detached bool
 	adopt    bool
+	hold     time.Duration
 }
 
 func (c *config) request(key string, o *AcquireOptions) (request, error) {
@@ -193,5 +194,9 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 		return r, fmt.Errorf("%w: key %q: Adopt and Detached exclude each other", ErrInvalid, key)
 	}
 	r.adopt = o.Adopt
+	if o.HoldAtLeast < 0 || o.HoldAtLeast > MaxTTL {
+		return r, fmt.Errorf("%w: key %q: HoldAtLeast %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, o.HoldAtLeast, MaxTTL)
+	}
+	r.hold = o.HoldAtLeast
 	return r, nil
 }

@@ -391,7 +391,7 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, end ending)
 		return ""
 	}
 	args := func(l *Lease) []any {
-		return []any{l.member, l.aid, b.keys(l.key).channel, ms(b.grace), label(l), ms(end.done), ms(l.ttl), ms(end.cover)}
+		return []any{l.member, l.aid, b.keys(l.key).channel, ms(b.grace), label(l), ms(end.done), ms(l.ttl), ms(end.cover), ms(l.hold)}
 	}
 	held := make([]bool, len(leases))
 	if len(leases) == 1 {

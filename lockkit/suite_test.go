@@ -163,6 +163,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"RunCompletesWorkItsCallerGaveUpOn", testRunCompletes},
 		{"CoalesceGivesWayToLaterRuns", testCoalesce},
 		{"ReservationsAreDetachedAndFreedByLabel", testReservation},
+		{"HoldAtLeastKeepsAFastRunsKey", testHoldAtLeast},
 		{"HugeTTLsAreRejected", testHugeTTL},
 	}
 	for _, tc := range tests {
@@ -1045,6 +1046,39 @@ func testReservation(t *testing.T, h *harness) {
 	_, err = worker.TryAcquire(ctx, "v", &AcquireOptions{Adopt: true})
 	require.ErrorIs(t, err, ErrInvalid)
 	require.ErrorIs(t, again.Detach(ctx, time.Second), ErrNotHeld)
+}
+
+// A lease acquired with HoldAtLeast keeps its key that long after it was
+// acquired, however soon it is released; a release after that frees it.
+func testHoldAtLeast(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a, b := h.locker(t), h.locker(t)
+	const hold = 400 * time.Millisecond
+	start := time.Now()
+	l, err := a.TryAcquire(ctx, "k", &AcquireOptions{HoldAtLeast: hold})
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+	_, err = b.TryAcquire(ctx, "k", nil)
+	var ce *ConflictError
+	require.ErrorAs(t, err, &ce, "held after its release")
+	require.LessOrEqual(t, ce.TTL, hold)
+	// A waiter gets the key when the hold ends (no release wakes it).
+	got, err := b.Acquire(ctx, "k", nil)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, time.Since(start), hold-10*time.Millisecond)
+	require.NoError(t, got.Release(ctx))
+
+	// Released after the hold: freed at once.
+	l, err = a.TryAcquire(ctx, "late", &AcquireOptions{HoldAtLeast: 100 * time.Millisecond})
+	require.NoError(t, err)
+	time.Sleep(150 * time.Millisecond) // the run outlasts the hold
+	require.NoError(t, l.Release(ctx))
+	free, err := b.TryAcquire(ctx, "late", nil)
+	require.NoError(t, err)
+	require.NoError(t, free.Release(ctx))
+
+	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{HoldAtLeast: -time.Second})
+	require.ErrorIs(t, err, ErrInvalid)
 }
 
 // TTLs past MaxTTL are refused, never stored as already expired.

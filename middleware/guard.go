@@ -270,6 +270,12 @@ func WithPolicy(p Policy) Option { return func(g *Guard) { g.policy = p } }
 // concurrency across every process). Must be at least 1. Defaults to 1.
 func WithLimit(n int) Option { return func(g *Guard) { g.limit = n } }
 
+// WithHoldAtLeast keeps a job's key held for at least d after its run began,
+// even when the run ends sooner (lockkit.AcquireOptions.HoldAtLeast): with
+// Skip, a key runs at most once per d. Zero means none; at most
+// lockkit.MaxTTL. Defaults to zero.
+func WithHoldAtLeast(d time.Duration) Option { return func(g *Guard) { g.hold = d } }
+
 // WithTTL overrides, for this guard's leases, the TTL the Locker gives them
 // (lockkit.WithTTL, lockkit.DefaultTTL unless set); the lease is renewed every
 // TTL/3 while the work runs. Zero means the Locker's. Must be zero or between
@@ -296,6 +302,7 @@ type Guard struct {
 	locker    lockkit.Locker
 	policy    Policy
 	limit     int
+	hold      time.Duration
 	ttl       time.Duration
 	logger    *slog.Logger
 	loggerSet bool
@@ -328,6 +335,8 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	switch {
 	case g.limit < 1:
 		return nil, fmt.Errorf("%w: WithLimit(%d): must be at least 1", ErrInvalid, g.limit)
+	case g.hold < 0 || g.hold > lockkit.MaxTTL:
+		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): must not be negative nor longer than %s", ErrInvalid, g.hold, lockkit.MaxTTL)
 	case g.limit > 1 && g.policy.Coalesce:
 		return nil, fmt.Errorf("%w: WithLimit(%d): Coalesce runs one job per key at a time", ErrInvalid, g.limit)
 	case g.ttl != 0 && (g.ttl < lockkit.MinTTL || g.ttl > lockkit.MaxTTL):
@@ -471,7 +480,7 @@ func (g *Guard) finish(ctx context.Context, job Job, lease *lockkit.Lease, start
 }
 
 func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Duration, error) {
-	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.Fair, Label: job.Origin}
+	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.Fair, Label: job.Origin, HoldAtLeast: g.hold}
 	if g.policy.Coalesce {
 		opt.Since = job.EnqueuedAt
 		return g.coalesce(ctx, job, opt)

@@ -354,6 +354,7 @@ func TestNewValidation(t *testing.T) {
 	}{
 		{"limit", []middleware.Option{middleware.WithLimit(0)}, "WithLimit(0): must be at least 1"},
 		{"ttl", []middleware.Option{middleware.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
+		{"negative hold", []middleware.Option{middleware.WithHoldAtLeast(-time.Second)}, "WithHoldAtLeast(-1s): must not be negative"},
 		{"negative wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "Wait -1s is negative"},
 		{"negative delay", []middleware.Option{middleware.WithPolicy(middleware.Requeue(-time.Second))}, "RequeueDelay -1s is negative"},
 		{"fair without wait", []middleware.Option{middleware.WithPolicy(middleware.Policy{Fair: true})}, "Fair needs a positive Wait"},

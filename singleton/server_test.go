@@ -720,3 +720,37 @@ func TestCoalesceStampedBurstRunsOncePerKey(t *testing.T) {
 		require.Zero(t, qi.FailedTotal)
 	})
 }
+
+// WithHoldAtLeast: a key runs at most once per period. A duplicate delivered
+// after a fast run ended, but within the period of its start, is skipped;
+// one delivered after the period runs.
+func TestHoldAtLeastRunsAKeyOncePerPeriod(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		const hold = time.Second
+		ev := &events{}
+		starts := make(chan time.Time, 8)
+		mw, err := singleton.Middleware(e.locker(), singleton.WithHoldAtLeast(hold), singleton.WithObserver(ev.observe))
+		require.NoError(t, err)
+		mux := asynq.NewServeMux()
+		mux.Use(mw)
+		mux.HandleFunc("refresh", func(context.Context, *asynq.Task) error {
+			starts <- time.Now()
+			return nil
+		})
+		e.start(e.config(2), mux)
+
+		e.Enqueue(asynq.NewTask("refresh", nil))
+		first := recv(t, starts, 10*time.Second)
+		e.Drained(10 * time.Second)
+		e.Enqueue(asynq.NewTask("refresh", nil))
+		require.Eventually(t, func() bool { return ev.count(middleware.EventDuplicate, middleware.ActionSkip) == 1 }, 10*time.Second, 5*time.Millisecond,
+			"a duplicate within the period is skipped")
+		require.Empty(t, starts)
+
+		time.Sleep(time.Until(first.Add(hold + 50*time.Millisecond))) // the period ends
+		e.Enqueue(asynq.NewTask("refresh", nil))
+		second := recv(t, starts, 10*time.Second)
+		require.GreaterOrEqual(t, second.Sub(first), hold)
+	})
+}

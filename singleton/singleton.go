@@ -74,6 +74,15 @@ func WithLimit(n int) Option {
 	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithLimit(n)) }
 }
 
+// WithHoldAtLeast keeps a task's key held for at least d after its run
+// began, even when the handler returns sooner: with Skip (the default), the
+// tasks of a key run at most once per d, and a duplicate delivered within d
+// of a run's start is skipped. Zero means none; at most lockkit.MaxTTL.
+// Defaults to zero.
+func WithHoldAtLeast(d time.Duration) Option {
+	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithHoldAtLeast(d)) }
+}
+
 // WithTTL overrides, for this middleware's leases, the TTL the Locker gives
 // them (lockkit.WithTTL; lockkit.DefaultTTL, 30s, unless set). The lease is
 // renewed every TTL/3 while the handler runs; a crashed worker's key frees

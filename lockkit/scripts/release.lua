@@ -17,6 +17,8 @@
 --         when no holder has it (ms); it may still be on its way (x:<id>)
 -- ARGV[8] how long to remember that this holder's run succeeded (ms), "0"
 --         for no record (a Coalesce lease whose run succeeded sets it)
+-- ARGV[9] HoldAtLeast (ms): the holder stays, no longer renewed, until its
+--         token (its start, in us) plus this, if that is later than now
 -- Returns 1 when released (now or by an earlier run of this release), 0 when
 -- the lease had expired or was gone.
 local t = redis.call('TIME')
@@ -40,23 +42,35 @@ if member == '' then
   end
 end
 local score = redis.call('ZSCORE', KEYS[1], member)
-if not score then
+if score and tonumber(score) < -now then
+  return 1
+end
+if not score or tonumber(score) <= now then
+  if score then
+    redis.call('ZREM', KEYS[1], member)
+  end
   local gone = redis.call('ZSCORE', KEYS[4], member)
   if gone and tonumber(gone) > now then
     return 1
   end
   return 0
 end
-score = tonumber(score)
-if score < -now then
-  return 1
-end
-if score <= now then
-  redis.call('ZREM', KEYS[1], member)
-  return 0
-end
 local keep = tonumber(ARGV[4])
-redis.call('ZREM', KEYS[1], member)
+local hold_until = 0
+local hold = tonumber(ARGV[9] or '0')
+if hold > 0 then
+  hold_until = math.floor(tonumber(string.match(member, '^(%d+):')) / 1000) + hold
+end
+if hold_until > now then
+  -- Held at least until hold_until: the holder stays, no longer renewed.
+  redis.call('ZADD', KEYS[1], hold_until, member)
+  if redis.call('PTTL', KEYS[1]) < hold_until - now then
+    redis.call('PEXPIRE', KEYS[1], hold_until - now)
+  end
+  keep = math.max(keep, hold_until - now + keep)
+else
+  redis.call('ZREM', KEYS[1], member)
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 redis.call('ZADD', KEYS[4], now + keep, member)
 if redis.call('PTTL', KEYS[4]) < keep then
@@ -85,7 +99,7 @@ if #top > 0 then
     redis.call('PEXPIRE', KEYS[1], done)
   end
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then
+if hold_until <= now and redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('PUBLISH', ARGV[3], '1')
 end
 return 1
