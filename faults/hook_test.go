@@ -63,11 +63,12 @@ type faultOp struct {
 }
 
 var (
-	acquireCmd = testredis.ScriptShape(6, 12)
-	releaseCmd = testredis.ScriptShape(4, 9)
-	extendCmd  = testredis.ScriptShape(2, 4)
-	inspectCmd = testredis.ScriptShape(2, 0)
-	freeCmd    = testredis.ScriptShape(2, 3)
+	acquireCmd  = testredis.ScriptShape(6, 12)
+	releaseCmd  = testredis.ScriptShape(4, 9)
+	extendCmd   = testredis.ScriptShape(2, 4)
+	inspectCmd  = testredis.ScriptShape(2, 0)
+	freeCmd     = testredis.ScriptShape(2, 3)
+	throttleCmd = testredis.ScriptShape(1, 3)
 )
 
 const faultKey = "job"
@@ -85,6 +86,19 @@ var faultOps = []faultOp{
 		defer cancel()
 		lease, err := l.TryAcquire(ctx, faultKey, &lockkit.AcquireOptions{Coalesce: true})
 		got.add(lease)
+		return err
+	}},
+	{"throttle", throttleCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		_, err := l.Throttle(ctx, faultKey, 2, time.Minute)
+		// However its reply fared, the call took one start: one is left.
+		wait, cerr := other.Throttle(context.Background(), faultKey, 2, time.Minute)
+		require.NoError(t, cerr)
+		require.Zero(t, wait, "a repeated or lost reply took a second start")
+		wait, cerr = other.Throttle(context.Background(), faultKey, 2, time.Minute)
+		require.NoError(t, cerr)
+		require.Positive(t, wait)
 		return err
 	}},
 	{"free", freeCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {

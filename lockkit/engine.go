@@ -30,6 +30,8 @@ type backend interface {
 	leave(ctx context.Context, key, waiter string) error
 	// detach replaces l's holder by member, a reservation living for ttl.
 	detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error)
+	// throttle takes one start from key's budget (see Locker.Throttle).
+	throttle(ctx context.Context, key string, n int, period time.Duration, call string) (time.Duration, error)
 	// free removes the live holder of key that carries label.
 	free(ctx context.Context, key, label string) (bool, error)
 	inspect(ctx context.Context, key string) (*Info, error)
@@ -168,6 +170,22 @@ func (e *engine) tryAcquire(ctx context.Context, key string, opt *AcquireOptions
 		return e.hold(ctx, &r, res.token, sent, 0)
 	}
 	return nil, e.notAcquired(&r, res)
+}
+
+func (e *engine) throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
+	switch {
+	case key == "":
+		return 0, fmt.Errorf("%w: Throttle: key is empty", ErrInvalid)
+	case n < 1:
+		return 0, fmt.Errorf("%w: Throttle(%q): n %d must be at least 1", ErrInvalid, key, n)
+	case period < time.Millisecond || period > MaxTTL:
+		return 0, fmt.Errorf("%w: Throttle(%q): period %s must be between 1ms and %s", ErrInvalid, key, period, MaxTTL)
+	}
+	wait, err := e.b.throttle(ctx, key, n, period, randomID(8))
+	if err != nil {
+		return 0, fmt.Errorf("lockkit: throttle %q: %w", key, err)
+	}
+	return wait, nil
 }
 
 func (e *engine) free(ctx context.Context, key, label string) (bool, error) {

@@ -212,3 +212,18 @@ func ExampleAcquireOptions_holdAtLeast() {
 	// first run: <nil>
 	// again within the minute: true
 }
+
+// Throttle spends a key's budget of starts: here 2 per minute.
+func ExampleLocker_throttle() {
+	ctx := context.Background()
+	locker, _ := lockkit.NewMemory()
+	defer locker.Close(ctx)
+	for i := range 3 {
+		wait, err := locker.Throttle(ctx, "send-digest", 2, time.Minute)
+		fmt.Println(i+1, err, wait == 0)
+	}
+	// Output:
+	// 1 <nil> true
+	// 2 <nil> true
+	// 3 <nil> false
+}

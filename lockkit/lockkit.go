@@ -132,6 +132,12 @@ type Locker interface {
 	// from another process. It reports whether such a holder was removed,
 	// and returns ErrInvalid for an empty key or label.
 	Free(ctx context.Context, key, label string) (bool, error)
+	// Throttle takes one start from key's budget, shared by every process:
+	// at most n starts in any window of one period. It returns zero when the
+	// start is allowed, or how long until one would be. n must be at least 1 and period at
+	// least a millisecond and at most MaxTTL (ErrInvalid). Throttle keys are
+	// apart from lease keys: the same name may be both.
+	Throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error)
 	// Logger returns the logger set with WithLogger. The layers above lockkit
 	// log through it unless they are given their own.
 	Logger() *slog.Logger

@@ -79,6 +79,11 @@ func (l *MemoryLocker) Keys(_ context.Context, pattern string) ([]string, error)
 	return out, nil
 }
 
+// Throttle implements Locker.
+func (l *MemoryLocker) Throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
+	return l.e.throttle(ctx, key, n, period)
+}
+
 // Free implements Locker.
 func (l *MemoryLocker) Free(ctx context.Context, key, label string) (bool, error) {
 	return l.e.free(ctx, key, label)
@@ -88,9 +93,10 @@ func (l *MemoryLocker) Free(ctx context.Context, key, label string) (bool, error
 func (l *MemoryLocker) Logger() *slog.Logger { return l.e.cfg.logger }
 
 type memStore struct {
-	mu    sync.Mutex
-	locks map[string]*memLock
-	ops   int
+	mu     sync.Mutex
+	locks  map[string]*memLock
+	ops    int
+	starts map[string][]time.Time // throttle key → its starts in the last period
 }
 
 type memLock struct {
@@ -166,6 +172,11 @@ func (s *memStore) get(key string, now time.Time) *memLock {
 			lk.expire(now)
 			if lk.idle(now) {
 				delete(s.locks, k)
+			}
+		}
+		for k, log := range s.starts {
+			if len(log) == 0 {
+				delete(s.starts, k)
 			}
 		}
 	}
@@ -393,6 +404,31 @@ func (b *memBackend) extend(ctx context.Context, leases []*Lease, ttls []time.Du
 		}
 	}
 	return errs
+}
+
+func (b *memBackend) throttle(ctx context.Context, key string, n int, period time.Duration, _ string) (time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	if s.starts == nil {
+		s.starts = make(map[string][]time.Time)
+	}
+	log := s.starts[key][:0]
+	for _, st := range s.starts[key] {
+		if st.After(now.Add(-period)) {
+			log = append(log, st)
+		}
+	}
+	s.starts[key] = log
+	if len(log) < n {
+		s.starts[key] = append(log, now)
+		return 0, nil
+	}
+	return max(time.Millisecond, log[0].Add(period).Sub(now)+time.Millisecond), nil
 }
 
 func (b *memBackend) detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error) {

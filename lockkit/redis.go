@@ -31,14 +31,17 @@ var (
 	freeSrc string
 	//go:embed scripts/detach.lua
 	detachSrc string
+	//go:embed scripts/throttle.lua
+	throttleSrc string
 
-	acquireScript = redis.NewScript(acquireSrc)
-	releaseScript = redis.NewScript(releaseSrc)
-	extendScript  = redis.NewScript(extendSrc)
-	leaveScript   = redis.NewScript(leaveSrc)
-	inspectScript = redis.NewScript(inspectSrc)
-	freeScript    = redis.NewScript(freeSrc)
-	detachScript  = redis.NewScript(detachSrc)
+	acquireScript  = redis.NewScript(acquireSrc)
+	releaseScript  = redis.NewScript(releaseSrc)
+	extendScript   = redis.NewScript(extendSrc)
+	leaveScript    = redis.NewScript(leaveSrc)
+	inspectScript  = redis.NewScript(inspectSrc)
+	freeScript     = redis.NewScript(freeSrc)
+	detachScript   = redis.NewScript(detachSrc)
+	throttleScript = redis.NewScript(throttleSrc)
 )
 
 // RedisLocker is a Locker backed by Redis, shared by every process that uses
@@ -128,6 +131,11 @@ func (l *RedisLocker) Acquire(ctx context.Context, key string, opt *AcquireOptio
 // Inspect implements Locker.
 func (l *RedisLocker) Inspect(ctx context.Context, key string) (*Info, error) {
 	return l.e.inspect(ctx, key)
+}
+
+// Throttle implements Locker.
+func (l *RedisLocker) Throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
+	return l.e.throttle(ctx, key, n, period)
 }
 
 // Free implements Locker.
@@ -470,6 +478,12 @@ func (b *redisBackend) groups(leases []*Lease) [][]*Lease {
 		out[i] = byNode[a]
 	}
 	return out
+}
+
+func (b *redisBackend) throttle(ctx context.Context, key string, n int, period time.Duration, call string) (time.Duration, error) {
+	base := b.prefix + "{" + escapeKey(key) + "}"
+	wait, err := throttleScript.Run(ctx, b.c, []string{base + ":t"}, n, ms(period), call).Int64()
+	return time.Duration(wait) * time.Millisecond, err
 }
 
 func (b *redisBackend) detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error) {

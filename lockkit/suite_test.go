@@ -164,6 +164,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"CoalesceGivesWayToLaterRuns", testCoalesce},
 		{"ReservationsAreDetachedAndFreedByLabel", testReservation},
 		{"HoldAtLeastKeepsAFastRunsKey", testHoldAtLeast},
+		{"ThrottleSpreadsStarts", testThrottle},
 		{"HugeTTLsAreRejected", testHugeTTL},
 	}
 	for _, tc := range tests {
@@ -1079,6 +1080,44 @@ func testHoldAtLeast(t *testing.T, h *harness) {
 
 	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{HoldAtLeast: -time.Second})
 	require.ErrorIs(t, err, ErrInvalid)
+}
+
+// Throttle: at most n starts in any window of one period, across Lockers.
+func testThrottle(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a, b := h.locker(t), h.locker(t)
+	const n, period = 3, 600 * time.Millisecond
+	for i := range n {
+		l := a
+		if i%2 == 1 {
+			l = b
+		}
+		wait, err := l.Throttle(ctx, "api", n, period)
+		require.NoError(t, err)
+		require.Zero(t, wait, "start %d of the burst", i+1)
+	}
+	wait, err := b.Throttle(ctx, "api", n, period)
+	require.NoError(t, err)
+	require.Positive(t, wait, "the budget is spent")
+	require.LessOrEqual(t, wait, period+time.Millisecond, "when the oldest start leaves the window")
+	again, err := a.Throttle(ctx, "api", n, period)
+	require.NoError(t, err)
+	require.Positive(t, again, "a refused start takes nothing: still refused")
+	time.Sleep(again + 5*time.Millisecond) // the next slot opens
+	wait, err = a.Throttle(ctx, "api", n, period)
+	require.NoError(t, err)
+	require.Zero(t, wait)
+	wait, err = a.Throttle(ctx, "other", n, period)
+	require.NoError(t, err)
+	require.Zero(t, wait, "keys have their own budgets")
+
+	for _, bad := range []func() error{
+		func() error { _, err := a.Throttle(ctx, "", 1, time.Second); return err },
+		func() error { _, err := a.Throttle(ctx, "api", 0, time.Second); return err },
+		func() error { _, err := a.Throttle(ctx, "api", 1, 0); return err },
+	} {
+		require.ErrorIs(t, bad(), ErrInvalid)
+	}
 }
 
 // TTLs past MaxTTL are refused, never stored as already expired.

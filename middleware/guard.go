@@ -181,6 +181,9 @@ const (
 	// ReasonClaimed means the job's epoch was already claimed: the same unit
 	// of work (such as a cron tick) ran elsewhere.
 	ReasonClaimed
+	// ReasonThrottled means the key's starts per period (WithThrottle) were
+	// spent; DuplicateError.RetryAfter says when the next one opens.
+	ReasonThrottled
 	// ReasonCovered means a run of the key that began after the job did
 	// succeeded, is running, or is pending as the key's follow-up
 	// (Policy.Coalesce): it does the job's work.
@@ -201,6 +204,9 @@ type DuplicateError struct {
 	Action Action
 	// Waited is how long the job waited for the key.
 	Waited time.Duration
+	// RetryAfter, for ReasonThrottled, is how long until the key's next
+	// start would be allowed.
+	RetryAfter time.Duration
 	// Cause is the lockkit error: a *lockkit.ConflictError (naming the holder)
 	// or one matching lockkit.ErrEpochUsed.
 	Cause error
@@ -215,6 +221,8 @@ func (e *DuplicateError) Error() string {
 		return fmt.Sprintf("middleware: duplicate %s (key %q): delivery of %q that completed already: %v", e.Job.label(), e.Job.Key, e.Job.Origin, e.Cause)
 	case ReasonCovered:
 		return fmt.Sprintf("middleware: duplicate %s (key %q): covered: %v", e.Job.label(), e.Job.Key, e.Cause)
+	case ReasonThrottled:
+		return fmt.Sprintf("middleware: %s (key %q) throttled, %s: next start in %s", e.Job.label(), e.Job.Key, e.Action, e.RetryAfter)
 	}
 	return fmt.Sprintf("middleware: duplicate %s (key %q), %s: %v", e.Job.label(), e.Job.Key, e.Action, e.Cause)
 }
@@ -276,6 +284,23 @@ func WithLimit(n int) Option { return func(g *Guard) { g.limit = n } }
 // lockkit.MaxTTL. Defaults to zero.
 func WithHoldAtLeast(d time.Duration) Option { return func(g *Guard) { g.hold = d } }
 
+// WithThrottle allows at most n starts of a key in any window of one period
+// across every process (lockkit's Locker.Throttle). A job over the budget does not run: Run returns a
+// *DuplicateError with ReasonThrottled, then as its Action (ActionSkip, or
+// ActionRequeue to run it again when the next start opens, RetryAfter), and
+// reports EventDuplicate. The budget is taken before the key's lease. n must
+// be at least 1, period between a millisecond and lockkit.MaxTTL. Defaults
+// to no throttle.
+func WithThrottle(n int, period time.Duration, then Action) Option {
+	return func(g *Guard) { g.throttle = &throttle{n: n, period: period, then: then} }
+}
+
+type throttle struct {
+	n      int
+	period time.Duration
+	then   Action
+}
+
 // WithTTL overrides, for this guard's leases, the TTL the Locker gives them
 // (lockkit.WithTTL, lockkit.DefaultTTL unless set); the lease is renewed every
 // TTL/3 while the work runs. Zero means the Locker's. Must be zero or between
@@ -303,6 +328,7 @@ type Guard struct {
 	policy    Policy
 	limit     int
 	hold      time.Duration
+	throttle  *throttle
 	ttl       time.Duration
 	logger    *slog.Logger
 	loggerSet bool
@@ -335,6 +361,10 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	switch {
 	case g.limit < 1:
 		return nil, fmt.Errorf("%w: WithLimit(%d): must be at least 1", ErrInvalid, g.limit)
+	case g.throttle != nil && (g.throttle.n < 1 || g.throttle.period < time.Millisecond || g.throttle.period > lockkit.MaxTTL):
+		return nil, fmt.Errorf("%w: WithThrottle(%d, %s): n must be at least 1 and period between 1ms and %s", ErrInvalid, g.throttle.n, g.throttle.period, lockkit.MaxTTL)
+	case g.throttle != nil && g.throttle.then != ActionSkip && g.throttle.then != ActionRequeue:
+		return nil, fmt.Errorf("%w: WithThrottle: then must be ActionSkip or ActionRequeue, not %s", ErrInvalid, g.throttle.then)
 	case g.hold < 0 || g.hold > lockkit.MaxTTL:
 		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): must not be negative nor longer than %s", ErrInvalid, g.hold, lockkit.MaxTTL)
 	case g.limit > 1 && g.policy.Coalesce:
@@ -480,6 +510,11 @@ func (g *Guard) finish(ctx context.Context, job Job, lease *lockkit.Lease, start
 }
 
 func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Duration, error) {
+	if g.throttle != nil {
+		if err := g.takeStart(ctx, job); err != nil {
+			return nil, 0, err
+		}
+	}
 	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.Fair, Label: job.Origin, HoldAtLeast: g.hold}
 	if g.policy.Coalesce {
 		opt.Since = job.EnqueuedAt
@@ -518,6 +553,25 @@ func (g *Guard) coalesce(ctx context.Context, job Job, opt *lockkit.AcquireOptio
 	err = fmt.Errorf("middleware: %s: waiting for %q: %w", job.label(), job.Key, err)
 	g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
 	return nil, waited, err
+}
+
+// takeStart takes one start from the key's throttle budget, or returns why
+// the job does not run.
+func (g *Guard) takeStart(ctx context.Context, job Job) error {
+	t := g.throttle
+	wait, err := g.locker.Throttle(ctx, job.Key, t.n, t.period)
+	if err != nil {
+		err = fmt.Errorf("middleware: %s: throttle %q: %w", job.label(), job.Key, err)
+		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+		return err
+	}
+	if wait == 0 {
+		return nil
+	}
+	dup := &DuplicateError{Job: job, Reason: ReasonThrottled, Action: t.then, RetryAfter: wait,
+		Cause: fmt.Errorf("%d starts per %s spent; the next in %s", t.n, t.period, wait)}
+	g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: t.then, Delay: wait, Err: dup.Cause})
+	return dup
 }
 
 // ownRun reports whether err is a conflict with a run of the same work.

@@ -354,6 +354,8 @@ func TestNewValidation(t *testing.T) {
 	}{
 		{"limit", []middleware.Option{middleware.WithLimit(0)}, "WithLimit(0): must be at least 1"},
 		{"ttl", []middleware.Option{middleware.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
+		{"throttle n", []middleware.Option{middleware.WithThrottle(0, time.Second, middleware.ActionSkip)}, "WithThrottle(0, 1s): n must be at least 1"},
+		{"throttle then", []middleware.Option{middleware.WithThrottle(1, time.Second, middleware.ActionFail)}, "then must be ActionSkip or ActionRequeue, not fail"},
 		{"negative hold", []middleware.Option{middleware.WithHoldAtLeast(-time.Second)}, "WithHoldAtLeast(-1s): must not be negative"},
 		{"negative wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "Wait -1s is negative"},
 		{"negative delay", []middleware.Option{middleware.WithPolicy(middleware.Requeue(-time.Second))}, "RequeueDelay -1s is negative"},

@@ -74,7 +74,7 @@ func NewClient(c *asynq.Client, rdb redis.UniversalClient, opts ...Option) (*Cli
 		}
 	}
 	if len(cfg.guardOpts) > 0 || cfg.rdbSet {
-		return nil, fmt.Errorf("%w: NewClient: WithPolicy, WithLimit, WithHoldAtLeast, WithTTL, WithLogger, WithObserver and WithRedis are Middleware options", ErrInvalid)
+		return nil, fmt.Errorf("%w: NewClient: WithPolicy, WithLimit, WithHoldAtLeast, WithThrottle, WithTTL, WithLogger, WithObserver and WithRedis are Middleware options", ErrInvalid)
 	}
 	keys, err := cfg.buildKeys()
 	if err != nil {

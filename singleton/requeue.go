@@ -85,6 +85,9 @@ func RetryDelay(next asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) error {
 	d := m.guard.Policy().RequeueDelay
 	re := &RequeueError{Duplicate: dup, Delay: d + rand.N(d/2+1)}
+	if dup.Reason == middleware.ReasonThrottled {
+		re.Delay = dup.RetryAfter // when the key's next start opens
+	}
 	retried, ok := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
 	id, ok3 := asynq.GetTaskID(ctx)

@@ -754,3 +754,56 @@ func TestHoldAtLeastRunsAKeyOncePerPeriod(t *testing.T) {
 		require.GreaterOrEqual(t, second.Sub(first), hold)
 	})
 }
+
+// WithThrottle: at most n starts of a key per period. Over the budget a task
+// is skipped, or put back to run when the next start opens.
+func TestThrottle(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		for _, then := range []middleware.Action{middleware.ActionSkip, middleware.ActionRequeue} {
+			t.Run(then.String(), func(t *testing.T) {
+				e := newEnvOn(t, r)
+				const n, tasks, period = 2, 4, 1500 * time.Millisecond
+				ev := &events{}
+				var mu sync.Mutex
+				var starts []time.Time
+				for range tasks {
+					e.Enqueue(asynq.NewTask("sync", nil))
+				}
+				mw, err := singleton.Middleware(e.locker(), singleton.WithThrottle(n, period, then), singleton.WithLimit(n),
+					singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+				require.NoError(t, err)
+				mux := asynq.NewServeMux()
+				mux.Use(mw)
+				mux.HandleFunc("sync", func(context.Context, *asynq.Task) error {
+					mu.Lock()
+					starts = append(starts, time.Now())
+					mu.Unlock()
+					return nil
+				})
+				e.start(e.config(4), mux)
+				ran := func() int {
+					mu.Lock()
+					defer mu.Unlock()
+					return len(starts)
+				}
+				if then == middleware.ActionSkip {
+					require.Eventually(t, func() bool {
+						return ran()+ev.count(middleware.EventDuplicate, middleware.ActionSkip) == tasks
+					}, 10*time.Second, 5*time.Millisecond)
+					e.Drained(10 * time.Second)
+					require.Equal(t, n, ran(), "the budget's starts ran; the others were skipped")
+					return
+				}
+				require.Eventually(t, func() bool { return ran() == tasks }, 20*time.Second, 10*time.Millisecond, "every task ran in the end")
+				e.Drained(10 * time.Second)
+				require.GreaterOrEqual(t, ev.count(middleware.EventRequeued, 0), tasks-n)
+				mu.Lock()
+				defer mu.Unlock()
+				require.GreaterOrEqual(t, starts[tasks-1].Sub(starts[0]), period/2, "the requeued ones waited for the next starts")
+				qi := e.QueueInfo()
+				require.Zero(t, qi.Archived)
+				require.Zero(t, qi.FailedTotal, "a throttled task is no failure")
+			})
+		}
+	})
+}

@@ -55,6 +55,8 @@ type config struct {
 	rdb       redis.UniversalClient
 	rdbSet    bool
 	unique    *uniqueSpec // a Client option
+
+	throttleRequeues bool
 }
 
 // WithPolicy sets what happens to a task whose key is held: middleware.Skip(),
@@ -72,6 +74,20 @@ func WithPolicy(p middleware.Policy) Option {
 // Every server must use the same limit for a key. Defaults to 1.
 func WithLimit(n int) Option {
 	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithLimit(n)) }
+}
+
+// WithThrottle allows at most n runs of a key to start in any window of one
+// period across every server. A task
+// over the budget does not run: with middleware.ActionSkip it completes,
+// with middleware.ActionRequeue it is put back to run when the key's next
+// start opens (which needs WithRedis, like the Requeue policy). n must be at
+// least 1 and period between a millisecond and lockkit.MaxTTL. Defaults to
+// no throttle.
+func WithThrottle(n int, period time.Duration, then middleware.Action) Option {
+	return func(c *config) {
+		c.guardOpts = append(c.guardOpts, middleware.WithThrottle(n, period, then))
+		c.throttleRequeues = then == middleware.ActionRequeue
+	}
 }
 
 // WithHoldAtLeast keeps a task's key held for at least d after its run
@@ -228,6 +244,9 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	g, err := middleware.New(locker, c.guardOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if c.throttleRequeues && c.rdb == nil {
+		return nil, fmt.Errorf("%w: WithThrottle(..., requeue): requeueing needs WithRedis(client) to re-enqueue tasks that have no retries left", ErrInvalid)
 	}
 	if g.Policy().OnConflict == middleware.ActionRequeue && c.rdb == nil {
 		return nil, fmt.Errorf("%w: WithPolicy(%s): a policy that requeues needs WithRedis(client) to re-enqueue duplicates that have no retries left", ErrInvalid, c.policy)
