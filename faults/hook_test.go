@@ -63,7 +63,7 @@ type faultOp struct {
 }
 
 var (
-	acquireCmd  = testredis.ScriptShape(6, 12)
+	acquireCmd  = testredis.ScriptShape(6, 14)
 	releaseCmd  = testredis.ScriptShape(4, 9)
 	extendCmd   = testredis.ScriptShape(2, 4)
 	inspectCmd  = testredis.ScriptShape(2, 0)

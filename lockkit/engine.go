@@ -42,14 +42,15 @@ type backend interface {
 }
 
 type acquireResult struct {
-	ok        bool
-	token     int64
-	conflict  *ConflictError
-	lastEpoch int64 // set (with ok false and conflict nil) when the epoch was used
-	completed bool  // the label was completed (Lease.Complete)
-	abandoned bool  // the acquire call was cleaned up already (a late run)
-	covered   *CoveredError
-	since     int64 // a Coalesce call's start (server us), when the store set it
+	ok         bool
+	token      int64
+	conflict   *ConflictError
+	lastEpoch  int64 // set (with ok false and conflict nil) when the epoch was used
+	completed  bool  // the label was completed (Lease.Complete)
+	abandoned  bool  // the acquire call was cleaned up already (a late run)
+	covered    *CoveredError
+	superseded bool  // a Supersede call was replaced by a later one
+	since      int64 // a Coalesce call's start (server us), when the store set it
 }
 
 // ending says what a release records besides freeing the holder: the label
@@ -208,6 +209,8 @@ func (e *engine) notAcquired(r *request, res acquireResult) error {
 		return fmt.Errorf("lockkit: acquire %q: the call was abandoned", r.key)
 	case res.covered != nil:
 		return res.covered
+	case res.superseded:
+		return fmt.Errorf("%w: %q", ErrSuperseded, r.key)
 	case res.conflict == nil:
 		return fmt.Errorf("%w: %q epoch %d is not after %d", ErrEpochUsed, r.key, r.epoch, res.lastEpoch)
 	}
@@ -263,6 +266,9 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 		res, err := e.b.acquire(ctx, &r)
 		if res.since > 0 {
 			r.since = res.since
+		}
+		if r.supersede == "1" {
+			r.supersede = "2" // claimed on the first attempt
 		}
 		if err != nil {
 			// The script may have run: make sure what it took is given back.

@@ -64,6 +64,9 @@ var (
 	// completed on the key by Lease.Complete, while that record lasts: the work
 	// it names is done.
 	ErrCompleted = errors.New("lockkit: already completed")
+	// ErrSuperseded is returned by an Acquire with AcquireOptions.Supersede
+	// that a later one of the key replaced as its pending follow-up.
+	ErrSuperseded = errors.New("lockkit: superseded by a newer follow-up")
 	// ErrCovered is matched by the *CoveredError of an AcquireOptions.Coalesce
 	// acquire whose work a run of the key that began after it already covers.
 	ErrCovered = errors.New("lockkit: covered by another run")
@@ -193,6 +196,12 @@ type AcquireOptions struct {
 	// CoverFor is how long the success of a Coalesce lease's run is
 	// remembered. Zero means DefaultCoverFor; at most MaxTTL.
 	CoverFor time.Duration
+	// Supersede, for Acquire, makes the call the key's one pending
+	// follow-up while it waits: a later Supersede Acquire of the key takes
+	// its place, and this one fails at once with ErrSuperseded (the newest
+	// follow-up runs, older ones give up). TryAcquire ignores it. Defaults to
+	// false.
+	Supersede bool
 	// HoldAtLeast keeps the key held for at least this long after the
 	// lease was acquired, even when it is released sooner: a release before
 	// then leaves the holder in place, no longer renewed, until then. It

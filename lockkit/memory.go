@@ -107,6 +107,7 @@ type memLock struct {
 	epoch     int64
 	epochAid  string               // the acquire call that claimed epoch
 	metaUntil time.Time            // the epoch is forgotten at
+	pending   string               // the waiter that is the key's Supersede follow-up
 	cover     int64                // the token of the latest Coalesce run that succeeded
 	coverTill time.Time            // cover is forgotten at
 	queue     []string             // fair waiters in arrival order
@@ -284,7 +285,21 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 			break
 		}
 	}
+	if r.waiter != "" && r.supersede != "0" && r.supersede != "" {
+		if r.supersede == "1" {
+			if lk.pending != "" && lk.pending != r.waiter {
+				lk.wake() // the follow-up it replaces gives up
+			}
+			lk.pending = r.waiter
+		} else if lk.pending != r.waiter {
+			lk.forget(r.waiter)
+			return acquireResult{superseded: true}, nil
+		}
+	}
 	if same == "" && len(lk.holders)+ahead < r.limit {
+		if lk.pending == r.waiter && r.waiter != "" {
+			lk.pending = ""
+		}
 		token := max(lk.token+1, now.UnixMicro())
 		lk.token = token
 		lk.holders[memberOf(token, r.aid, r.owner, r.label)] = now.Add(r.ttl)

@@ -123,6 +123,8 @@ type request struct {
 	detached bool
 	adopt    bool
 	hold     time.Duration
+	// supersede: "1" on a Supersede Acquire's first attempt, "2" after.
+	supersede string
 }
 
 func (c *config) request(key string, o *AcquireOptions) (request, error) {
@@ -198,5 +200,9 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 		return r, fmt.Errorf("%w: key %q: HoldAtLeast %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, o.HoldAtLeast, MaxTTL)
 	}
 	r.hold = o.HoldAtLeast
+	r.supersede = "0"
+	if o.Supersede {
+		r.supersede = "1"
+	}
 	return r, nil
 }

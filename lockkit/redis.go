@@ -294,8 +294,12 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 	if r.adopt {
 		adopt = "1"
 	}
+	sup := r.supersede
+	if r.waiter == "" {
+		sup = "0" // only a waiting call is a follow-up
+	}
 	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover},
-		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt).Slice()
+		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel).Slice()
 	if err != nil {
 		return acquireResult{}, err
 	}
@@ -317,6 +321,8 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 		return acquireResult{completed: true}, nil
 	case -3:
 		return acquireResult{abandoned: true}, nil
+	case -5:
+		return acquireResult{superseded: true}, nil
 	case -4:
 		if len(vals) < 5 {
 			return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)

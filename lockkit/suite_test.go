@@ -165,6 +165,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"ReservationsAreDetachedAndFreedByLabel", testReservation},
 		{"HoldAtLeastKeepsAFastRunsKey", testHoldAtLeast},
 		{"ThrottleSpreadsStarts", testThrottle},
+		{"SupersedeKeepsTheNewestFollowUp", testSupersede},
 		{"HugeTTLsAreRejected", testHugeTTL},
 	}
 	for _, tc := range tests {
@@ -1118,6 +1119,57 @@ func testThrottle(t *testing.T, h *harness) {
 	} {
 		require.ErrorIs(t, bad(), ErrInvalid)
 	}
+}
+
+// Supersede: while the key is held, the newest waiting follow-up stays; the
+// one it replaces gives up at once.
+func testSupersede(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a, b := h.locker(t), h.locker(t)
+	holder, err := a.TryAcquire(ctx, "k", nil)
+	require.NoError(t, err)
+	sup := &AcquireOptions{Supersede: true}
+	type res struct {
+		l   *Lease
+		err error
+	}
+	waitFor := func(l Locker) <-chan res {
+		ch := make(chan res, 1)
+		go func() {
+			lease, err := l.Acquire(ctx, "k", sup)
+			ch <- res{lease, err}
+		}()
+		return ch
+	}
+	waiters := func(n int) {
+		require.Eventually(t, func() bool {
+			info, err := a.Inspect(ctx, "k")
+			require.NoError(t, err)
+			return info.Waiters == n
+		}, 5*time.Second, time.Millisecond)
+	}
+	older := waitFor(a)
+	waiters(1)
+	newer := waitFor(b)
+	start := time.Now()
+	r := <-older
+	require.ErrorIs(t, r.err, ErrSuperseded)
+	require.Less(t, time.Since(start), time.Second, "woken, not polled")
+	waiters(1)
+	require.NoError(t, holder.Release(ctx))
+	r = <-newer
+	require.NoError(t, r.err, "the newest follow-up runs")
+	require.NoError(t, r.l.Release(ctx))
+
+	// Later, a single follow-up is no one's replacement.
+	holder, err = a.TryAcquire(ctx, "k", nil)
+	require.NoError(t, err)
+	only := waitFor(b)
+	waiters(1)
+	require.NoError(t, holder.Release(ctx))
+	r = <-only
+	require.NoError(t, r.err)
+	require.NoError(t, r.l.Release(ctx))
 }
 
 // TTLs past MaxTTL are refused, never stored as already expired.

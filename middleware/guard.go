@@ -104,13 +104,25 @@ type Policy struct {
 	// apply; a job whose wait ends with its ctx fails with an error that is
 	// not a duplicate, so the runtime retries it.
 	Coalesce bool
+	// KeepNewest makes a job whose key is held wait, bounded by its ctx only,
+	// as the key's one follow-up, the newest: a later job takes its place,
+	// and the job it replaces completes without running (ReasonSuperseded,
+	// ActionSkip). OnConflict, Wait, Fair and Coalesce do not apply.
+	KeepNewest bool
 }
+
+// KeepNewest returns the policy that keeps one follow-up per key, the newest
+// (see Policy.KeepNewest).
+func KeepNewest() Policy { return Policy{OnConflict: ActionSkip, KeepNewest: true} }
 
 // String writes the policy the way it is built: "Skip()", "Requeue(1s)",
 // "Wait(10s, Fail())", "Coalesce()"; a Fair wait reads "Wait(10s, fair, Skip())".
 func (p Policy) String() string {
 	if p.Coalesce {
 		return "Coalesce()"
+	}
+	if p.KeepNewest {
+		return "KeepNewest()"
 	}
 	var s string
 	switch p.OnConflict {
@@ -165,6 +177,8 @@ func (p Policy) validate() error {
 		return fmt.Errorf("%w: WithPolicy: Wait %s is negative", ErrInvalid, p.Wait)
 	case p.Fair && p.Wait == 0:
 		return fmt.Errorf("%w: WithPolicy: Fair needs a positive Wait", ErrInvalid)
+	case p.KeepNewest && (p.Coalesce || p.Wait > 0 || p.OnConflict != ActionSkip):
+		return fmt.Errorf("%w: WithPolicy: KeepNewest waits for its turn itself; it takes no Wait, Fair, Coalesce or OnConflict", ErrInvalid)
 	case p.Coalesce && (p.Wait > 0 || p.OnConflict != ActionSkip):
 		return fmt.Errorf("%w: WithPolicy: Coalesce waits for its follow-up run itself; it takes no Wait, Fair or OnConflict", ErrInvalid)
 	}
@@ -181,6 +195,9 @@ const (
 	// ReasonClaimed means the job's epoch was already claimed: the same unit
 	// of work (such as a cron tick) ran elsewhere.
 	ReasonClaimed
+	// ReasonSuperseded means a newer job of the key took this one's place
+	// as its follow-up (Policy.KeepNewest).
+	ReasonSuperseded
 	// ReasonThrottled means the key's starts per period (WithThrottle) were
 	// spent; DuplicateError.RetryAfter says when the next one opens.
 	ReasonThrottled
@@ -221,6 +238,8 @@ func (e *DuplicateError) Error() string {
 		return fmt.Sprintf("middleware: duplicate %s (key %q): delivery of %q that completed already: %v", e.Job.label(), e.Job.Key, e.Job.Origin, e.Cause)
 	case ReasonCovered:
 		return fmt.Sprintf("middleware: duplicate %s (key %q): covered: %v", e.Job.label(), e.Job.Key, e.Cause)
+	case ReasonSuperseded:
+		return fmt.Sprintf("middleware: duplicate %s (key %q): a newer follow-up took its place", e.Job.label(), e.Job.Key)
 	case ReasonThrottled:
 		return fmt.Sprintf("middleware: %s (key %q) throttled, %s: next start in %s", e.Job.label(), e.Job.Key, e.Action, e.RetryAfter)
 	}
@@ -367,6 +386,8 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("%w: WithThrottle: then must be ActionSkip or ActionRequeue, not %s", ErrInvalid, g.throttle.then)
 	case g.hold < 0 || g.hold > lockkit.MaxTTL:
 		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): must not be negative nor longer than %s", ErrInvalid, g.hold, lockkit.MaxTTL)
+	case g.limit > 1 && g.policy.KeepNewest:
+		return nil, fmt.Errorf("%w: WithLimit(%d): KeepNewest runs one job per key at a time", ErrInvalid, g.limit)
 	case g.limit > 1 && g.policy.Coalesce:
 		return nil, fmt.Errorf("%w: WithLimit(%d): Coalesce runs one job per key at a time", ErrInvalid, g.limit)
 	case g.ttl != 0 && (g.ttl < lockkit.MinTTL || g.ttl > lockkit.MaxTTL):
@@ -518,7 +539,12 @@ func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Dura
 	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.Fair, Label: job.Origin, HoldAtLeast: g.hold}
 	if g.policy.Coalesce {
 		opt.Since = job.EnqueuedAt
-		return g.coalesce(ctx, job, opt)
+		opt.Coalesce = true
+		return g.followUp(ctx, job, opt)
+	}
+	if g.policy.KeepNewest {
+		opt.Supersede = true
+		return g.followUp(ctx, job, opt)
 	}
 	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)
 	if err == nil {
@@ -536,18 +562,17 @@ func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Dura
 	return nil, 0, g.notAcquired(ctx, job, err, 0)
 }
 
-// coalesce takes the key for a Coalesce job in one waiting call, bounded by
-// ctx: the job either gives way to a run that began after it or becomes the
-// key's follow-up and waits for the key.
-func (g *Guard) coalesce(ctx context.Context, job Job, opt *lockkit.AcquireOptions) (*lockkit.Lease, time.Duration, error) {
-	opt.Coalesce = true
+// followUp takes the key for a Coalesce or KeepNewest job in one waiting
+// call, bounded by ctx: the job either gives way (to a run that began after
+// it, or to a newer follow-up) or waits for the key as its follow-up.
+func (g *Guard) followUp(ctx context.Context, job Job, opt *lockkit.AcquireOptions) (*lockkit.Lease, time.Duration, error) {
 	start := time.Now()
 	lease, err := g.locker.Acquire(ctx, job.Key, opt)
 	waited := time.Since(start)
 	switch {
 	case err == nil:
 		return lease, waited, nil // EventAcquired reports the wait
-	case errors.Is(err, lockkit.ErrCovered), errors.Is(err, lockkit.ErrCompleted), errors.Is(err, lockkit.ErrEpochUsed):
+	case errors.Is(err, lockkit.ErrCovered), errors.Is(err, lockkit.ErrSuperseded), errors.Is(err, lockkit.ErrCompleted), errors.Is(err, lockkit.ErrEpochUsed):
 		return nil, waited, g.notAcquired(ctx, job, err, waited)
 	}
 	err = fmt.Errorf("middleware: %s: waiting for %q: %w", job.label(), job.Key, err)
@@ -630,6 +655,9 @@ func (g *Guard) notAcquired(ctx context.Context, job Job, err error, waited time
 	case errors.Is(err, lockkit.ErrCompleted):
 		g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Wait: waited, Err: err})
 		return &DuplicateError{Job: job, Reason: ReasonCompleted, Action: ActionSkip, Waited: waited, Cause: err}
+	case errors.Is(err, lockkit.ErrSuperseded):
+		g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Wait: waited, Err: err})
+		return &DuplicateError{Job: job, Reason: ReasonSuperseded, Action: ActionSkip, Waited: waited, Cause: err}
 	case errors.Is(err, lockkit.ErrCovered):
 		ev := Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Wait: waited, Err: err}
 		var ce *lockkit.CoveredError

@@ -354,6 +354,7 @@ func TestNewValidation(t *testing.T) {
 	}{
 		{"limit", []middleware.Option{middleware.WithLimit(0)}, "WithLimit(0): must be at least 1"},
 		{"ttl", []middleware.Option{middleware.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
+		{"keep newest and wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.KeepNewest()))}, "KeepNewest waits for its turn itself"},
 		{"throttle n", []middleware.Option{middleware.WithThrottle(0, time.Second, middleware.ActionSkip)}, "WithThrottle(0, 1s): n must be at least 1"},
 		{"throttle then", []middleware.Option{middleware.WithThrottle(1, time.Second, middleware.ActionFail)}, "then must be ActionSkip or ActionRequeue, not fail"},
 		{"negative hold", []middleware.Option{middleware.WithHoldAtLeast(-time.Second)}, "WithHoldAtLeast(-1s): must not be negative"},
@@ -613,6 +614,7 @@ func TestPolicyString(t *testing.T) {
 		"Wait(10s, Fail())":             middleware.Wait(10*time.Second, middleware.Fail()),
 		"Wait(5s, fair, Skip())":        {Wait: 5 * time.Second, Fair: true},
 		"Coalesce()":                    middleware.Coalesce(),
+		"KeepNewest()":                  middleware.KeepNewest(),
 		"Policy{OnConflict: Action(9)}": {OnConflict: 9},
 	} {
 		want, _, _ = strings.Cut(want, "\x00")

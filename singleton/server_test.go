@@ -807,3 +807,52 @@ func TestThrottle(t *testing.T) {
 		}
 	})
 }
+
+// KeepNewest: while a run holds the key, one follow-up waits, the newest; the
+// one it replaces completes without running. Temporal's BufferOne.
+func TestKeepNewestRunsTheLatestFollowUp(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		ev := &events{}
+		locker := e.locker()
+		release := make(chan struct{})
+		var mu sync.Mutex
+		var ran []string
+		mw, err := singleton.Middleware(locker, singleton.WithPolicy(middleware.KeepNewest()), singleton.WithObserver(ev.observe))
+		require.NoError(t, err)
+		mux := asynq.NewServeMux()
+		mux.Use(mw)
+		mux.HandleFunc("sync", func(_ context.Context, task *asynq.Task) error {
+			mu.Lock()
+			ran = append(ran, string(task.Payload()))
+			first := len(ran) == 1
+			mu.Unlock()
+			if first {
+				<-release
+			}
+			return nil
+		})
+		e.start(e.config(4), mux)
+		waiters := func(n int) {
+			require.Eventually(t, func() bool {
+				info, err := locker.Inspect(context.Background(), "asynq:sync")
+				require.NoError(t, err)
+				return info.Waiters == n
+			}, 10*time.Second, 5*time.Millisecond)
+		}
+		e.Enqueue(asynq.NewTask("sync", []byte("v1")))
+		require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(ran) == 1 }, 10*time.Second, 5*time.Millisecond)
+		e.Enqueue(asynq.NewTask("sync", []byte("v2")))
+		waiters(1)
+		e.Enqueue(asynq.NewTask("sync", []byte("v3")))
+		require.Eventually(t, func() bool { return ev.count(middleware.EventDuplicate, middleware.ActionSkip) == 1 }, 10*time.Second, 5*time.Millisecond,
+			"v2 gave its place to v3")
+		waiters(1)
+		close(release)
+		e.Drained(10 * time.Second)
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, []string{"v1", "v3"}, ran)
+		require.Zero(t, e.QueueInfo().FailedTotal)
+	})
+}

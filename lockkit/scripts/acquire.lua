@@ -28,6 +28,10 @@
 -- ARGV[10] label, escaped so that it holds no ':'; "" for none
 -- ARGV[12] "1" to adopt: a live reservation (a holder whose acquire id
 --          starts with "r") carrying the label is replaced by this holder
+-- ARGV[13] Supersede: "0" off; "1" on a waiting call's first attempt (it
+--          becomes the key's pending follow-up, and the one it replaces is
+--          woken to give up); "2" on its later attempts
+-- ARGV[14] release channel (to wake a replaced follow-up)
 -- ARGV[11] Coalesce: "0" off; otherwise when the work was asked for (server
 --          us; a time after now means now), "-1" for now (the first attempt)
 -- Returns {1, token} when acquired (now or by an earlier run of this acquire),
@@ -35,6 +39,7 @@
 --         {-1, last epoch} when the epoch was already used,
 --         {-2} when the label was completed,
 --         {-3} when this acquire call was abandoned,
+--         {-5} when a Supersede call was replaced by a later one,
 --         {-4, coverage, covering token, holder member, since} when a
 --         Coalesce acquire is covered (1 by a success, 2 by a running
 --         holder, 3 by a waiting follow-up);
@@ -163,6 +168,21 @@ if since > 0 and not same then
     end
   end
 end
+local sup = ARGV[13] or '0'
+if sup ~= '0' and wid ~= '' then
+  -- One pending follow-up per key, the newest: "p" in the epoch hash.
+  local p = redis.call('HGET', KEYS[2], 'p')
+  if sup == '1' then
+    if p and p ~= wid then
+      redis.call('PUBLISH', ARGV[14], '1')
+    end
+    redis.call('HSET', KEYS[2], 'p', wid)
+  elseif p ~= wid then
+    forget_waiter()
+    return {-5}
+  end
+  extend_key(KEYS[2], tonumber(ARGV[6]))
+end
 if not same and count + ahead < limit then
   -- A token is at least the server time in microseconds, so tokens keep
   -- growing after the fence key expires; the stored one orders acquires
@@ -181,6 +201,9 @@ if not same and count + ahead < limit then
     redis.call('PEXPIRE', KEYS[2], math.max(ttl, kept_until - now))
   end
   forget_waiter()
+  if sup ~= '0' and redis.call('HGET', KEYS[2], 'p') == wid then
+    redis.call('HDEL', KEYS[2], 'p')
+  end
   return {1, token}
 end
 
