@@ -40,6 +40,7 @@ const (
 	overlapSkip overlapMode = iota
 	overlapDelay
 	overlapAllow
+	overlapBufferOne
 )
 
 // Overlap says what a tick does when an earlier tick of the same entry is
@@ -69,6 +70,14 @@ func DelayIfStillRunning(max time.Duration) Overlap {
 // SkipIfStillRunning.
 func AllowOverlap(max int) Overlap { return Overlap{mode: overlapAllow, limit: max} }
 
+// BufferOne makes a tick that finds an earlier tick still running on any
+// replica wait until it ends and then run, keeping only the latest such
+// tick: a newer waiting tick takes the place of an older one, which is
+// reported as a duplicate (EventDuplicate) and does not run. It is
+// Temporal's BufferOne overlap policy for the fleet. A waiting tick waits as
+// long as the earlier run lasts (cron.Stop waits for it too).
+func BufferOne() Overlap { return Overlap{mode: overlapBufferOne} }
+
 // String returns the call that makes o, such as "AllowOverlap(2)".
 func (o Overlap) String() string {
 	switch o.mode {
@@ -76,6 +85,8 @@ func (o Overlap) String() string {
 		return fmt.Sprintf("DelayIfStillRunning(%s)", o.wait)
 	case overlapAllow:
 		return fmt.Sprintf("AllowOverlap(%d)", o.limit)
+	case overlapBufferOne:
+		return "BufferOne()"
 	}
 	return "SkipIfStillRunning()"
 }
@@ -197,6 +208,8 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 			return nil, fmt.Errorf("%w: WithOverlap(%s): must allow at least 1 run", ErrInvalid, o)
 		}
 		policy, limit = middleware.Skip(), o.limit
+	case overlapBufferOne:
+		policy = middleware.KeepNewest()
 	default:
 		return nil, fmt.Errorf("%w: WithOverlap: unknown mode %d", ErrInvalid, o.mode)
 	}

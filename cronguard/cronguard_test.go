@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -515,4 +516,47 @@ func TestSettingsComeFromTheLocker(t *testing.T) {
 	require.InDelta(t, 5, ttl.Seconds(), 0.1, "the Guard's own TTL")
 	require.Empty(t, lockerLog.String())
 	require.Contains(t, cronLog.String(), "job failed")
+}
+
+// BufferOne: ticks that fire while an earlier one runs wait; only the latest
+// of them runs, once the earlier run ends.
+func TestBufferOne(t *testing.T) {
+	f := newFleet(t)
+	rec := newRecorder()
+	opt := cronguard.WithOverlap(cronguard.BufferOne())
+	a := f.replica(0, "e", "* * * * * *", rec, opt)
+	b := f.replica(1, "e", "* * * * * *", rec, opt)
+	c := f.replica(2, "e", "* * * * * *", rec, opt)
+	waiters := func(n int) {
+		require.Eventually(t, func() bool {
+			info, err := f.base.Inspect(context.Background(), "cron:e")
+			require.NoError(t, err)
+			return info.Waiters == n
+		}, 5*time.Second, time.Millisecond)
+	}
+	first := newBlocking()
+	doneA := a.fireAsync(t0, first.job())
+	recv(t, first.started)
+
+	var mu sync.Mutex
+	var ran []time.Time
+	job := cronguard.Func(func(ctx context.Context) error {
+		tick, _ := cronguard.Tick(ctx)
+		mu.Lock()
+		ran = append(ran, tick)
+		mu.Unlock()
+		return nil
+	})
+	doneB := b.fireAsync(t0.Add(time.Second), job)
+	waiters(1)
+	doneC := c.fireAsync(t0.Add(2*time.Second), job)
+	<-doneB // tick 1 gave its place to tick 2
+	require.Equal(t, 1, rec.count(middleware.EventDuplicate, t0.Add(time.Second)))
+	waiters(1)
+	close(first.release)
+	<-doneA
+	<-doneC
+	require.Len(t, ran, 1, "only the latest waiting tick runs")
+	require.True(t, t0.Add(2*time.Second).Equal(ran[0]), "tick %s ran", ran[0])
+	require.Equal(t, "BufferOne()", cronguard.BufferOne().String())
 }
