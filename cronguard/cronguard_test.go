@@ -521,7 +521,18 @@ func TestSettingsComeFromTheLocker(t *testing.T) {
 // BufferOne: ticks that fire while an earlier one runs wait; only the latest
 // of them runs, once the earlier run ends.
 func TestBufferOne(t *testing.T) {
-	f := newFleet(t)
+	fleets := map[string]func(t *testing.T) *fleet{
+		"memory":  newFleet,
+		"redis":   func(t *testing.T) *fleet { return redisFleet(t, false) },
+		"cluster": func(t *testing.T) *fleet { return redisFleet(t, true) },
+	}
+	for name, newF := range fleets {
+		t.Run(name, func(t *testing.T) { testBufferOne(t, newF(t)) })
+	}
+	require.Equal(t, "BufferOne()", cronguard.BufferOne().String())
+}
+
+func testBufferOne(t *testing.T, f *fleet) {
 	rec := newRecorder()
 	opt := cronguard.WithOverlap(cronguard.BufferOne())
 	a := f.replica(0, "e", "* * * * * *", rec, opt)
@@ -558,5 +569,4 @@ func TestBufferOne(t *testing.T) {
 	<-doneC
 	require.Len(t, ran, 1, "only the latest waiting tick runs")
 	require.True(t, t0.Add(2*time.Second).Equal(ran[0]), "tick %s ran", ran[0])
-	require.Equal(t, "BufferOne()", cronguard.BufferOne().String())
 }

@@ -7,11 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/robfig/cron/v3"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/jobguard/jobguard/cronguard"
+	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -128,28 +130,50 @@ func (l *logRecorder) has(prefix string) bool {
 
 var _ cron.Logger = (*logRecorder)(nil)
 
-// fleet is replicas sharing one lock store: MemoryLocker peers.
+// fleet is replicas sharing one lock store: MemoryLocker peers, or
+// RedisLockers on one Redis (redisFleet).
 type fleet struct {
 	t    *testing.T
-	base *lockkit.MemoryLocker
+	base lockkit.Locker
+	// peer returns the i-th replica's Locker (i > 0).
+	peer func(i int) lockkit.Locker
 }
 
 func newFleet(t *testing.T) *fleet {
 	base, err := lockkit.NewMemory(lockkit.WithOwner("replica-0"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = base.Close(context.Background()) })
-	return &fleet{t: t, base: base}
+	return &fleet{t: t, base: base, peer: func(i int) lockkit.Locker {
+		l, err := base.NewPeer(lockkit.WithOwner(fmt.Sprintf("replica-%d", i)))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		return l
+	}}
+}
+
+// redisFleet is a fleet of RedisLockers on the standalone Redis or the
+// Cluster, under one test prefix.
+func redisFleet(t *testing.T, cluster bool) *fleet {
+	var c redis.UniversalClient = testredis.Client(t)
+	if cluster {
+		c = testredis.Cluster(t)
+	}
+	prefix := testredis.Prefix(t, c)
+	locker := func(i int) lockkit.Locker {
+		l, err := lockkit.NewRedis(c, lockkit.WithPrefix(prefix), lockkit.WithOwner(fmt.Sprintf("replica-%d", i)))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		return l
+	}
+	return &fleet{t: t, base: locker(0), peer: locker}
 }
 
 // locker returns the i-th replica's Locker.
-func (f *fleet) locker(i int) *lockkit.MemoryLocker {
+func (f *fleet) locker(i int) lockkit.Locker {
 	if i == 0 {
 		return f.base
 	}
-	l, err := f.base.NewPeer(lockkit.WithOwner(fmt.Sprintf("replica-%d", i)))
-	require.NoError(f.t, err)
-	f.t.Cleanup(func() { _ = l.Close(context.Background()) })
-	return l
+	return f.peer(i)
 }
 
 // replica is one process running a guarded entry, with its own clock.
