@@ -38,29 +38,52 @@ type burstRun struct {
 // with Requeue and with Coalesce. A run ends when every task is accounted for: ran or
 // skipped for Skip, ran for bare and Requeue.
 func (b *bench) burst(ctx context.Context, env *asynqEnv) ([]burstRun, counts, error) {
+	variants := []burstVariant{
+		{"bare", "no middleware", nil, false, "", nil},
+		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip()), false, "", nil},
+		{fmt.Sprintf("Requeue(%s)", b.requeueDelay), fmt.Sprintf("`middleware.Requeue(%s)`", b.requeueDelay), ptr(middleware.Requeue(b.requeueDelay)), false, "", nil},
+		{"Coalesce", "`middleware.Coalesce()`", ptr(middleware.Coalesce()), false, "", nil},
+		{"Coalesce, stamped", "`middleware.Coalesce()`, tasks enqueued with `singleton.Client`", ptr(middleware.Coalesce()), true, "", nil},
+		{"asynq Unique", "no middleware; enqueued with `asynq.Unique(time.Hour)`", nil, false, "asynq", nil},
+		{"Unique", "`singleton.Unique(locker, UntilExecuted, 0)` at enqueue; `middleware.Skip()`", ptr(middleware.Skip()), false, "jobguard", nil},
+	}
+	return b.burstRuns(ctx, env, "burst", b.burstTasks, variants)
+}
+
+// flow runs the flow-control features over a burst of b.flowTasks tasks.
+func (b *bench) flow(ctx context.Context, env *asynqEnv) ([]burstRun, counts, error) {
+	variants := []burstVariant{
+		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip()), false, "", nil},
+		{"KeepNewest", "`middleware.KeepNewest()`", ptr(middleware.KeepNewest()), false, "", nil},
+		{"Throttle(5 per s), skip", "`singleton.WithThrottle(5, time.Second, middleware.ActionSkip)`, `WithLimit(5)`", ptr(middleware.Skip()), false, "",
+			[]singleton.Option{singleton.WithThrottle(5, time.Second, middleware.ActionSkip), singleton.WithLimit(5)}},
+		{"HoldAtLeast(200ms)", "`singleton.WithHoldAtLeast(200 * time.Millisecond)`, Skip", ptr(middleware.Skip()), false, "",
+			[]singleton.Option{singleton.WithHoldAtLeast(200 * time.Millisecond)}},
+	}
+	return b.burstRuns(ctx, env, "flow", b.flowTasks, variants)
+}
+
+// burstVariant is one way to run the burst.
+type burstVariant struct {
+	name, policy string
+	p            *middleware.Policy
+	stamped      bool   // enqueued with singleton.Client
+	unique       string // "asynq": asynq.Unique; "jobguard": singleton.Unique
+	opts         []singleton.Option
+}
+
+// burstRuns enqueues tasks tasks over b.burstKeys keys for each variant and
+// runs them with one server.
+func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, tasks int, variants []burstVariant) ([]burstRun, counts, error) {
 	srvClient, srvCtr := b.client()
 	lockClient, lockCtr := b.client()
-	variants := []struct {
-		name, policy string
-		p            *middleware.Policy
-		stamped      bool   // enqueued with singleton.Client
-		unique       string // "asynq": asynq.Unique; "jobguard": singleton.Unique
-	}{
-		{"bare", "no middleware", nil, false, ""},
-		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip()), false, ""},
-		{fmt.Sprintf("Requeue(%s)", b.requeueDelay), fmt.Sprintf("`middleware.Requeue(%s)`", b.requeueDelay), ptr(middleware.Requeue(b.requeueDelay)), false, ""},
-		{"Coalesce", "`middleware.Coalesce()`", ptr(middleware.Coalesce()), false, ""},
-		{"Coalesce, stamped", "`middleware.Coalesce()`, tasks enqueued with `singleton.Client`", ptr(middleware.Coalesce()), true, ""},
-		{"asynq Unique", "no middleware; enqueued with `asynq.Unique(time.Hour)`", nil, false, "asynq"},
-		{"Unique", "`singleton.Unique(locker, UntilExecuted, 0)` at enqueue; `middleware.Skip()`", ptr(middleware.Skip()), false, "jobguard"},
-	}
 	var out []burstRun
 	var enq counts
 	for i, v := range variants {
-		progress("  %s: %d tasks over %d keys, %s handler", v.name, b.burstTasks, b.burstKeys, b.burstWork)
-		q := env.queue(fmt.Sprintf("burst-%d", i))
+		progress("  %s: %d tasks over %d keys, %s handler", v.name, tasks, b.burstKeys, b.burstWork)
+		q := env.queue(fmt.Sprintf("%s-%d", section, i))
 		rng := rand.New(rand.NewPCG(1, 2))
-		keys := make([]int, b.burstTasks)
+		keys := make([]int, tasks)
 		for j := range keys {
 			keys[j] = rng.IntN(b.burstKeys)
 		}
@@ -88,7 +111,7 @@ func (b *bench) burst(ctx context.Context, env *asynqEnv) ([]burstRun, counts, e
 			}
 			c = sc
 		}
-		_, accepted, err := env.enqueueCounting(ctx, c, q, b.burstTasks, func(j int) *asynq.Task {
+		_, accepted, err := env.enqueueCounting(ctx, c, q, tasks, func(j int) *asynq.Task {
 			return asynq.NewTask("bench:burst", fmt.Appendf(nil, `{"k":"key-%d"}`, keys[j]))
 		}, opts...)
 		if reserver != nil {
@@ -132,7 +155,7 @@ func (b *bench) burst(ctx context.Context, env *asynqEnv) ([]burstRun, counts, e
 			if err != nil {
 				return nil, enq, err
 			}
-			guard, err := singleton.Middleware(locker,
+			guard, err := singleton.Middleware(locker, append([]singleton.Option{
 				singleton.KeyByFields("k"),
 				singleton.WithPolicy(*v.p),
 				singleton.WithRedis(srvClient),
@@ -144,7 +167,7 @@ func (b *bench) burst(ctx context.Context, env *asynqEnv) ([]burstRun, counts, e
 					case e.Kind == middleware.EventRequeued:
 						requeued.Add(1)
 					}
-				}))
+				})}, v.opts...)...)
 			if err != nil {
 				return nil, enq, err
 			}

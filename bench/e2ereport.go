@@ -186,24 +186,17 @@ func (r *report) burstSection() string {
 		"enqueued task is accounted for: it ran, or completed without running. Redis counts are the server's and the "+
 		"Locker's clients over that time. Each run is bounded by %s (`-burst-timeout`).\n\n",
 		r.burstTasks, r.burstKeys, r.burstEnq.cmds, r.concurrency, r.burstWork, r.burstTimeout)
-	var rows [][]string
-	for _, x := range r.burstRes {
-		total := x.srv.add(x.lock)
-		wall := msec(x.wall)
-		if !x.finished {
-			wall = fmt.Sprintf("**not finished** in %s: %d of %d accounted for", msec(x.wall), x.ran+x.skipped, r.burstTasks)
-		}
-		rows = append(rows, []string{
-			x.name, fmt.Sprint(x.enqueued), wall, fmt.Sprint(x.ran), fmt.Sprint(x.skipped), fmt.Sprint(x.requeued),
-			fmt.Sprint(x.ran + x.skipped + x.requeued), fmt.Sprint(x.maxOverlap),
-			fmt.Sprintf("%d (server %d + Locker %d)", total.cmds, x.srv.cmds, x.lock.cmds),
-			fmt.Sprint(total.rts), perTask(total.cmds, r.burstTasks), fmt.Sprint(total.cmds + x.enq.cmds),
-			msec(x.cpu), msec(x.redisCPU), x.left,
-		})
-	}
-	table(&w, []string{"policy", "tasks enqueued", "wall until all accounted for", "ran", "skipped or covered", "requeued", "deliveries (ran + skipped + requeued)",
-		"most runs of one key at once", "Redis commands while processing (server + Locker)", "round trips", "commands per task",
-		"Redis commands with the enqueue", "process CPU", "Redis CPU", "queue after"}, rows)
+	w.WriteString(r.runsTable(r.burstRes, r.burstTasks))
+	return w.String()
+}
+
+func (r *report) flowSection() string {
+	var w strings.Builder
+	fmt.Fprintf(&w, "%d tasks of one type over %d keys (field `k`, drawn at random with a fixed seed), enqueued at once, then "+
+		"one server with `Concurrency: %d` and a %s handler, behind `singleton.Middleware(locker, singleton.KeyByFields(\"k\"), ...)` "+
+		"with each feature. \"skipped or covered\" counts the tasks that completed without running (superseded, throttled, "+
+		"or held).\n\n", r.flowTasks, r.burstKeys, r.concurrency, r.burstWork)
+	w.WriteString(r.runsTable(r.flowRes, r.flowTasks))
 	return w.String()
 }
 
@@ -259,4 +252,28 @@ func ratioOrDash(n int64, d int) string {
 		return "–"
 	}
 	return fmt.Sprintf("%.2f", float64(n)/float64(d))
+}
+
+// runsTable is the table of a burst's runs of tasks tasks.
+func (r *report) runsTable(runs []burstRun, tasks int) string {
+	var w strings.Builder
+	var rows [][]string
+	for _, x := range runs {
+		total := x.srv.add(x.lock)
+		wall := msec(x.wall)
+		if !x.finished {
+			wall = fmt.Sprintf("**not finished** in %s: %d of %d accounted for", msec(x.wall), x.ran+x.skipped, tasks)
+		}
+		rows = append(rows, []string{
+			x.name, fmt.Sprint(x.enqueued), wall, fmt.Sprint(x.ran), fmt.Sprint(x.skipped), fmt.Sprint(x.requeued),
+			fmt.Sprint(x.ran + x.skipped + x.requeued), fmt.Sprint(x.maxOverlap),
+			fmt.Sprintf("%d (server %d + Locker %d)", total.cmds, x.srv.cmds, x.lock.cmds),
+			fmt.Sprint(total.rts), perTask(total.cmds, tasks), fmt.Sprint(total.cmds + x.enq.cmds),
+			msec(x.cpu), msec(x.redisCPU), x.left,
+		})
+	}
+	table(&w, []string{"policy", "tasks enqueued", "wall until all accounted for", "ran", "skipped or covered", "requeued", "deliveries (ran + skipped + requeued)",
+		"most runs of one key at once", "Redis commands while processing (server + Locker)", "round trips", "commands per task",
+		"Redis commands with the enqueue", "process CPU", "Redis CPU", "queue after"}, rows)
+	return w.String()
 }

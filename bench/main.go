@@ -60,6 +60,7 @@ type bench struct {
 	burstTimeout   time.Duration
 	cronTicks      int
 	streamTasks    int
+	flowTasks      int
 	streamInterval time.Duration
 	streamWork     time.Duration
 
@@ -103,6 +104,7 @@ func main() {
 	flag.DurationVar(&b.burstWork, "burst-work", time.Millisecond, "burst: handler time")
 	flag.DurationVar(&b.requeueDelay, "requeue-delay", 50*time.Millisecond, "burst: the Requeue policy's delay")
 	flag.DurationVar(&b.burstTimeout, "burst-timeout", 60*time.Second, "burst: the most one policy's run may take; a run cut off is reported as such")
+	flag.IntVar(&b.flowTasks, "flow-tasks", 1000, "flow: tasks of the flow-control burst")
 	flag.IntVar(&b.streamTasks, "stream-tasks", 2000, "stream: tasks enqueued while processing")
 	flag.DurationVar(&b.streamInterval, "stream-interval", time.Millisecond, "stream: time between two enqueues")
 	flag.DurationVar(&b.streamWork, "stream-work", 20*time.Millisecond, "stream: handler time (one run window)")
@@ -190,7 +192,7 @@ func (b *bench) run(out string) error {
 			return err
 		}
 	}
-	if b.runs("throughput") || b.runs("burst") || b.runs("stream") {
+	if b.runs("throughput") || b.runs("burst") || b.runs("stream") || b.runs("flow") {
 		env := b.asynqEnv()
 		defer env.cleanup()
 		if b.runs("throughput") {
@@ -202,6 +204,12 @@ func (b *bench) run(out string) error {
 		if b.runs("burst") {
 			progress("asynq duplicate burst: %d tasks over %d keys", b.burstTasks, b.burstKeys)
 			if r.burstRes, r.burstEnq, err = b.burst(ctx, env); err != nil {
+				return err
+			}
+		}
+		if b.runs("flow") {
+			progress("asynq flow control: %d tasks over %d keys", b.flowTasks, b.burstKeys)
+			if r.flowRes, _, err = b.flow(ctx, env); err != nil {
 				return err
 			}
 		}
@@ -236,7 +244,7 @@ func (b *bench) run(out string) error {
 // Sections of the report, in order.
 var (
 	lockSections = []string{"uncontended", "handoff", "renewal"}
-	e2eSections  = []string{"throughput", "burst", "stream", "cron"}
+	e2eSections  = []string{"throughput", "burst", "stream", "flow", "cron"}
 	allSections  = append(slices.Clone(lockSections), e2eSections...)
 )
 

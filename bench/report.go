@@ -22,6 +22,7 @@ type report struct {
 	burstRes   []burstRun
 	burstEnq   counts // the enqueue of one burst
 	streamRes  streamResult
+	flowRes    []burstRun
 	cronRes    cronResult
 	elapsed    time.Duration
 	sectionNo  int
@@ -148,6 +149,10 @@ func (r *report) markdown() string {
 	if r.runs("burst") {
 		r.heading(&w, "A burst of duplicates: every policy, and uniqueness at enqueue")
 		w.WriteString(r.burstSection())
+	}
+	if r.runs("flow") {
+		r.heading(&w, "Flow control per key: keep the newest, throttle, hold at least")
+		w.WriteString(r.flowSection())
 	}
 	if r.runs("stream") {
 		r.heading(&w, "Coalesce under a steady stream of enqueues")
