@@ -21,6 +21,17 @@ import (
 type leaseSet struct {
 	mu     sync.Mutex
 	leases []*lockkit.Lease
+	kept   map[int64]bool // tokens of holders that stay by design (HoldAtLeast)
+}
+
+// keep records that the holder with token stays on the key by design.
+func (s *leaseSet) keep(token int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.kept == nil {
+		s.kept = map[int64]bool{}
+	}
+	s.kept[token] = true
 }
 
 func (s *leaseSet) add(l *lockkit.Lease) *lockkit.Lease {
@@ -37,6 +48,9 @@ func (s *leaseSet) held() map[int64]bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[int64]bool{}
+	for tok := range s.kept {
+		out[tok] = true
+	}
 	for _, l := range s.leases {
 		select {
 		case <-l.Lost():
@@ -146,6 +160,27 @@ var faultOps = []faultOp{
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		return lease.Release(ctx)
+	}},
+	{"release-hold", releaseCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		lease, err := l.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{HoldAtLeast: time.Minute})
+		require.NoError(t, err)
+		got.keep(lease.Token())
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		err = lease.Release(ctx)
+		// However the reply fared (and after the background cleanup of a
+		// failed release), the key stays held for the minute.
+		require.Never(t, func() bool {
+			taken, err := other.TryAcquire(context.Background(), faultKey, nil)
+			if err == nil {
+				_ = taken.Release(context.Background())
+			}
+			return err == nil
+		}, 200*time.Millisecond, 5*time.Millisecond, "the hold outlives the release and its cleanup")
+		return err
 	}},
 	{"extend", extendCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)

@@ -164,7 +164,7 @@ func (e *engine) tryAcquire(ctx context.Context, key string, opt *AcquireOptions
 	sent := time.Now()
 	res, err := e.b.acquire(ctx, &r)
 	if err != nil {
-		e.orphan(r.key, r.aid, sent.Add(r.ttl))
+		e.orphan(r.key, r.aid, sent.Add(r.ttl), 0)
 		return nil, fmt.Errorf("lockkit: acquire %q: %w", key, err)
 	}
 	if res.ok {
@@ -272,7 +272,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 		}
 		if err != nil {
 			// The script may have run: make sure what it took is given back.
-			e.orphan(r.key, r.aid, sent.Add(r.ttl))
+			e.orphan(r.key, r.aid, sent.Add(r.ttl), 0)
 			return nil, giveUp(err, false)
 		}
 		if res.ok {
@@ -343,12 +343,13 @@ func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Ti
 	e.mu.Lock()
 	if e.closed {
 		l.state, l.cause = stateReleased, ErrClosed
+		l.hold = 0 // never handed out: nothing ran that a hold would space out
 		e.mu.Unlock()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		_, err := e.b.release(rctx, []*Lease{l}, ending{})
 		cancel()
 		if err != nil {
-			e.orphan(l.key, l.aid, l.validUntil)
+			e.orphan(l.key, l.aid, l.validUntil, 0)
 		}
 		return nil, fmt.Errorf("lockkit: acquire %q: %w", r.key, ErrClosed)
 	}
@@ -379,9 +380,12 @@ func (e *engine) startLocked() {
 // orphan makes the renewer remove the holder that acquire call aid on key may
 // have left, until it succeeds or until, when the holder would have expired
 // anyway. After Close it is attempted once by Close.
-func (e *engine) orphan(key, aid string, until time.Time) {
+// orphan makes the renewer remove, in the background, the holder that the
+// acquire call aid may have left on key; hold is the HoldAtLeast of a lease
+// whose run happened (its release failed), zero otherwise.
+func (e *engine) orphan(key, aid string, until time.Time, hold time.Duration) {
 	ttl := max(time.Until(until), MinTTL)
-	o := &orphan{l: &Lease{e: e, key: key, aid: aid, ttl: ttl, state: stateReleased}, until: until}
+	o := &orphan{l: &Lease{e: e, key: key, aid: aid, ttl: ttl, hold: hold, state: stateReleased}, until: until}
 	e.mu.Lock()
 	e.orphans = append(e.orphans, o)
 	e.startLocked()

@@ -262,7 +262,7 @@ func (l *Lease) release(ctx context.Context, end ending) error {
 	held, err := l.e.b.release(ctx, []*Lease{l}, end)
 	if err != nil {
 		// The release may not have run: make sure it does, in the background.
-		l.e.orphan(l.key, l.aid, l.validUntilLocked())
+		l.e.orphan(l.key, l.aid, l.validUntilLocked(), l.hold)
 		return fmt.Errorf("lockkit: release %q: %w", l.key, err)
 	}
 	if !held[0] {

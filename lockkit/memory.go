@@ -374,7 +374,8 @@ func (b *memBackend) release(ctx context.Context, leases []*Lease, end ending) (
 		}
 		if _, ok := lk.holders[member]; ok {
 			held[i] = true
-			if until := time.UnixMicro(l.token).Add(l.hold); l.hold > 0 && until.After(now) {
+			token, _, _ := parseMember(member)
+			if until := time.UnixMicro(token).Add(l.hold); l.hold > 0 && until.After(now) {
 				lk.holders[member] = until // held, no longer renewed, until then
 			} else {
 				delete(lk.holders, member)
