@@ -83,6 +83,7 @@ var (
 	inspectCmd  = testredis.ScriptShape(2, 0)
 	freeCmd     = testredis.ScriptShape(2, 3)
 	throttleCmd = testredis.ScriptShape(1, 3)
+	detachCmd   = testredis.ScriptShape(1, 3) // as throttle's: no op calls both
 )
 
 const faultKey = "job"
@@ -180,6 +181,25 @@ var faultOps = []faultOp{
 			}
 			return err == nil
 		}, 200*time.Millisecond, 5*time.Millisecond, "the hold outlives the release and its cleanup")
+		return err
+	}},
+	{"detach", detachCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		lease, err := l.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "q/t1"})
+		require.NoError(t, err)
+		got.keep(lease.Token())
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		err = lease.Detach(ctx, time.Minute)
+		// However the reply fared, the key is now a reservation for a minute
+		// that the task's label can adopt.
+		info, ierr := other.Inspect(context.Background(), faultKey)
+		require.NoError(t, ierr)
+		require.Len(t, info.Holders, 1)
+		require.Equal(t, "q/t1", info.Holders[0].Label)
+		require.Greater(t, info.Holders[0].TTL, 30*time.Second, "the reservation's TTL, not the lease's")
 		return err
 	}},
 	{"extend", extendCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
