@@ -228,6 +228,9 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 	}
 	defer e.calls.Done()
 	r.waiter = randomID(8)
+	if r.coalesce {
+		r.waiter = "c" + r.waiter // a Coalesce follow-up, which others may fold into
+	}
 	start := time.Now()
 	var (
 		wake     <-chan struct{}

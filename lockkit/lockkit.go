@@ -188,8 +188,9 @@ type AcquireOptions struct {
 	// Since if that is earlier: it fails
 	// with a *CoveredError (matching ErrCovered) when such a run succeeded
 	// (Lease.Run or Lease.Succeed on a Coalesce lease, remembered for
-	// CoverFor), holds the key now, or when another Coalesce acquire already
-	// waits for the key (it will begin later). Otherwise the key is taken as
+	// CoverFor), holds the key now, or when another Coalesce Acquire already
+	// waits for the key (it will begin later; a waiter without Coalesce may
+	// give up, so it covers nothing). Otherwise the key is taken as
 	// usual; Acquire waits for it and is then the one follow-up that others
 	// fold into. Defaults to false.
 	Coalesce bool

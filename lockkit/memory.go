@@ -260,8 +260,8 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		}
 		if !lk.hasSameLabel(r.label) {
 			for w := range lk.waiters {
-				if w != r.waiter {
-					return covered(CoveredByFollowUp, 0, "")
+				if w != r.waiter && strings.HasPrefix(w, "c") {
+					return covered(CoveredByFollowUp, 0, "") // only a Coalesce follow-up covers
 				}
 			}
 		}

@@ -967,6 +967,27 @@ func testCoalesce(t *testing.T, h *harness) {
 	require.NoError(t, err, "a future Since counts from the call")
 	require.NoError(t, late.Release(ctx))
 
+	// A waiter without Coalesce may give up unrun: it covers nothing.
+	blocker, err := a.TryAcquire(ctx, "w", nil)
+	require.NoError(t, err)
+	plainCtx, stopPlain := context.WithCancel(ctx)
+	plainDone := make(chan struct{})
+	go func() {
+		defer close(plainDone)
+		_, _ = b.Acquire(plainCtx, "w", nil)
+	}()
+	require.Eventually(t, func() bool {
+		info, err := a.Inspect(ctx, "w")
+		require.NoError(t, err)
+		return info.Waiters == 1
+	}, 5*time.Second, time.Millisecond)
+	_, err = a.TryAcquire(ctx, "w", co)
+	require.ErrorIs(t, err, ErrNotAcquired)
+	require.NotErrorIs(t, err, ErrCovered, "a plain waiter is no follow-up to fold into")
+	stopPlain()
+	<-plainDone
+	require.NoError(t, blocker.Release(ctx))
+
 	// Bad options.
 	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Coalesce: true, Since: time.Unix(-1, 0)})
 	require.ErrorIs(t, err, ErrInvalid)

@@ -2,6 +2,7 @@ package singleton
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"reflect"
@@ -122,7 +123,8 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 		return c.c.EnqueueContext(ctx, asynq.NewTaskWithHeaders(task.Type(), task.Payload(), headers, built...), opts...)
 	}
 	id, queue := optionValues(append(slices.Clone(built), opts...))
-	if id == "" {
+	generated := id == ""
+	if generated {
 		id = newTaskID()
 		opts = append(slices.Clone(opts), asynq.TaskID(id))
 	}
@@ -140,6 +142,14 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 		return nil, err
 	}
 	info, err := c.c.EnqueueContext(ctx, stamped, opts...)
+	if err != nil && generated && errors.Is(err, asynq.ErrTaskIDConflict) {
+		// The ID is random and this call's own: the conflict is an earlier
+		// run of this enqueue (go-redis sent the script again after a lost
+		// reply). The task is there; its reservation stays.
+		if info, ierr := asynq.NewInspectorFromRedisClient(c.rdb).GetTaskInfo(queue, id); ierr == nil {
+			return info, nil
+		}
+	}
 	if err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		_ = res.Release(rctx)

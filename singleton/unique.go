@@ -236,6 +236,10 @@ func splitLabel(label string) (queue, id string) {
 // taskState returns the asynq state of a task that still needs its
 // reservation ("pending", "active", "scheduled", "retry", "aggregating"),
 // or "" when it does not (it does not exist, or is archived or completed).
+// It reads asynq's task hash directly (the key of asynq's base.TaskKey and
+// its "state" field): one round trip bounded by ctx, where
+// Inspector.GetTaskInfo takes two and ignores ctx. The uniqueness tests
+// check the states it reads against real asynq servers.
 func (c *Client) taskState(ctx context.Context, queue, id string) (string, error) {
 	state, err := c.rdb.HGet(ctx, "asynq:{"+queue+"}:t:"+id, "state").Result()
 	if errors.Is(err, redis.Nil) {

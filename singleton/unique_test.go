@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -341,4 +343,46 @@ func TestUniqueCrashedWorkerFreesWithinTheTTL(t *testing.T) {
 		close(u.block)
 		_ = locker.Close(context.Background())
 	})
+}
+
+// go-redis sends asynq's enqueue script again when its reply is lost: the
+// second run finds the task the first one enqueued. The Client's own task
+// ID tells it so: the enqueue succeeds and the reservation stays.
+func TestUniqueEnqueueRetriedByGoRedis(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	rdb := e.RDB
+	hook := &testredis.Faults{Match: func(cmd redis.Cmder) bool {
+		name := strings.ToLower(cmd.Name())
+		if name != "evalsha" && name != "eval" {
+			return false
+		}
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && strings.Contains(s, "}:t:") {
+				return true // asynq's enqueue script: its first key is the task's
+			}
+		}
+		return false
+	}}
+	rdb.AddHook(hook)
+	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(e.Prefix))
+	require.NoError(t, err)
+	defer locker.Close(context.Background())
+	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(rdb), rdb,
+		singleton.KeyByFields("tenant_id"), singleton.Unique(locker, 0, 0))
+	require.NoError(t, err)
+	task := asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`), asynq.Queue(e.Queue))
+	// Load the scripts first: the fault must hit a run of the script, not
+	// the EVALSHA that finds the script cache empty.
+	_, err = client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"warm-up"}`), asynq.Queue(e.Queue)))
+	require.NoError(t, err)
+
+	hook.Arm(testredis.Repeat, 1)
+	info, err := client.Enqueue(task)
+	require.NoError(t, err, "the repeated script found the task its first run enqueued")
+	require.EqualValues(t, 1, hook.Hits())
+	require.Equal(t, 2, e.QueueInfo().Pending)
+	_, err = client.Enqueue(task)
+	var dup *singleton.DuplicateTaskError
+	require.ErrorAs(t, err, &dup, "the reservation stayed")
+	require.Equal(t, info.ID, dup.ID)
 }
