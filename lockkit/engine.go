@@ -229,7 +229,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 	defer e.calls.Done()
 	r.waiter = randomID(8)
 	if r.coalesce {
-		r.waiter = "c" + r.waiter // a Coalesce follow-up, which others may fold into
+		r.waiter = "y" + r.waiter // a Coalesce follow-up, which others may fold into ("y" is no hex digit)
 	}
 	start := time.Now()
 	var (

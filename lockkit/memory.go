@@ -260,7 +260,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		}
 		if !lk.hasSameLabel(r.label) {
 			for w := range lk.waiters {
-				if w != r.waiter && strings.HasPrefix(w, "c") {
+				if w != r.waiter && strings.HasPrefix(w, "y") {
 					return covered(CoveredByFollowUp, 0, "") // only a Coalesce follow-up covers
 				}
 			}

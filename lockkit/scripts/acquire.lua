@@ -160,11 +160,11 @@ end
 
 local same = holder and label ~= '' and string.sub(holder, -#label - 1) == ':' .. label
 if since > 0 and not same then
-  -- A Coalesce acquire already waiting (its waiter id starts with "c")
+  -- A Coalesce acquire already waiting (its waiter id starts with "y")
   -- begins later: it covers this one. Other waiters may give up unrun.
   local ws = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. now, '+inf')
   for _, w in ipairs(ws) do
-    if w ~= wid and string.sub(w, 1, 1) == 'c' then
+    if w ~= wid and string.sub(w, 1, 1) == 'y' then
       return covered(3, 0, '')
     end
   end
