@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -25,6 +26,8 @@ type burstRun struct {
 	ran      int64  // handler runs
 	skipped  int64  // EventDuplicate with ActionSkip
 	requeued int64  // EventRequeued
+	// preempted is the runs whose ctx a newer task cancelled (Preempt).
+	preempted int64
 	// maxOverlap is the most runs of one key at once.
 	maxOverlap int
 	runStats
@@ -55,6 +58,7 @@ func (b *bench) flow(ctx context.Context, env *asynqEnv) ([]burstRun, counts, er
 	variants := []burstVariant{
 		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip()), false, "", nil},
 		{"KeepNewest", "`middleware.KeepNewest()`", ptr(middleware.KeepNewest()), false, "", nil},
+		{"Preempt", "`middleware.Preempt(0)`", ptr(middleware.Preempt(0)), false, "", nil},
 		{"Throttle(5 per s), skip", "`singleton.WithThrottle(5, time.Second, middleware.ActionSkip)`, `WithLimit(5)`", ptr(middleware.Skip()), false, "",
 			[]singleton.Option{singleton.WithThrottle(5, time.Second, middleware.ActionSkip), singleton.WithLimit(5)}},
 		{"HoldAtLeast(200ms)", "`singleton.WithHoldAtLeast(200 * time.Millisecond)`, Skip", ptr(middleware.Skip()), false, "",
@@ -124,7 +128,7 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 
 		r := burstRun{name: v.name, policy: v.policy, enqueued: accepted, enq: enq}
 		t := newTally(int(accepted))
-		var ran, skipped, requeued atomic.Int64
+		var ran, skipped, requeued, preempted atomic.Int64
 		var mu sync.Mutex
 		running := make(map[string]int)
 		type payload struct {
@@ -140,7 +144,20 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 			running[k]++
 			r.maxOverlap = max(r.maxOverlap, running[k])
 			mu.Unlock()
-			time.Sleep(b.burstWork)
+			timer := time.NewTimer(b.burstWork)
+			defer timer.Stop()
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				mu.Lock()
+				running[k]--
+				mu.Unlock()
+				if errors.Is(context.Cause(ctx), lockkit.ErrPreempted) {
+					preempted.Add(1)
+					t.add()
+				}
+				return context.Cause(ctx)
+			}
 			mu.Lock()
 			running[k]--
 			mu.Unlock()
@@ -181,7 +198,7 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 			return nil, enq, err
 		}
 		r.runStats = st
-		r.ran, r.skipped, r.requeued = ran.Load(), skipped.Load(), requeued.Load()
+		r.ran, r.skipped, r.requeued, r.preempted = ran.Load(), skipped.Load(), requeued.Load(), preempted.Load()
 		if r.left, err = env.left(q); err != nil {
 			return nil, enq, err
 		}

@@ -194,9 +194,11 @@ func (r *report) flowSection() string {
 	var w strings.Builder
 	fmt.Fprintf(&w, "%d tasks of one type over %d keys (field `k`, drawn at random with a fixed seed), enqueued at once, then "+
 		"one server with `Concurrency: %d` and a %s handler, behind `singleton.Middleware(locker, singleton.KeyByFields(\"k\"), ...)` "+
-		"with each feature. \"skipped or covered\" counts the tasks that completed without running (superseded, throttled, "+
-		"or held).\n\n", r.flowTasks, r.burstKeys, r.concurrency, r.burstWork)
+		"with each feature. The handler returns early, with its ctx's cause, when its ctx is cancelled. \"skipped or covered\" "+
+		"counts the tasks that completed without running (superseded, throttled, or held); \"preempted\" the runs a newer "+
+		"task cancelled (revoked, not retried), which are not in \"ran\".\n\n", r.flowTasks, r.burstKeys, r.concurrency, r.burstWork)
 	w.WriteString(r.runsTable(r.flowRes, r.flowTasks))
+	w.WriteString(r.preemptTable())
 	return w.String()
 }
 
@@ -262,17 +264,17 @@ func (r *report) runsTable(runs []burstRun, tasks int) string {
 		total := x.srv.add(x.lock)
 		wall := msec(x.wall)
 		if !x.finished {
-			wall = fmt.Sprintf("**not finished** in %s: %d of %d accounted for", msec(x.wall), x.ran+x.skipped, tasks)
+			wall = fmt.Sprintf("**not finished** in %s: %d of %d accounted for", msec(x.wall), x.ran+x.skipped+x.preempted, tasks)
 		}
 		rows = append(rows, []string{
-			x.name, fmt.Sprint(x.enqueued), wall, fmt.Sprint(x.ran), fmt.Sprint(x.skipped), fmt.Sprint(x.requeued),
-			fmt.Sprint(x.ran + x.skipped + x.requeued), fmt.Sprint(x.maxOverlap),
+			x.name, fmt.Sprint(x.enqueued), wall, fmt.Sprint(x.ran), fmt.Sprint(x.skipped), fmt.Sprint(x.requeued), fmt.Sprint(x.preempted),
+			fmt.Sprint(x.ran + x.skipped + x.requeued + x.preempted), fmt.Sprint(x.maxOverlap),
 			fmt.Sprintf("%d (server %d + Locker %d)", total.cmds, x.srv.cmds, x.lock.cmds),
 			fmt.Sprint(total.rts), perTask(total.cmds, tasks), fmt.Sprint(total.cmds + x.enq.cmds),
 			msec(x.cpu), msec(x.redisCPU), x.left,
 		})
 	}
-	table(&w, []string{"policy", "tasks enqueued", "wall until all accounted for", "ran", "skipped or covered", "requeued", "deliveries (ran + skipped + requeued)",
+	table(&w, []string{"policy", "tasks enqueued", "wall until all accounted for", "ran", "skipped or covered", "requeued", "preempted", "deliveries (ran + skipped + requeued + preempted)",
 		"most runs of one key at once", "Redis commands while processing (server + Locker)", "round trips", "commands per task",
 		"Redis commands with the enqueue", "process CPU", "Redis CPU", "queue after"}, rows)
 	return w.String()

@@ -61,6 +61,7 @@ type bench struct {
 	cronTicks      int
 	streamTasks    int
 	flowTasks      int
+	preemptRounds  int
 	streamInterval time.Duration
 	streamWork     time.Duration
 
@@ -105,6 +106,7 @@ func main() {
 	flag.DurationVar(&b.requeueDelay, "requeue-delay", 50*time.Millisecond, "burst: the Requeue policy's delay")
 	flag.DurationVar(&b.burstTimeout, "burst-timeout", 60*time.Second, "burst: the most one policy's run may take; a run cut off is reported as such")
 	flag.IntVar(&b.flowTasks, "flow-tasks", 1000, "flow: tasks of the flow-control burst")
+	flag.IntVar(&b.preemptRounds, "preempt-rounds", 200, "flow: rounds of the preemption latency measurement")
 	flag.IntVar(&b.streamTasks, "stream-tasks", 2000, "stream: tasks enqueued while processing")
 	flag.DurationVar(&b.streamInterval, "stream-interval", time.Millisecond, "stream: time between two enqueues")
 	flag.DurationVar(&b.streamWork, "stream-work", 20*time.Millisecond, "stream: handler time (one run window)")
@@ -210,6 +212,10 @@ func (b *bench) run(out string) error {
 		if b.runs("flow") {
 			progress("asynq flow control: %d tasks over %d keys", b.flowTasks, b.burstKeys)
 			if r.flowRes, _, err = b.flow(ctx, env); err != nil {
+				return err
+			}
+			progress("asynq preemption latency: %d rounds", b.preemptRounds)
+			if r.preemptRes, err = b.preemptLatency(ctx, env); err != nil {
 				return err
 			}
 		}

@@ -23,6 +23,7 @@ type report struct {
 	burstEnq   counts // the enqueue of one burst
 	streamRes  streamResult
 	flowRes    []burstRun
+	preemptRes preemptResult
 	cronRes    cronResult
 	elapsed    time.Duration
 	sectionNo  int
@@ -151,7 +152,7 @@ func (r *report) markdown() string {
 		w.WriteString(r.burstSection())
 	}
 	if r.runs("flow") {
-		r.heading(&w, "Flow control per key: keep the newest, throttle, hold at least")
+		r.heading(&w, "Flow control per key: keep the newest, preempt, throttle, hold at least")
 		w.WriteString(r.flowSection())
 	}
 	if r.runs("stream") {

@@ -41,6 +41,7 @@ const (
 	overlapDelay
 	overlapAllow
 	overlapBufferOne
+	overlapCancel
 )
 
 // Overlap says what a tick does when an earlier tick of the same entry is
@@ -78,6 +79,20 @@ func AllowOverlap(max int) Overlap { return Overlap{mode: overlapAllow, limit: m
 // long as the earlier run lasts (cron.Stop waits for it too).
 func BufferOne() Overlap { return Overlap{mode: overlapBufferOne} }
 
+// CancelPrevious makes a tick that finds an earlier tick still running on
+// any replica cancel it and run once it has returned: the earlier run's ctx
+// is cancelled with a cause matching lockkit.ErrPreempted (and
+// lockkit.ErrLost) and its fencing token is superseded by the new run's.
+// Only the latest waiting tick runs, as with BufferOne. grace bounds how long
+// the cancelled run may keep the entry after it was told to stop (zero: its
+// remaining lease TTL); after it the new tick runs anyway, and its higher
+// fencing token lets a resource refuse the old run's late writes. It is
+// Temporal's CancelOther overlap policy for the fleet. grace must not be
+// negative.
+func CancelPrevious(grace time.Duration) Overlap {
+	return Overlap{mode: overlapCancel, wait: grace}
+}
+
 // String returns the call that makes o, such as "AllowOverlap(2)".
 func (o Overlap) String() string {
 	switch o.mode {
@@ -87,6 +102,8 @@ func (o Overlap) String() string {
 		return fmt.Sprintf("AllowOverlap(%d)", o.limit)
 	case overlapBufferOne:
 		return "BufferOne()"
+	case overlapCancel:
+		return fmt.Sprintf("CancelPrevious(%s)", o.wait)
 	}
 	return "SkipIfStillRunning()"
 }
@@ -210,6 +227,11 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		policy, limit = middleware.Skip(), o.limit
 	case overlapBufferOne:
 		policy = middleware.KeepNewest()
+	case overlapCancel:
+		if o.wait < 0 || o.wait > lockkit.MaxTTL {
+			return nil, fmt.Errorf("%w: WithOverlap(%s): the grace must not be negative nor longer than %s", ErrInvalid, o, lockkit.MaxTTL)
+		}
+		policy = middleware.Preempt(o.wait)
 	default:
 		return nil, fmt.Errorf("%w: WithOverlap: unknown mode %d", ErrInvalid, o.mode)
 	}

@@ -521,14 +521,7 @@ func TestSettingsComeFromTheLocker(t *testing.T) {
 // BufferOne: ticks that fire while an earlier one runs wait; only the latest
 // of them runs, once the earlier run ends.
 func TestBufferOne(t *testing.T) {
-	fleets := map[string]func(t *testing.T) *fleet{
-		"memory":  newFleet,
-		"redis":   func(t *testing.T) *fleet { return redisFleet(t, false) },
-		"cluster": func(t *testing.T) *fleet { return redisFleet(t, true) },
-	}
-	for name, newF := range fleets {
-		t.Run(name, func(t *testing.T) { testBufferOne(t, newF(t)) })
-	}
+	onEachFleet(t, testBufferOne)
 	require.Equal(t, "BufferOne()", cronguard.BufferOne().String())
 }
 
@@ -569,4 +562,56 @@ func testBufferOne(t *testing.T, f *fleet) {
 	<-doneC
 	require.Len(t, ran, 1, "only the latest waiting tick runs")
 	require.True(t, t0.Add(2*time.Second).Equal(ran[0]), "tick %s ran", ran[0])
+}
+
+// CancelPrevious: a tick that finds the previous tick running cancels it
+// (cause lockkit.ErrPreempted) and runs once it returns, with a higher
+// fencing token.
+func TestCancelPrevious(t *testing.T) {
+	onEachFleet(t, testCancelPrevious)
+	require.Equal(t, "CancelPrevious(1s)", cronguard.CancelPrevious(time.Second).String())
+	_, err := cronguard.New(newFleet(t).base, cronguard.WithOverlap(cronguard.CancelPrevious(-time.Second)))
+	require.ErrorIs(t, err, cronguard.ErrInvalid)
+}
+
+func testCancelPrevious(t *testing.T, f *fleet) {
+	rec := newRecorder()
+	opt := cronguard.WithOverlap(cronguard.CancelPrevious(0))
+	a := f.replica(0, "e", "* * * * * *", rec, opt)
+	b := f.replica(1, "e", "* * * * * *", rec, opt)
+	started := make(chan int64, 1)
+	cause := make(chan error, 1)
+	returned := make(chan struct{})
+	doneA := a.fireAsync(t0, cronguard.Func(func(ctx context.Context) error {
+		lease, _ := lockkit.LeaseFromContext(ctx)
+		started <- lease.Token()
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		<-returned
+		return ctx.Err()
+	}))
+	oldToken := recv(t, started)
+	var newToken atomic.Int64
+	doneB := b.fireAsync(t0.Add(time.Second), cronguard.Func(func(ctx context.Context) error {
+		lease, _ := lockkit.LeaseFromContext(ctx)
+		newToken.Store(lease.Token())
+		return nil
+	}))
+	err := recv(t, cause)
+	require.ErrorIs(t, err, lockkit.ErrPreempted)
+	require.ErrorIs(t, err, lockkit.ErrLost)
+	require.Zero(t, newToken.Load(), "the new tick waits for the cancelled run to return")
+	close(returned)
+	<-doneA
+	<-doneB
+	require.Greater(t, newToken.Load(), oldToken)
+	require.Equal(t, 1, rec.count(middleware.EventLost, t0))
+}
+
+// onEachFleet runs test on a fleet in memory, on a real Redis and on a
+// Redis Cluster.
+func onEachFleet(t *testing.T, test func(*testing.T, *fleet)) {
+	t.Run("memory", func(t *testing.T) { test(t, newFleet(t)) })
+	t.Run("redis", func(t *testing.T) { test(t, redisFleet(t, false)) })
+	t.Run("cluster", func(t *testing.T) { test(t, redisFleet(t, true)) })
 }

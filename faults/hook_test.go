@@ -77,7 +77,7 @@ type faultOp struct {
 }
 
 var (
-	acquireCmd  = testredis.ScriptShape(6, 14)
+	acquireCmd  = testredis.ScriptShape(6, 16)
 	releaseCmd  = testredis.ScriptShape(4, 9)
 	extendCmd   = testredis.ScriptShape(2, 4)
 	inspectCmd  = testredis.ScriptShape(2, 0)
@@ -151,6 +151,29 @@ var faultOps = []faultOp{
 		hook.Arm(f, 1) // the attempt after the wake-up
 		require.NoError(t, holder.Release(context.Background()))
 		return <-done
+	}},
+	{"acquire-preempt", acquireCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		pre := &lockkit.AcquireOptions{Preempt: true, Supersede: true}
+		holder, err := other.TryAcquire(context.Background(), faultKey, pre)
+		require.NoError(t, err)
+		ran := make(chan error, 1)
+		go func() {
+			ran <- holder.Run(context.Background(), func(ctx context.Context) error {
+				<-ctx.Done()
+				return context.Cause(ctx)
+			})
+		}()
+		hook.Arm(f, 1) // the first attempt, which preempts
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		lease, err := l.Acquire(ctx, faultKey, pre)
+		got.add(lease)
+		// However the reply fared, the script ran: the holder was preempted
+		// once, and nothing else was.
+		require.ErrorIs(t, <-ran, lockkit.ErrPreempted)
+		return err
 	}},
 	{"release", releaseCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)

@@ -38,6 +38,9 @@ type backend interface {
 	// wakeups returns a channel that receives when key is released, and a
 	// function that stops the notifications.
 	wakeups(key string) (<-chan struct{}, func())
+	// watch makes the store call l.preempt when a Preempt acquire preempts
+	// l, until the returned function is called.
+	watch(l *Lease) func()
 	close() error
 }
 
@@ -57,7 +60,10 @@ type acquireResult struct {
 // as completed for done, and the run's success for cover (both when > 0).
 type ending struct{ done, cover time.Duration }
 
-var errNotHeld = errors.New("not held")
+var (
+	errNotHeld   = errors.New("not held")
+	errPreempted = errors.New("preempted")
+)
 
 // engine is the part of a Locker shared by every backend: waiting, the one
 // renewer loop, lease bookkeeping and events.
@@ -273,6 +279,9 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 		if r.supersede == "1" {
 			r.supersede = "2" // claimed on the first attempt
 		}
+		if r.preempt == "1" {
+			r.preempt = "2" // the holders it found are preempted
+		}
 		if err != nil {
 			// The script may have run: make sure what it took is given back.
 			e.orphan(r.key, r.aid, sent.Add(r.ttl), 0)
@@ -367,6 +376,18 @@ func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Ti
 	if early {
 		e.poke()
 	}
+	if r.preempt != "0" {
+		stop := e.b.watch(l)
+		e.mu.Lock()
+		held := l.state == stateHeld
+		if held {
+			l.unwatch = stop
+		}
+		e.mu.Unlock()
+		if !held {
+			stop()
+		}
+	}
 	e.emit(Event{Kind: EventAcquired, Key: l.key, Owner: l.owner, Token: token, Wait: waited})
 	return l, nil
 }
@@ -401,6 +422,19 @@ func (e *engine) orphan(key, aid string, until time.Time, hold time.Duration) {
 // can start.
 func validUntil(sent time.Time, ttl time.Duration) time.Time {
 	return sent.Add(ttl - ttl/20)
+}
+
+// renewNow makes l's renewal due now.
+func (e *engine) renewNow(l *Lease) {
+	e.mu.Lock()
+	due := l.state == stateHeld && l.interval > 0
+	if due {
+		l.nextRenew = time.Now()
+	}
+	e.mu.Unlock()
+	if due {
+		e.poke()
+	}
 }
 
 func (e *engine) poke() {
@@ -575,6 +609,8 @@ func (e *engine) applyRenewals(rs []renewed) {
 			e.emit(Event{Kind: EventRenewed, Key: l.key, Owner: l.owner, Token: l.token})
 		case errors.Is(r.err, errNotHeld):
 			l.markLost(fmt.Errorf("%w: %q: the key expired or was taken over", ErrLost, l.key))
+		case errors.Is(r.err, errPreempted):
+			l.preempt()
 		default:
 			e.mu.Lock()
 			l.lastRenewErr = r.err

@@ -227,3 +227,30 @@ func ExampleLocker_throttle() {
 	// 2 <nil> true
 	// 3 <nil> false
 }
+
+// Preempt: a newer acquire cancels the work holding the key (its ctx cause
+// matches ErrPreempted and ErrLost) and gets the key once that work returns,
+// with a higher fencing token.
+func ExampleAcquireOptions_preempt() {
+	ctx := context.Background()
+	locker, _ := lockkit.NewMemory()
+	defer locker.Close(ctx)
+	opt := &lockkit.AcquireOptions{Preempt: true}
+
+	old, _ := locker.Acquire(ctx, "rebuild-index", opt)
+	done := make(chan error)
+	go func() {
+		done <- old.Run(ctx, func(ctx context.Context) error {
+			<-ctx.Done() // a long rebuild, checking its ctx
+			return context.Cause(ctx)
+		})
+	}()
+	newer, _ := locker.Acquire(ctx, "rebuild-index", opt) // returns once the old run has returned
+	err := <-done
+	fmt.Println("old run:", errors.Is(err, lockkit.ErrPreempted), errors.Is(err, lockkit.ErrLost))
+	fmt.Println("newer token:", newer.Token() > old.Token())
+	_ = newer.Release(ctx)
+	// Output:
+	// old run: true true
+	// newer token: true
+}

@@ -60,6 +60,7 @@ type Lease struct {
 	lost       chan struct{}
 	cancels    map[int]context.CancelCauseFunc
 	nextCancel int
+	unwatch    func() // stops the preemption notices of a Preempt lease
 }
 
 // memberOf is how a lease is stored among a key's holders: its fencing token
@@ -165,11 +166,21 @@ func (l *Lease) end(state int, cause error) bool {
 	if state == stateLost {
 		close(l.lost)
 	}
+	unwatch := l.unwatch
+	l.unwatch = nil
 	l.e.mu.Unlock()
+	if unwatch != nil {
+		unwatch()
+	}
 	for _, c := range cancels {
 		c(cause)
 	}
 	return true
+}
+
+// preempt marks the lease lost because a Preempt acquire preempted it.
+func (l *Lease) preempt() {
+	l.markLost(fmt.Errorf("%w: %q: token %d was preempted by a newer acquire", ErrPreempted, l.key, l.token))
 }
 
 func (l *Lease) markLost(cause error) {
@@ -320,6 +331,10 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		l.nextRenew = sent.Add(l.interval)
 	}
 	l.e.mu.Unlock()
+	if err == errPreempted {
+		l.preempt()
+		return fmt.Errorf("%w: %w", ErrNotHeld, l.Err())
+	}
 	if err == errNotHeld {
 		cause := fmt.Errorf("%w: %q: the key expired or was taken over", ErrLost, l.key)
 		l.markLost(cause)

@@ -70,6 +70,10 @@ var (
 	// ErrCovered is matched by the *CoveredError of an AcquireOptions.Coalesce
 	// acquire whose work a run of the key that began after it already covers.
 	ErrCovered = errors.New("lockkit: covered by another run")
+	// ErrPreempted is the cause (context.Cause) of the cancellation of a
+	// lease's contexts when an AcquireOptions.Preempt acquire of its key
+	// took over: the lease is lost, so it also matches ErrLost.
+	ErrPreempted = fmt.Errorf("%w: preempted", ErrLost)
 	// ErrUnsupported is returned by the first call of a RedisLocker on a Redis
 	// server older than MinRedisVersion; the message names the version found.
 	ErrUnsupported = errors.New("lockkit: unsupported Redis server")
@@ -203,6 +207,20 @@ type AcquireOptions struct {
 	// follow-up runs, older ones give up). TryAcquire ignores it. Defaults to
 	// false.
 	Supersede bool
+	// Preempt, for Acquire, ends the runs that hold the key so that this
+	// call gets it: their leases are lost with a cause matching ErrPreempted
+	// (and ErrLost) and are no longer renewed, so their fencing tokens are
+	// superseded by this call's. A holder acquired with Preempt learns it
+	// within milliseconds (pub/sub), any other at its next renewal attempt.
+	// The call then waits for them to release, at most PreemptGrace. Needs a
+	// Limit of 1, no Fair, no Coalesce; TryAcquire ignores it. Defaults to
+	// false.
+	Preempt bool
+	// PreemptGrace bounds how long a Preempt acquire waits for the runs it
+	// preempted to release: after it, their holders are removed and the call
+	// takes the key. Zero means their remaining TTL (at most TTL, as they are
+	// no longer renewed). At most MaxTTL.
+	PreemptGrace time.Duration
 	// HoldAtLeast keeps the key held for at least this long after the
 	// lease was acquired, even when it is released sooner: a release before
 	// then leaves the holder in place, no longer renewed, until then. It

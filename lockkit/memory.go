@@ -110,6 +110,8 @@ type memLock struct {
 	pending   string               // the waiter that is the key's Supersede follow-up
 	cover     int64                // the token of the latest Coalesce run that succeeded
 	coverTill time.Time            // cover is forgotten at
+	preempted map[string]bool      // holders a Preempt acquire preempted
+	watchers  map[*Lease]struct{}  // held Preempt leases, told when preempted
 	queue     []string             // fair waiters in arrival order
 	waiters   map[string]time.Time // waiter → deadline
 	subs      map[chan struct{}]struct{}
@@ -130,6 +132,11 @@ func (lk *memLock) expire(now time.Time) {
 	}
 	if !now.Before(lk.coverTill) {
 		lk.cover = 0
+	}
+	for m := range lk.preempted {
+		if _, ok := lk.holders[m]; !ok {
+			delete(lk.preempted, m)
+		}
 	}
 	live := lk.queue[:0]
 	for _, w := range lk.queue {
@@ -161,7 +168,7 @@ func (lk *memLock) forget(w string) bool {
 }
 
 func (lk *memLock) idle(now time.Time) bool {
-	return len(lk.holders) == 0 && len(lk.waiters) == 0 && len(lk.subs) == 0 && len(lk.done) == 0 &&
+	return len(lk.holders) == 0 && len(lk.waiters) == 0 && len(lk.subs) == 0 && len(lk.done) == 0 && len(lk.watchers) == 0 &&
 		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil) && lk.cover == 0
 }
 
@@ -184,7 +191,7 @@ func (s *memStore) get(key string, now time.Time) *memLock {
 	lk := s.locks[key]
 	if lk == nil {
 		lk = &memLock{holders: make(map[string]time.Time), done: make(map[string]time.Time), abandoned: make(map[string]time.Time),
-			waiters: make(map[string]time.Time), subs: make(map[chan struct{}]struct{})}
+			waiters: make(map[string]time.Time), subs: make(map[chan struct{}]struct{}), preempted: make(map[string]bool), watchers: make(map[*Lease]struct{})}
 		s.locks[key] = lk
 	}
 	lk.expire(now)
@@ -212,8 +219,14 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		return acquireResult{}, err
 	}
 	s := b.s
+	var preempted []*Lease
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer func() {
+		s.mu.Unlock()
+		for _, l := range preempted {
+			l.preempt()
+		}
+	}()
 	now := time.Now()
 	lk := s.get(r.key, now)
 	if !now.Before(lk.metaUntil) {
@@ -278,6 +291,9 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 			}
 		}
 	}
+	if r.preempt == "1" && r.waiter != "" {
+		preempted = lk.preemptHolders(now, r.grace)
+	}
 	ahead := len(lk.queue)
 	for i, w := range lk.queue {
 		if w == r.waiter {
@@ -338,6 +354,32 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		}
 	}
 	return acquireResult{conflict: c, since: since}, nil
+}
+
+// preemptHolders preempts every live holder not preempted yet: it is no
+// longer renewed and expires within grace (if positive). It returns the
+// watched leases to tell.
+func (lk *memLock) preemptHolders(now time.Time, grace time.Duration) []*Lease {
+	top := int64(0)
+	for m, exp := range lk.holders {
+		if lk.preempted[m] {
+			continue
+		}
+		lk.preempted[m] = true
+		if grace > 0 && now.Add(grace).Before(exp) {
+			lk.holders[m] = now.Add(grace)
+		}
+		if token, _, _ := parseMember(m); token > top {
+			top = token
+		}
+	}
+	var out []*Lease
+	for l := range lk.watchers {
+		if l.token <= top {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // hasSameLabel reports whether a live holder carries label.
@@ -409,6 +451,10 @@ func (b *memBackend) extend(ctx context.Context, leases []*Lease, ttls []time.Du
 		exp, ok := lk.holders[l.member]
 		if !ok {
 			errs[i] = errNotHeld
+			continue
+		}
+		if lk.preempted[l.member] {
+			errs[i] = errPreempted
 			continue
 		}
 		u := now.Add(ttls[i])
@@ -521,6 +567,19 @@ func (b *memBackend) wakeups(key string) (<-chan struct{}, func()) {
 	return ch, func() {
 		s.mu.Lock()
 		delete(lk.subs, ch)
+		s.mu.Unlock()
+	}
+}
+
+func (b *memBackend) watch(l *Lease) func() {
+	s := b.s
+	s.mu.Lock()
+	lk := s.get(l.key, time.Now())
+	lk.watchers[l] = struct{}{}
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		delete(lk.watchers, l)
 		s.mu.Unlock()
 	}
 }

@@ -125,6 +125,9 @@ type request struct {
 	hold     time.Duration
 	// supersede: "1" on a Supersede Acquire's first attempt, "2" after.
 	supersede string
+	// preempt: "1" on a Preempt Acquire's first attempt, "2" after, "0" off.
+	preempt string
+	grace   time.Duration
 }
 
 func (c *config) request(key string, o *AcquireOptions) (request, error) {
@@ -204,5 +207,16 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	if o.Supersede {
 		r.supersede = "1"
 	}
+	r.preempt = "0"
+	if o.Preempt {
+		r.preempt = "1"
+		if r.limit > 1 || r.fair || r.coalesce {
+			return r, fmt.Errorf("%w: key %q: Preempt works with one holder, no Fair queue and no Coalesce", ErrInvalid, key)
+		}
+	}
+	if o.PreemptGrace < 0 || o.PreemptGrace > MaxTTL {
+		return r, fmt.Errorf("%w: key %q: PreemptGrace %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, o.PreemptGrace, MaxTTL)
+	}
+	r.grace = o.PreemptGrace
 	return r, nil
 }

@@ -299,7 +299,7 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 		sup = "0" // only a waiting call is a follow-up
 	}
 	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover},
-		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel).Slice()
+		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel, r.preempt, ms(r.grace)).Slice()
 	if err != nil {
 		return acquireResult{}, err
 	}
@@ -451,6 +451,8 @@ func (b *redisBackend) extend(ctx context.Context, leases []*Lease, ttls []time.
 		switch {
 		case err != nil:
 			errs[i] = err
+		case n == 2:
+			errs[i] = errPreempted
 		case n != 1:
 			errs[i] = errNotHeld
 		}
@@ -538,19 +540,7 @@ func (b *redisBackend) wakeups(key string) (<-chan struct{}, func()) {
 		b.mu.Unlock()
 		return ch, func() {}
 	}
-	if b.ps == nil {
-		b.ps = b.c.Subscribe(context.Background())
-		msgs := b.ps.ChannelWithSubscriptions()
-		b.wg.Add(1)
-		go b.dispatch(msgs)
-	}
-	set := b.subs[name]
-	if set == nil {
-		set = &subscribers{chans: make(map[chan struct{}]struct{}), ready: make(chan struct{})}
-		b.subs[name] = set
-		// A failed subscribe only costs latency: waiters fall back to polling.
-		_ = b.ps.Subscribe(context.Background(), name)
-	}
+	set := b.subscribeLocked(name)
 	set.chans[ch] = struct{}{}
 	b.mu.Unlock()
 	t := time.NewTimer(subscribeWait)
@@ -563,11 +553,57 @@ func (b *redisBackend) wakeups(key string) (<-chan struct{}, func()) {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		delete(set.chans, ch)
-		if len(set.chans) == 0 && b.subs[name] == set {
-			delete(b.subs, name)
-			if !b.done {
-				_ = b.ps.Unsubscribe(context.Background(), name)
-			}
+		b.dropLocked(name, set)
+	}
+}
+
+// watch tells l, through its key's channel, when a Preempt acquire preempts
+// it. It does not wait for Redis to confirm the subscription: once Redis
+// does, the lease is renewed at once, which finds a preemption sent before.
+func (b *redisBackend) watch(l *Lease) func() {
+	name := b.keys(l.key).channel
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done {
+		return func() {}
+	}
+	set := b.subscribeLocked(name)
+	set.leases[l] = struct{}{}
+	return func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		delete(set.leases, l)
+		b.dropLocked(name, set)
+	}
+}
+
+// subscribeLocked returns the subscribers of channel name, subscribing to
+// it first if nobody listens yet. b.mu is held.
+func (b *redisBackend) subscribeLocked(name string) *subscribers {
+	if b.ps == nil {
+		b.ps = b.c.Subscribe(context.Background())
+		msgs := b.ps.ChannelWithSubscriptions()
+		b.wg.Add(1)
+		go b.dispatch(msgs)
+	}
+	set := b.subs[name]
+	if set == nil {
+		set = &subscribers{chans: make(map[chan struct{}]struct{}), leases: make(map[*Lease]struct{}), ready: make(chan struct{})}
+		b.subs[name] = set
+		// A failed subscribe only costs latency: waiters fall back to
+		// polling, preempted leases to their renewal.
+		_ = b.ps.Subscribe(context.Background(), name)
+	}
+	return set
+}
+
+// dropLocked unsubscribes from channel name when set has nobody left. b.mu
+// is held.
+func (b *redisBackend) dropLocked(name string, set *subscribers) {
+	if len(set.chans) == 0 && len(set.leases) == 0 && b.subs[name] == set {
+		delete(b.subs, name)
+		if !b.done {
+			_ = b.ps.Unsubscribe(context.Background(), name)
 		}
 	}
 }
@@ -578,31 +614,57 @@ const subscribeWait = time.Second
 
 type subscribers struct {
 	chans     map[chan struct{}]struct{}
-	ready     chan struct{} // closed when Redis confirms the subscription
+	leases    map[*Lease]struct{} // held leases that a Preempt acquire may end
+	ready     chan struct{}       // closed when Redis confirms the subscription
 	confirmed bool
 }
 
+// dispatch delivers channel messages: "p<token>" preempts the watched leases
+// with a token up to it, anything else (a release) wakes the waiters.
 func (b *redisBackend) dispatch(msgs <-chan any) {
 	defer b.wg.Done()
 	for m := range msgs {
+		var preempted, check []*Lease
 		b.mu.Lock()
 		switch m := m.(type) {
 		case *redis.Subscription:
 			if set := b.subs[m.Channel]; set != nil && m.Kind == "subscribe" && !set.confirmed {
 				set.confirmed = true
 				close(set.ready)
+				// A preemption before the subscription was missed: the
+				// leases' renewal, made due now, finds it.
+				for l := range set.leases {
+					check = append(check, l)
+				}
 			}
 		case *redis.Message:
-			if set := b.subs[m.Channel]; set != nil {
-				for ch := range set.chans {
-					select {
-					case ch <- struct{}{}:
-					default:
+			set := b.subs[m.Channel]
+			if set == nil {
+				break
+			}
+			if top, ok := strings.CutPrefix(m.Payload, "p"); ok {
+				upTo, _ := strconv.ParseInt(top, 10, 64)
+				for l := range set.leases {
+					if l.token <= upTo {
+						preempted = append(preempted, l)
 					}
+				}
+				break
+			}
+			for ch := range set.chans {
+				select {
+				case ch <- struct{}{}:
+				default:
 				}
 			}
 		}
 		b.mu.Unlock()
+		for _, l := range preempted {
+			l.preempt()
+		}
+		for _, l := range check {
+			l.e.renewNow(l)
+		}
 	}
 }
 

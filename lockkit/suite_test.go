@@ -166,6 +166,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"HoldAtLeastKeepsAFastRunsKey", testHoldAtLeast},
 		{"ThrottleSpreadsStarts", testThrottle},
 		{"SupersedeKeepsTheNewestFollowUp", testSupersede},
+		{"PreemptCancelsTheRunningHolder", testPreempt},
 		{"HugeTTLsAreRejected", testHugeTTL},
 	}
 	for _, tc := range tests {
@@ -1191,6 +1192,97 @@ func testSupersede(t *testing.T, h *harness) {
 	r = <-only
 	require.NoError(t, r.err)
 	require.NoError(t, r.l.Release(ctx))
+}
+
+// Preempt: a newer acquire cancels the holder's work at once (pub/sub, not
+// a renewal: the TTL is 30s), gets the key when the holder returns, with a
+// higher token; a holder that ignores it loses the key after the grace.
+func testPreempt(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a, b := h.locker(t), h.locker(t)
+	pre := &AcquireOptions{Preempt: true, TTL: 30 * time.Second}
+	old, err := a.TryAcquire(ctx, "k", pre)
+	require.NoError(t, err)
+	work, cancel := old.Context(ctx)
+	defer cancel()
+	type res struct {
+		l   *Lease
+		err error
+	}
+	acquire := func(l Locker, opt *AcquireOptions) <-chan res {
+		ch := make(chan res, 1)
+		go func() {
+			lease, err := l.Acquire(ctx, "k", opt)
+			ch <- res{lease, err}
+		}()
+		return ch
+	}
+	start := time.Now()
+	newer := acquire(b, pre)
+	select {
+	case <-work.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the preempted holder's work was not cancelled")
+	}
+	require.Less(t, time.Since(start), 2*time.Second, "told through the channel, not at a renewal (every 10s)")
+	require.ErrorIs(t, context.Cause(work), ErrPreempted)
+	require.ErrorIs(t, context.Cause(work), ErrLost)
+	require.ErrorIs(t, old.Err(), ErrPreempted)
+	select {
+	case r := <-newer:
+		t.Fatalf("the newer acquire got the key while the preempted run still held it: %v", r.err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	require.ErrorIs(t, old.Release(ctx), ErrNotHeld, "a preempted lease is lost")
+	r := <-newer
+	require.NoError(t, r.err)
+	require.Greater(t, r.l.Token(), old.Token(), "the preempted token is superseded")
+
+	// A holder that did not ask for Preempt learns it at its next renewal.
+	plain := &AcquireOptions{TTL: 600 * time.Millisecond}
+	require.NoError(t, r.l.Release(ctx))
+	slow, err := a.TryAcquire(ctx, "k", plain)
+	require.NoError(t, err)
+	newer = acquire(b, pre)
+	select {
+	case <-slow.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a preempted holder went on renewing")
+	}
+	require.ErrorIs(t, slow.Err(), ErrPreempted)
+	require.ErrorIs(t, slow.Release(ctx), ErrNotHeld)
+	r = <-newer
+	require.NoError(t, r.err)
+	require.NoError(t, r.l.Release(ctx))
+
+	// A run that never returns keeps the key for the grace only.
+	stuck, err := a.TryAcquire(ctx, "k", pre)
+	require.NoError(t, err)
+	start = time.Now()
+	r = <-acquire(b, &AcquireOptions{Preempt: true, PreemptGrace: 300 * time.Millisecond})
+	require.NoError(t, r.err)
+	require.GreaterOrEqual(t, time.Since(start), 250*time.Millisecond)
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.Greater(t, r.l.Token(), stuck.Token())
+	require.ErrorIs(t, stuck.Err(), ErrPreempted)
+	info, err := a.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.Equal(t, r.l.Token(), info.Holders[0].Token)
+	require.NoError(t, r.l.Release(ctx))
+
+	// A free key is simply taken.
+	r = <-acquire(a, pre)
+	require.NoError(t, r.err)
+	require.NoError(t, r.l.Release(ctx))
+	for _, bad := range []*AcquireOptions{
+		{Preempt: true, Limit: 2},
+		{Preempt: true, Coalesce: true},
+		{PreemptGrace: -time.Second},
+	} {
+		_, err := a.Acquire(ctx, "k", bad)
+		require.ErrorIs(t, err, ErrInvalid)
+	}
 }
 
 // TTLs past MaxTTL are refused, never stored as already expired.

@@ -2,9 +2,12 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/jobguard/jobguard/lockkit"
 )
 
 // EventKind names what happened to a guarded job.
@@ -25,6 +28,8 @@ const (
 	// the job is skipped.
 	EventClaimed
 	// EventLost: the lease was lost while the job ran; its ctx was cancelled.
+	// Event.Err matches lockkit.ErrPreempted when a newer job of the key
+	// preempted it (Policy.Preempt).
 	EventLost
 	// EventReleased: the job returned (Event.Err is its error, Event.Duration
 	// its run time) and the lease was released.
@@ -68,12 +73,17 @@ type Event struct {
 type Observer func(ctx context.Context, e Event)
 
 // logObserver returns an Observer that logs to l: EventLost, EventError and
-// an EventReleased whose job failed at Warn, everything else at Debug.
+// an EventReleased whose job failed at Warn, except a preemption
+// (lockkit.ErrPreempted, Policy.Preempt), which is asked for and logged at
+// Info; everything else at Debug.
 func logObserver(l *slog.Logger) Observer {
 	return func(ctx context.Context, e Event) {
 		lvl := slog.LevelDebug
 		if e.Kind == EventLost || e.Kind == EventError || (e.Kind == EventReleased && e.Err != nil) {
 			lvl = slog.LevelWarn
+			if errors.Is(e.Err, lockkit.ErrPreempted) {
+				lvl = slog.LevelInfo
+			}
 		}
 		if !l.Enabled(ctx, lvl) {
 			return

@@ -109,6 +109,26 @@ type Policy struct {
 	// and the job it replaces completes without running (ReasonSuperseded,
 	// ActionSkip). OnConflict, Wait, Fair and Coalesce do not apply.
 	KeepNewest bool
+	// Preempt makes a job cancel the run that holds its key: that run's ctx
+	// is cancelled with a cause matching lockkit.ErrPreempted (and
+	// lockkit.ErrLost), its lease is no longer renewed and its fencing token
+	// is superseded by this job's. The job waits, bounded by its ctx only, as
+	// the key's one follow-up, the newest (a later job takes its place as
+	// KeepNewest does), and runs once the preempted run has returned, or
+	// after Grace if that comes first. OnConflict, Wait, Fair, Coalesce and
+	// KeepNewest do not apply.
+	Preempt bool
+	// Grace, with Preempt, bounds how long a preempted run may keep the key
+	// after it was told to stop. Zero means until its lease runs out, which
+	// is at most the lease TTL since it is no longer renewed.
+	Grace time.Duration
+}
+
+// Preempt returns the policy under which a job cancels the run holding its
+// key and runs after it (see Policy.Preempt); grace bounds how long the
+// cancelled run may keep the key, zero meaning its remaining TTL.
+func Preempt(grace time.Duration) Policy {
+	return Policy{OnConflict: ActionSkip, Preempt: true, Grace: grace}
 }
 
 // KeepNewest returns the policy that keeps one follow-up per key, the newest
@@ -123,6 +143,9 @@ func (p Policy) String() string {
 	}
 	if p.KeepNewest {
 		return "KeepNewest()"
+	}
+	if p.Preempt {
+		return fmt.Sprintf("Preempt(%s)", p.Grace)
 	}
 	var s string
 	switch p.OnConflict {
@@ -177,6 +200,12 @@ func (p Policy) validate() error {
 		return fmt.Errorf("%w: WithPolicy: Wait %s is negative", ErrInvalid, p.Wait)
 	case p.Fair && p.Wait == 0:
 		return fmt.Errorf("%w: WithPolicy: Fair needs a positive Wait", ErrInvalid)
+	case p.Grace < 0 || p.Grace > lockkit.MaxTTL:
+		return fmt.Errorf("%w: WithPolicy: Grace %s must not be negative nor longer than %s", ErrInvalid, p.Grace, lockkit.MaxTTL)
+	case p.Grace > 0 && !p.Preempt:
+		return fmt.Errorf("%w: WithPolicy: Grace applies to Preempt only", ErrInvalid)
+	case p.Preempt && (p.KeepNewest || p.Coalesce || p.Wait > 0 || p.OnConflict != ActionSkip):
+		return fmt.Errorf("%w: WithPolicy: Preempt waits for its turn itself; it takes no Wait, Fair, Coalesce, KeepNewest or OnConflict", ErrInvalid)
 	case p.KeepNewest && (p.Coalesce || p.Wait > 0 || p.OnConflict != ActionSkip):
 		return fmt.Errorf("%w: WithPolicy: KeepNewest waits for its turn itself; it takes no Wait, Fair, Coalesce or OnConflict", ErrInvalid)
 	case p.Coalesce && (p.Wait > 0 || p.OnConflict != ActionSkip):
@@ -388,6 +417,10 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): must not be negative nor longer than %s", ErrInvalid, g.hold, lockkit.MaxTTL)
 	case g.limit > 1 && g.policy.KeepNewest:
 		return nil, fmt.Errorf("%w: WithLimit(%d): KeepNewest runs one job per key at a time", ErrInvalid, g.limit)
+	case g.limit > 1 && g.policy.Preempt:
+		return nil, fmt.Errorf("%w: WithLimit(%d): Preempt runs one job per key at a time", ErrInvalid, g.limit)
+	case g.hold > 0 && g.policy.Preempt:
+		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): Preempt ends runs early, so it cannot keep a key held", ErrInvalid, g.hold)
 	case g.limit > 1 && g.policy.Coalesce:
 		return nil, fmt.Errorf("%w: WithLimit(%d): Coalesce runs one job per key at a time", ErrInvalid, g.limit)
 	case g.ttl != 0 && (g.ttl < lockkit.MinTTL || g.ttl > lockkit.MaxTTL):
@@ -542,8 +575,9 @@ func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Dura
 		opt.Coalesce = true
 		return g.followUp(ctx, job, opt)
 	}
-	if g.policy.KeepNewest {
+	if g.policy.KeepNewest || g.policy.Preempt {
 		opt.Supersede = true
+		opt.Preempt, opt.PreemptGrace = g.policy.Preempt, g.policy.Grace
 		return g.followUp(ctx, job, opt)
 	}
 	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)
@@ -562,7 +596,7 @@ func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Dura
 	return nil, 0, g.notAcquired(ctx, job, err, 0)
 }
 
-// followUp takes the key for a Coalesce or KeepNewest job in one waiting
+// followUp takes the key for a Coalesce, KeepNewest or Preempt job in one waiting
 // call, bounded by ctx: the job either gives way (to a run that began after
 // it, or to a newer follow-up) or waits for the key as its follow-up.
 func (g *Guard) followUp(ctx context.Context, job Job, opt *lockkit.AcquireOptions) (*lockkit.Lease, time.Duration, error) {

@@ -362,6 +362,11 @@ func TestNewValidation(t *testing.T) {
 		{"negative delay", []middleware.Option{middleware.WithPolicy(middleware.Requeue(-time.Second))}, "RequeueDelay -1s is negative"},
 		{"fair without wait", []middleware.Option{middleware.WithPolicy(middleware.Policy{Fair: true})}, "Fair needs a positive Wait"},
 		{"unknown action", []middleware.Option{middleware.WithPolicy(middleware.Policy{OnConflict: 9})}, "unknown OnConflict action 9"},
+		{"preempt and wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Preempt(0)))}, "Preempt waits for its turn itself"},
+		{"negative grace", []middleware.Option{middleware.WithPolicy(middleware.Preempt(-time.Second))}, "Grace -1s must not be negative"},
+		{"grace without preempt", []middleware.Option{middleware.WithPolicy(middleware.Policy{Grace: time.Second})}, "Grace applies to Preempt only"},
+		{"preempt and limit", []middleware.Option{middleware.WithPolicy(middleware.Preempt(0)), middleware.WithLimit(2)}, "Preempt runs one job per key"},
+		{"preempt and hold", []middleware.Option{middleware.WithPolicy(middleware.Preempt(0)), middleware.WithHoldAtLeast(time.Second)}, "Preempt ends runs early"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -615,9 +620,51 @@ func TestPolicyString(t *testing.T) {
 		"Wait(5s, fair, Skip())":        {Wait: 5 * time.Second, Fair: true},
 		"Coalesce()":                    middleware.Coalesce(),
 		"KeepNewest()":                  middleware.KeepNewest(),
+		"Preempt(2s)":                   middleware.Preempt(2 * time.Second),
 		"Policy{OnConflict: Action(9)}": {OnConflict: 9},
 	} {
 		want, _, _ = strings.Cut(want, "\x00")
 		require.Equal(t, want, p.String())
 	}
+}
+
+// Preempt: the running job's ctx is cancelled with lockkit.ErrPreempted, the
+// newer job runs after it returned, and the outcome of the preempted job
+// says so.
+func TestPreemptPolicy(t *testing.T) {
+	l, err := lockkit.NewMemory()
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	var events recorder
+	g, err := middleware.New(l, middleware.WithPolicy(middleware.Preempt(0)), middleware.WithObserver(events.observe))
+	require.NoError(t, err)
+	ctx := context.Background()
+	started := make(chan struct{})
+	old := make(chan middleware.Outcome, 1)
+	go func() {
+		old <- g.Run(ctx, middleware.Job{Key: "k", Name: "sync"}, func(ctx context.Context) error {
+			close(started)
+			<-ctx.Done()
+			return context.Cause(ctx)
+		})
+	}()
+	<-started
+	out := g.Run(ctx, middleware.Job{Key: "k", Name: "sync"}, func(ctx context.Context) error {
+		select {
+		case o := <-old:
+			old <- o
+		default:
+			t.Error("the newer job ran before the preempted one returned")
+		}
+		return nil
+	})
+	require.True(t, out.Ran)
+	require.NoError(t, out.Err)
+	prev := <-old
+	require.True(t, prev.Ran)
+	require.ErrorIs(t, prev.Err, lockkit.ErrPreempted)
+	require.ErrorIs(t, prev.Err, lockkit.ErrLost)
+	lost, ok := events.find(middleware.EventLost)
+	require.True(t, ok)
+	require.ErrorIs(t, lost.Err, lockkit.ErrPreempted)
 }

@@ -68,6 +68,17 @@ func (e *env) locker(opts ...lockkit.Option) *lockkit.RedisLocker {
 	return l
 }
 
+// waiters waits until key has n waiters.
+func (e *env) waiters(key string, n int) {
+	e.t.Helper()
+	l := e.locker()
+	require.Eventually(e.t, func() bool {
+		info, err := l.Inspect(context.Background(), key)
+		require.NoError(e.t, err)
+		return info.Waiters == n
+	}, 10*time.Second, 5*time.Millisecond)
+}
+
 // config is the asynq.Config of the tests' servers: asynqtest.Config (the
 // singleton pieces, fast polling, a quiet logger) with a 3s ShutdownTimeout.
 func (e *env) config(concurrency int) asynq.Config {

@@ -833,13 +833,7 @@ func TestKeepNewestRunsTheLatestFollowUp(t *testing.T) {
 			return nil
 		})
 		e.start(e.config(4), mux)
-		waiters := func(n int) {
-			require.Eventually(t, func() bool {
-				info, err := locker.Inspect(context.Background(), "asynq:sync")
-				require.NoError(t, err)
-				return info.Waiters == n
-			}, 10*time.Second, 5*time.Millisecond)
-		}
+		waiters := func(n int) { e.waiters("asynq:sync", n) }
 		e.Enqueue(asynq.NewTask("sync", []byte("v1")))
 		require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(ran) == 1 }, 10*time.Second, 5*time.Millisecond)
 		e.Enqueue(asynq.NewTask("sync", []byte("v2")))
@@ -854,5 +848,71 @@ func TestKeepNewestRunsTheLatestFollowUp(t *testing.T) {
 		defer mu.Unlock()
 		require.Equal(t, []string{"v1", "v3"}, ran)
 		require.Zero(t, e.QueueInfo().FailedTotal)
+	})
+}
+
+// Preempt: a newer task cancels the run holding its key (ctx cause
+// lockkit.ErrPreempted) and runs once that run returns; a task it replaces
+// as the pending follow-up completes without running; the preempted task is
+// revoked: neither retried nor archived.
+func TestPreemptCancelsTheRunningTask(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		ev := &events{}
+		errs := &errorLog{}
+		release := make(chan struct{})
+		cancelled := make(chan error, 1)
+		var mu sync.Mutex
+		var ran []string
+		tokens := map[string]int64{}
+		for range 2 { // two servers, as on two machines
+			mw, err := singleton.Middleware(e.locker(), singleton.WithPolicy(middleware.Preempt(0)), singleton.WithObserver(ev.observe))
+			require.NoError(t, err)
+			mux := asynq.NewServeMux()
+			mux.Use(mw)
+			mux.HandleFunc("sync", func(ctx context.Context, task *asynq.Task) error {
+				lease, _ := lockkit.LeaseFromContext(ctx)
+				mu.Lock()
+				ran = append(ran, string(task.Payload()))
+				tokens[string(task.Payload())] = lease.Token()
+				first := len(ran) == 1
+				mu.Unlock()
+				if !first {
+					return nil
+				}
+				<-ctx.Done()
+				cancelled <- context.Cause(ctx)
+				<-release // keeps going a while after it was told to stop
+				return ctx.Err()
+			})
+			cfg := e.config(2)
+			cfg.ErrorHandler = errs
+			e.start(cfg, mux)
+		}
+		waiters := func(n int) { e.waiters("asynq:sync", n) }
+		e.Enqueue(asynq.NewTask("sync", []byte("v1")))
+		require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(ran) == 1 }, 10*time.Second, 5*time.Millisecond)
+		e.Enqueue(asynq.NewTask("sync", []byte("v2")))
+		cause := recv(t, cancelled, 10*time.Second)
+		require.ErrorIs(t, cause, lockkit.ErrPreempted)
+		require.ErrorIs(t, cause, lockkit.ErrLost)
+		waiters(1)
+		e.Enqueue(asynq.NewTask("sync", []byte("v3")))
+		require.Eventually(t, func() bool { return ev.count(middleware.EventDuplicate, middleware.ActionSkip) == 1 }, 10*time.Second, 5*time.Millisecond,
+			"v2 gave its place to v3")
+		mu.Lock()
+		require.Equal(t, []string{"v1"}, ran, "the follow-up waits for the preempted run to return")
+		mu.Unlock()
+		close(release)
+		e.Drained(10 * time.Second)
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, []string{"v1", "v3"}, ran)
+		require.Greater(t, tokens["v3"], tokens["v1"])
+		require.True(t, errs.any(func(err error) bool { return errors.Is(err, lockkit.ErrPreempted) && errors.Is(err, asynq.RevokeTask) }), errs.String())
+		qi := e.QueueInfo()
+		require.Zero(t, qi.FailedTotal)
+		require.Zero(t, qi.Archived)
+		require.Zero(t, qi.Retry)
 	})
 }

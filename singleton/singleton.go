@@ -169,7 +169,10 @@ func PerQueue() Option { return func(c *config) { c.perQueue = true } }
 // *middleware.DuplicateError) for Requeue while the task has retries left; an
 // error matching *RequeueError, middleware.ErrDuplicate and asynq.RevokeTask
 // after Requeue enqueued a copy; an error matching ErrKey and
-// asynq.SkipRetry for a key that cannot be derived; a lockkit error when the
+// asynq.SkipRetry for a key that cannot be derived; for a handler that
+// failed because a newer task preempted it (middleware.Preempt), an error
+// matching lockkit.ErrPreempted and asynq.RevokeTask, so the task is neither
+// retried nor archived; a lockkit error when the
 // lease could not be taken (Redis unreachable), which asynq retries.
 func Middleware(locker lockkit.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
 	if locker == nil {
@@ -290,6 +293,11 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	out := m.guard.Run(ctx, job, func(ctx context.Context) error { return next.ProcessTask(ctx, t) })
 	m.endReservation(ctx, t, key, origin, res, out)
 	if out.Duplicate == nil {
+		if out.Ran && errors.Is(out.Err, lockkit.ErrPreempted) {
+			// A newer task of the key took over: this one is done, neither
+			// retried nor archived.
+			return fmt.Errorf("singleton: task %q (key %q) was preempted by a newer task: %w (%w)", t.Type(), key, out.Err, asynq.RevokeTask)
+		}
 		return out.Err
 	}
 	switch out.Duplicate.Action {

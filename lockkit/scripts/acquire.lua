@@ -32,6 +32,10 @@
 --          becomes the key's pending follow-up, and the one it replaces is
 --          woken to give up); "2" on its later attempts
 -- ARGV[14] release channel (to wake a replaced follow-up)
+-- ARGV[15] Preempt: "1" on a waiting call's first attempt (every live
+--          holder not preempted yet is preempted), otherwise "0"
+-- ARGV[16] preempt grace (ms): a preempted holder expires within it; "0"
+--          leaves its expiry as it is
 -- ARGV[11] Coalesce: "0" off; otherwise when the work was asked for (server
 --          us; a time after now means now), "-1" for now (the first attempt)
 -- Returns {1, token} when acquired (now or by an earlier run of this acquire),
@@ -139,6 +143,29 @@ if existed then
   end
   if not holder and count > 0 then
     holder, holder_exp = live[1], tonumber(live[2])
+  end
+  if ARGV[15] == '1' and wid ~= '' then
+    -- A preempted holder's score gets half a millisecond: extend.lua
+    -- refuses to renew it, so it expires within its TTL or the grace. Its
+    -- Locker is told on the channel ("p" and the highest token preempted).
+    local grace = tonumber(ARGV[16])
+    local top = 0
+    for i = 1, #live, 2 do
+      local exp = tonumber(live[i + 1])
+      if exp % 1 == 0 then
+        if grace > 0 and now + grace < exp then
+          exp = now + grace
+        end
+        redis.call('ZADD', KEYS[1], 'XX', exp + 0.5, live[i])
+        if live[i] == holder then
+          holder_exp = exp
+        end
+        top = math.max(top, tonumber(string.match(live[i], '^(%d+):')))
+      end
+    end
+    if top > 0 then
+      redis.call('PUBLISH', ARGV[14], 'p' .. string.format('%d', top))
+    end
   end
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then

@@ -6,13 +6,17 @@
 -- ARGV[3] "1" when the lease claimed an epoch
 -- ARGV[4] "1" for a renewal, which never shortens the lease (a late renewal
 --         must not undo a longer Extend); "0" for Extend, which sets it
--- Returns 1 when renewed, 0 when the lease had expired or was gone.
+-- Returns 1 when renewed, 0 when the lease had expired or was gone, 2 when
+-- a Preempt acquire preempted it (its score has a fraction, see acquire.lua).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) <= now then
   return 0
+end
+if tonumber(score) % 1 ~= 0 then
+  return 2
 end
 if ARGV[4] == '1' then
   redis.call('ZADD', KEYS[1], 'GT', now + ttl, ARGV[1])
