@@ -59,6 +59,8 @@ func (b *bench) flow(ctx context.Context, env *asynqEnv) ([]burstRun, counts, er
 		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip()), false, "", nil},
 		{"KeepNewest", "`middleware.KeepNewest()`", ptr(middleware.KeepNewest()), false, "", nil},
 		{"Preempt", "`middleware.Preempt(0)`", ptr(middleware.Preempt(0)), false, "", nil},
+		{"Debounce(100ms), KeepNewest", "`singleton.Client` with `singleton.Debounce(locker, 100*time.Millisecond, 0)`; `middleware.KeepNewest()`, `WithRedis`",
+			ptr(middleware.KeepNewest()), false, "debounce", nil},
 		{"Throttle(5 per s), skip", "`singleton.WithThrottle(5, time.Second, middleware.ActionSkip)`, `WithLimit(5)`", ptr(middleware.Skip()), false, "",
 			[]singleton.Option{singleton.WithThrottle(5, time.Second, middleware.ActionSkip), singleton.WithLimit(5)}},
 		{"HoldAtLeast(200ms)", "`singleton.WithHoldAtLeast(200 * time.Millisecond)`, Skip", ptr(middleware.Skip()), false, "",
@@ -72,7 +74,7 @@ type burstVariant struct {
 	name, policy string
 	p            *middleware.Policy
 	stamped      bool   // enqueued with singleton.Client
-	unique       string // "asynq": asynq.Unique; "jobguard": singleton.Unique
+	unique       string // "asynq": asynq.Unique; "jobguard": singleton.Unique; "debounce": singleton.Debounce
 	opts         []singleton.Option
 }
 
@@ -98,12 +100,16 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 		switch {
 		case v.unique == "asynq":
 			opts = append(opts, asynq.Unique(time.Hour))
-		case v.unique == "jobguard":
+		case v.unique == "jobguard" || v.unique == "debounce":
 			var err error
 			if reserver, err = lockkit.NewRedis(env.enqRedis, lockkit.WithPrefix(b.prefix+"e2e:")); err != nil {
 				return nil, enq, err
 			}
-			sc, err := singleton.NewClient(env.enqueuer, env.enqRedis, singleton.KeyByFields("k"), singleton.Unique(reserver, singleton.UntilExecuted, 0))
+			opt := singleton.Unique(reserver, singleton.UntilExecuted, 0)
+			if v.unique == "debounce" {
+				opt = singleton.Debounce(reserver, 100*time.Millisecond, 0)
+			}
+			sc, err := singleton.NewClient(env.enqueuer, env.enqRedis, singleton.KeyByFields("k"), opt)
 			if err != nil {
 				return nil, enq, err
 			}

@@ -84,6 +84,8 @@ var (
 	freeCmd     = testredis.ScriptShape(2, 3)
 	throttleCmd = testredis.ScriptShape(1, 3)
 	detachCmd   = testredis.ScriptShape(1, 3) // as throttle's: no op calls both
+	debounceCmd = testredis.ScriptShape(1, 4)
+	claimCmd    = testredis.ScriptShape(1, 2)
 )
 
 const faultKey = "job"
@@ -173,6 +175,51 @@ var faultOps = []faultOp{
 		// However the reply fared, the script ran: the holder was preempted
 		// once, and nothing else was.
 		require.ErrorIs(t, <-ran, lockkit.ErrPreempted)
+		return err
+	}},
+	{"debounce", debounceCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		r, err := l.Debounce(ctx, faultKey, "t1", time.Second, 0)
+		// However its reply fared, the call recorded one request: asking
+		// again with the same id is the same request, and a later one is
+		// newer and the only one claimed.
+		again, aerr := other.Debounce(context.Background(), faultKey, "t1", time.Second, 0)
+		require.NoError(t, aerr)
+		if err == nil {
+			require.Equal(t, r.Gen, again.Gen)
+		}
+		newer, nerr := other.Debounce(context.Background(), faultKey, "t2", time.Second, 0)
+		require.NoError(t, nerr)
+		require.Greater(t, newer.Gen, again.Gen)
+		_, ok, cerr := other.Claim(context.Background(), faultKey, again.Gen, false)
+		require.NoError(t, cerr)
+		require.False(t, ok)
+		_, ok, cerr = other.Claim(context.Background(), faultKey, newer.Gen, false)
+		require.NoError(t, cerr)
+		require.True(t, ok)
+		return err
+	}},
+	{"claim", claimCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		older, err := other.Debounce(context.Background(), faultKey, "t1", time.Second, 0)
+		require.NoError(t, err)
+		newest, err := other.Debounce(context.Background(), faultKey, "t2", time.Second, 0)
+		require.NoError(t, err)
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		_, ok, err := l.Claim(ctx, faultKey, newest.Gen, false)
+		if err == nil {
+			require.True(t, ok)
+		}
+		// However its reply fared, the newest request is claimed once, and
+		// the older one gives way to it.
+		n, ok, cerr := other.Claim(context.Background(), faultKey, older.Gen, false)
+		require.NoError(t, cerr)
+		require.False(t, ok)
+		require.True(t, n.Claimed)
 		return err
 	}},
 	{"release", releaseCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {

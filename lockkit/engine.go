@@ -32,6 +32,9 @@ type backend interface {
 	detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error)
 	// throttle takes one start from key's budget (see Locker.Throttle).
 	throttle(ctx context.Context, key string, n int, period time.Duration, call string) (time.Duration, error)
+	// debounce and claim implement Locker.Debounce and Locker.Claim.
+	debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error)
+	claim(ctx context.Context, key string, gen int64, force bool) (Request, bool, error)
 	// free removes the live holder of key that carries label.
 	free(ctx context.Context, key, label string) (bool, error)
 	inspect(ctx context.Context, key string) (*Info, error)
@@ -193,6 +196,33 @@ func (e *engine) throttle(ctx context.Context, key string, n int, period time.Du
 		return 0, fmt.Errorf("lockkit: throttle %q: %w", key, err)
 	}
 	return wait, nil
+}
+
+func (e *engine) debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error) {
+	switch {
+	case key == "" || id == "":
+		return Request{}, fmt.Errorf("%w: Debounce(%q, %q): key and id must not be empty", ErrInvalid, key, id)
+	case quiet < time.Millisecond || quiet > MaxTTL:
+		return Request{}, fmt.Errorf("%w: Debounce(%q): quiet %s must be between 1ms and %s", ErrInvalid, key, quiet, MaxTTL)
+	case maxWait != 0 && (maxWait < quiet || maxWait > MaxTTL):
+		return Request{}, fmt.Errorf("%w: Debounce(%q): maxWait %s must be zero or between quiet (%s) and %s", ErrInvalid, key, maxWait, quiet, MaxTTL)
+	}
+	r, err := e.b.debounce(ctx, key, id, quiet, maxWait)
+	if err != nil {
+		return Request{}, fmt.Errorf("lockkit: debounce %q: %w", key, err)
+	}
+	return r, nil
+}
+
+func (e *engine) claim(ctx context.Context, key string, gen int64, force bool) (Request, bool, error) {
+	if key == "" || gen <= 0 {
+		return Request{}, false, fmt.Errorf("%w: Claim(%q, %d): key must not be empty and gen must be positive", ErrInvalid, key, gen)
+	}
+	r, ok, err := e.b.claim(ctx, key, gen, force)
+	if err != nil {
+		return Request{}, false, fmt.Errorf("lockkit: claim %q: %w", key, err)
+	}
+	return r, ok, nil
 }
 
 func (e *engine) free(ctx context.Context, key, label string) (bool, error) {

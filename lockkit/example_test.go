@@ -254,3 +254,28 @@ func ExampleAcquireOptions_preempt() {
 	// old run: true true
 	// newer token: true
 }
+
+// Debounce records each request of a burst as the key's newest; when the
+// requests come due, only the newest one is claimed and runs.
+func ExampleLocker_debounce() {
+	ctx := context.Background()
+	locker, _ := lockkit.NewMemory()
+	defer locker.Close(ctx)
+	var reqs []lockkit.Request
+	for _, id := range []string{"task-1", "task-2", "task-3"} {
+		r, _ := locker.Debounce(ctx, "reindex:tenant-42", id, time.Second, 10*time.Second)
+		reqs = append(reqs, r)
+	}
+	for _, r := range reqs { // each one, when it comes due
+		newest, claimed, _ := locker.Claim(ctx, "reindex:tenant-42", r.Gen, false)
+		if claimed {
+			fmt.Println(r.ID, "runs")
+		} else {
+			fmt.Println(r.ID, "gives way to", newest.ID)
+		}
+	}
+	// Output:
+	// task-1 gives way to task-3
+	// task-2 gives way to task-3
+	// task-3 runs
+}

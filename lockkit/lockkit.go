@@ -32,6 +32,10 @@ const (
 	// of 365 days): longer values would not fit Redis' expiry arithmetic. Both
 	// Lockers reject a longer value with ErrInvalid.
 	MaxTTL = 100 * 365 * 24 * time.Hour
+	// DebounceRetention is how long Locker.Debounce remembers a key's newest
+	// request after it was due, so that Claim can tell an older request of
+	// the burst from it.
+	DebounceRetention = 24 * time.Hour
 	// MinRedisVersion is the oldest Redis server RedisLocker works with: its
 	// scripts renew with ZADD GT (6.2), and asynq needs 6.2 as well.
 	MinRedisVersion = "6.2.0"
@@ -145,6 +149,24 @@ type Locker interface {
 	// least a millisecond and at most MaxTTL (ErrInvalid). Throttle keys are
 	// apart from lease keys: the same name may be both.
 	Throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error)
+	// Debounce records a request for key's work, named by id (such as a
+	// task ID), as the key's newest (latest wins): a burst of requests is
+	// meant to run the work once, for its newest request, once the key has
+	// been quiet for quiet, and no later than maxWait after the burst's first
+	// request (zero: no such bound). The returned Request's Wait says when
+	// that is for this request. The burst ends when one of its requests is
+	// claimed (Claim). Repeating a call with the same id while it is still
+	// the newest returns the same Request. quiet must be between a
+	// millisecond and MaxTTL, maxWait zero or between quiet and MaxTTL, key
+	// and id not empty (ErrInvalid). Debounce keys are apart from lease keys.
+	Debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error)
+	// Claim tells whether the request of key with generation gen is still
+	// the newest and, if so, ends the key's burst: the next Debounce starts a
+	// new one. Otherwise it returns the newest request and false. force
+	// claims gen even then (the newest request's work is known not to
+	// exist). A key with no request remembered (see DebounceRetention) is
+	// claimed. gen must be positive (ErrInvalid).
+	Claim(ctx context.Context, key string, gen int64, force bool) (newest Request, claimed bool, err error)
 	// Logger returns the logger set with WithLogger. The layers above lockkit
 	// log through it unless they are given their own.
 	Logger() *slog.Logger
@@ -242,6 +264,22 @@ type AcquireOptions struct {
 	// covers the call. Zero, or a time after the call's first attempt
 	// reached Redis, means that first attempt. Before 1970 is an error.
 	Since time.Time
+}
+
+// Request is a request for a key's work recorded by Locker.Debounce.
+type Request struct {
+	// Gen orders the requests of a key: a later Debounce call gets a greater
+	// one. It is at least the Redis server's time in microseconds.
+	Gen int64
+	// ID is the id given to Debounce.
+	ID string
+	// Wait is how long after the call the request is due: quiet, cut so
+	// that it is due no later than maxWait after the burst's first request.
+	// For Claim's newest request: how long until it is due, zero if it is.
+	Wait time.Duration
+	// Claimed, for Claim's newest request, tells that it was claimed
+	// already: its work ran or runs.
+	Claimed bool
 }
 
 // Coverage says how a Coalesce acquire's work is covered.

@@ -79,6 +79,16 @@ func (l *MemoryLocker) Keys(_ context.Context, pattern string) ([]string, error)
 	return out, nil
 }
 
+// Debounce implements Locker.
+func (l *MemoryLocker) Debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error) {
+	return l.e.debounce(ctx, key, id, quiet, maxWait)
+}
+
+// Claim implements Locker.
+func (l *MemoryLocker) Claim(ctx context.Context, key string, gen int64, force bool) (Request, bool, error) {
+	return l.e.claim(ctx, key, gen, force)
+}
+
 // Throttle implements Locker.
 func (l *MemoryLocker) Throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
 	return l.e.throttle(ctx, key, n, period)
@@ -97,6 +107,17 @@ type memStore struct {
 	locks  map[string]*memLock
 	ops    int
 	starts map[string][]time.Time // throttle key → its starts in the last period
+	bursts map[string]*memBurst   // debounce key → its newest request
+}
+
+// memBurst is a key's newest Debounce request.
+type memBurst struct {
+	gen     int64
+	id      string
+	due     time.Time
+	first   time.Time // zero when no burst is open
+	claimed int64     // the greatest generation claimed
+	until   time.Time // forgotten at
 }
 
 type memLock struct {
@@ -185,6 +206,11 @@ func (s *memStore) get(key string, now time.Time) *memLock {
 		for k, log := range s.starts {
 			if len(log) == 0 {
 				delete(s.starts, k)
+			}
+		}
+		for k, bu := range s.bursts {
+			if !now.Before(bu.until) {
+				delete(s.bursts, k)
 			}
 		}
 	}
@@ -582,6 +608,65 @@ func (b *memBackend) watch(l *Lease) func() {
 		delete(lk.watchers, l)
 		s.mu.Unlock()
 	}
+}
+
+func (b *memBackend) debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error) {
+	if err := ctx.Err(); err != nil {
+		return Request{}, err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	if s.bursts == nil {
+		s.bursts = make(map[string]*memBurst)
+	}
+	bu := s.bursts[key]
+	if bu != nil && !now.Before(bu.until) {
+		bu = nil
+	}
+	if bu != nil && bu.id == id {
+		return Request{Gen: bu.gen, ID: id, Wait: max(bu.due.Sub(now), 0)}, nil
+	}
+	if bu == nil {
+		bu = &memBurst{}
+		s.bursts[key] = bu
+	}
+	bu.gen = max(bu.gen+1, now.UnixMicro())
+	bu.id = id
+	if bu.first.IsZero() {
+		bu.first = now
+	}
+	bu.due = now.Add(quiet)
+	if maxWait > 0 && bu.first.Add(maxWait).Before(bu.due) {
+		bu.due = bu.first.Add(maxWait)
+		if bu.due.Before(now) {
+			bu.due = now
+		}
+	}
+	bu.until = bu.due.Add(DebounceRetention)
+	return Request{Gen: bu.gen, ID: id, Wait: bu.due.Sub(now)}, nil
+}
+
+func (b *memBackend) claim(ctx context.Context, key string, gen int64, force bool) (Request, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return Request{}, false, err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	bu := s.bursts[key]
+	if bu == nil || !now.Before(bu.until) {
+		delete(s.bursts, key)
+		return Request{}, true, nil
+	}
+	if gen >= bu.gen || force {
+		bu.first = time.Time{}
+		bu.claimed = max(bu.claimed, gen)
+		return Request{}, true, nil
+	}
+	return Request{Gen: bu.gen, ID: bu.id, Wait: max(bu.due.Sub(now), 0), Claimed: bu.claimed >= bu.gen}, false, nil
 }
 
 func (b *memBackend) close() error { return nil }

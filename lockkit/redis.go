@@ -33,6 +33,10 @@ var (
 	detachSrc string
 	//go:embed scripts/throttle.lua
 	throttleSrc string
+	//go:embed scripts/debounce.lua
+	debounceSrc string
+	//go:embed scripts/claim.lua
+	claimSrc string
 
 	acquireScript  = redis.NewScript(acquireSrc)
 	releaseScript  = redis.NewScript(releaseSrc)
@@ -42,6 +46,8 @@ var (
 	freeScript     = redis.NewScript(freeSrc)
 	detachScript   = redis.NewScript(detachSrc)
 	throttleScript = redis.NewScript(throttleSrc)
+	debounceScript = redis.NewScript(debounceSrc)
+	claimScript    = redis.NewScript(claimSrc)
 )
 
 // RedisLocker is a Locker backed by Redis, shared by every process that uses
@@ -51,6 +57,7 @@ var (
 // Redis layout for key K under prefix P: P{K}:h holds the holders (a sorted
 // set scored by expiry, with records of completed labels and cleaned-up
 // calls), P{K}:d the holders released within the client's retry window,
+// P{K}:b the newest request recorded by Debounce,
 // P{K}:c the start of the last Coalesce run that succeeded, P{K}:f the last
 // fencing token (for a second), P{K}:m the last epoch, P{K}:q
 // and P{K}:w the waiters; releases are published on P{K}:r. In P and K, the
@@ -136,6 +143,16 @@ func (l *RedisLocker) Inspect(ctx context.Context, key string) (*Info, error) {
 // Throttle implements Locker.
 func (l *RedisLocker) Throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
 	return l.e.throttle(ctx, key, n, period)
+}
+
+// Debounce implements Locker.
+func (l *RedisLocker) Debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error) {
+	return l.e.debounce(ctx, key, id, quiet, maxWait)
+}
+
+// Claim implements Locker.
+func (l *RedisLocker) Claim(ctx context.Context, key string, gen int64, force bool) (Request, bool, error) {
+	return l.e.claim(ctx, key, gen, force)
 }
 
 // Free implements Locker.
@@ -492,6 +509,37 @@ func (b *redisBackend) throttle(ctx context.Context, key string, n int, period t
 	base := b.prefix + "{" + escapeKey(key) + "}"
 	wait, err := throttleScript.Run(ctx, b.c, []string{base + ":t"}, n, ms(period), call).Int64()
 	return time.Duration(wait) * time.Millisecond, err
+}
+
+func (b *redisBackend) debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error) {
+	k := b.prefix + "{" + escapeKey(key) + "}:b"
+	vals, err := debounceScript.Run(ctx, b.c, []string{k}, ms(quiet), ms(maxWait), id, ms(DebounceRetention)).Slice()
+	if err != nil {
+		return Request{}, err
+	}
+	if len(vals) != 2 {
+		return Request{}, fmt.Errorf("unexpected debounce reply %v", vals)
+	}
+	return Request{Gen: toInt(vals[0]), ID: id, Wait: time.Duration(toInt(vals[1])) * time.Millisecond}, nil
+}
+
+func (b *redisBackend) claim(ctx context.Context, key string, gen int64, force bool) (Request, bool, error) {
+	k := b.prefix + "{" + escapeKey(key) + "}:b"
+	f := "0"
+	if force {
+		f = "1"
+	}
+	vals, err := claimScript.Run(ctx, b.c, []string{k}, gen, f).Slice()
+	switch {
+	case err != nil:
+		return Request{}, false, err
+	case len(vals) == 1 && toInt(vals[0]) == 1:
+		return Request{}, true, nil
+	case len(vals) != 5:
+		return Request{}, false, fmt.Errorf("unexpected claim reply %v", vals)
+	}
+	id, _ := vals[2].(string)
+	return Request{Gen: toInt(vals[1]), ID: id, Wait: time.Duration(toInt(vals[3])) * time.Millisecond, Claimed: toInt(vals[4]) == 1}, false, nil
 }
 
 func (b *redisBackend) detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -167,6 +169,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"ThrottleSpreadsStarts", testThrottle},
 		{"SupersedeKeepsTheNewestFollowUp", testSupersede},
 		{"PreemptCancelsTheRunningHolder", testPreempt},
+		{"DebounceKeepsTheNewestRequest", testDebounce},
 		{"HugeTTLsAreRejected", testHugeTTL},
 	}
 	for _, tc := range tests {
@@ -1282,6 +1285,92 @@ func testPreempt(t *testing.T, h *harness) {
 	} {
 		_, err := a.Acquire(ctx, "k", bad)
 		require.ErrorIs(t, err, ErrInvalid)
+	}
+}
+
+// Debounce: the newest request of a burst is the one Claim accepts, however
+// the requests race across Lockers; maxWait bounds the burst; a claim ends
+// it.
+func testDebounce(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a, b := h.locker(t), h.locker(t)
+	r1, err := a.Debounce(ctx, "k", "t1", 200*time.Millisecond, 0)
+	require.NoError(t, err)
+	require.InDelta(t, 200, r1.Wait.Milliseconds(), 20)
+	r2, err := b.Debounce(ctx, "k", "t2", 200*time.Millisecond, 0)
+	require.NoError(t, err)
+	require.Greater(t, r2.Gen, r1.Gen)
+	again, err := b.Debounce(ctx, "k", "t2", 200*time.Millisecond, 0)
+	require.NoError(t, err)
+	require.Equal(t, r2.Gen, again.Gen, "a repeated call is the same request")
+	newest, ok, err := a.Claim(ctx, "k", r1.Gen, false)
+	require.NoError(t, err)
+	require.False(t, ok)
+	require.Equal(t, r2.Gen, newest.Gen)
+	require.Equal(t, "t2", newest.ID)
+	require.False(t, newest.Claimed)
+	_, ok, err = a.Claim(ctx, "k", r2.Gen, false)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, ok, err = a.Claim(ctx, "k", r2.Gen, false)
+	require.NoError(t, err)
+	require.True(t, ok, "claiming twice is claiming once")
+	newest, ok, err = a.Claim(ctx, "k", r1.Gen, false)
+	require.NoError(t, err)
+	require.False(t, ok)
+	require.True(t, newest.Claimed, "the newest request was claimed")
+
+	// maxWait bounds a burst from its first request; a claim ends it.
+	r3, err := a.Debounce(ctx, "k", "t3", 300*time.Millisecond, 300*time.Millisecond)
+	require.NoError(t, err)
+	require.LessOrEqual(t, r3.Wait, 300*time.Millisecond)
+	r4, err := b.Debounce(ctx, "k", "t4", 300*time.Millisecond, 300*time.Millisecond)
+	require.NoError(t, err)
+	require.LessOrEqual(t, r4.Wait, r3.Wait, "due no later than maxWait after the burst's first request")
+	_, ok, err = a.Claim(ctx, "k", r3.Gen, true)
+	require.NoError(t, err)
+	require.True(t, ok, "forced")
+	time.Sleep(100 * time.Millisecond) // the old burst's bound would now be ≤ 200ms away
+	r5, err := a.Debounce(ctx, "k", "t5", 300*time.Millisecond, 300*time.Millisecond)
+	require.NoError(t, err)
+	require.Greater(t, r5.Gen, r4.Gen)
+	require.GreaterOrEqual(t, r5.Wait, 290*time.Millisecond, "a new burst")
+
+	// Racing requests: exactly the newest is claimed.
+	var wg sync.WaitGroup
+	gens := make([]int64, 20)
+	for i := range gens {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := a
+			if i%2 == 1 {
+				l = b
+			}
+			r, err := l.Debounce(ctx, "race", fmt.Sprint("t", i), time.Second, 0)
+			assert.NoError(t, err)
+			gens[i] = r.Gen
+		}()
+	}
+	wg.Wait()
+	claimed := 0
+	for _, g := range gens {
+		_, ok, err := a.Claim(ctx, "race", g, false)
+		require.NoError(t, err)
+		if ok {
+			claimed++
+			require.Equal(t, slices.Max(gens), g)
+		}
+	}
+	require.Equal(t, 1, claimed)
+
+	for _, bad := range []func() error{
+		func() error { _, err := a.Debounce(ctx, "k", "", time.Second, 0); return err },
+		func() error { _, err := a.Debounce(ctx, "k", "t", 0, 0); return err },
+		func() error { _, err := a.Debounce(ctx, "k", "t", time.Second, time.Millisecond); return err },
+		func() error { _, _, err := a.Claim(ctx, "k", 0, false); return err },
+	} {
+		require.ErrorIs(t, bad(), ErrInvalid)
 	}
 }
 

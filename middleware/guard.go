@@ -225,7 +225,8 @@ const (
 	// of work (such as a cron tick) ran elsewhere.
 	ReasonClaimed
 	// ReasonSuperseded means a newer job of the key took this one's place
-	// as its follow-up (Policy.KeepNewest).
+	// as its follow-up (Policy.KeepNewest, Policy.Preempt), or that a newer
+	// request of the key is pending (Job.Gen).
 	ReasonSuperseded
 	// ReasonThrottled means the key's starts per period (WithThrottle) were
 	// spent; DuplicateError.RetryAfter says when the next one opens.
@@ -268,6 +269,9 @@ func (e *DuplicateError) Error() string {
 	case ReasonCovered:
 		return fmt.Sprintf("middleware: duplicate %s (key %q): covered: %v", e.Job.label(), e.Job.Key, e.Cause)
 	case ReasonSuperseded:
+		if e.Cause != nil && !errors.Is(e.Cause, lockkit.ErrSuperseded) {
+			return fmt.Sprintf("middleware: duplicate %s (key %q): superseded: %v", e.Job.label(), e.Job.Key, e.Cause)
+		}
 		return fmt.Sprintf("middleware: duplicate %s (key %q): a newer follow-up took its place", e.Job.label(), e.Job.Key)
 	case ReasonThrottled:
 		return fmt.Sprintf("middleware: %s (key %q) throttled, %s: next start in %s", e.Job.label(), e.Job.Key, e.Action, e.RetryAfter)
@@ -302,6 +306,13 @@ type Job struct {
 	// run that began after it, or after Run was called if that is earlier,
 	// covers the job.
 	EnqueuedAt time.Time
+	// Gen, when positive, is the job's request generation from
+	// lockkit.Locker.Debounce on Key (latest wins): the job runs only if it
+	// is its key's newest request, which ends the key's burst (Locker.Claim).
+	// Otherwise it does not run (ReasonSuperseded, ActionSkip), unless the
+	// guard's WithPending check says the newest request's work does not
+	// exist (its enqueue failed): then it runs in its place.
+	Gen int64
 	// Epoch, when positive, claims the unit of work once: a later run with an
 	// epoch not greater than the last claimed one fails with ReasonClaimed.
 	Epoch int64
@@ -349,6 +360,16 @@ type throttle struct {
 	then   Action
 }
 
+// Pending tells whether the work of newest, a newer request of job's key
+// (Job.Gen), exists and will run: a queued task, for example.
+type Pending func(ctx context.Context, job Job, newest lockkit.Request) (bool, error)
+
+// WithPending sets how the guard checks that the newest request of a job's
+// key exists before the job gives way to it (Job.Gen). An error fails the
+// job (not a duplicate), so the runtime retries it. Must not be nil.
+// Defaults to trusting that it exists.
+func WithPending(p Pending) Option { return func(g *Guard) { g.pending, g.pendingSet = p, true } }
+
 // WithTTL overrides, for this guard's leases, the TTL the Locker gives them
 // (lockkit.WithTTL, lockkit.DefaultTTL unless set); the lease is renewed every
 // TTL/3 while the work runs. Zero means the Locker's. Must be zero or between
@@ -372,16 +393,18 @@ func WithObserver(o Observer) Option {
 // Guard runs work under a lease on the work's key. It is safe for concurrent
 // use and holds no goroutine of its own.
 type Guard struct {
-	locker    lockkit.Locker
-	policy    Policy
-	limit     int
-	hold      time.Duration
-	throttle  *throttle
-	ttl       time.Duration
-	logger    *slog.Logger
-	loggerSet bool
-	log       Observer
-	observers []Observer
+	locker     lockkit.Locker
+	policy     Policy
+	limit      int
+	hold       time.Duration
+	throttle   *throttle
+	ttl        time.Duration
+	logger     *slog.Logger
+	loggerSet  bool
+	log        Observer
+	observers  []Observer
+	pending    Pending
+	pendingSet bool
 }
 
 // New returns a Guard that takes leases from locker. It returns an error
@@ -427,6 +450,8 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("%w: WithTTL(%s): must be zero (the Locker's) or between %s and %s", ErrInvalid, g.ttl, lockkit.MinTTL, lockkit.MaxTTL)
 	case g.loggerSet && g.logger == nil:
 		return nil, fmt.Errorf("%w: WithLogger(nil)", ErrInvalid)
+	case g.pendingSet && g.pending == nil:
+		return nil, fmt.Errorf("%w: WithPending(nil)", ErrInvalid)
 	}
 	for i, o := range g.observers {
 		if o == nil {
@@ -564,6 +589,11 @@ func (g *Guard) finish(ctx context.Context, job Job, lease *lockkit.Lease, start
 }
 
 func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Duration, error) {
+	if job.Gen > 0 {
+		if err := g.claim(ctx, job); err != nil {
+			return nil, 0, err
+		}
+	}
 	if g.throttle != nil {
 		if err := g.takeStart(ctx, job); err != nil {
 			return nil, 0, err
@@ -612,6 +642,43 @@ func (g *Guard) followUp(ctx context.Context, job Job, opt *lockkit.AcquireOptio
 	err = fmt.Errorf("middleware: %s: waiting for %q: %w", job.label(), job.Key, err)
 	g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
 	return nil, waited, err
+}
+
+// claim lets a job with a request generation run only if it is its key's
+// newest request, or if the newest one's work does not exist.
+func (g *Guard) claim(ctx context.Context, job Job) error {
+	fail := func(err error) error {
+		err = fmt.Errorf("middleware: %s: claim %q: %w", job.label(), job.Key, err)
+		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+		return err
+	}
+	newest, ok, err := g.locker.Claim(ctx, job.Key, job.Gen, false)
+	if err != nil {
+		return fail(err)
+	}
+	if ok {
+		return nil
+	}
+	pending := true
+	if g.pending != nil && !newest.Claimed {
+		if pending, err = g.pending(ctx, job, newest); err != nil {
+			return fail(err)
+		}
+	}
+	if !pending {
+		// The newest request's work does not exist: this job runs instead.
+		if _, _, err := g.locker.Claim(ctx, job.Key, job.Gen, true); err != nil {
+			return fail(err)
+		}
+		return nil
+	}
+	state := "is pending"
+	if newest.Claimed {
+		state = "ran or runs"
+	}
+	cause := fmt.Errorf("a newer request of the key, %q (generation %d), %s", newest.ID, newest.Gen, state)
+	g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Err: cause})
+	return &DuplicateError{Job: job, Reason: ReasonSuperseded, Action: ActionSkip, Cause: cause}
 }
 
 // takeStart takes one start from the key's throttle budget, or returns why

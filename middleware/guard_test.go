@@ -362,6 +362,7 @@ func TestNewValidation(t *testing.T) {
 		{"negative delay", []middleware.Option{middleware.WithPolicy(middleware.Requeue(-time.Second))}, "RequeueDelay -1s is negative"},
 		{"fair without wait", []middleware.Option{middleware.WithPolicy(middleware.Policy{Fair: true})}, "Fair needs a positive Wait"},
 		{"unknown action", []middleware.Option{middleware.WithPolicy(middleware.Policy{OnConflict: 9})}, "unknown OnConflict action 9"},
+		{"nil pending", []middleware.Option{middleware.WithPending(nil)}, "WithPending(nil)"},
 		{"preempt and wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Preempt(0)))}, "Preempt waits for its turn itself"},
 		{"negative grace", []middleware.Option{middleware.WithPolicy(middleware.Preempt(-time.Second))}, "Grace -1s must not be negative"},
 		{"grace without preempt", []middleware.Option{middleware.WithPolicy(middleware.Policy{Grace: time.Second})}, "Grace applies to Preempt only"},
@@ -667,4 +668,45 @@ func TestPreemptPolicy(t *testing.T) {
 	lost, ok := events.find(middleware.EventLost)
 	require.True(t, ok)
 	require.ErrorIs(t, lost.Err, lockkit.ErrPreempted)
+}
+
+// Job.Gen: only the newest request of a key runs; an older one gives way to
+// it unless its work does not exist.
+func TestLatestRequestWins(t *testing.T) {
+	l, err := lockkit.NewMemory()
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	exists := true
+	var asked []string
+	g, err := middleware.New(l, middleware.WithPending(func(_ context.Context, _ middleware.Job, newest lockkit.Request) (bool, error) {
+		asked = append(asked, newest.ID)
+		return exists, nil
+	}))
+	require.NoError(t, err)
+	older, err := l.Debounce(ctx, "k", "t1", time.Second, 0)
+	require.NoError(t, err)
+	newer, err := l.Debounce(ctx, "k", "t2", time.Second, 0)
+	require.NoError(t, err)
+	run := func(gen int64) middleware.Outcome {
+		return g.Run(ctx, middleware.Job{Key: "k", Name: "sync", Gen: gen}, func(context.Context) error { return nil })
+	}
+
+	out := run(older.Gen)
+	require.False(t, out.Ran)
+	require.NotNil(t, out.Duplicate)
+	require.Equal(t, middleware.ReasonSuperseded, out.Duplicate.Reason)
+	require.Equal(t, middleware.ActionSkip, out.Duplicate.Action)
+	require.ErrorContains(t, out.Err, `a newer request of the key, "t2"`)
+	require.Equal(t, []string{"t2"}, asked)
+
+	exists = false // t2's enqueue failed: t1 runs instead
+	require.True(t, run(older.Gen).Ran)
+
+	require.True(t, run(newer.Gen).Ran)
+	asked = nil
+	out = run(older.Gen) // a late delivery of t1 after t2 ran
+	require.False(t, out.Ran)
+	require.ErrorContains(t, out.Err, "ran or runs")
+	require.Empty(t, asked, "a claimed newest request needs no check")
 }

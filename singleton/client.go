@@ -31,13 +31,15 @@ const clockSync = 30 * time.Second
 
 // Client enqueues asynq tasks stamped with EnqueuedAtHeader, so that
 // middleware.Coalesce can let one run cover every task enqueued before it
-// began, and, with Unique, refuses a task whose key another task reserved.
+// began; with Unique, it refuses a task whose key another task reserved;
+// with Debounce, it schedules each task as its key's newest request.
 // Its Enqueue and EnqueueContext are asynq.Client's.
 type Client struct {
-	c      *asynq.Client
-	rdb    redis.UniversalClient
-	keys   *guarded // the key and type options
-	unique *uniqueSpec
+	c        *asynq.Client
+	rdb      redis.UniversalClient
+	keys     *guarded // the key and type options
+	unique   *uniqueSpec
+	debounce *debounceSpec
 
 	mu     sync.Mutex
 	offset time.Duration // an upper bound of the server clock minus ours
@@ -48,7 +50,7 @@ type Client struct {
 // the Redis the servers use. The clock is read on the first enqueue and
 // every 30 seconds after: one TIME round trip, none per task.
 //
-// Without Unique, opts are not needed. With Unique, the key options
+// Without Unique or Debounce, opts are not needed. With either, the key options
 // (KeyByType by default, KeyByTaskID, KeyByPayload, KeyByFields, KeyFunc,
 // PerQueue) and ForTypes derive each task's key as Middleware does: give
 // both the same ones. A KeyFunc is called at enqueue with a ctx in which the
@@ -86,7 +88,15 @@ func NewClient(c *asynq.Client, rdb redis.UniversalClient, opts ...Option) (*Cli
 			return nil, err
 		}
 	}
-	return &Client{c: c, rdb: rdb, keys: keys, unique: cfg.unique}, nil
+	if cfg.debounce != nil {
+		if cfg.unique != nil {
+			return nil, fmt.Errorf("%w: Debounce and Unique exclude each other: Debounce keeps the newest task, Unique the first", ErrInvalid)
+		}
+		if err := cfg.debounce.validate(); err != nil {
+			return nil, err
+		}
+	}
+	return &Client{c: c, rdb: rdb, keys: keys, unique: cfg.unique, debounce: cfg.debounce}, nil
 }
 
 // Enqueue is EnqueueContext with context.Background.
@@ -119,7 +129,7 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 	if err != nil {
 		return nil, err
 	}
-	if c.unique == nil || (c.keys.types != nil && !c.keys.types[task.Type()]) {
+	if (c.unique == nil && c.debounce == nil) || (c.keys.types != nil && !c.keys.types[task.Type()]) {
 		return c.c.EnqueueContext(ctx, asynq.NewTaskWithHeaders(task.Type(), task.Payload(), headers, built...), opts...)
 	}
 	id, queue := optionValues(append(slices.Clone(built), opts...))
@@ -131,11 +141,16 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 	if queue == "" {
 		queue = "default"
 	}
-	headers[UniqueHeader] = uniqueHeader(c.unique.life, c.unique.ttl)
+	if c.unique != nil {
+		headers[UniqueHeader] = uniqueHeader(c.unique.life, c.unique.ttl)
+	}
 	stamped := asynq.NewTaskWithHeaders(task.Type(), task.Payload(), headers, built...)
 	key, err := deriveKey(context.WithValue(ctx, identityKey{}, identity{id: id, queue: queue}), stamped, c.keys.key, c.keys.perQueue)
 	if err != nil {
 		return nil, fmt.Errorf("%w: task %q: %w", ErrKey, task.Type(), err)
+	}
+	if c.debounce != nil {
+		return c.enqueueNewest(ctx, stamped, key, id, queue, generated, opts)
 	}
 	res, err := c.reserve(ctx, key, id, queue)
 	if err != nil {
@@ -157,6 +172,24 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 		return nil, err
 	}
 	return info, nil
+}
+
+// enqueueNewest records task (ID id) as its key's newest request and
+// enqueues it to be processed when that request is due.
+func (c *Client) enqueueNewest(ctx context.Context, task *asynq.Task, key, id, queue string, generated bool, opts []asynq.Option) (*asynq.TaskInfo, error) {
+	gen, at, err := c.debounce.debounce(ctx, key, id)
+	if err != nil {
+		return nil, fmt.Errorf("singleton: task %q: %w", task.Type(), err)
+	}
+	task.Headers()[DebounceGenHeader] = strconv.FormatInt(gen, 10)
+	info, err := c.c.EnqueueContext(ctx, task, append(slices.Clone(opts), asynq.ProcessAt(at))...)
+	if err != nil && generated && errors.Is(err, asynq.ErrTaskIDConflict) {
+		// The ID is this call's own: an earlier run of this enqueue put it there.
+		if info, ierr := asynq.NewInspectorFromRedisClient(c.rdb).GetTaskInfo(queue, id); ierr == nil {
+			return info, nil
+		}
+	}
+	return info, err
 }
 
 // now returns an upper bound of the Redis server's clock.

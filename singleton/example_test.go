@@ -241,3 +241,43 @@ func ExampleUnique() {
 	// first: true
 	// second refused: true true
 }
+
+// Debounce schedules each task as its key's newest request: of a burst, only
+// the newest task will run, once the key was quiet for two seconds.
+func ExampleDebounce() {
+	mr := miniredis.NewMiniRedis() // any Redis; this one is embedded
+	if err := mr.Start(); err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	locker, err := lockkit.NewRedis(rdb) // the servers' Locker settings
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+
+	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(rdb), rdb,
+		singleton.KeyByFields("tenant_id"), // the middleware's key options
+		singleton.Debounce(locker, 2*time.Second, 30*time.Second),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var gens []string
+	for range 3 {
+		info, err := client.Enqueue(asynq.NewTask("report:build", []byte(`{"tenant_id":"acme"}`)))
+		if err != nil {
+			log.Fatal(err)
+		}
+		gens = append(gens, info.Headers[singleton.DebounceGenHeader])
+		fmt.Println(info.State)
+	}
+	fmt.Println("newest last:", gens[0] < gens[1] && gens[1] < gens[2])
+	// Output:
+	// scheduled
+	// scheduled
+	// scheduled
+	// newest last: true
+}

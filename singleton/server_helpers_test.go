@@ -3,6 +3,7 @@ package singleton_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -165,6 +166,12 @@ func (ev *events) count(k middleware.EventKind, action middleware.Action) int {
 		}
 	}
 	return n
+}
+
+func (ev *events) all() []middleware.Event {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	return slices.Clone(ev.list)
 }
 
 func (ev *events) errs(k middleware.EventKind) []error {

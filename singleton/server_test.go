@@ -14,6 +14,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/internal/testredis"
@@ -914,5 +915,121 @@ func TestPreemptCancelsTheRunningTask(t *testing.T) {
 		require.Zero(t, qi.FailedTotal)
 		require.Zero(t, qi.Archived)
 		require.Zero(t, qi.Retry)
+	})
+}
+
+// Debounce: bursts of tasks enqueued at once by three clients (as three
+// processes) over three keys run once per key, the newest task of the key,
+// after the key was quiet; every older task completes without running and
+// says why.
+func TestDebounceRunsTheNewestTask(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		ev := &events{}
+		const quiet = 300 * time.Millisecond
+		var mu sync.Mutex
+		ran := map[string][]int64{}       // key → generations that ran
+		started := map[string]time.Time{} // key → when its run started
+		for range 2 {
+			mw, err := singleton.Middleware(e.locker(), singleton.KeyByFields("k"), singleton.WithPolicy(middleware.KeepNewest()),
+				singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+			require.NoError(t, err)
+			mux := asynq.NewServeMux()
+			mux.Use(mw)
+			mux.HandleFunc("sync", func(_ context.Context, task *asynq.Task) error {
+				var p struct{ K string }
+				require.NoError(t, json.Unmarshal(task.Payload(), &p))
+				gen, err := strconv.ParseInt(task.Headers()[singleton.DebounceGenHeader], 10, 64)
+				require.NoError(t, err)
+				mu.Lock()
+				ran[p.K] = append(ran[p.K], gen)
+				started[p.K] = time.Now()
+				mu.Unlock()
+				return nil
+			})
+			e.start(e.config(4), mux)
+		}
+		var wg sync.WaitGroup
+		var last atomic.Int64 // when the last enqueue returned (unix ns)
+		for c := range 3 {
+			cl, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, singleton.KeyByFields("k"),
+				singleton.Debounce(e.locker(), quiet, 0))
+			require.NoError(t, err)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 20 {
+					task := asynq.NewTask("sync", fmt.Appendf(nil, `{"k":"tenant-%d","n":%d}`, i%3, c*100+i))
+					_, err := cl.Enqueue(task, asynq.Queue(e.Queue))
+					assert.NoError(t, err)
+					last.Store(time.Now().UnixNano())
+				}
+			}()
+		}
+		wg.Wait()
+		require.Eventually(t, func() bool {
+			return ev.count(middleware.EventDuplicate, middleware.ActionSkip)+ev.count(middleware.EventReleased, 0) == 60
+		}, 20*time.Second, 10*time.Millisecond)
+		e.Drained(10 * time.Second)
+
+		enqueued := map[string]int{}
+		for range 3 {
+			for i := range 20 {
+				enqueued[fmt.Sprint("tenant-", i%3)]++
+			}
+		}
+		skipped := map[string][]int64{}
+		for _, x := range ev.all() {
+			if x.Kind == middleware.EventDuplicate {
+				require.Contains(t, x.Err.Error(), "a newer request of the key")
+				skipped[x.Job.Key] = append(skipped[x.Job.Key], x.Job.Gen)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, ran, 3)
+		for k, gens := range ran {
+			require.Len(t, gens, 1, "key %s ran once", k)
+			var older []int64
+			for key, gens := range skipped {
+				if strings.Contains(key, `"`+k+`"`) {
+					older = append(older, gens...)
+				}
+			}
+			require.Len(t, older, enqueued[k]-1, "the other tasks of %s completed without running", k)
+			for _, g := range older {
+				require.Less(t, g, gens[0], "the newest task of %s ran", k)
+			}
+			require.GreaterOrEqual(t, started[k].Sub(time.Unix(0, last.Load())), quiet-5*time.Millisecond, "ran after the key was quiet")
+		}
+		require.Zero(t, e.QueueInfo().FailedTotal)
+	})
+}
+
+// Debounce: when the newest request's task does not exist (its enqueue
+// failed), an older task of the burst runs in its place.
+func TestDebounceRunsAnOlderTaskWhenTheNewestIsMissing(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		locker := e.locker()
+		ran := make(chan string, 4)
+		mw, err := singleton.Middleware(locker, singleton.WithPolicy(middleware.KeepNewest()), singleton.WithRedis(e.RDB))
+		require.NoError(t, err)
+		mux := asynq.NewServeMux()
+		mux.Use(mw)
+		mux.HandleFunc("sync", func(_ context.Context, task *asynq.Task) error {
+			ran <- string(task.Payload())
+			return nil
+		})
+		cl, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, singleton.Debounce(locker, 50*time.Millisecond, 0))
+		require.NoError(t, err)
+		_, err = cl.Enqueue(asynq.NewTask("sync", []byte("older")), asynq.Queue(e.Queue))
+		require.NoError(t, err)
+		// A newer request whose enqueue never happened.
+		_, err = locker.Debounce(context.Background(), "asynq:sync", "lost-task", 50*time.Millisecond, 0)
+		require.NoError(t, err)
+		e.start(e.config(2), mux)
+		require.Equal(t, "older", recv(t, ran, 10*time.Second))
+		e.Drained(10 * time.Second)
 	})
 }

@@ -55,6 +55,7 @@ type config struct {
 	rdb       redis.UniversalClient
 	rdbSet    bool
 	unique    *uniqueSpec // a Client option
+	debounce  *debounceSpec
 
 	throttleRequeues bool
 }
@@ -200,6 +201,9 @@ func (c *config) build(locker lockkit.Locker) (*guarded, error) {
 	if c.unique != nil {
 		return nil, fmt.Errorf("%w: Unique: it is an option of NewClient, not of Middleware", ErrInvalid)
 	}
+	if c.debounce != nil {
+		return nil, fmt.Errorf("%w: Debounce: it is an option of NewClient, not of Middleware", ErrInvalid)
+	}
 	m, err := c.buildKeys()
 	if err != nil {
 		return nil, err
@@ -244,7 +248,12 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	if c.rdbSet && c.rdb == nil {
 		return nil, fmt.Errorf("%w: WithRedis(nil): client is nil", ErrInvalid)
 	}
-	g, err := middleware.New(locker, c.guardOpts...)
+	opts := c.guardOpts
+	if c.rdb != nil {
+		m.inspector = asynq.NewInspectorFromRedisClient(c.rdb)
+		opts = append(opts[:len(opts):len(opts)], middleware.WithPending(m.newestPending))
+	}
+	g, err := middleware.New(locker, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
@@ -257,7 +266,6 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	m.guard = g
 	if c.rdb != nil {
 		m.client = asynq.NewClientFromRedisClient(c.rdb)
-		m.inspector = asynq.NewInspectorFromRedisClient(c.rdb)
 	}
 	return m, nil
 }
@@ -281,7 +289,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	if origin == "" {
 		origin = id
 	}
-	job := middleware.Job{Name: t.Type(), ID: id, Origin: origin, EnqueuedAt: enqueuedAt(t)}
+	job := middleware.Job{Name: t.Type(), ID: id, Origin: origin, EnqueuedAt: enqueuedAt(t), Gen: debounceGen(t)}
 	key, err := m.keyOf(ctx, t)
 	if err != nil {
 		err = fmt.Errorf("%w: task %q: %w (%w)", ErrKey, t.Type(), err, asynq.SkipRetry)

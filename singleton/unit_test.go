@@ -53,6 +53,7 @@ func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 			"WithPolicy(Requeue(1s)): a policy that requeues needs WithRedis(client)"},
 		{"wait then requeue without redis", []singleton.Option{singleton.WithPolicy(middleware.Wait(time.Second, middleware.Requeue(0)))},
 			"a policy that requeues needs WithRedis(client)"},
+		{"debounce is a client option", []singleton.Option{singleton.Debounce(memLocker(t), time.Second, 0)}, "Debounce: it is an option of NewClient"},
 	}
 	l := memLocker(t)
 	for _, c := range cases {
@@ -305,4 +306,23 @@ func TestSettingsComeFromTheLocker(t *testing.T) {
 	require.Contains(t, ownLog.String(), `err="smtp down"`)
 	require.Empty(t, lockerLog.String())
 	require.Equal(t, []middleware.EventKind{middleware.EventAcquired, middleware.EventReleased}, seen)
+}
+
+func TestNewClientRejectsInvalidDebounce(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer rdb.Close()
+	ac := asynq.NewClientFromRedisClient(rdb)
+	l := memLocker(t)
+	for want, opts := range map[string][]singleton.Option{
+		"Debounce: locker is nil":                {singleton.Debounce(nil, time.Second, 0)},
+		"Debounce: quiet 0s must be between":     {singleton.Debounce(l, 0, 0)},
+		"Debounce: maxWait 1ms must be zero or":  {singleton.Debounce(l, time.Second, time.Millisecond)},
+		"Debounce and Unique exclude each other": {singleton.Debounce(l, time.Second, 0), singleton.Unique(l, singleton.UntilExecuted, 0)},
+	} {
+		_, err := singleton.NewClient(ac, rdb, opts...)
+		require.ErrorIs(t, err, singleton.ErrInvalid)
+		require.ErrorContains(t, err, want)
+	}
+	_, err := singleton.NewClient(ac, rdb, singleton.Debounce(l, time.Second, 10*time.Second))
+	require.NoError(t, err)
 }

@@ -1,0 +1,93 @@
+package singleton
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
+)
+
+// DebounceGenHeader is the task header in which a Client with Debounce
+// records the task's request generation (lockkit.Request.Gen). Middleware
+// runs such a task only if it is the newest request of its key
+// (middleware.Job.Gen).
+const DebounceGenHeader = "jobguard-debounce-gen"
+
+// Debounce makes a Client enqueue each task as the newest request of its key
+// (latest wins): a burst of tasks with one key runs once, the newest task,
+// once no task of the key was enqueued for quiet, and no later than maxWait
+// after the burst's first enqueue (zero: no such bound). Each task is
+// scheduled (asynq.ProcessAt) for when it would be due, rounded up to a
+// whole second (asynq schedules in seconds), and carries DebounceGenHeader;
+// Middleware, keyed the same way, completes an older task of the burst
+// without running it (middleware.ReasonSuperseded, reported as
+// EventDuplicate and logged) when a newer one is pending or ran. A burst
+// ends when its newest task starts. The generation comes from Redis, so the
+// newest task wins however enqueues race across processes. quiet must be
+// between a millisecond and lockkit.MaxTTL, maxWait zero or between quiet
+// and lockkit.MaxTTL; Debounce excludes Unique. Use it with
+// middleware.KeepNewest or middleware.Preempt, so that the newest task
+// waits for a run of the key still going instead of being skipped.
+func Debounce(locker lockkit.Locker, quiet, maxWait time.Duration) Option {
+	return func(c *config) { c.debounce = &debounceSpec{locker: locker, quiet: quiet, maxWait: maxWait} }
+}
+
+type debounceSpec struct {
+	locker         lockkit.Locker
+	quiet, maxWait time.Duration
+}
+
+func (d *debounceSpec) validate() error {
+	switch {
+	case d.locker == nil:
+		return fmt.Errorf("%w: Debounce: locker is nil", ErrInvalid)
+	case d.quiet < time.Millisecond || d.quiet > lockkit.MaxTTL:
+		return fmt.Errorf("%w: Debounce: quiet %s must be between 1ms and %s", ErrInvalid, d.quiet, lockkit.MaxTTL)
+	case d.maxWait != 0 && (d.maxWait < d.quiet || d.maxWait > lockkit.MaxTTL):
+		return fmt.Errorf("%w: Debounce: maxWait %s must be zero or between quiet (%s) and %s", ErrInvalid, d.maxWait, d.quiet, lockkit.MaxTTL)
+	}
+	return nil
+}
+
+// debounce records the task with ID id as its key's newest request and
+// returns its generation and when to process it.
+func (d *debounceSpec) debounce(ctx context.Context, key, id string) (int64, time.Time, error) {
+	req, err := d.locker.Debounce(ctx, key, id, d.quiet, d.maxWait)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	at := time.Now().Add(req.Wait)
+	if r := at.Truncate(time.Second); r.Before(at) {
+		at = r.Add(time.Second) // asynq would run it up to a second early
+	}
+	return req.Gen, at, nil
+}
+
+// debounceGen returns the generation in t's DebounceGenHeader, or zero.
+func debounceGen(t *asynq.Task) int64 {
+	v, err := strconv.ParseInt(t.Headers()[DebounceGenHeader], 10, 64)
+	if err != nil || v <= 0 {
+		return 0
+	}
+	return v
+}
+
+// newestPending tells whether the task of newest, a newer request of job's
+// key, exists in the task's queue with that request's generation.
+func (m *guarded) newestPending(ctx context.Context, _ middleware.Job, newest lockkit.Request) (bool, error) {
+	queue, _ := asynq.GetQueueName(ctx)
+	info, err := m.inspector.GetTaskInfo(queue, newest.ID)
+	switch {
+	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("reading the newest task %q: %w", newest.ID, err)
+	}
+	return info.Headers[DebounceGenHeader] == strconv.FormatInt(newest.Gen, 10), nil
+}
