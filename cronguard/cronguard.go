@@ -9,6 +9,7 @@ import (
 
 	"github.com/robfig/cron/v3"
 
+	"github.com/jobguard/jobguard/internal/every"
 	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
@@ -282,10 +283,13 @@ func Wrap(locker lockkit.Locker, name, spec string, opts ...Option) (cron.JobWra
 //
 // It returns an error matching ErrInvalid for an empty name, a spec that does
 // not parse, a schedule whose ticks cannot be named the same way on every
-// replica (@every, which counts from each replica's start; a schedule with no
-// future activation), or a tolerance not shorter than the schedule's shortest
+// replica (@every, which cron counts from each replica's start: Add takes it
+// and aligns its ticks; a schedule with no future activation), or a tolerance not shorter than the schedule's shortest
 // interval.
 func (g *Guard) Wrap(name, spec string) (cron.JobWrapper, error) {
+	if _, ok, _ := every.Parse(spec); ok {
+		return nil, fmt.Errorf("%w: entry %q: spec %q: cron would run it from when each replica started; schedule it with Add, which aligns its ticks", ErrInvalid, name, spec)
+	}
 	e, err := g.entry(name, spec, g.cfg.loc)
 	if err != nil {
 		return nil, err
@@ -294,7 +298,11 @@ func (g *Guard) Wrap(name, spec string) (cron.JobWrapper, error) {
 }
 
 // Add schedules job on c as the entry name, on spec parsed as WithParser says
-// in c's time zone, and returns its id. c's own chain (cron.WithChain) wraps
+// in c's time zone, and returns its id. Add also takes "@every d" and
+// "@every d offset o" (d at least a millisecond; cron itself fires at most
+// once a second): its ticks are the multiples of d since the Unix epoch
+// (plus o), the same on every replica, where cron's own @every counts from
+// each replica's start. c's own chain (cron.WithChain) wraps
 // the guarded job, so cron.Recover there also catches the job's panics. It
 // returns the errors of Wrap, and one matching ErrInvalid for a nil c or job.
 func (g *Guard) Add(c *cron.Cron, name, spec string, job cron.Job) (cron.EntryID, error) {
@@ -315,7 +323,13 @@ func (g *Guard) entry(name, spec string, loc *time.Location) (*entry, error) {
 	if name == "" {
 		return nil, fmt.Errorf("%w: entry name is empty (spec %q)", ErrInvalid, spec)
 	}
-	sched, err := g.cfg.parser.Parse(spec)
+	var sched cron.Schedule
+	aligned, ok, err := every.Parse(spec)
+	if ok {
+		sched = aligned
+	} else {
+		sched, err = g.cfg.parser.Parse(spec)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: entry %q: spec %q: %v", ErrInvalid, name, spec, err)
 	}

@@ -361,7 +361,7 @@ func TestValidation(t *testing.T) {
 		{"empty name", mem, nil, "", "@hourly", `entry name is empty (spec "@hourly")`},
 		{"bad spec", mem, nil, "e", "every minute", `entry "e": spec "every minute": expected exactly 5 fields, found 2`},
 		{"seconds field without WithSeconds", mem, nil, "e", "* * * * * *", `entry "e": spec "* * * * * *": expected exactly 5 fields, found 6`},
-		{"@every", mem, nil, "e", "@every 5m", "@every 5m0s counts from when each replica started"},
+		{"@every", mem, nil, "e", "@every 5m", "schedule it with Add, which aligns its ticks"},
 		{"never fires", mem, []cronguard.Option{sec}, "e", "0 0 0 30 2 *", "the schedule has no activation after"},
 		{"not anchored", mem, []cronguard.Option{cronguard.WithParser(parser{"r": relative{5 * time.Second}})}, "e", "r", "the schedule is not anchored to fixed times"},
 		{"tolerance = interval", mem, []cronguard.Option{sec, cronguard.WithTolerance(time.Second)}, "e", "* * * * * *",
@@ -614,4 +614,56 @@ func onEachFleet(t *testing.T, test func(*testing.T, *fleet)) {
 	t.Run("memory", func(t *testing.T) { test(t, newFleet(t)) })
 	t.Run("redis", func(t *testing.T) { test(t, redisFleet(t, false)) })
 	t.Run("cluster", func(t *testing.T) { test(t, redisFleet(t, true)) })
+}
+
+// Add takes "@every d": the ticks are multiples of d since the epoch on
+// every replica, so two replicas started at different times agree, and each
+// tick runs once.
+func TestAddAlignsEvery(t *testing.T) {
+	base, err := lockkit.NewMemory()
+	require.NoError(t, err)
+	defer base.Close(context.Background())
+	var mu sync.Mutex
+	runs := map[time.Time]int{}
+	done := make(chan struct{})
+	job := cron.FuncJob(func() {})
+	var crons []*cron.Cron
+	for i := range 2 {
+		l := lockkit.Locker(base)
+		if i > 0 {
+			peer, err := base.NewPeer()
+			require.NoError(t, err)
+			defer peer.Close(context.Background())
+			l = peer
+		}
+		g, err := cronguard.New(l, cronguard.WithObserver(func(ctx context.Context, e middleware.Event) {
+			if e.Kind != middleware.EventAcquired {
+				return
+			}
+			tick, _ := cronguard.Tick(ctx)
+			mu.Lock()
+			defer mu.Unlock()
+			runs[tick]++
+			if len(runs) == 5 {
+				close(done)
+			}
+		}))
+		require.NoError(t, err)
+		c := cron.New()
+		_, err = g.Add(c, "e", "@every 200ms offset 50ms", job)
+		require.NoError(t, err)
+		c.Start()
+		crons = append(crons, c)
+		time.Sleep(70 * time.Millisecond) // the second replica starts later
+	}
+	recv(t, done)
+	for _, c := range crons {
+		<-c.Stop().Done()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for tick, n := range runs {
+		require.Equal(t, 1, n, "tick %s ran once", tick)
+		require.Zero(t, (tick.UnixMilli()-50)%200, "tick %s is aligned", tick.Format(time.RFC3339Nano))
+	}
 }
