@@ -12,8 +12,13 @@
 //
 //	go run ./examples/scheduler               # an embedded miniredis unless REDIS_ADDR is set
 //	go run ./examples/scheduler -ticks 10 -replicas 5
+//	go run ./examples/scheduler -periodic     # asynq's periodic tasks: periodic.Scheduler on every replica
 //
-// startReplica is the setup to copy; demo.go holds the demo around it.
+// startReplica is the setup to copy; demo.go holds the demo around it. With
+// -periodic, the replicas run periodic.Scheduler, the drop-in for
+// asynq.Scheduler (startPeriodic in periodic.go): each "@every 1s" tick is
+// enqueued once although every replica fires it, the last with its clock
+// -jitter behind.
 package main
 
 import (
@@ -47,10 +52,15 @@ func main() {
 	flag.IntVar(&cfg.Ticks, "ticks", 5, "ticks to run before exiting")
 	flag.StringVar(&cfg.Spec, "spec", "* * * * * *", "cron spec with a seconds field")
 	flag.DurationVar(&cfg.Jitter, "jitter", 300*time.Millisecond, "how late, at most, a replica fires a tick (at random)")
+	usePeriodic := flag.Bool("periodic", false, "run the asynq periodic-task drop-in (periodic.Scheduler) instead")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Stdout, cfg); err != nil {
+	demo := run
+	if *usePeriodic {
+		demo = runPeriodic
+	}
+	if err := demo(ctx, os.Stdout, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "scheduler:", err)
 		os.Exit(1)
 	}

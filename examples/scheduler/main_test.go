@@ -41,3 +41,17 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		require.Error(t, run(context.Background(), &bytes.Buffer{}, cfg), "%+v", cfg)
 	}
 }
+
+// TestPeriodicEnqueuesEachTickOnce runs the -periodic demo: three
+// periodic.Scheduler replicas, one with its clock 300ms behind, enqueue one
+// task per tick.
+func TestPeriodicEnqueuesEachTickOnce(t *testing.T) {
+	var out bytes.Buffer
+	cfg := config{Addr: os.Getenv("REDIS_ADDR"), Replicas: 3, Ticks: 3, Jitter: 300 * time.Millisecond}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := runPeriodic(ctx, &out, cfg)
+	t.Log("\n" + out.String())
+	require.NoError(t, err)
+	require.Regexp(t, `\d+ ticks, \d+ tasks \(asynq.Scheduler on 3 replicas would have enqueued \d+\)`, out.String())
+}

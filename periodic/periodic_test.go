@@ -1,0 +1,299 @@
+package periodic
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/jobguard/jobguard/internal/testredis"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// deployment makes clients of one Redis deployment, closed when the test ends.
+type deployment func(t *testing.T) redis.UniversalClient
+
+func onEachRedis(t *testing.T, test func(t *testing.T, connect deployment)) {
+	t.Run("standalone", func(t *testing.T) {
+		test(t, func(t *testing.T) redis.UniversalClient {
+			c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+			t.Cleanup(func() { _ = c.Close() })
+			return c
+		})
+	})
+	t.Run("cluster", func(t *testing.T) {
+		test(t, func(t *testing.T) redis.UniversalClient {
+			c := redis.NewClusterClient(testredis.ClusterOptions(t))
+			t.Cleanup(func() { _ = c.Close() })
+			return c
+		})
+	})
+}
+
+// queueName returns a queue of this test only, deleted when it ends.
+func queueName(t *testing.T, c redis.UniversalClient) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	q := "jg-periodic-" + hex.EncodeToString(b)
+	insp := asynq.NewInspectorFromRedisClient(c)
+	t.Cleanup(func() { _ = insp.DeleteQueue(q, true) })
+	return q
+}
+
+// ticksIn returns the ticks of the tasks in q, from their IDs, counting
+// every state a task can be in before a server runs it.
+func ticksIn(t *testing.T, c redis.UniversalClient, q string) map[int64]int {
+	insp := asynq.NewInspectorFromRedisClient(c)
+	out := map[int64]int{}
+	tasks, err := insp.ListPendingTasks(q, asynq.PageSize(10000))
+	if errors.Is(err, asynq.ErrQueueNotFound) {
+		return out // nothing enqueued yet
+	}
+	require.NoError(t, err)
+	for _, ti := range tasks {
+		ms, err := strconv.ParseInt(ti.ID[strings.LastIndexByte(ti.ID, ':')+1:], 10, 64)
+		require.NoError(t, err)
+		out[ms]++
+	}
+	return out
+}
+
+// Three replicas, one with its clock 400ms behind and one that dies at its
+// tenth tick between deciding to enqueue and enqueueing: the queue holds
+// exactly one task per tick, none missing. Each replica pays one round trip
+// per tick, two on the one that enqueued.
+func TestThreeReplicasEnqueueEachTickOnce(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, connect deployment) {
+		admin := connect(t)
+		q := queueName(t, admin)
+		const ticks = 60
+		const period = 100 * time.Millisecond
+		var (
+			fired, won [3]atomic.Int64
+			rts        [3]*testredis.Counter
+			scheds     []*Scheduler
+		)
+		start := time.Now().Truncate(period).Add(3 * period)
+		end := start.Add(ticks * period)
+		for i := range 3 {
+			c := connect(t)
+			require.NoError(t, c.Ping(context.Background()).Err()) // connected: HELLO is not counted
+			rts[i] = &testredis.Counter{}
+			c.AddHook(rts[i])
+			clock := time.Now
+			if i == 2 {
+				clock = func() time.Time { return time.Now().Add(-400 * time.Millisecond) }
+			}
+			s := NewSchedulerFromRedisClient(c, &asynq.SchedulerOpts{
+				PostEnqueueFunc: func(_ *asynq.TaskInfo, err error) {
+					if err == nil {
+						won[i].Add(1)
+					}
+				},
+			}, WithClock(clock), WithPrefix(testredis.Prefix(t, admin)))
+			s.cfg.beforeEnqueue = func(_ string, tick time.Time) hookResult {
+				if tick.Before(start) || !tick.Before(end) {
+					return hookSkip // outside the measured ticks
+				}
+				if n := fired[i].Add(1); i == 1 && n == 10 {
+					return hookDie // replica 1 dies at its tenth tick
+				}
+				return hookEnqueue
+			}
+			_, err := s.Register("@every 100ms", asynq.NewTask("report", nil), asynq.Queue(q))
+			require.NoError(t, err)
+			scheds = append(scheds, s)
+		}
+		for _, s := range scheds {
+			require.NoError(t, s.Start())
+		}
+		time.Sleep(time.Until(end.Add(600 * time.Millisecond))) // the last tick, on the clock 400ms behind
+		for _, s := range scheds {
+			s.Shutdown()
+		}
+		got := ticksIn(t, admin, q)
+		require.Len(t, got, ticks, "one task per tick")
+		for k := range ticks {
+			require.Equal(t, 1, got[start.Add(time.Duration(k)*period).UnixMilli()], "tick %d", k)
+		}
+		var total int64
+		for i := range 3 {
+			total += won[i].Load()
+			// One round trip per tick fired, one more per tick enqueued;
+			// a client's first enqueue may also load asynq's script
+			// (NOSCRIPT, EVAL) and register the queue (SADD).
+			require.LessOrEqual(t, rts[i].Count(), fired[i].Load()+won[i].Load()+2, "replica %d", i)
+			t.Logf("replica %d: fired %d ticks, enqueued %d, %d round trips", i, fired[i].Load(), won[i].Load(), rts[i].Count())
+		}
+		require.EqualValues(t, ticks, total)
+		require.Less(t, fired[1].Load(), int64(ticks), "replica 1 died")
+	})
+}
+
+// CatchUp: after every replica was down, the missed ticks within the window
+// are enqueued once each, oldest first, or only the latest.
+func TestCatchUp(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, connect deployment) {
+		for _, mode := range []CatchUpMode{CatchUpAll, CatchUpLatest} {
+			c := connect(t)
+			q := queueName(t, c)
+			prefix := testredis.Prefix(t, c)
+			now := time.Now()
+			var order []int64
+			var mu sync.Mutex
+			newSched := func() *Scheduler {
+				s := NewSchedulerFromRedisClient(c, nil, CatchUp(time.Minute, mode), WithPrefix(prefix))
+				s.cfg.beforeEnqueue = func(_ string, tick time.Time) hookResult {
+					if tick.After(now) {
+						return hookSkip // only the catch-up is measured
+					}
+					mu.Lock()
+					order = append(order, tick.UnixMilli())
+					mu.Unlock()
+					return hookEnqueue
+				}
+				return s
+			}
+			a, b := newSched(), newSched()
+			id, err := a.Register("@every 1s", asynq.NewTask("report", nil), asynq.Queue(q))
+			require.NoError(t, err)
+			_, err = b.Register("@every 1s", asynq.NewTask("report", nil), asynq.Queue(q))
+			require.NoError(t, err)
+			// The last tick enqueued was 5s ago; 2 minutes ago is outside the window.
+			last := now.Truncate(time.Second).Add(-5 * time.Second)
+			require.NoError(t, c.ZAdd(context.Background(), a.lastKey(a.entries[id]), redis.Z{Score: float64(last.UnixMilli()), Member: "t"}).Err())
+			require.NoError(t, a.Start())
+			require.NoError(t, b.Start())
+			require.Eventually(t, func() bool {
+				got := ticksIn(t, c, q)
+				if mode == CatchUpLatest {
+					return len(got) == 1
+				}
+				return len(got) == 5
+			}, 5*time.Second, 10*time.Millisecond)
+			a.Shutdown()
+			b.Shutdown()
+			got := ticksIn(t, c, q)
+			for ms, n := range got {
+				require.Equal(t, 1, n)
+				require.True(t, ms > last.UnixMilli() && ms <= now.UnixMilli())
+			}
+			if mode == CatchUpLatest {
+				require.Contains(t, got, now.Truncate(time.Second).UnixMilli())
+			}
+			mu.Lock()
+			for i := 1; i < len(order); i++ {
+				if order[i] < order[i-1] {
+					require.Greater(t, order[i], int64(0)) // another replica's sequence
+				}
+			}
+			mu.Unlock()
+		}
+	})
+}
+
+// A PeriodicTaskManager registers the provider's configs and follows their
+// changes; an entry's ID is its config's, the same on every replica.
+func TestManagerFollowsTheConfigs(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	defer c.Close()
+	q := queueName(t, c)
+	p := &provider{configs: []*asynq.PeriodicTaskConfig{
+		{Cronspec: "@every 100ms", Task: asynq.NewTask("a", nil), Opts: []asynq.Option{asynq.Queue(q)}},
+	}}
+	m, err := NewPeriodicTaskManager(asynq.PeriodicTaskManagerOpts{PeriodicTaskConfigProvider: p, RedisUniversalClient: c, SyncInterval: 50 * time.Millisecond},
+		WithPrefix(testredis.Prefix(t, c)))
+	require.NoError(t, err)
+	require.NoError(t, m.Start())
+	defer m.Shutdown()
+	countType := func(typ string) int {
+		tasks, err := asynq.NewInspectorFromRedisClient(c).ListPendingTasks(q, asynq.PageSize(10000))
+		if errors.Is(err, asynq.ErrQueueNotFound) {
+			return 0
+		}
+		require.NoError(t, err)
+		n := 0
+		for _, ti := range tasks {
+			if ti.Type == typ {
+				n++
+			}
+		}
+		return n
+	}
+	require.Eventually(t, func() bool { return countType("a") >= 2 }, 5*time.Second, 10*time.Millisecond)
+	p.set([]*asynq.PeriodicTaskConfig{{Cronspec: "@every 100ms", Task: asynq.NewTask("b", nil), Opts: []asynq.Option{asynq.Queue(q)}}})
+	require.Eventually(t, func() bool { return countType("b") >= 2 }, 5*time.Second, 10*time.Millisecond)
+	a := countType("a")
+	time.Sleep(300 * time.Millisecond) // three periods of the removed entry
+	require.Equal(t, a, countType("a"), "the removed config enqueues no more")
+
+	p.set([]*asynq.PeriodicTaskConfig{{Cronspec: "not a spec", Task: asynq.NewTask("c", nil)}})
+	require.ErrorIs(t, m.sync(), ErrInvalid)
+}
+
+type provider struct {
+	mu      sync.Mutex
+	configs []*asynq.PeriodicTaskConfig
+}
+
+func (p *provider) set(c []*asynq.PeriodicTaskConfig) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.configs = c
+}
+
+func (p *provider) GetConfigs() ([]*asynq.PeriodicTaskConfig, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.configs, nil
+}
+
+func TestValidation(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer c.Close()
+	s := NewSchedulerFromRedisClient(c, nil)
+	for want, reg := range map[string]func() error{
+		"task is nil":                 func() error { _, err := s.Register("@hourly", nil); return err },
+		"expected exactly 5 fields":   func() error { _, err := s.Register("* * *", asynq.NewTask("a", nil)); return err },
+		"the period must be at least": func() error { _, err := s.Register("@every 10us", asynq.NewTask("a", nil)); return err },
+		"names each tick's task":      func() error { _, err := s.Register("@hourly", asynq.NewTask("a", nil), asynq.TaskID("x")); return err },
+		"WithWindow(10ms)":            func() error { return NewSchedulerFromRedisClient(c, nil, WithWindow(10*time.Millisecond)).Start() },
+		"CatchUp(0s, 1)":              func() error { return NewSchedulerFromRedisClient(c, nil, CatchUp(0, CatchUpAll)).Start() },
+		"WithClock(nil)":              func() error { return NewSchedulerFromRedisClient(c, nil, WithClock(nil)).Start() },
+		"client is nil":               func() error { return NewSchedulerFromRedisClient(nil, nil).Start() },
+		"PeriodicTaskConfigProvider": func() error {
+			_, err := NewPeriodicTaskManager(asynq.PeriodicTaskManagerOpts{RedisUniversalClient: c})
+			return err
+		},
+		"give RedisConnOpt or": func() error {
+			_, err := NewPeriodicTaskManager(asynq.PeriodicTaskManagerOpts{PeriodicTaskConfigProvider: &provider{}})
+			return err
+		},
+	} {
+		err := reg()
+		require.ErrorIs(t, err, ErrInvalid, want)
+		require.ErrorContains(t, err, want)
+	}
+	id, err := s.Register("@hourly", asynq.NewTask("a", []byte("p")), asynq.Queue("q"))
+	require.NoError(t, err)
+	again := NewSchedulerFromRedisClient(c, nil)
+	id2, err := again.Register("@hourly", asynq.NewTask("a", []byte("p")), asynq.Queue("q"))
+	require.NoError(t, err)
+	require.Equal(t, id, id2, "the same config is the same entry on every replica")
+	_, err = s.Register("@hourly", asynq.NewTask("a", []byte("p")), asynq.Queue("q"))
+	require.ErrorIs(t, err, ErrInvalid)
+	require.NoError(t, s.Unregister(id))
+	require.ErrorIs(t, s.Unregister(id), ErrNotFound)
+}

@@ -1,0 +1,438 @@
+package periodic
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/robfig/cron/v3"
+
+	"github.com/jobguard/jobguard/internal/every"
+	"github.com/jobguard/jobguard/internal/invalid"
+)
+
+// DefaultWindow is how long after a tick a replica may still fire it and be
+// refused, when WithWindow is not given: the task of a tick is kept for that
+// long after it completes.
+const DefaultWindow = time.Minute
+
+// Errors of the package. Compare with errors.Is.
+var (
+	// ErrInvalid is matched by every error returned for an invalid spec, task
+	// or option; it also matches lockkit.ErrInvalid. The message names the
+	// problem.
+	ErrInvalid = invalid.New("periodic: invalid argument")
+	// ErrNotFound is returned by Unregister for an unknown entry ID.
+	ErrNotFound = errors.New("periodic: no such entry")
+)
+
+// CatchUpMode says which missed ticks CatchUp enqueues.
+type CatchUpMode int
+
+// Catch-up modes.
+const (
+	// CatchUpAll enqueues every missed tick, oldest first.
+	CatchUpAll CatchUpMode = iota + 1
+	// CatchUpLatest enqueues only the latest missed tick.
+	CatchUpLatest
+)
+
+// Option configures a Scheduler beyond asynq.SchedulerOpts.
+type Option func(*config)
+
+type config struct {
+	window  time.Duration
+	catchUp time.Duration
+	mode    CatchUpMode
+	clock   func() time.Time
+	logger  *slog.Logger
+	prefix  string
+	// beforeEnqueue, when set, is called before each enqueue (tests).
+	beforeEnqueue func(entryID string, tick time.Time) hookResult
+}
+
+// hookResult is what config.beforeEnqueue makes of a tick.
+type hookResult int
+
+const (
+	hookEnqueue hookResult = iota
+	hookSkip               // not this tick
+	hookDie                // stop the entry on this replica, as if the process died
+)
+
+// WithWindow sets how long after a tick a replica may still fire it without
+// enqueueing it a second time: the completed task of a tick is kept that long
+// (asynq.Retention, or the task's own Retention if longer). Make it longer
+// than the clock skew between replicas plus the longest pause of a replica.
+// Must be at least a second. Defaults to DefaultWindow.
+func WithWindow(d time.Duration) Option { return func(c *config) { c.window = d } }
+
+// CatchUp makes Start enqueue the ticks of each entry that no replica
+// enqueued while all were down, within window before now: all of them oldest
+// first (CatchUpAll) or only the latest (CatchUpLatest). Ticks are known from
+// the last one each entry enqueued, kept in Redis; an entry that never
+// enqueued has nothing to catch up. A caught-up tick has the same task ID as
+// on time, so it is never enqueued twice, also when several replicas start
+// at once. window must be positive; the task retention grows to it if
+// WithWindow is shorter. Defaults to no catch-up.
+func CatchUp(window time.Duration, mode CatchUpMode) Option {
+	return func(c *config) { c.catchUp, c.mode = window, mode }
+}
+
+// WithClock sets the clock the Scheduler fires by. Must not be nil. Defaults
+// to time.Now.
+func WithClock(now func() time.Time) Option { return func(c *config) { c.clock = now } }
+
+// WithLogger sets the logger of the Scheduler's own messages (refused
+// enqueues at Debug, failures at Warn). Must not be nil. Defaults to
+// slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithPrefix sets the prefix of the Redis keys that remember each entry's
+// last tick (for CatchUp). Defaults to "jobguard:".
+func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
+
+// Scheduler enqueues periodic tasks like asynq.Scheduler, once per tick
+// across every replica that runs the same entries (see the package doc). It
+// is safe for concurrent use.
+type Scheduler struct {
+	rdb    redis.UniversalClient
+	client *asynq.Client
+	opts   asynq.SchedulerOpts
+	cfg    config
+	err    error // a construction error, returned by Register and Start
+
+	mu      sync.Mutex
+	entries map[string]*entry
+	started bool
+	stopped bool
+	wg      sync.WaitGroup
+}
+
+type entry struct {
+	id    string
+	spec  string
+	sched cron.Schedule
+	task  *asynq.Task
+	opts  []asynq.Option
+	keep  time.Duration // the retention of its tasks
+	stop  chan struct{}
+}
+
+// NewScheduler returns a Scheduler on the Redis r connects to, with asynq's
+// options (Location, PreEnqueueFunc, PostEnqueueFunc; the heartbeat and
+// logger fields and the deprecated EnqueueErrorHandler are not used). An invalid option is
+// reported by Register and Start, as an error matching ErrInvalid.
+func NewScheduler(r asynq.RedisConnOpt, opts *asynq.SchedulerOpts, options ...Option) *Scheduler {
+	if r == nil {
+		return &Scheduler{err: fmt.Errorf("%w: NewScheduler: RedisConnOpt is nil", ErrInvalid)}
+	}
+	c, ok := r.MakeRedisClient().(redis.UniversalClient)
+	if !ok {
+		return &Scheduler{err: fmt.Errorf("%w: NewScheduler: %T makes no redis.UniversalClient", ErrInvalid, r)}
+	}
+	return NewSchedulerFromRedisClient(c, opts, options...)
+}
+
+// NewSchedulerFromRedisClient is NewScheduler on an existing client, which
+// the Scheduler does not close.
+func NewSchedulerFromRedisClient(c redis.UniversalClient, opts *asynq.SchedulerOpts, options ...Option) *Scheduler {
+	s := &Scheduler{entries: make(map[string]*entry)}
+	if c == nil {
+		s.err = fmt.Errorf("%w: NewSchedulerFromRedisClient: client is nil", ErrInvalid)
+		return s
+	}
+	s.rdb, s.client = c, asynq.NewClientFromRedisClient(c)
+	if opts != nil {
+		s.opts = *opts
+	}
+	if s.opts.Location == nil {
+		s.opts.Location = time.UTC
+	}
+	s.cfg = config{window: DefaultWindow, clock: time.Now, logger: slog.Default(), prefix: "jobguard:"}
+	for _, o := range options {
+		if o != nil {
+			o(&s.cfg)
+		}
+	}
+	switch {
+	case s.cfg.window < time.Second:
+		s.err = fmt.Errorf("%w: WithWindow(%s): must be at least 1s", ErrInvalid, s.cfg.window)
+	case s.cfg.mode != 0 && (s.cfg.catchUp <= 0 || (s.cfg.mode != CatchUpAll && s.cfg.mode != CatchUpLatest)):
+		s.err = fmt.Errorf("%w: CatchUp(%s, %d): the window must be positive and the mode CatchUpAll or CatchUpLatest", ErrInvalid, s.cfg.catchUp, s.cfg.mode)
+	case s.cfg.clock == nil:
+		s.err = fmt.Errorf("%w: WithClock(nil)", ErrInvalid)
+	case s.cfg.logger == nil:
+		s.err = fmt.Errorf("%w: WithLogger(nil)", ErrInvalid)
+	}
+	return s
+}
+
+// Register adds an entry that enqueues task with opts on cronspec (five
+// fields or a descriptor, as asynq takes them, or "@every d [offset o]",
+// aligned to the epoch) in the Location of the SchedulerOpts. It returns the
+// entry's ID, derived from the config (see the package doc), which
+// Unregister takes. It returns an error matching ErrInvalid for a spec that
+// does not parse or never fires, a nil task, an asynq.TaskID option (the
+// Scheduler names each tick's task), or an entry with the same config
+// registered already.
+func (s *Scheduler) Register(cronspec string, task *asynq.Task, opts ...asynq.Option) (string, error) {
+	if s.err != nil {
+		return "", s.err
+	}
+	if task == nil {
+		return "", fmt.Errorf("%w: Register(%q): task is nil", ErrInvalid, cronspec)
+	}
+	sched, err := parse(cronspec, s.opts.Location)
+	if err != nil {
+		return "", fmt.Errorf("%w: Register(%q): %v", ErrInvalid, cronspec, err)
+	}
+	if sched.Next(s.cfg.clock()).IsZero() {
+		return "", fmt.Errorf("%w: Register(%q): the schedule never fires", ErrInvalid, cronspec)
+	}
+	keep := max(s.cfg.window, s.cfg.catchUp)
+	for _, o := range opts {
+		switch o.Type() {
+		case asynq.TaskIDOpt:
+			return "", fmt.Errorf("%w: Register(%q): asynq.TaskID: the Scheduler names each tick's task itself", ErrInvalid, cronspec)
+		case asynq.RetentionOpt:
+			if d, ok := o.Value().(time.Duration); ok {
+				keep = max(keep, d)
+			}
+		}
+	}
+	e := &entry{id: entryID(cronspec, s.opts.Location, task, opts), spec: cronspec, sched: sched, task: task, opts: slices.Clone(opts), keep: keep, stop: make(chan struct{})}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, dup := s.entries[e.id]; dup {
+		return "", fmt.Errorf("%w: Register(%q): an entry with the same spec, task and options is registered (%s)", ErrInvalid, cronspec, e.id)
+	}
+	s.entries[e.id] = e
+	if s.started && !s.stopped {
+		s.runLocked(e)
+	}
+	return e.id, nil
+}
+
+// Unregister removes the entry with ID entryID; ticks it was enqueueing
+// complete. It returns ErrNotFound for an unknown ID.
+func (s *Scheduler) Unregister(entryID string) error {
+	s.mu.Lock()
+	e, ok := s.entries[entryID]
+	delete(s.entries, entryID)
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrNotFound, entryID)
+	}
+	close(e.stop)
+	return nil
+}
+
+// Start starts enqueueing, after catching up (CatchUp), and returns. It
+// returns the construction error, if any, or an error if the Scheduler was
+// started or shut down already.
+func (s *Scheduler) Start() error {
+	if s.err != nil {
+		return s.err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return errors.New("periodic: the Scheduler was started already")
+	}
+	s.started = true
+	for _, e := range s.entries {
+		s.runLocked(e)
+	}
+	return nil
+}
+
+// Run starts the Scheduler and blocks until the process receives SIGTERM or
+// SIGINT, then shuts it down, as asynq.Scheduler.Run does.
+func (s *Scheduler) Run() error {
+	if err := s.Start(); err != nil {
+		return err
+	}
+	waitForSignal()
+	s.Shutdown()
+	return nil
+}
+
+// waitForSignal returns when the process receives SIGTERM or SIGINT.
+func waitForSignal() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	<-sigs
+	signal.Stop(sigs)
+}
+
+// Shutdown stops enqueueing and waits for enqueues in flight.
+func (s *Scheduler) Shutdown() {
+	s.mu.Lock()
+	if !s.stopped {
+		s.stopped = true
+		for _, e := range s.entries {
+			close(e.stop)
+		}
+		clear(s.entries)
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+func (s *Scheduler) runLocked(e *entry) {
+	s.wg.Add(1)
+	go s.loop(e)
+}
+
+// loop fires e's ticks until it is stopped, after catching up.
+func (s *Scheduler) loop(e *entry) {
+	defer s.wg.Done()
+	if s.cfg.mode != 0 && !s.catchUp(e) {
+		return
+	}
+	next := e.sched.Next(s.cfg.clock())
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		timer.Reset(max(next.Sub(s.cfg.clock()), 0))
+		select {
+		case <-e.stop:
+			return
+		case <-timer.C:
+		}
+		now := s.cfg.clock()
+		if now.Before(next) {
+			continue // the timer ran early on this clock
+		}
+		if !s.fire(e, next) {
+			return
+		}
+		next = e.sched.Next(next)
+		if now.Sub(next) > s.cfg.window {
+			// Paused past the window: these ticks were the other
+			// replicas' to enqueue, and are too old to be refused.
+			next = e.sched.Next(now)
+		}
+	}
+}
+
+// catchUp enqueues the ticks of e missed within the catch-up window, from
+// the last one enqueued; false when the loop must stop.
+func (s *Scheduler) catchUp(e *entry) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	last, err := s.rdb.ZScore(ctx, s.lastKey(e), "t").Result()
+	cancel()
+	if err != nil {
+		if !errors.Is(err, redis.Nil) {
+			s.cfg.logger.Warn("periodic: reading the last tick for catch-up", "entry", e.id, "spec", e.spec, "err", err)
+		}
+		return true
+	}
+	now := s.cfg.clock()
+	from := time.UnixMilli(int64(last)).In(s.opts.Location)
+	if limit := now.Add(-s.cfg.catchUp); from.Before(limit) {
+		from = limit
+	}
+	var missed []time.Time
+	for t := e.sched.Next(from); !t.IsZero() && !t.After(now) && len(missed) < 100_000; t = e.sched.Next(t) {
+		missed = append(missed, t)
+	}
+	if s.cfg.mode == CatchUpLatest && len(missed) > 1 {
+		missed = missed[len(missed)-1:]
+	}
+	for _, t := range missed {
+		if !s.fire(e, t) {
+			return false
+		}
+	}
+	return true
+}
+
+// fire enqueues e's task of tick; false when the entry stops on this replica.
+func (s *Scheduler) fire(e *entry, tick time.Time) bool {
+	if s.cfg.beforeEnqueue != nil {
+		switch s.cfg.beforeEnqueue(e.id, tick) {
+		case hookSkip:
+			return true
+		case hookDie:
+			return false
+		}
+	}
+	opts := append(slices.Clone(e.opts), asynq.TaskID(taskID(e.id, tick)), asynq.Retention(e.keep))
+	if f := s.opts.PreEnqueueFunc; f != nil {
+		f(e.task, opts)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := s.client.EnqueueContext(ctx, e.task, opts...)
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		s.cfg.logger.Debug("periodic: tick enqueued by another replica", "entry", e.id, "spec", e.spec, "tick", tick)
+		return true
+	}
+	if f := s.opts.PostEnqueueFunc; f != nil {
+		f(info, err)
+	}
+	if err != nil {
+		s.cfg.logger.Warn("periodic: enqueue failed", "entry", e.id, "spec", e.spec, "tick", tick, "err", err)
+		return true
+	}
+	// Remember the last tick enqueued, for CatchUp; a later tick never
+	// goes back to an earlier one (GT).
+	key := s.lastKey(e)
+	if err := s.rdb.ZAddGT(ctx, key, redis.Z{Score: float64(tick.UnixMilli()), Member: "t"}).Err(); err != nil {
+		s.cfg.logger.Warn("periodic: recording the last tick", "entry", e.id, "tick", tick, "err", err)
+	}
+	return true
+}
+
+func (s *Scheduler) lastKey(e *entry) string { return s.cfg.prefix + "periodic:{" + e.id + "}:last" }
+
+// parse reads a spec as asynq's Scheduler does (five fields or a
+// descriptor), in loc, with "@every" aligned to the epoch.
+func parse(spec string, loc *time.Location) (cron.Schedule, error) {
+	if e, ok, err := every.Parse(spec); ok {
+		return e, err
+	}
+	sched, err := cron.ParseStandard(spec)
+	if err != nil {
+		return nil, err
+	}
+	if ss, ok := sched.(*cron.SpecSchedule); ok && ss.Location == time.Local {
+		ss.Location = loc // a CRON_TZ= prefix keeps its own zone
+	}
+	return sched, nil
+}
+
+// entryID derives an entry's identity from its config.
+func entryID(spec string, loc *time.Location, task *asynq.Task, opts []asynq.Option) string {
+	parts := make([]string, 0, len(opts))
+	for _, o := range opts {
+		parts = append(parts, o.String())
+	}
+	slices.Sort(parts)
+	h := sha256.New()
+	for _, p := range append([]string{spec, loc.String(), task.Type(), string(task.Payload())}, parts...) {
+		h.Write([]byte(strconv.Itoa(len(p))))
+		h.Write([]byte{':'})
+		h.Write([]byte(p))
+	}
+	return hex.EncodeToString(h.Sum(nil))[:20]
+}
+
+// taskID names the task of entry id's tick.
+func taskID(id string, tick time.Time) string {
+	return "periodic:" + id + ":" + strconv.FormatInt(tick.UnixMilli(), 10)
+}
