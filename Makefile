@@ -6,9 +6,11 @@ PKGS := ./...
 
 .PHONY: test test-faults bench lint run-demo run-worker run-scheduler
 
-## test: every test with the race detector, against a real redis-server.
+## test: every test with the race detector, against a real redis-server: the
+## core module, then the integration modules (gocronguard/).
 test:
-	@tools/with-redis.sh $(GO) test -race -count=1 -timeout 10m $(PKGS)
+	@tools/with-redis.sh sh -c '$(GO) test -race -count=1 -timeout 10m $(PKGS) && cd gocronguard && $(GO) test -race -count=1 -timeout 5m ./...'
+
 
 ## bench: the comparison harness (bench/, a separate module) and the Go benchmarks.
 bench:
@@ -24,6 +26,7 @@ lint:
 	$(STATICCHECK) ./...
 	cd faults && $(GO) vet -tags faults ./... && $(STATICCHECK) -tags faults ./...
 	cd bench && $(GO) vet ./... && $(STATICCHECK) ./...
+	cd gocronguard && $(GO) vet ./... && $(STATICCHECK) ./...
 
 ## run-demo: the lockkit demo (embedded Redis unless REDIS_ADDR is set).
 run-demo:

@@ -1,0 +1,209 @@
+// Package gocronguard runs go-co-op/gocron v2 jobs once across the
+// schedulers of a fleet, on lockkit leases: a Locker for
+// gocron.WithDistributedLocker and an Elector for
+// gocron.WithDistributedElector. It is a Go module of its own, so that
+// gocron is in the build of no one who does not use it.
+//
+// gocron passes its Locker only the job's name, not which scheduled run it
+// is, so a lock released when a fast job returns lets a scheduler whose
+// clock is behind run the same tick again (gocron #841). The Locker names
+// the run instead:
+//
+//   - With WithSchedule(job, spec), the run is the activation of spec nearest
+//     to the scheduler's clock (within the tolerance), claimed once as a
+//     lockkit epoch: each activation runs once, however late a scheduler
+//     fires it. Give the job's own cron spec (gocron.CronJob), or "@every d"
+//     for jobs that fire on multiples of d since the epoch.
+//   - Otherwise the key stays held for WithHoldAtLeast (default
+//     DefaultHoldAtLeast) after a run starts: a scheduler firing the same run
+//     within that time is refused. It must be longer than the clock skew
+//     between schedulers and shorter than the job's interval.
+package gocronguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/robfig/cron/v3"
+
+	"github.com/jobguard/jobguard/internal/every"
+	"github.com/jobguard/jobguard/internal/invalid"
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+// Defaults of a Locker.
+const (
+	// DefaultHoldAtLeast is how long the key of a job without a schedule
+	// stays held after its run starts.
+	DefaultHoldAtLeast = time.Second
+	// DefaultTolerance bounds how far from an activation a scheduler may fire
+	// it and still name it, unless half the schedule's interval is shorter.
+	DefaultTolerance = time.Second
+	// KeyPrefix is prepended to a job's name to make its lockkit key.
+	KeyPrefix = "gocron:"
+)
+
+var (
+	// ErrInvalid is matched by every error for an invalid option; it also
+	// matches lockkit.ErrInvalid.
+	ErrInvalid = invalid.New("gocronguard: invalid option")
+	// ErrNoTick is returned by Lock for a job with a schedule that fired
+	// farther than the tolerance from every activation: the run is skipped.
+	ErrNoTick = errors.New("gocronguard: no activation near the scheduler's clock")
+)
+
+// Option configures a Locker.
+type Option func(*Locker)
+
+// WithSchedule tells the Locker the schedule of the job named job: a cron
+// spec of five fields, six with seconds, a descriptor such as "@hourly", or
+// "@every d [offset o]" (aligned to the epoch). Its runs are then named by
+// their activation (see the package doc).
+func WithSchedule(job, spec string) Option {
+	return func(l *Locker) { l.specs[job] = spec }
+}
+
+// WithHoldAtLeast sets how long the key of a job without a schedule stays
+// held after its run starts. Must be positive. Defaults to
+// DefaultHoldAtLeast.
+func WithHoldAtLeast(d time.Duration) Option { return func(l *Locker) { l.hold = d } }
+
+// WithTolerance sets how far from an activation a scheduler may fire it and
+// still run it. Must be positive. Defaults to DefaultTolerance, or half the
+// schedule's interval when that is shorter.
+func WithTolerance(d time.Duration) Option { return func(l *Locker) { l.tol = d } }
+
+// WithClock sets the clock ticks are named by; give the gocron scheduler's.
+// Must not be nil. Defaults to time.Now.
+func WithClock(now func() time.Time) Option { return func(l *Locker) { l.now = now } }
+
+// Locker is a gocron.Locker on a lockkit.Locker.
+type Locker struct {
+	l      lockkit.Locker
+	hold   time.Duration
+	tol    time.Duration
+	now    func() time.Time
+	specs  map[string]string
+	scheds map[string]schedule
+}
+
+type schedule struct {
+	s   cron.Schedule
+	tol time.Duration
+}
+
+var _ gocron.Locker = (*Locker)(nil)
+
+// NewLocker returns a gocron.Locker on l. It returns an error matching
+// ErrInvalid for a nil l, a spec that does not parse, or a non-positive
+// duration.
+func NewLocker(l lockkit.Locker, opts ...Option) (*Locker, error) {
+	if l == nil {
+		return nil, fmt.Errorf("%w: NewLocker: locker is nil", ErrInvalid)
+	}
+	lk := &Locker{l: l, hold: DefaultHoldAtLeast, now: time.Now, specs: map[string]string{}, scheds: map[string]schedule{}}
+	for _, o := range opts {
+		if o != nil {
+			o(lk)
+		}
+	}
+	switch {
+	case lk.hold <= 0:
+		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): must be positive", ErrInvalid, lk.hold)
+	case lk.tol < 0:
+		return nil, fmt.Errorf("%w: WithTolerance(%s): must be positive", ErrInvalid, lk.tol)
+	case lk.now == nil:
+		return nil, fmt.Errorf("%w: WithClock(nil)", ErrInvalid)
+	}
+	for job, spec := range lk.specs {
+		s, err := parse(spec)
+		if err != nil {
+			return nil, fmt.Errorf("%w: WithSchedule(%q, %q): %v", ErrInvalid, job, spec, err)
+		}
+		a := s.Next(lk.now())
+		gap := s.Next(a).Sub(a)
+		if a.IsZero() || gap <= 0 {
+			return nil, fmt.Errorf("%w: WithSchedule(%q, %q): the schedule does not fire twice", ErrInvalid, job, spec)
+		}
+		tol := lk.tol
+		if tol == 0 {
+			tol = min(DefaultTolerance, gap/2)
+		}
+		lk.scheds[job] = schedule{s: s, tol: tol}
+	}
+	return lk, nil
+}
+
+func parse(spec string) (cron.Schedule, error) {
+	if e, ok, err := every.Parse(spec); ok {
+		return e, err
+	}
+	if len(strings.Fields(spec)) == 6 {
+		return cron.NewParser(cron.Second | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor).Parse(spec)
+	}
+	return cron.ParseStandard(spec)
+}
+
+// Lock implements gocron.Locker: it takes the job's lease for this run, or
+// returns why the run must be skipped (the run was claimed by another
+// scheduler, or its key is held: an error matching lockkit.ErrEpochUsed or
+// lockkit.ErrNotAcquired; ErrNoTick; a Redis error). The lease is renewed
+// until Unlock.
+func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
+	opt := &lockkit.AcquireOptions{HoldAtLeast: l.hold}
+	if s, ok := l.scheds[key]; ok {
+		now := l.now()
+		tick := s.s.Next(now.Add(-s.tol))
+		if tick.IsZero() || tick.After(now.Add(s.tol)) {
+			return nil, fmt.Errorf("%w: job %q fired at %s", ErrNoTick, key, now.Format(time.RFC3339Nano))
+		}
+		opt = &lockkit.AcquireOptions{Epoch: tick.UnixMilli(), EpochTTL: time.Hour, Label: tick.UTC().Format(time.RFC3339Nano)}
+	}
+	lease, err := l.l.TryAcquire(ctx, KeyPrefix+key, opt)
+	if err != nil {
+		return nil, err
+	}
+	return lock{lease}, nil
+}
+
+type lock struct{ lease *lockkit.Lease }
+
+// Unlock implements gocron.Lock.
+func (k lock) Unlock(ctx context.Context) error { return k.lease.Release(ctx) }
+
+// Elector is a gocron.Elector on a lockkit.Campaign: the scheduler holding
+// the key is the leader, renewed while it lives; the lease's fencing token
+// is the term. Losing leadership is reported by the next IsLeader.
+type Elector struct{ c *lockkit.Campaign }
+
+var _ gocron.Elector = (*Elector)(nil)
+
+// NewElector starts campaigning for key on l (opt as for lockkit.Acquire,
+// nil for defaults: a dead leader is replaced within the TTL). Close it to
+// resign. It returns ErrInvalid for a nil l or an empty key.
+func NewElector(l lockkit.Locker, key string, opt *lockkit.AcquireOptions) (*Elector, error) {
+	c, err := lockkit.NewCampaign(l, key, opt)
+	if err != nil {
+		return nil, err
+	}
+	return &Elector{c: c}, nil
+}
+
+// IsLeader implements gocron.Elector: nil while this scheduler leads,
+// lockkit.ErrNotLeader otherwise.
+func (e *Elector) IsLeader(context.Context) error {
+	if _, ok := e.c.Leader(); ok {
+		return nil
+	}
+	return lockkit.ErrNotLeader
+}
+
+// Term returns the current leadership term (a fencing token), if leading.
+func (e *Elector) Term() (int64, bool) { return e.c.Leader() }
+
+// Close resigns and stops campaigning, bounded by ctx.
+func (e *Elector) Close(ctx context.Context) error { return e.c.Stop(ctx) }

@@ -1,0 +1,180 @@
+package gocronguard_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/jonboulle/clockwork"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/gocronguard"
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+// skewed is the real clock shifted by an offset, as on a machine whose clock
+// is off: gocron fires its jobs by it.
+type skewed struct {
+	clockwork.Clock
+	off time.Duration
+}
+
+func (c skewed) Now() time.Time                  { return time.Now().Add(c.off) }
+func (c skewed) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+func (c skewed) Until(t time.Time) time.Duration { return t.Sub(c.Now()) }
+
+func redisClient(t *testing.T) *redis.Client {
+	addr := os.Getenv("REDIS_ADDR")
+	if addr == "" {
+		t.Fatal("REDIS_ADDR is not set: run the tests with make test-gocron")
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func prefix() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return "test:gocron:" + hex.EncodeToString(b) + ":"
+}
+
+// gocron #841: three schedulers whose clocks are up to 300ms apart run a 1ms
+// job every second. With the job's schedule, or with a hold longer than the
+// skew, each second runs once.
+func TestEachRunOnceUnderClockSkew(t *testing.T) {
+	for name, opt := range map[string]gocronguard.Option{
+		"schedule": gocronguard.WithSchedule("report", "* * * * * *"),
+		"hold":     gocronguard.WithHoldAtLeast(500 * time.Millisecond),
+	} {
+		t.Run(name, func(t *testing.T) {
+			rdb := redisClient(t)
+			p := prefix()
+			var mu sync.Mutex
+			runs := map[int64]int{} // second → runs
+			var scheds []gocron.Scheduler
+			for i, off := range []time.Duration{0, -150 * time.Millisecond, -300 * time.Millisecond} {
+				clock := skewed{Clock: clockwork.NewRealClock(), off: off}
+				locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(p))
+				require.NoError(t, err)
+				defer locker.Close(context.Background())
+				gl, err := gocronguard.NewLocker(locker, opt, gocronguard.WithClock(clock.Now))
+				require.NoError(t, err)
+				s, err := gocron.NewScheduler(gocron.WithClock(clock), gocron.WithDistributedLocker(gl))
+				require.NoError(t, err)
+				_, err = s.NewJob(gocron.CronJob("* * * * * *", true), gocron.NewTask(func() {
+					mu.Lock()
+					runs[clock.Now().Add(500*time.Millisecond).Truncate(time.Second).Unix()]++
+					mu.Unlock()
+					time.Sleep(time.Millisecond)
+				}), gocron.WithName("report"))
+				require.NoError(t, err, "scheduler %d", i)
+				s.Start()
+				scheds = append(scheds, s)
+			}
+			time.Sleep(4200 * time.Millisecond)
+			for _, s := range scheds {
+				require.NoError(t, s.Shutdown())
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			require.GreaterOrEqual(t, len(runs), 3)
+			for sec, n := range runs {
+				require.Equal(t, 1, n, "second %d ran %d times", sec, n)
+			}
+		})
+	}
+}
+
+// The Elector: only the leader's scheduler runs jobs; when it resigns,
+// another scheduler takes over, with a greater term.
+func TestElectorRunsJobsOnTheLeaderOnly(t *testing.T) {
+	rdb := redisClient(t)
+	p := prefix()
+	var mu sync.Mutex
+	ran := map[int]int{}
+	var electors []*gocronguard.Elector
+	var scheds []gocron.Scheduler
+	for i := range 3 {
+		locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(p))
+		require.NoError(t, err)
+		defer locker.Close(context.Background())
+		e, err := gocronguard.NewElector(locker, "leader", &lockkit.AcquireOptions{TTL: time.Second})
+		require.NoError(t, err)
+		electors = append(electors, e)
+		s, err := gocron.NewScheduler(gocron.WithDistributedElector(e))
+		require.NoError(t, err)
+		_, err = s.NewJob(gocron.DurationJob(50*time.Millisecond), gocron.NewTask(func() {
+			mu.Lock()
+			ran[i]++
+			mu.Unlock()
+		}))
+		require.NoError(t, err)
+		s.Start()
+		scheds = append(scheds, s)
+	}
+	defer func() {
+		for _, s := range scheds {
+			_ = s.Shutdown()
+		}
+	}()
+	leader := func() int {
+		n := -1
+		for i, e := range electors {
+			if e.IsLeader(context.Background()) == nil {
+				require.Equal(t, -1, n, "two leaders")
+				n = i
+			}
+		}
+		return n
+	}
+	var first int
+	require.Eventually(t, func() bool { first = leader(); return first >= 0 }, 5*time.Second, 5*time.Millisecond)
+	term, _ := electors[first].Term()
+	time.Sleep(400 * time.Millisecond)
+	mu.Lock()
+	require.Positive(t, ran[first])
+	require.Equal(t, ran[first], ran[0]+ran[1]+ran[2], "only the leader ran jobs")
+	mu.Unlock()
+
+	require.NoError(t, electors[first].Close(context.Background()))
+	require.ErrorIs(t, electors[first].IsLeader(context.Background()), lockkit.ErrNotLeader)
+	var next int
+	require.Eventually(t, func() bool { next = leader(); return next >= 0 }, 5*time.Second, 5*time.Millisecond)
+	require.NotEqual(t, first, next)
+	nextTerm, _ := electors[next].Term()
+	require.Greater(t, nextTerm, term)
+	for i, e := range electors {
+		if i != first {
+			require.NoError(t, e.Close(context.Background()))
+		}
+	}
+}
+
+func TestValidation(t *testing.T) {
+	l, err := lockkit.NewMemory()
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	for want, opts := range map[string][]gocronguard.Option{
+		`WithSchedule("a", "nope")`:   {gocronguard.WithSchedule("a", "nope")},
+		"WithHoldAtLeast(0s)":         {gocronguard.WithHoldAtLeast(0)},
+		"WithTolerance(-1s)":          {gocronguard.WithTolerance(-time.Second)},
+		"WithClock(nil)":              {gocronguard.WithClock(nil)},
+		`WithSchedule("a", "@every")`: {gocronguard.WithSchedule("a", "@every")},
+	} {
+		_, err := gocronguard.NewLocker(l, opts...)
+		require.ErrorIs(t, err, gocronguard.ErrInvalid, want)
+		require.ErrorIs(t, err, lockkit.ErrInvalid, want)
+		require.ErrorContains(t, err, want)
+	}
+	_, err = gocronguard.NewLocker(nil)
+	require.ErrorIs(t, err, gocronguard.ErrInvalid)
+	_, err = gocronguard.NewElector(nil, "k", nil)
+	require.ErrorIs(t, err, lockkit.ErrInvalid)
+}
