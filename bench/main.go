@@ -231,6 +231,12 @@ func (b *bench) run(out string) error {
 		if r.cronRes, err = b.cronRoundTrips(ctx); err != nil {
 			return err
 		}
+		progress("periodic: about %d ticks on 3 replicas", b.cronTicks)
+		env := b.asynqEnv()
+		defer env.cleanup()
+		if r.periodicRes, err = b.periodicRoundTrips(ctx, env); err != nil {
+			return err
+		}
 	}
 	r.elapsed = time.Since(start)
 	r.env = append(r.env, []string{"load average (1, 5, 15 min) at the start → the end of the run",

@@ -12,21 +12,22 @@ import (
 
 type report struct {
 	*bench
-	env        [][]string
-	cycleRes   []cycleResult
-	cold       map[string]counts
-	handoffRes []handoffResult
-	renewalRes renewalResult
-	tputRes    []tputResult
-	renewRun   renewRun
-	burstRes   []burstRun
-	burstEnq   counts // the enqueue of one burst
-	streamRes  streamResult
-	flowRes    []burstRun
-	preemptRes preemptResult
-	cronRes    cronResult
-	elapsed    time.Duration
-	sectionNo  int
+	env         [][]string
+	cycleRes    []cycleResult
+	cold        map[string]counts
+	handoffRes  []handoffResult
+	renewalRes  renewalResult
+	tputRes     []tputResult
+	renewRun    renewRun
+	burstRes    []burstRun
+	burstEnq    counts // the enqueue of one burst
+	streamRes   streamResult
+	flowRes     []burstRun
+	preemptRes  preemptResult
+	cronRes     cronResult
+	periodicRes periodicResult
+	elapsed     time.Duration
+	sectionNo   int
 }
 
 // heading writes the next numbered section heading.
@@ -160,8 +161,9 @@ func (r *report) markdown() string {
 		w.WriteString(r.streamSection())
 	}
 	if r.runs("cron") {
-		r.heading(&w, "cronguard: Redis round trips per tick and replica")
+		r.heading(&w, "cronguard and periodic: Redis round trips per tick and replica")
 		w.WriteString(r.cronSection())
+		w.WriteString(r.periodicTable())
 	}
 	return w.String()
 }
