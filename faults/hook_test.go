@@ -86,6 +86,7 @@ var (
 	detachCmd   = testredis.ScriptShape(1, 3) // as throttle's: no op calls both
 	debounceCmd = testredis.ScriptShape(1, 4)
 	claimCmd    = testredis.ScriptShape(1, 2)
+	evictCmd    = testredis.ScriptShape(3, 4)
 )
 
 const faultKey = "job"
@@ -220,6 +221,25 @@ var faultOps = []faultOp{
 		require.NoError(t, cerr)
 		require.False(t, ok)
 		require.True(t, n.Claimed)
+		return err
+	}},
+	{"force-release", evictCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		holder, err := other.TryAcquire(context.Background(), faultKey, nil)
+		require.NoError(t, err)
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		n, err := l.ForceRelease(ctx, faultKey, "")
+		if err == nil {
+			require.Equal(t, 1, n, "a repeated call reports the first run's count")
+		}
+		// However its reply fared, the holder is gone and cannot renew.
+		info, ierr := other.Inspect(context.Background(), faultKey)
+		require.NoError(t, ierr)
+		require.Empty(t, info.Holders)
+		require.ErrorIs(t, holder.Extend(context.Background(), 0), lockkit.ErrNotHeld)
 		return err
 	}},
 	{"release", releaseCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {

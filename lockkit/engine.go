@@ -35,6 +35,8 @@ type backend interface {
 	// debounce and claim implement Locker.Debounce and Locker.Claim.
 	debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error)
 	claim(ctx context.Context, key string, gen int64, force bool) (Request, bool, error)
+	// evict removes key's live holders, of owner or all ("").
+	evict(ctx context.Context, key, owner, call string) (int, error)
 	// free removes the live holder of key that carries label.
 	free(ctx context.Context, key, label string) (bool, error)
 	inspect(ctx context.Context, key string) (*Info, error)
@@ -223,6 +225,17 @@ func (e *engine) claim(ctx context.Context, key string, gen int64, force bool) (
 		return Request{}, false, fmt.Errorf("lockkit: claim %q: %w", key, err)
 	}
 	return r, ok, nil
+}
+
+func (e *engine) forceRelease(ctx context.Context, key, owner string) (int, error) {
+	if key == "" {
+		return 0, fmt.Errorf("%w: ForceRelease: key is empty", ErrInvalid)
+	}
+	n, err := e.b.evict(ctx, key, owner, randomID(8))
+	if err != nil {
+		return 0, fmt.Errorf("lockkit: force-release %q: %w", key, err)
+	}
+	return n, nil
 }
 
 func (e *engine) free(ctx context.Context, key, label string) (bool, error) {

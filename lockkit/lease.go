@@ -183,6 +183,11 @@ func (l *Lease) preempt() {
 	l.markLost(fmt.Errorf("%w: %q: token %d was preempted by a newer acquire", ErrPreempted, l.key, l.token))
 }
 
+// evicted marks the lease lost because ForceRelease removed it.
+func (l *Lease) evicted() {
+	l.markLost(fmt.Errorf("%w: %q: token %d was released by force (ForceRelease)", ErrLost, l.key, l.token))
+}
+
 func (l *Lease) markLost(cause error) {
 	if l.end(stateLost, cause) {
 		l.e.emit(Event{Kind: EventLost, Key: l.key, Owner: l.owner, Token: l.token, Err: cause})

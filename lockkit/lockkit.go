@@ -143,6 +143,19 @@ type Locker interface {
 	// from another process. It reports whether such a holder was removed,
 	// and returns ErrInvalid for an empty key or label.
 	Free(ctx context.Context, key, label string) (bool, error)
+	// ForceRelease removes the live holders of key, all of them or only
+	// those of owner when owner is not empty, whoever holds them: an
+	// operator's release of a stuck key. Waiters are woken. A removed holder
+	// can no longer be renewed, and every later acquire of the key gets a
+	// greater fencing token, so a resource that checks tokens refuses the
+	// removed holder's late writes. Its work's ctx is cancelled with a cause
+	// matching ErrLost: within milliseconds for a lease acquired with
+	// Preempt (its Locker listens on the key's channel), otherwise at its
+	// next renewal attempt, so within its RenewInterval (TTL/3 by default)
+	// plus one round trip. It returns how many holders were removed (a
+	// repeated call, as after a lost reply, returns the first run's count),
+	// and ErrInvalid for an empty key.
+	ForceRelease(ctx context.Context, key, owner string) (int, error)
 	// Throttle takes one start from key's budget, shared by every process:
 	// at most n starts in any window of one period. It returns zero when the
 	// start is allowed, or how long until one would be. n must be at least 1 and period at
@@ -164,7 +177,8 @@ type Locker interface {
 	// the newest and, if so, ends the key's burst: the next Debounce starts a
 	// new one. Otherwise it returns the newest request and false. force
 	// claims gen even then (the newest request's work is known not to
-	// exist). A key with no request remembered (see DebounceRetention) is
+	// exist), unless the newest request was claimed meanwhile: its work ran
+	// or runs. A key with no request remembered (see DebounceRetention) is
 	// claimed. gen must be positive (ErrInvalid).
 	Claim(ctx context.Context, key string, gen int64, force bool) (newest Request, claimed bool, err error)
 	// Logger returns the logger set with WithLogger. The layers above lockkit

@@ -89,6 +89,11 @@ func (l *MemoryLocker) Claim(ctx context.Context, key string, gen int64, force b
 	return l.e.claim(ctx, key, gen, force)
 }
 
+// ForceRelease implements Locker.
+func (l *MemoryLocker) ForceRelease(ctx context.Context, key, owner string) (int, error) {
+	return l.e.forceRelease(ctx, key, owner)
+}
+
 // Throttle implements Locker.
 func (l *MemoryLocker) Throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
 	return l.e.throttle(ctx, key, n, period)
@@ -661,12 +666,47 @@ func (b *memBackend) claim(ctx context.Context, key string, gen int64, force boo
 		delete(s.bursts, key)
 		return Request{}, true, nil
 	}
-	if gen >= bu.gen || force {
+	if gen >= bu.gen || (force && bu.claimed < bu.gen) {
 		bu.first = time.Time{}
 		bu.claimed = max(bu.claimed, gen)
 		return Request{}, true, nil
 	}
 	return Request{Gen: bu.gen, ID: bu.id, Wait: max(bu.due.Sub(now), 0), Claimed: bu.claimed >= bu.gen}, false, nil
+}
+
+func (b *memBackend) evict(ctx context.Context, key, owner, _ string) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s := b.s
+	var evicted []*Lease
+	s.mu.Lock()
+	defer func() {
+		s.mu.Unlock()
+		for _, l := range evicted {
+			l.evicted()
+		}
+	}()
+	lk := s.get(key, time.Now())
+	n := 0
+	var top int64
+	for m := range lk.holders {
+		token, o, _ := parseMember(m)
+		if owner == "" || o == owner {
+			delete(lk.holders, m)
+			n++
+			top = max(top, token)
+		}
+	}
+	if n > 0 {
+		for l := range lk.watchers {
+			if l.token <= top && (owner == "" || l.owner == owner) {
+				evicted = append(evicted, l)
+			}
+		}
+		lk.wake()
+	}
+	return n, nil
 }
 
 func (b *memBackend) close() error { return nil }

@@ -37,6 +37,8 @@ var (
 	debounceSrc string
 	//go:embed scripts/claim.lua
 	claimSrc string
+	//go:embed scripts/evict.lua
+	evictSrc string
 
 	acquireScript  = redis.NewScript(acquireSrc)
 	releaseScript  = redis.NewScript(releaseSrc)
@@ -48,6 +50,7 @@ var (
 	throttleScript = redis.NewScript(throttleSrc)
 	debounceScript = redis.NewScript(debounceSrc)
 	claimScript    = redis.NewScript(claimSrc)
+	evictScript    = redis.NewScript(evictSrc)
 )
 
 // RedisLocker is a Locker backed by Redis, shared by every process that uses
@@ -153,6 +156,11 @@ func (l *RedisLocker) Debounce(ctx context.Context, key, id string, quiet, maxWa
 // Claim implements Locker.
 func (l *RedisLocker) Claim(ctx context.Context, key string, gen int64, force bool) (Request, bool, error) {
 	return l.e.claim(ctx, key, gen, force)
+}
+
+// ForceRelease implements Locker.
+func (l *RedisLocker) ForceRelease(ctx context.Context, key, owner string) (int, error) {
+	return l.e.forceRelease(ctx, key, owner)
 }
 
 // Free implements Locker.
@@ -553,6 +561,12 @@ func (b *redisBackend) free(ctx context.Context, key, label string) (bool, error
 	return n == 1, err
 }
 
+func (b *redisBackend) evict(ctx context.Context, key, owner, call string) (int, error) {
+	k := b.keys(key)
+	n, err := evictScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence}, owner, k.channel, call, ms(b.grace)).Int()
+	return n, err
+}
+
 func (b *redisBackend) leave(ctx context.Context, key, waiter string) error {
 	k := b.keys(key)
 	return leaveScript.Run(ctx, b.c, []string{k.queue, k.waiters}, waiter, k.channel).Err()
@@ -668,11 +682,13 @@ type subscribers struct {
 }
 
 // dispatch delivers channel messages: "p<token>" preempts the watched leases
-// with a token up to it, anything else (a release) wakes the waiters.
+// with a token up to it, "f<token>:<owner>" tells those of owner (or all, for
+// "") that ForceRelease removed them; anything else (a release) wakes the
+// waiters.
 func (b *redisBackend) dispatch(msgs <-chan any) {
 	defer b.wg.Done()
 	for m := range msgs {
-		var preempted, check []*Lease
+		var preempted, evicted, check []*Lease
 		b.mu.Lock()
 		switch m := m.(type) {
 		case *redis.Subscription:
@@ -699,6 +715,15 @@ func (b *redisBackend) dispatch(msgs <-chan any) {
 				}
 				break
 			}
+			if rest, ok := strings.CutPrefix(m.Payload, "f"); ok {
+				top, owner, _ := strings.Cut(rest, ":")
+				upTo, _ := strconv.ParseInt(top, 10, 64)
+				for l := range set.leases {
+					if l.token <= upTo && (owner == "" || owner == l.owner) {
+						evicted = append(evicted, l)
+					}
+				}
+			}
 			for ch := range set.chans {
 				select {
 				case ch <- struct{}{}:
@@ -709,6 +734,9 @@ func (b *redisBackend) dispatch(msgs <-chan any) {
 		b.mu.Unlock()
 		for _, l := range preempted {
 			l.preempt()
+		}
+		for _, l := range evicted {
+			l.evicted()
 		}
 		for _, l := range check {
 			l.e.renewNow(l)

@@ -171,6 +171,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"PreemptCancelsTheRunningHolder", testPreempt},
 		{"DebounceKeepsTheNewestRequest", testDebounce},
 		{"ElectionHasOneLeaderAtATime", testElect},
+		{"ForceReleaseEvictsHolders", testForceRelease},
 		{"HugeTTLsAreRejected", testHugeTTL},
 	}
 	for _, tc := range tests {
@@ -1320,6 +1321,9 @@ func testDebounce(t *testing.T, h *harness) {
 	require.NoError(t, err)
 	require.False(t, ok)
 	require.True(t, newest.Claimed, "the newest request was claimed")
+	_, ok, err = a.Claim(ctx, "k", r1.Gen, true)
+	require.NoError(t, err)
+	require.False(t, ok, "no force claim once the newest request ran")
 
 	// maxWait bounds a burst from its first request; a claim ends it.
 	r3, err := a.Debounce(ctx, "k", "t3", 300*time.Millisecond, 300*time.Millisecond)
@@ -1439,6 +1443,71 @@ func testElect(t *testing.T, h *harness) {
 	done <- 0
 	require.Greater(t, <-got, first)
 	_, err = NewCampaign(nil, "k", nil)
+	require.ErrorIs(t, err, ErrInvalid)
+}
+
+// ForceRelease: an operator removes a key's holders; a waiter gets the key
+// at once with a greater token; the evicted work is cancelled with ErrLost
+// at once (a Preempt lease) or by its next renewal; an owner filter spares
+// the other owners.
+func testForceRelease(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a, b, op := h.locker(t), h.locker(t), h.locker(t)
+	watched, err := a.TryAcquire(ctx, "k", &AcquireOptions{Preempt: true, TTL: 30 * time.Second})
+	require.NoError(t, err)
+	work, cancel := watched.Context(ctx)
+	defer cancel()
+	got := make(chan *Lease, 1)
+	go func() {
+		l, err := b.Acquire(ctx, "k", nil)
+		assert.NoError(t, err)
+		got <- l
+	}()
+	waitWaiters(t, a, "k", 1)
+	start := time.Now()
+	n, err := op.ForceRelease(ctx, "k", "")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	<-work.Done()
+	require.Less(t, time.Since(start), time.Second, "told on the channel, not at a renewal (every 10s)")
+	require.ErrorIs(t, context.Cause(work), ErrLost)
+	next := <-got
+	require.Greater(t, next.Token(), watched.Token())
+	require.ErrorIs(t, watched.Release(ctx), ErrNotHeld)
+	require.NoError(t, next.Release(ctx))
+
+	// A lease that does not listen learns at its next renewal.
+	plain, err := a.TryAcquire(ctx, "k", &AcquireOptions{TTL: 900 * time.Millisecond})
+	require.NoError(t, err)
+	start = time.Now()
+	n, err = op.ForceRelease(ctx, "k", "")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	select {
+	case <-plain.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("an evicted lease went on")
+	}
+	require.Less(t, time.Since(start), 700*time.Millisecond, "within a renewal interval (300ms) and a round trip")
+	require.ErrorIs(t, plain.Err(), ErrLost)
+
+	// Only one owner's holders.
+	la, err := a.TryAcquire(ctx, "m", &AcquireOptions{Limit: 2})
+	require.NoError(t, err)
+	lb, err := b.TryAcquire(ctx, "m", &AcquireOptions{Limit: 2})
+	require.NoError(t, err)
+	n, err = op.ForceRelease(ctx, "m", lb.Owner())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	info, err := op.Inspect(ctx, "m")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.Equal(t, la.Owner(), info.Holders[0].Owner)
+	require.NoError(t, la.Release(ctx))
+	n, err = op.ForceRelease(ctx, "m", "")
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing left")
+	_, err = op.ForceRelease(ctx, "", "")
 	require.ErrorIs(t, err, ErrInvalid)
 }
 

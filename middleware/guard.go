@@ -535,9 +535,15 @@ func (g *Guard) run(ctx context.Context, job Job, lease *lockkit.Lease, waited t
 		err, lost error
 	)
 	end := lease.Run(ctx, func(wctx context.Context) (ferr error) {
-		stopLost := context.AfterFunc(wctx, func() { g.reportLost(ctx, wctx, job, lease) })
+		reported := make(chan struct{})
+		stopLost := context.AfterFunc(wctx, func() {
+			defer close(reported)
+			g.reportLost(ctx, wctx, job, lease)
+		})
 		defer func() {
-			stopLost()
+			if !stopLost() {
+				<-reported // EventLost comes before EventReleased
+			}
 			lost = lease.Err()
 			if p = recover(); p != nil {
 				ferr = errPanicked
@@ -666,11 +672,16 @@ func (g *Guard) claim(ctx context.Context, job Job) error {
 		}
 	}
 	if !pending {
-		// The newest request's work does not exist: this job runs instead.
-		if _, _, err := g.locker.Claim(ctx, job.Key, job.Gen, true); err != nil {
+		// The newest request's work does not exist: this job runs instead,
+		// unless that request was claimed meanwhile (it ran and is gone).
+		again, ok, err := g.locker.Claim(ctx, job.Key, job.Gen, true)
+		if err != nil {
 			return fail(err)
 		}
-		return nil
+		if ok {
+			return nil
+		}
+		newest = again
 	}
 	state := "is pending"
 	if newest.Claimed {

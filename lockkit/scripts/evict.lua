@@ -1,0 +1,49 @@
+-- Removes the live holders of a lock, all of them or those of one owner (an
+-- operator's release of a stuck key), tells their Lockers on the channel and
+-- wakes waiters. A removed holder can no longer be renewed or released, and
+-- every later acquire gets a greater fencing token. Safe to run twice: the
+-- call's count is remembered for a grace period as "e:<call id>:<count>",
+-- so a repeat returns what the first run removed.
+-- KEYS[1] holders: ZSET (see acquire.lua)
+-- KEYS[2] waiters: ZSET of every waiter; nobody is woken when it does not exist
+-- KEYS[3] fence: STRING, the last fencing token (see acquire.lua); raised to
+--         the greatest token removed, so the next one is greater even after
+--         a backward step of the server clock
+-- ARGV[1] owner, "" for every holder
+-- ARGV[2] release channel
+-- ARGV[3] call id
+-- ARGV[4] grace (ms)
+-- Returns the number of holders the call removed.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local rec = 'e:' .. ARGV[3] .. ':'
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], -now, '(0')) do
+  if string.sub(m, 1, #rec) == rec then
+    return tonumber(string.sub(m, #rec + 1))
+  end
+end
+local n, top = 0, 0
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+  local token, owner = string.match(m, '^(%d+):[^:]*:(.*):[^:]*$')
+  if token and (ARGV[1] == '' or owner == ARGV[1]) then
+    redis.call('ZREM', KEYS[1], m)
+    n = n + 1
+    top = math.max(top, tonumber(token))
+  end
+end
+if n == 0 then
+  return 0
+end
+local keep = tonumber(ARGV[4])
+if tonumber(redis.call('GET', KEYS[3]) or '0') < top then
+  redis.call('SET', KEYS[3], string.format('%d', top), 'PX', 1000)
+end
+redis.call('ZADD', KEYS[1], -(now + keep), rec .. n)
+if redis.call('PTTL', KEYS[1]) < keep then
+  redis.call('PEXPIRE', KEYS[1], keep)
+end
+redis.call('PUBLISH', ARGV[2], 'f' .. string.format('%d', top) .. ':' .. ARGV[1])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('PUBLISH', ARGV[2], '1')
+end
+return n
