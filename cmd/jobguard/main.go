@@ -1,0 +1,406 @@
+// Command jobguard looks at and frees jobguard locks in Redis: the keys held,
+// who holds them, and an operator's release of a stuck key.
+//
+//	go install github.com/jobguard/jobguard/cmd/jobguard@latest
+//	jobguard ls 'tenant:*'
+//	jobguard inspect tenant:42
+//	jobguard release tenant:42 --owner worker-7:4121:9f2c
+//	jobguard watch
+//
+// Run jobguard -h for every flag and the exit codes.
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+// Exit codes.
+const (
+	exitOK       = 0
+	exitError    = 1 // Redis unreachable, a failed call
+	exitUsage    = 2 // bad command line
+	exitNotHeld  = 3 // inspect or release found no holder
+	exitDeclined = 4 // release was not confirmed
+)
+
+const usage = `jobguard: look at and free jobguard locks in Redis.
+
+Usage:
+  jobguard [flags] ls [PATTERN]      keys with a live holder (Redis glob; default *)
+  jobguard [flags] inspect KEY       holders (owner, label, token, TTL) and waiters of KEY
+  jobguard [flags] release KEY       remove KEY's holders (all, or --owner ID's); asks first unless --yes
+  jobguard [flags] watch [PATTERN]   show the held keys every --interval until interrupted
+
+Examples:
+  REDIS_ADDR=redis:6379 jobguard ls 'asynq:report:*'
+  jobguard --json inspect 'asynq:sync:{"tenant_id":"acme"}'
+  jobguard release tenant:42 --owner worker-7:4121:9f2c --yes
+  jobguard --cluster 10.0.0.1:7000,10.0.0.2:7000 --tls watch --interval 2s
+
+A released holder's work is cancelled with lockkit.ErrLost: at once if it was
+acquired with Preempt, otherwise at its next renewal (TTL/3 by default).
+
+Exit codes: 0 ok, 1 error (Redis unreachable...), 2 bad usage, 3 no holder
+found, 4 release not confirmed.
+
+Flags (before or after the command):
+`
+
+type options struct {
+	addr, cluster, password, prefix, owner, tlsCA string
+	db                                            int
+	tls, tlsInsecure, json, yes                   bool
+	interval                                      time.Duration
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	var o options
+	fs := flag.NewFlagSet("jobguard", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&o.addr, "redis", envOr("REDIS_ADDR", "127.0.0.1:6379"), "Redis address (env REDIS_ADDR)")
+	fs.StringVar(&o.cluster, "cluster", os.Getenv("REDIS_CLUSTER_ADDRS"), "comma-separated Redis Cluster seed addresses; overrides --redis (env REDIS_CLUSTER_ADDRS)")
+	fs.StringVar(&o.password, "password", os.Getenv("REDIS_PASSWORD"), "Redis password (env REDIS_PASSWORD)")
+	fs.IntVar(&o.db, "db", 0, "Redis database (not with --cluster)")
+	fs.BoolVar(&o.tls, "tls", false, "connect with TLS")
+	fs.StringVar(&o.tlsCA, "tls-ca", "", "PEM file of the CA that signed the server's certificate (implies --tls)")
+	fs.BoolVar(&o.tlsInsecure, "tls-insecure", false, "with --tls, do not verify the server's certificate")
+	fs.StringVar(&o.prefix, "prefix", lockkit.DefaultPrefix, "key prefix the Lockers use (lockkit.WithPrefix)")
+	fs.BoolVar(&o.json, "json", false, "print JSON")
+	fs.StringVar(&o.owner, "owner", "", "release: only this owner's holders")
+	fs.BoolVar(&o.yes, "yes", false, "release: do not ask for confirmation")
+	fs.DurationVar(&o.interval, "interval", time.Second, "watch: time between two views")
+	pos, err := parseInterleaved(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		return exitUsage
+	}
+	if len(pos) == 0 {
+		fs.Usage()
+		return exitUsage
+	}
+	cmd, rest := pos[0], pos[1:]
+	badArgs := func(want string) int {
+		fmt.Fprintf(stderr, "jobguard %s: want %s, got %d argument(s); see jobguard -h\n", cmd, want, len(rest))
+		return exitUsage
+	}
+	switch cmd {
+	case "ls", "watch":
+		if len(rest) > 1 {
+			return badArgs("at most one PATTERN")
+		}
+	case "inspect", "release":
+		if len(rest) != 1 {
+			return badArgs("one KEY")
+		}
+	default:
+		fmt.Fprintf(stderr, "jobguard: unknown command %q; see jobguard -h\n", cmd)
+		return exitUsage
+	}
+	if cmd == "watch" && o.interval <= 0 {
+		fmt.Fprintf(stderr, "jobguard watch: --interval %s must be positive\n", o.interval)
+		return exitUsage
+	}
+	client, err := o.client()
+	if err != nil {
+		fmt.Fprintln(stderr, "jobguard:", err)
+		return exitUsage
+	}
+	defer client.Close()
+	locker, err := lockkit.NewRedis(client, lockkit.WithPrefix(o.prefix), lockkit.WithOwner("jobguard-cli"))
+	if err != nil {
+		fmt.Fprintln(stderr, "jobguard:", err)
+		return exitError
+	}
+	defer locker.Close(context.Background())
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	c := &cli{o: o, l: locker, stdin: stdin, out: stdout, errOut: stderr}
+	pattern := "*"
+	if len(rest) == 1 {
+		pattern = rest[0]
+	}
+	switch cmd {
+	case "ls":
+		return c.ls(ctx, pattern)
+	case "inspect":
+		return c.inspect(ctx, rest[0])
+	case "release":
+		return c.release(ctx, rest[0])
+	default:
+		return c.watch(ctx, pattern)
+	}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// parseInterleaved parses flags wherever they are among the arguments and
+// returns the others in order.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+func (o options) client() (redis.UniversalClient, error) {
+	var tc *tls.Config
+	if o.tls || o.tlsCA != "" {
+		tc = &tls.Config{InsecureSkipVerify: o.tlsInsecure} //nolint:gosec // asked for with --tls-insecure
+		if o.tlsCA != "" {
+			pem, err := os.ReadFile(o.tlsCA)
+			if err != nil {
+				return nil, fmt.Errorf("--tls-ca: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("--tls-ca %s: no PEM certificate in it", o.tlsCA)
+			}
+			tc.RootCAs = pool
+		}
+	}
+	if o.cluster != "" {
+		if o.db != 0 {
+			return nil, errors.New("--db: a Redis Cluster has only database 0")
+		}
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(o.cluster, ","), Password: o.password, TLSConfig: tc}), nil
+	}
+	return redis.NewClient(&redis.Options{Addr: o.addr, Password: o.password, DB: o.db, TLSConfig: tc}), nil
+}
+
+type cli struct {
+	o      options
+	l      *lockkit.RedisLocker
+	stdin  io.Reader
+	out    io.Writer
+	errOut io.Writer
+}
+
+// keyView is one key as printed.
+type keyView struct {
+	Key     string       `json:"key"`
+	Holders []holderView `json:"holders"`
+	Waiters int          `json:"waiters"`
+}
+
+type holderView struct {
+	Owner string `json:"owner"`
+	Label string `json:"label,omitempty"`
+	Token int64  `json:"token"`
+	TTLms int64  `json:"ttl_ms"`
+}
+
+func view(info *lockkit.Info) keyView {
+	v := keyView{Key: info.Key, Waiters: info.Waiters, Holders: []holderView{}}
+	for _, h := range info.Holders {
+		v.Holders = append(v.Holders, holderView{Owner: h.Owner, Label: h.Label, Token: h.Token, TTLms: h.TTL.Milliseconds()})
+	}
+	return v
+}
+
+func (c *cli) fail(err error) int {
+	fmt.Fprintln(c.errOut, "jobguard:", err)
+	return exitError
+}
+
+// held returns the keys matching pattern with their holders.
+func (c *cli) held(ctx context.Context, pattern string) ([]keyView, error) {
+	keys, err := c.l.Keys(ctx, pattern)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]keyView, 0, len(keys))
+	for _, k := range keys {
+		info, err := c.l.Inspect(ctx, k)
+		if err != nil {
+			return nil, err
+		}
+		if len(info.Holders) > 0 {
+			out = append(out, view(info))
+		}
+	}
+	return out, nil
+}
+
+func (c *cli) printKeys(keys []keyView) {
+	if c.o.json {
+		_ = json.NewEncoder(c.out).Encode(keys)
+		return
+	}
+	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tHOLDERS\tWAITERS\tOWNERS\tTTL")
+	for _, k := range keys {
+		owners := map[string]bool{}
+		ttl := int64(-1)
+		for _, h := range k.Holders {
+			owners[h.Owner] = true
+			if ttl < 0 || h.TTLms < ttl {
+				ttl = h.TTLms
+			}
+		}
+		names := make([]string, 0, len(owners))
+		for o := range owners {
+			names = append(names, o)
+		}
+		sort.Strings(names)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", k.Key, len(k.Holders), k.Waiters, strings.Join(names, ","), time.Duration(ttl)*time.Millisecond)
+	}
+	_ = tw.Flush()
+}
+
+func (c *cli) ls(ctx context.Context, pattern string) int {
+	keys, err := c.held(ctx, pattern)
+	if err != nil {
+		return c.fail(err)
+	}
+	c.printKeys(keys)
+	return exitOK
+}
+
+func (c *cli) inspect(ctx context.Context, key string) int {
+	info, err := c.l.Inspect(ctx, key)
+	if err != nil {
+		return c.fail(err)
+	}
+	v := view(info)
+	if c.o.json {
+		_ = json.NewEncoder(c.out).Encode(v)
+	} else {
+		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintf(tw, "key %s: %d holder(s), %d waiter(s)\n", key, len(v.Holders), v.Waiters)
+		if len(v.Holders) > 0 {
+			fmt.Fprintln(tw, "OWNER\tLABEL\tTOKEN\tTTL")
+			for _, h := range v.Holders {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", h.Owner, h.Label, h.Token, time.Duration(h.TTLms)*time.Millisecond)
+			}
+		}
+		_ = tw.Flush()
+	}
+	if len(v.Holders) == 0 {
+		return exitNotHeld
+	}
+	return exitOK
+}
+
+func (c *cli) release(ctx context.Context, key string) int {
+	info, err := c.l.Inspect(ctx, key)
+	if err != nil {
+		return c.fail(err)
+	}
+	var targets []lockkit.Holder
+	for _, h := range info.Holders {
+		if c.o.owner == "" || h.Owner == c.o.owner {
+			targets = append(targets, h)
+		}
+	}
+	if len(targets) == 0 {
+		fmt.Fprintf(c.errOut, "jobguard release: %q has no holder%s\n", key, ownerNote(c.o.owner))
+		return exitNotHeld
+	}
+	if !c.o.yes {
+		fmt.Fprintf(c.errOut, "Release %d holder(s) of %q%s? Their work will be cancelled. [y/N] ", len(targets), key, ownerNote(c.o.owner))
+		line, _ := bufio.NewReader(c.stdin).ReadString('\n')
+		if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
+			fmt.Fprintln(c.errOut, "not released")
+			return exitDeclined
+		}
+	}
+	n, err := c.l.ForceRelease(ctx, key, c.o.owner)
+	if err != nil {
+		return c.fail(err)
+	}
+	if c.o.json {
+		_ = json.NewEncoder(c.out).Encode(map[string]any{"key": key, "released": n})
+	} else {
+		fmt.Fprintf(c.out, "released %d holder(s) of %s\n", n, key)
+	}
+	if n == 0 {
+		return exitNotHeld
+	}
+	return exitOK
+}
+
+func ownerNote(owner string) string {
+	if owner == "" {
+		return ""
+	}
+	return fmt.Sprintf(" owned by %q", owner)
+}
+
+func (c *cli) watch(ctx context.Context, pattern string) int {
+	t := time.NewTicker(c.o.interval)
+	defer t.Stop()
+	for {
+		keys, err := c.held(ctx, pattern)
+		if err != nil && ctx.Err() == nil {
+			return c.fail(err)
+		}
+		if ctx.Err() != nil {
+			return exitOK
+		}
+		if c.o.json {
+			_ = json.NewEncoder(c.out).Encode(map[string]any{"at": time.Now().UTC().Format(time.RFC3339Nano), "keys": keys})
+		} else {
+			if f, ok := c.out.(*os.File); ok && isTerminal(f) {
+				fmt.Fprint(c.out, "\033[H\033[2J") // clear the screen
+			}
+			fmt.Fprintf(c.out, "%s  %d key(s) held matching %q (every %s; Ctrl-C to stop)\n", time.Now().Format("15:04:05"), len(keys), pattern, c.o.interval)
+			c.printKeys(keys)
+			fmt.Fprintln(c.out)
+		}
+		select {
+		case <-ctx.Done():
+			return exitOK
+		case <-t.C:
+		}
+	}
+}
+
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

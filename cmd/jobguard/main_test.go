@@ -1,0 +1,191 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/internal/testredis"
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+var bin string // the built jobguard binary
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "jobguard-cli")
+	if err != nil {
+		panic(err)
+	}
+	bin = filepath.Join(dir, "jobguard")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		panic("go build: " + err.Error() + "\n" + string(out))
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// jobguard runs the binary against standalone Redis with prefix, feeding it
+// stdin, and returns its stdout, stderr and exit code.
+func jobguard(t *testing.T, prefix, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"--prefix", prefix}, args...)...)
+	cmd.Env = append(os.Environ(), "REDIS_ADDR="+testredis.Addr(t), "REDIS_CLUSTER_ADDRS=")
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	return out.String(), errOut.String(), code
+}
+
+func locker(t *testing.T, c redis.UniversalClient, prefix, owner string) *lockkit.RedisLocker {
+	l, err := lockkit.NewRedis(c, lockkit.WithPrefix(prefix), lockkit.WithOwner(owner))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l
+}
+
+func TestListInspectRelease(t *testing.T) {
+	ctx := context.Background()
+	c := testredis.Client(t)
+	prefix := testredis.Prefix(t, c)
+	a, b := locker(t, c, prefix, "worker-a"), locker(t, c, prefix, "worker-b")
+	la, err := a.TryAcquire(ctx, "tenant:42", &lockkit.AcquireOptions{Limit: 2, Label: "task-1", TTL: 3 * time.Second})
+	require.NoError(t, err)
+	work, cancel := la.Context(ctx)
+	defer cancel()
+	_, err = b.TryAcquire(ctx, "tenant:42", &lockkit.AcquireOptions{Limit: 2})
+	require.NoError(t, err)
+	_, err = b.TryAcquire(ctx, "report", nil)
+	require.NoError(t, err)
+
+	out, _, code := jobguard(t, prefix, "", "ls")
+	require.Zero(t, code)
+	require.Regexp(t, `(?m)^report\s+1\s+0\s+worker-b\s`, out)
+	require.Regexp(t, `(?m)^tenant:42\s+2\s+0\s+worker-a,worker-b\s`, out)
+	out, _, code = jobguard(t, prefix, "", "ls", "tenant:*", "--json")
+	require.Zero(t, code)
+	var keys []keyView
+	require.NoError(t, json.Unmarshal([]byte(out), &keys))
+	require.Len(t, keys, 1)
+	require.Equal(t, "tenant:42", keys[0].Key)
+	require.Len(t, keys[0].Holders, 2)
+
+	out, _, code = jobguard(t, prefix, "", "--json", "inspect", "tenant:42")
+	require.Zero(t, code)
+	var v keyView
+	require.NoError(t, json.Unmarshal([]byte(out), &v))
+	require.Contains(t, v.Holders, holderView{Owner: "worker-a", Label: "task-1", Token: la.Token(), TTLms: v.Holders[indexOf(v, "worker-a")].TTLms})
+	_, _, code = jobguard(t, prefix, "", "inspect", "nobody")
+	require.Equal(t, exitNotHeld, code)
+
+	// Release asks first; "n" keeps the holders.
+	_, errOut, code := jobguard(t, prefix, "n\n", "release", "tenant:42", "--owner", "worker-a")
+	require.Equal(t, exitDeclined, code)
+	require.Contains(t, errOut, `Release 1 holder(s) of "tenant:42" owned by "worker-a"?`)
+	require.NoError(t, work.Err())
+	out, _, code = jobguard(t, prefix, "y\n", "release", "tenant:42", "--owner", "worker-a")
+	require.Zero(t, code)
+	require.Contains(t, out, "released 1 holder(s) of tenant:42")
+	select {
+	case <-work.Done(): // at its next renewal, within TTL/3 = 1s
+	case <-time.After(3 * time.Second):
+		t.Fatal("the released holder's work was not cancelled")
+	}
+	require.ErrorIs(t, context.Cause(work), lockkit.ErrLost)
+	info, err := a.Inspect(ctx, "tenant:42")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.Equal(t, "worker-b", info.Holders[0].Owner)
+
+	out, _, code = jobguard(t, prefix, "", "release", "tenant:42", "--yes", "--json")
+	require.Zero(t, code)
+	require.JSONEq(t, `{"key":"tenant:42","released":1}`, out)
+	_, _, code = jobguard(t, prefix, "", "release", "tenant:42", "--yes")
+	require.Equal(t, exitNotHeld, code)
+}
+
+func indexOf(v keyView, owner string) int {
+	for i, h := range v.Holders {
+		if h.Owner == owner {
+			return i
+		}
+	}
+	return 0
+}
+
+// watch shows keys as they come and go, and stops on SIGINT with exit 0.
+func TestWatch(t *testing.T) {
+	ctx := context.Background()
+	c := testredis.Client(t)
+	prefix := testredis.Prefix(t, c)
+	l := locker(t, c, prefix, "worker-a")
+	cmd := exec.Command(bin, "--prefix", prefix, "watch", "--json", "--interval", "50ms")
+	cmd.Env = append(os.Environ(), "REDIS_ADDR="+testredis.Addr(t), "REDIS_CLUSTER_ADDRS=")
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	lines := bufio.NewScanner(stdout)
+	next := func() []keyView {
+		require.True(t, lines.Scan(), "watch printed nothing")
+		var frame struct {
+			Keys []keyView `json:"keys"`
+		}
+		require.NoError(t, json.Unmarshal(lines.Bytes(), &frame))
+		return frame.Keys
+	}
+	require.Empty(t, next())
+	lease, err := l.TryAcquire(ctx, "job", nil)
+	require.NoError(t, err)
+	for keys := next(); len(keys) == 0; keys = next() {
+	}
+	require.NoError(t, lease.Release(ctx))
+	for keys := next(); len(keys) == 1; keys = next() {
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	for lines.Scan() {
+	}
+	require.NoError(t, cmd.Wait(), "exit 0 on SIGINT")
+}
+
+func TestClusterAndErrors(t *testing.T) {
+	ctx := context.Background()
+	cc := testredis.Cluster(t)
+	prefix := testredis.Prefix(t, cc)
+	_, err := locker(t, cc, prefix, "worker-c").TryAcquire(ctx, "on-cluster", nil)
+	require.NoError(t, err)
+	cmd := exec.Command(bin, "--prefix", prefix, "--cluster", strings.Join(testredis.ClusterAddrs(t), ","), "ls")
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^on-cluster\s+1\s+0\s+worker-c\s`, string(out))
+
+	for _, args := range [][]string{{}, {"frobnicate"}, {"inspect"}, {"release", "a", "b"}, {"watch", "--interval", "0s"}, {"--no-such-flag", "ls"}} {
+		_, _, code := jobguard(t, prefix, "", args...)
+		require.Equal(t, exitUsage, code, "%q", args)
+	}
+	_, errOut, code := jobguard(t, prefix, "", "--redis", "127.0.0.1:1", "ls")
+	require.Equal(t, exitError, code)
+	require.Contains(t, errOut, "jobguard:")
+	out2, _, code := jobguard(t, prefix, "", "-h")
+	require.Zero(t, code)
+	require.Empty(t, out2)
+}
