@@ -4,7 +4,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test test-faults bench lint run-demo run-worker run-scheduler
+.PHONY: test test-faults test-browser bench lint run-demo run-worker run-scheduler
 
 ## test: every test with the race detector, against a real redis-server: the
 ## core module, then the integration modules (gocronguard/).
@@ -27,6 +27,7 @@ lint:
 	cd faults && $(GO) vet -tags faults ./... && $(STATICCHECK) -tags faults ./...
 	cd bench && $(GO) vet ./... && $(STATICCHECK) ./...
 	cd gocronguard && $(GO) vet ./... && $(STATICCHECK) ./...
+	cd webtest && $(GO) vet ./... && $(STATICCHECK) ./...
 
 ## run-demo: the lockkit demo (embedded Redis unless REDIS_ADDR is set).
 run-demo:
@@ -36,6 +37,12 @@ run-demo:
 ## partitions, killed processes, lost and repeated replies).
 test-faults:
 	@tools/with-redis.sh sh -c 'cd faults && $(GO) test -race -count=1 -timeout 10m -tags faults ./...'
+
+## test-browser: opsview's page in headless chromium (webtest/, a separate
+## module with chromedp); installs Debian's chromium when it is missing.
+test-browser:
+	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium"; export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }
+	@tools/with-redis.sh sh -c 'cd webtest && $(GO) test -race -count=1 -timeout 5m ./...'
 
 ## run-worker: the asynq demo (embedded Redis unless REDIS_ADDR is set).
 run-worker:

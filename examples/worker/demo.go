@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
+	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -14,7 +16,9 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
+	"github.com/jobguard/jobguard/opsview"
 	"github.com/jobguard/jobguard/singleton"
 )
 
@@ -70,6 +74,12 @@ func run(ctx context.Context, w io.Writer, rdb redis.UniversalClient) (*result, 
 		defer locker.Close(context.Background()) // after the server's shutdown (deferred later, so run earlier)
 		defer srv.Shutdown()
 	}
+
+	stopView, err := serveOpsView(rdb, w)
+	if err != nil {
+		return nil, err
+	}
+	defer stopView()
 
 	if err := d.wait(ctx, insp); err != nil {
 		return nil, err
@@ -214,4 +224,37 @@ func (d *demo) handler(machine string, work time.Duration) asynq.HandlerFunc {
 		d.mu.Unlock()
 		return ctx.Err()
 	}
+}
+
+// serveOpsView serves the operator page (opsview) on a free local port while
+// the demo runs and prints its URL: the keys the two machines hold, with
+// owners, task IDs, fencing tokens and TTLs. It is read-only, as by default;
+// opsview.WithRelease adds release buttons.
+func serveOpsView(rdb redis.UniversalClient, w io.Writer) (func(), error) {
+	view, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(lockPrefix), lockkit.WithOwner("ops-view"))
+	if err != nil {
+		return nil, err
+	}
+	h, err := opsview.New(view, opsview.WithRefresh(500*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/locks/", http.StripPrefix("/locks", h))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	fmt.Fprintf(w, "operator view: http://%s/locks/ (while the demo runs)\n", ln.Addr())
+	return func() {
+		_ = srv.Close()
+		<-done
+		_ = view.Close(context.Background())
+	}, nil
 }

@@ -33,6 +33,7 @@ func checkRun(t *testing.T, rdb redis.UniversalClient) {
 	require.Zero(t, res.Archived)
 	require.Zero(t, res.Failed)
 	require.Contains(t, out.String(), "most runs of one key at once (must be 1):")
+	require.Regexp(t, `operator view: http://127\.0\.0\.1:\d+/locks/`, out.String())
 }
 
 // The bare-machine path: an embedded miniredis.

@@ -1,0 +1,201 @@
+// Package opsview is an operator's web page for jobguard locks, an
+// http.Handler to mount next to asynqmon: the held keys with their holders
+// (owner, label, fencing token, TTL) and waiters, a filter, auto-refresh,
+// and, only when WithRelease is given, a button that force-releases a key
+// (lockkit's Locker.ForceRelease).
+//
+//	h, err := opsview.New(locker, opsview.WithRelease())
+//	http.Handle("/locks/", http.StripPrefix("/locks", requireAdmin(h)))
+//
+// The page is plain HTML with a little JavaScript, served by the package
+// with no build step; it calls the handler's JSON endpoints with relative
+// URLs, so it works under any prefix. The handler has no authentication of
+// its own: put it behind yours, above all with WithRelease.
+package opsview
+
+import (
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jobguard/jobguard/internal/invalid"
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+// DefaultRefresh is how often the page reloads the locks when WithRefresh
+// is not given.
+const DefaultRefresh = 2 * time.Second
+
+// ErrInvalid is matched by every error New returns; it also matches
+// lockkit.ErrInvalid.
+var ErrInvalid = invalid.New("opsview: invalid option")
+
+// ReleaseHeader must be sent, with the value "release", by a request to
+// release a key: a cross-site form cannot set it, so a page elsewhere cannot
+// make an operator's browser release keys.
+const ReleaseHeader = "X-Jobguard-Action"
+
+//go:embed page.html
+var page string
+
+// Option configures the handler.
+type Option func(*Handler)
+
+// WithRelease shows a release button on every key and accepts release
+// requests. Defaults to read-only.
+func WithRelease() Option { return func(h *Handler) { h.release = true } }
+
+// WithRefresh sets how often the page reloads the locks. Must be at least
+// 100ms. Defaults to DefaultRefresh.
+func WithRefresh(d time.Duration) Option { return func(h *Handler) { h.refresh = d } }
+
+// WithPattern sets the Redis glob of the keys shown when the page's filter
+// names none. Must not be empty. Defaults to "*".
+func WithPattern(p string) Option { return func(h *Handler) { h.pattern = p } }
+
+// Handler serves the page at its root and its JSON endpoints: GET api/locks
+// (the held keys; query pattern, a Redis glob) and POST api/release (form
+// key, optional owner; needs WithRelease and ReleaseHeader).
+type Handler struct {
+	l       lockkit.Locker
+	release bool
+	refresh time.Duration
+	pattern string
+}
+
+// New returns the handler for locker. It returns an error matching
+// ErrInvalid for a nil locker or an invalid option.
+func New(locker lockkit.Locker, opts ...Option) (*Handler, error) {
+	if locker == nil {
+		return nil, fmt.Errorf("%w: New: locker is nil", ErrInvalid)
+	}
+	h := &Handler{l: locker, refresh: DefaultRefresh, pattern: "*"}
+	for _, o := range opts {
+		if o != nil {
+			o(h)
+		}
+	}
+	switch {
+	case h.refresh < 100*time.Millisecond:
+		return nil, fmt.Errorf("%w: WithRefresh(%s): must be at least 100ms", ErrInvalid, h.refresh)
+	case h.pattern == "":
+		return nil, fmt.Errorf("%w: WithPattern(\"\")", ErrInvalid)
+	}
+	return h, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch strings.TrimPrefix(r.URL.Path, "/") {
+	case "":
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
+		_, _ = w.Write([]byte(page))
+	case "api/locks":
+		h.locks(w, r)
+	case "api/release":
+		h.releaseKey(w, r)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// lockView is one held key as the page gets it.
+type lockView struct {
+	Key     string       `json:"key"`
+	Holders []holderView `json:"holders"`
+	Waiters int          `json:"waiters"`
+}
+
+type holderView struct {
+	Owner string `json:"owner"`
+	Label string `json:"label"`
+	Token int64  `json:"token"`
+	TTLms int64  `json:"ttl_ms"`
+}
+
+type locksReply struct {
+	Pattern   string     `json:"pattern"`
+	Locks     []lockView `json:"locks"`
+	Release   bool       `json:"release"`
+	RefreshMs int64      `json:"refresh_ms"`
+	At        string     `json:"at"`
+}
+
+func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	pattern := r.URL.Query().Get("pattern")
+	if pattern == "" {
+		pattern = h.pattern
+	}
+	keys, err := h.l.Keys(r.Context(), pattern)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	reply := locksReply{Pattern: pattern, Locks: []lockView{}, Release: h.release, RefreshMs: h.refresh.Milliseconds(), At: time.Now().UTC().Format(time.RFC3339)}
+	for _, k := range keys {
+		info, err := h.l.Inspect(r.Context(), k)
+		if err != nil {
+			writeError(w, http.StatusBadGateway, err)
+			return
+		}
+		if len(info.Holders) == 0 {
+			continue
+		}
+		v := lockView{Key: k, Waiters: info.Waiters, Holders: []holderView{}}
+		for _, hd := range info.Holders {
+			v.Holders = append(v.Holders, holderView{Owner: hd.Owner, Label: hd.Label, Token: hd.Token, TTLms: hd.TTL.Milliseconds()})
+		}
+		reply.Locks = append(reply.Locks, v)
+	}
+	writeJSON(w, http.StatusOK, reply)
+}
+
+func (h *Handler) releaseKey(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.Method != http.MethodPost:
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	case !h.release:
+		writeError(w, http.StatusForbidden, errors.New("this view is read-only (opsview.WithRelease)"))
+		return
+	case r.Header.Get(ReleaseHeader) != "release":
+		writeError(w, http.StatusForbidden, fmt.Errorf("a release needs the %s: release header", ReleaseHeader))
+		return
+	}
+	key := r.FormValue("key")
+	if key == "" {
+		writeError(w, http.StatusBadRequest, errors.New("key is empty"))
+		return
+	}
+	n, err := h.l.ForceRelease(r.Context(), key, r.FormValue("owner"))
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"key": key, "released": n})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, err error) {
+	writeJSON(w, code, map[string]string{"error": err.Error()})
+}

@@ -1,0 +1,89 @@
+package opsview_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/opsview"
+)
+
+func TestEndpoints(t *testing.T) {
+	ctx := context.Background()
+	l, err := lockkit.NewMemory(lockkit.WithOwner("worker-a"))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	lease, err := l.TryAcquire(ctx, "tenant:42", &lockkit.AcquireOptions{Label: "task-1"})
+	require.NoError(t, err)
+	_, err = l.TryAcquire(ctx, "report", nil)
+	require.NoError(t, err)
+
+	ro, err := opsview.New(l)
+	require.NoError(t, err)
+	rw, err := opsview.New(l, opsview.WithRelease(), opsview.WithRefresh(time.Second))
+	require.NoError(t, err)
+	get := func(h http.Handler, path string) *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))
+		return w
+	}
+	w := get(ro, "/")
+	require.Equal(t, http.StatusOK, w.Code)
+	require.Contains(t, w.Body.String(), "<title>jobguard locks</title>")
+
+	w = get(ro, "/api/locks?pattern=tenant:*")
+	require.Equal(t, http.StatusOK, w.Code)
+	var reply struct {
+		Locks []struct {
+			Key     string
+			Holders []struct {
+				Owner, Label string
+				Token        int64
+			}
+		}
+		Release bool
+	}
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &reply))
+	require.False(t, reply.Release)
+	require.Len(t, reply.Locks, 1)
+	require.Equal(t, "tenant:42", reply.Locks[0].Key)
+	require.Equal(t, "worker-a", reply.Locks[0].Holders[0].Owner)
+	require.Equal(t, "task-1", reply.Locks[0].Holders[0].Label)
+	require.Equal(t, lease.Token(), reply.Locks[0].Holders[0].Token)
+
+	post := func(h http.Handler, header bool, form url.Values) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/api/release", strings.NewReader(form.Encode()))
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		if header {
+			r.Header.Set(opsview.ReleaseHeader, "release")
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	require.Equal(t, http.StatusForbidden, post(ro, true, url.Values{"key": {"tenant:42"}}).Code, "read-only by default")
+	require.Equal(t, http.StatusForbidden, post(rw, false, url.Values{"key": {"tenant:42"}}).Code, "a cross-site form cannot release")
+	require.Equal(t, http.StatusBadRequest, post(rw, true, url.Values{}).Code)
+	w = post(rw, true, url.Values{"key": {"tenant:42"}})
+	require.Equal(t, http.StatusOK, w.Code)
+	require.JSONEq(t, `{"key":"tenant:42","released":1}`, w.Body.String())
+	require.ErrorIs(t, lease.Release(ctx), lockkit.ErrNotHeld)
+	require.Equal(t, http.StatusNotFound, get(rw, "/nope").Code)
+	require.Equal(t, http.StatusMethodNotAllowed, get(rw, "/api/release").Code)
+
+	for _, bad := range [][]opsview.Option{{opsview.WithRefresh(time.Millisecond)}, {opsview.WithPattern("")}} {
+		_, err := opsview.New(l, bad...)
+		require.ErrorIs(t, err, opsview.ErrInvalid)
+		require.ErrorIs(t, err, lockkit.ErrInvalid)
+	}
+	_, err = opsview.New(nil)
+	require.ErrorIs(t, err, opsview.ErrInvalid)
+}

@@ -1,0 +1,148 @@
+package webtest
+
+import (
+	"context"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/opsview"
+)
+
+// browser returns a chromedp context on a headless chromium.
+func browser(t *testing.T) context.Context {
+	path := os.Getenv("CHROMIUM")
+	if path == "" {
+		var err error
+		if path, err = exec.LookPath("chromium"); err != nil {
+			t.Fatal("chromium not found: install Debian's chromium (make test-browser does) or set CHROMIUM")
+		}
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancel)
+	ctx, cancel2 := chromedp.NewContext(actx)
+	t.Cleanup(cancel2)
+	ctx, cancel3 := context.WithTimeout(ctx, 60*time.Second)
+	t.Cleanup(cancel3)
+	return ctx
+}
+
+// An operator loads the page while a worker holds locks, sees the rows,
+// filters them, releases one key in two clicks, and sees its row go while
+// the holder's work is cancelled.
+func TestOperatorReleasesAStuckKey(t *testing.T) {
+	addr := os.Getenv("REDIS_ADDR")
+	require.NotEmpty(t, addr, "REDIS_ADDR: run with make test-browser")
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	prefix := "webtest:" + time.Now().Format("150405.000000") + ":"
+	worker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix), lockkit.WithOwner("worker-7"))
+	require.NoError(t, err)
+	defer worker.Close(ctx)
+	stuck, err := worker.TryAcquire(ctx, "tenant:42", &lockkit.AcquireOptions{Label: "task-abc", TTL: 1500 * time.Millisecond})
+	require.NoError(t, err)
+	work, cancel := stuck.Context(ctx)
+	defer cancel()
+	other, err := worker.TryAcquire(ctx, "report:daily", nil)
+	require.NoError(t, err)
+	defer other.Release(ctx)
+
+	view, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix))
+	require.NoError(t, err)
+	defer view.Close(ctx)
+	h, err := opsview.New(view, opsview.WithRelease(), opsview.WithRefresh(200*time.Millisecond))
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	b := browser(t)
+	row := `tr[data-key="tenant:42"]`
+	require.NoError(t, chromedp.Do(b,
+		chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible(row),
+		chromedp.WaitVisible(`tr[data-key="report:daily"]`),
+	))
+	holders, err := chromedp.Run(b, chromedp.Text(row+` td:nth-child(2)`))
+	require.NoError(t, err)
+	note, err := chromedp.Run(b, chromedp.Text(`#note`))
+	require.NoError(t, err)
+	require.Contains(t, holders, "worker-7 · task-abc · ")
+	require.Contains(t, note, "behind your own authentication")
+
+	// The filter asks the server for matching keys only.
+	_, err = chromedp.Run(b, chromedp.Evaluate[bool](`(() => {
+		const f = document.getElementById("filter");
+		f.value = "tenant:*";
+		return f.dispatchEvent(new Event("input")); // as typing does
+	})()`))
+	require.NoError(t, err)
+	require.NoError(t, chromedp.Do(b,
+		chromedp.WaitNotPresent(`tr[data-key="report:daily"]`),
+		chromedp.WaitVisible(row),
+	))
+
+	// Two clicks: Release, then Confirm release.
+	start := time.Now()
+	require.NoError(t, chromedp.Do(b,
+		chromedp.Click(row+` button.release`),
+		chromedp.WaitVisible(row+` button.confirm`),
+		chromedp.Click(row+` button.confirm`),
+		chromedp.WaitNotPresent(row),
+	))
+	status, err := chromedp.Run(b, chromedp.Text(`#status`))
+	require.NoError(t, err)
+	select {
+	case <-work.Done(): // at its next renewal: TTL/3 = 500ms
+	case <-time.After(5 * time.Second):
+		t.Fatal("the released holder's work was not cancelled")
+	}
+	require.ErrorIs(t, context.Cause(work), lockkit.ErrLost)
+	require.Less(t, time.Since(start), 3*time.Second)
+	require.True(t, strings.Contains(status, "key(s) held") || strings.Contains(status, "released 1 holder(s)"), status)
+	info, err := view.Inspect(ctx, "tenant:42")
+	require.NoError(t, err)
+	require.Empty(t, info.Holders)
+}
+
+// Read-only by default: no release button.
+func TestReadOnlyPageHasNoReleaseButton(t *testing.T) {
+	l, err := lockkit.NewMemory(lockkit.WithOwner("worker-1"))
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	_, err = l.TryAcquire(context.Background(), "k", nil)
+	require.NoError(t, err)
+	h, err := opsview.New(l)
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	b := browser(t)
+	require.NoError(t, chromedp.Do(b,
+		chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible(`tr[data-key="k"]`),
+	))
+	buttons, err := chromedp.Run(b, chromedp.Evaluate[int](`document.querySelectorAll("button").length`))
+	require.NoError(t, err)
+	note, err := chromedp.Run(b, chromedp.Text(`#note`))
+	require.NoError(t, err)
+	require.Zero(t, buttons)
+	require.Contains(t, note, "Read-only view")
+}
