@@ -3,13 +3,16 @@
 # the binary is missing) and stops it afterwards.
 GO ?= go
 PKGS := ./...
+# Integration modules: each has its own go.mod, so that its dependency
+# (gocron, Prometheus, OpenTelemetry) is in no core user's build.
+MODULES := gocronguard jobguardprom
 
 .PHONY: test test-faults test-browser bench lint run-demo run-worker run-scheduler
 
 ## test: every test with the race detector, against a real redis-server: the
-## core module, then the integration modules (gocronguard/).
+## core module, then the integration modules ($(MODULES)).
 test:
-	@tools/with-redis.sh sh -c '$(GO) test -race -count=1 -timeout 10m $(PKGS) && cd gocronguard && $(GO) test -race -count=1 -timeout 5m ./...'
+	@tools/with-redis.sh sh -c '$(GO) test -race -count=1 -timeout 10m $(PKGS) && for m in $(MODULES); do (cd $$m && $(GO) test -race -count=1 -timeout 5m ./...) || exit 1; done'
 
 
 ## bench: the comparison harness (bench/, a separate module) and the Go benchmarks.
@@ -26,7 +29,7 @@ lint:
 	$(STATICCHECK) ./...
 	cd faults && $(GO) vet -tags faults ./... && $(STATICCHECK) -tags faults ./...
 	cd bench && $(GO) vet ./... && $(STATICCHECK) ./...
-	cd gocronguard && $(GO) vet ./... && $(STATICCHECK) ./...
+	for m in $(MODULES); do (cd $$m && $(GO) vet ./... && $(STATICCHECK) ./...) || exit 1; done
 	cd webtest && $(GO) vet ./... && $(STATICCHECK) ./...
 
 ## run-demo: the lockkit demo (embedded Redis unless REDIS_ADDR is set).

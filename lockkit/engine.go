@@ -157,6 +157,13 @@ func (e *engine) begin(ctx context.Context) error {
 	return nil
 }
 
+// held counts the leases the engine renews.
+func (e *engine) held() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.leases)
+}
+
 func (e *engine) isClosed() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()

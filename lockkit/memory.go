@@ -104,6 +104,10 @@ func (l *MemoryLocker) Free(ctx context.Context, key, label string) (bool, error
 	return l.e.free(ctx, key, label)
 }
 
+// Held returns how many leases the Locker holds and renews now (not
+// reservations, which nothing renews).
+func (l *MemoryLocker) Held() int { return l.e.held() }
+
 // Logger implements Locker.
 func (l *MemoryLocker) Logger() *slog.Logger { return l.e.cfg.logger }
 

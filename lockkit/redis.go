@@ -168,6 +168,10 @@ func (l *RedisLocker) Free(ctx context.Context, key, label string) (bool, error)
 	return l.e.free(ctx, key, label)
 }
 
+// Held returns how many leases the Locker holds and renews now (not
+// reservations, which nothing renews).
+func (l *RedisLocker) Held() int { return l.e.held() }
+
 // Logger implements Locker.
 func (l *RedisLocker) Logger() *slog.Logger { return l.e.cfg.logger }
 

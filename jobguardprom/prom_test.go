@@ -1,0 +1,148 @@
+package jobguardprom_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/robfig/cron/v3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/cronguard"
+	"github.com/jobguard/jobguard/internal/asynqtest"
+	"github.com/jobguard/jobguard/jobguardprom"
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/singleton"
+)
+
+// value returns the value of the metric name with labels from reg: a
+// counter's or gauge's value, a histogram's sample count.
+func value(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if want, ok := labels[lp.GetName()]; ok && want != lp.GetValue() {
+					continue next
+				}
+			}
+			switch f.GetType() {
+			case dto.MetricType_COUNTER:
+				return m.GetCounter().GetValue()
+			case dto.MetricType_GAUGE:
+				return m.GetGauge().GetValue()
+			case dto.MetricType_HISTOGRAM:
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return 0
+}
+
+// Real runs on a real asynq server and real cron replicas, then a scrape of
+// the registry.
+func TestMetricsAfterRealRuns(t *testing.T) {
+	e := asynqtest.NewEnv(t, asynqtest.Standalone(t, 13))
+	reg := prometheus.NewRegistry()
+	var locker *lockkit.RedisLocker
+	m, err := jobguardprom.New(reg, jobguardprom.WithLockers(lockerRef{&locker}))
+	require.NoError(t, err)
+	locker, err = lockkit.NewRedis(e.RDB, lockkit.WithPrefix(e.Prefix), lockkit.WithObserver(m.LockObserver()))
+	require.NoError(t, err)
+	defer locker.Close(context.Background())
+
+	mw, err := singleton.Middleware(locker, singleton.WithObserver(m.Observer()))
+	require.NoError(t, err)
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	var once sync.Once
+	mux := asynq.NewServeMux()
+	mux.Use(mw)
+	mux.HandleFunc("sync", func(context.Context, *asynq.Task) error {
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			started <- struct{}{}
+			<-release
+		}
+		return nil
+	})
+	mux.HandleFunc("broken", func(context.Context, *asynq.Task) error { return errors.New("boom") })
+	srv := asynq.NewServerFromRedisClient(e.RDB, asynqtest.Config(e.Queue, 4))
+	require.NoError(t, srv.Start(mux))
+	defer srv.Shutdown()
+
+	e.Enqueue(asynq.NewTask("sync", nil))
+	<-started
+	require.Equal(t, 1.0, value(t, reg, "jobguard_leases_held", nil), "the running task's lease")
+	for range 3 {
+		e.Enqueue(asynq.NewTask("sync", nil))
+	}
+	require.Eventually(t, func() bool {
+		return value(t, reg, "jobguard_duplicates_total", map[string]string{"name": "sync", "action": "skip"}) == 3
+	}, 10*time.Second, 10*time.Millisecond)
+	close(release)
+	e.Enqueue(asynq.NewTask("broken", nil), asynq.MaxRetry(0)) // archived after its one run
+	require.Eventually(t, func() bool {
+		return value(t, reg, "jobguard_runs_total", map[string]string{"name": "broken", "outcome": "failed"}) == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return value(t, reg, "jobguard_runs_total", map[string]string{"name": "sync", "outcome": "ok"}) == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, 1.0, value(t, reg, "jobguard_lease_hold_seconds", map[string]string{"name": "sync"}))
+	require.Equal(t, 1.0, value(t, reg, "jobguard_lease_wait_seconds", map[string]string{"name": "sync"}))
+	require.Equal(t, 0.0, value(t, reg, "jobguard_leases_held", nil))
+
+	// Two cron replicas fire the same tick: one runs it, the other finds it claimed.
+	tick := time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
+	for _, owner := range []string{"replica-a", "replica-b"} {
+		l, err := lockkit.NewRedis(e.RDB, lockkit.WithPrefix(e.Prefix), lockkit.WithOwner(owner))
+		require.NoError(t, err)
+		defer l.Close(context.Background())
+		g, err := cronguard.New(l, cronguard.WithSeconds(), cronguard.WithObserver(m.Observer()),
+			cronguard.WithClock(func() time.Time { return tick.Add(10 * time.Millisecond) }))
+		require.NoError(t, err)
+		w, err := g.Wrap("digest", "* * * * * *")
+		require.NoError(t, err)
+		cron.NewChain(w).Then(cron.FuncJob(func() {})).Run()
+	}
+	require.Equal(t, 1.0, value(t, reg, "jobguard_cron_ticks_total", map[string]string{"entry": "digest", "outcome": "ran"}))
+	require.Equal(t, 1.0, value(t, reg, "jobguard_cron_ticks_total", map[string]string{"entry": "digest", "outcome": "claimed"}))
+
+	// No label holds a key.
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range fams {
+		for _, mt := range f.GetMetric() {
+			for _, lp := range mt.GetLabel() {
+				require.NotContains(t, []string{"key"}, lp.GetName(), f.GetName())
+			}
+		}
+	}
+
+	_, err = jobguardprom.New(reg)
+	require.Error(t, err, "the same metrics twice on one registry")
+	_, err = jobguardprom.New(nil)
+	require.Error(t, err)
+}
+
+// lockerRef lets the gauge read a Locker made after the metrics.
+type lockerRef struct{ l **lockkit.RedisLocker }
+
+func (r lockerRef) Held() int {
+	if *r.l == nil {
+		return 0
+	}
+	return (*r.l).Held()
+}
