@@ -5,7 +5,7 @@ GO ?= go
 PKGS := ./...
 # Integration modules: each has its own go.mod, so that its dependency
 # (gocron, Prometheus, OpenTelemetry) is in no core user's build.
-MODULES := gocronguard jobguardprom
+MODULES := gocronguard jobguardprom jobguardotel
 
 .PHONY: test test-faults test-browser bench lint run-demo run-worker run-scheduler
 
