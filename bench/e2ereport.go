@@ -30,7 +30,8 @@ func (r *report) throughputSection() string {
 	fmt.Fprintf(&w, "Each run: a batch of distinct tasks (payload `{\"n\":i}`), enqueued to a fresh queue, then processed "+
 		"by one server with `Concurrency: %d`. Guarded: `singleton.Middleware(locker, singleton.KeyByPayload())`, "+
 		"so every task has its own key (no duplicates; the default Skip policy never applies) and each pays "+
-		"one acquire and one release. The handler is a no-op, or `time.Sleep(5 * time.Millisecond)`. "+
+		"one acquire and one release; with `singleton.WithAsyncRelease()` the release leaves the task's path: "+
+		"the Locker's background releaser pipelines it. The handler is a no-op, or `time.Sleep(5 * time.Millisecond)`. "+
 		"%d rounds, each one bare run and one guarded run (bare first in odd rounds, guarded first in even rounds); "+
 		"the rate is tasks ÷ (srv.Start → last task returned), and the table shows the median of the rounds.\n\n",
 		r.concurrency, r.e2eRounds)

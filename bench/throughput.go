@@ -18,6 +18,7 @@ type workload struct {
 	work  time.Duration // 0: a no-op handler
 	tasks int
 	goal  float64 // guarded ÷ bare tasks/s to report against
+	async bool    // guarded with singleton.WithAsyncRelease
 }
 
 // tputRun is one server run of the throughput section.
@@ -87,6 +88,8 @@ func (b *bench) throughput(ctx context.Context, env *asynqEnv) ([]tputResult, re
 	loads := []workload{
 		{name: "no-op", tasks: b.tputTasks, goal: 0.75},
 		{name: "5 ms", work: 5 * time.Millisecond, tasks: b.tputSleepTasks, goal: 0.97},
+		{name: "no-op, `WithAsyncRelease()`", tasks: b.tputTasks, goal: 0.85, async: true},
+		{name: "5 ms, `WithAsyncRelease()`", work: 5 * time.Millisecond, tasks: b.tputSleepTasks, goal: 0.98, async: true},
 	}
 	var out []tputResult
 	run := 0
@@ -123,7 +126,11 @@ func (b *bench) throughput(ctx context.Context, env *asynqEnv) ([]tputResult, re
 					if err != nil {
 						return nil, renewRun{}, err
 					}
-					guard, err := singleton.Middleware(locker, singleton.KeyByPayload())
+					opts := []singleton.Option{singleton.KeyByPayload()}
+					if w.async {
+						opts = append(opts, singleton.WithAsyncRelease())
+					}
+					guard, err := singleton.Middleware(locker, opts...)
 					if err != nil {
 						return nil, renewRun{}, err
 					}

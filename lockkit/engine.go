@@ -19,7 +19,7 @@ type backend interface {
 	// release removes each lease; held[i] reports whether lease i was still
 	// held. A lease with no member is found by its acquire id. done > 0
 	// records each lease's label as completed for that long.
-	release(ctx context.Context, leases []*Lease, end ending) (held []bool, err error)
+	release(ctx context.Context, leases []*Lease, ends []ending) (held []bool, err error)
 	// extend sets each lease's expiry to now + ttls[i]; a renewal (renew
 	// true) never shortens one. errs[i] is nil, errNotHeld or a failure.
 	extend(ctx context.Context, leases []*Lease, ttls []time.Duration, renew bool) (errs []error)
@@ -88,6 +88,14 @@ type engine struct {
 	// readyErr is the backend's ready result once it was conclusive.
 	readyDone bool
 
+	// Releases queued by Lease.Run with AcquireOptions.AsyncRelease: relq
+	// waits for the releaser, relBusy counts per key the releases queued or
+	// in flight, and relDone is closed (and replaced) after each batch.
+	relq    []queuedRelease
+	relBusy map[string]int
+	relDone chan struct{}
+	relKick chan struct{}
+
 	// nextWake is when the renewer plans to look at the leases next; a new
 	// lease only wakes it earlier when it needs attention before then.
 	nextWake time.Time
@@ -109,11 +117,130 @@ type orphan struct {
 
 func newEngine(cfg config, b backend) *engine {
 	return &engine{
-		cfg:    cfg,
-		b:      b,
-		leases: make(map[*Lease]struct{}),
-		kick:   make(chan struct{}, 1),
-		stop:   make(chan struct{}),
+		cfg:     cfg,
+		b:       b,
+		leases:  make(map[*Lease]struct{}),
+		kick:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		relBusy: make(map[string]int),
+		relDone: make(chan struct{}),
+		relKick: make(chan struct{}, 1),
+	}
+}
+
+// queuedRelease is a lease whose release waits for the background releaser.
+type queuedRelease struct {
+	l   *Lease
+	end ending
+}
+
+// queueRelease hands the release of l, which has ended, to the background
+// releaser. After Close has started it is sent at once.
+func (e *engine) queueRelease(l *Lease, end ending) {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		defer cancel()
+		e.sendReleases(ctx, []queuedRelease{{l, end}})
+		return
+	}
+	e.relq = append(e.relq, queuedRelease{l, end})
+	e.relBusy[l.key]++
+	e.startLocked()
+	e.mu.Unlock()
+	select {
+	case e.relKick <- struct{}{}:
+	default:
+	}
+}
+
+// releaseLoop sends the queued releases: all that are queued at once, in
+// pipelines per server, and those queued meanwhile as soon as that returns.
+func (e *engine) releaseLoop() {
+	defer e.wg.Done()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-e.relKick:
+		}
+		for {
+			e.mu.Lock()
+			batch := e.relq
+			e.relq = nil
+			e.mu.Unlock()
+			if len(batch) == 0 {
+				break
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+			e.sendReleases(ctx, batch)
+			cancel()
+		}
+	}
+}
+
+// sendReleases releases batch, one pipeline per server; a release whose
+// outcome is unknown is retried in the background (orphan). It then tells
+// the acquires waiting for these keys.
+func (e *engine) sendReleases(ctx context.Context, batch []queuedRelease) {
+	ends := make(map[*Lease]ending, len(batch))
+	leases := make([]*Lease, len(batch))
+	for i, q := range batch {
+		leases[i] = q.l
+		ends[q.l] = q.end
+	}
+	var wg sync.WaitGroup
+	for _, g := range e.b.groups(leases) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			gends := make([]ending, len(g))
+			for i, l := range g {
+				gends[i] = ends[l]
+			}
+			held, err := e.b.release(ctx, g, gends)
+			for i, l := range g {
+				switch {
+				case err != nil && (i >= len(held) || !held[i]):
+					e.orphan(l.key, l.aid, l.validUntilLocked(), l.hold)
+				case held[i] && l.Err() == nil:
+					e.emit(Event{Kind: EventReleased, Key: l.key, Owner: l.owner, Token: l.token})
+				}
+			}
+			if err != nil {
+				e.cfg.logger.Warn("lockkit: background release", "count", len(g), "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+	e.mu.Lock()
+	for _, q := range batch {
+		if e.relBusy[q.l.key]--; e.relBusy[q.l.key] <= 0 {
+			delete(e.relBusy, q.l.key)
+		}
+	}
+	close(e.relDone)
+	e.relDone = make(chan struct{})
+	e.mu.Unlock()
+}
+
+// awaitOwnRelease waits, bounded by ctx, until no release of key by this
+// Locker is queued or in flight, so that work one process runs one after
+// another never meets its own release.
+func (e *engine) awaitOwnRelease(ctx context.Context, key string) {
+	for {
+		e.mu.Lock()
+		busy, done := e.relBusy[key] > 0, e.relDone
+		e.mu.Unlock()
+		if !busy {
+			return
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 
@@ -179,6 +306,7 @@ func (e *engine) tryAcquire(ctx context.Context, key string, opt *AcquireOptions
 		return nil, err
 	}
 	defer e.calls.Done()
+	e.awaitOwnRelease(ctx, r.key)
 	sent := time.Now()
 	res, err := e.b.acquire(ctx, &r)
 	if err != nil {
@@ -283,6 +411,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 		return nil, err
 	}
 	defer e.calls.Done()
+	e.awaitOwnRelease(ctx, r.key)
 	r.waiter = randomID(8)
 	if r.coalesce {
 		r.waiter = "y" + r.waiter // a Coalesce follow-up, which others may fold into ("y" is no hex digit)
@@ -389,6 +518,7 @@ func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Ti
 		coalesce: r.coalesce,
 		coverFor: r.coverFor,
 		hold:     r.hold,
+		async:    r.async,
 		ttl:      r.ttl,
 		interval: r.interval,
 		lost:     make(chan struct{}),
@@ -408,7 +538,7 @@ func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Ti
 		l.hold = 0 // never handed out: nothing ran that a hold would space out
 		e.mu.Unlock()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		_, err := e.b.release(rctx, []*Lease{l}, ending{})
+		_, err := e.b.release(rctx, []*Lease{l}, nil)
 		cancel()
 		if err != nil {
 			e.orphan(l.key, l.aid, l.validUntil, 0)
@@ -446,8 +576,9 @@ func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Ti
 func (e *engine) startLocked() {
 	if !e.started && !e.closed {
 		e.started = true
-		e.wg.Add(1)
+		e.wg.Add(2)
 		go e.renewLoop()
+		go e.releaseLoop()
 	}
 }
 
@@ -680,7 +811,7 @@ func (e *engine) releaseOrphans(os []*orphan) {
 		leases[i] = o.l
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-	_, err := e.b.release(ctx, leases, ending{})
+	_, err := e.b.release(ctx, leases, nil)
 	cancel()
 	e.mu.Lock()
 	now := time.Now()
@@ -726,6 +857,14 @@ func (e *engine) close(ctx context.Context) error {
 	e.wg.Wait()
 
 	e.mu.Lock()
+	queued := e.relq
+	e.relq = nil
+	e.mu.Unlock()
+	if len(queued) > 0 {
+		e.sendReleases(ctx, queued)
+	}
+
+	e.mu.Lock()
 	held := make([]*Lease, 0, len(e.leases))
 	for l := range e.leases {
 		held = append(held, l)
@@ -745,7 +884,7 @@ func (e *engine) close(ctx context.Context) error {
 	var errs []error
 	for start := 0; start < len(held); start += e.cfg.renewBatch {
 		chunk := held[start:min(start+e.cfg.renewBatch, len(held))]
-		if _, err := e.b.release(ctx, chunk, ending{}); err != nil {
+		if _, err := e.b.release(ctx, chunk, nil); err != nil {
 			errs = append(errs, fmt.Errorf("lockkit: close: release %d lease(s): %w", len(chunk), err))
 			break
 		}

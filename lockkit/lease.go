@@ -40,6 +40,7 @@ type Lease struct {
 	coalesce bool
 	coverFor time.Duration
 	hold     time.Duration // AcquireOptions.HoldAtLeast
+	async    bool          // AcquireOptions.AsyncRelease: Run releases in the background
 
 	// extendMu orders the Extend calls of one lease, so that the TTL the
 	// holder believes in is the one Redis applied last.
@@ -262,6 +263,24 @@ func (l *Lease) Complete(ctx context.Context, keep time.Duration) error {
 	return l.release(ctx, ending{done: keep})
 }
 
+// releaseLater ends the lease at once and hands its release to the
+// background releaser (AcquireOptions.AsyncRelease). It returns what release
+// would for a lease no longer held.
+func (l *Lease) releaseLater(end ending) error {
+	if !l.end(stateReleased, errReleased) {
+		l.e.mu.Lock()
+		state, cause := l.state, l.cause
+		l.e.mu.Unlock()
+		if state == stateLost {
+			l.e.queueRelease(l, ending{}) // best effort, as release does
+			return fmt.Errorf("%w: %w", ErrNotHeld, cause)
+		}
+		return fmt.Errorf("%w: %q token %d was released already", ErrNotHeld, l.key, l.token)
+	}
+	l.e.queueRelease(l, end)
+	return nil
+}
+
 func (l *Lease) release(ctx context.Context, end ending) error {
 	if !l.end(stateReleased, errReleased) {
 		l.e.mu.Lock()
@@ -270,12 +289,12 @@ func (l *Lease) release(ctx context.Context, end ending) error {
 		if state == stateLost {
 			// Best effort: the lease may still be stored if renewal failed for
 			// network reasons; removing our own entry is always safe.
-			_, _ = l.e.b.release(ctx, []*Lease{l}, ending{})
+			_, _ = l.e.b.release(ctx, []*Lease{l}, nil)
 			return fmt.Errorf("%w: %w", ErrNotHeld, cause)
 		}
 		return fmt.Errorf("%w: %q token %d was released already", ErrNotHeld, l.key, l.token)
 	}
-	held, err := l.e.b.release(ctx, []*Lease{l}, end)
+	held, err := l.e.b.release(ctx, []*Lease{l}, []ending{end})
 	if err != nil {
 		// The release may not have run: make sure it does, in the background.
 		l.e.orphan(l.key, l.aid, l.validUntilLocked(), l.hold)
@@ -359,6 +378,9 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // ErrNotHeld) if the lease was lost while fn ran. The release uses a context
 // that survives ctx's cancellation, bounded to 5 seconds.
 //
+// With AcquireOptions.AsyncRelease, the release is sent in the background
+// and Run returns once fn has (see AsyncRelease).
+//
 // When fn succeeds, Run ends the lease with Succeed (a Coalesce lease's
 // success is recorded). When the lease also has a label (AcquireOptions.Label)
 // and ctx had ended, the caller gave up on the work although it is done: Run
@@ -370,17 +392,22 @@ func (l *Lease) Run(ctx context.Context, fn func(context.Context) error) (err er
 	defer func() {
 		cancel()
 		p := recover()
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		var rerr error
+		var end ending
 		switch {
 		case p != nil || err != nil:
-			rerr = l.Release(rctx)
 		case l.label != "" && ctx.Err() != nil:
-			rerr = l.release(rctx, l.success(CompletedRetention))
+			end = l.success(CompletedRetention)
 		default:
-			rerr = l.Succeed(rctx)
+			end = l.success(0)
 		}
-		rcancel()
+		var rerr error
+		if l.async {
+			rerr = l.releaseLater(end)
+		} else {
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+			rerr = l.release(rctx, end)
+			rcancel()
+		}
 		if p != nil {
 			panic(p)
 		}

@@ -257,6 +257,20 @@ type AcquireOptions struct {
 	// takes the key. Zero means their remaining TTL (at most TTL, as they are
 	// no longer renewed). At most MaxTTL.
 	PreemptGrace time.Duration
+	// AsyncRelease makes Lease.Run return without waiting for Redis: the
+	// lease ends when fn returns (it is no longer renewed, its contexts are
+	// cancelled), and its release, with what Run records on success, is
+	// sent by the Locker's background releaser. The releaser sends at once
+	// what is queued, one pipeline per server, and what is queued while a
+	// batch is in flight as soon as that batch returns: a release reaches
+	// Redis at most about two round trips after Run returns. An acquire of
+	// the same key by this Locker waits for it first, so work that one
+	// process runs one after another never meets its own release. Release,
+	// Succeed and Complete stay synchronous. A release that fails is retried
+	// in the background until the lease would have expired; Close sends the
+	// queued releases. A process that dies before sending leaves the key
+	// held until its TTL, as any crash does. Defaults to false.
+	AsyncRelease bool
 	// HoldAtLeast keeps the key held for at least this long after the
 	// lease was acquired, even when it is released sooner: a release before
 	// then leaves the holder in place, no longer renewed, until then. It

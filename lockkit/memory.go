@@ -430,7 +430,7 @@ func (lk *memLock) hasSameLabel(label string) bool {
 	return false
 }
 
-func (b *memBackend) release(ctx context.Context, leases []*Lease, end ending) ([]bool, error) {
+func (b *memBackend) release(ctx context.Context, leases []*Lease, ends []ending) ([]bool, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -440,6 +440,10 @@ func (b *memBackend) release(ctx context.Context, leases []*Lease, end ending) (
 	now := time.Now()
 	held := make([]bool, len(leases))
 	for i, l := range leases {
+		var end ending
+		if ends != nil {
+			end = ends[i]
+		}
 		lk := s.get(l.key, now)
 		member := l.member
 		if member == "" {

@@ -127,6 +127,7 @@ type request struct {
 	supersede string
 	// preempt: "1" on a Preempt Acquire's first attempt, "2" after, "0" off.
 	preempt string
+	async   bool // AcquireOptions.AsyncRelease
 	grace   time.Duration
 }
 
@@ -218,5 +219,6 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 		return r, fmt.Errorf("%w: key %q: PreemptGrace %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, o.PreemptGrace, MaxTTL)
 	}
 	r.grace = o.PreemptGrace
+	r.async = o.AsyncRelease
 	return r, nil
 }

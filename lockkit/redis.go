@@ -426,15 +426,21 @@ func (b *redisBackend) pipelineScript(ctx context.Context, s *redis.Script, leas
 	return cmds
 }
 
-func (b *redisBackend) release(ctx context.Context, leases []*Lease, end ending) ([]bool, error) {
-	label := func(l *Lease) string {
-		if end.done > 0 {
-			return escapeLabel(l.label)
-		}
-		return ""
+func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []ending) ([]bool, error) {
+	idx := make(map[*Lease]int, len(leases))
+	for i, l := range leases {
+		idx[l] = i
 	}
 	args := func(l *Lease) []any {
-		return []any{l.member, l.aid, b.keys(l.key).channel, ms(b.grace), label(l), ms(end.done), ms(l.ttl), ms(end.cover), ms(l.hold)}
+		var end ending
+		if ends != nil {
+			end = ends[idx[l]]
+		}
+		label := ""
+		if end.done > 0 {
+			label = escapeLabel(l.label)
+		}
+		return []any{l.member, l.aid, b.keys(l.key).channel, ms(b.grace), label, ms(end.done), ms(l.ttl), ms(end.cover), ms(l.hold)}
 	}
 	held := make([]bool, len(leases))
 	if len(leases) == 1 {

@@ -172,6 +172,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"DebounceKeepsTheNewestRequest", testDebounce},
 		{"ElectionHasOneLeaderAtATime", testElect},
 		{"ForceReleaseEvictsHolders", testForceRelease},
+		{"AsyncReleaseLeavesRunsPath", testAsyncRelease},
 		{"HugeTTLsAreRejected", testHugeTTL},
 	}
 	for _, tc := range tests {
@@ -954,7 +955,7 @@ func testCoalesce(t *testing.T, h *harness) {
 	got, err = e.b.acquire(ctx, &early)
 	require.NoError(t, err)
 	require.True(t, got.ok, "a failed run covers nothing")
-	_, err = e.b.release(ctx, []*Lease{{key: "k", aid: early.aid}}, ending{})
+	_, err = e.b.release(ctx, []*Lease{{key: "k", aid: early.aid}}, nil)
 	require.NoError(t, err)
 
 	// Since: work asked for before a run began is covered by it; a Since
@@ -1509,6 +1510,66 @@ func testForceRelease(t *testing.T, h *harness) {
 	require.Zero(t, n, "nothing left")
 	_, err = op.ForceRelease(ctx, "", "")
 	require.ErrorIs(t, err, ErrInvalid)
+}
+
+// AsyncRelease: Run returns before the release; the Locker's own next
+// acquire of the key waits for it; another Locker's waiter is woken by it;
+// the success record is written; Close sends what is queued.
+func testAsyncRelease(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	var released atomic.Int32
+	a := h.locker(t, WithObserver(func(e Event) {
+		if e.Kind == EventReleased {
+			released.Add(1)
+		}
+	}))
+	b := h.locker(t)
+	async := &AcquireOptions{AsyncRelease: true}
+	for i := range 20 { // back to back on one Locker: never its own conflict
+		l, err := a.TryAcquire(ctx, "k", async)
+		require.NoError(t, err, "run %d", i)
+		require.NoError(t, l.Run(ctx, func(context.Context) error { return nil }))
+	}
+	require.Eventually(t, func() bool { return released.Load() == 20 }, 5*time.Second, time.Millisecond)
+
+	// A waiter elsewhere is woken by the background release.
+	l, err := a.TryAcquire(ctx, "k", async)
+	require.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		w, err := b.Acquire(ctx, "k", nil)
+		if err == nil {
+			err = w.Release(ctx)
+		}
+		got <- err
+	}()
+	waitWaiters(t, a, "k", 1)
+	start := time.Now()
+	require.NoError(t, l.Run(ctx, func(context.Context) error { return nil }))
+	require.NoError(t, <-got)
+	require.Less(t, time.Since(start), time.Second, "woken, not polled")
+
+	// What Run records on success is written too.
+	c, err := a.TryAcquire(ctx, "cover", &AcquireOptions{Coalesce: true, AsyncRelease: true})
+	require.NoError(t, err)
+	before := time.UnixMicro(c.Token() - 1)
+	require.NoError(t, c.Run(ctx, func(context.Context) error { return nil }))
+	_, err = a.TryAcquire(ctx, "cover", &AcquireOptions{Coalesce: true, Since: before})
+	require.ErrorIs(t, err, ErrCovered)
+
+	// Close sends the queued releases.
+	closing := h.locker(t)
+	for i := range 5 {
+		l, err := closing.TryAcquire(ctx, fmt.Sprint("q", i), async)
+		require.NoError(t, err)
+		require.NoError(t, l.Run(ctx, func(context.Context) error { return nil }))
+	}
+	require.NoError(t, closing.Close(ctx))
+	for i := range 5 {
+		info, err := b.Inspect(ctx, fmt.Sprint("q", i))
+		require.NoError(t, err)
+		require.Empty(t, info.Holders)
+	}
 }
 
 // TTLs past MaxTTL are refused, never stored as already expired.

@@ -370,6 +370,16 @@ type Pending func(ctx context.Context, job Job, newest lockkit.Request) (bool, e
 // Defaults to trusting that it exists.
 func WithPending(p Pending) Option { return func(g *Guard) { g.pending, g.pendingSet = p, true } }
 
+// WithAsyncRelease makes Run return as soon as the work has: the lease ends
+// then, and its release is sent by the Locker's background releaser
+// (lockkit.AcquireOptions.AsyncRelease), pipelined with other releases, so a
+// job pays one Redis round trip (the acquire) on its own path instead of
+// two. Another process may find the key held for up to about two round
+// trips after the work returned, and apply its policy to it (Skip skips); a
+// later job of this process waits for the release. A crash before the
+// release is sent leaves the key held until its TTL. Defaults to off.
+func WithAsyncRelease() Option { return func(g *Guard) { g.async = true } }
+
 // WithTTL overrides, for this guard's leases, the TTL the Locker gives them
 // (lockkit.WithTTL, lockkit.DefaultTTL unless set); the lease is renewed every
 // TTL/3 while the work runs. Zero means the Locker's. Must be zero or between
@@ -405,6 +415,7 @@ type Guard struct {
 	observers  []Observer
 	pending    Pending
 	pendingSet bool
+	async      bool
 }
 
 // New returns a Guard that takes leases from locker. It returns an error
@@ -605,7 +616,8 @@ func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Dura
 			return nil, 0, err
 		}
 	}
-	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.Fair, Label: job.Origin, HoldAtLeast: g.hold}
+	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.Fair, Label: job.Origin, HoldAtLeast: g.hold,
+		AsyncRelease: g.async}
 	if g.policy.Coalesce {
 		opt.Since = job.EnqueuedAt
 		opt.Coalesce = true

@@ -44,22 +44,25 @@ func TestBurstAcrossServers(t *testing.T) {
 		name   string
 		policy middleware.Policy
 		limit  int
+		opts   []singleton.Option
 	}{
-		{"skip", middleware.Skip(), 1},
-		{"requeue", middleware.Requeue(50 * time.Millisecond), 1},
-		{"wait in order then requeue", middleware.Policy{OnConflict: middleware.ActionRequeue, RequeueDelay: 50 * time.Millisecond, Wait: 100 * time.Millisecond, Fair: true}, 1},
-		{"limit 2 then requeue", middleware.Requeue(50 * time.Millisecond), 2},
-		{"coalesce", middleware.Coalesce(), 1},
+		{"skip", middleware.Skip(), 1, nil},
+		{"requeue, async release", middleware.Requeue(50 * time.Millisecond), 1, []singleton.Option{singleton.WithAsyncRelease()}},
+		{"requeue", middleware.Requeue(50 * time.Millisecond), 1, nil},
+		{"wait in order then requeue", middleware.Policy{OnConflict: middleware.ActionRequeue, RequeueDelay: 50 * time.Millisecond, Wait: 100 * time.Millisecond, Fair: true}, 1, nil},
+		{"limit 2 then requeue", middleware.Requeue(50 * time.Millisecond), 2, nil},
+		{"coalesce", middleware.Coalesce(), 1, nil},
+		{"coalesce, async release", middleware.Coalesce(), 1, []singleton.Option{singleton.WithAsyncRelease()}},
 	}
 	onEachRedis(t, func(t *testing.T, r connect) {
 		for _, c := range cases {
-			t.Run(c.name, func(t *testing.T) { testBurst(t, newEnvOn(t, r), c.policy, c.limit) })
+			t.Run(c.name, func(t *testing.T) { testBurst(t, newEnvOn(t, r), c.policy, c.limit, c.opts...) })
 		}
 	})
 }
 
 // testBurst is one case of TestBurstAcrossServers.
-func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int) {
+func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int, opts ...singleton.Option) {
 	const servers, concurrency, tenants, perTenant = 3, 4, 3, 8
 	tr := newTracker()
 	ev := &events{}
@@ -78,11 +81,11 @@ func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int) {
 	}
 	for i := range servers {
 		mw, err := singleton.Middleware(e.locker(lockkit.WithOwner(fmt.Sprintf("server-%d", i))),
-			singleton.KeyByFields("tenant_id"),
-			singleton.WithPolicy(policy),
-			singleton.WithLimit(limit),
-			singleton.WithRedis(e.RDB),
-			singleton.WithObserver(ev.observe))
+			append([]singleton.Option{singleton.KeyByFields("tenant_id"),
+				singleton.WithPolicy(policy),
+				singleton.WithLimit(limit),
+				singleton.WithRedis(e.RDB),
+				singleton.WithObserver(ev.observe)}, opts...)...)
 		require.NoError(t, err)
 		mux := asynq.NewServeMux()
 		mux.Use(mw)

@@ -100,6 +100,15 @@ func WithHoldAtLeast(d time.Duration) Option {
 	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithHoldAtLeast(d)) }
 }
 
+// WithAsyncRelease makes the middleware return to asynq as soon as the
+// handler has: the lease's release is sent by the Locker's background
+// releaser, pipelined with other releases, so each task pays one Redis round
+// trip on its path (the acquire) instead of two (middleware.WithAsyncRelease
+// says what changes). Defaults to off.
+func WithAsyncRelease() Option {
+	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithAsyncRelease()) }
+}
+
 // WithTTL overrides, for this middleware's leases, the TTL the Locker gives
 // them (lockkit.WithTTL; lockkit.DefaultTTL, 30s, unless set). The lease is
 // renewed every TTL/3 while the handler runs; a crashed worker's key frees
