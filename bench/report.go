@@ -247,7 +247,7 @@ func (r *report) renewalTable() string {
 			x.goroutinesBefore, x.goroutinesHolding, x.goroutinesHolding-x.goroutinesBefore)},
 		{"measured ticks", fmt.Sprintf("%d, one every %s on average", x.ticks, msec(x.period))},
 		{"Redis round trips per tick", fmt.Sprintf("%.1f", x.rtsPerTick)},
-		{"Redis commands per tick", fmt.Sprintf("%.0f (one EVALSHA per lease)", x.cmdsPerTick)},
+		{"Redis commands per tick", fmt.Sprintf("%.0f (EVALSHA of the renew script, up to 100 leases each)", x.cmdsPerTick)},
 		{"pipeline sizes per tick (commands × pipelines)", strings.Join(sizeList, ", ")},
 		{"renewal batches per tick", fmt.Sprintf("%.1f; leases per batch: %s", float64(len(x.batches))/float64(x.ticks), joinInts(batchLeases))},
 		{"wall time per batch (first pipeline sent → last reply)", joinDurations(batchWall)},

@@ -120,3 +120,14 @@ func TestClusterStalledNodeKeepsOtherLeases(t *testing.T) {
 		require.NoError(t, lease.Release(ctx))
 	}
 }
+
+// keySlot is the server's CLUSTER KEYSLOT of a lock's keys.
+func TestKeySlotMatchesTheServer(t *testing.T) {
+	c := testredis.Cluster(t)
+	b := &redisBackend{prefix: "p%7Bx%7D:"} // as NewRedis escapes "p{x}:"
+	for _, key := range []string{"a", "tenant:42", "{weird}", "caf\u00e9", "x%y"} {
+		want, err := c.ClusterKeySlot(context.Background(), b.keys(key).holders).Result()
+		require.NoError(t, err)
+		require.EqualValues(t, want, keySlot(escapeKey(key)), key)
+	}
+}

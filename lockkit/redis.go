@@ -39,6 +39,8 @@ var (
 	claimSrc string
 	//go:embed scripts/evict.lua
 	evictSrc string
+	//go:embed scripts/renew.lua
+	renewSrc string
 
 	acquireScript  = redis.NewScript(acquireSrc)
 	releaseScript  = redis.NewScript(releaseSrc)
@@ -51,6 +53,7 @@ var (
 	debounceScript = redis.NewScript(debounceSrc)
 	claimScript    = redis.NewScript(claimSrc)
 	evictScript    = redis.NewScript(evictSrc)
+	renewScript    = redis.NewScript(renewSrc)
 )
 
 // RedisLocker is a Locker backed by Redis, shared by every process that uses
@@ -462,7 +465,99 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 	return held, errors.Join(errs...)
 }
 
+// renewPerCall is how many leases one renew.lua call renews at most.
+const renewPerCall = 100
+
+// renewMany renews leases with renew.lua, up to renewPerCall leases per
+// call (on Redis Cluster, per hash slot: a script's keys share one), all
+// calls in one pipeline: a renewal costs one script call per many leases
+// instead of one each.
+func (b *redisBackend) renewMany(ctx context.Context, leases []*Lease, ttls []time.Duration) []error {
+	bySlot := make(map[uint16][]int)
+	var slots []uint16
+	_, cluster := b.c.(*redis.ClusterClient)
+	for i, l := range leases {
+		var slot uint16 // one server holds every key: any mix goes in one call
+		if cluster {
+			slot = keySlot(escapeKey(l.key))
+		}
+		if _, ok := bySlot[slot]; !ok {
+			slots = append(slots, slot)
+		}
+		bySlot[slot] = append(bySlot[slot], i)
+	}
+	type call struct {
+		idx []int
+		cmd *redis.Cmd
+	}
+	var calls []call
+	run := func(eval bool, which []int) {
+		_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, ci := range which {
+				c := &calls[ci]
+				keys := make([]string, 0, 2*len(c.idx))
+				args := make([]any, 0, 3*len(c.idx))
+				for _, i := range c.idx {
+					base := b.prefix + "{" + escapeKey(leases[i].key) + "}"
+					epoch := "0"
+					if leases[i].epoch {
+						epoch = "1"
+					}
+					keys = append(keys, base+":h", base+":m") // lockKeys' holders and meta
+					args = append(args, leases[i].member, ms(ttls[i]), epoch)
+				}
+				if eval {
+					c.cmd = renewScript.Eval(ctx, p, keys, args...)
+				} else {
+					c.cmd = renewScript.EvalSha(ctx, p, keys, args...)
+				}
+			}
+			return nil
+		})
+	}
+	for _, slot := range slots {
+		idx := bySlot[slot]
+		for start := 0; start < len(idx); start += renewPerCall {
+			calls = append(calls, call{idx: idx[start:min(start+renewPerCall, len(idx))]})
+		}
+	}
+	all := make([]int, len(calls))
+	for i := range all {
+		all[i] = i
+	}
+	run(false, all)
+	var again []int
+	for i, c := range calls {
+		if err := c.cmd.Err(); err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		run(true, again)
+	}
+	errs := make([]error, len(leases))
+	for _, c := range calls {
+		vals, err := c.cmd.Int64Slice()
+		for j, i := range c.idx {
+			switch {
+			case err != nil:
+				errs[i] = err
+			case j >= len(vals):
+				errs[i] = fmt.Errorf("unexpected renew reply %v", vals)
+			case vals[j] == 2:
+				errs[i] = errPreempted
+			case vals[j] != 1:
+				errs[i] = errNotHeld
+			}
+		}
+	}
+	return errs
+}
+
 func (b *redisBackend) extend(ctx context.Context, leases []*Lease, ttls []time.Duration, renew bool) []error {
+	if renew && len(leases) > 1 {
+		return b.renewMany(ctx, leases, ttls)
+	}
 	mode := "0"
 	if renew {
 		mode = "1"

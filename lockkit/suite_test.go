@@ -173,6 +173,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"ElectionHasOneLeaderAtATime", testElect},
 		{"ForceReleaseEvictsHolders", testForceRelease},
 		{"AsyncReleaseLeavesRunsPath", testAsyncRelease},
+		{"ManyLeasesRenewTogether", testRenewMany},
 		{"HugeTTLsAreRejected", testHugeTTL},
 	}
 	for _, tc := range tests {
@@ -1569,6 +1570,39 @@ func testAsyncRelease(t *testing.T, h *harness) {
 		info, err := b.Inspect(ctx, fmt.Sprint("q", i))
 		require.NoError(t, err)
 		require.Empty(t, info.Holders)
+	}
+}
+
+// Many leases renewed in shared calls (one per hash slot) all stay held
+// past several TTLs; one taken over in between is lost, the others not.
+func testRenewMany(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	var renewed atomic.Int32
+	l := h.locker(t, WithObserver(func(e Event) {
+		if e.Kind == EventRenewed {
+			renewed.Add(1)
+		}
+	}))
+	var leases []*Lease
+	for i := range 100 {
+		lease, err := l.TryAcquire(ctx, fmt.Sprint("many-", i), &AcquireOptions{TTL: 1200 * time.Millisecond, Epoch: int64(i%2 + 1)})
+		require.NoError(t, err)
+		leases = append(leases, lease)
+	}
+	h.steal(t, "many-7")
+	time.Sleep(3 * time.Second) // more than two TTLs
+	for i, lease := range leases {
+		if i == 7 {
+			require.ErrorIs(t, lease.Err(), ErrLost, "the stolen one")
+			continue
+		}
+		require.NoError(t, lease.Err(), "lease %d", i)
+	}
+	require.Greater(t, renewed.Load(), int32(2*99))
+	for i, lease := range leases {
+		if i != 7 {
+			require.NoError(t, lease.Release(ctx))
+		}
 	}
 }
 
