@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -18,10 +17,7 @@ type handoffResult struct {
 }
 
 // percentile returns the nearest-rank q-quantile (0 < q <= 1).
-func (r handoffResult) percentile(q float64) time.Duration {
-	i := int(math.Ceil(q*float64(len(r.latencies)))) - 1
-	return r.latencies[max(i, 0)]
-}
+func (r handoffResult) percentile(q float64) time.Duration { return nearestRank(r.latencies, q) }
 
 // handoff measures, for library name, how long after the holder starts its
 // release the waiter holds the lock. Holder and waiter use separate clients,

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,11 +28,13 @@ type preemptResult struct {
 	cmds          int64 // Redis commands of both servers and Lockers
 }
 
+// nearestRank returns the nearest-rank q-quantile (0 < q <= 1) of sorted,
+// zero when it is empty.
 func nearestRank(sorted []time.Duration, q float64) time.Duration {
 	if len(sorted) == 0 {
 		return 0
 	}
-	i := int(float64(len(sorted))*q+0.999999) - 1
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 

@@ -395,24 +395,32 @@ func toInt(v any) int64 {
 	return 0
 }
 
-// pipelineScript runs script once per lease in one pipeline, retrying with
-// EVAL the calls that found the script cache empty (after a Redis restart).
+// pipelineScript runs script once per lease in one pipeline (see
+// pipelineEval).
 func (b *redisBackend) pipelineScript(ctx context.Context, s *redis.Script, leases []*Lease, keys func(lockKeys) []string, args func(*Lease) []any) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, len(leases))
+	return b.pipelineEval(ctx, s, len(leases),
+		func(i int) []string { return keys(b.keys(leases[i].key)) },
+		func(i int) []any { return args(leases[i]) })
+}
+
+// pipelineEval runs n calls of script in one pipeline, call i with keys(i)
+// and args(i), retrying with EVAL the calls that found the script cache
+// empty (after a Redis restart).
+func (b *redisBackend) pipelineEval(ctx context.Context, s *redis.Script, n int, keys func(int) []string, args func(int) []any) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, n)
 	run := func(idx []int, eval bool) {
 		_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, i := range idx {
-				ks := keys(b.keys(leases[i].key))
 				if eval {
-					cmds[i] = s.Eval(ctx, p, ks, args(leases[i])...)
+					cmds[i] = s.Eval(ctx, p, keys(i), args(i)...)
 				} else {
-					cmds[i] = s.EvalSha(ctx, p, ks, args(leases[i])...)
+					cmds[i] = s.EvalSha(ctx, p, keys(i), args(i)...)
 				}
 			}
 			return nil
 		})
 	}
-	all := make([]int, len(leases))
+	all := make([]int, n)
 	for i := range all {
 		all[i] = i
 	}
@@ -486,59 +494,37 @@ func (b *redisBackend) renewMany(ctx context.Context, leases []*Lease, ttls []ti
 		}
 		bySlot[slot] = append(bySlot[slot], i)
 	}
-	type call struct {
-		idx []int
-		cmd *redis.Cmd
-	}
-	var calls []call
-	run := func(eval bool, which []int) {
-		_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, ci := range which {
-				c := &calls[ci]
-				keys := make([]string, 0, 2*len(c.idx))
-				args := make([]any, 0, 3*len(c.idx))
-				for _, i := range c.idx {
-					base := b.prefix + "{" + escapeKey(leases[i].key) + "}"
-					epoch := "0"
-					if leases[i].epoch {
-						epoch = "1"
-					}
-					keys = append(keys, base+":h", base+":m") // lockKeys' holders and meta
-					args = append(args, leases[i].member, ms(ttls[i]), epoch)
-				}
-				if eval {
-					c.cmd = renewScript.Eval(ctx, p, keys, args...)
-				} else {
-					c.cmd = renewScript.EvalSha(ctx, p, keys, args...)
-				}
-			}
-			return nil
-		})
-	}
+	var calls [][]int // the leases of each script call
 	for _, slot := range slots {
 		idx := bySlot[slot]
 		for start := 0; start < len(idx); start += renewPerCall {
-			calls = append(calls, call{idx: idx[start:min(start+renewPerCall, len(idx))]})
+			calls = append(calls, idx[start:min(start+renewPerCall, len(idx))])
 		}
 	}
-	all := make([]int, len(calls))
-	for i := range all {
-		all[i] = i
-	}
-	run(false, all)
-	var again []int
-	for i, c := range calls {
-		if err := c.cmd.Err(); err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
-			again = append(again, i)
-		}
-	}
-	if len(again) > 0 {
-		run(true, again)
-	}
+	cmds := b.pipelineEval(ctx, renewScript, len(calls),
+		func(c int) []string {
+			keys := make([]string, 0, 2*len(calls[c]))
+			for _, i := range calls[c] {
+				base := b.prefix + "{" + escapeKey(leases[i].key) + "}"
+				keys = append(keys, base+":h", base+":m") // lockKeys' holders and meta
+			}
+			return keys
+		},
+		func(c int) []any {
+			args := make([]any, 0, 3*len(calls[c]))
+			for _, i := range calls[c] {
+				epoch := "0"
+				if leases[i].epoch {
+					epoch = "1"
+				}
+				args = append(args, leases[i].member, ms(ttls[i]), epoch)
+			}
+			return args
+		})
 	errs := make([]error, len(leases))
-	for _, c := range calls {
-		vals, err := c.cmd.Int64Slice()
-		for j, i := range c.idx {
+	for c, idx := range calls {
+		vals, err := cmds[c].Int64Slice()
+		for j, i := range idx {
 			switch {
 			case err != nil:
 				errs[i] = err

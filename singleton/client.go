@@ -156,15 +156,7 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 	if err != nil {
 		return nil, err
 	}
-	info, err := c.c.EnqueueContext(ctx, stamped, opts...)
-	if err != nil && generated && errors.Is(err, asynq.ErrTaskIDConflict) {
-		// The ID is random and this call's own: the conflict is an earlier
-		// run of this enqueue (go-redis sent the script again after a lost
-		// reply). The task is there; its reservation stays.
-		if info, ierr := asynq.NewInspectorFromRedisClient(c.rdb).GetTaskInfo(queue, id); ierr == nil {
-			return info, nil
-		}
-	}
+	info, err := c.enqueueOwnID(ctx, stamped, id, queue, generated, opts)
 	if err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		_ = res.Release(rctx)
@@ -182,9 +174,16 @@ func (c *Client) enqueueNewest(ctx context.Context, task *asynq.Task, key, id, q
 		return nil, fmt.Errorf("singleton: task %q: %w", task.Type(), err)
 	}
 	task.Headers()[DebounceGenHeader] = strconv.FormatInt(gen, 10)
-	info, err := c.c.EnqueueContext(ctx, task, append(slices.Clone(opts), asynq.ProcessAt(at))...)
+	return c.enqueueOwnID(ctx, task, id, queue, generated, append(slices.Clone(opts), asynq.ProcessAt(at)))
+}
+
+// enqueueOwnID enqueues task, whose ID is id. When the Client generated the
+// ID, a conflict on it is an earlier run of this enqueue (go-redis sent the
+// script again after a lost reply): the task is there, and its info is
+// returned.
+func (c *Client) enqueueOwnID(ctx context.Context, task *asynq.Task, id, queue string, generated bool, opts []asynq.Option) (*asynq.TaskInfo, error) {
+	info, err := c.c.EnqueueContext(ctx, task, opts...)
 	if err != nil && generated && errors.Is(err, asynq.ErrTaskIDConflict) {
-		// The ID is this call's own: an earlier run of this enqueue put it there.
 		if info, ierr := asynq.NewInspectorFromRedisClient(c.rdb).GetTaskInfo(queue, id); ierr == nil {
 			return info, nil
 		}

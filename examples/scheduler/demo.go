@@ -14,9 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 	"github.com/robfig/cron/v3"
 
 	"github.com/jobguard/jobguard/cronguard"
@@ -68,21 +66,11 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 	interval := sched.Next(first).Sub(first)
 	out := &syncWriter{w: w}
 
-	addr := cfg.Addr
-	if addr == "" {
-		mr := miniredis.NewMiniRedis()
-		if err := mr.Start(); err != nil {
-			return err
-		}
-		defer mr.Close()
-		addr = mr.Addr()
-		fmt.Fprintln(out, "REDIS_ADDR not set: using an embedded miniredis")
+	rdb, closeRedis, err := openRedis(ctx, cfg.Addr, out)
+	if err != nil {
+		return err
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("redis at %s: %w", addr, err)
-	}
+	defer closeRedis()
 
 	// One run's keys and queue, so that runs sharing a Redis do not mix.
 	id := make([]byte, 4)

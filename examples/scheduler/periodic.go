@@ -42,21 +42,11 @@ func runPeriodic(ctx context.Context, w io.Writer, cfg config) error {
 	case cfg.Jitter < 0 || cfg.Jitter >= time.Second:
 		return fmt.Errorf("jitter must be between 0 and 1s, not %s", cfg.Jitter)
 	}
-	addr := cfg.Addr
-	if addr == "" {
-		mr := miniredis.NewMiniRedis()
-		if err := mr.Start(); err != nil {
-			return err
-		}
-		defer mr.Close()
-		addr = mr.Addr()
-		fmt.Fprintln(w, "REDIS_ADDR not set: using an embedded miniredis")
+	rdb, closeRedis, err := openRedis(ctx, cfg.Addr, w)
+	if err != nil {
+		return err
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("redis at %s: %w", addr, err)
-	}
+	defer closeRedis()
 	id := make([]byte, 4)
 	_, _ = crand.Read(id)
 	queue := "periodic-demo-" + hex.EncodeToString(id)
@@ -119,4 +109,26 @@ func runPeriodic(ctx context.Context, w io.Writer, cfg config) error {
 		return fmt.Errorf("%d ticks with other than one task, %d of %d ticks enqueued", bad, len(ticks), cfg.Ticks)
 	}
 	return nil
+}
+
+// openRedis connects to addr, or to an embedded miniredis when addr is
+// empty (saying so on w). Call the returned func when done.
+func openRedis(ctx context.Context, addr string, w io.Writer) (*redis.Client, func(), error) {
+	closeMini := func() {}
+	if addr == "" {
+		mr := miniredis.NewMiniRedis()
+		if err := mr.Start(); err != nil {
+			return nil, nil, err
+		}
+		closeMini = mr.Close
+		addr = mr.Addr()
+		fmt.Fprintln(w, "REDIS_ADDR not set: using an embedded miniredis")
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	done := func() { _ = rdb.Close(); closeMini() }
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		done()
+		return nil, nil, fmt.Errorf("redis at %s: %w", addr, err)
+	}
+	return rdb, done, nil
 }
