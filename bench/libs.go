@@ -23,7 +23,7 @@ var redislockRetry = redislock.LinearBackoff(100 * time.Millisecond)
 
 // waitDesc describes each library's waiting acquire, for the report.
 var waitDesc = map[string]string{
-	"lockkit":   "`Locker.Acquire` (pub/sub wake-up; poll fallback 250ms)",
+	"lockkit":   "`Locker.Acquire` (handed over by the release; poll fallback 250ms)",
 	"redislock": "`Obtain` with `LinearBackoff(100ms)` (from its example)",
 	"redsync":   "`Mutex.LockContext`, defaults (32 tries, 50–250ms random delay)",
 }

@@ -134,8 +134,9 @@ func (r *report) markdown() string {
 	if r.runs("handoff") {
 		r.heading(&w, "Contended handoff")
 		w.WriteString(r.handoffTable())
-		w.WriteString("lockkit's waiter is woken by the PUBLISH in the holder's release script and then makes its " +
-			"attempt; redislock and redsync waiters find the key free at their next poll.\n\n")
+		w.WriteString("lockkit's release script makes the waiter the holder and tells it with a PUBLISH, so the waiter " +
+			"holds the key without another round trip (it renews the short TTL it was handed a third of the way " +
+			"through); redislock and redsync waiters find the key free at their next poll.\n\n")
 	}
 
 	if r.runs("renewal") {

@@ -78,7 +78,7 @@ type faultOp struct {
 
 var (
 	acquireCmd  = testredis.ScriptShape(6, 16)
-	releaseCmd  = testredis.ScriptShape(4, 9)
+	releaseCmd  = testredis.ScriptShape(6, 9)
 	extendCmd   = testredis.ScriptShape(2, 4)
 	inspectCmd  = testredis.ScriptShape(2, 0)
 	freeCmd     = testredis.ScriptShape(2, 3)
@@ -139,7 +139,9 @@ var faultOps = []faultOp{
 		defer cancel()
 		done := make(chan error, 1)
 		go func() {
-			lease, err := l.Acquire(ctx, faultKey, nil)
+			// With an epoch the waiter is woken to try again, not handed
+			// the key by the release (release-handover covers that).
+			lease, err := l.Acquire(ctx, faultKey, &lockkit.AcquireOptions{Epoch: 1})
 			got.add(lease)
 			done <- err
 		}()
@@ -251,6 +253,33 @@ var faultOps = []faultOp{
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		return lease.Release(ctx)
+	}},
+	{"release-handover", releaseCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		lease, err := l.TryAcquire(context.Background(), faultKey, nil)
+		require.NoError(t, err)
+		wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer wcancel()
+		handed := make(chan error, 1)
+		go func() {
+			w, err := other.Acquire(wctx, faultKey, nil)
+			got.add(w)
+			handed <- err
+		}()
+		require.Eventually(t, func() bool {
+			i, err := other.Inspect(context.Background(), faultKey)
+			require.NoError(t, err)
+			return i.Waiters == 1
+		}, 5*time.Second, time.Millisecond)
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		err = lease.Release(ctx)
+		// However the reply fared, the release handed the key to the waiter
+		// once, or its cleanup woke it to take the key.
+		require.NoError(t, <-handed)
+		return err
 	}},
 	{"release-hold", releaseCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -26,8 +27,9 @@ type backend interface {
 	// groups splits leases by the server that stores them, so that one slow
 	// server does not hold up the renewal of the others.
 	groups(leases []*Lease) [][]*Lease
-	// leave removes a waiter that gave up.
-	leave(ctx context.Context, key, waiter string) error
+	// leave removes a waiter that gave up, and gives back the key if it
+	// was handed to the waiter's acquire call aid meanwhile.
+	leave(ctx context.Context, key, waiter, aid string) error
 	// detach replaces l's holder by member, a reservation living for ttl.
 	detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error)
 	// throttle takes one start from key's budget (see Locker.Throttle).
@@ -41,8 +43,9 @@ type backend interface {
 	free(ctx context.Context, key, label string) (bool, error)
 	inspect(ctx context.Context, key string) (*Info, error)
 	// wakeups returns a channel that receives when key is released, and a
-	// function that stops the notifications.
-	wakeups(key string) (<-chan struct{}, func())
+	// function that stops the notifications. It receives 0 for "try again",
+	// or the token of the lease a release handed to waiter (see grantable).
+	wakeups(key, waiter string) (<-chan int64, func())
 	// watch makes the store call l.preempt when a Preempt acquire preempts
 	// l, until the returned function is called.
 	watch(l *Lease) func()
@@ -59,6 +62,9 @@ type acquireResult struct {
 	covered    *CoveredError
 	superseded bool  // a Supersede call was replaced by a later one
 	since      int64 // a Coalesce call's start (server us), when the store set it
+	// left, when set, is the TTL the holder had left when the store found
+	// it (an earlier run of the call took it, or a release handed it over).
+	left time.Duration
 }
 
 // ending says what a release records besides freeing the holder: the label
@@ -314,7 +320,7 @@ func (e *engine) tryAcquire(ctx context.Context, key string, opt *AcquireOptions
 		return nil, fmt.Errorf("lockkit: acquire %q: %w", key, err)
 	}
 	if res.ok {
-		return e.hold(ctx, &r, res.token, sent, 0)
+		return e.hold(ctx, &r, res.token, sent, 0, res.left)
 	}
 	return nil, e.notAcquired(&r, res)
 }
@@ -416,9 +422,16 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 	if r.coalesce {
 		r.waiter = "y" + r.waiter // a Coalesce follow-up, which others may fold into ("y" is no hex digit)
 	}
+	handTTL := handOverTTL(&r)
+	if handTTL > 0 {
+		// A release may hand the key to this call (release.lua): the waiter
+		// id says how.
+		r.waiter = handOverID(r.waiter, handTTL, &r)
+	}
 	start := time.Now()
 	var (
-		wake     <-chan struct{}
+		lastSent time.Time
+		wake     <-chan int64
 		timer    *time.Timer
 		conflict *ConflictError
 		tried    bool
@@ -434,7 +447,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 	giveUp := func(cause error, held bool) error {
 		if tried {
 			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			_ = e.b.leave(lctx, key, r.waiter)
+			_ = e.b.leave(lctx, key, r.waiter, r.aid)
 			cancel()
 		}
 		if held && conflict != nil {
@@ -450,7 +463,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 			return nil, giveUp(err, true)
 		}
 		sent := time.Now()
-		tried = true
+		tried, lastSent = true, sent
 		res, err := e.b.acquire(ctx, &r)
 		if res.since > 0 {
 			r.since = res.since
@@ -467,7 +480,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 			return nil, giveUp(err, false)
 		}
 		if res.ok {
-			return e.hold(ctx, &r, res.token, sent, time.Since(start))
+			return e.hold(ctx, &r, res.token, sent, time.Since(start), res.left)
 		}
 		if res.conflict == nil {
 			return nil, e.notAcquired(&r, res)
@@ -475,7 +488,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 		if wake == nil {
 			// Subscribe before the next attempt so a release between the two is seen.
 			var stop func()
-			wake, stop = e.b.wakeups(key)
+			wake, stop = e.b.wakeups(key, r.waiter)
 			defer stop()
 			conflict = res.conflict
 			e.emit(Event{Kind: EventContended, Key: key, Owner: conflict.Owner, Token: conflict.Token, Err: conflict})
@@ -496,17 +509,45 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 			return nil, giveUp(ctx.Err(), true)
 		case <-e.stop:
 			return nil, giveUp(ErrClosed, true)
-		case <-wake:
+		case token := <-wake:
+			// A release that handed the key over did so after this call's
+			// last attempt was sent, for handTTL: unless that leaves too
+			// little, the lease is held without another round trip (and
+			// renewed to its TTL soon). The next attempt finds it otherwise.
+			if token > 0 && time.Until(validUntil(lastSent, handTTL)) > handTTL/2 {
+				return e.hold(ctx, &r, token, lastSent, time.Since(start), handTTL)
+			}
 		case <-timer.C:
 		}
 	}
 }
 
+// handOverID is the waiter id of r that lets a release hand it the key for
+// ttl (release.lua).
+func handOverID(id string, ttl time.Duration, r *request) string {
+	return "g" + id + ":" + strconv.FormatInt(ms(ttl), 10) + ":" + r.aid + ":" + escapeLabel(r.label) + ":" + r.owner
+}
+
+// handOverTTL is the TTL with which a release may hand the key to the
+// waiting call r, or 0 when it may not: only a plain acquire (one holder, no
+// epoch, Coalesce, Supersede, Preempt or Adopt, renewed) is handed the key. The TTL is short, so that a waiter that died leaves the key free soon
+// (a live waiter's Locker renews it within a third of it): its waiter TTL,
+// at least 200ms, at most its TTL.
+func handOverTTL(r *request) time.Duration {
+	if r.limit != 1 || r.epoch != 0 || r.coalesce || r.supersede != "0" || r.preempt != "0" ||
+		r.adopt || r.detached || r.interval <= 0 {
+		return 0
+	}
+	return min(max(r.waiterTTL, 200*time.Millisecond), r.ttl)
+}
+
 // hold registers a freshly acquired lease with the renewer. sent is when the
 // acquire was sent: the lease's TTL is counted from then, never later than
-// Redis counts it. After Close has started the lease is released at once and
+// Redis counts it. left, when positive and shorter than the TTL, is the TTL
+// the holder had (it was found taken or handed over): the lease is valid for
+// that long and renewed after a third of it at the latest. After Close has started the lease is released at once and
 // ErrClosed returned: it would never be renewed.
-func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Time, waited time.Duration) (*Lease, error) {
+func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Time, waited, left time.Duration) (*Lease, error) {
 	l := &Lease{
 		e:        e,
 		key:      r.key,
@@ -526,6 +567,10 @@ func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Ti
 	l.member = memberOf(token, r.aid, r.owner, r.label)
 	l.validUntil = validUntil(sent, r.ttl)
 	l.nextRenew = sent.Add(r.interval)
+	if left > 0 && left < r.ttl {
+		l.validUntil = validUntil(sent, left)
+		l.nextRenew = sent.Add(min(r.interval, left/3))
+	}
 	if r.detached {
 		// A reservation: its TTL alone bounds it; nothing here renews or
 		// releases it.

@@ -144,7 +144,7 @@ type memLock struct {
 	watchers  map[*Lease]struct{}  // held Preempt leases, told when preempted
 	queue     []string             // fair waiters in arrival order
 	waiters   map[string]time.Time // waiter → deadline
-	subs      map[chan struct{}]struct{}
+	subs      map[chan int64]struct{}
 }
 
 func (lk *memLock) expire(now time.Time) {
@@ -180,7 +180,7 @@ func (lk *memLock) expire(now time.Time) {
 func (lk *memLock) wake() {
 	for ch := range lk.subs {
 		select {
-		case ch <- struct{}{}:
+		case ch <- 0:
 		default:
 		}
 	}
@@ -226,7 +226,7 @@ func (s *memStore) get(key string, now time.Time) *memLock {
 	lk := s.locks[key]
 	if lk == nil {
 		lk = &memLock{holders: make(map[string]time.Time), done: make(map[string]time.Time), abandoned: make(map[string]time.Time),
-			waiters: make(map[string]time.Time), subs: make(map[chan struct{}]struct{}), preempted: make(map[string]bool), watchers: make(map[*Lease]struct{})}
+			waiters: make(map[string]time.Time), subs: make(map[chan int64]struct{}), preempted: make(map[string]bool), watchers: make(map[*Lease]struct{})}
 		s.locks[key] = lk
 	}
 	lk.expire(now)
@@ -567,7 +567,7 @@ func (b *memBackend) free(ctx context.Context, key, label string) (bool, error) 
 	return false, nil
 }
 
-func (b *memBackend) leave(_ context.Context, key, waiter string) error {
+func (b *memBackend) leave(_ context.Context, key, waiter, _ string) error {
 	s := b.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -596,8 +596,8 @@ func (b *memBackend) inspect(ctx context.Context, key string) (*Info, error) {
 	return info, nil
 }
 
-func (b *memBackend) wakeups(key string) (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
+func (b *memBackend) wakeups(key, _ string) (<-chan int64, func()) {
+	ch := make(chan int64, 1)
 	s := b.s
 	s.mu.Lock()
 	lk := s.get(key, time.Now())

@@ -343,7 +343,13 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 		if len(vals) < 2 {
 			return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
 		}
-		return acquireResult{ok: true, token: toInt(vals[1])}, nil
+		res := acquireResult{ok: true, token: toInt(vals[1])}
+		if len(vals) > 2 {
+			// Found taken by an earlier run, or handed over by a release:
+			// its TTL left, counted from now.
+			res.left = time.Duration(toInt(vals[2])) * time.Millisecond
+		}
+		return res, nil
 	case -1:
 		if len(vals) < 2 {
 			return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
@@ -457,11 +463,13 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 	if len(leases) == 1 {
 		l := leases[0]
 		k := b.keys(l.key)
-		n, err := releaseScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.cover, k.released}, args(l)...).Int64()
+		n, err := releaseScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.cover, k.released, k.queue, k.fence}, args(l)...).Int64()
 		held[0] = n == 1
 		return held, err
 	}
-	cmds := b.pipelineScript(ctx, releaseScript, leases, func(k lockKeys) []string { return []string{k.holders, k.waiters, k.cover, k.released} }, args)
+	cmds := b.pipelineScript(ctx, releaseScript, leases, func(k lockKeys) []string {
+		return []string{k.holders, k.waiters, k.cover, k.released, k.queue, k.fence}
+	}, args)
 	var errs []error
 	for i, c := range cmds {
 		n, err := c.Int64()
@@ -658,9 +666,9 @@ func (b *redisBackend) evict(ctx context.Context, key, owner, call string) (int,
 	return n, err
 }
 
-func (b *redisBackend) leave(ctx context.Context, key, waiter string) error {
+func (b *redisBackend) leave(ctx context.Context, key, waiter, aid string) error {
 	k := b.keys(key)
-	return leaveScript.Run(ctx, b.c, []string{k.queue, k.waiters}, waiter, k.channel).Err()
+	return leaveScript.Run(ctx, b.c, []string{k.queue, k.waiters, k.holders}, waiter, k.channel, aid).Err()
 }
 
 func (b *redisBackend) inspect(ctx context.Context, key string) (*Info, error) {
@@ -685,8 +693,8 @@ func (b *redisBackend) inspect(ctx context.Context, key string) (*Info, error) {
 // channel is subscribed while at least one waiter needs it. It returns once
 // Redis has confirmed the subscription (or after subscribeWait), so that a
 // release after it is never missed.
-func (b *redisBackend) wakeups(key string) (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
+func (b *redisBackend) wakeups(key, waiter string) (<-chan int64, func()) {
+	ch := make(chan int64, 1)
 	name := b.keys(key).channel
 	b.mu.Lock()
 	if b.done {
@@ -694,7 +702,7 @@ func (b *redisBackend) wakeups(key string) (<-chan struct{}, func()) {
 		return ch, func() {}
 	}
 	set := b.subscribeLocked(name)
-	set.chans[ch] = struct{}{}
+	set.chans[ch] = waiter
 	b.mu.Unlock()
 	t := time.NewTimer(subscribeWait)
 	select {
@@ -741,7 +749,7 @@ func (b *redisBackend) subscribeLocked(name string) *subscribers {
 	}
 	set := b.subs[name]
 	if set == nil {
-		set = &subscribers{chans: make(map[chan struct{}]struct{}), leases: make(map[*Lease]struct{}), ready: make(chan struct{})}
+		set = &subscribers{chans: make(map[chan int64]string), leases: make(map[*Lease]struct{}), ready: make(chan struct{})}
 		b.subs[name] = set
 		// A failed subscribe only costs latency: waiters fall back to
 		// polling, preempted leases to their renewal.
@@ -766,16 +774,17 @@ func (b *redisBackend) dropLocked(name string, set *subscribers) {
 const subscribeWait = time.Second
 
 type subscribers struct {
-	chans     map[chan struct{}]struct{}
-	leases    map[*Lease]struct{} // held leases that a Preempt acquire may end
-	ready     chan struct{}       // closed when Redis confirms the subscription
+	chans     map[chan int64]string // waiters' wake-ups, by waiter id
+	leases    map[*Lease]struct{}   // held leases that a Preempt acquire may end
+	ready     chan struct{}         // closed when Redis confirms the subscription
 	confirmed bool
 }
 
 // dispatch delivers channel messages: "p<token>" preempts the watched leases
 // with a token up to it, "f<token>:<owner>" tells those of owner (or all, for
-// "") that ForceRelease removed them; anything else (a release) wakes the
-// waiters.
+// "") that ForceRelease removed them, "g<token>:<waiter>" tells a waiter that
+// a release handed it the key (the others sleep on); anything else (a
+// release) wakes the waiters.
 func (b *redisBackend) dispatch(msgs <-chan any) {
 	defer b.wg.Done()
 	for m := range msgs {
@@ -806,6 +815,16 @@ func (b *redisBackend) dispatch(msgs <-chan any) {
 				}
 				break
 			}
+			if rest, ok := strings.CutPrefix(m.Payload, "g"); ok {
+				top, waiter, _ := strings.Cut(rest, ":")
+				token, _ := strconv.ParseInt(top, 10, 64)
+				for ch, w := range set.chans {
+					if w == waiter && token > 0 {
+						grant(ch, token)
+					}
+				}
+				break
+			}
 			if rest, ok := strings.CutPrefix(m.Payload, "f"); ok {
 				top, owner, _ := strings.Cut(rest, ":")
 				upTo, _ := strconv.ParseInt(top, 10, 64)
@@ -817,7 +836,7 @@ func (b *redisBackend) dispatch(msgs <-chan any) {
 			}
 			for ch := range set.chans {
 				select {
-				case ch <- struct{}{}:
+				case ch <- 0:
 				default:
 				}
 			}
@@ -831,6 +850,21 @@ func (b *redisBackend) dispatch(msgs <-chan any) {
 		}
 		for _, l := range check {
 			l.e.renewNow(l)
+		}
+	}
+}
+
+// grant puts token in ch, in place of a wake-up already waiting there.
+func grant(ch chan int64, token int64) {
+	for {
+		select {
+		case ch <- token:
+			return
+		default:
+		}
+		select {
+		case <-ch:
+		default:
 		}
 	}
 }

@@ -38,7 +38,8 @@
 --          leaves its expiry as it is
 -- ARGV[11] Coalesce: "0" off; otherwise when the work was asked for (server
 --          us; a time after now means now), "-1" for now (the first attempt)
--- Returns {1, token} when acquired (now or by an earlier run of this acquire),
+-- Returns {1, token} when acquired, {1, token, ttl left (ms)} when an earlier
+--         run of this acquire took it or a release handed it over (release.lua),
 --         {0, holder member, its ttl ms, holders, waiters ahead} when held,
 --         {-1, last epoch} when the epoch was already used,
 --         {-2} when the label was completed,
@@ -123,7 +124,7 @@ if existed then
   for i = 1, #live, 2 do
     local m = live[i]
     if string.find(m, '^%d+:' .. aid .. ':') then
-      return {1, string.match(m, '^(%d+):')}
+      return {1, string.match(m, '^(%d+):'), string.format('%d', math.floor(tonumber(live[i + 1]) - now))}
     end
     if label ~= '' and string.sub(m, -#suffix) == suffix then
       holder, holder_exp = m, tonumber(live[i + 1])

@@ -7,6 +7,8 @@
 -- KEYS[3] cover: STRING (see acquire.lua)
 -- KEYS[4] released: ZSET of released members, scored by when they are
 --         forgotten (ms)
+-- KEYS[5] queue: ZSET of fair waiters (see acquire.lua)
+-- KEYS[6] fence: STRING, the last fencing token (see acquire.lua)
 -- ARGV[1] the lease's member, or "" to find the live holder by acquire id
 -- ARGV[2] acquire id
 -- ARGV[3] release channel
@@ -19,10 +21,19 @@
 --         for no record (a Coalesce lease whose run succeeded sets it)
 -- ARGV[9] HoldAtLeast (ms): the holder stays, no longer renewed, until its
 --         token (its start, in us) plus this, if that is later than now
+-- When the key is left without a live holder, the next waiter (the head of
+-- the fair queue, or else the waiter seen longest ago) is handed the key if
+-- it can be: its waiter id is "g<random>:<ttl ms>:<acquire id>:<label>:<owner>"
+-- (a plain acquire: limit 1, no epoch or other option), and its label, if
+-- any, was not completed. It becomes
+-- the holder for that TTL (short: its Locker renews it at once) and is told
+-- on the channel with "g<token>:<waiter id>"; otherwise "1" wakes the
+-- waiters to try.
 -- Returns 1 when released (now or by an earlier run of this release), 0 when
 -- the lease had expired or was gone.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local member = ARGV[1]
 if member == '' then
   local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
@@ -99,7 +110,43 @@ if #top > 0 then
     redis.call('PEXPIRE', KEYS[1], done)
   end
 end
-if hold_until <= now and redis.call('EXISTS', KEYS[2]) == 1 then
+
+-- grant hands the key to the next waiter, if it is a plain acquire.
+local function grant()
+  if redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') > 0 then
+    return false
+  end
+  local wid
+  if redis.call('EXISTS', KEYS[5]) == 1 then
+    wid = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
+    local seen = wid and redis.call('ZSCORE', KEYS[2], wid)
+    if not seen or tonumber(seen) <= now then
+      return false
+    end
+  else
+    wid = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf', 'LIMIT', 0, 1)[1]
+  end
+  if not wid then
+    return false
+  end
+  local gttl, aid, label, owner = string.match(wid, '^g[^:]*:(%d+):([^:]+):([^:]*):(.*)$')
+  if not gttl or redis.call('ZSCORE', KEYS[1], 'x:' .. aid) or
+      (label ~= '' and redis.call('ZSCORE', KEYS[1], 'done:' .. label)) then
+    return false
+  end
+  gttl = tonumber(gttl)
+  local token = string.format('%d', math.max(tonumber(redis.call('GET', KEYS[6]) or '0') + 1, nowus))
+  redis.call('ZADD', KEYS[1], now + gttl, token .. ':' .. aid .. ':' .. owner .. ':' .. label)
+  if redis.call('PTTL', KEYS[1]) < gttl then
+    redis.call('PEXPIRE', KEYS[1], gttl)
+  end
+  redis.call('SET', KEYS[6], token, 'PX', 1000)
+  redis.call('ZREM', KEYS[2], wid)
+  redis.call('ZREM', KEYS[5], wid)
+  redis.call('PUBLISH', ARGV[3], 'g' .. token .. ':' .. wid)
+  return true
+end
+if hold_until <= now and redis.call('EXISTS', KEYS[2]) == 1 and not grant() then
   redis.call('PUBLISH', ARGV[3], '1')
 end
 return 1
