@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,9 @@ type burstRun struct {
 	preempted int64
 	// maxOverlap is the most runs of one key at once.
 	maxOverlap int
+	// gaps, sorted, are the times a key was idle between the end of one run
+	// and the start of the next, seen by the handler.
+	gaps []time.Duration
 	runStats
 	left string
 }
@@ -137,6 +141,7 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 		var ran, skipped, requeued, preempted atomic.Int64
 		var mu sync.Mutex
 		running := make(map[string]int)
+		lastEnd := make(map[string]time.Time)
 		type payload struct {
 			K string `json:"k"`
 		}
@@ -149,6 +154,9 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 			mu.Lock()
 			running[k]++
 			r.maxOverlap = max(r.maxOverlap, running[k])
+			if end, ok := lastEnd[k]; ok && running[k] == 1 {
+				r.gaps = append(r.gaps, time.Since(end))
+			}
 			mu.Unlock()
 			timer := time.NewTimer(b.burstWork)
 			defer timer.Stop()
@@ -166,6 +174,7 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 			}
 			mu.Lock()
 			running[k]--
+			lastEnd[k] = time.Now()
 			mu.Unlock()
 			ran.Add(1)
 			t.add()
@@ -204,6 +213,7 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 			return nil, enq, err
 		}
 		r.runStats = st
+		slices.Sort(r.gaps)
 		r.ran, r.skipped, r.requeued, r.preempted = ran.Load(), skipped.Load(), requeued.Load(), preempted.Load()
 		if r.left, err = env.left(q); err != nil {
 			return nil, enq, err

@@ -257,6 +257,14 @@ func ratioOrDash(n int64, d int) string {
 	return fmt.Sprintf("%.2f", float64(n)/float64(d))
 }
 
+// gapCell is the p50 and p99 of the sorted gaps, "–" without any.
+func gapCell(gaps []time.Duration) string {
+	if len(gaps) == 0 {
+		return "–"
+	}
+	return msec(nearestRank(gaps, 0.50)) + " / " + msec(nearestRank(gaps, 0.99))
+}
+
 // runsTable is the table of a burst's runs of tasks tasks.
 func (r *report) runsTable(runs []burstRun, tasks int) string {
 	var w strings.Builder
@@ -269,14 +277,14 @@ func (r *report) runsTable(runs []burstRun, tasks int) string {
 		}
 		rows = append(rows, []string{
 			x.name, fmt.Sprint(x.enqueued), wall, fmt.Sprint(x.ran), fmt.Sprint(x.skipped), fmt.Sprint(x.requeued), fmt.Sprint(x.preempted),
-			fmt.Sprint(x.ran + x.skipped + x.requeued + x.preempted), fmt.Sprint(x.maxOverlap),
+			fmt.Sprint(x.ran + x.skipped + x.requeued + x.preempted), fmt.Sprint(x.maxOverlap), gapCell(x.gaps),
 			fmt.Sprintf("%d (server %d + Locker %d)", total.cmds, x.srv.cmds, x.lock.cmds),
 			fmt.Sprint(total.rts), perTask(total.cmds, tasks), fmt.Sprint(total.cmds + x.enq.cmds),
 			msec(x.cpu), msec(x.redisCPU), x.left,
 		})
 	}
 	table(&w, []string{"policy", "tasks enqueued", "wall until all accounted for", "ran", "skipped or covered", "requeued", "preempted", "deliveries (ran + skipped + requeued + preempted)",
-		"most runs of one key at once", "Redis commands while processing (server + Locker)", "round trips", "commands per task",
+		"most runs of one key at once", "key idle between runs p50 / p99", "Redis commands while processing (server + Locker)", "round trips", "commands per task",
 		"Redis commands with the enqueue", "process CPU", "Redis CPU", "queue after"}, rows)
 	return w.String()
 }

@@ -77,8 +77,8 @@ type faultOp struct {
 }
 
 var (
-	acquireCmd  = testredis.ScriptShape(6, 16)
-	releaseCmd  = testredis.ScriptShape(6, 9)
+	acquireCmd  = testredis.ScriptShape(7, 18)
+	releaseCmd  = testredis.ScriptShape(7, 10)
 	extendCmd   = testredis.ScriptShape(2, 4)
 	inspectCmd  = testredis.ScriptShape(2, 0)
 	freeCmd     = testredis.ScriptShape(2, 3)

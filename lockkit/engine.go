@@ -213,6 +213,7 @@ func (e *engine) sendReleases(ctx context.Context, batch []queuedRelease) {
 				case held[i] && l.Err() == nil:
 					e.emit(Event{Kind: EventReleased, Key: l.key, Owner: l.owner, Token: l.token})
 				}
+				l.resumeParked()
 			}
 			if err != nil {
 				e.cfg.logger.Warn("lockkit: background release", "count", len(g), "err", err)
@@ -441,9 +442,10 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 			timer.Stop()
 		}
 	}()
-	// giveUp ends the wait. Only a wait that ended between attempts, with the
-	// key held by someone else, is reported as not acquired (ErrNotAcquired);
-	// a failed attempt is an error whatever the earlier ones found.
+	// giveUp ends the wait. Only a wait that ended (between attempts, or
+	// by ctx during one) with the key held by someone else is reported as
+	// not acquired (ErrNotAcquired); an attempt that failed otherwise is an
+	// error whatever the earlier ones found.
 	giveUp := func(cause error, held bool) error {
 		if tried {
 			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -477,6 +479,10 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 		if err != nil {
 			// The script may have run: make sure what it took is given back.
 			e.orphan(r.key, r.aid, sent.Add(r.ttl), 0)
+			if ctx.Err() != nil {
+				// The wait ran out during an attempt: as between attempts.
+				return nil, giveUp(ctx.Err(), true)
+			}
 			return nil, giveUp(err, false)
 		}
 		if res.ok {
@@ -560,6 +566,7 @@ func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Ti
 		coverFor: r.coverFor,
 		hold:     r.hold,
 		async:    r.async,
+		onParked: r.onParked,
 		ttl:      r.ttl,
 		interval: r.interval,
 		lost:     make(chan struct{}),

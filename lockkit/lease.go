@@ -41,6 +41,10 @@ type Lease struct {
 	coverFor time.Duration
 	hold     time.Duration // AcquireOptions.HoldAtLeast
 	async    bool          // AcquireOptions.AsyncRelease: Run releases in the background
+	onParked func(string)  // AcquireOptions.OnParked
+	// parked is the id of the parked job the lease's release reserved the
+	// key for; set by the store's release, read by the releasing goroutine.
+	parked string
 
 	// extendMu orders the Extend calls of one lease, so that the TTL the
 	// holder believes in is the one Redis applied last.
@@ -304,7 +308,17 @@ func (l *Lease) release(ctx context.Context, end ending) error {
 		return fmt.Errorf("%w: %q token %d expired or was taken over", ErrNotHeld, l.key, l.token)
 	}
 	l.e.emit(Event{Kind: EventReleased, Key: l.key, Owner: l.owner, Token: l.token})
+	l.resumeParked()
 	return nil
+}
+
+// resumeParked passes the parked job the lease's release reserved the key
+// for, if any, to OnParked.
+func (l *Lease) resumeParked() {
+	if id := l.parked; id != "" && l.onParked != nil {
+		l.parked = ""
+		l.onParked(id)
+	}
 }
 
 // Extend resets the lease's TTL to ttl (zero keeps the current TTL) in one

@@ -20,6 +20,9 @@ const (
 	// DefaultCoverFor is how long a Coalesce lease's success is remembered
 	// when AcquireOptions.CoverFor is zero.
 	DefaultCoverFor = 24 * time.Hour
+	// DefaultParkHold is how long the key is reserved for a parked job
+	// when AcquireOptions.ParkHold is zero.
+	DefaultParkHold = 5 * time.Second
 	// DefaultPollInterval bounds how long a waiter sleeps between attempts when no
 	// release notification reaches it (a missed wake-up or a holder that died).
 	DefaultPollInterval = 250 * time.Millisecond
@@ -287,6 +290,30 @@ type AcquireOptions struct {
 	// like any other; Lease.Detach turns it back into a reservation.
 	// Defaults to false.
 	Adopt bool
+	// Park, when not empty, queues the caller for the key if it is held:
+	// an acquire that finds the key held records Park, an id of the job to
+	// start later (a queued task's queue and ID, say), in the key's parked
+	// queue, once (a later park of the same id keeps its place). When a
+	// lease acquired with OnParked is released and leaves the key with no
+	// holder and no waiter it is handed to, the release reserves the key
+	// for the oldest parked job, as a reservation (see Detached) carrying
+	// that job's Label for ParkHold, and Run or Release then passes the
+	// job's id to OnParked, which should start the job: its acquire with
+	// Adopt and the same Label takes the reservation over. A job that takes
+	// the key itself leaves the queue. Park needs a Label and Limit 1; a
+	// parked id is kept for ten minutes after its last park. When a reply
+	// to a release is lost and retried, its parked job is not passed on: it
+	// waits for its own retry (the reservation ends after ParkHold).
+	Park string
+	// ParkHold is how long the reservation for a parked job lasts before it
+	// is adopted (see Park). Zero means DefaultParkHold; at most MaxTTL.
+	ParkHold time.Duration
+	// OnParked, when set, is called with the id of the parked job for which
+	// this lease's release reserved the key (see Park), on the goroutine
+	// that releases (the Locker's releaser for AsyncRelease): it should
+	// start the job and return, not wait for it. A release without
+	// OnParked leaves parked jobs queued.
+	OnParked func(id string)
 	// Since, for Coalesce, is when the work to be covered was asked for (an
 	// enqueue), on the Redis server's clock: only a run that began after it
 	// covers the call. Zero, or a time after the call's first attempt

@@ -3,7 +3,9 @@ package lockkit
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -145,6 +147,14 @@ type memLock struct {
 	queue     []string             // fair waiters in arrival order
 	waiters   map[string]time.Time // waiter → deadline
 	subs      map[chan int64]struct{}
+	parked    []memParked // parked jobs in order of their first park
+}
+
+// memParked is a parked job (AcquireOptions.Park).
+type memParked struct {
+	id, label string
+	hold      time.Duration
+	until     time.Time // forgotten at
 }
 
 func (lk *memLock) expire(now time.Time) {
@@ -168,6 +178,13 @@ func (lk *memLock) expire(now time.Time) {
 			delete(lk.preempted, m)
 		}
 	}
+	parked := lk.parked[:0]
+	for _, p := range lk.parked {
+		if now.Before(p.until) {
+			parked = append(parked, p)
+		}
+	}
+	lk.parked = parked
 	live := lk.queue[:0]
 	for _, w := range lk.queue {
 		if _, ok := lk.waiters[w]; ok {
@@ -198,7 +215,7 @@ func (lk *memLock) forget(w string) bool {
 }
 
 func (lk *memLock) idle(now time.Time) bool {
-	return len(lk.holders) == 0 && len(lk.waiters) == 0 && len(lk.subs) == 0 && len(lk.done) == 0 && len(lk.watchers) == 0 &&
+	return len(lk.holders) == 0 && len(lk.waiters) == 0 && len(lk.subs) == 0 && len(lk.done) == 0 && len(lk.watchers) == 0 && len(lk.parked) == 0 &&
 		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil) && lk.cover == 0
 }
 
@@ -361,8 +378,10 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 			}
 		}
 		lk.forget(r.waiter)
+		lk.unpark(r.park)
 		return acquireResult{ok: true, token: token}, nil
 	}
+	lk.park(r, now)
 	if r.waiter != "" {
 		if _, ok := lk.waiters[r.waiter]; !ok && r.fair {
 			lk.queue = append(lk.queue, r.waiter)
@@ -389,6 +408,50 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		}
 	}
 	return acquireResult{conflict: c, since: since}, nil
+}
+
+// park adds r to the parked queue, once (AcquireOptions.Park).
+func (lk *memLock) park(r *request, now time.Time) {
+	if r.park == "" {
+		return
+	}
+	for i := range lk.parked {
+		lk.parked[i].until = now.Add(parkKeep)
+	}
+	for _, p := range lk.parked {
+		if p.id == r.park {
+			return
+		}
+	}
+	lk.parked = append(lk.parked, memParked{id: r.park, label: r.label, hold: r.parkHold, until: now.Add(parkKeep)})
+}
+
+// unpark removes id from the parked queue.
+func (lk *memLock) unpark(id string) {
+	if id == "" {
+		return
+	}
+	lk.parked = slices.DeleteFunc(lk.parked, func(p memParked) bool { return p.id == id })
+}
+
+// reserveParked reserves the unheld key for its oldest parked job whose
+// label was not completed, and returns the job's id ("" for none).
+func (lk *memLock) reserveParked(now time.Time) string {
+	if len(lk.holders) > 0 {
+		return ""
+	}
+	for len(lk.parked) > 0 {
+		p := lk.parked[0]
+		lk.parked = lk.parked[1:]
+		if _, done := lk.done[p.label]; done && p.label != "" {
+			continue
+		}
+		token := max(lk.token+1, now.UnixMicro())
+		lk.token = token
+		lk.holders[memberOf(token, "r"+strconv.FormatInt(token, 10), "parked", p.label)] = now.Add(p.hold)
+		return p.id
+	}
+	return ""
 }
 
 // preemptHolders preempts every live holder not preempted yet: it is no
@@ -456,17 +519,22 @@ func (b *memBackend) release(ctx context.Context, leases []*Lease, ends []ending
 		if _, ok := lk.holders[member]; ok {
 			held[i] = true
 			token, _, _ := parseMember(member)
+			freed := false
 			if until := time.UnixMicro(token).Add(l.hold); l.hold > 0 && until.After(now) {
 				lk.holders[member] = until // held, no longer renewed, until then
 			} else {
 				delete(lk.holders, member)
 				lk.wake()
+				freed = true
 			}
 			if end.done > 0 {
 				lk.done[l.label] = now.Add(end.done)
 			}
 			if end.cover > 0 && l.token > lk.cover {
 				lk.cover, lk.coverTill = l.token, now.Add(end.cover)
+			}
+			if freed && l.onParked != nil {
+				l.parked = lk.reserveParked(now)
 			}
 		}
 	}

@@ -129,6 +129,11 @@ type request struct {
 	preempt string
 	async   bool // AcquireOptions.AsyncRelease
 	grace   time.Duration
+	// park is AcquireOptions.Park, parkHold its ParkHold, onParked its
+	// OnParked.
+	park     string
+	parkHold time.Duration
+	onParked func(id string)
 }
 
 func (c *config) request(key string, o *AcquireOptions) (request, error) {
@@ -220,5 +225,15 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	}
 	r.grace = o.PreemptGrace
 	r.async = o.AsyncRelease
+	r.park, r.parkHold, r.onParked = o.Park, o.ParkHold, o.OnParked
+	if r.park != "" && (r.label == "" || r.limit > 1) {
+		return r, fmt.Errorf("%w: key %q: Park needs a Label and Limit 1", ErrInvalid, key)
+	}
+	if r.parkHold < 0 || r.parkHold > MaxTTL {
+		return r, fmt.Errorf("%w: key %q: ParkHold %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, r.parkHold, MaxTTL)
+	}
+	if r.parkHold == 0 {
+		r.parkHold = DefaultParkHold
+	}
 	return r, nil
 }

@@ -263,11 +263,11 @@ type redisBackend struct {
 	done bool
 }
 
-type lockKeys struct{ holders, meta, queue, waiters, fence, channel, cover, released string }
+type lockKeys struct{ holders, meta, queue, waiters, fence, channel, cover, released, parked string }
 
 func (b *redisBackend) keys(key string) lockKeys {
 	base := b.prefix + "{" + escapeKey(key) + "}"
-	return lockKeys{base + ":h", base + ":m", base + ":q", base + ":w", base + ":f", base + ":r", base + ":c", base + ":d"}
+	return lockKeys{base + ":h", base + ":m", base + ":q", base + ":w", base + ":f", base + ":r", base + ":c", base + ":d", base + ":k"}
 }
 
 func ms(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
@@ -312,6 +312,18 @@ func versionLess(a, b string) bool {
 	return false
 }
 
+// parkKeep is how long a parked id is kept after its last park.
+const parkKeep = 10 * time.Minute
+
+// parkEntry is r's entry in its key's parked queue, "" when r does not park:
+// "<ParkHold ms>:<escaped label>:<Park>".
+func parkEntry(r *request) string {
+	if r.park == "" {
+		return ""
+	}
+	return strconv.FormatInt(ms(r.parkHold), 10) + ":" + escapeLabel(r.label) + ":" + r.park
+}
+
 func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
 	k := b.keys(r.key)
 	fair := "0"
@@ -330,8 +342,9 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 	if r.waiter == "" {
 		sup = "0" // only a waiting call is a follow-up
 	}
-	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover},
-		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel, r.preempt, ms(r.grace)).Slice()
+	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked},
+		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel, r.preempt, ms(r.grace),
+		parkEntry(r), ms(parkKeep)).Slice()
 	if err != nil {
 		return acquireResult{}, err
 	}
@@ -457,26 +470,36 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 		if end.done > 0 {
 			label = escapeLabel(l.label)
 		}
-		return []any{l.member, l.aid, b.keys(l.key).channel, ms(b.grace), label, ms(end.done), ms(l.ttl), ms(end.cover), ms(l.hold)}
+		resume := "0"
+		if l.onParked != nil {
+			resume = "1"
+		}
+		return []any{l.member, l.aid, b.keys(l.key).channel, ms(b.grace), label, ms(end.done), ms(l.ttl), ms(end.cover), ms(l.hold), resume}
+	}
+	keys := func(k lockKeys) []string {
+		return []string{k.holders, k.waiters, k.cover, k.released, k.queue, k.fence, k.parked}
 	}
 	held := make([]bool, len(leases))
+	var cmds []*redis.Cmd
 	if len(leases) == 1 {
 		l := leases[0]
-		k := b.keys(l.key)
-		n, err := releaseScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.cover, k.released, k.queue, k.fence}, args(l)...).Int64()
-		held[0] = n == 1
-		return held, err
+		cmds = []*redis.Cmd{releaseScript.Run(ctx, b.c, keys(b.keys(l.key)), args(l)...)}
+	} else {
+		cmds = b.pipelineScript(ctx, releaseScript, leases, keys, args)
 	}
-	cmds := b.pipelineScript(ctx, releaseScript, leases, func(k lockKeys) []string {
-		return []string{k.holders, k.waiters, k.cover, k.released, k.queue, k.fence}
-	}, args)
 	var errs []error
 	for i, c := range cmds {
-		n, err := c.Int64()
+		v, err := c.Result()
 		if err != nil {
 			errs = append(errs, err)
+			continue
 		}
-		held[i] = n == 1
+		// 1 or 0, or {1, id of the parked job the key was reserved for}.
+		if vals, ok := v.([]any); ok && len(vals) == 2 {
+			v = vals[0]
+			leases[i].parked, _ = vals[1].(string)
+		}
+		held[i] = toInt(v) == 1
 	}
 	return held, errors.Join(errs...)
 }

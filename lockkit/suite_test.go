@@ -175,6 +175,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"AsyncReleaseLeavesRunsPath", testAsyncRelease},
 		{"ManyLeasesRenewTogether", testRenewMany},
 		{"HugeTTLsAreRejected", testHugeTTL},
+		{"ParkedJobsGetTheKeyInOrder", testPark},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1625,4 +1626,74 @@ func testHugeTTL(t *testing.T, h *harness) {
 	_, err = h.locker(t).TryAcquire(ctx, "k", nil)
 	require.ErrorIs(t, err, ErrNotAcquired, "a MaxTTL lease is held")
 	require.NoError(t, lease.Release(ctx))
+}
+
+func testPark(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t, WithOwner("a"))
+	b := h.locker(t, WithOwner("b"))
+	var resumed []string
+	onParked := func(id string) { resumed = append(resumed, id) }
+	park := func(label, id string) *AcquireOptions {
+		return &AcquireOptions{Label: label, Park: id, ParkHold: time.Minute, Adopt: true, OnParked: onParked}
+	}
+	holder, err := a.TryAcquire(ctx, "p", &AcquireOptions{OnParked: onParked})
+	require.NoError(t, err)
+	for _, j := range []string{"j1", "j2", "j1"} {
+		_, err := b.TryAcquire(ctx, "p", park(j, "id-"+j))
+		require.ErrorIs(t, err, ErrNotAcquired)
+	}
+	require.NoError(t, holder.Release(ctx))
+	require.Equal(t, []string{"id-j1"}, resumed, "the oldest parked job, once")
+	info, err := b.Inspect(ctx, "p")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.Equal(t, "parked", info.Holders[0].Owner)
+	require.Equal(t, "j1", info.Holders[0].Label)
+	require.Greater(t, info.Holders[0].Token, holder.Token())
+	require.Greater(t, info.Holders[0].TTL, 30*time.Second, "reserved for ParkHold")
+
+	// The reservation refuses other jobs; the parked job adopts it.
+	_, err = b.TryAcquire(ctx, "p", &AcquireOptions{Label: "other"})
+	require.ErrorIs(t, err, ErrNotAcquired)
+	j1, err := b.TryAcquire(ctx, "p", park("j1", "id-j1"))
+	require.NoError(t, err)
+	require.NoError(t, j1.Run(ctx, func(context.Context) error { return nil }))
+	require.Equal(t, []string{"id-j1", "id-j2"}, resumed)
+	j2, err := b.TryAcquire(ctx, "p", park("j2", "id-j2"))
+	require.NoError(t, err)
+	require.NoError(t, j2.Release(ctx))
+	require.Equal(t, []string{"id-j1", "id-j2"}, resumed, "the queue is empty")
+	info, err = b.Inspect(ctx, "p")
+	require.NoError(t, err)
+	require.Empty(t, info.Holders)
+
+	// A parked job that takes the key itself leaves the queue; a release
+	// without OnParked leaves the queue as it is.
+	plain, err := a.TryAcquire(ctx, "q", nil)
+	require.NoError(t, err)
+	for _, j := range []string{"j3", "j4"} {
+		_, err := b.TryAcquire(ctx, "q", park(j, "id-"+j))
+		require.ErrorIs(t, err, ErrNotAcquired)
+	}
+	require.NoError(t, plain.Release(ctx))
+	j3, err := b.TryAcquire(ctx, "q", park("j3", "id-j3"))
+	require.NoError(t, err, "nothing was reserved")
+	require.NoError(t, j3.Release(ctx))
+	require.Equal(t, []string{"id-j1", "id-j2", "id-j4"}, resumed)
+
+	// A parked job whose label was completed meanwhile is passed over.
+	first, err := a.TryAcquire(ctx, "r", &AcquireOptions{Label: "j5", OnParked: onParked})
+	require.NoError(t, err)
+	_, err = b.TryAcquire(ctx, "r", park("j5", "id-j5"))
+	require.ErrorIs(t, err, ErrNotAcquired)
+	_, err = b.TryAcquire(ctx, "r", park("j6", "id-j6"))
+	require.ErrorIs(t, err, ErrNotAcquired)
+	require.NoError(t, first.Complete(ctx, time.Minute))
+	require.Equal(t, []string{"id-j1", "id-j2", "id-j4", "id-j6"}, resumed)
+
+	_, err = a.TryAcquire(ctx, "v", &AcquireOptions{Park: "x"})
+	require.ErrorIs(t, err, ErrInvalid, "Park needs a Label")
+	_, err = a.TryAcquire(ctx, "v", &AcquireOptions{Park: "x", Label: "l", Limit: 2})
+	require.ErrorIs(t, err, ErrInvalid, "Park needs Limit 1")
 }

@@ -254,6 +254,10 @@ type DuplicateError struct {
 	// RetryAfter, for ReasonThrottled, is how long until the key's next
 	// start would be allowed.
 	RetryAfter time.Duration
+	// Parked, for ActionRequeue under WithParking, says that the job is
+	// queued for its key: it is started again when the key is free (the
+	// runtime's requeue after the policy's delay is the backstop).
+	Parked bool
 	// Cause is the lockkit error: a *lockkit.ConflictError (naming the holder)
 	// or one matching lockkit.ErrEpochUsed.
 	Cause error
@@ -380,6 +384,34 @@ func WithPending(p Pending) Option { return func(g *Guard) { g.pending, g.pendin
 // release is sent leaves the key held until its TTL. Defaults to off.
 func WithAsyncRelease() Option { return func(g *Guard) { g.async = true } }
 
+// Parking is how an adapter parks duplicates under ActionRequeue (see
+// WithParking).
+type Parking struct {
+	// ID names a job to start again later (for asynq: its queue and task
+	// ID); ctx is the job's. Must not be nil.
+	ID func(ctx context.Context, job Job) string
+	// Resume starts the parked job id now, for which the key was just
+	// reserved: it must not block (start the work in the background). If
+	// the job cannot be started it should free the reservation
+	// (lockkit.Locker.Free with the job's Origin as the label). Must not be
+	// nil.
+	Resume func(key, id string)
+	// Hold is how long the key stays reserved for a parked job to start
+	// and take it over. Zero means lockkit.DefaultParkHold.
+	Hold time.Duration
+}
+
+// WithParking makes ActionRequeue park its duplicates: a job with an Origin
+// whose key is held is queued for the key (lockkit.AcquireOptions.Park) and
+// reported with DuplicateError.Parked; when a run of the key ends, the key
+// is reserved for the oldest parked job and p.Resume starts it, so the job
+// starts as soon as its key is free instead of after the policy's delay,
+// and jobs that keep arriving meanwhile queue behind it instead of taking
+// the key from it. The job's own requeue after the policy's delay stays:
+// it is the backstop when the process that ran the key dies before it
+// resumes anyone. Jobs are parked only under WithLimit(1) (the default).
+func WithParking(p Parking) Option { return func(g *Guard) { g.parking, g.parkingSet = &p, true } }
+
 // WithTTL overrides, for this guard's leases, the TTL the Locker gives them
 // (lockkit.WithTTL, lockkit.DefaultTTL unless set); the lease is renewed every
 // TTL/3 while the work runs. Zero means the Locker's. Must be zero or between
@@ -415,6 +447,8 @@ type Guard struct {
 	observers  []Observer
 	pending    Pending
 	pendingSet bool
+	parking    *Parking
+	parkingSet bool
 	async      bool
 }
 
@@ -463,6 +497,11 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("%w: WithLogger(nil)", ErrInvalid)
 	case g.pendingSet && g.pending == nil:
 		return nil, fmt.Errorf("%w: WithPending(nil)", ErrInvalid)
+	case g.parkingSet && (g.parking.ID == nil || g.parking.Resume == nil):
+		return nil, fmt.Errorf("%w: WithParking: ID and Resume must not be nil", ErrInvalid)
+	case g.parkingSet && (g.parking.Hold < 0 || g.parking.Hold > lockkit.MaxTTL):
+		return nil, fmt.Errorf("%w: WithParking: Hold %s must not be negative nor longer than %s", ErrInvalid, g.parking.Hold, lockkit.MaxTTL)
+
 	}
 	for i, o := range g.observers {
 		if o == nil {
@@ -618,6 +657,13 @@ func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Dura
 	}
 	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.Fair, Label: job.Origin, HoldAtLeast: g.hold,
 		AsyncRelease: g.async}
+	if p := g.parking; p != nil && g.limit <= 1 {
+		// Every run resumes the key's oldest parked job when it ends.
+		opt.OnParked = func(id string) { p.Resume(job.Key, id) }
+		if g.policy.OnConflict == ActionRequeue && job.Origin != "" {
+			opt.Park, opt.ParkHold, opt.Adopt = p.ID(ctx, job), p.Hold, true
+		}
+	}
 	if g.policy.Coalesce {
 		opt.Since = job.EnqueuedAt
 		opt.Coalesce = true
@@ -639,9 +685,20 @@ func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Dura
 		return g.awaitOwnRun(ctx, job, opt)
 	}
 	if g.policy.Wait > 0 {
-		return g.acquireWaiting(ctx, job, opt)
+		lease, waited, err := g.acquireWaiting(ctx, job, opt)
+		return lease, waited, markParked(err, opt)
 	}
-	return nil, 0, g.notAcquired(ctx, job, err, 0)
+	return nil, 0, markParked(g.notAcquired(ctx, job, err, 0), opt)
+}
+
+// markParked sets Parked in err's DuplicateError when the acquire with opt
+// parked the job.
+func markParked(err error, opt *lockkit.AcquireOptions) error {
+	var dup *DuplicateError
+	if opt.Park != "" && errors.As(err, &dup) && dup.Reason == ReasonHeld && dup.Action == ActionRequeue {
+		dup.Parked = true
+	}
+	return err
 }
 
 // followUp takes the key for a Coalesce, KeepNewest or Preempt job in one waiting

@@ -709,3 +709,46 @@ func TestLatestRequestWins(t *testing.T) {
 	require.ErrorContains(t, out.Err, "ran or runs")
 	require.Empty(t, asked, "a claimed newest request needs no check")
 }
+
+// Under WithParking a requeued duplicate is parked: the run that frees its
+// key reserves the key for it and resumes it, and its next run adopts the
+// reservation while other jobs stay out.
+func TestParkingResumesTheOldestDuplicate(t *testing.T) {
+	l, err := lockkit.NewMemory()
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	resumed := make(chan string, 4)
+	parking := middleware.Parking{
+		ID:     func(_ context.Context, job middleware.Job) string { return "id-" + job.Origin },
+		Resume: func(key, id string) { resumed <- key + " " + id },
+	}
+	g, _ := newGuard(t, l, middleware.WithPolicy(middleware.Requeue(time.Minute)), middleware.WithParking(parking))
+	ctx := context.Background()
+	holding := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		_ = runErr(g, ctx, middleware.Job{Key: "k", Origin: "a"}, func(context.Context) error {
+			close(holding)
+			<-done
+			return nil
+		})
+	}()
+	<-holding
+	for _, origin := range []string{"b", "c"} {
+		out := g.Run(ctx, middleware.Job{Key: "k", Origin: origin}, func(context.Context) error { return nil })
+		require.False(t, out.Ran)
+		require.NotNil(t, out.Duplicate)
+		require.Equal(t, middleware.ActionRequeue, out.Duplicate.Action)
+		require.True(t, out.Duplicate.Parked)
+	}
+	close(done)
+	require.Equal(t, "k id-b", <-resumed, "the oldest parked job")
+	out := g.Run(ctx, middleware.Job{Key: "k", Origin: "d"}, func(context.Context) error { return nil })
+	require.True(t, out.Duplicate.Parked, "the key is reserved for b")
+	out = g.Run(ctx, middleware.Job{Key: "k", Origin: "b"}, func(context.Context) error { return nil })
+	require.True(t, out.Ran, "b adopts its reservation")
+	require.Equal(t, "k id-c", <-resumed)
+
+	_, err = middleware.New(l, middleware.WithParking(middleware.Parking{}))
+	require.ErrorIs(t, err, middleware.ErrInvalid)
+}

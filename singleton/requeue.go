@@ -125,6 +125,9 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 		asynq.MaxRetry(max(info.MaxRetry-info.Retried, 0)),
 		asynq.ProcessIn(delay),
 	}
+	if c, ok := ctx.Value(copyIDKey{}).(string); ok {
+		opts = append(opts, asynq.TaskID(c)) // the ID it was parked under
+	}
 	if info.Timeout > 0 {
 		opts = append(opts, asynq.Timeout(info.Timeout))
 	}

@@ -49,6 +49,9 @@ func TestBurstAcrossServers(t *testing.T) {
 		{"skip", middleware.Skip(), 1, nil},
 		{"requeue, async release", middleware.Requeue(50 * time.Millisecond), 1, []singleton.Option{singleton.WithAsyncRelease()}},
 		{"requeue", middleware.Requeue(50 * time.Millisecond), 1, nil},
+		// A minute's delay outlasts the test: only parking (the run that
+		// frees the key starts the oldest parked duplicate) finishes it.
+		{"requeue parks until the key is free", middleware.Requeue(time.Minute), 1, nil},
 		{"wait in order then requeue", middleware.Policy{OnConflict: middleware.ActionRequeue, RequeueDelay: 50 * time.Millisecond, Wait: 100 * time.Millisecond, Fair: true}, 1, nil},
 		{"limit 2 then requeue", middleware.Requeue(50 * time.Millisecond), 2, nil},
 		{"coalesce", middleware.Coalesce(), 1, nil},
@@ -636,7 +639,7 @@ func TestRedisErrorIsNeverADuplicate(t *testing.T) {
 			e := newEnvOn(t, standalone)
 			c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t), DB: testDB})
 			t.Cleanup(func() { _ = c.Close() })
-			hook := &testredis.Faults{Match: testredis.ScriptWithKeys(6), Delay: 100 * time.Millisecond}
+			hook := &testredis.Faults{Match: testredis.ScriptShape(7, 18), Delay: 100 * time.Millisecond}
 			c.AddHook(hook)
 			l, err := lockkit.NewRedis(c, lockkit.WithPrefix(e.Prefix))
 			require.NoError(t, err)

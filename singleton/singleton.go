@@ -262,6 +262,10 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 		m.inspector = asynq.NewInspectorFromRedisClient(c.rdb)
 		opts = append(opts[:len(opts):len(opts)], middleware.WithPending(m.newestPending))
 	}
+	if c.rdb != nil {
+		opts = append(opts[:len(opts):len(opts)], middleware.WithParking(m.parking()))
+		m.parks = true
+	}
 	g, err := middleware.New(locker, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -287,6 +291,7 @@ type guarded struct {
 	types     map[string]bool // nil: every type
 	client    *asynq.Client
 	inspector *asynq.Inspector
+	parks     bool // duplicates are parked (Requeue with WithRedis)
 }
 
 func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task) error {
@@ -306,6 +311,9 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		return err
 	}
 	job.Key = key
+	if m.parks {
+		ctx = withCopyID(ctx)
+	}
 	res := m.startReservation(ctx, t, key, origin)
 	out := m.guard.Run(ctx, job, func(ctx context.Context) error { return next.ProcessTask(ctx, t) })
 	m.endReservation(ctx, t, key, origin, res, out)

@@ -204,12 +204,12 @@ func IsScript(src string) func(cmd redis.Cmder) bool {
 var _ redis.Hook = (*Faults)(nil)
 
 // ScriptWithKeys is a Match helper: it matches EVAL and EVALSHA calls of
-// scripts with n keys (lockkit's acquire script is the one with 5).
+// scripts with n keys.
 func ScriptWithKeys(n int) func(cmd redis.Cmder) bool { return ScriptShape(n, -1) }
 
 // ScriptShape is a Match helper: it matches EVAL and EVALSHA calls with n
-// keys and, unless args < 0, args arguments. lockkit's scripts: acquire 5
-// keys and 10 arguments, release 2 and 7, extend 2 and 4, inspect 2 and 0.
+// keys and, unless args < 0, args arguments. lockkit's scripts: acquire 7
+// keys and 18 arguments, release 7 and 10, extend 2 and 4, inspect 2 and 0.
 func ScriptShape(n, args int) func(cmd redis.Cmder) bool {
 	return func(cmd redis.Cmder) bool {
 		a := cmd.Args()

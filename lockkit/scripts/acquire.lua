@@ -16,6 +16,8 @@
 -- KEYS[5] fence: STRING, the last fencing token, kept for a second
 -- KEYS[6] cover: STRING, the token (start) of the latest Coalesce run that
 --         succeeded, kept for its CoverFor
+-- KEYS[7] parked: ZSET of parked jobs, "<hold ms>:<label>:<id>" scored by
+--         their first park (us); release.lua reserves the key for the oldest
 -- ARGV[1] owner id
 -- ARGV[2] ttl (ms)
 -- ARGV[3] holder limit
@@ -36,6 +38,9 @@
 --          holder not preempted yet is preempted), otherwise "0"
 -- ARGV[16] preempt grace (ms): a preempted holder expires within it; "0"
 --          leaves its expiry as it is
+-- ARGV[17] this call's parked-queue entry, "" when it does not park: it is
+--          added (once) when the key is held, removed when the call takes it
+-- ARGV[18] how long the parked queue is kept after a park (ms)
 -- ARGV[11] Coalesce: "0" off; otherwise when the work was asked for (server
 --          us; a time after now means now), "-1" for now (the first attempt)
 -- Returns {1, token} when acquired, {1, token, ttl left (ms)} when an earlier
@@ -233,7 +238,15 @@ if not same and count + ahead < limit then
   if sup ~= '0' and redis.call('HGET', KEYS[2], 'p') == wid then
     redis.call('HDEL', KEYS[2], 'p')
   end
+  if ARGV[17] ~= '' then
+    redis.call('ZREM', KEYS[7], ARGV[17])
+  end
   return {1, token}
+end
+
+if ARGV[17] ~= '' then
+  redis.call('ZADD', KEYS[7], 'NX', nowus, ARGV[17])
+  redis.call('PEXPIRE', KEYS[7], ARGV[18])
 end
 
 if wid ~= '' then

@@ -9,6 +9,7 @@
 --         forgotten (ms)
 -- KEYS[5] queue: ZSET of fair waiters (see acquire.lua)
 -- KEYS[6] fence: STRING, the last fencing token (see acquire.lua)
+-- KEYS[7] parked: ZSET of parked jobs (see acquire.lua)
 -- ARGV[1] the lease's member, or "" to find the live holder by acquire id
 -- ARGV[2] acquire id
 -- ARGV[3] release channel
@@ -21,6 +22,8 @@
 --         for no record (a Coalesce lease whose run succeeded sets it)
 -- ARGV[9] HoldAtLeast (ms): the holder stays, no longer renewed, until its
 --         token (its start, in us) plus this, if that is later than now
+-- ARGV[10] "1" to reserve the key for the oldest parked job when it is left
+--          without a holder and no waiter is handed it
 -- When the key is left without a live holder, the next waiter (the head of
 -- the fair queue, or else the waiter seen longest ago) is handed the key if
 -- it can be: its waiter id is "g<random>:<ttl ms>:<acquire id>:<label>:<owner>"
@@ -30,7 +33,9 @@
 -- on the channel with "g<token>:<waiter id>"; otherwise "1" wakes the
 -- waiters to try.
 -- Returns 1 when released (now or by an earlier run of this release), 0 when
--- the lease had expired or was gone.
+-- the lease had expired or was gone, {1, id} when released and the key was
+-- reserved for the parked job id: a reservation holder (acquire id "r" and
+-- its token, owner "parked", the job's label) for the job's hold.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -111,9 +116,27 @@ if #top > 0 then
   end
 end
 
+-- take adds a holder and returns its token; aid "" makes a reservation's.
+local function take(aid, owner, label, ttl)
+  local token = string.format('%d', math.max(tonumber(redis.call('GET', KEYS[6]) or '0') + 1, nowus))
+  if aid == '' then
+    aid = 'r' .. token
+  end
+  redis.call('ZADD', KEYS[1], now + ttl, token .. ':' .. aid .. ':' .. owner .. ':' .. label)
+  if redis.call('PTTL', KEYS[1]) < ttl then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
+  redis.call('SET', KEYS[6], token, 'PX', 1000)
+  return token
+end
+
+local function unheld()
+  return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') == 0
+end
+
 -- grant hands the key to the next waiter, if it is a plain acquire.
 local function grant()
-  if redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') > 0 then
+  if not unheld() then
     return false
   end
   local wid
@@ -134,19 +157,30 @@ local function grant()
       (label ~= '' and redis.call('ZSCORE', KEYS[1], 'done:' .. label)) then
     return false
   end
-  gttl = tonumber(gttl)
-  local token = string.format('%d', math.max(tonumber(redis.call('GET', KEYS[6]) or '0') + 1, nowus))
-  redis.call('ZADD', KEYS[1], now + gttl, token .. ':' .. aid .. ':' .. owner .. ':' .. label)
-  if redis.call('PTTL', KEYS[1]) < gttl then
-    redis.call('PEXPIRE', KEYS[1], gttl)
-  end
-  redis.call('SET', KEYS[6], token, 'PX', 1000)
+  local token = take(aid, owner, label, tonumber(gttl))
   redis.call('ZREM', KEYS[2], wid)
   redis.call('ZREM', KEYS[5], wid)
   redis.call('PUBLISH', ARGV[3], 'g' .. token .. ':' .. wid)
   return true
 end
-if hold_until <= now and redis.call('EXISTS', KEYS[2]) == 1 and not grant() then
+if hold_until > now then
+  return 1
+end
+if redis.call('EXISTS', KEYS[2]) == 1 and not grant() then
   redis.call('PUBLISH', ARGV[3], '1')
+end
+if ARGV[10] == '1' and unheld() then
+  -- The oldest parked job whose label was not completed meanwhile.
+  while true do
+    local p = redis.call('ZPOPMIN', KEYS[7])[1]
+    if not p then
+      break
+    end
+    local hold, plabel, id = string.match(p, '^(%d+):([^:]*):(.*)$')
+    if hold and not (plabel ~= '' and redis.call('ZSCORE', KEYS[1], 'done:' .. plabel)) then
+      take('', 'parked', plabel, tonumber(hold))
+      return {1, id}
+    end
+  end
 end
 return 1

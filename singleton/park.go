@@ -1,0 +1,91 @@
+package singleton
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/middleware"
+)
+
+// resumeTimeout bounds how long resuming a parked task may take, including
+// the wait for asynq to put the task back to retry after its duplicate
+// delivery returned, or for a requeued copy to be enqueued.
+const resumeTimeout = time.Second
+
+// parking is the middleware.Parking of a requeueing middleware: a parked
+// duplicate is named by its queue, task ID and origin, and resumed by moving
+// it from asynq's retry set to pending (Inspector.RunTask).
+func (m *guarded) parking() middleware.Parking {
+	return middleware.Parking{ID: parkID, Resume: m.resume}
+}
+
+// parkID is "<queue>\n<task ID>\n<origin>": the task's own ID, or, when
+// it has no retries left (so that Requeue puts a copy back in its place),
+// the ID its copy will get.
+func parkID(ctx context.Context, job middleware.Job) string {
+	id, queue := taskIdentity(ctx)
+	if c, ok := ctx.Value(copyIDKey{}).(string); ok {
+		id = c
+	}
+	return queue + "\n" + id + "\n" + job.Origin
+}
+
+// copyIDKey is the context key of the ID a requeued copy of the task gets.
+type copyIDKey struct{}
+
+// withCopyID gives a task that has no retries left the ID its requeued
+// copy would get, so that the copy can be parked before it exists.
+func withCopyID(ctx context.Context) context.Context {
+	retried, ok := asynq.GetRetryCount(ctx)
+	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
+	if !ok || !ok2 || retried < maxRetry {
+		return ctx
+	}
+	return context.WithValue(ctx, copyIDKey{}, newTaskID())
+}
+
+// resume runs the parked task id now, in the background. asynq puts a
+// duplicate back (to its retry set) only after the middleware returned, and
+// a copy that replaces a task with no retries left is enqueued after it, so
+// a task still active or not found yet is tried again, with a growing
+// pause, for up to resumeTimeout. After that it is left alone: it runs
+// already (its own requeue brought it back), or it was deleted; the key's
+// reservation for it ends after its hold.
+func (m *guarded) resume(key, id string) {
+	parts := strings.SplitN(id, "\n", 3)
+	if len(parts) != 3 {
+		return
+	}
+	queue, taskID, origin := parts[0], parts[1], parts[2]
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), resumeTimeout)
+		defer cancel()
+		pause := 200 * time.Microsecond
+		for {
+			err := m.inspector.RunTask(queue, taskID)
+			switch {
+			case err == nil, strings.Contains(err.Error(), "already in pending state"), strings.Contains(err.Error(), redis.ErrClosed.Error()):
+				return
+			case strings.Contains(err.Error(), "already running") || errors.Is(err, asynq.ErrTaskNotFound):
+				if ctx.Err() != nil {
+					return
+				}
+				select {
+				case <-time.After(pause):
+				case <-ctx.Done():
+				}
+				pause = min(2*pause, 50*time.Millisecond)
+				continue
+			}
+			m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: middleware.Job{Key: key, ID: taskID, Origin: origin},
+				Err: fmt.Errorf("singleton: resume parked task %s in queue %q: %w", taskID, queue, err)})
+			return
+		}
+	}()
+}
