@@ -181,7 +181,10 @@ func (r *report) burstSection() string {
 		"(`time.Sleep`). Guarded: `singleton.Middleware(locker, singleton.KeyByFields(\"k\"), "+
 		"singleton.WithPolicy(p), singleton.WithRedis(srvClient))`. The tasks have asynq's default MaxRetry (25), "+
 		"so a requeued duplicate goes back as a retry that `IsFailure` reports as no failure (it never uses up "+
-		"its retries). Coalesce runs once with a plain enqueue and once with `singleton.Client` (\"stamped\"); "+
+		"its retries); it is parked for its key (retry scheduled 30 s ahead as a backstop) and moved to pending by the "+
+		"run that frees the key, which reserves the key for it, so parked duplicates run in arrival order. \"key idle "+
+		"between runs\" is, per key, the time from one run's handler return to the next run's handler start (the "+
+		"release, for Requeue the `Inspector.RunTask` and asynq's next dequeue, and the next acquire). Coalesce runs once with a plain enqueue and once with `singleton.Client` (\"stamped\"); "+
 		"\"asynq Unique\" enqueues with `asynq.Unique(time.Hour)` and no middleware, \"Unique\" with `singleton.Client` "+
 		"and `singleton.Unique`: their refused enqueues are not tasks. Wall time is from `srv.Start` to the moment every "+
 		"enqueued task is accounted for: it ran, or completed without running. Redis counts are the server's and the "+

@@ -194,7 +194,7 @@ func (b *bench) run(out string) error {
 			return err
 		}
 	}
-	if b.runs("throughput") || b.runs("burst") || b.runs("stream") || b.runs("flow") {
+	if b.runs("throughput") || b.runs("burst") || b.runs("stream") || b.runs("flow") || b.runs("profile") {
 		env := b.asynqEnv()
 		defer env.cleanup()
 		if b.runs("throughput") {
@@ -224,6 +224,18 @@ func (b *bench) run(out string) error {
 			if r.streamRes, err = b.stream(ctx, env); err != nil {
 				return err
 			}
+		}
+		if b.runs("profile") {
+			progress("CPU profiles: the uncontended cycle and the guarded no-op task")
+			p, err := b.profileCycles(ctx)
+			if err != nil {
+				return err
+			}
+			r.profiles = append(r.profiles, p)
+			if p, err = b.profileGuarded(ctx, env); err != nil {
+				return err
+			}
+			r.profiles = append(r.profiles, p)
 		}
 	}
 	if b.runs("cron") {
@@ -256,7 +268,7 @@ func (b *bench) run(out string) error {
 // Sections of the report, in order.
 var (
 	lockSections = []string{"uncontended", "handoff", "renewal"}
-	e2eSections  = []string{"throughput", "burst", "stream", "flow", "cron"}
+	e2eSections  = []string{"throughput", "burst", "stream", "flow", "cron", "profile"}
 	allSections  = append(slices.Clone(lockSections), e2eSections...)
 )
 

@@ -26,6 +26,7 @@ type report struct {
 	preemptRes  preemptResult
 	cronRes     cronResult
 	periodicRes periodicResult
+	profiles    []profile
 	elapsed     time.Duration
 	sectionNo   int
 }
@@ -165,6 +166,10 @@ func (r *report) markdown() string {
 		r.heading(&w, "cronguard and periodic: Redis round trips per tick and replica")
 		w.WriteString(r.cronSection())
 		w.WriteString(r.periodicTable())
+	}
+	if r.runs("profile") {
+		r.heading(&w, "Where the time goes: CPU profiles")
+		w.WriteString(r.profileSection())
 	}
 	return w.String()
 }

@@ -105,6 +105,10 @@ type ConflictError struct {
 	Holders int
 	// Ahead is the number of live fair waiters queued before the caller.
 	Ahead int
+	// Parked, for an acquire with AcquireOptions.Park, is the number of
+	// parked jobs ahead of the caller's in the key's parked queue; -1 when
+	// the caller did not park.
+	Parked int
 }
 
 // Error implements error.

@@ -381,7 +381,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		lk.unpark(r.park)
 		return acquireResult{ok: true, token: token}, nil
 	}
-	lk.park(r, now)
+	parked := lk.park(r, now)
 	if r.waiter != "" {
 		if _, ok := lk.waiters[r.waiter]; !ok && r.fair {
 			lk.queue = append(lk.queue, r.waiter)
@@ -395,7 +395,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 			}
 		}
 	}
-	c := &ConflictError{Key: r.key, Holders: len(lk.holders), Ahead: ahead}
+	c := &ConflictError{Key: r.key, Holders: len(lk.holders), Ahead: ahead, Parked: parked}
 	var first time.Time
 	for m, exp := range lk.holders {
 		if same != "" && m != same {
@@ -410,20 +410,22 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 	return acquireResult{conflict: c, since: since}, nil
 }
 
-// park adds r to the parked queue, once (AcquireOptions.Park).
-func (lk *memLock) park(r *request, now time.Time) {
+// park adds r to the parked queue, once (AcquireOptions.Park), and returns
+// how many parked jobs are ahead of it; -1 when r does not park.
+func (lk *memLock) park(r *request, now time.Time) int {
 	if r.park == "" {
-		return
+		return -1
 	}
 	for i := range lk.parked {
 		lk.parked[i].until = now.Add(parkKeep)
 	}
-	for _, p := range lk.parked {
+	for i, p := range lk.parked {
 		if p.id == r.park {
-			return
+			return i
 		}
 	}
 	lk.parked = append(lk.parked, memParked{id: r.park, label: r.label, hold: r.parkHold, until: now.Add(parkKeep)})
+	return len(lk.parked) - 1
 }
 
 // unpark removes id from the parked queue.

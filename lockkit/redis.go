@@ -400,6 +400,10 @@ func conflictOf(key string, vals []any) (acquireResult, error) {
 	if len(vals) > 5 {
 		res.since = toInt(vals[5])
 	}
+	c.Parked = -1
+	if len(vals) > 6 {
+		c.Parked = int(toInt(vals[6]))
+	}
 	return res, nil
 }
 

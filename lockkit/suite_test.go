@@ -1639,10 +1639,17 @@ func testPark(t *testing.T, h *harness) {
 	}
 	holder, err := a.TryAcquire(ctx, "p", &AcquireOptions{OnParked: onParked})
 	require.NoError(t, err)
-	for _, j := range []string{"j1", "j2", "j1"} {
+	for i, j := range []string{"j1", "j2", "j1"} {
 		_, err := b.TryAcquire(ctx, "p", park(j, "id-"+j))
 		require.ErrorIs(t, err, ErrNotAcquired)
+		var ce *ConflictError
+		require.ErrorAs(t, err, &ce)
+		require.Equal(t, []int{0, 1, 0}[i], ce.Parked, "parked jobs ahead of %s", j)
 	}
+	_, err = b.TryAcquire(ctx, "p", nil)
+	var unparked *ConflictError
+	require.ErrorAs(t, err, &unparked)
+	require.Equal(t, -1, unparked.Parked)
 	require.NoError(t, holder.Release(ctx))
 	require.Equal(t, []string{"id-j1"}, resumed, "the oldest parked job, once")
 	info, err := b.Inspect(ctx, "p")

@@ -26,8 +26,8 @@
 //   - Skip: the duplicate completes without running the handler.
 //   - Requeue: the duplicate is parked for its key and runs as soon as the
 //     run holding the key ends (that run's worker moves it to pending), or
-//     after the policy's delay plus jitter at the latest (the backstop if
-//     that worker dies). While it has retries left it is returned to asynq as a retry that
+//     after the policy's delay plus jitter (times one more than the tasks
+//     parked ahead of it, at most ParkBackstop) by itself. While it has retries left it is returned to asynq as a retry that
 //     IsFailure reports as no failure (Retried is not incremented and no
 //     failure is counted). With no retries left (MaxRetry(0), or a budget used
 //     up by real failures) a copy is enqueued with the same queue, payload,

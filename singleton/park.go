@@ -10,19 +10,32 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
 
-// resumeTimeout bounds how long resuming a parked task may take, including
-// the wait for asynq to put the task back to retry after its duplicate
-// delivery returned, or for a requeued copy to be enqueued.
-const resumeTimeout = time.Second
+const (
+	// resumeTimeout bounds how long resuming a parked task may take,
+	// including the wait for asynq to put the task back to retry after its
+	// duplicate delivery returned.
+	resumeTimeout = time.Second
+	// resumeMissing bounds the wait for a requeued copy to be enqueued.
+	resumeMissing = 100 * time.Millisecond
+	// ParkBackstop bounds the requeue delay of a parked duplicate. The run
+	// that frees its key starts it (unless that run's process dies, or the
+	// holder's lease expires without a release), so the delay is only a
+	// backstop: the policy's delay times one more than the number of parked
+	// tasks ahead of it, at most ParkBackstop (and at least the policy's
+	// delay). The key stays reserved for a resumed task for up to
+	// ParkBackstop, however many tasks are ahead of it in its asynq queue.
+	ParkBackstop = 30 * time.Second
+)
 
 // parking is the middleware.Parking of a requeueing middleware: a parked
 // duplicate is named by its queue, task ID and origin, and resumed by moving
 // it from asynq's retry set to pending (Inspector.RunTask).
 func (m *guarded) parking() middleware.Parking {
-	return middleware.Parking{ID: parkID, Resume: m.resume}
+	return middleware.Parking{ID: parkID, Resume: m.resume, Hold: ParkBackstop}
 }
 
 // parkID is "<queue>\n<task ID>\n<origin>": the task's own ID, or, when
@@ -53,10 +66,12 @@ func withCopyID(ctx context.Context) context.Context {
 // resume runs the parked task id now, in the background. asynq puts a
 // duplicate back (to its retry set) only after the middleware returned, and
 // a copy that replaces a task with no retries left is enqueued after it, so
-// a task still active or not found yet is tried again, with a growing
-// pause, for up to resumeTimeout. After that it is left alone: it runs
-// already (its own requeue brought it back), or it was deleted; the key's
-// reservation for it ends after its hold.
+// a task still active is tried again, with a growing pause, for up to
+// resumeTimeout, and a task not found for up to resumeMissing. A task that
+// cannot be run (gone, or its queue deleted) passes the key on: the
+// reservation is adopted and released, which resumes the next parked task.
+// A task still running after resumeTimeout took its reservation itself, or
+// will when its own requeue brings it back.
 func (m *guarded) resume(key, id string) {
 	parts := strings.SplitN(id, "\n", 3)
 	if len(parts) != 3 {
@@ -66,26 +81,39 @@ func (m *guarded) resume(key, id string) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), resumeTimeout)
 		defer cancel()
-		pause := 200 * time.Microsecond
+		start, pause := time.Now(), 200*time.Microsecond
 		for {
 			err := m.inspector.RunTask(queue, taskID)
 			switch {
 			case err == nil, strings.Contains(err.Error(), "already in pending state"), strings.Contains(err.Error(), redis.ErrClosed.Error()):
 				return
-			case strings.Contains(err.Error(), "already running") || errors.Is(err, asynq.ErrTaskNotFound):
-				if ctx.Err() != nil {
-					return
-				}
+			case strings.Contains(err.Error(), "already running") && ctx.Err() == nil,
+				errors.Is(err, asynq.ErrTaskNotFound) && time.Since(start) < resumeMissing:
 				select {
 				case <-time.After(pause):
 				case <-ctx.Done():
 				}
 				pause = min(2*pause, 50*time.Millisecond)
 				continue
+			case strings.Contains(err.Error(), "already running"):
+				return
 			}
-			m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: middleware.Job{Key: key, ID: taskID, Origin: origin},
-				Err: fmt.Errorf("singleton: resume parked task %s in queue %q: %w", taskID, queue, err)})
+			if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) {
+				m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: middleware.Job{Key: key, ID: taskID, Origin: origin},
+					Err: fmt.Errorf("singleton: resume parked task %s in queue %q: %w", taskID, queue, err)})
+			}
+			m.passOn(ctx, key, origin)
 			return
 		}
 	}()
+}
+
+// passOn takes over the reservation of key carrying label and releases it,
+// which reserves the key for its next parked task and resumes that one.
+func (m *guarded) passOn(ctx context.Context, key, label string) {
+	l, err := m.guard.Locker().TryAcquire(ctx, key, &lockkit.AcquireOptions{Label: label, Adopt: true, OnParked: func(id string) { m.resume(key, id) }})
+	if err != nil {
+		return // held by a run (of this label or another): it passes the key on
+	}
+	_ = l.Release(ctx)
 }

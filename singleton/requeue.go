@@ -10,6 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -87,6 +88,13 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.Du
 	re := &RequeueError{Duplicate: dup, Delay: d + rand.N(d/2+1)}
 	if dup.Reason == middleware.ReasonThrottled {
 		re.Delay = dup.RetryAfter // when the key's next start opens
+	}
+	var ce *lockkit.ConflictError
+	if dup.Parked && errors.As(dup.Cause, &ce) && ce.Parked > 0 {
+		// The run that frees the key starts the parked task: only the next
+		// in line comes back after the policy's delay by itself (in case the
+		// holder never does), the others later the further back they are.
+		re.Delay = max(re.Delay, min(re.Delay*time.Duration(ce.Parked+1), ParkBackstop))
 	}
 	retried, ok := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)

@@ -53,7 +53,9 @@
 --         {-4, coverage, covering token, holder member, since} when a
 --         Coalesce acquire is covered (1 by a success, 2 by a running
 --         holder, 3 by a waiting follow-up);
---         conflicts carry since as a sixth element.
+--         conflicts carry since as a sixth element and, for a parking
+--         call, the number of parked jobs ahead of it as a seventh (-1 for
+--         none).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -244,9 +246,11 @@ if not same and count + ahead < limit then
   return {1, token}
 end
 
+local parked = -1
 if ARGV[17] ~= '' then
   redis.call('ZADD', KEYS[7], 'NX', nowus, ARGV[17])
   redis.call('PEXPIRE', KEYS[7], ARGV[18])
+  parked = redis.call('ZRANK', KEYS[7], ARGV[17])
 end
 
 if wid ~= '' then
@@ -262,6 +266,6 @@ end
 
 local s = string.format('%d', since)
 if holder then
-  return {0, holder, holder_exp - now, count, ahead, s}
+  return {0, holder, holder_exp - now, count, ahead, s, parked}
 end
-return {0, '', 0, count, ahead, s}
+return {0, '', 0, count, ahead, s, parked}
