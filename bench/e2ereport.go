@@ -156,8 +156,9 @@ func (r *report) roundTripSection() string {
 	if len(los) > 0 {
 		w.WriteString("What stays in Redis under the Locker's prefix right after a guarded run, with every lease " +
 			"released (the harness then deletes it, so that runs start alike):\n\n- " + strings.Join(los, "\n- ") +
-			"\n\nEach task's key leaves its meta hash (`{key}:m`: the last fencing token) behind for the lease TTL " +
-			"after the acquire: the release script removes the holder but does not touch the hash.\n\n")
+			"\n\nEach task's key leaves the record of its released holder (`{key}:d`, a sorted set kept for the " +
+			"client's retry window, so that a repeated release gives the same answer) and, for a second after the " +
+			"acquire, its last fencing token (`{key}:f`); the holders key itself goes with its last holder.\n\n")
 	}
 	if rr.tasks > 0 {
 		renewRTs := rr.lock.pipes

@@ -63,7 +63,8 @@ var (
 // Redis layout for key K under prefix P: P{K}:h holds the holders (a sorted
 // set scored by expiry, with records of completed labels and cleaned-up
 // calls), P{K}:d the holders released within the client's retry window,
-// P{K}:b the newest request recorded by Debounce,
+// P{K}:b the newest request recorded by Debounce, P{K}:k the parked jobs
+// (AcquireOptions.Park),
 // P{K}:c the start of the last Coalesce run that succeeded, P{K}:f the last
 // fencing token (for a second), P{K}:m the last epoch, P{K}:q
 // and P{K}:w the waiters; releases are published on P{K}:r. In P and K, the
