@@ -834,7 +834,7 @@ func (e *engine) applyRenewals(rs []renewed) {
 					l.validUntil = v
 				}
 				l.nextRenew = r.sent.Add(l.interval)
-				l.lastRenewErr = nil
+				l.lastRenewErr, l.renewFails = nil, 0
 			} else if !l.nextRenew.After(now) {
 				l.nextRenew = now.Add(max(l.interval/4, 10*time.Millisecond))
 			}
@@ -847,11 +847,21 @@ func (e *engine) applyRenewals(rs []renewed) {
 		default:
 			e.mu.Lock()
 			l.lastRenewErr = r.err
-			l.nextRenew = now.Add(max(l.interval/4, 10*time.Millisecond))
+			l.renewFails++
+			l.nextRenew = now.Add(renewRetry(l.interval, l.renewFails, l.validUntil.Sub(now)))
 			e.mu.Unlock()
 			e.emit(Event{Kind: EventRenewFailed, Key: l.key, Owner: l.owner, Token: l.token, Err: r.err})
 		}
 	}
+}
+
+// renewRetry is how long after its fails-th failure in a row a renewal is
+// tried again: a quarter of the renew interval (at least 10ms), doubling
+// with each failure, but at most half the validity left (so that a few more
+// tries fit before the lease counts as lost), and never under 10ms.
+func renewRetry(interval time.Duration, fails int, left time.Duration) time.Duration {
+	d := max(interval/4, 10*time.Millisecond) << min(max(fails-1, 0), 8)
+	return max(min(d, left/2), 10*time.Millisecond)
 }
 
 // releaseOrphans removes orphaned holders; the ones that fail are retried

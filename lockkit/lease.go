@@ -56,6 +56,7 @@ type Lease struct {
 	validUntil   time.Time
 	nextRenew    time.Time
 	lastRenewErr error
+	renewFails   int // renewals failed in a row (not "not held"), under e.mu
 	// gen counts Extend calls: a renewal sent before the latest Extend says
 	// nothing about the TTL in force.
 	gen        int

@@ -62,3 +62,13 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, 1, r.limit)
 	require.Equal(t, DefaultTTL, r.epochTTL)
 }
+
+func TestRenewRetryBacksOff(t *testing.T) {
+	const interval = 100 * time.Millisecond
+	require.Equal(t, 25*time.Millisecond, renewRetry(interval, 1, time.Hour))
+	require.Equal(t, 50*time.Millisecond, renewRetry(interval, 2, time.Hour))
+	require.Equal(t, 200*time.Millisecond, renewRetry(interval, 4, time.Hour))
+	require.Equal(t, 150*time.Millisecond, renewRetry(interval, 5, 300*time.Millisecond), "at most half the validity left")
+	require.Equal(t, 10*time.Millisecond, renewRetry(interval, 3, 0), "at least 10ms")
+	require.Equal(t, 10*time.Millisecond, renewRetry(time.Millisecond, 1, time.Hour))
+}
