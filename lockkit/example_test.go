@@ -279,3 +279,28 @@ func ExampleLocker_debounce() {
 	// task-2 gives way to task-3
 	// task-3 runs
 }
+
+// Park queues jobs for a held key: the release of the lease that frees it
+// reserves the key for the oldest parked job and hands its id to OnParked,
+// whose job then adopts the reservation by its label.
+func ExampleAcquireOptions_park() {
+	ctx := context.Background()
+	locker, _ := lockkit.NewMemory()
+	defer locker.Close(ctx)
+	start := func(id string) { fmt.Println("start", id) } // e.g. move a queued task to pending
+	running, _ := locker.TryAcquire(ctx, "tenant:7", &lockkit.AcquireOptions{Label: "job-1", OnParked: start})
+	for _, job := range []string{"job-2", "job-3"} {
+		_, err := locker.TryAcquire(ctx, "tenant:7", &lockkit.AcquireOptions{Label: job, Park: "queue/" + job})
+		fmt.Println(job, "parked:", errors.Is(err, lockkit.ErrNotAcquired))
+	}
+	_ = running.Release(ctx) // reserves the key for job-2 and calls start
+	next, err := locker.TryAcquire(ctx, "tenant:7", &lockkit.AcquireOptions{Label: "job-2", Adopt: true, Park: "queue/job-2", OnParked: start})
+	fmt.Println("job-2 runs:", err == nil)
+	_ = next.Release(ctx) // job-3 is next
+	// Output:
+	// job-2 parked: true
+	// job-3 parked: true
+	// start queue/job-2
+	// job-2 runs: true
+	// start queue/job-3
+}
