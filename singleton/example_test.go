@@ -166,7 +166,7 @@ func serveReports(rdb redis.UniversalClient) error {
 	defer locker.Close(context.Background())
 	guard, err := singleton.Middleware(locker,
 		singleton.KeyByFields("tenant_id"),                    // one report per tenant at a time
-		singleton.WithPolicy(middleware.Requeue(time.Second)), // a duplicate runs again ~1s later
+		singleton.WithPolicy(middleware.Requeue(time.Second)), // a duplicate runs once its key is free
 		singleton.WithRedis(rdb),                              // the Redis the servers use
 	)
 	if err != nil {
