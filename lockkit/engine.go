@@ -815,18 +815,19 @@ func (e *engine) renewBatch(due []*Lease, out chan<- []renewed) {
 
 func (e *engine) applyRenewals(rs []renewed) {
 	now := time.Now()
+	var (
+		events          []Event
+		gone, preempted []*Lease
+	)
+	e.mu.Lock()
 	for _, r := range rs {
 		l := r.l
-		e.mu.Lock()
 		l.renewing = false
-		held := l.state == stateHeld
-		e.mu.Unlock()
-		if !held {
+		if l.state != stateHeld {
 			continue
 		}
 		switch {
 		case r.err == nil:
-			e.mu.Lock()
 			// A renewal never shortens the lease in Redis, so it can only add
 			// validity; one sent before an Extend says nothing of the TTL now.
 			if l.gen == r.gen {
@@ -838,20 +839,27 @@ func (e *engine) applyRenewals(rs []renewed) {
 			} else if !l.nextRenew.After(now) {
 				l.nextRenew = now.Add(max(l.interval/4, 10*time.Millisecond))
 			}
-			e.mu.Unlock()
-			e.emit(Event{Kind: EventRenewed, Key: l.key, Owner: l.owner, Token: l.token})
+			events = append(events, Event{Kind: EventRenewed, Key: l.key, Owner: l.owner, Token: l.token})
 		case errors.Is(r.err, errNotHeld):
-			l.markLost(fmt.Errorf("%w: %q: the key expired or was taken over", ErrLost, l.key))
+			gone = append(gone, l)
 		case errors.Is(r.err, errPreempted):
-			l.preempt()
+			preempted = append(preempted, l)
 		default:
-			e.mu.Lock()
 			l.lastRenewErr = r.err
 			l.renewFails++
 			l.nextRenew = now.Add(renewRetry(l.interval, l.renewFails, l.validUntil.Sub(now)))
-			e.mu.Unlock()
-			e.emit(Event{Kind: EventRenewFailed, Key: l.key, Owner: l.owner, Token: l.token, Err: r.err})
+			events = append(events, Event{Kind: EventRenewFailed, Key: l.key, Owner: l.owner, Token: l.token, Err: r.err})
 		}
+	}
+	e.mu.Unlock()
+	for _, l := range gone {
+		l.markLost(fmt.Errorf("%w: %q: the key expired or was taken over", ErrLost, l.key))
+	}
+	for _, l := range preempted {
+		l.preempt()
+	}
+	for _, ev := range events {
+		e.emit(ev)
 	}
 }
 

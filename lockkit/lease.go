@@ -34,7 +34,11 @@ type Lease struct {
 	aid    string // the acquire call's id
 	token  int64
 	member string // "" for a holder no Lease was handed out for (see engine.orphan)
-	epoch  bool   // the acquire claimed an epoch
+	// renewArgs caches, for RedisLocker's renewals, the lease's holders and
+	// meta keys and its member as a script argument; set and read only by
+	// the renewal of the batch the lease is in.
+	renewArgs *renewArgs
+	epoch     bool // the acquire claimed an epoch
 	// coalesce: the acquire was a Coalesce one; a success is remembered for
 	// coverFor.
 	coalesce bool

@@ -509,6 +509,15 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 	return held, errors.Join(errs...)
 }
 
+// renewArgs are a lease's keys and arguments for renew.lua, built once.
+type renewArgs struct {
+	holders, meta string
+	member, epoch any
+}
+
+// epochArg is renew.lua's argument for a lease that claimed an epoch or not.
+var epochArg = map[bool]any{false: "0", true: "1"}
+
 // renewPerCall is how many leases one renew.lua call renews at most.
 const renewPerCall = 100
 
@@ -537,23 +546,32 @@ func (b *redisBackend) renewMany(ctx context.Context, leases []*Lease, ttls []ti
 			calls = append(calls, idx[start:min(start+renewPerCall, len(idx))])
 		}
 	}
+	for _, l := range leases {
+		if l.renewArgs == nil {
+			k := b.keys(l.key)
+			l.renewArgs = &renewArgs{holders: k.holders, meta: k.meta, member: l.member, epoch: epochArg[l.epoch]}
+		}
+	}
+	ttlArgs := make(map[time.Duration]any, 1) // leases mostly share a TTL: one boxed value each
 	cmds := b.pipelineEval(ctx, renewScript, len(calls),
 		func(c int) []string {
 			keys := make([]string, 0, 2*len(calls[c]))
 			for _, i := range calls[c] {
-				base := b.prefix + "{" + escapeKey(leases[i].key) + "}"
-				keys = append(keys, base+":h", base+":m") // lockKeys' holders and meta
+				a := leases[i].renewArgs
+				keys = append(keys, a.holders, a.meta)
 			}
 			return keys
 		},
 		func(c int) []any {
 			args := make([]any, 0, 3*len(calls[c]))
 			for _, i := range calls[c] {
-				epoch := "0"
-				if leases[i].epoch {
-					epoch = "1"
+				ttl, ok := ttlArgs[ttls[i]]
+				if !ok {
+					ttl = ms(ttls[i])
+					ttlArgs[ttls[i]] = ttl
 				}
-				args = append(args, leases[i].member, ms(ttls[i]), epoch)
+				a := leases[i].renewArgs
+				args = append(args, a.member, ttl, a.epoch)
 			}
 			return args
 		})
