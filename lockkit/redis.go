@@ -509,14 +509,12 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 	return held, errors.Join(errs...)
 }
 
-// renewArgs are a lease's keys and arguments for renew.lua, built once.
+// renewArgs are a lease's keys and member argument for renew.lua, built
+// once.
 type renewArgs struct {
 	holders, meta string
-	member, epoch any
+	member        any
 }
-
-// epochArg is renew.lua's argument for a lease that claimed an epoch or not.
-var epochArg = map[bool]any{false: "0", true: "1"}
 
 // renewPerCall is how many leases one renew.lua call renews at most.
 const renewPerCall = 100
@@ -549,29 +547,37 @@ func (b *redisBackend) renewMany(ctx context.Context, leases []*Lease, ttls []ti
 	for _, l := range leases {
 		if l.renewArgs == nil {
 			k := b.keys(l.key)
-			l.renewArgs = &renewArgs{holders: k.holders, meta: k.meta, member: l.member, epoch: epochArg[l.epoch]}
+			l.renewArgs = &renewArgs{holders: k.holders, meta: k.meta, member: l.member}
 		}
 	}
-	ttlArgs := make(map[time.Duration]any, 1) // leases mostly share a TTL: one boxed value each
+	// Leases mostly share a TTL: one boxed argument per TTL (negated for a
+	// lease that claimed an epoch).
+	ttlArgs := make(map[int64]any, 1)
 	cmds := b.pipelineEval(ctx, renewScript, len(calls),
 		func(c int) []string {
-			keys := make([]string, 0, 2*len(calls[c]))
+			keys := make([]string, 0, len(calls[c]))
 			for _, i := range calls[c] {
 				a := leases[i].renewArgs
-				keys = append(keys, a.holders, a.meta)
+				keys = append(keys, a.holders)
+				if leases[i].epoch {
+					keys = append(keys, a.meta)
+				}
 			}
 			return keys
 		},
 		func(c int) []any {
-			args := make([]any, 0, 3*len(calls[c]))
+			args := make([]any, 0, 2*len(calls[c]))
 			for _, i := range calls[c] {
-				ttl, ok := ttlArgs[ttls[i]]
-				if !ok {
-					ttl = ms(ttls[i])
-					ttlArgs[ttls[i]] = ttl
+				ttl := ms(ttls[i])
+				if leases[i].epoch {
+					ttl = -ttl
 				}
-				a := leases[i].renewArgs
-				args = append(args, a.member, ttl, a.epoch)
+				arg, ok := ttlArgs[ttl]
+				if !ok {
+					arg = ttl
+					ttlArgs[ttl] = arg
+				}
+				args = append(args, leases[i].renewArgs.member, arg)
 			}
 			return args
 		})

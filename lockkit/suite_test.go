@@ -1586,7 +1586,8 @@ func testRenewMany(t *testing.T, h *harness) {
 	}))
 	var leases []*Lease
 	for i := range 100 {
-		lease, err := l.TryAcquire(ctx, fmt.Sprint("many-", i), &AcquireOptions{TTL: 1200 * time.Millisecond, Epoch: int64(i%2 + 1)})
+		// Every other lease claims an epoch: one script call renews both kinds.
+		lease, err := l.TryAcquire(ctx, fmt.Sprint("many-", i), &AcquireOptions{TTL: 1200 * time.Millisecond, Epoch: int64(i % 2)})
 		require.NoError(t, err)
 		leases = append(leases, lease)
 	}
@@ -1603,6 +1604,14 @@ func testRenewMany(t *testing.T, h *harness) {
 	for i, lease := range leases {
 		if i != 7 {
 			require.NoError(t, lease.Release(ctx))
+		}
+	}
+	// The epochs outlived their first TTL: the renewals kept them.
+	other := h.locker(t)
+	for i := 1; i < len(leases); i += 2 {
+		if i != 7 {
+			_, err := other.TryAcquire(ctx, fmt.Sprint("many-", i), &AcquireOptions{Epoch: 1})
+			require.ErrorIs(t, err, ErrEpochUsed, "lease %d's epoch", i)
 		}
 	}
 }
