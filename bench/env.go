@@ -62,25 +62,13 @@ func redisCPU(ctx context.Context, c *redis.Client) (time.Duration, error) {
 // which commandstats also counts under their own names; naming only the
 // commands a client sent counts each execution once.
 func redisCmdTime(ctx context.Context, c *redis.Client, names []string) (time.Duration, error) {
-	m, err := info(ctx, c, "commandstats")
+	stats, err := commandStats(ctx, c)
 	if err != nil {
 		return 0, err
 	}
 	var total time.Duration
 	for _, n := range names {
-		stat, ok := m["cmdstat_"+strings.ToLower(n)]
-		if !ok {
-			continue
-		}
-		for _, f := range strings.Split(stat, ",") {
-			if v, ok := strings.CutPrefix(f, "usec="); ok {
-				us, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					return 0, err
-				}
-				total += time.Duration(us) * time.Microsecond
-			}
-		}
+		total += stats[strings.ToLower(n)].d
 	}
 	return total, nil
 }

@@ -212,6 +212,26 @@ func TestHandOverSteps(t *testing.T) {
 		require.Len(t, hs, 1)
 		require.LessOrEqual(t, hs[0].TTL, 300*time.Millisecond)
 
+		// A repeated release (go-redis sending it again after a lost
+		// reply) reports the parked job it reserved the key for again.
+		parker := take("g")
+		parker.onParked = func(string) {}
+		pr, err := l.e.cfg.request("g", &AcquireOptions{Label: "job-7", Park: "queue/7"})
+		require.NoError(t, err)
+		res, err = b.acquire(ctx, &pr)
+		require.NoError(t, err)
+		require.NotNil(t, res.conflict)
+		require.Equal(t, 0, res.conflict.Parked)
+		for range 2 {
+			parker.parked = ""
+			release(parker)
+			require.Equal(t, "queue/7", parker.parked)
+		}
+		hs = holders("g")
+		require.Len(t, hs, 1)
+		require.Equal(t, "parked:queue/7", hs[0].Owner)
+		require.Equal(t, "job-7", hs[0].Label)
+
 		// A repeated release hands nothing over twice.
 		fourth := take("d")
 		wait("d", nil, 5*time.Second)

@@ -301,13 +301,14 @@ type AcquireOptions struct {
 	// lease acquired with OnParked is released and leaves the key with no
 	// holder and no waiter it is handed to, the release reserves the key
 	// for the oldest parked job, as a reservation (see Detached) carrying
-	// that job's Label for ParkHold, and Run or Release then passes the
+	// that job's Label, owned by "parked:" and its id, for ParkHold, and
+	// Run or Release then passes the
 	// job's id to OnParked, which should start the job: its acquire with
 	// Adopt and the same Label takes the reservation over. A job that takes
 	// the key itself leaves the queue. Park needs a Label and Limit 1; a
-	// parked id is kept for ten minutes after its last park. When a reply
-	// to a release is lost and retried, its parked job is not passed on: it
-	// waits for its own retry (the reservation ends after ParkHold).
+	// parked id is kept for ten minutes after its last park. A release
+	// whose reply was lost and that go-redis sent again reports the same id
+	// while the reservation lives.
 	Park string
 	// ParkHold is how long the reservation for a parked job lasts before it
 	// is adopted (see Park). Zero means DefaultParkHold; at most MaxTTL.

@@ -368,9 +368,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		if lk.pending == r.waiter && r.waiter != "" {
 			lk.pending = ""
 		}
-		token := max(lk.token+1, now.UnixMicro())
-		lk.token = token
-		lk.holders[memberOf(token, r.aid, r.owner, r.label)] = now.Add(r.ttl)
+		token := lk.take(now, r.aid, r.owner, r.label, r.ttl)
 		if r.epoch > 0 {
 			lk.epoch, lk.epochAid = r.epoch, r.aid
 			if u := now.Add(max(r.ttl, r.epochTTL)); u.After(lk.metaUntil) {
@@ -436,9 +434,19 @@ func (lk *memLock) unpark(id string) {
 	lk.parked = slices.DeleteFunc(lk.parked, func(p memParked) bool { return p.id == id })
 }
 
-// reserveParked reserves the unheld key for its oldest parked job whose
-// label was not completed, and returns the job's id ("" for none).
-func (lk *memLock) reserveParked(now time.Time) string {
+// take adds a holder with the next fencing token and returns the token.
+func (lk *memLock) take(now time.Time, aid, owner, label string, ttl time.Duration) int64 {
+	token := max(lk.token+1, now.UnixMicro())
+	lk.token = token
+	lk.holders[memberOf(token, aid, owner, label)] = now.Add(ttl)
+	return token
+}
+
+// reserveParked reserves the unheld key, freed by the release of the lease
+// with token released, for its oldest parked job whose label was not
+// completed, and returns the job's id ("" for none). The reservation is
+// named as release.lua names it.
+func (lk *memLock) reserveParked(now time.Time, released int64) string {
 	if len(lk.holders) > 0 {
 		return ""
 	}
@@ -448,9 +456,7 @@ func (lk *memLock) reserveParked(now time.Time) string {
 		if _, done := lk.done[p.label]; done && p.label != "" {
 			continue
 		}
-		token := max(lk.token+1, now.UnixMicro())
-		lk.token = token
-		lk.holders[memberOf(token, "r"+strconv.FormatInt(token, 10), "parked", p.label)] = now.Add(p.hold)
+		lk.take(now, "r"+strconv.FormatInt(released, 10), "parked:"+p.id, p.label, p.hold)
 		return p.id
 	}
 	return ""
@@ -536,7 +542,7 @@ func (b *memBackend) release(ctx context.Context, leases []*Lease, ends []ending
 				lk.cover, lk.coverTill = l.token, now.Add(end.cover)
 			}
 			if freed && l.onParked != nil {
-				l.parked = lk.reserveParked(now)
+				l.parked = lk.reserveParked(now, token)
 			}
 		}
 	}

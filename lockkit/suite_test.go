@@ -1664,7 +1664,7 @@ func testPark(t *testing.T, h *harness) {
 	info, err := b.Inspect(ctx, "p")
 	require.NoError(t, err)
 	require.Len(t, info.Holders, 1)
-	require.Equal(t, "parked", info.Holders[0].Owner)
+	require.Equal(t, "parked:id-j1", info.Holders[0].Owner)
 	require.Equal(t, "j1", info.Holders[0].Label)
 	require.Greater(t, info.Holders[0].Token, holder.Token())
 	require.Greater(t, info.Holders[0].TTL, 30*time.Second, "reserved for ParkHold")

@@ -392,9 +392,8 @@ type Parking struct {
 	ID func(ctx context.Context, job Job) string
 	// Resume starts the parked job id now, for which the key was just
 	// reserved: it must not block (start the work in the background). If
-	// the job cannot be started it should free the reservation
-	// (lockkit.Locker.Free with the job's Origin as the label). Must not be
-	// nil.
+	// the job cannot be started it should call Guard.PassOn, so that the
+	// next parked job gets the key. Must not be nil.
 	Resume func(key, id string)
 	// Hold is how long the key stays reserved for a parked job to start
 	// and take it over. Zero means lockkit.DefaultParkHold.
@@ -689,6 +688,30 @@ func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Dura
 		return lease, waited, markParked(err, opt)
 	}
 	return nil, 0, markParked(g.notAcquired(ctx, job, err, 0), opt)
+}
+
+// PassOn hands the key on from a parked job that cannot be started (see
+// WithParking): it takes over the key's reservation carrying origin, the
+// job's Origin, and releases it, which reserves the key for the next parked
+// job and resumes that one. It does nothing when the key is held otherwise
+// (a run of that job or of another: that run's end passes the key on), and
+// without WithParking. Errors are reported as EventError.
+func (g *Guard) PassOn(ctx context.Context, key, origin string) {
+	p := g.parking
+	if p == nil || key == "" || origin == "" {
+		return
+	}
+	l, err := g.locker.TryAcquire(ctx, key, &lockkit.AcquireOptions{TTL: g.ttl, Label: origin, Adopt: true,
+		OnParked: func(id string) { p.Resume(key, id) }})
+	if err != nil {
+		if !errors.Is(err, lockkit.ErrNotAcquired) {
+			g.Emit(ctx, Event{Kind: EventError, Job: Job{Key: key, Origin: origin}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
+		}
+		return
+	}
+	if err := l.Release(ctx); err != nil {
+		g.Emit(ctx, Event{Kind: EventError, Job: Job{Key: key, Origin: origin}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
+	}
 }
 
 // markParked sets Parked in err's DuplicateError when the acquire with opt

@@ -749,6 +749,21 @@ func TestParkingResumesTheOldestDuplicate(t *testing.T) {
 	require.True(t, out.Ran, "b adopts its reservation")
 	require.Equal(t, "k id-c", <-resumed)
 
+	// A parked job that cannot be started passes the key on to the next.
+	out = g.Run(ctx, middleware.Job{Key: "k2", Origin: "x"}, func(ctx context.Context) error {
+		for _, origin := range []string{"y", "z"} {
+			dup := g.Run(ctx, middleware.Job{Key: "k2", Origin: origin}, func(context.Context) error { return nil })
+			require.True(t, dup.Duplicate.Parked)
+		}
+		return nil
+	})
+	require.True(t, out.Ran)
+	require.Equal(t, "k2 id-y", <-resumed)
+	g.PassOn(ctx, "k2", "y")
+	require.Equal(t, "k2 id-z", <-resumed)
+	g.PassOn(ctx, "k2", "y") // nothing reserved for y any more: no-op
+	require.Empty(t, resumed)
+
 	_, err = middleware.New(l, middleware.WithParking(middleware.Parking{}))
 	require.ErrorIs(t, err, middleware.ErrInvalid)
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -102,18 +101,8 @@ func (m *guarded) resume(key, id string) {
 				m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: middleware.Job{Key: key, ID: taskID, Origin: origin},
 					Err: fmt.Errorf("singleton: resume parked task %s in queue %q: %w", taskID, queue, err)})
 			}
-			m.passOn(ctx, key, origin)
+			m.guard.PassOn(ctx, key, origin)
 			return
 		}
 	}()
-}
-
-// passOn takes over the reservation of key carrying label and releases it,
-// which reserves the key for its next parked task and resumes that one.
-func (m *guarded) passOn(ctx context.Context, key, label string) {
-	l, err := m.guard.Locker().TryAcquire(ctx, key, &lockkit.AcquireOptions{Label: label, Adopt: true, OnParked: func(id string) { m.resume(key, id) }})
-	if err != nil {
-		return // held by a run (of this label or another): it passes the key on
-	}
-	_ = l.Release(ctx)
 }

@@ -264,7 +264,6 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	}
 	if c.rdb != nil {
 		opts = append(opts[:len(opts):len(opts)], middleware.WithParking(m.parking()))
-		m.parks = true
 	}
 	g, err := middleware.New(locker, opts...)
 	if err != nil {
@@ -291,7 +290,6 @@ type guarded struct {
 	types     map[string]bool // nil: every type
 	client    *asynq.Client
 	inspector *asynq.Inspector
-	parks     bool // duplicates are parked (Requeue with WithRedis)
 }
 
 func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task) error {
@@ -311,7 +309,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		return err
 	}
 	job.Key = key
-	if m.parks {
+	if m.inspector != nil { // parks duplicates (see parking)
 		ctx = withCopyID(ctx)
 	}
 	res := m.startReservation(ctx, t, key, origin)

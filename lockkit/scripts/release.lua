@@ -34,8 +34,10 @@
 -- waiters to try.
 -- Returns 1 when released (now or by an earlier run of this release), 0 when
 -- the lease had expired or was gone, {1, id} when released and the key was
--- reserved for the parked job id: a reservation holder (acquire id "r" and
--- its token, owner "parked", the job's label) for the job's hold.
+-- reserved for the parked job id: a reservation holder for the job's hold,
+-- with acquire id "r" and the released lease's token, owner "parked:<id>"
+-- and the job's label, so that a repeat of this release (while it lives)
+-- reports the same id.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -57,6 +59,20 @@ if member == '' then
     return 0
   end
 end
+local released = string.match(member, '^(%d+):') or '0'
+-- released_again answers a repeat of a release that ran: 1, or {1, id} if
+-- it reserved the key for a parked job and the reservation still lives.
+local function released_again()
+  if ARGV[10] == '1' then
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+      local id = string.match(m, '^%d+:r' .. released .. ':parked:(.*):[^:]*$')
+      if id then
+        return {1, id}
+      end
+    end
+  end
+  return 1
+end
 local score = redis.call('ZSCORE', KEYS[1], member)
 if score and tonumber(score) < -now then
   return 1
@@ -67,7 +83,7 @@ if not score or tonumber(score) <= now then
   end
   local gone = redis.call('ZSCORE', KEYS[4], member)
   if gone and tonumber(gone) > now then
-    return 1
+    return released_again()
   end
   return 0
 end
@@ -116,12 +132,9 @@ if #top > 0 then
   end
 end
 
--- take adds a holder and returns its token; aid "" makes a reservation's.
+-- take adds a holder (as acquire.lua does) and returns its token.
 local function take(aid, owner, label, ttl)
   local token = string.format('%d', math.max(tonumber(redis.call('GET', KEYS[6]) or '0') + 1, nowus))
-  if aid == '' then
-    aid = 'r' .. token
-  end
   redis.call('ZADD', KEYS[1], now + ttl, token .. ':' .. aid .. ':' .. owner .. ':' .. label)
   if redis.call('PTTL', KEYS[1]) < ttl then
     redis.call('PEXPIRE', KEYS[1], ttl)
@@ -130,15 +143,8 @@ local function take(aid, owner, label, ttl)
   return token
 end
 
-local function unheld()
-  return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') == 0
-end
-
--- grant hands the key to the next waiter, if it is a plain acquire.
+-- grant hands the unheld key to the next waiter, if it is a plain acquire.
 local function grant()
-  if not unheld() then
-    return false
-  end
   local wid
   if redis.call('EXISTS', KEYS[5]) == 1 then
     wid = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
@@ -166,10 +172,19 @@ end
 if hold_until > now then
   return 1
 end
-if redis.call('EXISTS', KEYS[2]) == 1 and not grant() then
+local waiting = redis.call('EXISTS', KEYS[2]) == 1
+local parking = ARGV[10] == '1' and redis.call('EXISTS', KEYS[7]) == 1
+if not waiting and not parking then
+  return 1
+end
+local unheld = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') == 0
+if waiting then
+  if unheld and grant() then
+    return 1
+  end
   redis.call('PUBLISH', ARGV[3], '1')
 end
-if ARGV[10] == '1' and unheld() then
+if parking and unheld then
   -- The oldest parked job whose label was not completed meanwhile.
   while true do
     local p = redis.call('ZPOPMIN', KEYS[7])[1]
@@ -178,7 +193,7 @@ if ARGV[10] == '1' and unheld() then
     end
     local hold, plabel, id = string.match(p, '^(%d+):([^:]*):(.*)$')
     if hold and not (plabel ~= '' and redis.call('ZSCORE', KEYS[1], 'done:' .. plabel)) then
-      take('', 'parked', plabel, tonumber(hold))
+      take('r' .. released, 'parked:' .. id, plabel, tonumber(hold))
       return {1, id}
     end
   end
