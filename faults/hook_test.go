@@ -77,25 +77,35 @@ type faultOp struct {
 }
 
 var (
-	acquireCmd  = testredis.ScriptShape(7, 18)
-	releaseCmd  = testredis.ScriptShape(7, 10)
-	extendCmd   = testredis.ScriptShape(2, 4)
-	inspectCmd  = testredis.ScriptShape(2, 0)
-	freeCmd     = testredis.ScriptShape(2, 3)
-	throttleCmd = testredis.ScriptShape(1, 3)
-	detachCmd   = testredis.ScriptShape(1, 3) // as throttle's: no op calls both
-	debounceCmd = testredis.ScriptShape(1, 4)
-	claimCmd    = testredis.ScriptShape(1, 2)
-	evictCmd    = testredis.ScriptShape(3, 4)
+	acquireCmd = testredis.ScriptShape(7, 18)
+	releaseCmd = testredis.ScriptShape(8, 10)
+	// A plain acquire and its release use the plain form of the key.
+	plainAcquireCmd = testredis.ScriptShape(1, 2)
+	plainReleaseCmd = testredis.ScriptShape(2, 2)
+	extendCmd       = testredis.ScriptShape(2, 4)
+	inspectCmd      = testredis.ScriptShape(2, 0)
+	freeCmd         = testredis.ScriptShape(2, 3)
+	throttleCmd     = testredis.ScriptShape(1, 3)
+	detachCmd       = testredis.ScriptShape(1, 3) // as throttle's: no op calls both
+	debounceCmd     = testredis.ScriptShape(1, 4)
+	claimCmd        = testredis.ScriptShape(1, 2)
+	evictCmd        = testredis.ScriptShape(3, 4)
 )
 
 const faultKey = "job"
 
 var faultOps = []faultOp{
-	{"acquire", acquireCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"acquire", plainAcquireCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		lease, err := l.TryAcquire(ctx, faultKey, nil)
+		got.add(lease)
+		return err
+	}},
+	{"acquire-limit", acquireCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		lease, err := l.TryAcquire(ctx, faultKey, &lockkit.AcquireOptions{Limit: 2})
 		got.add(lease)
 		return err
 	}},
@@ -244,11 +254,17 @@ var faultOps = []faultOp{
 		require.ErrorIs(t, holder.Extend(context.Background(), 0), lockkit.ErrNotHeld)
 		return err
 	}},
-	{"release", releaseCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"release", plainReleaseCmd, releaseOp(nil)},
+	{"release-limit", releaseCmd, releaseOp(&lockkit.AcquireOptions{Limit: 2})},
+	{"release-promoted", releaseCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
+		// Taken in the plain form; a conflicting acquire with a limit turns
+		// the key into the sorted set, so the release goes on to release.lua.
 		lease, err := l.TryAcquire(context.Background(), faultKey, nil)
 		require.NoError(t, err)
+		_, err = other.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Limit: 1, Fair: true})
+		require.ErrorIs(t, err, lockkit.ErrNotAcquired)
 		hook.Arm(f, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
@@ -345,7 +361,7 @@ var faultOps = []faultOp{
 		_, err := l.Inspect(ctx, faultKey)
 		return err
 	}},
-	{"close", releaseCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"close", plainReleaseCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		for i := range 3 {
@@ -356,6 +372,20 @@ var faultOps = []faultOp{
 		defer cancel()
 		return l.Close(ctx)
 	}},
+}
+
+// releaseOp releases a lease taken with opt while the release is faulted.
+func releaseOp(opt *lockkit.AcquireOptions) func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	return func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		lease, err := l.TryAcquire(context.Background(), faultKey, opt)
+		require.NoError(t, err)
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		return lease.Release(ctx)
+	}
 }
 
 func must(l *lockkit.Lease, err error) *lockkit.Lease {

@@ -65,6 +65,9 @@ type acquireResult struct {
 	// left, when set, is the TTL the holder had left when the store found
 	// it (an earlier run of the call took it, or a release handed it over).
 	left time.Duration
+	// plain: RedisLocker took the lease in the plain form of its key
+	// (plain_acquire.lua).
+	plain bool
 }
 
 // ending says what a release records besides freeing the holder: the label
@@ -321,7 +324,7 @@ func (e *engine) tryAcquire(ctx context.Context, key string, opt *AcquireOptions
 		return nil, fmt.Errorf("lockkit: acquire %q: %w", key, err)
 	}
 	if res.ok {
-		return e.hold(ctx, &r, res.token, sent, 0, res.left)
+		return e.hold(ctx, &r, res, sent, 0)
 	}
 	return nil, e.notAcquired(&r, res)
 }
@@ -486,7 +489,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 			return nil, giveUp(err, false)
 		}
 		if res.ok {
-			return e.hold(ctx, &r, res.token, sent, time.Since(start), res.left)
+			return e.hold(ctx, &r, res, sent, time.Since(start))
 		}
 		if res.conflict == nil {
 			return nil, e.notAcquired(&r, res)
@@ -521,7 +524,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 			// little, the lease is held without another round trip (and
 			// renewed to its TTL soon). The next attempt finds it otherwise.
 			if token > 0 && time.Until(validUntil(lastSent, handTTL)) > handTTL/2 {
-				return e.hold(ctx, &r, token, lastSent, time.Since(start), handTTL)
+				return e.hold(ctx, &r, acquireResult{token: token, left: handTTL}, lastSent, time.Since(start))
 			}
 		case <-timer.C:
 		}
@@ -547,13 +550,15 @@ func handOverTTL(r *request) time.Duration {
 	return min(max(r.waiterTTL, 200*time.Millisecond), r.ttl)
 }
 
-// hold registers a freshly acquired lease with the renewer. sent is when the
-// acquire was sent: the lease's TTL is counted from then, never later than
-// Redis counts it. left, when positive and shorter than the TTL, is the TTL
-// the holder had (it was found taken or handed over): the lease is valid for
-// that long and renewed after a third of it at the latest. After Close has started the lease is released at once and
+// hold registers a freshly acquired lease, res, with the renewer. sent is
+// when the acquire was sent: the lease's TTL is counted from then, never
+// later than Redis counts it. res.left, when positive and shorter than the
+// TTL, is the TTL the holder had (it was found taken or handed over): the
+// lease is valid for that long and renewed after a third of it at the
+// latest. After Close has started the lease is released at once and
 // ErrClosed returned: it would never be renewed.
-func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Time, waited, left time.Duration) (*Lease, error) {
+func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent time.Time, waited time.Duration) (*Lease, error) {
+	token, left := res.token, res.left
 	l := &Lease{
 		e:        e,
 		key:      r.key,
@@ -567,6 +572,7 @@ func (e *engine) hold(ctx context.Context, r *request, token int64, sent time.Ti
 		hold:     r.hold,
 		async:    r.async,
 		onParked: r.onParked,
+		plain:    res.plain,
 		ttl:      r.ttl,
 		interval: r.interval,
 		lost:     make(chan struct{}),

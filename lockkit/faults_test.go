@@ -14,13 +14,13 @@ import (
 )
 
 // faultyLocker returns a RedisLocker whose client runs commands through a
-// Faults hook matching script src, and a clean client of the same Redis.
-func faultyLocker(t *testing.T, src string, opts ...Option) (*RedisLocker, *testredis.Faults, *RedisLocker) {
+// Faults hook matching match, and a clean client of the same Redis.
+func faultyLocker(t *testing.T, match func(redis.Cmder) bool, opts ...Option) (*RedisLocker, *testredis.Faults, *RedisLocker) {
 	t.Helper()
 	clean := testredis.Client(t)
 	c := redis.NewClient(clean.Options())
 	t.Cleanup(func() { _ = c.Close() })
-	hook := &testredis.Faults{Match: testredis.IsScript(src)}
+	hook := &testredis.Faults{Match: match}
 	c.AddHook(hook)
 	prefix := testredis.Prefix(t, clean)
 	l, err := NewRedis(c, append([]Option{WithPrefix(prefix), WithOwner("faulty")}, opts...)...)
@@ -30,6 +30,18 @@ func faultyLocker(t *testing.T, src string, opts ...Option) (*RedisLocker, *test
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = observer.Close(context.Background()) })
 	return l, hook, observer
+}
+
+// anyScript matches a call of any of the scripts with sources srcs.
+func anyScript(srcs ...string) func(redis.Cmder) bool {
+	return func(cmd redis.Cmder) bool {
+		for _, src := range srcs {
+			if testredis.IsScript(src)(cmd) {
+				return true
+			}
+		}
+		return false
+	}
 }
 
 func holders(t *testing.T, l Locker, key string) []Holder {
@@ -46,7 +58,7 @@ func TestRepeatedAcquireReturnsTheSameLease(t *testing.T) {
 	for _, wait := range []bool{false, true} {
 		t.Run(fmt.Sprintf("wait=%v", wait), func(t *testing.T) {
 			ctx := ctxT(t)
-			l, hook, observer := faultyLocker(t, acquireSrc)
+			l, hook, observer := faultyLocker(t, anyScript(promoteSrc+acquireSrc, plainAcquireSrc))
 			hook.Arm(testredis.Repeat, 1)
 			var (
 				lease *Lease
@@ -77,7 +89,7 @@ func TestFailedAcquireLeavesNoHolder(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/wait=%v", f, wait), func(t *testing.T) {
 				ctx := ctxT(t)
 				ttl := 3 * time.Second
-				l, hook, observer := faultyLocker(t, acquireSrc, WithTTL(ttl))
+				l, hook, observer := faultyLocker(t, anyScript(promoteSrc+acquireSrc, plainAcquireSrc), WithTTL(ttl))
 				hook.Arm(f, 1)
 				actx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 				defer cancel()
@@ -104,7 +116,7 @@ func TestFailedAcquireLeavesNoHolder(t *testing.T) {
 // succeeds: Do reports the job's own result, not ErrNotHeld.
 func TestRepeatedReleaseSucceeds(t *testing.T) {
 	ctx := ctxT(t)
-	l, hook, observer := faultyLocker(t, releaseSrc)
+	l, hook, observer := faultyLocker(t, anyScript(promoteSrc+releaseSrc, plainReleaseSrc))
 	hook.Arm(testredis.Repeat, 1)
 	ran := false
 	err := Do(ctx, l, "job", nil, func(context.Context) error { ran = true; return nil })
@@ -118,7 +130,7 @@ func TestRepeatedReleaseSucceeds(t *testing.T) {
 // all the same.
 func TestFailedReleaseLeavesNoHolder(t *testing.T) {
 	ctx := ctxT(t)
-	l, hook, observer := faultyLocker(t, releaseSrc)
+	l, hook, observer := faultyLocker(t, anyScript(promoteSrc+releaseSrc, plainReleaseSrc))
 	lease, err := l.TryAcquire(ctx, "job", nil)
 	require.NoError(t, err)
 	hook.Arm(testredis.DropReply, 1)
@@ -130,7 +142,7 @@ func TestFailedReleaseLeavesNoHolder(t *testing.T) {
 // handed out: it would never be renewed.
 func TestAcquireDuringCloseIsReleased(t *testing.T) {
 	ctx := ctxT(t)
-	l, hook, observer := faultyLocker(t, acquireSrc)
+	l, hook, observer := faultyLocker(t, anyScript(promoteSrc+acquireSrc, plainAcquireSrc))
 	inFlight := make(chan struct{})
 	hook.Before = func(redis.Cmder) {
 		close(inFlight)

@@ -17,10 +17,11 @@ type acquireSignal struct{ replies chan struct{} }
 func (h *acquireSignal) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *acquireSignal) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	isAcquire := testredis.IsScript(acquireSrc)
+	isAcquire := anyScript(promoteSrc+acquireSrc, plainAcquireSrc)
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if isAcquire(cmd) {
+		// An EVALSHA that found the script cache empty is followed by EVAL.
+		if isAcquire(cmd) && !redis.HasErrorPrefix(err, "NOSCRIPT") {
 			h.replies <- struct{}{}
 		}
 		return err

@@ -34,6 +34,7 @@ type Lease struct {
 	aid    string // the acquire call's id
 	token  int64
 	member string // "" for a holder no Lease was handed out for (see engine.orphan)
+	plain  bool   // taken in the plain form of its key (see acquireResult)
 	// renewArgs caches, for RedisLocker's renewals, the lease's holders and
 	// meta keys and its member as a script argument; set and read only by
 	// the renewal of the batch the lease is in.

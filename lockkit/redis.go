@@ -41,19 +41,28 @@ var (
 	evictSrc string
 	//go:embed scripts/renew.lua
 	renewSrc string
+	//go:embed scripts/promote.lua
+	promoteSrc string
+	//go:embed scripts/plain_acquire.lua
+	plainAcquireSrc string
+	//go:embed scripts/plain_release.lua
+	plainReleaseSrc string
 
-	acquireScript  = redis.NewScript(acquireSrc)
-	releaseScript  = redis.NewScript(releaseSrc)
-	extendScript   = redis.NewScript(extendSrc)
-	leaveScript    = redis.NewScript(leaveSrc)
-	inspectScript  = redis.NewScript(inspectSrc)
-	freeScript     = redis.NewScript(freeSrc)
-	detachScript   = redis.NewScript(detachSrc)
-	throttleScript = redis.NewScript(throttleSrc)
-	debounceScript = redis.NewScript(debounceSrc)
-	claimScript    = redis.NewScript(claimSrc)
-	evictScript    = redis.NewScript(evictSrc)
-	renewScript    = redis.NewScript(renewSrc)
+	// The scripts that change a holders key start with promote.lua.
+	acquireScript      = redis.NewScript(promoteSrc + acquireSrc)
+	releaseScript      = redis.NewScript(promoteSrc + releaseSrc)
+	plainAcquireScript = redis.NewScript(plainAcquireSrc)
+	plainReleaseScript = redis.NewScript(plainReleaseSrc)
+	extendScript       = redis.NewScript(extendSrc)
+	leaveScript        = redis.NewScript(promoteSrc + leaveSrc)
+	inspectScript      = redis.NewScript(inspectSrc)
+	freeScript         = redis.NewScript(promoteSrc + freeSrc)
+	detachScript       = redis.NewScript(promoteSrc + detachSrc)
+	throttleScript     = redis.NewScript(throttleSrc)
+	debounceScript     = redis.NewScript(debounceSrc)
+	claimScript        = redis.NewScript(claimSrc)
+	evictScript        = redis.NewScript(promoteSrc + evictSrc)
+	renewScript        = redis.NewScript(renewSrc)
 )
 
 // RedisLocker is a Locker backed by Redis, shared by every process that uses
@@ -211,7 +220,7 @@ func (l *RedisLocker) Keys(ctx context.Context, pattern string) ([]string, error
 		cmds := make([]*redis.Cmd, len(found))
 		if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, k := range found {
-				cmds[i] = inspectScript.Eval(ctx, p, []string{k, k})
+				cmds[i] = inspectScript.Eval(ctx, p, []string{k, strings.TrimSuffix(k, ":h") + ":w"})
 			}
 			return nil
 		}); err != nil && !errors.Is(err, redis.Nil) {
@@ -271,6 +280,20 @@ func (b *redisBackend) keys(key string) lockKeys {
 	return lockKeys{base + ":h", base + ":m", base + ":q", base + ":w", base + ":f", base + ":r", base + ":c", base + ":d", base + ":k"}
 }
 
+// plainReleased is the key that records the plain release of the lease
+// with token (plain_release.lua): "<released>:<token>".
+func (k lockKeys) plainReleased(token int64) string {
+	return k.released + ":" + strconv.FormatInt(token, 10)
+}
+
+// plain reports whether r can use the plain form of a holders key
+// (plain_acquire.lua): limit 1, no waiting, queue, epoch, Coalesce,
+// Supersede, Preempt, Adopt or Park.
+func plain(r *request) bool {
+	return r.limit == 1 && r.waiter == "" && !r.fair && r.epoch == 0 && !r.coalesce &&
+		r.preempt == "0" && !r.adopt && r.park == ""
+}
+
 func ms(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
 
 // ready fails with ErrUnsupported when the server is older than
@@ -327,6 +350,26 @@ func parkEntry(r *request) string {
 
 func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
 	k := b.keys(r.key)
+	if plain(r) {
+		vals, err := plainAcquireScript.Run(ctx, b.c, []string{k.holders},
+			":"+r.aid+":"+r.owner+":"+escapeLabel(r.label), ms(r.ttl)).Slice()
+		if err != nil {
+			return acquireResult{}, err
+		}
+		switch {
+		case len(vals) >= 2 && toInt(vals[0]) == 1:
+			res := acquireResult{ok: true, token: toInt(vals[1]), plain: true}
+			if len(vals) > 2 {
+				res.left = time.Duration(toInt(vals[2])) * time.Millisecond
+			}
+			return res, nil
+		case len(vals) >= 1 && toInt(vals[0]) == 0:
+			return conflictOf(r.key, vals)
+		case len(vals) != 1 || toInt(vals[0]) != -9:
+			return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
+		}
+		// The key's holders are in the sorted set: acquire.lua.
+	}
 	fair := "0"
 	if r.fair {
 		fair = "1"
@@ -481,18 +524,46 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 		}
 		return []any{l.member, l.aid, b.keys(l.key).channel, ms(b.grace), label, ms(end.done), ms(l.ttl), ms(end.cover), ms(l.hold), resume}
 	}
-	keys := func(k lockKeys) []string {
-		return []string{k.holders, k.waiters, k.cover, k.released, k.queue, k.fence, k.parked}
-	}
 	held := make([]bool, len(leases))
-	var cmds []*redis.Cmd
-	if len(leases) == 1 {
-		l := leases[0]
-		cmds = []*redis.Cmd{releaseScript.Run(ctx, b.c, keys(b.keys(l.key)), args(l)...)}
-	} else {
-		cmds = b.pipelineScript(ctx, releaseScript, leases, keys, args)
-	}
 	var errs []error
+	// A lease taken in the plain form is released with plain_release.lua
+	// when the release records nothing else; the script defers to
+	// release.lua when the key's holders are in the sorted set by now.
+	var plains, full []*Lease
+	for i, l := range leases {
+		var end ending
+		if ends != nil {
+			end = ends[i]
+		}
+		if l.plain && l.member != "" && end.done <= 0 && end.cover <= 0 && l.hold <= 0 {
+			plains = append(plains, l)
+		} else {
+			full = append(full, l)
+		}
+	}
+	if len(plains) > 0 {
+		cmds := b.run(ctx, plainReleaseScript, plains,
+			func(l *Lease, k lockKeys) []string { return []string{k.holders, k.plainReleased(l.token)} },
+			func(l *Lease) []any { return []any{l.member, ms(b.grace)} })
+		for i, c := range cmds {
+			n, err := c.Int64()
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case n == -9:
+				full = append(full, plains[i])
+			default:
+				held[idx[plains[i]]] = n == 1
+			}
+		}
+	}
+	if len(full) == 0 {
+		return held, errors.Join(errs...)
+	}
+	cmds := b.run(ctx, releaseScript, full,
+		func(l *Lease, k lockKeys) []string {
+			return []string{k.holders, k.waiters, k.cover, k.released, k.queue, k.fence, k.parked, k.plainReleased(l.token)}
+		}, args)
 	for i, c := range cmds {
 		v, err := c.Result()
 		if err != nil {
@@ -502,11 +573,23 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 		// 1 or 0, or {1, id of the parked job the key was reserved for}.
 		if vals, ok := v.([]any); ok && len(vals) == 2 {
 			v = vals[0]
-			leases[i].parked, _ = vals[1].(string)
+			full[i].parked, _ = vals[1].(string)
 		}
-		held[i] = toInt(v) == 1
+		held[idx[full[i]]] = toInt(v) == 1
 	}
 	return held, errors.Join(errs...)
+}
+
+// run runs script once for each lease, with keys(lease, its keys) and
+// args(lease): one call alone, more in one pipeline (see pipelineEval).
+func (b *redisBackend) run(ctx context.Context, s *redis.Script, leases []*Lease, keys func(*Lease, lockKeys) []string, args func(*Lease) []any) []*redis.Cmd {
+	if len(leases) == 1 {
+		l := leases[0]
+		return []*redis.Cmd{s.Run(ctx, b.c, keys(l, b.keys(l.key)), args(l)...)}
+	}
+	return b.pipelineEval(ctx, s, len(leases),
+		func(i int) []string { return keys(leases[i], b.keys(leases[i].key)) },
+		func(i int) []any { return args(leases[i]) })
 }
 
 // renewArgs are a lease's keys and member argument for renew.lua, built

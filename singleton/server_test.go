@@ -639,7 +639,10 @@ func TestRedisErrorIsNeverADuplicate(t *testing.T) {
 			e := newEnvOn(t, standalone)
 			c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t), DB: testDB})
 			t.Cleanup(func() { _ = c.Close() })
-			hook := &testredis.Faults{Match: testredis.ScriptShape(7, 18), Delay: 100 * time.Millisecond}
+			// The acquire script: plain_acquire.lua for the plain lock of a
+			// Skip policy, acquire.lua for the others.
+			plain, full := testredis.ScriptShape(1, 2), testredis.ScriptShape(7, 18)
+			hook := &testredis.Faults{Match: func(c redis.Cmder) bool { return plain(c) || full(c) }, Delay: 100 * time.Millisecond}
 			c.AddHook(hook)
 			l, err := lockkit.NewRedis(c, lockkit.WithPrefix(e.Prefix))
 			require.NoError(t, err)

@@ -1,9 +1,11 @@
 -- Acquires one holder slot of a lock, or reports why not. Safe to run twice:
 -- a repeat with the same acquire id returns the lease the first run took.
+-- Runs after promote.lua.
 -- KEYS[1] holders: ZSET. A live holder is "<token>:<acquire id>:<owner>:<label>"
 --         scored by its expiry (ms, server time). Negative scores are records
 --         that outlive a holder, scored -(when they are forgotten):
---         "done:<label>" (Lease.Complete), "f:<label>" (Free), and
+--         "done:<label>" (Lease.Complete), "f:<label>" (Free), "w:" while
+--         waiters, a queue or parked jobs may live (keep_sorted), and
 --         "x:<acquire id>" for an acquire call that failed and was cleaned up
 --         (a late run of it must not take the key). Released holders are
 --         remembered in a key of their own (release.lua), so a key whose last
@@ -65,6 +67,7 @@ local wid = ARGV[4]
 local epoch = tonumber(ARGV[7])
 local aid = ARGV[9]
 local label = ARGV[10]
+promote(KEYS[1], KEYS[5])
 
 local function forget_waiter()
   if wid ~= '' then
@@ -77,6 +80,17 @@ local function extend_key(key, ms)
   if redis.call('PTTL', key) < ms then
     redis.call('PEXPIRE', key, ms)
   end
+end
+
+-- keep_sorted keeps the holders in the sorted set, not the plain form of
+-- plain_acquire.lua, for ms: the record "w:" says that waiters, a queue or
+-- parked jobs may live that long, which a plain acquire must not pass by.
+local function keep_sorted(ms)
+  local s = redis.call('ZSCORE', KEYS[1], 'w:')
+  if not s or tonumber(s) > -(now + ms) then
+    redis.call('ZADD', KEYS[1], -(now + ms), 'w:')
+  end
+  extend_key(KEYS[1], ms)
 end
 
 local kept_until = 0
@@ -250,6 +264,7 @@ local parked = -1
 if ARGV[17] ~= '' then
   redis.call('ZADD', KEYS[7], 'NX', nowus, ARGV[17])
   redis.call('PEXPIRE', KEYS[7], ARGV[18])
+  keep_sorted(tonumber(ARGV[18]))
   parked = redis.call('ZRANK', KEYS[7], ARGV[17])
 end
 
@@ -257,6 +272,7 @@ if wid ~= '' then
   local wttl = tonumber(ARGV[6])
   redis.call('ZADD', KEYS[4], now + wttl, wid)
   extend_key(KEYS[4], wttl)
+  keep_sorted(wttl)
   if ARGV[5] == '1' then
     redis.call('ZADD', KEYS[3], 'NX', nowus, wid)
     extend_key(KEYS[3], wttl)

@@ -1,7 +1,7 @@
 -- Turns a held lease into a reservation (a Detached holder with the same
 -- token and label) that lives for a TTL. Safe to run twice: a repeat finds
 -- the reservation and returns 1 as the first run did.
--- KEYS[1] holders: ZSET (see acquire.lua)
+-- KEYS[1] holders: ZSET (see acquire.lua), after promote.lua
 -- ARGV[1] the lease's member
 -- ARGV[2] the reservation's member
 -- ARGV[3] ttl (ms)
@@ -9,6 +9,7 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])
+promote(KEYS[1])
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) <= now then
   local done = redis.call('ZSCORE', KEYS[1], ARGV[2])

@@ -4,7 +4,7 @@
 -- every later acquire gets a greater fencing token. Safe to run twice: the
 -- call's count is remembered for a grace period as "e:<call id>:<count>",
 -- so a repeat returns what the first run removed.
--- KEYS[1] holders: ZSET (see acquire.lua)
+-- KEYS[1] holders: ZSET (see acquire.lua), after promote.lua
 -- KEYS[2] waiters: ZSET of every waiter; nobody is woken when it does not exist
 -- KEYS[3] fence: STRING, the last fencing token (see acquire.lua); raised to
 --         the greatest token removed, so the next one is greater even after
@@ -16,6 +16,7 @@
 -- Returns the number of holders the call removed.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+promote(KEYS[1], KEYS[3])
 local rec = 'e:' .. ARGV[3] .. ':'
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], -now, '(0')) do
   if string.sub(m, 1, #rec) == rec then

@@ -1,5 +1,5 @@
 -- Renews or extends one holder's lease if it is still held. Safe to run twice.
--- KEYS[1] holders: ZSET (see acquire.lua)
+-- KEYS[1] holders: ZSET, or STRING in the plain form (see plain_acquire.lua)
 -- KEYS[2] epoch: HASH (last epoch), kept as long as a lease that claimed an epoch
 -- ARGV[1] the lease's member
 -- ARGV[2] ttl (ms)
@@ -11,7 +11,17 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local score = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
+if type(score) == 'table' then
+  -- The plain form (see plain_acquire.lua): the STRING is the holder.
+  if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+  end
+  if ARGV[4] ~= '1' or redis.call('PTTL', KEYS[1]) < ttl then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
+  return 1
+end
 if not score or tonumber(score) <= now then
   return 0
 end

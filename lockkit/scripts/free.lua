@@ -3,7 +3,7 @@
 -- to run twice: "f:<label>" is remembered for a grace period, so a repeat
 -- returns 1 as the first run did (the holder's own release then finds
 -- nothing: ErrNotHeld).
--- KEYS[1] holders: ZSET (see acquire.lua)
+-- KEYS[1] holders: ZSET (see acquire.lua), after promote.lua
 -- KEYS[2] waiters: ZSET of every waiter; nobody is woken when it does not exist
 -- ARGV[1] label (escaped)
 -- ARGV[2] release channel
@@ -12,6 +12,7 @@
 -- run), 0 when none was live.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+promote(KEYS[1])
 local rec = 'f:' .. ARGV[1]
 local suffix = ':' .. ARGV[1]
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')

@@ -1,10 +1,21 @@
 -- Reads a lock's live holders and waiters without changing anything.
--- KEYS[1] holders: ZSET, member "<token>:<owner>", score = expiry (ms)
+-- KEYS[1] holders: ZSET (see acquire.lua), or STRING in the plain form
+--         (see plain_acquire.lua)
 -- KEYS[2] waiters: ZSET of every waiter, score = deadline (ms)
 -- Returns {waiters, member1, ttl1 ms, member2, ttl2 ms, ...}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')}
+local v = redis.pcall('GET', KEYS[1])
+if type(v) ~= 'table' then
+  -- The plain form (see plain_acquire.lua): one holder, or none after a
+  -- release ("~<token>").
+  if v and string.byte(v) ~= 126 then
+    out[2] = v
+    out[3] = redis.call('PTTL', KEYS[1])
+  end
+  return out
+end
 local hs = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
 for i = 1, #hs, 2 do
   out[#out + 1] = hs[i]

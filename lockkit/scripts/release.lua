@@ -1,4 +1,5 @@
--- Removes one holder if it is still held, and wakes waiters. Safe to run
+-- Removes one holder if it is still held, and wakes waiters. Runs after
+-- promote.lua. Safe to run
 -- twice: the released holder is remembered for a grace period in a key of
 -- its own, so a repeat returns 1 as the first run did while the holders key
 -- goes away with its last holder (and the next acquire takes the fast path).
@@ -10,6 +11,7 @@
 -- KEYS[5] queue: ZSET of fair waiters (see acquire.lua)
 -- KEYS[6] fence: STRING, the last fencing token (see acquire.lua)
 -- KEYS[7] parked: ZSET of parked jobs (see acquire.lua)
+-- KEYS[8] the lease's record of a plain release (see plain_release.lua)
 -- ARGV[1] the lease's member, or "" to find the live holder by acquire id
 -- ARGV[2] acquire id
 -- ARGV[3] release channel
@@ -41,6 +43,7 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
+promote(KEYS[1], KEYS[6])
 local member = ARGV[1]
 if member == '' then
   local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
@@ -82,7 +85,7 @@ if not score or tonumber(score) <= now then
     redis.call('ZREM', KEYS[1], member)
   end
   local gone = redis.call('ZSCORE', KEYS[4], member)
-  if gone and tonumber(gone) > now then
+  if (gone and tonumber(gone) > now) or redis.call('EXISTS', KEYS[8]) == 1 then
     return released_again()
   end
   return 0

@@ -1,7 +1,8 @@
 -- Renews many leases of one server in one call: extend.lua's renewal for
 -- each (never shortening a lease). Safe to run twice. On Redis Cluster all
 -- the keys of one call are in one hash slot.
--- KEYS     per lease, its holders ZSET, followed by its epoch HASH when it
+-- KEYS     per lease, its holders ZSET (or STRING in the plain form, see
+--          plain_acquire.lua), followed by its epoch HASH when it
 --          claimed an epoch (see acquire.lua)
 -- ARGV[2i-1] lease i's member
 -- ARGV[2i]   its ttl (ms), negated when it claimed an epoch
@@ -19,8 +20,18 @@ for i = 1, #ARGV / 2 do
     ttl, meta = -ttl, KEYS[k]
     k = k + 1
   end
-  local score = redis.call('ZSCORE', holders, member)
-  if not score or tonumber(score) <= now then
+  local score = redis.pcall('ZSCORE', holders, member)
+  if type(score) == 'table' then
+    -- The plain form (see plain_acquire.lua): the STRING is the holder.
+    if redis.call('GET', holders) == member then
+      if redis.call('PTTL', holders) < ttl then
+        redis.call('PEXPIRE', holders, ttl)
+      end
+      out[i] = 1
+    else
+      out[i] = 0
+    end
+  elseif not score or tonumber(score) <= now then
     out[i] = 0
   elseif tonumber(score) % 1 ~= 0 then
     out[i] = 2

@@ -1,0 +1,138 @@
+package lockkit
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/internal/testredis"
+)
+
+// The plain form of a key, step by step on the store: a plain lease is one
+// STRING; its release is remembered after the key was taken again, so a
+// repeat still reports it; a later token is greater; an acquire with a
+// queue turns the key into the sorted set, which the plain lease's renewal
+// and release then use; and while the queue lives a plain acquire does not
+// pass it by, even with the key free.
+func TestPlainFormSteps(t *testing.T) {
+	handoverClients(t, func(t *testing.T, newClient func() redis.UniversalClient) {
+		ctx := ctxT(t)
+		c := newClient()
+		l, err := NewRedis(c, WithPrefix(testredis.Prefix(t, c)))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		b := l.r
+		take := func(key string, opt *AcquireOptions) (*Lease, error) {
+			t.Helper()
+			r, err := l.e.cfg.request(key, opt)
+			require.NoError(t, err)
+			res, err := b.acquire(ctx, &r)
+			require.NoError(t, err)
+			if !res.ok {
+				return nil, res.conflict
+			}
+			return &Lease{key: key, aid: r.aid, owner: r.owner, label: r.label, token: res.token, ttl: r.ttl, plain: res.plain,
+				member: memberOf(res.token, r.aid, r.owner, r.label)}, nil
+		}
+		release := func(le *Lease) bool {
+			t.Helper()
+			held, err := b.release(ctx, []*Lease{le}, nil)
+			require.NoError(t, err)
+			return held[0]
+		}
+		keyType := func(key string) string {
+			t.Helper()
+			typ, err := c.Type(ctx, b.keys(key).holders).Result()
+			require.NoError(t, err)
+			return typ
+		}
+
+		// A plain lease is a STRING; a repeat of its release, after the key
+		// was taken again, still reports the release.
+		first, err := take("a", &AcquireOptions{Label: "q/1"})
+		require.NoError(t, err)
+		require.True(t, first.plain)
+		require.Equal(t, "string", keyType("a"))
+		info, err := l.Inspect(ctx, "a")
+		require.NoError(t, err)
+		require.Equal(t, []Holder{{Owner: first.owner, Token: first.token, TTL: info.Holders[0].TTL, Label: "q/1"}}, info.Holders)
+		require.True(t, release(first))
+		second, err := take("a", nil)
+		require.NoError(t, err)
+		require.Greater(t, second.token, first.token)
+		require.True(t, release(first), "a repeated release reports what the first did")
+		_, err = take("a", nil)
+		require.ErrorIs(t, err, ErrNotAcquired, "the repeat did not release the new holder")
+		require.True(t, release(second))
+
+		// A lease that expired is not reported released.
+		short, err := take("b", &AcquireOptions{TTL: MinTTL})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return keyType("b") == "none" }, 5*time.Second, 5*time.Millisecond)
+		require.False(t, release(short))
+
+		// A waiting acquire queues in the sorted set; the plain holder is
+		// moved there, renewed and released there.
+		holder, err := take("c", nil)
+		require.NoError(t, err)
+		require.True(t, holder.plain)
+		r, err := l.e.cfg.request("c", &AcquireOptions{Fair: true, Epoch: 1})
+		require.NoError(t, err)
+		r.waiter = randomID(8)
+		res, err := b.acquire(ctx, &r)
+		require.NoError(t, err)
+		require.NotNil(t, res.conflict)
+		require.Equal(t, holder.token, res.conflict.Token)
+		require.Equal(t, "zset", keyType("c"))
+		require.Equal(t, []error{nil}, b.extend(ctx, []*Lease{holder}, []time.Duration{time.Minute}, true))
+		info, err = l.Inspect(ctx, "c")
+		require.NoError(t, err)
+		require.Greater(t, info.Holders[0].TTL, 30*time.Second, "renewed in the sorted set")
+		require.True(t, release(holder))
+		// The key is free, but the queue lives: a plain acquire waits its
+		// turn, and the queued call takes the key.
+		_, err = take("c", nil)
+		var conflict *ConflictError
+		require.ErrorAs(t, err, &conflict)
+		require.Equal(t, 1, conflict.Ahead)
+		res, err = b.acquire(ctx, &r)
+		require.NoError(t, err)
+		require.True(t, res.ok)
+		require.Greater(t, res.token, holder.token)
+	})
+}
+
+// Renewal of many leases in one call mixes leases in the plain form and in
+// the sorted set.
+func TestRenewMixesPlainAndSortedLeases(t *testing.T) {
+	ctx := ctxT(t)
+	c := testredis.Client(t)
+	l, err := NewRedis(c, WithPrefix(testredis.Prefix(t, c)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	opts := []*AcquireOptions{nil, {Limit: 2}, nil, {Limit: 3}}
+	var leases []*Lease
+	var ttls []time.Duration
+	for i, o := range opts {
+		le, err := l.TryAcquire(ctx, string(rune('a'+i)), o)
+		require.NoError(t, err)
+		require.Equal(t, o == nil, le.plain)
+		leases = append(leases, le)
+		ttls = append(ttls, time.Hour)
+	}
+	require.Equal(t, make([]error, len(leases)), l.r.renewMany(ctx, leases, ttls))
+	for _, le := range leases {
+		info, err := l.Inspect(ctx, le.Key())
+		require.NoError(t, err)
+		require.Greater(t, info.Holders[0].TTL, 50*time.Minute, le.Key())
+		require.NoError(t, le.Release(ctx))
+	}
+	// Released (or gone) leases are not renewed.
+	errs := l.r.renewMany(ctx, leases, ttls)
+	for _, err := range errs {
+		require.ErrorIs(t, err, errNotHeld)
+	}
+}

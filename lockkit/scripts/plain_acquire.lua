@@ -1,0 +1,36 @@
+-- Acquires a plain lock (limit 1, no waiting, queue, epoch or other option)
+-- in the plain form of its holders key: a STRING holding the one holder,
+-- "<token>:<acquire id>:<owner>:<label>", that expires with it; after a
+-- release (plain_release.lua) the STRING "~<token>" keeps the last token
+-- for a second. The other scripts turn the
+-- plain form into the sorted set of acquire.lua first (promote.lua), and
+-- acquire.lua keeps the sorted set while waiters, a queue or parked jobs
+-- live, so the plain form always means: no one else is waiting. Safe to
+-- run twice: a repeat finds the holder its first run added.
+-- KEYS[1] holders: STRING in the plain form, else ZSET (see acquire.lua)
+-- ARGV[1] the holder's member after its token: ":<acquire id>:<owner>:<label>"
+-- ARGV[2] ttl (ms)
+-- Returns {1, token} when acquired, {1, token, ttl left (ms)} when an earlier
+-- run of this call took it, {0, holder member, its ttl (ms), 1, 0} when held,
+-- {-9} when the holders key is a sorted set: the caller runs acquire.lua.
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' then
+  return {-9}
+end
+local fence = 0
+if v then
+  if string.byte(v) ~= 126 then
+    local token = string.match(v, '^%d+')
+    if v == token .. ARGV[1] then
+      return {1, token, redis.call('PTTL', KEYS[1])}
+    end
+    return {0, v, redis.call('PTTL', KEYS[1]), 1, 0}
+  end
+  fence = tonumber(string.sub(v, 2))
+end
+-- A token is at least the server time in microseconds (as in acquire.lua),
+-- and greater than the last one while its record lives.
+local t = redis.call('TIME')
+local token = string.format('%d', math.max(fence + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
+redis.call('SET', KEYS[1], token .. ARGV[1], 'PX', ARGV[2])
+return {1, token}
