@@ -81,7 +81,7 @@ var (
 	releaseCmd = testredis.ScriptShape(8, 10)
 	// A plain acquire and its release use the plain form of the key.
 	plainAcquireCmd = testredis.ScriptShape(1, 2)
-	plainReleaseCmd = testredis.ScriptShape(2, 2)
+	plainReleaseCmd = testredis.ScriptShape(2, 3)
 	extendCmd       = testredis.ScriptShape(2, 4)
 	inspectCmd      = testredis.ScriptShape(2, 0)
 	freeCmd         = testredis.ScriptShape(2, 3)

@@ -69,18 +69,23 @@ var (
 // the same Redis and prefix. All keys of one lock share a {hash tag}, so it
 // works on Redis Cluster as well as standalone and Sentinel deployments.
 //
-// Redis layout for key K under prefix P: P{K}:h holds the holders (a sorted
-// set scored by expiry, with records of completed labels and cleaned-up
-// calls), P{K}:d the holders released within the client's retry window,
-// P{K}:b the newest request recorded by Debounce, P{K}:k the parked jobs
-// (AcquireOptions.Park),
-// P{K}:c the start of the last Coalesce run that succeeded, P{K}:f the last
-// fencing token (for a second), P{K}:m the last epoch, P{K}:q
-// and P{K}:w the waiters; releases are published on P{K}:r. In P and K, the
-// characters '{', '}' and '%' are written %7B, %7D and %25, so that {K} is
-// always the hash tag: any key and any prefix work on Redis Cluster. Every
-// key expires on its own; the holders of a released lock are kept for the
-// client's retry window (see NewRedis).
+// Redis layout for key K under prefix P: P{K}:h holds the holders. A plain
+// lock (limit 1, no waiting, queue, epoch, Coalesce, Supersede, Preempt,
+// Adopt or Park) that no other kind of acquire touched keeps its one holder
+// there as a STRING; its release leaves "~" and its token there for a second
+// and records itself in P{K}:d:<token> for the client's retry window. Any
+// other operation first turns the STRING into a sorted set scored by expiry,
+// with records of completed labels and cleaned-up calls, which the key keeps
+// while waiters, a queue or parked jobs may live; its released holders are
+// then kept in P{K}:d for the retry window. P{K}:b holds the newest request
+// recorded by Debounce, P{K}:k the parked jobs (AcquireOptions.Park), P{K}:c
+// the start of the last Coalesce run that succeeded, P{K}:f the last fencing
+// token (for a second), P{K}:m the last epoch, P{K}:q and P{K}:w the
+// waiters; releases are published on P{K}:r. In P and K, the characters
+// '{', '}' and '%' are written %7B, %7D and %25, so that {K} is always the
+// hash tag: any key and any prefix work on Redis Cluster. Every key expires
+// on its own; nothing a released lock leaves outlives the retry window (see
+// NewRedis).
 //
 // Every script is safe to run twice, as go-redis does when a reply is late:
 // a repeated acquire returns the lease its first run took, a repeated release
@@ -351,11 +356,15 @@ func parkEntry(r *request) string {
 func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
 	k := b.keys(r.key)
 	if plain(r) {
-		vals, err := plainAcquireScript.Run(ctx, b.c, []string{k.holders},
-			":"+r.aid+":"+r.owner+":"+escapeLabel(r.label), ms(r.ttl)).Slice()
+		v, err := plainAcquireScript.Run(ctx, b.c, []string{k.holders},
+			":"+r.aid+":"+r.owner+":"+escapeLabel(r.label), ms(r.ttl)).Result()
 		if err != nil {
 			return acquireResult{}, err
 		}
+		if token, ok := v.(string); ok {
+			return acquireResult{ok: true, token: toInt(token), plain: true}, nil
+		}
+		vals, _ := v.([]any)
 		switch {
 		case len(vals) >= 2 && toInt(vals[0]) == 1:
 			res := acquireResult{ok: true, token: toInt(vals[1]), plain: true}
@@ -544,7 +553,7 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 	if len(plains) > 0 {
 		cmds := b.run(ctx, plainReleaseScript, plains,
 			func(l *Lease, k lockKeys) []string { return []string{k.holders, k.plainReleased(l.token)} },
-			func(l *Lease) []any { return []any{l.member, ms(b.grace)} })
+			func(l *Lease) []any { return []any{l.member, ms(b.grace), "~" + strconv.FormatInt(l.token, 10)} })
 		for i, c := range cmds {
 			n, err := c.Int64()
 			switch {

@@ -10,7 +10,7 @@
 -- KEYS[1] holders: STRING in the plain form, else ZSET (see acquire.lua)
 -- ARGV[1] the holder's member after its token: ":<acquire id>:<owner>:<label>"
 -- ARGV[2] ttl (ms)
--- Returns {1, token} when acquired, {1, token, ttl left (ms)} when an earlier
+-- Returns the token when acquired, {1, token, ttl left (ms)} when an earlier
 -- run of this call took it, {0, holder member, its ttl (ms), 1, 0} when held,
 -- {-9} when the holders key is a sorted set: the caller runs acquire.lua.
 local v = redis.pcall('GET', KEYS[1])
@@ -33,4 +33,4 @@ end
 local t = redis.call('TIME')
 local token = string.format('%d', math.max(fence + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
 redis.call('SET', KEYS[1], token .. ARGV[1], 'PX', ARGV[2])
-return {1, token}
+return token

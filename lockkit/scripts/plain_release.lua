@@ -6,6 +6,7 @@
 -- KEYS[2] released: STRING, present while this lease's release is remembered
 -- ARGV[1] the lease's member
 -- ARGV[2] grace (ms): how long the release is remembered
+-- ARGV[3] "~" and the lease's token: the record it leaves
 -- Returns 1 when released (now or by an earlier run of this release), 0 when
 -- the lease had expired or was gone, -9 when the holders key is a sorted
 -- set: the caller runs release.lua.
@@ -13,15 +14,14 @@ local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'table' then
   return -9
 end
-local token = string.match(ARGV[1], '^%d+')
 if v == ARGV[1] then
   -- The record keeps the token for the next acquire for a second, as the
   -- fence key of acquire.lua does.
-  redis.call('SET', KEYS[1], '~' .. token, 'PX', 1000)
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', 1000)
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
   return 1
 end
-if v == '~' .. token or redis.call('EXISTS', KEYS[2]) == 1 then
+if v == ARGV[3] or redis.call('EXISTS', KEYS[2]) == 1 then
   return 1
 end
 return 0
