@@ -104,6 +104,9 @@ type engine struct {
 	relBusy map[string]int
 	relDone chan struct{}
 	relKick chan struct{}
+	// relFlush cuts the releaser's gathering short (an acquire waits for
+	// a queued release).
+	relFlush chan struct{}
 
 	// nextWake is when the renewer plans to look at the leases next; a new
 	// lease only wakes it earlier when it needs attention before then.
@@ -126,14 +129,15 @@ type orphan struct {
 
 func newEngine(cfg config, b backend) *engine {
 	return &engine{
-		cfg:     cfg,
-		b:       b,
-		leases:  make(map[*Lease]struct{}),
-		kick:    make(chan struct{}, 1),
-		stop:    make(chan struct{}),
-		relBusy: make(map[string]int),
-		relDone: make(chan struct{}),
-		relKick: make(chan struct{}, 1),
+		cfg:      cfg,
+		b:        b,
+		leases:   make(map[*Lease]struct{}),
+		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		relBusy:  make(map[string]int),
+		relDone:  make(chan struct{}),
+		relKick:  make(chan struct{}, 1),
+		relFlush: make(chan struct{}, 1),
 	}
 }
 
@@ -156,23 +160,49 @@ func (e *engine) queueRelease(l *Lease, end ending) {
 	}
 	e.relq = append(e.relq, queuedRelease{l, end})
 	e.relBusy[l.key]++
+	full := len(e.relq) >= releaseGather
 	e.startLocked()
 	e.mu.Unlock()
+	kick := e.relKick
+	if full {
+		kick = e.relFlush
+	}
 	select {
-	case e.relKick <- struct{}{}:
+	case kick <- struct{}{}:
 	default:
 	}
 }
 
-// releaseLoop sends the queued releases: all that are queued at once, in
-// pipelines per server, and those queued meanwhile as soon as that returns.
+// releaseLinger is how long the releaser gathers releases before it sends
+// them, unless releaseGather are queued or an acquire waits for one: one
+// pipeline carries many releases instead of one each.
+const (
+	releaseLinger = time.Millisecond
+	releaseGather = 64
+)
+
+// releaseLoop sends the queued releases: it gathers them for up to
+// releaseLinger after the first, then sends them in pipelines per server,
+// and those queued meanwhile the same way.
 func (e *engine) releaseLoop() {
 	defer e.wg.Done()
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
+	defer linger.Stop()
 	for {
 		select {
 		case <-e.stop:
 			return
 		case <-e.relKick:
+		case <-e.relFlush:
+		}
+		linger.Reset(releaseLinger)
+		select {
+		case <-e.stop:
+			return
+		case <-e.relFlush:
+			linger.Stop()
+		case <-linger.C:
 		}
 		for {
 			e.mu.Lock()
@@ -199,10 +229,11 @@ func (e *engine) sendReleases(ctx context.Context, batch []queuedRelease) {
 		leases[i] = q.l
 		ends[q.l] = q.end
 	}
+	groups := e.b.groups(leases)
 	var wg sync.WaitGroup
-	for _, g := range e.b.groups(leases) {
+	for _, g := range groups {
 		wg.Add(1)
-		go func() {
+		send := func() {
 			defer wg.Done()
 			gends := make([]ending, len(g))
 			for i, l := range g {
@@ -221,7 +252,12 @@ func (e *engine) sendReleases(ctx context.Context, batch []queuedRelease) {
 			if err != nil {
 				e.cfg.logger.Warn("lockkit: background release", "count", len(g), "err", err)
 			}
-		}()
+		}
+		if len(groups) == 1 {
+			send()
+		} else {
+			go send()
+		}
 	}
 	wg.Wait()
 	e.mu.Lock()
@@ -245,6 +281,10 @@ func (e *engine) awaitOwnRelease(ctx context.Context, key string) {
 		e.mu.Unlock()
 		if !busy {
 			return
+		}
+		select {
+		case e.relFlush <- struct{}{}:
+		default:
 		}
 		select {
 		case <-done:

@@ -267,12 +267,14 @@ type AcquireOptions struct {
 	// AsyncRelease makes Lease.Run return without waiting for Redis: the
 	// lease ends when fn returns (it is no longer renewed, its contexts are
 	// cancelled), and its release, with what Run records on success, is
-	// sent by the Locker's background releaser. The releaser sends at once
-	// what is queued, one pipeline per server, and what is queued while a
-	// batch is in flight as soon as that batch returns: a release reaches
-	// Redis at most about two round trips after Run returns. An acquire of
-	// the same key by this Locker waits for it first, so work that one
-	// process runs one after another never meets its own release. Release,
+	// sent by the Locker's background releaser. The releaser gathers
+	// releases for up to 1ms (or until 64 are queued) and sends them in
+	// one pipeline per server, and what is queued while a batch is in
+	// flight as soon as that batch returns: a release reaches Redis within
+	// about 1ms plus two round trips after Run returns. An acquire of the
+	// same key by this Locker has it sent at once and waits for it, so
+	// work that one process runs one after another never meets its own
+	// release. Release,
 	// Succeed and Complete stay synchronous. A release that fails is retried
 	// in the background until the lease would have expired; Close sends the
 	// queued releases. A process that dies before sending leaves the key

@@ -2,6 +2,7 @@ package lockkit
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -135,4 +136,39 @@ func TestRenewMixesPlainAndSortedLeases(t *testing.T) {
 	for _, err := range errs {
 		require.ErrorIs(t, err, errNotHeld)
 	}
+}
+
+// The releaser gathers asynchronous releases: Runs that end close together
+// have their releases sent in one pipeline, not one round trip each.
+func TestAsyncReleasesShareAPipeline(t *testing.T) {
+	ctx := ctxT(t)
+	base := testredis.Client(t)
+	c := redis.NewClient(base.Options())
+	t.Cleanup(func() { _ = c.Close() })
+	var rt testredis.Counter
+	c.AddHook(&rt)
+	l, err := NewRedis(c, WithPrefix(testredis.Prefix(t, c)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	const n = 20
+	leases := make([]*Lease, n)
+	for i := range leases {
+		leases[i], err = l.TryAcquire(ctx, fmt.Sprint("k", i), &AcquireOptions{AsyncRelease: true})
+		require.NoError(t, err)
+	}
+	rt.Reset()
+	for _, le := range leases {
+		require.NoError(t, le.Run(ctx, func(context.Context) error { return nil }))
+	}
+	for _, le := range leases {
+		l.e.awaitOwnRelease(ctx, le.Key())
+	}
+	for _, le := range leases {
+		info, err := l.Inspect(ctx, le.Key())
+		require.NoError(t, err)
+		require.Empty(t, info.Holders, le.Key())
+	}
+	sent := rt.Count() - n // the Inspects
+	require.Less(t, sent, int64(n), "%d round trips for %d releases", sent, n)
+	t.Logf("%d releases in %d round trips", n, sent)
 }
