@@ -865,6 +865,8 @@ func (e *engine) applyRenewals(rs []renewed) {
 		events          []Event
 		gone, preempted []*Lease
 	)
+	// EventRenewed, one per lease and tick, only when someone takes it.
+	renewedEvents := e.cfg.observer != nil || e.cfg.logger.Enabled(context.Background(), slog.LevelDebug)
 	e.mu.Lock()
 	for _, r := range rs {
 		l := r.l
@@ -885,7 +887,9 @@ func (e *engine) applyRenewals(rs []renewed) {
 			} else if !l.nextRenew.After(now) {
 				l.nextRenew = now.Add(max(l.interval/4, 10*time.Millisecond))
 			}
-			events = append(events, Event{Kind: EventRenewed, Key: l.key, Owner: l.owner, Token: l.token})
+			if renewedEvents {
+				events = append(events, Event{Kind: EventRenewed, Key: l.key, Owner: l.owner, Token: l.token})
+			}
 		case errors.Is(r.err, errNotHeld):
 			gone = append(gone, l)
 		case errors.Is(r.err, errPreempted):

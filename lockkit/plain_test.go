@@ -99,6 +99,8 @@ func TestPlainFormSteps(t *testing.T) {
 		var conflict *ConflictError
 		require.ErrorAs(t, err, &conflict)
 		require.Equal(t, 1, conflict.Ahead)
+		require.True(t, b.isSorted("c"), "the Locker remembers the key is in the sorted set")
+		require.False(t, b.isSorted("a"))
 		res, err = b.acquire(ctx, &r)
 		require.NoError(t, err)
 		require.True(t, res.ok)

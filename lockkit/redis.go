@@ -276,6 +276,41 @@ type redisBackend struct {
 	subs map[string]*subscribers
 	wg   sync.WaitGroup
 	done bool
+
+	// sorted remembers, until when, the keys a plain script found in the
+	// sorted set: their acquires and releases skip the plain script, which
+	// would only defer to the full one (one more round trip).
+	sortedMu sync.Mutex
+	sorted   map[string]time.Time
+}
+
+// Keys found in the sorted set are remembered for sortedFor, at most
+// sortedMax of them.
+const (
+	sortedFor = time.Minute
+	sortedMax = 4096
+)
+
+// isSorted reports whether key was lately found in the sorted set.
+func (b *redisBackend) isSorted(key string) bool {
+	b.sortedMu.Lock()
+	defer b.sortedMu.Unlock()
+	until, ok := b.sorted[key]
+	if ok && time.Now().After(until) {
+		delete(b.sorted, key)
+		return false
+	}
+	return ok
+}
+
+// markSorted remembers that key was found in the sorted set.
+func (b *redisBackend) markSorted(key string) {
+	b.sortedMu.Lock()
+	defer b.sortedMu.Unlock()
+	if b.sorted == nil || len(b.sorted) >= sortedMax {
+		b.sorted = make(map[string]time.Time)
+	}
+	b.sorted[key] = time.Now().Add(sortedFor)
 }
 
 type lockKeys struct{ holders, meta, queue, waiters, fence, channel, cover, released, parked string }
@@ -355,7 +390,7 @@ func parkEntry(r *request) string {
 
 func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
 	k := b.keys(r.key)
-	if plain(r) {
+	if plain(r) && !b.isSorted(r.key) {
 		v, err := plainAcquireScript.Run(ctx, b.c, []string{k.holders},
 			":"+r.aid+":"+r.owner+":"+escapeLabel(r.label), ms(r.ttl)).Result()
 		if err != nil {
@@ -378,6 +413,7 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 			return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
 		}
 		// The key's holders are in the sorted set: acquire.lua.
+		b.markSorted(r.key)
 	}
 	fair := "0"
 	if r.fair {
@@ -537,14 +573,15 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 	var errs []error
 	// A lease taken in the plain form is released with plain_release.lua
 	// when the release records nothing else; the script defers to
-	// release.lua when the key's holders are in the sorted set by now.
+	// release.lua when the key's holders are in the sorted set by now, and
+	// the key is remembered (isSorted).
 	var plains, full []*Lease
 	for i, l := range leases {
 		var end ending
 		if ends != nil {
 			end = ends[i]
 		}
-		if l.plain && l.member != "" && end.done <= 0 && end.cover <= 0 && l.hold <= 0 {
+		if l.plain && l.member != "" && end.done <= 0 && end.cover <= 0 && l.hold <= 0 && !b.isSorted(l.key) {
 			plains = append(plains, l)
 		} else {
 			full = append(full, l)
@@ -560,6 +597,7 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 			case err != nil:
 				errs = append(errs, err)
 			case n == -9:
+				b.markSorted(plains[i].key)
 				full = append(full, plains[i])
 			default:
 				held[idx[plains[i]]] = n == 1
