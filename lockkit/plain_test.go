@@ -69,6 +69,21 @@ func TestPlainFormSteps(t *testing.T) {
 		require.ErrorIs(t, err, ErrNotAcquired, "the repeat did not release the new holder")
 		require.True(t, release(second))
 
+		// A release in the sorted set that leaves the key empty leaves the
+		// last token there as well, for the next plain acquire.
+		lim, err := take("d", &AcquireOptions{Limit: 2})
+		require.NoError(t, err)
+		require.False(t, lim.plain)
+		require.True(t, release(lim))
+		v, err := c.Get(ctx, b.keys("d").holders).Result()
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprint("~", lim.token), v)
+		next, err := take("d", nil)
+		require.NoError(t, err)
+		require.True(t, next.plain)
+		require.Greater(t, next.token, lim.token)
+		require.True(t, release(next))
+
 		// A lease that expired is not reported released.
 		short, err := take("b", &AcquireOptions{TTL: MinTTL})
 		require.NoError(t, err)

@@ -326,6 +326,11 @@ func (k lockKeys) plainReleased(token int64) string {
 	return k.released + ":" + strconv.FormatInt(token, 10)
 }
 
+// holdersKey is keys(key).holders alone, for the plain scripts.
+func (b *redisBackend) holdersKey(key string) string {
+	return b.prefix + "{" + escapeKey(key) + "}:h"
+}
+
 // plain reports whether r can use the plain form of a holders key
 // (plain_acquire.lua): limit 1, no waiting, queue, epoch, Coalesce,
 // Supersede, Preempt, Adopt or Park.
@@ -389,9 +394,8 @@ func parkEntry(r *request) string {
 }
 
 func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
-	k := b.keys(r.key)
 	if plain(r) && !b.isSorted(r.key) {
-		v, err := plainAcquireScript.Run(ctx, b.c, []string{k.holders},
+		v, err := plainAcquireScript.Run(ctx, b.c, []string{b.holdersKey(r.key)},
 			":"+r.aid+":"+r.owner+":"+escapeLabel(r.label), ms(r.ttl)).Result()
 		if err != nil {
 			return acquireResult{}, err
@@ -415,6 +419,7 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 		// The key's holders are in the sorted set: acquire.lua.
 		b.markSorted(r.key)
 	}
+	k := b.keys(r.key)
 	fair := "0"
 	if r.fair {
 		fair = "1"
@@ -589,8 +594,14 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 	}
 	if len(plains) > 0 {
 		cmds := b.run(ctx, plainReleaseScript, plains,
-			func(l *Lease, k lockKeys) []string { return []string{k.holders, k.plainReleased(l.token)} },
-			func(l *Lease) []any { return []any{l.member, ms(b.grace), "~" + strconv.FormatInt(l.token, 10)} })
+			func(l *Lease) []string {
+				h := b.holdersKey(l.key)
+				// The record's key, as plainReleased names it.
+				return []string{h, h[:len(h)-1] + "d:" + l.member[:strings.IndexByte(l.member, ':')]}
+			},
+			func(l *Lease) []any {
+				return []any{l.member, ms(b.grace), "~" + l.member[:strings.IndexByte(l.member, ':')]}
+			})
 		for i, c := range cmds {
 			n, err := c.Int64()
 			switch {
@@ -608,7 +619,8 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 		return held, errors.Join(errs...)
 	}
 	cmds := b.run(ctx, releaseScript, full,
-		func(l *Lease, k lockKeys) []string {
+		func(l *Lease) []string {
+			k := b.keys(l.key)
 			return []string{k.holders, k.waiters, k.cover, k.released, k.queue, k.fence, k.parked, k.plainReleased(l.token)}
 		}, args)
 	for i, c := range cmds {
@@ -629,13 +641,13 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 
 // run runs script once for each lease, with keys(lease, its keys) and
 // args(lease): one call alone, more in one pipeline (see pipelineEval).
-func (b *redisBackend) run(ctx context.Context, s *redis.Script, leases []*Lease, keys func(*Lease, lockKeys) []string, args func(*Lease) []any) []*redis.Cmd {
+func (b *redisBackend) run(ctx context.Context, s *redis.Script, leases []*Lease, keys func(*Lease) []string, args func(*Lease) []any) []*redis.Cmd {
 	if len(leases) == 1 {
 		l := leases[0]
-		return []*redis.Cmd{s.Run(ctx, b.c, keys(l, b.keys(l.key)), args(l)...)}
+		return []*redis.Cmd{s.Run(ctx, b.c, keys(l), args(l)...)}
 	}
 	return b.pipelineEval(ctx, s, len(leases),
-		func(i int) []string { return keys(leases[i], b.keys(leases[i].key)) },
+		func(i int) []string { return keys(leases[i]) },
 		func(i int) []any { return args(leases[i]) })
 }
 

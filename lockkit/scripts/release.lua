@@ -172,13 +172,22 @@ local function grant()
   redis.call('PUBLISH', ARGV[3], 'g' .. token .. ':' .. wid)
   return true
 end
+-- settle leaves the last token in a holders key this release left empty,
+-- as plain_release.lua does, so that a plain acquire's token is greater.
+local function settle()
+  if redis.call('EXISTS', KEYS[1]) == 0 then
+    local fence = math.max(tonumber(released), tonumber(redis.call('GET', KEYS[6]) or '0'))
+    redis.call('SET', KEYS[1], '~' .. string.format('%d', fence), 'PX', 1000)
+  end
+  return 1
+end
 if hold_until > now then
   return 1
 end
 local waiting = redis.call('EXISTS', KEYS[2]) == 1
 local parking = ARGV[10] == '1' and redis.call('EXISTS', KEYS[7]) == 1
 if not waiting and not parking then
-  return 1
+  return settle()
 end
 local unheld = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') == 0
 if waiting then
@@ -201,4 +210,4 @@ if parking and unheld then
     end
   end
 end
-return 1
+return settle()
