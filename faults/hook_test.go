@@ -80,7 +80,7 @@ var (
 	acquireCmd = testredis.ScriptShape(7, 18)
 	releaseCmd = testredis.ScriptShape(8, 10)
 	// A plain acquire and its release use the plain form of the key.
-	plainAcquireCmd = testredis.ScriptShape(1, 2)
+	plainAcquireCmd = testredis.ScriptShape(1, 2) // as claim's: no op calls both
 	plainReleaseCmd = testredis.ScriptShape(2, 3)
 	extendCmd       = testredis.ScriptShape(2, 4)
 	inspectCmd      = testredis.ScriptShape(2, 0)
