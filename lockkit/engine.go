@@ -94,6 +94,11 @@ type engine struct {
 	// calls counts acquire calls in progress; Close waits for them, so that
 	// no lease is handed out after Close started.
 	calls sync.WaitGroup
+	// parkedCalls tracks the OnParked callbacks in flight, which Close
+	// waits for; after parkedDone (set by Close, under mu) they run on the
+	// releasing goroutine instead.
+	parkedCalls sync.WaitGroup
+	parkedDone  bool
 	// readyErr is the backend's ready result once it was conclusive.
 	readyDone bool
 
@@ -1012,5 +1017,9 @@ func (e *engine) close(ctx context.Context) error {
 	if err := e.b.close(); err != nil {
 		errs = append(errs, err)
 	}
+	e.mu.Lock()
+	e.parkedDone = true
+	e.mu.Unlock()
+	e.parkedCalls.Wait()
 	return errors.Join(errs...)
 }

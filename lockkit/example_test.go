@@ -287,16 +287,20 @@ func ExampleAcquireOptions_park() {
 	ctx := context.Background()
 	locker, _ := lockkit.NewMemory()
 	defer locker.Close(ctx)
-	start := func(id string) { fmt.Println("start", id) } // e.g. move a queued task to pending
+	// OnParked runs on a goroutine of its own; here it hands the id over.
+	started := make(chan string, 1)
+	start := func(id string) { started <- id } // e.g. move a queued task to pending
 	running, _ := locker.TryAcquire(ctx, "tenant:7", &lockkit.AcquireOptions{Label: "job-1", OnParked: start})
 	for _, job := range []string{"job-2", "job-3"} {
 		_, err := locker.TryAcquire(ctx, "tenant:7", &lockkit.AcquireOptions{Label: job, Park: "queue/" + job})
 		fmt.Println(job, "parked:", errors.Is(err, lockkit.ErrNotAcquired))
 	}
 	_ = running.Release(ctx) // reserves the key for job-2 and calls start
+	fmt.Println("start", <-started)
 	next, err := locker.TryAcquire(ctx, "tenant:7", &lockkit.AcquireOptions{Label: "job-2", Adopt: true, Park: "queue/job-2", OnParked: start})
 	fmt.Println("job-2 runs:", err == nil)
 	_ = next.Release(ctx) // job-3 is next
+	fmt.Println("start", <-started)
 	// Output:
 	// job-2 parked: true
 	// job-3 parked: true

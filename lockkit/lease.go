@@ -319,12 +319,26 @@ func (l *Lease) release(ctx context.Context, end ending) error {
 }
 
 // resumeParked passes the parked job the lease's release reserved the key
-// for, if any, to OnParked.
+// for, if any, to OnParked, on a goroutine of its own that Close waits for.
 func (l *Lease) resumeParked() {
-	if id := l.parked; id != "" && l.onParked != nil {
-		l.parked = ""
-		l.onParked(id)
+	id, fn := l.parked, l.onParked
+	if id == "" || fn == nil {
+		return
 	}
+	l.parked = ""
+	e := l.e
+	e.mu.Lock()
+	if e.parkedDone {
+		e.mu.Unlock()
+		fn(id)
+		return
+	}
+	e.parkedCalls.Add(1)
+	e.mu.Unlock()
+	go func() {
+		defer e.parkedCalls.Done()
+		fn(id)
+	}()
 }
 
 // Extend resets the lease's TTL to ttl (zero keeps the current TTL) in one

@@ -316,10 +316,10 @@ type AcquireOptions struct {
 	// is adopted (see Park). Zero means DefaultParkHold; at most MaxTTL.
 	ParkHold time.Duration
 	// OnParked, when set, is called with the id of the parked job for which
-	// this lease's release reserved the key (see Park), on the goroutine
-	// that releases (the Locker's releaser for AsyncRelease): it should
-	// start the job and return, not wait for it. A release without
-	// OnParked leaves parked jobs queued.
+	// this lease's release reserved the key (see Park), on a goroutine of
+	// its own once the release returned: it should start the job, and
+	// return soon, as Close waits for it. A release without OnParked leaves
+	// parked jobs queued.
 	OnParked func(id string)
 	// Since, for Coalesce, is when the work to be covered was asked for (an
 	// enqueue), on the Redis server's clock: only a run that began after it

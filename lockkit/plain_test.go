@@ -189,3 +189,31 @@ func TestAsyncReleasesShareAPipeline(t *testing.T) {
 	require.Less(t, sent, int64(n), "%d round trips for %d releases", sent, n)
 	t.Logf("%d releases in %d round trips", n, sent)
 }
+
+// OnParked runs on a goroutine of its own, after the release returned, and
+// Close waits for it: nothing it does outlives the Locker.
+func TestCloseWaitsForOnParked(t *testing.T) {
+	ctx := ctxT(t)
+	l, err := NewMemory()
+	require.NoError(t, err)
+	called := make(chan string, 1)
+	unblock := make(chan struct{})
+	holder, err := l.TryAcquire(ctx, "k", &AcquireOptions{Label: "first", OnParked: func(id string) {
+		called <- id
+		<-unblock
+	}})
+	require.NoError(t, err)
+	_, err = l.TryAcquire(ctx, "k", &AcquireOptions{Label: "second", Park: "job-2"})
+	require.ErrorIs(t, err, ErrNotAcquired)
+	require.NoError(t, holder.Release(ctx), "the release does not wait for OnParked")
+	require.Equal(t, "job-2", <-called)
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close(context.Background()) }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while OnParked ran")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(unblock)
+	require.NoError(t, <-closed)
+}

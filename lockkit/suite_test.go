@@ -1641,8 +1641,28 @@ func testPark(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	a := h.locker(t, WithOwner("a"))
 	b := h.locker(t, WithOwner("b"))
+	// OnParked runs on a goroutine of its own once the release returned.
+	calls := make(chan string, 16)
+	onParked := func(id string) { calls <- id }
 	var resumed []string
-	onParked := func(id string) { resumed = append(resumed, id) }
+	// settle collects the calls the releases so far started: n of them,
+	// then none for a while.
+	settle := func(n int) {
+		t.Helper()
+		for range n {
+			select {
+			case id := <-calls:
+				resumed = append(resumed, id)
+			case <-ctx.Done():
+				t.Fatalf("OnParked not called; so far %v", resumed)
+			}
+		}
+		select {
+		case id := <-calls:
+			t.Fatalf("OnParked called once more, with %s", id)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 	park := func(label, id string) *AcquireOptions {
 		return &AcquireOptions{Label: label, Park: id, ParkHold: time.Minute, Adopt: true, OnParked: onParked}
 	}
@@ -1660,6 +1680,7 @@ func testPark(t *testing.T, h *harness) {
 	require.ErrorAs(t, err, &unparked)
 	require.Equal(t, -1, unparked.Parked)
 	require.NoError(t, holder.Release(ctx))
+	settle(1)
 	require.Equal(t, []string{"id-j1"}, resumed, "the oldest parked job, once")
 	info, err := b.Inspect(ctx, "p")
 	require.NoError(t, err)
@@ -1675,10 +1696,12 @@ func testPark(t *testing.T, h *harness) {
 	j1, err := b.TryAcquire(ctx, "p", park("j1", "id-j1"))
 	require.NoError(t, err)
 	require.NoError(t, j1.Run(ctx, func(context.Context) error { return nil }))
+	settle(1)
 	require.Equal(t, []string{"id-j1", "id-j2"}, resumed)
 	j2, err := b.TryAcquire(ctx, "p", park("j2", "id-j2"))
 	require.NoError(t, err)
 	require.NoError(t, j2.Release(ctx))
+	settle(0)
 	require.Equal(t, []string{"id-j1", "id-j2"}, resumed, "the queue is empty")
 	info, err = b.Inspect(ctx, "p")
 	require.NoError(t, err)
@@ -1696,6 +1719,7 @@ func testPark(t *testing.T, h *harness) {
 	j3, err := b.TryAcquire(ctx, "q", park("j3", "id-j3"))
 	require.NoError(t, err, "nothing was reserved")
 	require.NoError(t, j3.Release(ctx))
+	settle(1)
 	require.Equal(t, []string{"id-j1", "id-j2", "id-j4"}, resumed)
 
 	// A parked job whose label was completed meanwhile is passed over.
@@ -1706,6 +1730,7 @@ func testPark(t *testing.T, h *harness) {
 	_, err = b.TryAcquire(ctx, "r", park("j6", "id-j6"))
 	require.ErrorIs(t, err, ErrNotAcquired)
 	require.NoError(t, first.Complete(ctx, time.Minute))
+	settle(1)
 	require.Equal(t, []string{"id-j1", "id-j2", "id-j4", "id-j6"}, resumed)
 
 	_, err = a.TryAcquire(ctx, "v", &AcquireOptions{Park: "x"})

@@ -391,9 +391,11 @@ type Parking struct {
 	// ID); ctx is the job's. Must not be nil.
 	ID func(ctx context.Context, job Job) string
 	// Resume starts the parked job id now, for which the key was just
-	// reserved: it must not block (start the work in the background). If
-	// the job cannot be started it should call Guard.PassOn, so that the
-	// next parked job gets the key. Must not be nil.
+	// reserved. It runs on a goroutine of its own (lockkit's OnParked),
+	// which the Locker's Close waits for: it should return once the job is
+	// started, or soon after the Locker closes. If the job cannot be
+	// started it should call Guard.PassOn, so that the next parked job gets
+	// the key. Must not be nil.
 	Resume func(key, id string)
 	// Hold is how long the key stays reserved for a parked job to start
 	// and take it over. Zero means lockkit.DefaultParkHold.

@@ -62,7 +62,8 @@ func withCopyID(ctx context.Context) context.Context {
 	return context.WithValue(ctx, copyIDKey{}, newTaskID())
 }
 
-// resume runs the parked task id now, in the background. asynq puts a
+// resume runs the parked task id now; it is called on a goroutine of its
+// own (lockkit's OnParked), which the Locker's Close waits for. asynq puts a
 // duplicate back (to its retry set) only after the middleware returned, and
 // a copy that replaces a task with no retries left is enqueued after it, so
 // a task still active is tried again, with a growing pause, for up to
@@ -77,32 +78,30 @@ func (m *guarded) resume(key, id string) {
 		return
 	}
 	queue, taskID, origin := parts[0], parts[1], parts[2]
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), resumeTimeout)
-		defer cancel()
-		start, pause := time.Now(), 200*time.Microsecond
-		for {
-			err := m.inspector.RunTask(queue, taskID)
-			switch {
-			case err == nil, strings.Contains(err.Error(), "already in pending state"), strings.Contains(err.Error(), redis.ErrClosed.Error()):
-				return
-			case strings.Contains(err.Error(), "already running") && ctx.Err() == nil,
-				errors.Is(err, asynq.ErrTaskNotFound) && time.Since(start) < resumeMissing:
-				select {
-				case <-time.After(pause):
-				case <-ctx.Done():
-				}
-				pause = min(2*pause, 50*time.Millisecond)
-				continue
-			case strings.Contains(err.Error(), "already running"):
-				return
+	ctx, cancel := context.WithTimeout(context.Background(), resumeTimeout)
+	defer cancel()
+	start, pause := time.Now(), 200*time.Microsecond
+	for {
+		err := m.inspector.RunTask(queue, taskID)
+		switch {
+		case err == nil, strings.Contains(err.Error(), "already in pending state"), strings.Contains(err.Error(), redis.ErrClosed.Error()):
+			return
+		case strings.Contains(err.Error(), "already running") && ctx.Err() == nil,
+			errors.Is(err, asynq.ErrTaskNotFound) && time.Since(start) < resumeMissing:
+			select {
+			case <-time.After(pause):
+			case <-ctx.Done():
 			}
-			if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) {
-				m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: middleware.Job{Key: key, ID: taskID, Origin: origin},
-					Err: fmt.Errorf("singleton: resume parked task %s in queue %q: %w", taskID, queue, err)})
-			}
-			m.guard.PassOn(ctx, key, origin)
+			pause = min(2*pause, 50*time.Millisecond)
+			continue
+		case strings.Contains(err.Error(), "already running"):
 			return
 		}
-	}()
+		if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) {
+			m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: middleware.Job{Key: key, ID: taskID, Origin: origin},
+				Err: fmt.Errorf("singleton: resume parked task %s in queue %q: %w", taskID, queue, err)})
+		}
+		m.guard.PassOn(ctx, key, origin)
+		return
+	}
 }
