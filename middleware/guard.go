@@ -696,8 +696,9 @@ func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Dura
 // WithParking): it takes over the key's reservation carrying origin, the
 // job's Origin, and releases it, which reserves the key for the next parked
 // job and resumes that one. It does nothing when the key is held otherwise
-// (a run of that job or of another: that run's end passes the key on), and
-// without WithParking. Errors are reported as EventError.
+// (a run of that job or of another: that run's end passes the key on),
+// without WithParking, and once the Locker is closed (the reservation ends
+// with its hold). Errors are reported as EventError.
 func (g *Guard) PassOn(ctx context.Context, key, origin string) {
 	p := g.parking
 	if p == nil || key == "" || origin == "" {
@@ -706,12 +707,12 @@ func (g *Guard) PassOn(ctx context.Context, key, origin string) {
 	l, err := g.locker.TryAcquire(ctx, key, &lockkit.AcquireOptions{TTL: g.ttl, Label: origin, Adopt: true,
 		OnParked: func(id string) { p.Resume(key, id) }})
 	if err != nil {
-		if !errors.Is(err, lockkit.ErrNotAcquired) {
+		if !errors.Is(err, lockkit.ErrNotAcquired) && !errors.Is(err, lockkit.ErrClosed) {
 			g.Emit(ctx, Event{Kind: EventError, Job: Job{Key: key, Origin: origin}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
 		}
 		return
 	}
-	if err := l.Release(ctx); err != nil {
+	if err := l.Release(ctx); err != nil && !errors.Is(err, lockkit.ErrClosed) {
 		g.Emit(ctx, Event{Kind: EventError, Job: Job{Key: key, Origin: origin}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
 	}
 }

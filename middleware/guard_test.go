@@ -722,7 +722,7 @@ func TestParkingResumesTheOldestDuplicate(t *testing.T) {
 		ID:     func(_ context.Context, job middleware.Job) string { return "id-" + job.Origin },
 		Resume: func(key, id string) { resumed <- key + " " + id },
 	}
-	g, _ := newGuard(t, l, middleware.WithPolicy(middleware.Requeue(time.Minute)), middleware.WithParking(parking))
+	g, rec := newGuard(t, l, middleware.WithPolicy(middleware.Requeue(time.Minute)), middleware.WithParking(parking))
 	ctx := context.Background()
 	holding := make(chan struct{})
 	done := make(chan struct{})
@@ -763,6 +763,13 @@ func TestParkingResumesTheOldestDuplicate(t *testing.T) {
 	require.Equal(t, "k2 id-z", <-resumed)
 	g.PassOn(ctx, "k2", "y") // nothing reserved for y any more: no-op
 	require.Empty(t, resumed)
+
+	// Once the Locker is closed there is nothing to pass on: z's
+	// reservation ends with its hold. No error is reported.
+	require.NoError(t, l.Close(ctx))
+	g.PassOn(ctx, "k2", "z")
+	_, failed := rec.find(middleware.EventError)
+	require.False(t, failed, "a closed Locker is no error")
 
 	_, err = middleware.New(l, middleware.WithParking(middleware.Parking{}))
 	require.ErrorIs(t, err, middleware.ErrInvalid)
