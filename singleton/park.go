@@ -32,7 +32,7 @@ const (
 
 // parking is the middleware.Parking of a requeueing middleware: a parked
 // duplicate is named by its queue, task ID and origin, and resumed by moving
-// it from asynq's retry set to pending (Inspector.RunTask).
+// it from asynq's retry set to the head of pending (runFirst).
 func (m *guarded) parking() middleware.Parking {
 	return middleware.Parking{ID: parkID, Resume: m.resume, Hold: ParkBackstop}
 }
@@ -62,6 +62,60 @@ func withCopyID(ctx context.Context) context.Context {
 	return context.WithValue(ctx, copyIDKey{}, newTaskID())
 }
 
+// runFirstCmd is asynq's RunTask script (v0.26) with one change: the task
+// goes to the head of the pending list (RPUSH; asynq dequeues with
+// RPOPLPUSH), as asynq itself puts back a task that a shutdown
+// interrupted, instead of behind every task already pending. A resumed task
+// was delivered once already, and its key is reserved for it.
+// KEYS[1] the task's hash, KEYS[2] the pending list, KEYS[3] the queue's
+// groups; ARGV[1] the task ID, ARGV[2] the queue's key prefix, ARGV[3] its
+// group key prefix. Returns 1 when moved, 0 when the task does not exist,
+// -1 when it is active, -2 when it is pending already.
+var runFirstCmd = redis.NewScript(`
+if redis.call("EXISTS", KEYS[1]) == 0 then
+	return 0
+end
+local state, group = unpack(redis.call("HMGET", KEYS[1], "state", "group"))
+if state == "active" then
+	return -1
+elseif state == "pending" then
+	return -2
+elseif state == "aggregating" then
+	if redis.call("ZREM", ARGV[3] .. group, ARGV[1]) == 0 then
+		return redis.error_reply("task " .. ARGV[1] .. " not found in " .. ARGV[3] .. group)
+	end
+	if redis.call("ZCARD", ARGV[3] .. group) == 0 then
+		redis.call("SREM", KEYS[3], group)
+	end
+elseif redis.call("ZREM", ARGV[2] .. state, ARGV[1]) == 0 then
+	return redis.error_reply("task " .. ARGV[1] .. " not found in " .. ARGV[2] .. state)
+end
+redis.call("RPUSH", KEYS[2], ARGV[1])
+redis.call("HSET", KEYS[1], "state", "pending")
+return 1
+`)
+
+// runFirst moves task id of queue to the head of its pending list
+// (runFirstCmd), with the errors of asynq's Inspector.RunTask: one matching
+// asynq.ErrTaskNotFound, or one saying the task is already running or
+// already in pending state.
+func (m *guarded) runFirst(ctx context.Context, queue, id string) error {
+	prefix := "asynq:{" + queue + "}:"
+	n, err := runFirstCmd.Run(ctx, m.rdb, []string{prefix + "t:" + id, prefix + "pending", prefix + "groups"},
+		id, prefix, prefix+"g:").Int64()
+	switch {
+	case err != nil:
+		return err
+	case n == 0:
+		return fmt.Errorf("%w: %s in queue %q", asynq.ErrTaskNotFound, id, queue)
+	case n == -1:
+		return errors.New("task is already running")
+	case n == -2:
+		return errors.New("task is already in pending state")
+	}
+	return nil
+}
+
 // resume runs the parked task id now; it is called on a goroutine of its
 // own (lockkit's OnParked), which the Locker's Close waits for. asynq puts a
 // duplicate back (to its retry set) only after the middleware returned, and
@@ -82,7 +136,7 @@ func (m *guarded) resume(key, id string) {
 	defer cancel()
 	start, pause := time.Now(), 200*time.Microsecond
 	for {
-		err := m.inspector.RunTask(queue, taskID)
+		err := m.runFirst(ctx, queue, taskID)
 		switch {
 		case err == nil, strings.Contains(err.Error(), "already in pending state"), strings.Contains(err.Error(), redis.ErrClosed.Error()):
 			return

@@ -260,6 +260,7 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	opts := c.guardOpts
 	if c.rdb != nil {
 		m.inspector = asynq.NewInspectorFromRedisClient(c.rdb)
+		m.rdb = c.rdb
 		opts = append(opts[:len(opts):len(opts)], middleware.WithPending(m.newestPending))
 	}
 	if c.rdb != nil {
@@ -290,6 +291,7 @@ type guarded struct {
 	types     map[string]bool // nil: every type
 	client    *asynq.Client
 	inspector *asynq.Inspector
+	rdb       redis.UniversalClient // asynq's Redis, with WithRedis
 }
 
 func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task) error {
