@@ -95,27 +95,9 @@ var (
 const faultKey = "job"
 
 var faultOps = []faultOp{
-	{"acquire", plainAcquireCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		defer cancel()
-		lease, err := l.TryAcquire(ctx, faultKey, nil)
-		got.add(lease)
-		return err
-	}},
-	{"acquire-limit", acquireCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		defer cancel()
-		lease, err := l.TryAcquire(ctx, faultKey, &lockkit.AcquireOptions{Limit: 2})
-		got.add(lease)
-		return err
-	}},
-	{"acquire-coalesce", acquireCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		defer cancel()
-		lease, err := l.TryAcquire(ctx, faultKey, &lockkit.AcquireOptions{Coalesce: true})
-		got.add(lease)
-		return err
-	}},
+	{"acquire", plainAcquireCmd, acquireOp(nil)},
+	{"acquire-limit", acquireCmd, acquireOp(&lockkit.AcquireOptions{Limit: 2})},
+	{"acquire-coalesce", acquireCmd, acquireOp(&lockkit.AcquireOptions{Coalesce: true})},
 	{"throttle", throttleCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
@@ -372,6 +354,17 @@ var faultOps = []faultOp{
 		defer cancel()
 		return l.Close(ctx)
 	}},
+}
+
+// acquireOp takes the key with opt while the acquire is faulted.
+func acquireOp(opt *lockkit.AcquireOptions) func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	return func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		lease, err := l.TryAcquire(ctx, faultKey, opt)
+		got.add(lease)
+		return err
+	}
 }
 
 // releaseOp releases a lease taken with opt while the release is faulted.

@@ -195,19 +195,23 @@ func (e *engine) releaseLoop() {
 	linger.Stop()
 	defer linger.Stop()
 	for {
+		flush := false
 		select {
 		case <-e.stop:
 			return
 		case <-e.relKick:
 		case <-e.relFlush:
+			flush = true // 64 queued, or an acquire waits: no gathering
 		}
-		linger.Reset(releaseLinger)
-		select {
-		case <-e.stop:
-			return
-		case <-e.relFlush:
-			linger.Stop()
-		case <-linger.C:
+		if !flush {
+			linger.Reset(releaseLinger)
+			select {
+			case <-e.stop:
+				return
+			case <-e.relFlush:
+				linger.Stop()
+			case <-linger.C:
+			}
 		}
 		for {
 			e.mu.Lock()

@@ -18,10 +18,8 @@ import (
 func faultyLocker(t *testing.T, match func(redis.Cmder) bool, opts ...Option) (*RedisLocker, *testredis.Faults, *RedisLocker) {
 	t.Helper()
 	clean := testredis.Client(t)
-	c := redis.NewClient(clean.Options())
-	t.Cleanup(func() { _ = c.Close() })
 	hook := &testredis.Faults{Match: match}
-	c.AddHook(hook)
+	c := hookedClient(t, hook)
 	prefix := testredis.Prefix(t, clean)
 	l, err := NewRedis(c, append([]Option{WithPrefix(prefix), WithOwner("faulty")}, opts...)...)
 	require.NoError(t, err)

@@ -131,13 +131,9 @@ func TestHandOverSteps(t *testing.T) {
 		b := l.r
 		take := func(key string) *Lease {
 			t.Helper()
-			r, err := l.e.cfg.request(key, nil)
+			le, err := storeAcquire(t, l, key, nil)
 			require.NoError(t, err)
-			res, err := b.acquire(ctx, &r)
-			require.NoError(t, err)
-			require.True(t, res.ok)
-			return &Lease{key: key, aid: r.aid, owner: r.owner, token: res.token, ttl: r.ttl,
-				member: memberOf(res.token, r.aid, r.owner, "")}
+			return le
 		}
 		wait := func(key string, opt *AcquireOptions, handTTL time.Duration) request {
 			t.Helper()

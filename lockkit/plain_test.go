@@ -12,6 +12,32 @@ import (
 	"github.com/jobguard/jobguard/internal/testredis"
 )
 
+// storeAcquire runs one acquire of key with opt on l's store, with no
+// engine around it: the lease it took, or the conflict (or other refusal)
+// as an error.
+func storeAcquire(t *testing.T, l *RedisLocker, key string, opt *AcquireOptions) (*Lease, error) {
+	t.Helper()
+	r, err := l.e.cfg.request(key, opt)
+	require.NoError(t, err)
+	res, err := l.r.acquire(ctxT(t), &r)
+	require.NoError(t, err)
+	if !res.ok {
+		require.NotNil(t, res.conflict, "refused otherwise: %+v", res)
+		return nil, res.conflict
+	}
+	return &Lease{key: key, aid: r.aid, owner: r.owner, label: r.label, token: res.token, ttl: r.ttl, plain: res.plain,
+		member: memberOf(res.token, r.aid, r.owner, r.label)}, nil
+}
+
+// hookedClient is a new client of the test Redis that runs commands through
+// hook.
+func hookedClient(t *testing.T, hook redis.Hook) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	c.AddHook(hook)
+	return c
+}
+
 // The plain form of a key, step by step on the store: a plain lease is one
 // STRING; its release is remembered after the key was taken again, so a
 // repeat still reports it; a later token is greater; an acquire with a
@@ -28,15 +54,7 @@ func TestPlainFormSteps(t *testing.T) {
 		b := l.r
 		take := func(key string, opt *AcquireOptions) (*Lease, error) {
 			t.Helper()
-			r, err := l.e.cfg.request(key, opt)
-			require.NoError(t, err)
-			res, err := b.acquire(ctx, &r)
-			require.NoError(t, err)
-			if !res.ok {
-				return nil, res.conflict
-			}
-			return &Lease{key: key, aid: r.aid, owner: r.owner, label: r.label, token: res.token, ttl: r.ttl, plain: res.plain,
-				member: memberOf(res.token, r.aid, r.owner, r.label)}, nil
+			return storeAcquire(t, l, key, opt)
 		}
 		release := func(le *Lease) bool {
 			t.Helper()
@@ -159,11 +177,8 @@ func TestRenewMixesPlainAndSortedLeases(t *testing.T) {
 // have their releases sent in one pipeline, not one round trip each.
 func TestAsyncReleasesShareAPipeline(t *testing.T) {
 	ctx := ctxT(t)
-	base := testredis.Client(t)
-	c := redis.NewClient(base.Options())
-	t.Cleanup(func() { _ = c.Close() })
 	var rt testredis.Counter
-	c.AddHook(&rt)
+	c := hookedClient(t, &rt)
 	l, err := NewRedis(c, WithPrefix(testredis.Prefix(t, c)))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(context.Background()) })

@@ -316,19 +316,19 @@ func (b *redisBackend) markSorted(key string) {
 type lockKeys struct{ holders, meta, queue, waiters, fence, channel, cover, released, parked string }
 
 func (b *redisBackend) keys(key string) lockKeys {
-	base := b.prefix + "{" + escapeKey(key) + "}"
+	base := b.base(key)
 	return lockKeys{base + ":h", base + ":m", base + ":q", base + ":w", base + ":f", base + ":r", base + ":c", base + ":d", base + ":k"}
 }
 
-// plainReleased is the key that records the plain release of the lease
-// with token (plain_release.lua): "<released>:<token>".
-func (k lockKeys) plainReleased(token int64) string {
-	return k.released + ":" + strconv.FormatInt(token, 10)
-}
+// base is the prefix of every key of key's lock: "<prefix>{<key>}".
+func (b *redisBackend) base(key string) string { return b.prefix + "{" + escapeKey(key) + "}" }
 
-// holdersKey is keys(key).holders alone, for the plain scripts.
-func (b *redisBackend) holdersKey(key string) string {
-	return b.prefix + "{" + escapeKey(key) + "}:h"
+// plainKeys are the keys of plain_release.lua for the lease with member
+// "<token>:...": its holders key and the key that records its release,
+// "<released>:<token>".
+func (b *redisBackend) plainKeys(key, member string) []string {
+	base := b.base(key)
+	return []string{base + ":h", base + ":d:" + member[:strings.IndexByte(member, ':')]}
 }
 
 // plain reports whether r can use the plain form of a holders key
@@ -395,7 +395,7 @@ func parkEntry(r *request) string {
 
 func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
 	if plain(r) && !b.isSorted(r.key) {
-		v, err := plainAcquireScript.Run(ctx, b.c, []string{b.holdersKey(r.key)},
+		v, err := plainAcquireScript.Run(ctx, b.c, []string{b.base(r.key) + ":h"},
 			":"+r.aid+":"+r.owner+":"+escapeLabel(r.label), ms(r.ttl)).Result()
 		if err != nil {
 			return acquireResult{}, err
@@ -594,11 +594,7 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 	}
 	if len(plains) > 0 {
 		cmds := b.run(ctx, plainReleaseScript, plains,
-			func(l *Lease) []string {
-				h := b.holdersKey(l.key)
-				// The record's key, as plainReleased names it.
-				return []string{h, h[:len(h)-1] + "d:" + l.member[:strings.IndexByte(l.member, ':')]}
-			},
+			func(l *Lease) []string { return b.plainKeys(l.key, l.member) },
 			func(l *Lease) []any {
 				return []any{l.member, ms(b.grace), "~" + l.member[:strings.IndexByte(l.member, ':')]}
 			})
@@ -621,7 +617,13 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 	cmds := b.run(ctx, releaseScript, full,
 		func(l *Lease) []string {
 			k := b.keys(l.key)
-			return []string{k.holders, k.waiters, k.cover, k.released, k.queue, k.fence, k.parked, k.plainReleased(l.token)}
+			// The eighth: the record a plain release of it left (none for
+			// a lease with no member).
+			rec := k.released + ":"
+			if l.member != "" {
+				rec = b.plainKeys(l.key, l.member)[1]
+			}
+			return []string{k.holders, k.waiters, k.cover, k.released, k.queue, k.fence, k.parked, rec}
 		}, args)
 	for i, c := range cmds {
 		v, err := c.Result()

@@ -1,3 +1,10 @@
+-- leave_token leaves "~<token>" in the emptied holders key h for a second:
+-- the plain form's record of the last token (see plain_release.lua), which
+-- promote and plain_acquire.lua read.
+local function leave_token(h, token)
+  redis.call('SET', h, '~' .. token, 'PX', 1000)
+end
+
 -- promote turns a holders key in its plain form (see plain_acquire.lua)
 -- into the sorted set the other scripts use: its holder becomes a member
 -- scored by its expiry; a release record "~<token>" is dropped. When fence

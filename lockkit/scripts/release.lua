@@ -177,7 +177,7 @@ end
 local function settle()
   if redis.call('EXISTS', KEYS[1]) == 0 then
     local fence = math.max(tonumber(released), tonumber(redis.call('GET', KEYS[6]) or '0'))
-    redis.call('SET', KEYS[1], '~' .. string.format('%d', fence), 'PX', 1000)
+    leave_token(KEYS[1], string.format('%d', fence))
   end
   return 1
 end
