@@ -49,6 +49,8 @@ func (b *bench) burst(ctx context.Context, env *asynqEnv) ([]burstRun, counts, e
 		{"bare", "no middleware", nil, false, "", nil},
 		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip()), false, "", nil},
 		{fmt.Sprintf("Requeue(%s)", b.requeueDelay), fmt.Sprintf("`middleware.Requeue(%s)`", b.requeueDelay), ptr(middleware.Requeue(b.requeueDelay)), false, "", nil},
+		{fmt.Sprintf("Requeue(%s), parked at enqueue", b.requeueDelay), fmt.Sprintf("`middleware.Requeue(%s)`; enqueued with `singleton.Client` and `singleton.ParkAtEnqueue(locker, 0)`", b.requeueDelay),
+			ptr(middleware.Requeue(b.requeueDelay)), false, "park", nil},
 		{"Coalesce", "`middleware.Coalesce()`", ptr(middleware.Coalesce()), false, "", nil},
 		{"Coalesce, stamped", "`middleware.Coalesce()`, tasks enqueued with `singleton.Client`", ptr(middleware.Coalesce()), true, "", nil},
 		{"asynq Unique", "no middleware; enqueued with `asynq.Unique(time.Hour)`", nil, false, "asynq", nil},
@@ -78,7 +80,7 @@ type burstVariant struct {
 	name, policy string
 	p            *middleware.Policy
 	stamped      bool   // enqueued with singleton.Client
-	unique       string // "asynq": asynq.Unique; "jobguard": singleton.Unique; "debounce": singleton.Debounce
+	unique       string // "asynq": asynq.Unique; "jobguard": singleton.Unique; "debounce": singleton.Debounce; "park": singleton.ParkAtEnqueue
 	opts         []singleton.Option
 }
 
@@ -104,14 +106,17 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 		switch {
 		case v.unique == "asynq":
 			opts = append(opts, asynq.Unique(time.Hour))
-		case v.unique == "jobguard" || v.unique == "debounce":
+		case v.unique == "jobguard" || v.unique == "debounce" || v.unique == "park":
 			var err error
 			if reserver, err = lockkit.NewRedis(env.enqRedis, lockkit.WithPrefix(b.prefix+"e2e:")); err != nil {
 				return nil, enq, err
 			}
 			opt := singleton.Unique(reserver, singleton.UntilExecuted, 0)
-			if v.unique == "debounce" {
+			switch v.unique {
+			case "debounce":
 				opt = singleton.Debounce(reserver, 100*time.Millisecond, 0)
+			case "park":
+				opt = singleton.ParkAtEnqueue(reserver, 0)
 			}
 			sc, err := singleton.NewClient(env.enqueuer, env.enqRedis, singleton.KeyByFields("k"), opt)
 			if err != nil {

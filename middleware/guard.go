@@ -322,6 +322,12 @@ type Job struct {
 	Epoch int64
 	// EpochTTL is how long the claim is remembered. Zero means the lease TTL.
 	EpochTTL time.Duration
+	// Reserved says that the key may be reserved for the job (a Detached
+	// lease carrying its Origin, such as singleton.ParkAtEnqueue makes, or
+	// the reservation a run's end makes for a parked job): its acquire
+	// takes such a reservation over (lockkit.AcquireOptions.Adopt), whatever
+	// the policy. It needs Origin. Defaults to false.
+	Reserved bool
 }
 
 func (j Job) label() string {
@@ -657,7 +663,7 @@ func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Dura
 		}
 	}
 	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.Fair, Label: job.Origin, HoldAtLeast: g.hold,
-		AsyncRelease: g.async}
+		AsyncRelease: g.async, Adopt: job.Reserved && job.Origin != ""}
 	if p := g.parking; p != nil && g.limit <= 1 {
 		// Every run resumes the key's oldest parked job when it ends.
 		opt.OnParked = func(id string) { p.Resume(job.Key, id) }

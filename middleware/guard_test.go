@@ -774,3 +774,30 @@ func TestParkingResumesTheOldestDuplicate(t *testing.T) {
 	_, err = middleware.New(l, middleware.WithParking(middleware.Parking{}))
 	require.ErrorIs(t, err, middleware.ErrInvalid)
 }
+
+// A Reserved job takes over a reservation carrying its Origin whatever the
+// policy; a job that is not Reserved finds the key held by it.
+func TestReservedJobAdoptsItsReservation(t *testing.T) {
+	l, err := lockkit.NewMemory()
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	g, _ := newGuard(t, l, middleware.WithPolicy(middleware.Skip()))
+	_, err = l.TryAcquire(ctx, "k", &lockkit.AcquireOptions{Label: "a", Detached: true, TTL: time.Minute})
+	require.NoError(t, err)
+
+	out := g.Run(ctx, middleware.Job{Key: "k", Origin: "b"}, func(context.Context) error { return nil })
+	require.NotNil(t, out.Duplicate, "another job finds the key reserved")
+	require.Equal(t, middleware.ActionSkip, out.Duplicate.Action)
+
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	out = g.Run(cctx, middleware.Job{Key: "k", Origin: "a"}, func(context.Context) error { return nil })
+	require.False(t, out.Ran, "without Reserved, the job waits for what it takes for its own run")
+
+	out = g.Run(ctx, middleware.Job{Key: "k", Origin: "a", Reserved: true}, func(context.Context) error { return nil })
+	require.True(t, out.Ran, "a Reserved job adopts the reservation")
+	info, err := l.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Empty(t, info.Holders, "and its release ends it")
+}

@@ -32,7 +32,8 @@ const clockSync = 30 * time.Second
 // Client enqueues asynq tasks stamped with EnqueuedAtHeader, so that
 // middleware.Coalesce can let one run cover every task enqueued before it
 // began; with Unique, it refuses a task whose key another task reserved;
-// with Debounce, it schedules each task as its key's newest request.
+// with Debounce, it schedules each task as its key's newest request; with
+// ParkAtEnqueue, it queues each task for its key, to run when the key frees.
 // Its Enqueue and EnqueueContext are asynq.Client's.
 type Client struct {
 	c        *asynq.Client
@@ -40,6 +41,7 @@ type Client struct {
 	keys     *guarded // the key and type options
 	unique   *uniqueSpec
 	debounce *debounceSpec
+	park     *parkSpec
 
 	mu     sync.Mutex
 	offset time.Duration // an upper bound of the server clock minus ours
@@ -50,7 +52,8 @@ type Client struct {
 // the Redis the servers use. The clock is read on the first enqueue and
 // every 30 seconds after: one TIME round trip, none per task.
 //
-// Without Unique or Debounce, opts are not needed. With either, the key options
+// Without Unique, Debounce or ParkAtEnqueue, opts are not needed. With any of
+// them, the key options
 // (KeyByType by default, KeyByTaskID, KeyByPayload, KeyByFields, KeyFunc,
 // PerQueue) and ForTypes derive each task's key as Middleware does: give
 // both the same ones. A KeyFunc is called at enqueue with a ctx in which the
@@ -96,7 +99,15 @@ func NewClient(c *asynq.Client, rdb redis.UniversalClient, opts ...Option) (*Cli
 			return nil, err
 		}
 	}
-	return &Client{c: c, rdb: rdb, keys: keys, unique: cfg.unique, debounce: cfg.debounce}, nil
+	if cfg.park != nil {
+		if cfg.unique != nil || cfg.debounce != nil {
+			return nil, fmt.Errorf("%w: ParkAtEnqueue excludes Unique and Debounce: it runs every task, they refuse or replace duplicates", ErrInvalid)
+		}
+		if err := cfg.park.validate(); err != nil {
+			return nil, err
+		}
+	}
+	return &Client{c: c, rdb: rdb, keys: keys, unique: cfg.unique, debounce: cfg.debounce, park: cfg.park}, nil
 }
 
 // Enqueue is EnqueueContext with context.Background.
@@ -109,7 +120,9 @@ func (c *Client) Enqueue(task *asynq.Task, opts ...asynq.Option) (*asynq.TaskInf
 // Unique it first reserves the task's key (giving the task an ID with
 // asynq.TaskID unless it has one): it returns a *DuplicateTaskError when
 // another task that still exists holds the reservation, and an error
-// matching ErrKey when the key cannot be derived. It returns asynq's errors
+// matching ErrKey when the key cannot be derived. With ParkAtEnqueue it
+// reserves the key for the task or parks the task (see ParkAtEnqueue), and
+// returns an error when Redis cannot be reached. It returns asynq's errors
 // unchanged (a reservation made for the task is then given back), and an
 // error when Redis cannot be reached; nothing is enqueued then.
 func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
@@ -129,7 +142,8 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 	if err != nil {
 		return nil, err
 	}
-	if (c.unique == nil && c.debounce == nil) || (c.keys.types != nil && !c.keys.types[task.Type()]) {
+	park := c.park != nil && !deferred(built) && !deferred(opts)
+	if (c.unique == nil && c.debounce == nil && !park) || (c.keys.types != nil && !c.keys.types[task.Type()]) {
 		return c.c.EnqueueContext(ctx, asynq.NewTaskWithHeaders(task.Type(), task.Payload(), headers, built...), opts...)
 	}
 	id, queue := optionValues(append(slices.Clone(built), opts...))
@@ -144,6 +158,9 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 	if c.unique != nil {
 		headers[UniqueHeader] = uniqueHeader(c.unique.life, c.unique.ttl)
 	}
+	if park {
+		headers[ParkedHeader] = "1"
+	}
 	stamped := asynq.NewTaskWithHeaders(task.Type(), task.Payload(), headers, built...)
 	key, err := deriveKey(context.WithValue(ctx, identityKey{}, identity{id: id, queue: queue}), stamped, c.keys.key, c.keys.perQueue)
 	if err != nil {
@@ -151,6 +168,9 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 	}
 	if c.debounce != nil {
 		return c.enqueueNewest(ctx, stamped, key, id, queue, generated, opts)
+	}
+	if park {
+		return c.enqueueParked(ctx, stamped, key, id, queue, generated, opts)
 	}
 	res, err := c.reserve(ctx, key, id, queue)
 	if err != nil {

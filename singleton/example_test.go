@@ -281,3 +281,40 @@ func ExampleDebounce() {
 	// scheduled
 	// newest last: true
 }
+
+// ParkAtEnqueue queues each task for its key: the first task of a key
+// reserves it and is pending, the others wait parked (scheduled at the
+// backstop) until the run before them ends and starts them.
+func ExampleParkAtEnqueue() {
+	mr := miniredis.NewMiniRedis() // any Redis; this one is embedded
+	if err := mr.Start(); err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	locker, err := lockkit.NewRedis(rdb) // the servers' Locker settings
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+
+	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(rdb), rdb,
+		singleton.KeyByFields("tenant_id"), // the middleware's key options
+		singleton.ParkAtEnqueue(locker, 0), // started by the run before; 30 s backstop
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for range 3 {
+		info, err := client.Enqueue(asynq.NewTask("report:build", []byte(`{"tenant_id":"acme"}`)))
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(info.State)
+	}
+	// Output:
+	// pending
+	// scheduled
+	// scheduled
+}

@@ -45,7 +45,7 @@ func parkID(ctx context.Context, job middleware.Job) string {
 	if c, ok := ctx.Value(copyIDKey{}).(string); ok {
 		id = c
 	}
-	return queue + "\n" + id + "\n" + job.Origin
+	return parkEntry(queue, id, job.Origin)
 }
 
 // copyIDKey is the context key of the ID a requeued copy of the task gets.

@@ -56,6 +56,7 @@ type config struct {
 	rdbSet    bool
 	unique    *uniqueSpec // a Client option
 	debounce  *debounceSpec
+	park      *parkSpec
 
 	throttleRequeues bool
 }
@@ -213,6 +214,9 @@ func (c *config) build(locker lockkit.Locker) (*guarded, error) {
 	if c.debounce != nil {
 		return nil, fmt.Errorf("%w: Debounce: it is an option of NewClient, not of Middleware", ErrInvalid)
 	}
+	if c.park != nil {
+		return nil, fmt.Errorf("%w: ParkAtEnqueue: it is an option of NewClient, not of Middleware", ErrInvalid)
+	}
 	m, err := c.buildKeys()
 	if err != nil {
 		return nil, err
@@ -303,7 +307,8 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	if origin == "" {
 		origin = id
 	}
-	job := middleware.Job{Name: t.Type(), ID: id, Origin: origin, EnqueuedAt: enqueuedAt(t), Gen: debounceGen(t)}
+	job := middleware.Job{Name: t.Type(), ID: id, Origin: origin, EnqueuedAt: enqueuedAt(t), Gen: debounceGen(t),
+		Reserved: t.Headers()[ParkedHeader] != ""}
 	key, err := m.keyOf(ctx, t)
 	if err != nil {
 		err = fmt.Errorf("%w: task %q: %w (%w)", ErrKey, t.Type(), err, asynq.SkipRetry)

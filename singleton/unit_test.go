@@ -54,6 +54,7 @@ func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 		{"wait then requeue without redis", []singleton.Option{singleton.WithPolicy(middleware.Wait(time.Second, middleware.Requeue(0)))},
 			"a policy that requeues needs WithRedis(client)"},
 		{"debounce is a client option", []singleton.Option{singleton.Debounce(memLocker(t), time.Second, 0)}, "Debounce: it is an option of NewClient"},
+		{"park at enqueue is a client option", []singleton.Option{singleton.ParkAtEnqueue(memLocker(t), 0)}, "ParkAtEnqueue: it is an option of NewClient"},
 	}
 	l := memLocker(t)
 	for _, c := range cases {
@@ -324,5 +325,25 @@ func TestNewClientRejectsInvalidDebounce(t *testing.T) {
 		require.ErrorContains(t, err, want)
 	}
 	_, err := singleton.NewClient(ac, rdb, singleton.Debounce(l, time.Second, 10*time.Second))
+	require.NoError(t, err)
+}
+
+func TestNewClientRejectsInvalidParkAtEnqueue(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer rdb.Close()
+	ac := asynq.NewClientFromRedisClient(rdb)
+	l := memLocker(t)
+	for want, opts := range map[string][]singleton.Option{
+		"ParkAtEnqueue: locker is nil":                       {singleton.ParkAtEnqueue(nil, 0)},
+		"ParkAtEnqueue: backstop 500ms must be between 1s":   {singleton.ParkAtEnqueue(l, 500*time.Millisecond)},
+		"ParkAtEnqueue: backstop -1s must be between 1s":     {singleton.ParkAtEnqueue(l, -time.Second)},
+		"ParkAtEnqueue excludes Unique and Debounce":         {singleton.ParkAtEnqueue(l, 0), singleton.Unique(l, singleton.UntilExecuted, 0)},
+		"ParkAtEnqueue excludes Unique and Debounce: it run": {singleton.Debounce(l, time.Second, 0), singleton.ParkAtEnqueue(l, 0)},
+	} {
+		_, err := singleton.NewClient(ac, rdb, opts...)
+		require.ErrorIs(t, err, singleton.ErrInvalid)
+		require.ErrorContains(t, err, want)
+	}
+	_, err := singleton.NewClient(ac, rdb, singleton.ParkAtEnqueue(l, time.Second))
 	require.NoError(t, err)
 }

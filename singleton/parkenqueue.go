@@ -1,0 +1,107 @@
+package singleton
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+// ParkedHeader is the task header ("1") of a task that a Client with
+// ParkAtEnqueue queued for its key: Middleware takes over the reservation
+// made for it (middleware.Job.Reserved), whatever its policy.
+const ParkedHeader = "jobguard-parked"
+
+// ParkAtEnqueue makes Client queue each task for its key when it enqueues
+// it, so that tasks of one key run one at a time, in the order they were
+// enqueued, each delivered once. The key is derived by the key options, as
+// the middleware derives it, on locker (use the middleware's Locker
+// settings: the same Redis and prefix). The task carries ParkedHeader.
+//
+//   - A task whose key is free reserves it (a Detached lease carrying the
+//     task's ID, for backstop) and is enqueued as asked; the middleware takes
+//     the reservation over when the task starts.
+//   - A task whose key is held or reserved is parked for it
+//     (lockkit.AcquireOptions.Park) and enqueued to be processed backstop
+//     from now (asynq.ProcessIn; the TaskInfo says "scheduled"). The run
+//     that frees the key, in a Middleware with WithRedis, reserves it for
+//     the oldest parked task and moves that task to the head of its
+//     queue's pending list, as a Requeue'd duplicate is resumed.
+//
+// The backstop covers what could strand a parked task: the freeing run's
+// process died, its Middleware has no WithRedis, or the reservation of a
+// task that never started lapsed. asynq then delivers the task at its
+// backstop and the middleware's policy applies; under middleware.Requeue
+// (the policy to use with this option) a task whose key is still held is
+// parked again, keeping its place. Zero backstop means ParkBackstop; it
+// must be between a second (asynq schedules in seconds) and
+// lockkit.MaxTTL.
+//
+// A task enqueued with asynq.ProcessAt, asynq.ProcessIn or asynq.Group is
+// enqueued as asked, neither reserved nor parked. When asynq refuses the
+// enqueue, a reservation made for the task is given back; a parked entry
+// stays, and the run that reaches it finds no task and passes the key on
+// within 100 ms. ParkAtEnqueue excludes Unique and Debounce. It is a Client
+// option: Middleware rejects it.
+func ParkAtEnqueue(locker lockkit.Locker, backstop time.Duration) Option {
+	return func(c *config) { c.park = &parkSpec{locker: locker, backstop: backstop} }
+}
+
+type parkSpec struct {
+	locker   lockkit.Locker
+	backstop time.Duration
+}
+
+func (p *parkSpec) validate() error {
+	if p.locker == nil {
+		return fmt.Errorf("%w: ParkAtEnqueue: locker is nil", ErrInvalid)
+	}
+	if p.backstop == 0 {
+		p.backstop = ParkBackstop
+	}
+	if p.backstop < time.Second || p.backstop > lockkit.MaxTTL {
+		return fmt.Errorf("%w: ParkAtEnqueue: backstop %s must be between 1s and %s", ErrInvalid, p.backstop, lockkit.MaxTTL)
+	}
+	return nil
+}
+
+// deferred reports whether opts schedule the task or group it, which
+// ParkAtEnqueue leaves as asked.
+func deferred(opts []asynq.Option) bool {
+	return slices.ContainsFunc(opts, func(o asynq.Option) bool {
+		t := o.Type()
+		return t == asynq.ProcessAtOpt || t == asynq.ProcessInOpt || t == asynq.GroupOpt
+	})
+}
+
+// parkEntry names a parked task in its key's parked queue (see parkID).
+func parkEntry(queue, id, origin string) string { return queue + "\n" + id + "\n" + origin }
+
+// enqueueParked reserves key for task (ID id), or parks the task for it,
+// and enqueues the task: now when it reserved the key, at the backstop when
+// it parked.
+func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, queue string, generated bool, opts []asynq.Option) (*asynq.TaskInfo, error) {
+	p := c.park
+	res, err := p.locker.TryAcquire(ctx, key, &lockkit.AcquireOptions{TTL: p.backstop, Label: id, Detached: true,
+		Park: parkEntry(queue, id, id), ParkHold: ParkBackstop})
+	var ce *lockkit.ConflictError
+	switch {
+	case err == nil:
+	case errors.As(err, &ce) && ce.Parked >= 0:
+		opts = append(slices.Clone(opts), asynq.ProcessIn(p.backstop))
+	default:
+		return nil, fmt.Errorf("singleton: task %q: parking on key %q: %w", task.Type(), key, err)
+	}
+	info, err := c.enqueueOwnID(ctx, task, id, queue, generated, opts)
+	if err != nil && res != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = res.Release(rctx)
+		cancel()
+	}
+	return info, err
+}

@@ -1,0 +1,207 @@
+package singleton_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
+	"github.com/jobguard/jobguard/singleton"
+)
+
+// runLog records, per key, the order in which tasks ran, and counts every
+// delivery of a task to the handler chain.
+type runLog struct {
+	mu         sync.Mutex
+	order      map[string][]int
+	deliveries atomic.Int32
+}
+
+// count is an outer asynq middleware that counts deliveries.
+func (l *runLog) count(next asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		l.deliveries.Add(1)
+		return next.ProcessTask(ctx, t)
+	})
+}
+
+func (l *runLog) ran(key string, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.order[key] = append(l.order[key], n)
+}
+
+func (l *runLog) runs() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, o := range l.order {
+		n += len(o)
+	}
+	return n
+}
+
+// reportMux is a mux whose "report" handler (payload tenant_id and n) runs
+// for 20ms, recorded by tr and log, behind log.count and mw.
+func reportMux(mw asynq.MiddlewareFunc, tr *tracker, log *runLog) *asynq.ServeMux {
+	mux := asynq.NewServeMux()
+	mux.Use(log.count, mw)
+	mux.HandleFunc("report", func(_ context.Context, task *asynq.Task) error {
+		var p struct {
+			Tenant string `json:"tenant_id"`
+			N      int    `json:"n"`
+		}
+		if err := json.Unmarshal(task.Payload(), &p); err != nil {
+			return err
+		}
+		tr.start(p.Tenant)
+		log.ran(p.Tenant, p.N)
+		time.Sleep(20 * time.Millisecond) // the work
+		tr.end(p.Tenant, fmt.Sprint(p.N))
+		return nil
+	})
+	return mux
+}
+
+// A burst enqueued with ParkAtEnqueue runs each task once, one at a time
+// per key and in the order of the enqueues, with one delivery per task: the
+// first task of a key reserves it, the others wait parked (scheduled at the
+// backstop) and each run's end starts the next. The policies' own delays
+// (a minute) and the backstop (30s) outlast the test, so only the parking
+// can finish it. Under Skip too, no task is skipped: a task reserved for
+// its key takes the reservation over whatever the policy.
+func TestParkAtEnqueueRunsEachTaskOnceInOrder(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		for _, policy := range []middleware.Policy{middleware.Requeue(time.Minute), middleware.Skip()} {
+			t.Run(policy.String(), func(t *testing.T) {
+				e := newEnvOn(t, r)
+				const servers, tenants, perTenant = 2, 3, 10
+				client, err := singleton.NewClient(e.Client, e.RDB, singleton.KeyByFields("tenant_id"), singleton.ParkAtEnqueue(e.locker(), 0))
+				require.NoError(t, err)
+				for n := range tenants * perTenant {
+					task := asynq.NewTask("report", fmt.Appendf(nil, `{"tenant_id":"t%d","n":%d}`, n%tenants, n))
+					info, err := client.Enqueue(task, asynq.Queue(e.Queue))
+					require.NoError(t, err)
+					require.Equal(t, "1", info.Headers[singleton.ParkedHeader])
+					if n < tenants {
+						require.Equal(t, asynq.TaskStatePending, info.State, "task %d reserved its key", n)
+					} else {
+						require.Equal(t, asynq.TaskStateScheduled, info.State, "task %d was parked", n)
+						require.WithinDuration(t, time.Now().Add(singleton.ParkBackstop), info.NextProcessAt, 2*time.Second)
+					}
+				}
+
+				tr, log, ev := newTracker(), &runLog{order: map[string][]int{}}, &events{}
+				for i := range servers {
+					mw, err := singleton.Middleware(e.locker(lockkit.WithOwner(fmt.Sprintf("server-%d", i))),
+						singleton.KeyByFields("tenant_id"), singleton.WithPolicy(policy), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+					require.NoError(t, err)
+					e.start(e.config(4), reportMux(mw, tr, log))
+				}
+				require.Eventually(t, func() bool { return log.runs() == tenants*perTenant }, 20*time.Second, 5*time.Millisecond)
+				e.Drained(10 * time.Second)
+
+				for tenant := range tenants {
+					var want []int
+					for n := tenant; n < tenants*perTenant; n += tenants {
+						want = append(want, n)
+					}
+					require.Equal(t, want, log.order[fmt.Sprintf("t%d", tenant)], "tenant t%d ran each task once, in enqueue order", tenant)
+				}
+				for tenant, peak := range tr.peaks() {
+					require.Equal(t, 1, peak, "tenant %s", tenant)
+				}
+				require.EqualValues(t, tenants*perTenant, log.deliveries.Load(), "one delivery per task")
+				require.Zero(t, ev.count(middleware.EventRequeued, 0))
+				require.Zero(t, ev.count(middleware.EventDuplicate, 0))
+				require.Empty(t, ev.errs(middleware.EventError))
+				require.Zero(t, e.QueueInfo().Archived)
+			})
+		}
+	})
+}
+
+// What could strand a parked task does not: a task parked behind a holder
+// that never resumes anyone (a plain lease, as a process that died would
+// leave) is delivered at its backstop and runs; a parked entry whose task
+// was never enqueued (its Client died between the park and the enqueue)
+// is passed over by the run that reaches it. A task scheduled by the
+// caller is enqueued as asked, neither reserved nor parked.
+func TestParkAtEnqueueNeverStrandsATask(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		ctx := context.Background()
+		keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
+		client, err := singleton.NewClient(e.Client, e.RDB, keyOf, singleton.ParkAtEnqueue(e.locker(), time.Second))
+		require.NoError(t, err)
+		enqueue := func(n int, opts ...asynq.Option) *asynq.TaskInfo {
+			t.Helper()
+			info, err := client.Enqueue(asynq.NewTask("report", fmt.Appendf(nil, `{"tenant_id":"k","n":%d}`, n)), append(opts, asynq.Queue(e.Queue))...)
+			require.NoError(t, err)
+			return info
+		}
+
+		later := enqueue(99, asynq.ProcessIn(time.Hour))
+		require.Equal(t, asynq.TaskStateScheduled, later.State)
+		require.Empty(t, later.Headers[singleton.ParkedHeader], "a scheduled task is not parked")
+		info, err := e.locker().Inspect(ctx, "k")
+		require.NoError(t, err)
+		require.Empty(t, info.Holders, "nor does it reserve its key")
+
+		// A holder that resumes no one, then parked tasks behind it.
+		holder, err := e.locker().TryAcquire(ctx, "k", nil)
+		require.NoError(t, err)
+		for n := range 3 {
+			require.Equal(t, asynq.TaskStateScheduled, enqueue(n).State)
+		}
+		require.NoError(t, holder.Release(ctx))
+
+		tr, log, ev := newTracker(), &runLog{order: map[string][]int{}}, &events{}
+		mw, err := singleton.Middleware(e.locker(), keyOf, singleton.WithPolicy(middleware.Requeue(time.Minute)),
+			singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+		require.NoError(t, err)
+		e.start(e.config(4), reportMux(mw, tr, log))
+		require.Eventually(t, func() bool { return log.runs() == 3 }, 10*time.Second, 5*time.Millisecond, "the backstop brought the parked tasks back")
+
+		// A parked entry with no task, between a reserved task and a parked
+		// one whose backstop (30s) outlasts the test.
+		slow, err := singleton.NewClient(e.Client, e.RDB, keyOf, singleton.ParkAtEnqueue(e.locker(), 0))
+		require.NoError(t, err)
+		enqueueSlow := func(n int) asynq.TaskState {
+			t.Helper()
+			info, err := slow.Enqueue(asynq.NewTask("report", fmt.Appendf(nil, `{"tenant_id":"k","n":%d}`, n)), asynq.Queue(e.Queue))
+			require.NoError(t, err)
+			return info.State
+		}
+		require.Eventually(t, func() bool {
+			tr.mu.Lock()
+			defer tr.mu.Unlock()
+			return tr.running["k"] == 0
+		}, 5*time.Second, time.Millisecond)
+		require.Equal(t, asynq.TaskStatePending, enqueueSlow(10))
+		_, err = e.locker().TryAcquire(ctx, "k", &lockkit.AcquireOptions{Label: "ghost", Detached: true,
+			Park: e.Queue + "\nghost\nghost", ParkHold: singleton.ParkBackstop})
+		require.ErrorIs(t, err, lockkit.ErrNotAcquired)
+		require.Equal(t, asynq.TaskStateScheduled, enqueueSlow(11))
+		require.Eventually(t, func() bool { return log.runs() == 5 }, 10*time.Second, 5*time.Millisecond, "the ghost was passed over")
+		log.mu.Lock()
+		require.Equal(t, []int{10, 11}, log.order["k"][3:])
+		log.mu.Unlock()
+
+		for _, peak := range tr.peaks() {
+			require.Equal(t, 1, peak)
+		}
+		require.Empty(t, ev.errs(middleware.EventError))
+		still, err := e.Inspector.GetTaskInfo(e.Queue, later.ID)
+		require.NoError(t, err)
+		require.Equal(t, asynq.TaskStateScheduled, still.State, "the task scheduled for later waits for its time")
+	})
+}
