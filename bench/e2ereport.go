@@ -178,14 +178,17 @@ func (r *report) burstSection() string {
 	var w strings.Builder
 	fmt.Fprintf(&w, "%d tasks of one type whose payload field `k` takes one of %d values, drawn uniformly at "+
 		"random (a fixed seed: every policy gets the same sequence), enqueued at once (%d commands on the "+
-		"enqueuer's client: one script per task, plus connection set-up), then one server with `Concurrency: %d` and a %s handler "+
+		"enqueuer's client for a plain enqueue: one script per task, plus connection set-up), then one server with `Concurrency: %d` and a %s handler "+
 		"(`time.Sleep`). Guarded: `singleton.Middleware(locker, singleton.KeyByFields(\"k\"), "+
 		"singleton.WithPolicy(p), singleton.WithRedis(srvClient))`. The tasks have asynq's default MaxRetry (25), "+
 		"so a requeued duplicate goes back as a retry that `IsFailure` reports as no failure (it never uses up "+
 		"its retries); it is parked for its key (retry scheduled 30 s ahead as a backstop) and moved to pending by the "+
 		"run that frees the key, which reserves the key for it, so parked duplicates run in arrival order. \"key idle "+
 		"between runs\" is, per key, the time from one run's handler return to the next run's handler start (the "+
-		"release, for Requeue the `Inspector.RunTask` and asynq's next dequeue, and the next acquire). Coalesce runs once with a plain enqueue and once with `singleton.Client` (\"stamped\"); "+
+		"release, for Requeue the `Inspector.RunTask` and asynq's next dequeue, and the next acquire). \"parked at enqueue\" enqueues with `singleton.Client` and "+
+		"`singleton.ParkAtEnqueue`: the first task of a free key reserves it and is pending, every later one is parked "+
+		"for its key at enqueue and scheduled 30 s ahead as a backstop, so a task is delivered when the run before it "+
+		"ends and moves it to pending (one more command per enqueue: the reservation or park). Coalesce runs once with a plain enqueue and once with `singleton.Client` (\"stamped\"); "+
 		"\"asynq Unique\" enqueues with `asynq.Unique(time.Hour)` and no middleware, \"Unique\" with `singleton.Client` "+
 		"and `singleton.Unique`: their refused enqueues are not tasks. Wall time is from `srv.Start` to the moment every "+
 		"enqueued task is accounted for: it ran, or completed without running. Redis counts are the server's and the "+
