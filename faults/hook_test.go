@@ -98,6 +98,28 @@ var faultOps = []faultOp{
 	{"acquire", plainAcquireCmd, acquireOp(nil)},
 	{"acquire-limit", acquireCmd, acquireOp(&lockkit.AcquireOptions{Limit: 2})},
 	{"acquire-coalesce", acquireCmd, acquireOp(&lockkit.AcquireOptions{Coalesce: true})},
+	{"acquire-park", acquireCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		got.add(must(other.TryAcquire(context.Background(), faultKey, nil)))
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		// As singleton.ParkAtEnqueue parks a task: a reservation if the key
+		// is free, else a place in its parked queue.
+		_, err := l.TryAcquire(ctx, faultKey, &lockkit.AcquireOptions{Label: "j1", Detached: true, Park: "p1"})
+		var ce *lockkit.ConflictError
+		if errors.As(err, &ce) {
+			require.Zero(t, ce.Parked, "parked first")
+			err = nil
+		}
+		// However its reply fared, the call parked once: one job is ahead
+		// of the next.
+		_, perr := other.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "j2", Detached: true, Park: "p2"})
+		require.ErrorAs(t, perr, &ce)
+		require.Equal(t, 1, ce.Parked, "p1 is parked exactly once")
+		return err
+	}},
 	{"throttle", throttleCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
@@ -279,6 +301,52 @@ var faultOps = []faultOp{
 		require.NoError(t, <-handed)
 		return err
 	}},
+	{"release-park", releaseCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		var mu sync.Mutex
+		var resumed []string
+		lease, err := l.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "j0", OnParked: func(id string) {
+			mu.Lock()
+			resumed = append(resumed, id)
+			mu.Unlock()
+		}})
+		require.NoError(t, err)
+		for _, j := range []string{"1", "2"} {
+			_, err := other.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "j" + j, Detached: true, Park: "p" + j})
+			require.ErrorIs(t, err, lockkit.ErrNotAcquired)
+		}
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		err = lease.Release(ctx)
+		// However the reply fared, the key was reserved once, for the oldest
+		// parked job, and only that job was resumed.
+		var res lockkit.Holder
+		require.Eventually(t, func() bool {
+			info, ierr := other.Inspect(context.Background(), faultKey)
+			require.NoError(t, ierr)
+			if len(info.Holders) != 1 {
+				return false
+			}
+			res = info.Holders[0]
+			return true
+		}, 5*time.Second, time.Millisecond)
+		require.Equal(t, "j1", res.Label, "reserved for the oldest parked job")
+		got.keep(res.Token)
+		require.NoError(t, l.Close(context.Background())) // waits for OnParked and the cleanup
+		info, err2 := other.Inspect(context.Background(), faultKey)
+		require.NoError(t, err2)
+		require.Equal(t, []lockkit.Holder{res}, clearTTL(info.Holders, res.TTL), "the cleanup of a failed release reserved nothing more")
+		mu.Lock()
+		defer mu.Unlock()
+		if err == nil {
+			require.Equal(t, []string{"p1"}, resumed)
+		} else {
+			require.Subset(t, []string{"p1"}, resumed)
+		}
+		return err
+	}},
 	{"release-hold", releaseCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
@@ -379,6 +447,16 @@ func releaseOp(opt *lockkit.AcquireOptions) func(t *testing.T, l, _ *lockkit.Red
 		defer cancel()
 		return lease.Release(ctx)
 	}
+}
+
+// clearTTL returns hs with every TTL set to ttl, to compare holders.
+func clearTTL(hs []lockkit.Holder, ttl time.Duration) []lockkit.Holder {
+	out := make([]lockkit.Holder, len(hs))
+	for i, h := range hs {
+		h.TTL = ttl
+		out[i] = h
+	}
+	return out
 }
 
 func must(l *lockkit.Lease, err error) *lockkit.Lease {

@@ -2,6 +2,7 @@ package testredis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -47,22 +48,25 @@ type Faults struct {
 	// Delay bounds how long Late waits when the ctx has no deadline.
 	Delay time.Duration
 	// Before, when set, is called before a matched command runs (for
-	// example to block it until the test is ready).
+	// example to block it until the test is ready): once per Arm, before
+	// the first faulted command.
 	Before func(cmd redis.Cmder)
-	// After, when set, is called when a matched command has returned.
+	// After, when set, is called when a faulted command has returned (not
+	// one answered NOSCRIPT, whose fault is given back).
 	After func(cmd redis.Cmder)
 
-	mu    sync.Mutex
-	fault Fault
-	times int // how many more commands to fault; < 0 for all
-	hits  atomic.Int64
-	done  atomic.Int64
+	mu     sync.Mutex
+	fault  Fault
+	times  int  // how many more commands to fault; < 0 for all
+	before bool // Before was called since the last Arm
+	hits   atomic.Int64
+	done   atomic.Int64
 }
 
 // Arm makes the next n matching commands (all of them when n < 0) suffer f.
 func (h *Faults) Arm(f Fault, n int) {
 	h.mu.Lock()
-	h.fault, h.times = f, n
+	h.fault, h.times, h.before = f, n, false
 	h.mu.Unlock()
 }
 
@@ -119,14 +123,15 @@ func (h *Faults) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *Faults) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		f := h.take([]redis.Cmder{cmd})
-		if f != Pass && h.Before != nil {
+		if f != Pass && h.Before != nil && h.firstBefore() {
 			h.Before(cmd)
 		}
-		err := h.apply(ctx, f, func() error { return next(context.WithoutCancel(ctx), cmd) }, func(err error) { cmd.SetErr(err) })
-		if f != Pass && h.After != nil {
+		back, err := h.apply(ctx, f, func() error { return next(context.WithoutCancel(ctx), cmd) }, func(err error) { cmd.SetErr(err) },
+			func(err error) bool { return noScript(err, []redis.Cmder{cmd}) })
+		if f != Pass && !back && h.After != nil {
 			h.After(cmd)
 		}
-		if h.matches([]redis.Cmder{cmd}) && !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		if h.matches([]redis.Cmder{cmd}) && !noScript(err, []redis.Cmder{cmd}) {
 			h.done.Add(1)
 		}
 		return err
@@ -137,35 +142,44 @@ func (h *Faults) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *Faults) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		f := h.take(cmds)
-		if f != Pass && h.Before != nil {
+		if f != Pass && h.Before != nil && h.firstBefore() {
 			h.Before(cmds[0])
 		}
-		err := h.apply(ctx, f, func() error { return next(context.WithoutCancel(ctx), cmds) }, func(err error) {
+		back, err := h.apply(ctx, f, func() error { return next(context.WithoutCancel(ctx), cmds) }, func(err error) {
 			for _, c := range cmds {
 				c.SetErr(err)
 			}
-		})
-		if f != Pass && h.After != nil {
+		}, func(err error) bool { return noScript(err, cmds) })
+		if f != Pass && !back && h.After != nil {
 			h.After(cmds[0])
 		}
-		if h.matches(cmds) {
+		if h.matches(cmds) && !noScript(err, cmds) {
 			h.done.Add(1)
 		}
 		return err
 	}
 }
 
-func (h *Faults) apply(ctx context.Context, f Fault, run func() error, fail func(error)) error {
+// apply runs a matched command (or pipeline) with fault f. A command that
+// Redis answers NOSCRIPT did not run: its reply passes unchanged and the
+// fault is given back, for the script that go-redis (or lockkit) sends next.
+// It reports whether it gave the fault back.
+func (h *Faults) apply(ctx context.Context, f Fault, run func() error, fail func(error), noscript func(error) bool) (bool, error) {
+	if f == Pass {
+		return false, run()
+	}
+	err := run()
+	if noscript(err) {
+		h.giveBack(f)
+		return true, err
+	}
 	switch f {
 	case Repeat:
-		_ = run()
-		return run()
+		return false, run()
 	case DropReply:
-		_ = run()
 		fail(ErrInjected)
-		return ErrInjected
+		return false, ErrInjected
 	case Late:
-		_ = run()
 		d := h.Delay
 		if d <= 0 {
 			d = time.Second
@@ -177,9 +191,46 @@ func (h *Faults) apply(ctx context.Context, f Fault, run func() error, fail func
 		}
 		t.Stop()
 		fail(ErrInjected)
-		return ErrInjected
+		return false, ErrInjected
 	}
-	return run()
+	return false, err
+}
+
+// firstBefore reports whether Before is yet to be called since the last
+// Arm, and records that it is.
+func (h *Faults) firstBefore() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	first := !h.before
+	h.before = true
+	return first
+}
+
+// giveBack re-arms the fault f that a NOSCRIPT reply did not use.
+func (h *Faults) giveBack(f Fault) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fault == f && h.times >= 0 {
+		h.times++
+	}
+	h.hits.Add(-1)
+}
+
+// noScript reports whether Redis answered NOSCRIPT: err, what the command
+// (or pipeline) returned, or the error of any of cmds.
+func noScript(err error, cmds []redis.Cmder) bool {
+	is := func(err error) bool {
+		return err != nil && (errors.Is(err, redis.ErrNoScript) || strings.HasPrefix(err.Error(), "NOSCRIPT"))
+	}
+	if is(err) {
+		return true
+	}
+	for _, c := range cmds {
+		if is(c.Err()) {
+			return true
+		}
+	}
+	return false
 }
 
 // IsScript reports whether cmd runs a Lua script (EVAL or EVALSHA) whose

@@ -18,7 +18,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 promote(KEYS[1], KEYS[3])
 local rec = 'e:' .. ARGV[3] .. ':'
-for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], -now, '(0')) do
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. -now)) do
   if string.sub(m, 1, #rec) == rec then
     return tonumber(string.sub(m, #rec + 1))
   end
