@@ -83,7 +83,7 @@ var (
 	plainAcquireCmd = testredis.ScriptShape(1, 2) // as claim's: no op calls both
 	plainReleaseCmd = testredis.ScriptShape(2, 3)
 	extendCmd       = testredis.ScriptShape(2, 4)
-	inspectCmd      = testredis.ScriptShape(2, 0)
+	inspectCmd      = testredis.ScriptShape(3, 0)
 	freeCmd         = testredis.ScriptShape(2, 3)
 	throttleCmd     = testredis.ScriptShape(1, 3)
 	detachCmd       = testredis.ScriptShape(1, 3) // as throttle's: no op calls both

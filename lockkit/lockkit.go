@@ -395,6 +395,9 @@ type Info struct {
 	Holders []Holder
 	// Waiters is the number of live callers waiting in Acquire.
 	Waiters int
+	// Parked is the number of jobs parked for the key (AcquireOptions.Park)
+	// that no release has started yet.
+	Parked int
 }
 
 // Holder is one live lease on a key.

@@ -663,7 +663,7 @@ func (b *memBackend) inspect(ctx context.Context, key string) (*Info, error) {
 	defer s.mu.Unlock()
 	now := time.Now()
 	lk := s.get(key, now)
-	info := &Info{Key: key, Waiters: len(lk.waiters)}
+	info := &Info{Key: key, Waiters: len(lk.waiters), Parked: len(lk.parked)}
 	for m, exp := range lk.holders {
 		tok, owner, label := parseMember(m)
 		info.Holders = append(info.Holders, Holder{Owner: owner, Label: label, Token: tok, TTL: exp.Sub(now)})

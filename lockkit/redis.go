@@ -225,7 +225,8 @@ func (l *RedisLocker) Keys(ctx context.Context, pattern string) ([]string, error
 		cmds := make([]*redis.Cmd, len(found))
 		if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, k := range found {
-				cmds[i] = inspectScript.Eval(ctx, p, []string{k, strings.TrimSuffix(k, ":h") + ":w"})
+				base := strings.TrimSuffix(k, ":h")
+				cmds[i] = inspectScript.Eval(ctx, p, []string{k, base + ":w", base + ":k"})
 			}
 			return nil
 		}); err != nil && !errors.Is(err, redis.Nil) {
@@ -235,7 +236,7 @@ func (l *RedisLocker) Keys(ctx context.Context, pattern string) ([]string, error
 		defer mu.Unlock()
 		for i, k := range found {
 			key := unescape(strings.TrimSuffix(strings.TrimPrefix(k, l.r.prefix+"{"), "}:h"))
-			if vals, err := cmds[i].Slice(); err == nil && len(vals) > 1 && globMatch(pattern, key) {
+			if vals, err := cmds[i].Slice(); err == nil && len(vals) > 2 && globMatch(pattern, key) {
 				out = append(out, key)
 			}
 		}
@@ -869,15 +870,15 @@ func (b *redisBackend) leave(ctx context.Context, key, waiter, aid string) error
 
 func (b *redisBackend) inspect(ctx context.Context, key string) (*Info, error) {
 	k := b.keys(key)
-	vals, err := inspectScript.Run(ctx, b.c, []string{k.holders, k.waiters}).Slice()
+	vals, err := inspectScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.parked}).Slice()
 	if err != nil {
 		return nil, err
 	}
 	info := &Info{Key: key}
-	if len(vals) > 0 {
-		info.Waiters = int(toInt(vals[0]))
+	if len(vals) > 1 {
+		info.Waiters, info.Parked = int(toInt(vals[0])), int(toInt(vals[1]))
 	}
-	for i := 1; i+1 < len(vals); i += 2 {
+	for i := 2; i+1 < len(vals); i += 2 {
 		m, _ := vals[i].(string)
 		tok, owner, label := parseMember(m)
 		info.Holders = append(info.Holders, Holder{Owner: owner, Label: label, Token: tok, TTL: time.Duration(toInt(vals[i+1])) * time.Millisecond})

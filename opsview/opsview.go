@@ -1,8 +1,8 @@
 // Package opsview is an operator's web page for jobguard locks, an
 // http.Handler to mount next to asynqmon: the held keys with their holders
-// (owner, label, fencing token, TTL) and waiters, a filter, auto-refresh,
-// and, only when WithRelease is given, a button that force-releases a key
-// (lockkit's Locker.ForceRelease).
+// (owner, label, fencing token, TTL), waiters and parked jobs, a filter,
+// auto-refresh, and, only when WithRelease is given, a button that
+// force-releases a key (lockkit's Locker.ForceRelease).
 //
 //	h, err := opsview.New(locker, opsview.WithRelease())
 //	http.Handle("/locks/", http.StripPrefix("/locks", requireAdmin(h)))
@@ -114,6 +114,7 @@ type lockView struct {
 	Key     string       `json:"key"`
 	Holders []holderView `json:"holders"`
 	Waiters int          `json:"waiters"`
+	Parked  int          `json:"parked"`
 }
 
 type holderView struct {
@@ -155,7 +156,7 @@ func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
 		if len(info.Holders) == 0 {
 			continue
 		}
-		v := lockView{Key: k, Waiters: info.Waiters, Holders: []holderView{}}
+		v := lockView{Key: k, Waiters: info.Waiters, Parked: info.Parked, Holders: []holderView{}}
 		for _, hd := range info.Holders {
 			v.Holders = append(v.Holders, holderView{Owner: hd.Owner, Label: hd.Label, Token: hd.Token, TTLms: hd.TTL.Milliseconds()})
 		}

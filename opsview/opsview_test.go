@@ -25,6 +25,8 @@ func TestEndpoints(t *testing.T) {
 	require.NoError(t, err)
 	_, err = l.TryAcquire(ctx, "report", nil)
 	require.NoError(t, err)
+	_, err = l.TryAcquire(ctx, "tenant:42", &lockkit.AcquireOptions{Label: "task-2", Detached: true, Park: "task-2"})
+	require.ErrorIs(t, err, lockkit.ErrNotAcquired) // parked for the key
 
 	ro, err := opsview.New(l)
 	require.NoError(t, err)
@@ -44,6 +46,7 @@ func TestEndpoints(t *testing.T) {
 	var reply struct {
 		Locks []struct {
 			Key     string
+			Parked  int
 			Holders []struct {
 				Owner, Label string
 				Token        int64
@@ -55,6 +58,7 @@ func TestEndpoints(t *testing.T) {
 	require.False(t, reply.Release)
 	require.Len(t, reply.Locks, 1)
 	require.Equal(t, "tenant:42", reply.Locks[0].Key)
+	require.Equal(t, 1, reply.Locks[0].Parked)
 	require.Equal(t, "worker-a", reply.Locks[0].Holders[0].Owner)
 	require.Equal(t, "task-1", reply.Locks[0].Holders[0].Label)
 	require.Equal(t, lease.Token(), reply.Locks[0].Holders[0].Token)

@@ -65,6 +65,8 @@ func TestOperatorReleasesAStuckKey(t *testing.T) {
 	other, err := worker.TryAcquire(ctx, "report:daily", nil)
 	require.NoError(t, err)
 	defer other.Release(ctx)
+	_, err = worker.TryAcquire(ctx, "report:daily", &lockkit.AcquireOptions{Label: "task-9", Detached: true, Park: "task-9"})
+	require.ErrorIs(t, err, lockkit.ErrNotAcquired) // parked for the key
 
 	view, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix))
 	require.NoError(t, err)
@@ -86,6 +88,9 @@ func TestOperatorReleasesAStuckKey(t *testing.T) {
 	note, err := chromedp.Run(b, chromedp.Text(`#note`))
 	require.NoError(t, err)
 	require.Contains(t, holders, "worker-7 · task-abc · ")
+	parked, err := chromedp.Run(b, chromedp.Text(`tr[data-key="report:daily"] td.parked`))
+	require.NoError(t, err)
+	require.Equal(t, "1", parked, "one job parked for report:daily")
 	require.Contains(t, note, "behind your own authentication")
 
 	// The filter asks the server for matching keys only.

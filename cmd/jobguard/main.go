@@ -225,6 +225,7 @@ type keyView struct {
 	Key     string       `json:"key"`
 	Holders []holderView `json:"holders"`
 	Waiters int          `json:"waiters"`
+	Parked  int          `json:"parked"`
 }
 
 type holderView struct {
@@ -235,7 +236,7 @@ type holderView struct {
 }
 
 func view(info *lockkit.Info) keyView {
-	v := keyView{Key: info.Key, Waiters: info.Waiters, Holders: []holderView{}}
+	v := keyView{Key: info.Key, Waiters: info.Waiters, Parked: info.Parked, Holders: []holderView{}}
 	for _, h := range info.Holders {
 		v.Holders = append(v.Holders, holderView{Owner: h.Owner, Label: h.Label, Token: h.Token, TTLms: h.TTL.Milliseconds()})
 	}
@@ -272,7 +273,7 @@ func (c *cli) printKeys(keys []keyView) {
 		return
 	}
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tHOLDERS\tWAITERS\tOWNERS\tTTL")
+	fmt.Fprintln(tw, "KEY\tHOLDERS\tWAITERS\tPARKED\tOWNERS\tTTL")
 	for _, k := range keys {
 		owners := map[string]bool{}
 		ttl := int64(-1)
@@ -287,7 +288,7 @@ func (c *cli) printKeys(keys []keyView) {
 			names = append(names, o)
 		}
 		sort.Strings(names)
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", k.Key, len(k.Holders), k.Waiters, strings.Join(names, ","), time.Duration(ttl)*time.Millisecond)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", k.Key, len(k.Holders), k.Waiters, k.Parked, strings.Join(names, ","), time.Duration(ttl)*time.Millisecond)
 	}
 	_ = tw.Flush()
 }
@@ -311,7 +312,7 @@ func (c *cli) inspect(ctx context.Context, key string) int {
 		_ = json.NewEncoder(c.out).Encode(v)
 	} else {
 		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "key %s: %d holder(s), %d waiter(s)\n", key, len(v.Holders), v.Waiters)
+		fmt.Fprintf(tw, "key %s: %d holder(s), %d waiter(s), %d parked\n", key, len(v.Holders), v.Waiters, v.Parked)
 		if len(v.Holders) > 0 {
 			fmt.Fprintln(tw, "OWNER\tLABEL\tTOKEN\tTTL")
 			for _, h := range v.Holders {

@@ -77,11 +77,17 @@ func TestListInspectRelease(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.TryAcquire(ctx, "report", nil)
 	require.NoError(t, err)
+	_, err = a.TryAcquire(ctx, "report", &lockkit.AcquireOptions{Label: "task-9", Detached: true, Park: "task-9"})
+	require.ErrorIs(t, err, lockkit.ErrNotAcquired) // parked for the key
 
 	out, _, code := jobguard(t, prefix, "", "ls")
 	require.Zero(t, code)
-	require.Regexp(t, `(?m)^report\s+1\s+0\s+worker-b\s`, out)
-	require.Regexp(t, `(?m)^tenant:42\s+2\s+0\s+worker-a,worker-b\s`, out)
+	require.Regexp(t, `(?m)^KEY\s+HOLDERS\s+WAITERS\s+PARKED\s+OWNERS\s+TTL$`, out)
+	require.Regexp(t, `(?m)^report\s+1\s+0\s+1\s+worker-b\s`, out)
+	require.Regexp(t, `(?m)^tenant:42\s+2\s+0\s+0\s+worker-a,worker-b\s`, out)
+	out, _, code = jobguard(t, prefix, "", "inspect", "report")
+	require.Zero(t, code)
+	require.Contains(t, out, "key report: 1 holder(s), 0 waiter(s), 1 parked")
 	out, _, code = jobguard(t, prefix, "", "ls", "tenant:*", "--json")
 	require.Zero(t, code)
 	var keys []keyView
@@ -176,7 +182,7 @@ func TestClusterAndErrors(t *testing.T) {
 	cmd := exec.Command(bin, "--prefix", prefix, "--cluster", strings.Join(testredis.ClusterAddrs(t), ","), "ls")
 	out, err := cmd.Output()
 	require.NoError(t, err)
-	require.Regexp(t, `(?m)^on-cluster\s+1\s+0\s+worker-c\s`, string(out))
+	require.Regexp(t, `(?m)^on-cluster\s+1\s+0\s+0\s+worker-c\s`, string(out))
 
 	for _, args := range [][]string{{}, {"frobnicate"}, {"inspect"}, {"release", "a", "b"}, {"watch", "--interval", "0s"}, {"--no-such-flag", "ls"}} {
 		_, _, code := jobguard(t, prefix, "", args...)
