@@ -121,8 +121,8 @@ func (c *Client) Enqueue(task *asynq.Task, opts ...asynq.Option) (*asynq.TaskInf
 // asynq.TaskID unless it has one): it returns a *DuplicateTaskError when
 // another task that still exists holds the reservation, and an error
 // matching ErrKey when the key cannot be derived. With ParkAtEnqueue it
-// reserves the key for the task or parks the task (see ParkAtEnqueue), and
-// returns an error when Redis cannot be reached. It returns asynq's errors
+// first reserves the key for the task or parks the task (see
+// ParkAtEnqueue). It returns asynq's errors
 // unchanged (a reservation made for the task is then given back), and an
 // error when Redis cannot be reached; nothing is enqueued then.
 func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {

@@ -38,9 +38,10 @@ const ParkedHeader = "jobguard-parked"
 // task that never started lapsed. asynq then delivers the task at its
 // backstop and the middleware's policy applies; under middleware.Requeue
 // (the policy to use with this option) a task whose key is still held is
-// parked again, keeping its place. Zero backstop means ParkBackstop; it
-// must be between a second (asynq schedules in seconds) and
-// lockkit.MaxTTL.
+// parked again, keeping its place. Only a Middleware with WithLimit(1)
+// (the default) starts parked tasks: with a higher limit they wait for
+// their backstop. Zero backstop means ParkBackstop; it must be between a
+// second (asynq schedules in seconds) and lockkit.MaxTTL.
 //
 // A task enqueued with asynq.ProcessAt, asynq.ProcessIn or asynq.Group is
 // enqueued as asked, neither reserved nor parked. When asynq refuses the
