@@ -40,15 +40,18 @@ func newAsynqEnv(t *testing.T) *asynqtest.Env {
 }
 
 // asynqGuard is the singleton middleware every worker of a scenario uses: tasks
-// keyed by their task ID, duplicates requeued after 50ms. held, if not nil,
-// counts the duplicates it holds back.
-func asynqGuard(rdb redis.UniversalClient, prefix, owner string, ttl time.Duration, held *atomic.Int32) (asynq.MiddlewareFunc, *lockkit.RedisLocker, error) {
+// keyed by their task ID (or all by sharedKey, see keyOption), duplicates
+// requeued after 50ms. held, if not nil, counts the duplicates it holds back.
+func asynqGuard(rdb redis.UniversalClient, prefix, owner string, ttl time.Duration, held *atomic.Int32, key ...singleton.Option) (asynq.MiddlewareFunc, *lockkit.RedisLocker, error) {
 	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix), lockkit.WithOwner(owner))
 	if err != nil {
 		return nil, nil, err
 	}
+	if len(key) == 0 {
+		key = []singleton.Option{singleton.KeyByTaskID()}
+	}
 	mw, err := singleton.Middleware(locker,
-		singleton.KeyByTaskID(),
+		key[0],
 		singleton.WithPolicy(middleware.Requeue(50*time.Millisecond)),
 		singleton.WithTTL(ttl),
 		singleton.WithRedis(rdb),
@@ -244,32 +247,8 @@ func TestKilledAsynqWorker(t *testing.T) {
 		ids = append(ids, info.ID)
 	}
 
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), "JOBGUARD_FAULT_CHILD=asynq-worker", "REDIS_ADDR="+testredis.Addr(t),
-		"JOBGUARD_DB="+strconv.Itoa(asynqDB), "JOBGUARD_PREFIX="+e.Prefix, "JOBGUARD_QUEUE="+e.Queue,
-		"JOBGUARD_TTL="+ttl.String(), "JOBGUARD_CONCURRENCY="+strconv.Itoa(childConcurrency))
-	child.Stderr = os.Stderr
-	out, err := child.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, child.Start())
-	lines := make(chan string)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
-	waited := false
-	wait := func() {
-		if !waited {
-			waited = true
-			for range lines { // until the pipe closes: Wait must come after the reads
-			}
-			_ = child.Wait()
-		}
-	}
-	defer func() { _ = child.Process.Kill(); wait() }()
+	lines, kill := startWorkerChild(t, e, ttl, childConcurrency, "")
+	defer kill()
 
 	// The child's handlers report "started <task id> <fencing token>".
 	tokens := map[string]int64{}
@@ -320,9 +299,8 @@ func TestKilledAsynqWorker(t *testing.T) {
 		require.Equal(t, token, info.Holders[0].Token)
 		expires[id] = before.Add(info.Holders[0].TTL - time.Millisecond)
 	}
-	require.NoError(t, child.Process.Kill())
 	killed := time.Now()
-	wait()
+	kill()
 	for id, r := range dead {
 		// From the guard's view the dead run lasts as long as its lease.
 		rl.finish(r, expires[id], false)
@@ -416,6 +394,39 @@ func TestKilledAsynqWorker(t *testing.T) {
 	require.Zero(t, o.archived)
 }
 
+// startWorkerChild starts asynqWorkerChild on e's queue with lock TTL ttl,
+// concurrency workers and key ("" for KeyByTaskID, sharedKey for one key).
+// It returns the lines the child prints and kill, which SIGKILLs the child
+// and waits for it (once; later calls do nothing).
+func startWorkerChild(t *testing.T, e *asynqtest.Env, ttl time.Duration, concurrency int, key string) (<-chan string, func()) {
+	t.Helper()
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), "JOBGUARD_FAULT_CHILD=asynq-worker", "REDIS_ADDR="+testredis.Addr(t),
+		"JOBGUARD_DB="+strconv.Itoa(asynqDB), "JOBGUARD_PREFIX="+e.Prefix, "JOBGUARD_QUEUE="+e.Queue,
+		"JOBGUARD_TTL="+ttl.String(), "JOBGUARD_CONCURRENCY="+strconv.Itoa(concurrency), "JOBGUARD_KEY="+key)
+	child.Stderr = os.Stderr
+	out, err := child.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, child.Start())
+	lines := make(chan string, 16)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	var once sync.Once
+	return lines, func() {
+		once.Do(func() {
+			_ = child.Process.Kill()
+			for range lines { // until the pipe closes: Wait must come after the reads
+			}
+			_ = child.Wait()
+		})
+	}
+}
+
 // asynqWorkerChild is the killed process of TestKilledAsynqWorker: an asynq
 // server whose handlers report their start on stdout and then block until
 // the process is killed.
@@ -431,7 +442,7 @@ func asynqWorkerChild() {
 	db, _ := strconv.Atoi(os.Getenv("JOBGUARD_DB"))
 	concurrency, _ := strconv.Atoi(os.Getenv("JOBGUARD_CONCURRENCY"))
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR"), DB: db})
-	mw, _, err := asynqGuard(rdb, os.Getenv("JOBGUARD_PREFIX"), "doomed-worker", ttl, nil)
+	mw, _, err := asynqGuard(rdb, os.Getenv("JOBGUARD_PREFIX"), "doomed-worker", ttl, nil, keyOption(os.Getenv("JOBGUARD_KEY"))...)
 	if err != nil {
 		fail(err)
 	}
@@ -571,5 +582,124 @@ func TestShutdownRequeueNeverOverlaps(t *testing.T) {
 	require.Equal(t, 1, o.peak, "no re-run overlapped the run still holding the key")
 	require.Zero(t, o.lost)
 	require.Zero(t, o.twice, "a re-delivery never redid work its earlier run had finished")
+	require.Zero(t, o.archived)
+}
+
+// sharedKey is the one key of the scenarios whose tasks all share it.
+const sharedKey = "shared"
+
+// keyOption is the key option a child worker is told to use: "shared" for
+// sharedKey, anything else for asynqGuard's default (KeyByTaskID).
+func keyOption(name string) []singleton.Option {
+	if name != sharedKey {
+		return nil
+	}
+	return []singleton.Option{singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return sharedKey, nil })}
+}
+
+// A worker process is SIGKILLed while it runs the first of a burst of tasks
+// that share one key and were queued for it by singleton.ParkAtEnqueue
+// (backstop 1s). The parked tasks are not stranded behind the dead run:
+// those asynq delivers at their backstop while the dead holder's lease
+// lives are parked again, and once it expired the re-delivered killed task
+// runs and each run's end starts the next parked task. Every
+// task runs to completion exactly once, never two runs of the key at once,
+// none before the dead lease expired, and nothing is archived. asynq's
+// recovery of the killed task is simulated as in TestKilledAsynqWorker.
+func TestKilledWorkerLeavesNoParkedTaskBehind(t *testing.T) {
+	if os.Getenv("JOBGUARD_FAULT_CHILD") != "" {
+		return // runs as the child in TestMain
+	}
+	const ttl = 1500 * time.Millisecond
+	const tasks = 4
+	e := newAsynqEnv(t)
+	byTask, byKey := &taskLog{}, &taskLog{}
+
+	enq, err := lockkit.NewRedis(e.RDB, lockkit.WithPrefix(e.Prefix))
+	require.NoError(t, err)
+	defer enq.Close(context.Background())
+	client, err := singleton.NewClient(e.Client, e.RDB, append(keyOption(sharedKey), singleton.ParkAtEnqueue(enq, time.Second))...)
+	require.NoError(t, err)
+	var ids []string
+	for i := range tasks {
+		info, err := client.Enqueue(asynq.NewTask("work", fmt.Appendf(nil, `{"n":%d}`, i)), asynq.Queue(e.Queue), asynq.MaxRetry(3))
+		require.NoError(t, err)
+		ids = append(ids, info.ID)
+	}
+
+	lines, kill := startWorkerChild(t, e, ttl, 2, sharedKey)
+	defer kill()
+
+	var first string
+	var token int64
+	select {
+	case line, ok := <-lines:
+		require.True(t, ok, "the child exited")
+		_, err := fmt.Sscanf(line, "started %s %d", &first, &token)
+		require.NoError(t, err, "child said %q", line)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the child's handler did not start")
+	}
+	require.Equal(t, ids[0], first, "the task that reserved the key runs first")
+	deadTask, deadKey := byTask.begin(first, "killed worker", time.Now()), byKey.begin(sharedKey, "killed worker", time.Now())
+
+	// Past the parked tasks' backstop, and past a renewal of the lease.
+	locker, err := lockkit.NewRedis(e.RDB, lockkit.WithPrefix(e.Prefix))
+	require.NoError(t, err)
+	defer locker.Close(context.Background())
+	require.Eventually(t, func() bool {
+		info, err := locker.Inspect(context.Background(), sharedKey)
+		return err == nil && len(info.Holders) == 1 && time.Since(deadTask.start) > 1500*time.Millisecond &&
+			info.Holders[0].TTL > ttl/2+100*time.Millisecond
+	}, 10*time.Second, 5*time.Millisecond)
+	before := time.Now()
+	info, err := locker.Inspect(context.Background(), sharedKey)
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.Equal(t, token, info.Holders[0].Token)
+	expires := before.Add(info.Holders[0].TTL - time.Millisecond)
+	kill()
+	byTask.finish(deadTask, expires, false)
+	byKey.finish(deadKey, expires, false)
+
+	ctx := context.Background()
+	leaseKey := "asynq:{" + e.Queue + "}:lease"
+	leases, err := e.RDB.ZRangeWithScores(ctx, leaseKey, 0, -1).Result()
+	require.NoError(t, err)
+	require.NotEmpty(t, leases, "the killed worker's task is active")
+	for _, z := range leases {
+		require.NoError(t, e.RDB.ZAddXX(ctx, leaseKey, redis.Z{Member: z.Member, Score: z.Score - 60}).Err())
+	}
+
+	mw, l2, err := asynqGuard(e.RDB, e.Prefix, "fresh-server", ttl, nil, keyOption(sharedKey)...)
+	require.NoError(t, err)
+	defer l2.Close(context.Background())
+	srv := asynq.NewServerFromRedisClient(e.RDB, asynqConfig(e.Queue, 4))
+	require.NoError(t, srv.Start(mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		id := taskOf(ctx, task)
+		r, k := byTask.begin(id, "fresh server", time.Now()), byKey.begin(sharedKey, "fresh server", time.Now())
+		time.Sleep(20 * time.Millisecond) // the work
+		byTask.finish(r, time.Now(), true)
+		byKey.finish(k, time.Now(), true)
+		return nil
+	}))))
+	defer srv.Shutdown()
+
+	require.Eventually(t, func() bool { return len(byTask.completions()) == tasks && byTask.ended() }, 20*time.Second, 5*time.Millisecond)
+	e.Drained(10 * time.Second)
+	o := byTask.outcome(t, e, ids)
+	keyPeak := 0
+	for _, p := range byKey.peaks() {
+		keyPeak = max(keyPeak, p)
+	}
+	rerun := byTask.of(first)
+	require.Len(t, rerun, 2, "the killed run and one re-run")
+	t.Logf("SIGKILLed worker with %d tasks parked at enqueue behind its run (lock TTL %s): lost %d, run twice %d, archived %d, "+
+		"most runs of the key at once %d, killed task re-ran %s after its dead lease expired",
+		tasks-1, ttl, o.lost, o.twice, o.archived, keyPeak, rerun[1].start.Sub(expires).Round(time.Millisecond))
+	require.False(t, rerun[1].start.Before(expires), "the killed task re-ran before the dead lease expired")
+	require.Equal(t, 1, keyPeak, "two runs of the key at once")
+	require.Zero(t, o.lost)
+	require.Zero(t, o.twice)
 	require.Zero(t, o.archived)
 }
