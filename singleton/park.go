@@ -62,32 +62,31 @@ func withCopyID(ctx context.Context) context.Context {
 	return context.WithValue(ctx, copyIDKey{}, newTaskID())
 }
 
-// runFirstCmd is asynq's RunTask script (v0.26) with one change: the task
+// runFirstCmd is asynq's RunTask script (v0.26) with two changes. The task
 // goes to the head of the pending list (RPUSH; asynq dequeues with
 // RPOPLPUSH), as asynq itself puts back a task that a shutdown
-// interrupted, instead of behind every task already pending. A resumed task
-// was delivered once already, and its key is reserved for it.
-// KEYS[1] the task's hash, KEYS[2] the pending list, KEYS[3] the queue's
-// groups; ARGV[1] the task ID, ARGV[2] the queue's key prefix, ARGV[3] its
-// group key prefix. Returns 1 when moved, 0 when the task does not exist,
-// -1 when it is active, -2 when it is pending already.
+// interrupted, instead of behind every task already pending: a resumed task
+// was delivered once already, and its key is reserved for it. And only a
+// task waiting to run (scheduled, or waiting to retry) is moved: one that
+// completed (kept by asynq.Retention) or was archived is done, and a
+// resume must not run it again.
+// KEYS[1] the task's hash, KEYS[2] the pending list; ARGV[1] the task ID,
+// ARGV[2] the queue's key prefix. Returns 1 when moved, 0 when the task
+// does not exist, -1 when it is active, -2 when it is pending already, -3
+// when it is in another state.
 var runFirstCmd = redis.NewScript(`
 if redis.call("EXISTS", KEYS[1]) == 0 then
 	return 0
 end
-local state, group = unpack(redis.call("HMGET", KEYS[1], "state", "group"))
+local state = redis.call("HGET", KEYS[1], "state")
 if state == "active" then
 	return -1
 elseif state == "pending" then
 	return -2
-elseif state == "aggregating" then
-	if redis.call("ZREM", ARGV[3] .. group, ARGV[1]) == 0 then
-		return redis.error_reply("task " .. ARGV[1] .. " not found in " .. ARGV[3] .. group)
-	end
-	if redis.call("ZCARD", ARGV[3] .. group) == 0 then
-		redis.call("SREM", KEYS[3], group)
-	end
-elseif redis.call("ZREM", ARGV[2] .. state, ARGV[1]) == 0 then
+elseif state ~= "scheduled" and state ~= "retry" then
+	return -3
+end
+if redis.call("ZREM", ARGV[2] .. state, ARGV[1]) == 0 then
 	return redis.error_reply("task " .. ARGV[1] .. " not found in " .. ARGV[2] .. state)
 end
 redis.call("RPUSH", KEYS[2], ARGV[1])
@@ -95,14 +94,17 @@ redis.call("HSET", KEYS[1], "state", "pending")
 return 1
 `)
 
+// errNotWaiting is runFirst's error for a task that is done: completed or
+// archived.
+var errNotWaiting = errors.New("task is not waiting to run")
+
 // runFirst moves task id of queue to the head of its pending list
-// (runFirstCmd), with the errors of asynq's Inspector.RunTask: one matching
+// (runFirstCmd), with the errors of asynq's Inspector.RunTask (one matching
 // asynq.ErrTaskNotFound, or one saying the task is already running or
-// already in pending state.
+// already in pending state), and errNotWaiting.
 func (m *guarded) runFirst(ctx context.Context, queue, id string) error {
 	prefix := "asynq:{" + queue + "}:"
-	n, err := runFirstCmd.Run(ctx, m.rdb, []string{prefix + "t:" + id, prefix + "pending", prefix + "groups"},
-		id, prefix, prefix+"g:").Int64()
+	n, err := runFirstCmd.Run(ctx, m.rdb, []string{prefix + "t:" + id, prefix + "pending"}, id, prefix).Int64()
 	switch {
 	case err != nil:
 		return err
@@ -112,6 +114,8 @@ func (m *guarded) runFirst(ctx context.Context, queue, id string) error {
 		return errors.New("task is already running")
 	case n == -2:
 		return errors.New("task is already in pending state")
+	case n == -3:
+		return fmt.Errorf("%w: %s in queue %q", errNotWaiting, id, queue)
 	}
 	return nil
 }
@@ -122,7 +126,8 @@ func (m *guarded) runFirst(ctx context.Context, queue, id string) error {
 // a copy that replaces a task with no retries left is enqueued after it, so
 // a task still active is tried again, with a growing pause, for up to
 // resumeTimeout, and a task not found for up to resumeMissing. A task that
-// cannot be run (gone, or its queue deleted) passes the key on: the
+// cannot be run (gone, done: completed or archived, or its queue deleted)
+// passes the key on: the
 // reservation is adopted and released, which resumes the next parked task.
 // A task still running after resumeTimeout took its reservation itself, or
 // will when its own requeue brings it back.
@@ -151,7 +156,7 @@ func (m *guarded) resume(key, id string) {
 		case strings.Contains(err.Error(), "already running"):
 			return
 		}
-		if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) {
+		if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) && !errors.Is(err, errNotWaiting) {
 			m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: middleware.Job{Key: key, ID: taskID, Origin: origin},
 				Err: fmt.Errorf("singleton: resume parked task %s in queue %q: %w", taskID, queue, err)})
 		}

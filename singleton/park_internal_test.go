@@ -3,6 +3,7 @@ package singleton
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/internal/testredis"
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
 )
 
 // A resumed task goes to the head of its queue's pending list, where asynq
@@ -39,4 +42,58 @@ func TestRunFirstPutsTheTaskAtTheHead(t *testing.T) {
 
 	require.ErrorContains(t, m.runFirst(ctx, queue, "parked"), "already in pending state")
 	require.ErrorIs(t, m.runFirst(ctx, queue, "missing"), asynq.ErrTaskNotFound)
+}
+
+// A resume never runs a task that is done again: one that completed (kept
+// by asynq.Retention) or was archived stays as it is, and the resume passes
+// the key on without an error, as for a task that is gone. (A parked task
+// can come back by itself and complete while the run before it, ending,
+// tries to resume it.)
+func TestResumeLeavesADoneTaskDone(t *testing.T) {
+	ctx := context.Background()
+	rdb := testredis.Client(t)
+	queue := fmt.Sprintf("resume-done-%d", time.Now().UnixNano())
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	t.Cleanup(func() { _ = insp.DeleteQueue(queue, true) })
+	client := asynq.NewClientFromRedisClient(rdb)
+
+	_, err := client.Enqueue(asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID("done"), asynq.Retention(time.Hour))
+	require.NoError(t, err)
+	var runs atomic.Int32
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Queues: map[string]int{queue: 1}, TaskCheckInterval: 10 * time.Millisecond,
+		LogLevel: asynq.FatalLevel})
+	require.NoError(t, srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { runs.Add(1); return nil })))
+	defer srv.Shutdown()
+	require.Eventually(t, func() bool {
+		info, err := insp.GetTaskInfo(queue, "done")
+		return err == nil && info.State == asynq.TaskStateCompleted
+	}, 10*time.Second, 5*time.Millisecond)
+	_, err = client.Enqueue(asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID("archived"), asynq.ProcessIn(time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, insp.ArchiveTask(queue, "archived"))
+
+	l, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(testredis.Prefix(t, rdb)))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	var errs atomic.Int32
+	cfg := &config{}
+	for _, o := range []Option{WithRedis(rdb), WithObserver(func(_ context.Context, e middleware.Event) {
+		if e.Kind == middleware.EventError {
+			errs.Add(1)
+		}
+	})} {
+		o(cfg)
+	}
+	m, err := cfg.build(l)
+	require.NoError(t, err)
+
+	for id, state := range map[string]asynq.TaskState{"done": asynq.TaskStateCompleted, "archived": asynq.TaskStateArchived} {
+		require.ErrorIs(t, m.runFirst(ctx, queue, id), errNotWaiting)
+		m.resume("k", parkEntry(queue, id, id))
+		info, err := insp.GetTaskInfo(queue, id)
+		require.NoError(t, err)
+		require.Equal(t, state, info.State, "task %s", id)
+	}
+	require.Zero(t, errs.Load(), "a done task is no error")
+	require.EqualValues(t, 1, runs.Load(), "the completed task ran once")
 }
