@@ -32,7 +32,8 @@ const (
 
 // parking is the middleware.Parking of a requeueing middleware: a parked
 // duplicate is named by its queue, task ID and origin, and resumed by moving
-// it from asynq's retry set to the head of pending (runFirst).
+// it from asynq's retry set (or, parked at enqueue, its scheduled set) to the
+// head of pending (runFirst).
 func (m *guarded) parking() middleware.Parking {
 	return middleware.Parking{ID: parkID, Resume: m.resume, Hold: ParkBackstop}
 }
