@@ -88,6 +88,9 @@ func (m *guarded) newestPending(ctx context.Context, _ middleware.Job, newest lo
 		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("reading the newest task %q: %w", newest.ID, err)
+	case info.State == asynq.TaskStateArchived:
+		// Archived before it started (it claimed nothing): it will not run.
+		return false, nil
 	}
 	return info.Headers[DebounceGenHeader] == strconv.FormatInt(newest.Gen, 10), nil
 }

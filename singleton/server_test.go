@@ -1042,3 +1042,31 @@ func TestDebounceRunsAnOlderTaskWhenTheNewestIsMissing(t *testing.T) {
 		e.Drained(10 * time.Second)
 	})
 }
+
+// An operator archived the newest task of a debounced burst before it
+// started: it will not run, so an older task of the burst runs in its place
+// instead of completing as superseded.
+func TestDebounceRunsAnOlderTaskWhenTheNewestWasArchived(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		locker := e.locker()
+		ran := make(chan string, 4)
+		mw, err := singleton.Middleware(locker, singleton.WithPolicy(middleware.KeepNewest()), singleton.WithRedis(e.RDB))
+		require.NoError(t, err)
+		mux := asynq.NewServeMux()
+		mux.Use(mw)
+		mux.HandleFunc("sync", func(_ context.Context, task *asynq.Task) error {
+			ran <- string(task.Payload())
+			return nil
+		})
+		cl, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, singleton.Debounce(locker, 50*time.Millisecond, 0))
+		require.NoError(t, err)
+		_, err = cl.Enqueue(asynq.NewTask("sync", []byte("older")), asynq.Queue(e.Queue))
+		require.NoError(t, err)
+		newer, err := cl.Enqueue(asynq.NewTask("sync", []byte("newer")), asynq.Queue(e.Queue), asynq.MaxRetry(0))
+		require.NoError(t, err)
+		require.NoError(t, e.Inspector.ArchiveTask(e.Queue, newer.ID))
+		e.start(e.config(2), mux)
+		require.Equal(t, "older", recv(t, ran, 10*time.Second))
+	})
+}
