@@ -1018,28 +1018,9 @@ func TestDebounceRunsTheNewestTask(t *testing.T) {
 // Debounce: when the newest request's task does not exist (its enqueue
 // failed), an older task of the burst runs in its place.
 func TestDebounceRunsAnOlderTaskWhenTheNewestIsMissing(t *testing.T) {
-	onEachRedis(t, func(t *testing.T, r connect) {
-		e := newEnvOn(t, r)
-		locker := e.locker()
-		ran := make(chan string, 4)
-		mw, err := singleton.Middleware(locker, singleton.WithPolicy(middleware.KeepNewest()), singleton.WithRedis(e.RDB))
+	testDebounceOlderRuns(t, func(t *testing.T, e *env, _ *singleton.Client, locker *lockkit.RedisLocker) {
+		_, err := locker.Debounce(context.Background(), "asynq:sync", "lost-task", 50*time.Millisecond, 0)
 		require.NoError(t, err)
-		mux := asynq.NewServeMux()
-		mux.Use(mw)
-		mux.HandleFunc("sync", func(_ context.Context, task *asynq.Task) error {
-			ran <- string(task.Payload())
-			return nil
-		})
-		cl, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, singleton.Debounce(locker, 50*time.Millisecond, 0))
-		require.NoError(t, err)
-		_, err = cl.Enqueue(asynq.NewTask("sync", []byte("older")), asynq.Queue(e.Queue))
-		require.NoError(t, err)
-		// A newer request whose enqueue never happened.
-		_, err = locker.Debounce(context.Background(), "asynq:sync", "lost-task", 50*time.Millisecond, 0)
-		require.NoError(t, err)
-		e.start(e.config(2), mux)
-		require.Equal(t, "older", recv(t, ran, 10*time.Second))
-		e.Drained(10 * time.Second)
 	})
 }
 
@@ -1047,6 +1028,17 @@ func TestDebounceRunsAnOlderTaskWhenTheNewestIsMissing(t *testing.T) {
 // started: it will not run, so an older task of the burst runs in its place
 // instead of completing as superseded.
 func TestDebounceRunsAnOlderTaskWhenTheNewestWasArchived(t *testing.T) {
+	testDebounceOlderRuns(t, func(t *testing.T, e *env, cl *singleton.Client, _ *lockkit.RedisLocker) {
+		newer, err := cl.Enqueue(asynq.NewTask("sync", []byte("newer")), asynq.Queue(e.Queue), asynq.MaxRetry(0))
+		require.NoError(t, err)
+		require.NoError(t, e.Inspector.ArchiveTask(e.Queue, newer.ID))
+	})
+}
+
+// testDebounceOlderRuns enqueues an older task of a debounced burst, lets
+// newer make a newer request that will not run, and checks that the older
+// task runs.
+func testDebounceOlderRuns(t *testing.T, newer func(t *testing.T, e *env, cl *singleton.Client, locker *lockkit.RedisLocker)) {
 	onEachRedis(t, func(t *testing.T, r connect) {
 		e := newEnvOn(t, r)
 		locker := e.locker()
@@ -1063,10 +1055,12 @@ func TestDebounceRunsAnOlderTaskWhenTheNewestWasArchived(t *testing.T) {
 		require.NoError(t, err)
 		_, err = cl.Enqueue(asynq.NewTask("sync", []byte("older")), asynq.Queue(e.Queue))
 		require.NoError(t, err)
-		newer, err := cl.Enqueue(asynq.NewTask("sync", []byte("newer")), asynq.Queue(e.Queue), asynq.MaxRetry(0))
-		require.NoError(t, err)
-		require.NoError(t, e.Inspector.ArchiveTask(e.Queue, newer.ID))
+		newer(t, e, cl, locker)
 		e.start(e.config(2), mux)
 		require.Equal(t, "older", recv(t, ran, 10*time.Second))
+		require.Eventually(t, func() bool {
+			qi := e.QueueInfo()
+			return qi.Pending+qi.Active+qi.Scheduled+qi.Retry == 0
+		}, 10*time.Second, 10*time.Millisecond, "nothing left to run")
 	})
 }
