@@ -47,8 +47,10 @@ const ParkedHeader = "jobguard-parked"
 // enqueued as asked, neither reserved nor parked. When asynq refuses the
 // enqueue, a reservation made for the task is given back; a parked entry
 // stays, and the run that reaches it finds no task and passes the key on
-// within 100 ms. ParkAtEnqueue excludes Unique and Debounce. It is a Client
-// option: Middleware rejects it.
+// within 100 ms, or, when asynq refused a duplicate of an existing task ID
+// (asynq.TaskID), starts that task if it waits to run (one scheduled for
+// later then runs early). ParkAtEnqueue excludes Unique and Debounce. It
+// is a Client option: Middleware rejects it.
 func ParkAtEnqueue(locker lockkit.Locker, backstop time.Duration) Option {
 	return func(c *config) { c.park = &parkSpec{locker: locker, backstop: backstop} }
 }
