@@ -47,10 +47,10 @@ const ParkedHeader = "jobguard-parked"
 // enqueued as asked, neither reserved nor parked. When asynq refuses the
 // enqueue, a reservation made for the task is given back; a parked entry
 // stays, and the run that reaches it finds no task and passes the key on
-// within 100 ms, or, when asynq refused a duplicate of an existing task ID
-// (asynq.TaskID), starts that task if it waits to run (one scheduled for
-// later then runs early). ParkAtEnqueue excludes Unique and Debounce. It
-// is a Client option: Middleware rejects it.
+// within 100 ms. A task whose ID (asynq.TaskID) another task has is not
+// parked: asynq refuses it (asynq.ErrTaskIDConflict), at the cost of one
+// more round trip for each task given an ID. ParkAtEnqueue excludes Unique
+// and Debounce. It is a Client option: Middleware rejects it.
 func ParkAtEnqueue(locker lockkit.Locker, backstop time.Duration) Option {
 	return func(c *config) { c.park = &parkSpec{locker: locker, backstop: backstop} }
 }
@@ -90,6 +90,17 @@ func parkEntry(queue, id, origin string) string { return queue + "\n" + id + "\n
 // it parked.
 func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, queue string, generated bool, opts []asynq.Option) (*asynq.TaskInfo, error) {
 	p := c.park
+	if !generated {
+		// A duplicate ID must not leave an entry that would start the task
+		// that has it (asynq's task key: see runFirstCmd).
+		n, err := c.rdb.Exists(ctx, "asynq:{"+queue+"}:t:"+id).Result()
+		if err != nil {
+			return nil, fmt.Errorf("singleton: task %q: checking its ID %q: %w", task.Type(), id, err)
+		}
+		if n > 0 {
+			return c.c.EnqueueContext(ctx, task, opts...) // refused as a duplicate ID
+		}
+	}
 	res, err := p.locker.TryAcquire(ctx, key, &lockkit.AcquireOptions{TTL: p.backstop, Label: id, Detached: true,
 		Park: parkEntry(queue, id, id), ParkHold: ParkBackstop})
 	var ce *lockkit.ConflictError

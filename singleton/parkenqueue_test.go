@@ -203,5 +203,20 @@ func TestParkAtEnqueueNeverStrandsATask(t *testing.T) {
 		still, err := e.Inspector.GetTaskInfo(e.Queue, later.ID)
 		require.NoError(t, err)
 		require.Equal(t, asynq.TaskStateScheduled, still.State, "the task scheduled for later waits for its time")
+
+		// A task whose ID the task scheduled for later has is refused, and
+		// not parked: no run would start that task early.
+		var busy *lockkit.Lease
+		holder2 := e.locker()
+		require.Eventually(t, func() bool { // once the last run released the key
+			busy, err = holder2.TryAcquire(ctx, "k", nil)
+			return err == nil
+		}, 5*time.Second, time.Millisecond)
+		_, err = client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"k","n":98}`)), asynq.Queue(e.Queue), asynq.TaskID(later.ID))
+		require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
+		kinfo, err := e.locker().Inspect(ctx, "k")
+		require.NoError(t, err)
+		require.Zero(t, kinfo.Parked, "the refused task is not parked")
+		require.NoError(t, busy.Release(ctx))
 	})
 }
