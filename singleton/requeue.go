@@ -133,9 +133,14 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 		asynq.MaxRetry(max(info.MaxRetry-info.Retried, 0)),
 		asynq.ProcessIn(delay),
 	}
-	if c, ok := ctx.Value(copyIDKey{}).(string); ok {
-		opts = append(opts, asynq.TaskID(c)) // the ID it was parked under
+	// The copy's ID is chosen here (or is the one it was parked under), so
+	// that a conflict on it is an earlier run of this enqueue that go-redis
+	// sent again after a lost reply: the copy is there.
+	copyID, ok := ctx.Value(copyIDKey{}).(string)
+	if !ok {
+		copyID = newTaskID()
 	}
+	opts = append(opts, asynq.TaskID(copyID))
 	if info.Timeout > 0 {
 		opts = append(opts, asynq.Timeout(info.Timeout))
 	}
@@ -152,9 +157,14 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 	if headers[OriginHeader] == "" {
 		headers[OriginHeader] = id
 	}
-	copied, err := m.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
+	_, err = m.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		if _, ierr := m.inspector.GetTaskInfo(queue, copyID); ierr == nil {
+			err = nil
+		}
+	}
 	if err != nil {
 		return "", err
 	}
-	return copied.ID, nil
+	return copyID, nil
 }

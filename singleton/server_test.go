@@ -1064,3 +1064,47 @@ func testDebounceOlderRuns(t *testing.T, newer func(t *testing.T, e *env, cl *si
 		}, 10*time.Second, 10*time.Millisecond, "nothing left to run")
 	})
 }
+
+// A duplicate with no retries left is put back as a copy; when go-redis
+// sends the copy's enqueue again after a lost reply, the second run finds
+// the copy the first made: the original is revoked, not archived, and one
+// copy waits to run.
+func TestRequeueCopyEnqueueRetriedByGoRedis(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	faulty := redis.NewClient(e.RDB.(*redis.Client).Options())
+	t.Cleanup(func() { _ = faulty.Close() })
+	hook := &testredis.Faults{Match: func(cmd redis.Cmder) bool {
+		var task, scheduled bool
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok {
+				task = task || strings.Contains(s, "}:t:")
+				scheduled = scheduled || strings.HasSuffix(s, "}:scheduled")
+			}
+		}
+		return task && scheduled // asynq's script that schedules a task
+	}}
+	faulty.AddHook(hook)
+	ctx := context.Background()
+	holder, err := e.locker().TryAcquire(ctx, "k", nil)
+	require.NoError(t, err)
+	defer holder.Release(ctx)
+
+	ev := &events{}
+	mw, err := singleton.Middleware(e.locker(), singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil }),
+		singleton.WithPolicy(middleware.Requeue(time.Hour)), singleton.WithRedis(faulty), singleton.WithObserver(ev.observe))
+	require.NoError(t, err)
+	e.Enqueue(asynq.NewTask("report", nil), asynq.MaxRetry(0))
+	hook.Arm(testredis.Repeat, 1)
+	e.start(e.config(1), mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })))
+
+	require.Eventually(t, func() bool {
+		qi := e.QueueInfo()
+		return ev.count(middleware.EventRequeued, 0)+len(ev.errs(middleware.EventError)) > 0 && qi.Pending+qi.Active == 0
+	}, 10*time.Second, 5*time.Millisecond)
+	require.EqualValues(t, 1, hook.Hits(), "the copy's enqueue ran twice")
+	require.Empty(t, ev.errs(middleware.EventError))
+	require.Equal(t, 1, ev.count(middleware.EventRequeued, 0))
+	qi := e.QueueInfo()
+	require.Zero(t, qi.Archived, "the original was revoked, not archived")
+	require.Equal(t, 1, qi.Scheduled, "one copy waits to run")
+}
