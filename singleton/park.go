@@ -99,12 +99,16 @@ return 1
 // archived.
 var errNotWaiting = errors.New("task is not waiting to run")
 
+// asynqKeys is the prefix of asynq's keys of queue (v0.26's layout,
+// "asynq:{<queue>}:"), which runFirst, Unique and ParkAtEnqueue read.
+func asynqKeys(queue string) string { return "asynq:{" + queue + "}:" }
+
 // runFirst moves task id of queue to the head of its pending list
 // (runFirstCmd), with the errors of asynq's Inspector.RunTask (one matching
 // asynq.ErrTaskNotFound, or one saying the task is already running or
 // already in pending state), and errNotWaiting.
 func (m *guarded) runFirst(ctx context.Context, queue, id string) error {
-	prefix := "asynq:{" + queue + "}:"
+	prefix := asynqKeys(queue)
 	n, err := runFirstCmd.Run(ctx, m.rdb, []string{prefix + "t:" + id, prefix + "pending"}, id, prefix).Int64()
 	switch {
 	case err != nil:

@@ -36,9 +36,10 @@ const ParkedHeader = "jobguard-parked"
 // The backstop covers what could strand a parked task: the freeing run's
 // process died, its Middleware has no WithRedis, or the reservation of a
 // task that never started lapsed. asynq then delivers the task at its
-// backstop and the middleware's policy applies; under middleware.Requeue
-// (the policy to use with this option) a task whose key is still held is
-// parked again, keeping its place. Only a Middleware with WithLimit(1)
+// backstop and the middleware's policy applies if its key is still held:
+// under middleware.Requeue (the policy to use with this option) it is
+// parked again, keeping its place; under Skip it completes without
+// running, as any duplicate does. Only a Middleware with WithLimit(1)
 // (the default) starts parked tasks: with a higher limit they wait for
 // their backstop. Zero backstop means ParkBackstop; it must be between a
 // second (asynq schedules in seconds) and lockkit.MaxTTL.
@@ -92,8 +93,8 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 	p := c.park
 	if !generated {
 		// A duplicate ID must not leave an entry that would start the task
-		// that has it (asynq's task key: see runFirstCmd).
-		n, err := c.rdb.Exists(ctx, "asynq:{"+queue+"}:t:"+id).Result()
+		// that has it.
+		n, err := c.rdb.Exists(ctx, asynqKeys(queue)+"t:"+id).Result()
 		if err != nil {
 			return nil, fmt.Errorf("singleton: task %q: checking its ID %q: %w", task.Type(), id, err)
 		}

@@ -2,7 +2,6 @@ package singleton_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -55,17 +54,14 @@ func reportMux(mw asynq.MiddlewareFunc, tr *tracker, log *runLog) *asynq.ServeMu
 	mux := asynq.NewServeMux()
 	mux.Use(log.count, mw)
 	mux.HandleFunc("report", func(_ context.Context, task *asynq.Task) error {
-		var p struct {
-			Tenant string `json:"tenant_id"`
-			N      int    `json:"n"`
-		}
-		if err := json.Unmarshal(task.Payload(), &p); err != nil {
+		tenant, n, err := reportOf(task)
+		if err != nil {
 			return err
 		}
-		tr.start(p.Tenant)
-		log.ran(p.Tenant, p.N)
+		tr.start(tenant)
+		log.ran(tenant, n)
 		time.Sleep(20 * time.Millisecond) // the work
-		tr.end(p.Tenant, fmt.Sprint(p.N))
+		tr.end(tenant, fmt.Sprint(n))
 		return nil
 	})
 	return mux

@@ -2,6 +2,7 @@ package singleton_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sync"
@@ -213,4 +214,14 @@ func (l *errorLog) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return fmt.Sprint(l.errs)
+}
+
+// reportOf decodes the payload of a "report" task: its tenant_id and n.
+func reportOf(task *asynq.Task) (tenant string, n int, err error) {
+	var p struct {
+		Tenant string `json:"tenant_id"`
+		N      int    `json:"n"`
+	}
+	err = json.Unmarshal(task.Payload(), &p)
+	return p.Tenant, p.N, err
 }

@@ -93,19 +93,16 @@ func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int, opts .
 		mux := asynq.NewServeMux()
 		mux.Use(mw)
 		mux.HandleFunc("report", func(_ context.Context, task *asynq.Task) error {
-			var p struct {
-				Tenant string `json:"tenant_id"`
-				N      int    `json:"n"`
-			}
-			if err := json.Unmarshal(task.Payload(), &p); err != nil {
+			tenant, n, err := reportOf(task)
+			if err != nil {
 				return err
 			}
 			if task.Headers()[singleton.OriginHeader] != "" {
 				copiesRan.Add(1)
 			}
-			tr.start(p.Tenant)
+			tr.start(tenant)
 			time.Sleep(30 * time.Millisecond) // the work
-			tr.end(p.Tenant, fmt.Sprintf("%s/%d", p.Tenant, p.N))
+			tr.end(tenant, fmt.Sprintf("%s/%d", tenant, n))
 			return nil
 		})
 		e.start(e.config(concurrency), mux)

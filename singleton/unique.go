@@ -241,7 +241,7 @@ func splitLabel(label string) (queue, id string) {
 // Inspector.GetTaskInfo takes two and ignores ctx. The uniqueness tests
 // check the states it reads against real asynq servers.
 func (c *Client) taskState(ctx context.Context, queue, id string) (string, error) {
-	state, err := c.rdb.HGet(ctx, "asynq:{"+queue+"}:t:"+id, "state").Result()
+	state, err := c.rdb.HGet(ctx, asynqKeys(queue)+"t:"+id, "state").Result()
 	if errors.Is(err, redis.Nil) {
 		return "", nil
 	}
