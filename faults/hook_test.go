@@ -77,7 +77,7 @@ type faultOp struct {
 }
 
 var (
-	acquireCmd = testredis.ScriptShape(7, 18)
+	acquireCmd = testredis.ScriptShape(8, 18)
 	releaseCmd = testredis.ScriptShape(8, 10)
 	// A plain acquire and its release use the plain form of the key.
 	plainAcquireCmd = testredis.ScriptShape(1, 2) // as claim's: no op calls both
@@ -118,6 +118,37 @@ var faultOps = []faultOp{
 		_, perr := other.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "j2", Detached: true, Park: "p2"})
 		require.ErrorAs(t, perr, &ce)
 		require.Equal(t, 1, ce.Parked, "p1 is parked exactly once")
+		return err
+	}},
+	{"acquire-supersede-park", acquireCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		got.add(must(other.TryAcquire(context.Background(), faultKey, nil)))
+		follow := func(label string) *lockkit.AcquireOptions {
+			return &lockkit.AcquireOptions{Label: label, Park: "p-" + label, Supersede: true, Adopt: true}
+		}
+		var ce *lockkit.ConflictError
+		_, err := other.TryAcquire(context.Background(), faultKey, follow("j1"))
+		require.ErrorAs(t, err, &ce)
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		// As a KeepNewest task parks as its key's follow-up.
+		_, err = l.TryAcquire(ctx, faultKey, follow("j2"))
+		if errors.As(err, &ce) {
+			require.Equal(t, "p-j1", ce.Superseded, "a repeated reply still names whom the call replaced")
+			err = nil
+		}
+		// However its reply fared, j2 replaced j1 once: j1 gives up once.
+		hook.Disarm()
+		info, ierr := other.Inspect(context.Background(), faultKey)
+		require.NoError(t, ierr)
+		require.Equal(t, 1, info.Parked, "only j2 is parked")
+		_, serr := other.TryAcquire(context.Background(), faultKey, follow("j1"))
+		require.ErrorIs(t, serr, lockkit.ErrSuperseded)
+		_, serr = other.TryAcquire(context.Background(), faultKey, follow("j1"))
+		require.ErrorAs(t, serr, &ce, "j1 gave up once")
+		require.Equal(t, "p-j2", ce.Superseded)
 		return err
 	}},
 	{"throttle", throttleCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {

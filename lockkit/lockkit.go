@@ -109,6 +109,11 @@ type ConflictError struct {
 	// parked jobs ahead of the caller's in the key's parked queue; -1 when
 	// the caller did not park.
 	Parked int
+	// Superseded, for an acquire with AcquireOptions.Park and Supersede, is
+	// the Park id of the parked follow-up that this call replaced; empty
+	// when it replaced none. That job's next acquire carrying its Label
+	// fails with ErrSuperseded: start it, so that it completes.
+	Superseded string
 }
 
 // Error implements error.
@@ -237,17 +242,27 @@ type AcquireOptions struct {
 	// (Lease.Run or Lease.Succeed on a Coalesce lease, remembered for
 	// CoverFor), holds the key now, or when another Coalesce Acquire already
 	// waits for the key (it will begin later; a waiter without Coalesce may
-	// give up, so it covers nothing). Otherwise the key is taken as
-	// usual; Acquire waits for it and is then the one follow-up that others
-	// fold into. Defaults to false.
+	// give up, so it covers nothing) or another Coalesce acquire with Park
+	// is parked for it. Otherwise the key is taken as usual; Acquire waits
+	// for it and is then the one follow-up that others fold into, and an
+	// acquire with Park that finds the key held parks as that follow-up
+	// (it covers later calls while it stays in the parked queue). Defaults
+	// to false.
 	Coalesce bool
 	// CoverFor is how long the success of a Coalesce lease's run is
 	// remembered. Zero means DefaultCoverFor; at most MaxTTL.
 	CoverFor time.Duration
 	// Supersede, for Acquire, makes the call the key's one pending
-	// follow-up while it waits: a later Supersede Acquire of the key takes
+	// follow-up while it waits: a later Supersede acquire of the key takes
 	// its place, and this one fails at once with ErrSuperseded (the newest
-	// follow-up runs, older ones give up). TryAcquire ignores it. Defaults to
+	// follow-up runs, older ones give up). With Park, an acquire that finds
+	// the key held parks as the key's follow-up instead of waiting: a later
+	// Supersede acquire of the key takes its place and removes it from the
+	// parked queue (ConflictError.Superseded names it), and the replaced
+	// job's next acquire carrying its Label fails with ErrSuperseded, once
+	// (it is remembered for ten minutes). A parked follow-up that a release
+	// reserved the key for is the key's next run: Adopt takes it over and
+	// replaces no one. TryAcquire without Park ignores it. Defaults to
 	// false.
 	Supersede bool
 	// Preempt, for Acquire, ends the runs that hold the key so that this

@@ -132,22 +132,27 @@ type memBurst struct {
 }
 
 type memLock struct {
-	holders   map[string]time.Time // member → expiry
-	done      map[string]time.Time // completed label → forgotten at
-	abandoned map[string]time.Time // acquire id of a failed call → forgotten at
-	token     int64
-	epoch     int64
-	epochAid  string               // the acquire call that claimed epoch
-	metaUntil time.Time            // the epoch is forgotten at
-	pending   string               // the waiter that is the key's Supersede follow-up
-	cover     int64                // the token of the latest Coalesce run that succeeded
-	coverTill time.Time            // cover is forgotten at
-	preempted map[string]bool      // holders a Preempt acquire preempted
-	watchers  map[*Lease]struct{}  // held Preempt leases, told when preempted
-	queue     []string             // fair waiters in arrival order
-	waiters   map[string]time.Time // waiter → deadline
-	subs      map[chan int64]struct{}
-	parked    []memParked // parked jobs in order of their first park
+	holders       map[string]time.Time // member → expiry
+	done          map[string]time.Time // completed label → forgotten at
+	abandoned     map[string]time.Time // acquire id of a failed call → forgotten at
+	token         int64
+	epoch         int64
+	epochAid      string    // the acquire call that claimed epoch
+	metaUntil     time.Time // the epoch is forgotten at
+	pending       string    // the key's Supersede follow-up: a waiter, or a parked id (pendingParked)
+	pendingParked bool
+	replaced      string               // the parked follow-up that pending replaced
+	superseded    map[string]time.Time // label of a replaced parked follow-up → forgotten at
+	gaveUp        map[string]time.Time // acquire id that gave up for a superseded label → forgotten at
+	coalesced     string               // the parked id of the key's parked Coalesce follow-up
+	cover         int64                // the token of the latest Coalesce run that succeeded
+	coverTill     time.Time            // cover is forgotten at
+	preempted     map[string]bool      // holders a Preempt acquire preempted
+	watchers      map[*Lease]struct{}  // held Preempt leases, told when preempted
+	queue         []string             // fair waiters in arrival order
+	waiters       map[string]time.Time // waiter → deadline
+	subs          map[chan int64]struct{}
+	parked        []memParked // parked jobs in order of their first park
 }
 
 // memParked is a parked job (AcquireOptions.Park).
@@ -158,7 +163,7 @@ type memParked struct {
 }
 
 func (lk *memLock) expire(now time.Time) {
-	for _, set := range []map[string]time.Time{lk.holders, lk.done, lk.abandoned} {
+	for _, set := range []map[string]time.Time{lk.holders, lk.done, lk.abandoned, lk.superseded, lk.gaveUp} {
 		for m, exp := range set {
 			if !now.Before(exp) {
 				delete(set, m)
@@ -216,7 +221,7 @@ func (lk *memLock) forget(w string) bool {
 
 func (lk *memLock) idle(now time.Time) bool {
 	return len(lk.holders) == 0 && len(lk.waiters) == 0 && len(lk.subs) == 0 && len(lk.done) == 0 && len(lk.watchers) == 0 && len(lk.parked) == 0 &&
-		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil) && lk.cover == 0
+		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil) && lk.cover == 0 && len(lk.superseded) == 0 && len(lk.gaveUp) == 0
 }
 
 // get returns key's state, creating it; every 1024 calls it drops idle keys.
@@ -243,6 +248,7 @@ func (s *memStore) get(key string, now time.Time) *memLock {
 	lk := s.locks[key]
 	if lk == nil {
 		lk = &memLock{holders: make(map[string]time.Time), done: make(map[string]time.Time), abandoned: make(map[string]time.Time),
+			superseded: make(map[string]time.Time), gaveUp: make(map[string]time.Time),
 			waiters: make(map[string]time.Time), subs: make(map[chan int64]struct{}), preempted: make(map[string]bool), watchers: make(map[*Lease]struct{})}
 		s.locks[key] = lk
 	}
@@ -296,11 +302,13 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		token, _, _ := parseMember(m)
 		return acquireResult{ok: true, token: token}, nil
 	}
+	adopted := false // a call that took over its reservation is the key's run, not a follow-up
 	if r.adopt {
 		for m := range lk.holders {
 			if _, aid, _ := strings.Cut(m, ":"); strings.HasPrefix(aid, "r") {
 				if _, _, l := parseMember(m); l == r.label {
 					delete(lk.holders, m)
+					adopted = true
 				}
 			}
 		}
@@ -329,11 +337,24 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 					return covered(CoveredByFollowUp, 0, "") // only a Coalesce follow-up covers
 				}
 			}
+			if _, ok := lk.isParked(lk.coalesced); ok && lk.coalesced != r.park {
+				return covered(CoveredByFollowUp, 0, "")
+			}
 		}
 	}
 	if _, ok := lk.done[r.label]; ok && r.label != "" {
 		lk.forget(r.waiter)
 		return acquireResult{completed: true}, nil
+	}
+	if _, ok := lk.gaveUp[r.aid]; ok {
+		return acquireResult{superseded: true}, nil
+	}
+	if _, ok := lk.superseded[r.label]; ok && r.label != "" {
+		// A newer follow-up replaced this parked one: it gives up, once.
+		delete(lk.superseded, r.label)
+		lk.gaveUp[r.aid] = now.Add(parkKeep)
+		lk.forget(r.waiter)
+		return acquireResult{superseded: true}, nil
 	}
 	same := ""
 	if r.label != "" {
@@ -353,20 +374,38 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 			break
 		}
 	}
-	if r.waiter != "" && r.supersede != "0" && r.supersede != "" {
+	// This call's follow-up id: its waiter, or the parked id of a parking
+	// call that does not wait.
+	fid, fidParked := r.waiter, false
+	if fid == "" && r.park != "" {
+		fid, fidParked = r.park, true
+	}
+	replaced := ""
+	if fid != "" && r.supersede != "0" && r.supersede != "" && !adopted {
 		if r.supersede == "1" {
-			if lk.pending != "" && lk.pending != r.waiter {
-				lk.wake() // the follow-up it replaces gives up
+			if lk.pending == fid && lk.pendingParked == fidParked {
+				replaced = lk.replaced
+			} else {
+				if p, ok := lk.isParked(lk.pending); ok && lk.pendingParked {
+					// A parked follow-up: its next acquire gives up.
+					lk.unpark(p.id)
+					if p.label != "" {
+						lk.superseded[p.label] = now.Add(parkKeep)
+					}
+					replaced = p.id
+				} else if lk.pending != "" {
+					lk.wake() // the follow-up it replaces gives up
+				}
+				lk.pending, lk.pendingParked, lk.replaced = fid, fidParked, replaced
 			}
-			lk.pending = r.waiter
-		} else if lk.pending != r.waiter {
+		} else if lk.pending != r.waiter || lk.pendingParked {
 			lk.forget(r.waiter)
 			return acquireResult{superseded: true}, nil
 		}
 	}
 	if same == "" && len(lk.holders)+ahead < r.limit {
-		if lk.pending == r.waiter && r.waiter != "" {
-			lk.pending = ""
+		if lk.pending == fid && lk.pendingParked == fidParked && fid != "" {
+			lk.pending, lk.replaced = "", ""
 		}
 		token := lk.take(now, r.aid, r.owner, r.label, r.ttl)
 		if r.epoch > 0 {
@@ -380,6 +419,9 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		return acquireResult{ok: true, token: token}, nil
 	}
 	parked := lk.park(r, now)
+	if parked >= 0 && r.coalesce && r.waiter == "" {
+		lk.coalesced = r.park
+	}
 	if r.waiter != "" {
 		if _, ok := lk.waiters[r.waiter]; !ok && r.fair {
 			lk.queue = append(lk.queue, r.waiter)
@@ -393,7 +435,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 			}
 		}
 	}
-	c := &ConflictError{Key: r.key, Holders: len(lk.holders), Ahead: ahead, Parked: parked}
+	c := &ConflictError{Key: r.key, Holders: len(lk.holders), Ahead: ahead, Parked: parked, Superseded: replaced}
 	var first time.Time
 	for m, exp := range lk.holders {
 		if same != "" && m != same {
@@ -432,6 +474,16 @@ func (lk *memLock) unpark(id string) {
 		return
 	}
 	lk.parked = slices.DeleteFunc(lk.parked, func(p memParked) bool { return p.id == id })
+}
+
+// isParked returns id's place in the parked queue.
+func (lk *memLock) isParked(id string) (memParked, bool) {
+	for _, p := range lk.parked {
+		if p.id == id {
+			return p, true
+		}
+	}
+	return memParked{}, false
 }
 
 // take adds a holder with the next fencing token and returns the token.

@@ -314,11 +314,11 @@ func (b *redisBackend) markSorted(key string) {
 	b.sorted[key] = time.Now().Add(sortedFor)
 }
 
-type lockKeys struct{ holders, meta, queue, waiters, fence, channel, cover, released, parked string }
+type lockKeys struct{ holders, meta, queue, waiters, fence, channel, cover, released, parked, follow string }
 
 func (b *redisBackend) keys(key string) lockKeys {
 	base := b.base(key)
-	return lockKeys{base + ":h", base + ":m", base + ":q", base + ":w", base + ":f", base + ":r", base + ":c", base + ":d", base + ":k"}
+	return lockKeys{base + ":h", base + ":m", base + ":q", base + ":w", base + ":f", base + ":r", base + ":c", base + ":d", base + ":k", base + ":u"}
 }
 
 // base is the prefix of every key of key's lock: "<prefix>{<key>}".
@@ -434,10 +434,10 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 		adopt = "1"
 	}
 	sup := r.supersede
-	if r.waiter == "" {
-		sup = "0" // only a waiting call is a follow-up
+	if r.waiter == "" && r.park == "" {
+		sup = "0" // only a waiting or parking call is a follow-up
 	}
-	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked},
+	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
 		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel, r.preempt, ms(r.grace),
 		parkEntry(r), ms(parkKeep)).Slice()
 	if err != nil {
@@ -498,6 +498,14 @@ func conflictOf(key string, vals []any) (acquireResult, error) {
 	c.Parked = -1
 	if len(vals) > 6 {
 		c.Parked = int(toInt(vals[6]))
+	}
+	if len(vals) > 7 {
+		// The replaced entry, "<hold ms>:<label>:<id>": its id.
+		if e, _ := vals[7].(string); e != "" {
+			if _, rest, ok := strings.Cut(e, ":"); ok {
+				_, c.Superseded, _ = strings.Cut(rest, ":")
+			}
+		}
 	}
 	return res, nil
 }

@@ -176,6 +176,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"ManyLeasesRenewTogether", testRenewMany},
 		{"HugeTTLsAreRejected", testHugeTTL},
 		{"ParkedJobsGetTheKeyInOrder", testPark},
+		{"ParkedFollowUpsSupersedeAndCover", testParkFollowUp},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1741,4 +1742,100 @@ func testPark(t *testing.T, h *harness) {
 	require.ErrorIs(t, err, ErrInvalid, "Park needs a Label")
 	_, err = a.TryAcquire(ctx, "v", &AcquireOptions{Park: "x", Label: "l", Limit: 2})
 	require.ErrorIs(t, err, ErrInvalid, "Park needs Limit 1")
+}
+
+// A parked Supersede follow-up is replaced by a newer one, waiting or
+// parked, and its next acquire gives up once; a parked Coalesce follow-up
+// covers later Coalesce calls while it stays parked.
+func testParkFollowUp(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t, WithOwner("a"))
+	b := h.locker(t, WithOwner("b"))
+	calls := make(chan string, 16)
+	onParked := func(id string) { calls <- id }
+	follow := func(label string) *AcquireOptions {
+		return &AcquireOptions{Label: label, Park: "id-" + label, ParkHold: time.Minute, Adopt: true, Supersede: true, OnParked: onParked}
+	}
+	// parks tries label as a follow-up and returns whom it replaced.
+	parks := func(key, label string) string {
+		t.Helper()
+		_, err := b.TryAcquire(ctx, key, follow(label))
+		var ce *ConflictError
+		require.ErrorAs(t, err, &ce, "%s parks", label)
+		require.Equal(t, 0, ce.Parked, "%s is the only parked job", label)
+		return ce.Superseded
+	}
+	parked := func(key string) int {
+		t.Helper()
+		info, err := a.Inspect(ctx, key)
+		require.NoError(t, err)
+		return info.Parked
+	}
+	started := func(want string) {
+		t.Helper()
+		select {
+		case id := <-calls:
+			require.Equal(t, want, id, "the release reserved the key for the parked follow-up")
+		case <-ctx.Done():
+			t.Fatal("OnParked not called")
+		}
+	}
+	holder, err := a.TryAcquire(ctx, "s", &AcquireOptions{OnParked: onParked})
+	require.NoError(t, err)
+	require.Empty(t, parks("s", "j1"))
+	require.Equal(t, "id-j1", parks("s", "j2"), "the newer follow-up replaces the parked one")
+	require.Equal(t, 1, parked("s"))
+	_, err = b.TryAcquire(ctx, "s", follow("j1"))
+	require.ErrorIs(t, err, ErrSuperseded, "the replaced job gives up")
+	require.Equal(t, "id-j2", parks("s", "j1"), "once: delivered again, it is a newer follow-up")
+	_, err = b.TryAcquire(ctx, "s", follow("j2"))
+	require.ErrorIs(t, err, ErrSuperseded)
+
+	// A waiting follow-up replaces a parked one, and a parked one a waiting one.
+	waited := make(chan error, 1)
+	go func() {
+		l, err := a.Acquire(ctx, "s", &AcquireOptions{Supersede: true})
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		waited <- err
+	}()
+	require.Eventually(t, func() bool { return parked("s") == 0 }, 5*time.Second, time.Millisecond, "the waiter replaced j1")
+	_, err = b.TryAcquire(ctx, "s", follow("j1"))
+	require.ErrorIs(t, err, ErrSuperseded)
+	require.Empty(t, parks("s", "j3"), "a waiting follow-up is woken, not named")
+	require.ErrorIs(t, <-waited, ErrSuperseded)
+
+	// The release reserves the key for the parked follow-up, which adopts it
+	// and replaces no one; the next follow-up parks behind its run.
+	require.NoError(t, holder.Release(ctx))
+	started("id-j3")
+	j3, err := b.TryAcquire(ctx, "s", follow("j3"))
+	require.NoError(t, err)
+	require.Empty(t, parks("s", "j4"))
+	require.NoError(t, j3.Release(ctx))
+	started("id-j4")
+
+	// Coalesce: the first parked call is the follow-up that covers later ones.
+	coalesce := func(label string) *AcquireOptions {
+		return &AcquireOptions{Label: label, Park: "id-" + label, ParkHold: time.Minute, Adopt: true, Coalesce: true}
+	}
+	holder, err = a.TryAcquire(ctx, "c", &AcquireOptions{OnParked: onParked})
+	require.NoError(t, err)
+	_, err = b.TryAcquire(ctx, "c", coalesce("c1"))
+	require.ErrorIs(t, err, ErrNotAcquired, "c1 parks")
+	_, err = b.TryAcquire(ctx, "c", coalesce("c2"))
+	var ce *CoveredError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, CoveredByFollowUp, ce.By, "c1 will run after c2 asked")
+	_, err = b.TryAcquire(ctx, "c", coalesce("c1"))
+	require.ErrorIs(t, err, ErrNotAcquired, "c1 does not cover itself")
+	require.Equal(t, 1, parked("c"))
+	require.NoError(t, holder.Release(ctx))
+	started("id-c1")
+	c1, err := b.TryAcquire(ctx, "c", coalesce("c1"))
+	require.NoError(t, err)
+	_, err = b.TryAcquire(ctx, "c", coalesce("c3"))
+	require.ErrorIs(t, err, ErrNotAcquired, "c3 asked after c1 began: it parks")
+	require.NoError(t, c1.Release(ctx))
 }

@@ -5,9 +5,12 @@
 --         scored by its expiry (ms, server time). Negative scores are records
 --         that outlive a holder, scored -(when they are forgotten):
 --         "done:<label>" (Lease.Complete), "f:<label>" (Free), "w:" while
---         waiters, a queue or parked jobs may live (keep_sorted), and
+--         waiters, a queue or parked jobs may live (keep_sorted),
 --         "x:<acquire id>" for an acquire call that failed and was cleaned up
---         (a late run of it must not take the key). Released holders are
+--         (a late run of it must not take the key), "s:<label>" for a parked
+--         Supersede follow-up that a newer one replaced (its next acquire
+--         gives up and consumes it), and "S:<acquire id>" for the call that
+--         consumed one (its repeat gives up too). Released holders are
 --         remembered in a key of their own (release.lua), so a key whose last
 --         holder left is gone and the next acquire takes the fast path.
 -- KEYS[2] epoch: HASH, e = last epoch, d = keep it until (ms), a = the acquire id
@@ -20,6 +23,10 @@
 --         succeeded, kept for its CoverFor
 -- KEYS[7] parked: ZSET of parked jobs, "<hold ms>:<label>:<id>" scored by
 --         their first park (us); release.lua reserves the key for the oldest
+-- KEYS[8] follow-up: HASH, p = the key's Supersede follow-up (a waiter id,
+--         or the parked-queue entry of a parking call), r = the parked
+--         follow-up that p replaced, c = the parked-queue entry of the
+--         key's parked Coalesce follow-up
 -- ARGV[1] owner id
 -- ARGV[2] ttl (ms)
 -- ARGV[3] holder limit
@@ -34,7 +41,9 @@
 --          starts with "r") carrying the label is replaced by this holder
 -- ARGV[13] Supersede: "0" off; "1" on a waiting call's first attempt (it
 --          becomes the key's pending follow-up, and the one it replaces is
---          woken to give up); "2" on its later attempts
+--          woken to give up, or, parked, is marked "s:"), and on a parking
+--          call that does not wait (its entry is the follow-up); "2" on a
+--          waiting call's later attempts
 -- ARGV[14] release channel (to wake a replaced follow-up)
 -- ARGV[15] Preempt: "1" on a waiting call's first attempt (every live
 --          holder not preempted yet is preempted), otherwise "0"
@@ -55,9 +64,12 @@
 --         {-4, coverage, covering token, holder member, since} when a
 --         Coalesce acquire is covered (1 by a success, 2 by a running
 --         holder, 3 by a waiting follow-up);
---         conflicts carry since as a sixth element and, for a parking
---         call, the number of parked jobs ahead of it as a seventh (-1 for
---         none).
+--         conflicts carry since as a sixth element, for a parking
+--         call the number of parked jobs ahead of it as a seventh (-1 for
+--         none), and as an eighth the parked follow-up that this Supersede
+--         call replaced ("" for none; a repeat of the call reports it too).
+-- A Coalesce call that parks without waiting is the key's parked Coalesce
+-- follow-up: while its entry stays parked, it covers later Coalesce calls.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -125,6 +137,10 @@ local count = 0
 local ahead = 0
 local holder = false
 local holder_exp = 0
+-- A call that took over its reservation is the key's run, not a follow-up.
+local adopted = false
+local entry = ARGV[17]
+local keep = tonumber(ARGV[18])
 if existed then
   -- Drop expired holders and forgotten records.
   redis.call('ZREMRANGEBYSCORE', KEYS[1], -now, now)
@@ -132,6 +148,7 @@ if existed then
     for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
       if string.find(m, '^%d+:r') and string.sub(m, -#label - 1) == ':' .. label then
         redis.call('ZREM', KEYS[1], m)
+        adopted = true
       end
     end
   end
@@ -162,6 +179,15 @@ if existed then
   if label ~= '' and redis.call('ZSCORE', KEYS[1], 'done:' .. label) then
     forget_waiter()
     return {-2}
+  end
+  if redis.call('ZSCORE', KEYS[1], 'S:' .. aid) then
+    return {-5}
+  end
+  if label ~= '' and redis.call('ZREM', KEYS[1], 's:' .. label) == 1 then
+    -- A newer follow-up replaced this parked one: it gives up, once.
+    redis.call('ZADD', KEYS[1], -(now + keep), 'S:' .. aid)
+    forget_waiter()
+    return {-5}
   end
   if not holder and count > 0 then
     holder, holder_exp = live[1], tonumber(live[2])
@@ -217,21 +243,48 @@ if since > 0 and not same then
       return covered(3, 0, '')
     end
   end
+  local c = redis.call('HGET', KEYS[8], 'c')
+  if c and c ~= entry and redis.call('ZSCORE', KEYS[7], c) then
+    return covered(3, 0, '')
+  end
+end
+-- This call's follow-up id: its waiter id, or the entry of a parking call
+-- that does not wait.
+local fid = wid
+if fid == '' then
+  fid = entry
 end
 local sup = ARGV[13] or '0'
-if sup ~= '0' and wid ~= '' then
-  -- One pending follow-up per key, the newest: "p" in the epoch hash.
-  local p = redis.call('HGET', KEYS[2], 'p')
+local replaced = ''
+if sup ~= '0' and fid ~= '' and not adopted then
+  -- One pending follow-up per key, the newest: "p" in the follow-up hash.
+  local p = redis.call('HGET', KEYS[8], 'p')
   if sup == '1' then
-    if p and p ~= wid then
-      redis.call('PUBLISH', ARGV[14], '1')
+    if p == fid then
+      replaced = redis.call('HGET', KEYS[8], 'r') or ''
+    else
+      if p and redis.call('ZREM', KEYS[7], p) == 1 then
+        -- A parked follow-up: marked, so that its next acquire gives up.
+        local pl = string.match(p, '^%d+:([^:]*):')
+        if pl and pl ~= '' then
+          redis.call('ZADD', KEYS[1], -(now + keep), 's:' .. pl)
+          extend_key(KEYS[1], keep)
+        end
+        replaced = p
+      elseif p then
+        redis.call('PUBLISH', ARGV[14], '1')
+      end
+      redis.call('HSET', KEYS[8], 'p', fid, 'r', replaced)
     end
-    redis.call('HSET', KEYS[2], 'p', wid)
   elseif p ~= wid then
     forget_waiter()
     return {-5}
   end
-  extend_key(KEYS[2], tonumber(ARGV[6]))
+  if wid ~= '' then
+    extend_key(KEYS[8], tonumber(ARGV[6]))
+  else
+    extend_key(KEYS[8], keep)
+  end
 end
 if not same and count + ahead < limit then
   -- A token is at least the server time in microseconds, so tokens keep
@@ -251,21 +304,25 @@ if not same and count + ahead < limit then
     redis.call('PEXPIRE', KEYS[2], math.max(ttl, kept_until - now))
   end
   forget_waiter()
-  if sup ~= '0' and redis.call('HGET', KEYS[2], 'p') == wid then
-    redis.call('HDEL', KEYS[2], 'p')
+  if sup ~= '0' and fid ~= '' and redis.call('HGET', KEYS[8], 'p') == fid then
+    redis.call('HDEL', KEYS[8], 'p', 'r')
   end
-  if ARGV[17] ~= '' then
-    redis.call('ZREM', KEYS[7], ARGV[17])
+  if entry ~= '' then
+    redis.call('ZREM', KEYS[7], entry)
   end
   return {1, token}
 end
 
 local parked = -1
-if ARGV[17] ~= '' then
-  redis.call('ZADD', KEYS[7], 'NX', nowus, ARGV[17])
-  redis.call('PEXPIRE', KEYS[7], ARGV[18])
-  keep_sorted(tonumber(ARGV[18]))
-  parked = redis.call('ZRANK', KEYS[7], ARGV[17])
+if entry ~= '' then
+  redis.call('ZADD', KEYS[7], 'NX', nowus, entry)
+  redis.call('PEXPIRE', KEYS[7], keep)
+  keep_sorted(keep)
+  parked = redis.call('ZRANK', KEYS[7], entry)
+  if since > 0 and wid == '' then
+    redis.call('HSET', KEYS[8], 'c', entry)
+    extend_key(KEYS[8], keep)
+  end
 end
 
 if wid ~= '' then
@@ -282,6 +339,6 @@ end
 
 local s = string.format('%d', since)
 if holder then
-  return {0, holder, holder_exp - now, count, ahead, s, parked}
+  return {0, holder, holder_exp - now, count, ahead, s, parked, replaced}
 end
-return {0, '', 0, count, ahead, s, parked}
+return {0, '', 0, count, ahead, s, parked, replaced}
