@@ -102,12 +102,15 @@ type Policy struct {
 	// follow-up. Any other job waits for the key, bounded by its ctx only,
 	// and runs as the key's one follow-up. OnConflict, Wait and Fair do not
 	// apply; a job whose wait ends with its ctx fails with an error that is
-	// not a duplicate, so the runtime retries it.
+	// not a duplicate, so the runtime retries it. Under WithParking a job
+	// with an Origin parks as that follow-up instead of waiting.
 	Coalesce bool
 	// KeepNewest makes a job whose key is held wait, bounded by its ctx only,
 	// as the key's one follow-up, the newest: a later job takes its place,
 	// and the job it replaces completes without running (ReasonSuperseded,
-	// ActionSkip). OnConflict, Wait, Fair and Coalesce do not apply.
+	// ActionSkip). OnConflict, Wait, Fair and Coalesce do not apply. Under
+	// WithParking a job with an Origin parks as that follow-up instead of
+	// waiting.
 	KeepNewest bool
 	// Preempt makes a job cancel the run that holds its key: that run's ctx
 	// is cancelled with a cause matching lockkit.ErrPreempted (and
@@ -401,16 +404,23 @@ type Parking struct {
 	// which the Locker's Close waits for: it should return once the job is
 	// started, or soon after the Locker closes. If the job cannot be
 	// started it should call Guard.PassOn, so that the next parked job gets
-	// the key. Must not be nil.
+	// the key. It is also called, on the newer job's goroutine, with a
+	// KeepNewest follow-up that a newer job replaced while it was parked:
+	// nothing is reserved for it, and started, it completes without running
+	// (ReasonSuperseded). Must not be nil.
 	Resume func(key, id string)
 	// Hold is how long the key stays reserved for a parked job to start
 	// and take it over. Zero means lockkit.DefaultParkHold.
 	Hold time.Duration
 }
 
-// WithParking makes ActionRequeue park its duplicates: a job with an Origin
-// whose key is held is queued for the key (lockkit.AcquireOptions.Park) and
-// reported with DuplicateError.Parked; when a run of the key ends, the key
+// WithParking makes ActionRequeue park its duplicates, and Coalesce and
+// KeepNewest their follow-ups instead of waiting for the key: a job with an
+// Origin whose key is held is queued for the key (lockkit.AcquireOptions.Park)
+// and reported with ActionRequeue and DuplicateError.Parked (a Coalesce job
+// that a run covers, or that the key's parked follow-up will cover, still
+// completes without running, as does a KeepNewest follow-up that a newer
+// one replaced once it is started again); when a run of the key ends, the key
 // is reserved for the oldest parked job and p.Resume starts it, so the job
 // starts as soon as its key is free instead of after the policy's delay,
 // and jobs that keep arriving meanwhile queue behind it instead of taking
@@ -667,18 +677,24 @@ func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Dura
 	if p := g.parking; p != nil && g.limit <= 1 {
 		// Every run resumes the key's oldest parked job when it ends.
 		opt.OnParked = func(id string) { p.Resume(job.Key, id) }
-		if g.policy.OnConflict == ActionRequeue && job.Origin != "" {
+		if g.parks() && job.Origin != "" {
 			opt.Park, opt.ParkHold, opt.Adopt = p.ID(ctx, job), p.Hold, true
 		}
 	}
 	if g.policy.Coalesce {
 		opt.Since = job.EnqueuedAt
 		opt.Coalesce = true
+		if opt.Park != "" {
+			return g.parkFollowUp(ctx, job, opt)
+		}
 		return g.followUp(ctx, job, opt)
 	}
 	if g.policy.KeepNewest || g.policy.Preempt {
 		opt.Supersede = true
 		opt.Preempt, opt.PreemptGrace = g.policy.Preempt, g.policy.Grace
+		if opt.Park != "" {
+			return g.parkFollowUp(ctx, job, opt)
+		}
 		return g.followUp(ctx, job, opt)
 	}
 	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)
@@ -713,7 +729,7 @@ func (g *Guard) PassOn(ctx context.Context, key, origin string) {
 	l, err := g.locker.TryAcquire(ctx, key, &lockkit.AcquireOptions{TTL: g.ttl, Label: origin, Adopt: true,
 		OnParked: func(id string) { p.Resume(key, id) }})
 	if err != nil {
-		if !errors.Is(err, lockkit.ErrNotAcquired) && !errors.Is(err, lockkit.ErrClosed) {
+		if !errors.Is(err, lockkit.ErrNotAcquired) && !errors.Is(err, lockkit.ErrClosed) && !errors.Is(err, lockkit.ErrSuperseded) {
 			g.Emit(ctx, Event{Kind: EventError, Job: Job{Key: key, Origin: origin}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
 		}
 		return
@@ -721,6 +737,42 @@ func (g *Guard) PassOn(ctx context.Context, key, origin string) {
 	if err := l.Release(ctx); err != nil && !errors.Is(err, lockkit.ErrClosed) {
 		g.Emit(ctx, Event{Kind: EventError, Job: Job{Key: key, Origin: origin}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
 	}
+}
+
+// parks reports whether the policy parks a job whose key is held (with
+// WithParking): Requeue's duplicates, and the follow-ups of Coalesce and
+// KeepNewest. A Preempt follow-up waits: it must run as soon as the run it
+// cancelled returns.
+func (g *Guard) parks() bool {
+	switch {
+	case g.policy.Preempt:
+		return false
+	case g.policy.Coalesce, g.policy.KeepNewest:
+		return true
+	}
+	return g.policy.OnConflict == ActionRequeue
+}
+
+// parkFollowUp takes the key for a Coalesce or KeepNewest job under
+// WithParking, or parks the job as the key's follow-up instead of waiting
+// for it: the job is reported with ActionRequeue and DuplicateError.Parked,
+// and the run that frees the key resumes it. A KeepNewest job that takes the
+// place of a parked follow-up resumes that one, which then completes
+// without running (ReasonSuperseded).
+func (g *Guard) parkFollowUp(ctx context.Context, job Job, opt *lockkit.AcquireOptions) (*lockkit.Lease, time.Duration, error) {
+	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)
+	if err == nil {
+		return lease, 0, nil
+	}
+	var ce *lockkit.ConflictError
+	if !errors.As(err, &ce) || ce.Parked < 0 {
+		return nil, 0, g.notAcquired(ctx, job, err, 0)
+	}
+	if ce.Superseded != "" {
+		g.parking.Resume(job.Key, ce.Superseded)
+	}
+	g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionRequeue, Holder: ce.Owner, Err: ce})
+	return nil, 0, &DuplicateError{Job: job, Reason: ReasonHeld, Action: ActionRequeue, Parked: true, Cause: ce}
 }
 
 // markParked sets Parked in err's DuplicateError when the acquire with opt

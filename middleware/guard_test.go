@@ -714,14 +714,7 @@ func TestLatestRequestWins(t *testing.T) {
 // key reserves the key for it and resumes it, and its next run adopts the
 // reservation while other jobs stay out.
 func TestParkingResumesTheOldestDuplicate(t *testing.T) {
-	l, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	defer l.Close(context.Background())
-	resumed := make(chan string, 4)
-	parking := middleware.Parking{
-		ID:     func(_ context.Context, job middleware.Job) string { return "id-" + job.Origin },
-		Resume: func(key, id string) { resumed <- key + " " + id },
-	}
+	l, parking, resumed := parkingLocker(t)
 	g, rec := newGuard(t, l, middleware.WithPolicy(middleware.Requeue(time.Minute)), middleware.WithParking(parking))
 	ctx := context.Background()
 	holding := make(chan struct{})
@@ -771,8 +764,49 @@ func TestParkingResumesTheOldestDuplicate(t *testing.T) {
 	_, failed := rec.find(middleware.EventError)
 	require.False(t, failed, "a closed Locker is no error")
 
-	_, err = middleware.New(l, middleware.WithParking(middleware.Parking{}))
+	_, err := middleware.New(l, middleware.WithParking(middleware.Parking{}))
 	require.ErrorIs(t, err, middleware.ErrInvalid)
+}
+
+// Under WithParking a KeepNewest follow-up parks instead of waiting: a newer
+// one takes its place and resumes it, so that it completes without running,
+// and the run that frees the key resumes the newest.
+func TestParkingKeepsTheNewestFollowUp(t *testing.T) {
+	l, parking, resumed := parkingLocker(t)
+	g, _ := newGuard(t, l, middleware.WithPolicy(middleware.KeepNewest()), middleware.WithParking(parking))
+	ctx := context.Background()
+	nop := func(context.Context) error { return nil }
+	out := g.Run(ctx, middleware.Job{Key: "k", Origin: "a"}, func(ctx context.Context) error {
+		for _, origin := range []string{"b", "c"} {
+			dup := g.Run(ctx, middleware.Job{Key: "k", Origin: origin}, nop)
+			require.False(t, dup.Ran)
+			require.Equal(t, middleware.ActionRequeue, dup.Duplicate.Action, origin)
+			require.True(t, dup.Duplicate.Parked, origin)
+		}
+		require.Equal(t, "k id-b", <-resumed, "c took b's place and started it")
+		dup := g.Run(ctx, middleware.Job{Key: "k", Origin: "b"}, nop)
+		require.Equal(t, middleware.ReasonSuperseded, dup.Duplicate.Reason, "b completes without running")
+		require.Equal(t, middleware.ActionSkip, dup.Duplicate.Action)
+		return nil
+	})
+	require.True(t, out.Ran)
+	require.Equal(t, "k id-c", <-resumed, "a's end starts the newest")
+	out = g.Run(ctx, middleware.Job{Key: "k", Origin: "c"}, nop)
+	require.True(t, out.Ran)
+	require.Empty(t, resumed)
+}
+
+// parkingLocker returns a memory Locker, closed when the test ends, and a
+// Parking whose Resume sends "<key> <id>" to resumed.
+func parkingLocker(t *testing.T) (*lockkit.MemoryLocker, middleware.Parking, chan string) {
+	l, err := lockkit.NewMemory()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	resumed := make(chan string, 4)
+	return l, middleware.Parking{
+		ID:     func(_ context.Context, job middleware.Job) string { return "id-" + job.Origin },
+		Resume: func(key, id string) { resumed <- key + " " + id },
+	}, resumed
 }
 
 // A Reserved job takes over a reservation carrying its Origin whatever the

@@ -84,10 +84,17 @@ func RetryDelay(next asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 // policy). With none left a retry would archive the task, so it enqueues a
 // copy and revokes the original.
 func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) error {
-	d := m.guard.Policy().RequeueDelay
+	p := m.guard.Policy()
+	d := p.RequeueDelay
 	re := &RequeueError{Duplicate: dup, Delay: d + rand.N(d/2+1)}
-	if dup.Reason == middleware.ReasonThrottled {
+	switch {
+	case dup.Reason == middleware.ReasonThrottled:
 		re.Delay = dup.RetryAfter // when the key's next start opens
+	case dup.Parked && (p.Coalesce || p.KeepNewest):
+		// A parked follow-up has no delay of its own: the run that frees
+		// the key starts it, and it comes back by itself only as the
+		// backstop.
+		re.Delay = ParkBackstop
 	}
 	var ce *lockkit.ConflictError
 	if dup.Parked && errors.As(dup.Cause, &ce) && ce.Parked > 0 {

@@ -823,26 +823,16 @@ func TestKeepNewestRunsTheLatestFollowUp(t *testing.T) {
 		ev := &events{}
 		locker := e.locker()
 		release := make(chan struct{})
-		var mu sync.Mutex
-		var ran []string
+		runs := &firstBlocks{release: release}
 		mw, err := singleton.Middleware(locker, singleton.WithPolicy(middleware.KeepNewest()), singleton.WithObserver(ev.observe))
 		require.NoError(t, err)
 		mux := asynq.NewServeMux()
 		mux.Use(mw)
-		mux.HandleFunc("sync", func(_ context.Context, task *asynq.Task) error {
-			mu.Lock()
-			ran = append(ran, string(task.Payload()))
-			first := len(ran) == 1
-			mu.Unlock()
-			if first {
-				<-release
-			}
-			return nil
-		})
+		mux.HandleFunc("sync", runs.handle)
 		e.start(e.config(4), mux)
 		waiters := func(n int) { e.waiters("asynq:sync", n) }
 		e.Enqueue(asynq.NewTask("sync", []byte("v1")))
-		require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(ran) == 1 }, 10*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return len(runs.payloads()) == 1 }, 10*time.Second, 5*time.Millisecond)
 		e.Enqueue(asynq.NewTask("sync", []byte("v2")))
 		waiters(1)
 		e.Enqueue(asynq.NewTask("sync", []byte("v3")))
@@ -851,9 +841,7 @@ func TestKeepNewestRunsTheLatestFollowUp(t *testing.T) {
 		waiters(1)
 		close(release)
 		e.Drained(10 * time.Second)
-		mu.Lock()
-		defer mu.Unlock()
-		require.Equal(t, []string{"v1", "v3"}, ran)
+		require.Equal(t, []string{"v1", "v3"}, runs.payloads())
 		require.Zero(t, e.QueueInfo().FailedTotal)
 	})
 }

@@ -1,0 +1,108 @@
+package singleton_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
+	"github.com/jobguard/jobguard/singleton"
+)
+
+// With WithRedis, a KeepNewest follow-up is parked, not waited for: while
+// "v1" runs, "v2" parks, "v3" takes its place (v2, started again, completes
+// without running), a task of another key runs on the worker a waiting
+// follow-up would have held, and v1's end starts v3 at once, long before
+// the parked tasks' backstop.
+func TestKeepNewestParksItsFollowUp(t *testing.T) {
+	testParkedFollowUp(t, middleware.KeepNewest(), []string{"v1", "v3"}, lockkit.ErrSuperseded)
+}
+
+// With WithRedis, a Coalesce follow-up is parked, not waited for: while "v1"
+// runs, "v2" (delivered after v1 began) parks as the key's follow-up, "v3"
+// folds into it and completes without running, and v1's end starts v2.
+func TestCoalesceParksItsFollowUp(t *testing.T) {
+	testParkedFollowUp(t, middleware.Coalesce(), []string{"v1", "v2"}, lockkit.ErrCovered)
+}
+
+// testParkedFollowUp runs v1, v2 and v3 of one key, and a task of another
+// key while v1 runs, on two workers under policy, and checks that the key
+// ran want, that the task left out completed without running for cause,
+// and that no worker waited for the key.
+func testParkedFollowUp(t *testing.T, policy middleware.Policy, want []string, cause error) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		ev := &events{}
+		release := make(chan struct{})
+		other := make(chan struct{})
+		runs := &firstBlocks{release: release}
+		mw, err := singleton.Middleware(e.locker(), singleton.WithPolicy(policy), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+		require.NoError(t, err)
+		mux := asynq.NewServeMux()
+		mux.Use(mw)
+		mux.HandleFunc("sync", runs.handle)
+		mux.HandleFunc("other", func(context.Context, *asynq.Task) error {
+			close(other)
+			return nil
+		})
+		e.start(e.config(2), mux)
+		requeued := func(n int) {
+			t.Helper()
+			require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) == n }, 10*time.Second, 5*time.Millisecond)
+		}
+		e.Enqueue(asynq.NewTask("sync", []byte("v1")))
+		require.Eventually(t, func() bool { return len(runs.payloads()) == 1 }, 10*time.Second, 5*time.Millisecond)
+		e.Enqueue(asynq.NewTask("sync", []byte("v2")))
+		requeued(1)
+		e.Enqueue(asynq.NewTask("sync", []byte("v3")))
+		require.Eventually(t, func() bool { return ev.count(middleware.EventDuplicate, middleware.ActionSkip) == 1 }, 10*time.Second, 5*time.Millisecond,
+			"one of v2 and v3 completed without running")
+		e.Enqueue(asynq.NewTask("other", nil))
+		recv(t, other, 10*time.Second) // the second worker is free
+		close(release)
+		start := time.Now()
+		e.Drained(10 * time.Second)
+		require.Less(t, time.Since(start), singleton.ParkBackstop/2, "started by v1's end, not by the backstop")
+		require.Equal(t, want, runs.payloads())
+		qi := e.QueueInfo()
+		require.Zero(t, qi.FailedTotal)
+		require.Zero(t, qi.Archived)
+		require.Equal(t, 1, ev.count(middleware.EventDuplicate, middleware.ActionSkip))
+		for _, d := range ev.all() {
+			if d.Kind == middleware.EventDuplicate && d.Action == middleware.ActionSkip {
+				require.ErrorIs(t, d.Err, cause)
+			}
+		}
+	})
+}
+
+// firstBlocks is a handler that records the payloads it runs, in order, and
+// holds the first run until release is closed.
+type firstBlocks struct {
+	release <-chan struct{}
+	mu      sync.Mutex
+	ran     []string
+}
+
+func (f *firstBlocks) handle(_ context.Context, task *asynq.Task) error {
+	f.mu.Lock()
+	f.ran = append(f.ran, string(task.Payload()))
+	first := len(f.ran) == 1
+	f.mu.Unlock()
+	if first {
+		<-f.release
+	}
+	return nil
+}
+
+func (f *firstBlocks) payloads() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.ran)
+}
