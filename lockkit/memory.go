@@ -331,7 +331,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 				return covered(CoveredByRun, token, owner)
 			}
 		}
-		if !lk.hasSameLabel(r.label) {
+		if !lk.hasSameLabel(r.label) && !adopted {
 			for w := range lk.waiters {
 				if w != r.waiter && strings.HasPrefix(w, "y") {
 					return covered(CoveredByFollowUp, 0, "") // only a Coalesce follow-up covers

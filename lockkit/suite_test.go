@@ -1818,7 +1818,7 @@ func testParkFollowUp(t *testing.T, h *harness) {
 
 	// Coalesce: the first parked call is the follow-up that covers later ones.
 	coalesce := func(label string) *AcquireOptions {
-		return &AcquireOptions{Label: label, Park: "id-" + label, ParkHold: time.Minute, Adopt: true, Coalesce: true}
+		return &AcquireOptions{Label: label, Park: "id-" + label, ParkHold: time.Minute, Adopt: true, Coalesce: true, OnParked: onParked}
 	}
 	holder, err = a.TryAcquire(ctx, "c", &AcquireOptions{OnParked: onParked})
 	require.NoError(t, err)
@@ -1833,9 +1833,10 @@ func testParkFollowUp(t *testing.T, h *harness) {
 	require.Equal(t, 1, parked("c"))
 	require.NoError(t, holder.Release(ctx))
 	started("id-c1")
-	c1, err := b.TryAcquire(ctx, "c", coalesce("c1"))
-	require.NoError(t, err)
 	_, err = b.TryAcquire(ctx, "c", coalesce("c3"))
-	require.ErrorIs(t, err, ErrNotAcquired, "c3 asked after c1 began: it parks")
+	require.ErrorIs(t, err, ErrNotAcquired, "c3 asked after the key was reserved for c1: it parks")
+	c1, err := b.TryAcquire(ctx, "c", coalesce("c1"))
+	require.NoError(t, err, "c1 is the key's run: the follow-up parked behind it does not cover it")
 	require.NoError(t, c1.Release(ctx))
+	started("id-c3")
 }

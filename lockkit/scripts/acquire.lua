@@ -234,9 +234,11 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
 end
 
 local same = holder and label ~= '' and string.sub(holder, -#label - 1) == ':' .. label
-if since > 0 and not same then
-  -- A Coalesce acquire already waiting (its waiter id starts with "y")
-  -- begins later: it covers this one. Other waiters may give up unrun.
+if since > 0 and not same and not adopted then
+  -- A Coalesce acquire already waiting (its waiter id starts with "y"), or
+  -- parked, begins later: it covers this one. Other waiters may give up
+  -- unrun. A call that adopted its reservation is the key's run: a
+  -- follow-up behind it covers nothing of it.
   local ws = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. now, '+inf')
   for _, w in ipairs(ws) do
     if w ~= wid and string.sub(w, 1, 1) == 'y' then
