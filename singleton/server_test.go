@@ -185,8 +185,16 @@ func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int, opts .
 // singleton.Client, are enqueued while two servers process them, the first
 // run lasting until the stream ends. A task completes without running only
 // when a run of its key began after it was enqueued, and the stream costs
-// far fewer runs than tasks.
+// far fewer runs than tasks. With WithRedis ("parked") the follow-up parks
+// instead of holding a worker, and every task is accounted for long before
+// a parked task's backstop.
 func TestCoalesceSteadyStream(t *testing.T) {
+	for _, parked := range []bool{false, true} {
+		t.Run(map[bool]string{false: "waiting", true: "parked"}[parked], func(t *testing.T) { testCoalesceSteadyStream(t, parked) })
+	}
+}
+
+func testCoalesceSteadyStream(t *testing.T, parked bool) {
 	onEachRedis(t, func(t *testing.T, r connect) {
 		e := newEnvOn(t, r)
 		const tasks = 60
@@ -199,8 +207,11 @@ func TestCoalesceSteadyStream(t *testing.T) {
 			ran      = map[string]bool{}
 		)
 		for i := range 2 {
-			mw, err := singleton.Middleware(e.locker(lockkit.WithOwner(fmt.Sprintf("server-%d", i))),
-				singleton.WithPolicy(middleware.Coalesce()), singleton.WithObserver(ev.observe))
+			opts := []singleton.Option{singleton.WithPolicy(middleware.Coalesce()), singleton.WithObserver(ev.observe)}
+			if parked {
+				opts = append(opts, singleton.WithRedis(e.RDB))
+			}
+			mw, err := singleton.Middleware(e.locker(lockkit.WithOwner(fmt.Sprintf("server-%d", i))), opts...)
 			require.NoError(t, err)
 			mux := asynq.NewServeMux()
 			mux.Use(mw)
@@ -244,7 +255,7 @@ func TestCoalesceSteadyStream(t *testing.T) {
 			defer ev.mu.Unlock()
 			out := map[string]bool{}
 			for _, x := range ev.list {
-				if x.Kind == middleware.EventDuplicate {
+				if x.Kind == middleware.EventDuplicate && x.Action == middleware.ActionSkip {
 					require.ErrorIs(t, x.Err, lockkit.ErrCovered)
 					out[x.Job.ID] = true
 				}
@@ -255,7 +266,7 @@ func TestCoalesceSteadyStream(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			return len(ran)+len(covered()) == tasks
-		}, 30*time.Second, 10*time.Millisecond)
+		}, singleton.ParkBackstop/2, 10*time.Millisecond)
 		e.Drained(10 * time.Second)
 
 		mu.Lock()
@@ -275,7 +286,7 @@ func TestCoalesceSteadyStream(t *testing.T) {
 		qi := e.QueueInfo()
 		require.Zero(t, qi.Archived)
 		require.Zero(t, qi.FailedTotal)
-		t.Logf("steady stream: %d tasks, %d runs, %d covered", tasks, len(starts), len(cov))
+		t.Logf("steady stream: %d tasks, %d runs, %d covered, %d parked", tasks, len(starts), len(cov), ev.count(middleware.EventRequeued, 0))
 	})
 }
 
