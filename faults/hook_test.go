@@ -151,6 +151,28 @@ var faultOps = []faultOp{
 		require.Equal(t, "p-j2", ce.Superseded)
 		return err
 	}},
+	{"acquire-superseded", acquireCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		got.add(must(other.TryAcquire(context.Background(), faultKey, nil)))
+		follow := func(label string) *lockkit.AcquireOptions {
+			return &lockkit.AcquireOptions{Label: label, Park: "p-" + label, Supersede: true, Adopt: true}
+		}
+		for _, j := range []string{"j1", "j2"} {
+			_, err := other.TryAcquire(context.Background(), faultKey, follow(j))
+			require.ErrorIs(t, err, lockkit.ErrNotAcquired, "%s parks", j)
+		}
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		// j2 replaced j1: j1's next acquire gives up, and so does a repeat
+		// of that call (a conflict here fails the row).
+		_, err := l.TryAcquire(ctx, faultKey, follow("j1"))
+		if errors.Is(err, lockkit.ErrSuperseded) {
+			err = nil
+		}
+		return err
+	}},
 	{"throttle", throttleCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()

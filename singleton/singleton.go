@@ -138,7 +138,12 @@ func WithObserver(o middleware.Observer) Option {
 // WithRedis sets the Redis that the asynq servers use. Requeue enqueues the
 // copy of a duplicate with no retries left through it (with an asynq.Client
 // and Inspector made from it, which hold no goroutines and are never closed).
-// Required when the policy can requeue; must not be nil. Defaults to none.
+// With it, duplicates under Requeue and the follow-ups of KeepNewest and
+// Coalesce are parked for their key (a *RequeueError that asynq retries
+// after the backstop, ParkBackstop for a follow-up; set IsFailure and
+// RetryDelay) and started by the run that frees the key, instead of
+// waiting on a worker. Required when the policy can requeue; must not be
+// nil. Defaults to none.
 func WithRedis(client redis.UniversalClient) Option {
 	return func(c *config) { c.rdb, c.rdbSet = client, true }
 }
