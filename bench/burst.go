@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -46,15 +47,15 @@ type burstRun struct {
 // skipped for Skip, ran for bare and Requeue.
 func (b *bench) burst(ctx context.Context, env *asynqEnv) ([]burstRun, counts, error) {
 	variants := []burstVariant{
-		{"bare", "no middleware", nil, false, "", nil},
-		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip()), false, "", nil},
-		{fmt.Sprintf("Requeue(%s)", b.requeueDelay), fmt.Sprintf("`middleware.Requeue(%s)`", b.requeueDelay), ptr(middleware.Requeue(b.requeueDelay)), false, "", nil},
+		{"bare", "no middleware", nil, false, "", nil, 0, false},
+		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip()), false, "", nil, 0, false},
+		{fmt.Sprintf("Requeue(%s)", b.requeueDelay), fmt.Sprintf("`middleware.Requeue(%s)`", b.requeueDelay), ptr(middleware.Requeue(b.requeueDelay)), false, "", nil, 0, false},
 		{fmt.Sprintf("Requeue(%s), parked at enqueue", b.requeueDelay), fmt.Sprintf("`middleware.Requeue(%s)`; enqueued with `singleton.Client` and `singleton.ParkAtEnqueue(locker, 0)`", b.requeueDelay),
-			ptr(middleware.Requeue(b.requeueDelay)), false, "park", nil},
-		{"Coalesce", "`middleware.Coalesce()`", ptr(middleware.Coalesce()), false, "", nil},
-		{"Coalesce, stamped", "`middleware.Coalesce()`, tasks enqueued with `singleton.Client`", ptr(middleware.Coalesce()), true, "", nil},
-		{"asynq Unique", "no middleware; enqueued with `asynq.Unique(time.Hour)`", nil, false, "asynq", nil},
-		{"Unique", "`singleton.Unique(locker, UntilExecuted, 0)` at enqueue; `middleware.Skip()`", ptr(middleware.Skip()), false, "jobguard", nil},
+			ptr(middleware.Requeue(b.requeueDelay)), false, "park", nil, 0, false},
+		{"Coalesce", "`middleware.Coalesce()`", ptr(middleware.Coalesce()), false, "", nil, 0, false},
+		{"Coalesce, stamped", "`middleware.Coalesce()`, tasks enqueued with `singleton.Client`", ptr(middleware.Coalesce()), true, "", nil, 0, false},
+		{"asynq Unique", "no middleware; enqueued with `asynq.Unique(time.Hour)`", nil, false, "asynq", nil, 0, false},
+		{"Unique", "`singleton.Unique(locker, UntilExecuted, 0)` at enqueue; `middleware.Skip()`", ptr(middleware.Skip()), false, "jobguard", nil, 0, false},
 	}
 	return b.burstRuns(ctx, env, "burst", b.burstTasks, variants)
 }
@@ -62,17 +63,31 @@ func (b *bench) burst(ctx context.Context, env *asynqEnv) ([]burstRun, counts, e
 // flow runs the flow-control features over a burst of b.flowTasks tasks.
 func (b *bench) flow(ctx context.Context, env *asynqEnv) ([]burstRun, counts, error) {
 	variants := []burstVariant{
-		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip()), false, "", nil},
-		{"KeepNewest", "`middleware.KeepNewest()`", ptr(middleware.KeepNewest()), false, "", nil},
-		{"Preempt", "`middleware.Preempt(0)`", ptr(middleware.Preempt(0)), false, "", nil},
+		{"Skip", "`middleware.Skip()`", ptr(middleware.Skip()), false, "", nil, 0, false},
+		{"KeepNewest", "`middleware.KeepNewest()`", ptr(middleware.KeepNewest()), false, "", nil, 0, false},
+		{"Preempt", "`middleware.Preempt(0)`", ptr(middleware.Preempt(0)), false, "", nil, 0, false},
 		{"Debounce(100ms), KeepNewest", "`singleton.Client` with `singleton.Debounce(locker, 100*time.Millisecond, 0)`; `middleware.KeepNewest()`, `WithRedis`",
-			ptr(middleware.KeepNewest()), false, "debounce", nil},
+			ptr(middleware.KeepNewest()), false, "debounce", nil, 0, false},
 		{"Throttle(5 per s), skip", "`singleton.WithThrottle(5, time.Second, middleware.ActionSkip)`, `WithLimit(5)`", ptr(middleware.Skip()), false, "",
-			[]singleton.Option{singleton.WithThrottle(5, time.Second, middleware.ActionSkip), singleton.WithLimit(5)}},
+			[]singleton.Option{singleton.WithThrottle(5, time.Second, middleware.ActionSkip), singleton.WithLimit(5)}, 0, false},
 		{"HoldAtLeast(200ms)", "`singleton.WithHoldAtLeast(200 * time.Millisecond)`, Skip", ptr(middleware.Skip()), false, "",
-			[]singleton.Option{singleton.WithHoldAtLeast(200 * time.Millisecond)}},
+			[]singleton.Option{singleton.WithHoldAtLeast(200 * time.Millisecond)}, 0, false},
 	}
 	return b.burstRuns(ctx, env, "flow", b.flowTasks, variants)
+}
+
+// followUps runs Coalesce and KeepNewest over a burst of b.flowTasks tasks
+// with a b.followWork handler, each with its follow-up waiting on a worker
+// (no WithRedis) and parked for its key (WithRedis).
+func (b *bench) followUps(ctx context.Context, env *asynqEnv) ([]burstRun, counts, error) {
+	variants := []burstVariant{
+		{name: "bare", policy: "no middleware", work: b.followWork},
+		{name: "Coalesce, waiting", policy: "`middleware.Coalesce()`, no `WithRedis`", p: ptr(middleware.Coalesce()), work: b.followWork, noRedis: true},
+		{name: "Coalesce, parked", policy: "`middleware.Coalesce()`, `WithRedis`", p: ptr(middleware.Coalesce()), work: b.followWork},
+		{name: "KeepNewest, waiting", policy: "`middleware.KeepNewest()`, no `WithRedis`", p: ptr(middleware.KeepNewest()), work: b.followWork, noRedis: true},
+		{name: "KeepNewest, parked", policy: "`middleware.KeepNewest()`, `WithRedis`", p: ptr(middleware.KeepNewest()), work: b.followWork},
+	}
+	return b.burstRuns(ctx, env, "followup", b.flowTasks, variants)
 }
 
 // burstVariant is one way to run the burst.
@@ -82,6 +97,8 @@ type burstVariant struct {
 	stamped      bool   // enqueued with singleton.Client
 	unique       string // "asynq": asynq.Unique; "jobguard": singleton.Unique; "debounce": singleton.Debounce; "park": singleton.ParkAtEnqueue
 	opts         []singleton.Option
+	work         time.Duration // the handler's time; zero means b.burstWork
+	noRedis      bool          // the middleware without WithRedis: nothing is parked
 }
 
 // burstRuns enqueues tasks tasks over b.burstKeys keys for each variant and
@@ -93,7 +110,8 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 	var out []burstRun
 	var enq counts
 	for i, v := range variants {
-		progress("  %s: %d tasks over %d keys, %s handler", v.name, tasks, b.burstKeys, b.burstWork)
+		work := cmp.Or(v.work, b.burstWork)
+		progress("  %s: %d tasks over %d keys, %s handler", v.name, tasks, b.burstKeys, work)
 		q := env.queue(fmt.Sprintf("%s-%d", section, i))
 		rng := rand.New(rand.NewPCG(1, 2))
 		keys := make([]int, tasks)
@@ -165,7 +183,7 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 				r.gaps = append(r.gaps, time.Since(end))
 			}
 			mu.Unlock()
-			timer := time.NewTimer(b.burstWork)
+			timer := time.NewTimer(work)
 			defer timer.Stop()
 			select {
 			case <-timer.C:
@@ -194,10 +212,11 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 			if err != nil {
 				return nil, enq, err
 			}
-			guard, err := singleton.Middleware(locker, append([]singleton.Option{
-				singleton.KeyByFields("k"),
-				singleton.WithPolicy(*v.p),
-				singleton.WithRedis(srvClient),
+			mwOpts := []singleton.Option{singleton.KeyByFields("k"), singleton.WithPolicy(*v.p)}
+			if !v.noRedis {
+				mwOpts = append(mwOpts, singleton.WithRedis(srvClient))
+			}
+			guard, err := singleton.Middleware(locker, append(append(mwOpts,
 				singleton.WithObserver(func(_ context.Context, e middleware.Event) {
 					switch {
 					case e.Kind == middleware.EventDuplicate && e.Action == middleware.ActionSkip:
@@ -206,7 +225,7 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 					case e.Kind == middleware.EventRequeued:
 						requeued.Add(1)
 					}
-				})}, v.opts...)...)
+				})), v.opts...)...)
 			if err != nil {
 				return nil, enq, err
 			}

@@ -210,6 +210,18 @@ func (r *report) flowSection() string {
 	return w.String()
 }
 
+func (r *report) followSection() string {
+	var w strings.Builder
+	fmt.Fprintf(&w, "%d tasks of one type over %d keys (field `k`, the same draw as above), enqueued at once, then one server "+
+		"with `Concurrency: %d` and a %s handler (`-followup-work`), behind `singleton.Middleware(locker, singleton.KeyByFields(\"k\"), "+
+		"singleton.WithPolicy(p), ...)`. Without `WithRedis` a key's follow-up waits for the key on a worker; with it, the "+
+		"follow-up is parked for its key (\"requeued\", a retry 30 s ahead as the backstop) and started by the run that frees "+
+		"the key, and a KeepNewest follow-up that a newer one replaces is started at once to complete without running. "+
+		"\"skipped or covered\" counts the tasks that completed without running.\n\n", r.flowTasks, r.burstKeys, r.concurrency, r.followWork)
+	w.WriteString(r.runsTable(r.followRes, r.flowTasks))
+	return w.String()
+}
+
 func (r *report) cronSection() string {
 	var w strings.Builder
 	x := r.cronRes

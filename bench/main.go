@@ -61,6 +61,7 @@ type bench struct {
 	cronTicks      int
 	streamTasks    int
 	flowTasks      int
+	followWork     time.Duration
 	preemptRounds  int
 	streamInterval time.Duration
 	streamWork     time.Duration
@@ -105,7 +106,8 @@ func main() {
 	flag.DurationVar(&b.burstWork, "burst-work", time.Millisecond, "burst: handler time")
 	flag.DurationVar(&b.requeueDelay, "requeue-delay", 50*time.Millisecond, "burst: the Requeue policy's delay")
 	flag.DurationVar(&b.burstTimeout, "burst-timeout", 60*time.Second, "burst: the most one policy's run may take; a run cut off is reported as such")
-	flag.IntVar(&b.flowTasks, "flow-tasks", 1000, "flow: tasks of the flow-control burst")
+	flag.IntVar(&b.flowTasks, "flow-tasks", 1000, "flow: tasks of the flow-control burst (and of followup)")
+	flag.DurationVar(&b.followWork, "followup-work", 20*time.Millisecond, "followup: handler time")
 	flag.IntVar(&b.preemptRounds, "preempt-rounds", 200, "flow: rounds of the preemption latency measurement")
 	flag.IntVar(&b.streamTasks, "stream-tasks", 2000, "stream: tasks enqueued while processing")
 	flag.DurationVar(&b.streamInterval, "stream-interval", time.Millisecond, "stream: time between two enqueues")
@@ -194,7 +196,7 @@ func (b *bench) run(out string) error {
 			return err
 		}
 	}
-	if b.runs("throughput") || b.runs("burst") || b.runs("stream") || b.runs("flow") || b.runs("profile") {
+	if b.runs("throughput") || b.runs("burst") || b.runs("stream") || b.runs("flow") || b.runs("followup") || b.runs("profile") {
 		env := b.asynqEnv()
 		defer env.cleanup()
 		if b.runs("throughput") {
@@ -216,6 +218,12 @@ func (b *bench) run(out string) error {
 			}
 			progress("asynq preemption latency: %d rounds", b.preemptRounds)
 			if r.preemptRes, err = b.preemptLatency(ctx, env); err != nil {
+				return err
+			}
+		}
+		if b.runs("followup") {
+			progress("asynq follow-ups waiting and parked: %d tasks over %d keys, %s handler", b.flowTasks, b.burstKeys, b.followWork)
+			if r.followRes, _, err = b.followUps(ctx, env); err != nil {
 				return err
 			}
 		}
@@ -268,7 +276,7 @@ func (b *bench) run(out string) error {
 // Sections of the report, in order.
 var (
 	lockSections = []string{"uncontended", "handoff", "renewal"}
-	e2eSections  = []string{"throughput", "burst", "stream", "flow", "cron", "profile"}
+	e2eSections  = []string{"throughput", "burst", "stream", "flow", "followup", "cron", "profile"}
 	allSections  = append(slices.Clone(lockSections), e2eSections...)
 )
 

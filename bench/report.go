@@ -23,6 +23,7 @@ type report struct {
 	burstEnq    counts // the enqueue of one burst
 	streamRes   streamResult
 	flowRes     []burstRun
+	followRes   []burstRun
 	preemptRes  preemptResult
 	cronRes     cronResult
 	periodicRes periodicResult
@@ -162,6 +163,10 @@ func (r *report) markdown() string {
 	if r.runs("flow") {
 		r.heading(&w, "Flow control per key: keep the newest, preempt, throttle, hold at least")
 		w.WriteString(r.flowSection())
+	}
+	if r.runs("followup") {
+		r.heading(&w, "Follow-ups of Coalesce and KeepNewest: waiting on a worker or parked")
+		w.WriteString(r.followSection())
 	}
 	if r.runs("stream") {
 		r.heading(&w, "Coalesce under a steady stream of enqueues")
