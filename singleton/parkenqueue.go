@@ -44,6 +44,11 @@ const ParkedHeader = "jobguard-parked"
 // their backstop. Zero backstop means ParkBackstop; it must be between a
 // second (asynq schedules in seconds) and lockkit.MaxTTL.
 //
+// It queues work and folds none: every task parked at enqueue runs in its
+// turn, whatever the middleware's policy. For KeepNewest or Coalesce,
+// enqueue without it: with WithRedis the middleware parks their one
+// follow-up per key on delivery.
+//
 // A task enqueued with asynq.ProcessAt, asynq.ProcessIn or asynq.Group is
 // enqueued as asked, neither reserved nor parked. When asynq refuses the
 // enqueue, a reservation made for the task is given back; a parked entry
