@@ -780,6 +780,7 @@ type renewed struct {
 	ttl  time.Duration // the TTL the renewal carried
 	gen  int           // the lease's Extend count when it was sent
 	err  error
+	ok   bool // set by applyRenewals: the lease was held and renewed
 }
 
 // scan marks expired leases lost and returns the leases due for renewal and
@@ -874,10 +875,9 @@ func (e *engine) applyRenewals(rs []renewed) {
 		events          []Event
 		gone, preempted []*Lease
 	)
-	// EventRenewed, one per lease and tick, only when someone takes it.
-	renewedEvents := e.cfg.observer != nil || e.cfg.logger.Enabled(context.Background(), slog.LevelDebug)
 	e.mu.Lock()
-	for _, r := range rs {
+	for i := range rs {
+		r := &rs[i]
 		l := r.l
 		l.renewing = false
 		if l.state != stateHeld {
@@ -896,9 +896,7 @@ func (e *engine) applyRenewals(rs []renewed) {
 			} else if !l.nextRenew.After(now) {
 				l.nextRenew = now.Add(max(l.interval/4, 10*time.Millisecond))
 			}
-			if renewedEvents {
-				events = append(events, Event{Kind: EventRenewed, Key: l.key, Owner: l.owner, Token: l.token})
-			}
+			r.ok = true
 		case errors.Is(r.err, errNotHeld):
 			gone = append(gone, l)
 		case errors.Is(r.err, errPreempted):
@@ -919,6 +917,15 @@ func (e *engine) applyRenewals(rs []renewed) {
 	}
 	for _, ev := range events {
 		e.emit(ev)
+	}
+	// EventRenewed, one per lease and tick, only when someone takes it, and
+	// built here rather than gathered: a tick may renew many thousands.
+	if e.cfg.observer != nil || e.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
+		for i := range rs {
+			if r := &rs[i]; r.ok {
+				e.emit(Event{Kind: EventRenewed, Key: r.l.key, Owner: r.l.owner, Token: r.l.token})
+			}
+		}
 	}
 }
 
