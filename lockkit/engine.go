@@ -743,18 +743,23 @@ func (e *engine) renewLoop() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	results := make(chan []renewed, 4)
+	var next time.Time
+	rescan := true
 	for {
-		now := time.Now()
-		due, orphans, next := e.scan(now)
-		if len(due) > 0 {
-			for _, g := range e.b.groups(due) {
-				e.wg.Add(1)
-				go e.renewBatch(g, results)
+		if rescan {
+			var due []*Lease
+			var orphans []*orphan
+			due, orphans, next = e.scan(time.Now())
+			if len(due) > 0 {
+				for _, g := range e.b.groups(due) {
+					e.wg.Add(1)
+					go e.renewBatch(g, results)
+				}
 			}
-		}
-		if len(orphans) > 0 {
-			e.wg.Add(1)
-			go e.releaseOrphans(orphans)
+			if len(orphans) > 0 {
+				e.wg.Add(1)
+				go e.releaseOrphans(orphans)
+			}
 		}
 		if !timer.Stop() {
 			select {
@@ -763,12 +768,24 @@ func (e *engine) renewLoop() {
 			}
 		}
 		timer.Reset(time.Until(next))
+		rescan = true
 		select {
 		case <-e.stop:
 			return
 		case <-e.kick:
 		case rs := <-results:
-			e.applyRenewals(rs)
+			// Only the batch's leases changed: the next look is the
+			// earlier of the scan's and theirs, without another scan of
+			// every lease. Leases acquired or extended meanwhile poke.
+			if then := e.applyRenewals(rs); then.Before(next) {
+				next = then
+				e.mu.Lock()
+				if next.Before(e.nextWake) {
+					e.nextWake = next
+				}
+				e.mu.Unlock()
+			}
+			rescan = false
 		case <-timer.C:
 		}
 	}
@@ -869,12 +886,17 @@ func (e *engine) renewBatch(due []*Lease, out chan<- []renewed) {
 	}
 }
 
-func (e *engine) applyRenewals(rs []renewed) {
+// applyRenewals records a batch's results on its leases, reports the lost,
+// preempted and failed ones, and emits EventRenewed. It returns when the
+// renewer must look at these leases next: the earliest of their renewals
+// and validity ends (an hour from now when none is held).
+func (e *engine) applyRenewals(rs []renewed) time.Time {
 	now := time.Now()
 	var (
 		events          []Event
 		gone, preempted []*Lease
 	)
+	next := now.Add(time.Hour)
 	e.mu.Lock()
 	for i := range rs {
 		r := &rs[i]
@@ -897,6 +919,9 @@ func (e *engine) applyRenewals(rs []renewed) {
 				l.nextRenew = now.Add(max(l.interval/4, 10*time.Millisecond))
 			}
 			r.ok = true
+			if l.nextRenew.Before(next) {
+				next = l.nextRenew
+			}
 		case errors.Is(r.err, errNotHeld):
 			gone = append(gone, l)
 		case errors.Is(r.err, errPreempted):
@@ -905,7 +930,13 @@ func (e *engine) applyRenewals(rs []renewed) {
 			l.lastRenewErr = r.err
 			l.renewFails++
 			l.nextRenew = now.Add(renewRetry(l.interval, l.renewFails, l.validUntil.Sub(now)))
+			if l.nextRenew.Before(next) {
+				next = l.nextRenew
+			}
 			events = append(events, Event{Kind: EventRenewFailed, Key: l.key, Owner: l.owner, Token: l.token, Err: r.err})
+		}
+		if l.validUntil.Before(next) {
+			next = l.validUntil
 		}
 	}
 	e.mu.Unlock()
@@ -927,6 +958,7 @@ func (e *engine) applyRenewals(rs []renewed) {
 			}
 		}
 	}
+	return next
 }
 
 // renewRetry is how long after its fails-th failure in a row a renewal is

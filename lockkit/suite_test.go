@@ -177,6 +177,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"HugeTTLsAreRejected", testHugeTTL},
 		{"ParkedJobsGetTheKeyInOrder", testPark},
 		{"ParkedFollowUpsSupersedeAndCover", testParkFollowUp},
+		{"RenewalsKeepTheirInterval", testRenewalOnTime},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -303,6 +304,32 @@ func testExtend(t *testing.T, h *harness) {
 	info, err = a.Inspect(ctx, "k")
 	require.NoError(t, err)
 	require.Empty(t, info.Holders, "extend must not recreate a lost lease")
+}
+
+// A lease is renewed every RenewInterval (TTL/3 by default), not merely
+// before it runs out: each renewal schedules the next.
+func testRenewalOnTime(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	renewed := make(chan time.Time, 100)
+	a := h.locker(t, WithObserver(func(e Event) {
+		if e.Kind == EventRenewed {
+			renewed <- time.Now()
+		}
+	}))
+	ttl := 1500 * time.Millisecond
+	l, err := a.TryAcquire(ctx, "k", &AcquireOptions{TTL: ttl})
+	require.NoError(t, err)
+	last := time.Now()
+	for i := range 4 {
+		select {
+		case at := <-renewed:
+			require.Less(t, at.Sub(last), ttl/2, "renewal %d came %s after the one before (interval %s)", i, at.Sub(last), ttl/3)
+			last = at
+		case <-ctx.Done():
+			t.Fatal("lease was not renewed")
+		}
+	}
+	require.NoError(t, l.Release(ctx))
 }
 
 func testRenewal(t *testing.T, h *harness) {
