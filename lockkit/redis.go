@@ -703,8 +703,8 @@ func (b *redisBackend) renewMany(ctx context.Context, leases []*Lease, ttls []ti
 			l.renewArgs = &renewArgs{holders: k.holders, meta: k.meta, member: l.member}
 		}
 	}
-	// Leases mostly share a TTL: one boxed argument per TTL (negated for a
-	// lease that claimed an epoch).
+	// Leases mostly share a TTL: each call states one, and only a lease with
+	// another, or one that claimed an epoch, carries its own.
 	ttlArgs := make(map[int64]any, 1)
 	cmds := b.pipelineEval(ctx, renewScript, len(calls),
 		func(c int) []string {
@@ -719,18 +719,22 @@ func (b *redisBackend) renewMany(ctx context.Context, leases []*Lease, ttls []ti
 			return keys
 		},
 		func(c int) []any {
-			args := make([]any, 0, 2*len(calls[c]))
+			common := ms(ttls[calls[c][0]])
+			arg, ok := ttlArgs[common]
+			if !ok {
+				arg = common
+				ttlArgs[common] = arg
+			}
+			args := make([]any, 1, 1+len(calls[c]))
+			args[0] = arg
 			for _, i := range calls[c] {
-				ttl := ms(ttls[i])
-				if leases[i].epoch {
-					ttl = -ttl
+				if ttl := ms(ttls[i]); ttl != common || leases[i].epoch {
+					if leases[i].epoch {
+						ttl = -ttl
+					}
+					args = append(args, "!"+strconv.FormatInt(ttl, 10))
 				}
-				arg, ok := ttlArgs[ttl]
-				if !ok {
-					arg = ttl
-					ttlArgs[ttl] = arg
-				}
-				args = append(args, leases[i].renewArgs.member, arg)
+				args = append(args, leases[i].renewArgs.member)
 			}
 			return args
 		})

@@ -1614,8 +1614,13 @@ func testRenewMany(t *testing.T, h *harness) {
 	}))
 	var leases []*Lease
 	for i := range 100 {
-		// Every other lease claims an epoch: one script call renews both kinds.
-		lease, err := l.TryAcquire(ctx, fmt.Sprint("many-", i), &AcquireOptions{TTL: 1200 * time.Millisecond, Epoch: int64(i % 2)})
+		// Every other lease claims an epoch, and every third has a TTL of
+		// its own: one script call renews every kind.
+		ttl := 1200 * time.Millisecond
+		if i%3 == 2 {
+			ttl = 1500 * time.Millisecond
+		}
+		lease, err := l.TryAcquire(ctx, fmt.Sprint("many-", i), &AcquireOptions{TTL: ttl, Epoch: int64(i % 2)})
 		require.NoError(t, err)
 		leases = append(leases, lease)
 	}

@@ -4,17 +4,29 @@
 -- KEYS     per lease, its holders ZSET (or STRING in the plain form, see
 --          plain_acquire.lua), followed by its epoch HASH when it
 --          claimed an epoch (see acquire.lua)
--- ARGV[2i-1] lease i's member
--- ARGV[2i]   its ttl (ms), negated when it claimed an epoch
+-- ARGV[1]  the ttl (ms) of every lease that does not state its own
+-- ARGV[2:] per lease, its member (which starts with a digit), preceded by
+--          "!" and its own ttl when it has another, negated when it
+--          claimed an epoch
 -- Returns, per lease, 1 when renewed, 0 when it had expired or was gone, 2
 -- when a Preempt acquire preempted it.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local common = tonumber(ARGV[1])
 local out = {}
 local k = 1
-for i = 1, #ARGV / 2 do
+local j = 2
+local i = 0
+while j <= #ARGV do
   local holders, meta = KEYS[k], nil
-  local member, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  local member, ttl = ARGV[j], common
+  if string.byte(member) == 33 then
+    ttl = tonumber(string.sub(member, 2))
+    j = j + 1
+    member = ARGV[j]
+  end
+  j = j + 1
+  i = i + 1
   k = k + 1
   if ttl < 0 then
     ttl, meta = -ttl, KEYS[k]
