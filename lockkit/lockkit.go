@@ -244,10 +244,11 @@ type AcquireOptions struct {
 	// waits for the key (it will begin later; a waiter without Coalesce may
 	// give up, so it covers nothing) or another Coalesce acquire with Park
 	// is parked for it. Otherwise the key is taken as usual; Acquire waits
-	// for it and is then the one follow-up that others fold into, and an
-	// acquire with Park that finds the key held parks as that follow-up
-	// (it covers later calls while it stays in the parked queue). Defaults
-	// to false.
+	// for it and is then the one follow-up that others fold into, and a
+	// TryAcquire with Park that finds the key held parks as that follow-up
+	// (it covers later calls while it stays in the parked queue; one that
+	// adopted its reservation is the key's run, which no follow-up covers).
+	// Defaults to false.
 	Coalesce bool
 	// CoverFor is how long the success of a Coalesce lease's run is
 	// remembered. Zero means DefaultCoverFor; at most MaxTTL.
@@ -255,8 +256,8 @@ type AcquireOptions struct {
 	// Supersede, for Acquire, makes the call the key's one pending
 	// follow-up while it waits: a later Supersede acquire of the key takes
 	// its place, and this one fails at once with ErrSuperseded (the newest
-	// follow-up runs, older ones give up). With Park, an acquire that finds
-	// the key held parks as the key's follow-up instead of waiting: a later
+	// follow-up runs, older ones give up). With Park, a TryAcquire that
+	// finds the key held parks as the key's follow-up instead: a later
 	// Supersede acquire of the key takes its place and removes it from the
 	// parked queue (ConflictError.Superseded names it), and the replaced
 	// job's next acquire carrying its Label fails with ErrSuperseded, once
