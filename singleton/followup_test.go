@@ -106,3 +106,51 @@ func (f *firstBlocks) payloads() []string {
 	defer f.mu.Unlock()
 	return slices.Clone(f.ran)
 }
+
+// A parked follow-up that no run starts (its key's holder resumes no one:
+// its process died, say) comes back by itself at its backstop, ParkBackstop
+// after it parked, and runs once its key is free. The backstop is brought
+// forward here with Inspector.RunTask.
+func TestParkedFollowUpComesBackAtItsBackstop(t *testing.T) {
+	for _, policy := range []middleware.Policy{middleware.KeepNewest(), middleware.Coalesce()} {
+		t.Run(policy.String(), func(t *testing.T) {
+			onEachRedis(t, func(t *testing.T, r connect) {
+				e := newEnvOn(t, r)
+				ctx := context.Background()
+				ev := &events{}
+				ran := make(chan string, 4)
+				keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
+				mw, err := singleton.Middleware(e.locker(), keyOf, singleton.WithPolicy(policy), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+				require.NoError(t, err)
+				mux := asynq.NewServeMux()
+				mux.Use(mw)
+				mux.HandleFunc("sync", func(_ context.Context, task *asynq.Task) error {
+					ran <- string(task.Payload())
+					return nil
+				})
+				holder, err := e.locker().TryAcquire(ctx, "k", nil) // resumes no one
+				require.NoError(t, err)
+				e.start(e.config(2), mux)
+				parkedAt := time.Now()
+				info := e.Enqueue(asynq.NewTask("sync", []byte("v1")))
+				require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) == 1 }, 10*time.Second, 5*time.Millisecond)
+				var back *asynq.TaskInfo
+				require.Eventually(t, func() bool {
+					back, err = e.Inspector.GetTaskInfo(e.Queue, info.ID)
+					return err == nil && back.State == asynq.TaskStateRetry
+				}, 10*time.Second, 5*time.Millisecond)
+				require.WithinDuration(t, parkedAt.Add(singleton.ParkBackstop), back.NextProcessAt, 5*time.Second, "the backstop")
+				require.Zero(t, back.Retried, "a parked follow-up is no failure (singleton.IsFailure)")
+				require.NoError(t, holder.Release(ctx))
+				select {
+				case v := <-ran:
+					t.Fatalf("%s ran before its backstop", v)
+				case <-time.After(100 * time.Millisecond):
+				}
+				require.NoError(t, e.Inspector.RunTask(e.Queue, info.ID)) // the backstop
+				require.Equal(t, "v1", recv(t, ran, 10*time.Second))
+				e.Drained(10 * time.Second)
+			})
+		})
+	}
+}
