@@ -118,16 +118,10 @@ func TestParkedFollowUpComesBackAtItsBackstop(t *testing.T) {
 				e := newEnvOn(t, r)
 				ctx := context.Background()
 				ev := &events{}
-				ran := make(chan string, 4)
 				keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
 				mw, err := singleton.Middleware(e.locker(), keyOf, singleton.WithPolicy(policy), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
 				require.NoError(t, err)
-				mux := asynq.NewServeMux()
-				mux.Use(mw)
-				mux.HandleFunc("sync", func(_ context.Context, task *asynq.Task) error {
-					ran <- string(task.Payload())
-					return nil
-				})
+				mux, ran := payloadMux(mw)
 				holder, err := e.locker().TryAcquire(ctx, "k", nil) // resumes no one
 				require.NoError(t, err)
 				e.start(e.config(2), mux)

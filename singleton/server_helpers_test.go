@@ -225,3 +225,16 @@ func reportOf(task *asynq.Task) (tenant string, n int, err error) {
 	err = json.Unmarshal(task.Payload(), &p)
 	return p.Tenant, p.N, err
 }
+
+// payloadMux serves "sync" tasks behind mw; each run sends its payload on
+// the returned channel (buffered for 4).
+func payloadMux(mw asynq.MiddlewareFunc) (*asynq.ServeMux, <-chan string) {
+	ran := make(chan string, 4)
+	mux := asynq.NewServeMux()
+	mux.Use(mw)
+	mux.HandleFunc("sync", func(_ context.Context, task *asynq.Task) error {
+		ran <- string(task.Payload())
+		return nil
+	})
+	return mux, ran
+}

@@ -1038,15 +1038,9 @@ func testDebounceOlderRuns(t *testing.T, newer func(t *testing.T, e *env, cl *si
 	onEachRedis(t, func(t *testing.T, r connect) {
 		e := newEnvOn(t, r)
 		locker := e.locker()
-		ran := make(chan string, 4)
 		mw, err := singleton.Middleware(locker, singleton.WithPolicy(middleware.KeepNewest()), singleton.WithRedis(e.RDB))
 		require.NoError(t, err)
-		mux := asynq.NewServeMux()
-		mux.Use(mw)
-		mux.HandleFunc("sync", func(_ context.Context, task *asynq.Task) error {
-			ran <- string(task.Payload())
-			return nil
-		})
+		mux, ran := payloadMux(mw)
 		cl, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, singleton.Debounce(locker, 50*time.Millisecond, 0))
 		require.NoError(t, err)
 		_, err = cl.Enqueue(asynq.NewTask("sync", []byte("older")), asynq.Queue(e.Queue))
