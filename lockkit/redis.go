@@ -533,15 +533,23 @@ func (b *redisBackend) pipelineScript(ctx context.Context, s *redis.Script, leas
 // and args(i), retrying with EVAL the calls that found the script cache
 // empty (after a Redis restart).
 func (b *redisBackend) pipelineEval(ctx context.Context, s *redis.Script, n int, keys func(int) []string, args func(int) []any) []*redis.Cmd {
+	return b.pipelineScripts(ctx, n, func(p redis.Pipeliner, i int, eval bool) *redis.Cmd {
+		if eval {
+			return s.Eval(ctx, p, keys(i), args(i)...)
+		}
+		return s.EvalSha(ctx, p, keys(i), args(i)...)
+	})
+}
+
+// pipelineScripts sends n script calls in one pipeline, call i with send(p,
+// i, false) (EVALSHA), and sends again, with send(p, i, true) (EVAL), the
+// calls that found the script cache empty (after a Redis restart).
+func (b *redisBackend) pipelineScripts(ctx context.Context, n int, send func(p redis.Pipeliner, i int, eval bool) *redis.Cmd) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, n)
 	run := func(idx []int, eval bool) {
 		_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, i := range idx {
-				if eval {
-					cmds[i] = s.Eval(ctx, p, keys(i), args(i)...)
-				} else {
-					cmds[i] = s.EvalSha(ctx, p, keys(i), args(i)...)
-				}
+				cmds[i] = send(p, i, eval)
 			}
 			return nil
 		})
@@ -663,10 +671,9 @@ func (b *redisBackend) run(ctx context.Context, s *redis.Script, leases []*Lease
 }
 
 // renewArgs are a lease's keys and member argument for renew.lua, built
-// once.
+// once and boxed once, so that a renewal allocates nothing per lease.
 type renewArgs struct {
-	holders, meta string
-	member        any
+	holders, meta, member any
 }
 
 // renewPerCall is how many leases one renew.lua call renews at most.
@@ -704,40 +711,47 @@ func (b *redisBackend) renewMany(ctx context.Context, leases []*Lease, ttls []ti
 		}
 	}
 	// Leases mostly share a TTL: each call states one, and only a lease with
-	// another, or one that claimed an epoch, carries its own.
+	// another, or one that claimed an epoch, carries its own. Each call's
+	// command is built whole, from the leases' boxed keys and members.
 	ttlArgs := make(map[int64]any, 1)
-	cmds := b.pipelineEval(ctx, renewScript, len(calls),
-		func(c int) []string {
-			keys := make([]string, 0, len(calls[c]))
-			for _, i := range calls[c] {
-				a := leases[i].renewArgs
-				keys = append(keys, a.holders)
+	cmds := b.pipelineScripts(ctx, len(calls), func(p redis.Pipeliner, c int, eval bool) *redis.Cmd {
+		idx := calls[c]
+		nkeys := len(idx)
+		for _, i := range idx {
+			if leases[i].epoch {
+				nkeys++
+			}
+		}
+		cmd := make([]any, 3, 3+nkeys+1+len(idx))
+		cmd[0], cmd[1], cmd[2] = "evalsha", renewScript.Hash(), nkeys
+		if eval {
+			cmd[0], cmd[1] = "eval", renewSrc
+		}
+		for _, i := range idx {
+			a := leases[i].renewArgs
+			cmd = append(cmd, a.holders)
+			if leases[i].epoch {
+				cmd = append(cmd, a.meta)
+			}
+		}
+		common := ms(ttls[idx[0]])
+		arg, ok := ttlArgs[common]
+		if !ok {
+			arg = common
+			ttlArgs[common] = arg
+		}
+		cmd = append(cmd, arg)
+		for _, i := range idx {
+			if ttl := ms(ttls[i]); ttl != common || leases[i].epoch {
 				if leases[i].epoch {
-					keys = append(keys, a.meta)
+					ttl = -ttl
 				}
+				cmd = append(cmd, "!"+strconv.FormatInt(ttl, 10))
 			}
-			return keys
-		},
-		func(c int) []any {
-			common := ms(ttls[calls[c][0]])
-			arg, ok := ttlArgs[common]
-			if !ok {
-				arg = common
-				ttlArgs[common] = arg
-			}
-			args := make([]any, 1, 1+len(calls[c]))
-			args[0] = arg
-			for _, i := range calls[c] {
-				if ttl := ms(ttls[i]); ttl != common || leases[i].epoch {
-					if leases[i].epoch {
-						ttl = -ttl
-					}
-					args = append(args, "!"+strconv.FormatInt(ttl, 10))
-				}
-				args = append(args, leases[i].renewArgs.member)
-			}
-			return args
-		})
+			cmd = append(cmd, leases[i].renewArgs.member)
+		}
+		return p.Do(ctx, cmd...)
+	})
 	errs := make([]error, len(leases))
 	for c, idx := range calls {
 		vals, err := cmds[c].Int64Slice()

@@ -111,3 +111,54 @@ func TestRenewalCostsOneRoundTripPerTick(t *testing.T) {
 		require.EqualValues(t, 1, ends[i]-ends[i-1], "round trips of renewal tick %d for %d leases", i+1, leases)
 	}
 }
+
+// noScriptOnce answers the first EVALSHA of hash in a pipeline with NOSCRIPT
+// (after it ran, as if Redis had lost its script cache since), and counts
+// the EVALs of the script that follow.
+type noScriptOnce struct {
+	hash, src string
+	done      atomic.Bool
+	evals     atomic.Int64
+}
+
+func (h *noScriptOnce) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *noScriptOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *noScriptOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			switch a := c.Args(); {
+			case len(a) > 1 && a[0] == "evalsha" && a[1] == h.hash && h.done.CompareAndSwap(false, true):
+				c.SetErr(redis.ErrNoScript)
+			case len(a) > 1 && a[0] == "eval" && a[1] == h.src:
+				h.evals.Add(1)
+			}
+		}
+		return err
+	}
+}
+
+// A batched renewal whose script Redis no longer has is sent again with
+// EVAL, in the same renewal, and the leases stay held.
+func TestBatchedRenewalFallsBackToEval(t *testing.T) {
+	ctx := ctxT(t)
+	client := testredis.Client(t)
+	prefix := testredis.Prefix(t, client)
+	hook := &noScriptOnce{hash: renewScript.Hash(), src: renewSrc}
+	client.AddHook(hook)
+	l, err := NewRedis(client, WithPrefix(prefix))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	var leases []*Lease
+	for i := range 3 {
+		lease, err := l.TryAcquire(ctx, fmt.Sprint("batch-", i), &AcquireOptions{TTL: 600 * time.Millisecond})
+		require.NoError(t, err)
+		leases = append(leases, lease)
+	}
+	require.Eventually(t, func() bool { return hook.evals.Load() > 0 }, 5*time.Second, time.Millisecond, "the renewal was sent again with EVAL")
+	time.Sleep(time.Second) // more than one TTL: renewed since
+	for i, lease := range leases {
+		require.NoError(t, lease.Err(), "lease %d", i)
+		require.NoError(t, lease.Release(ctx))
+	}
+}
