@@ -111,8 +111,10 @@ type ConflictError struct {
 	Parked int
 	// Superseded, for an acquire with AcquireOptions.Park and Supersede, is
 	// the Park id of the parked follow-up that this call replaced; empty
-	// when it replaced none. That job's next acquire carrying its Label
-	// fails with ErrSuperseded: start it, so that it completes.
+	// when it replaced none (a later call with the same Park id, such as
+	// the job delivered again, replaced no one). That job's next acquire
+	// with Park carrying its Label fails with ErrSuperseded: start it, so
+	// that it completes.
 	Superseded string
 }
 
@@ -260,8 +262,9 @@ type AcquireOptions struct {
 	// finds the key held parks as the key's follow-up instead: a later
 	// Supersede acquire of the key takes its place and removes it from the
 	// parked queue (ConflictError.Superseded names it), and the replaced
-	// job's next acquire carrying its Label fails with ErrSuperseded, once
-	// (it is remembered for ten minutes). A parked follow-up that a release
+	// job's next acquire with Park carrying its Label fails with
+	// ErrSuperseded, once (it is remembered for ten minutes; an acquire
+	// without Park, such as a pass-on's adopt, leaves the mark). A parked follow-up that a release
 	// reserved the key for is the key's next run: Adopt takes it over and
 	// replaces no one. TryAcquire without Park ignores it. Defaults to
 	// false.

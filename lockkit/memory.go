@@ -142,6 +142,7 @@ type memLock struct {
 	pending       string    // the key's Supersede follow-up: a waiter, or a parked id (pendingParked)
 	pendingParked bool
 	replaced      string               // the parked follow-up that pending replaced
+	replacer      string               // the acquire call that replaced it: only it is told again
 	superseded    map[string]time.Time // label of a replaced parked follow-up → forgotten at
 	gaveUp        map[string]time.Time // acquire id that gave up for a superseded label → forgotten at
 	coalesced     string               // the parked id of the key's parked Coalesce follow-up
@@ -349,7 +350,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 	if _, ok := lk.gaveUp[r.aid]; ok {
 		return acquireResult{superseded: true}, nil
 	}
-	if _, ok := lk.superseded[r.label]; ok && r.label != "" {
+	if _, ok := lk.superseded[r.label]; ok && r.label != "" && r.park != "" {
 		// A newer follow-up replaced this parked one: it gives up, once.
 		delete(lk.superseded, r.label)
 		lk.gaveUp[r.aid] = now.Add(parkKeep)
@@ -384,7 +385,9 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 	if fid != "" && r.supersede != "0" && r.supersede != "" && !adopted {
 		if r.supersede == "1" {
 			if lk.pending == fid && lk.pendingParked == fidParked {
-				replaced = lk.replaced
+				if lk.replacer == r.aid {
+					replaced = lk.replaced
+				}
 			} else {
 				if p, ok := lk.isParked(lk.pending); ok && lk.pendingParked {
 					// A parked follow-up: its next acquire gives up.
@@ -396,7 +399,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 				} else if lk.pending != "" {
 					lk.wake() // the follow-up it replaces gives up
 				}
-				lk.pending, lk.pendingParked, lk.replaced = fid, fidParked, replaced
+				lk.pending, lk.pendingParked, lk.replaced, lk.replacer = fid, fidParked, replaced, r.aid
 			}
 		} else if lk.pending != r.waiter || lk.pendingParked {
 			lk.forget(r.waiter)
@@ -405,7 +408,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 	}
 	if same == "" && len(lk.holders)+ahead < r.limit {
 		if lk.pending == fid && lk.pendingParked == fidParked && fid != "" {
-			lk.pending, lk.replaced = "", ""
+			lk.pending, lk.replaced, lk.replacer = "", "", ""
 		}
 		token := lk.take(now, r.aid, r.owner, r.label, r.ttl)
 		if r.epoch > 0 {

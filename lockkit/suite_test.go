@@ -1817,9 +1817,13 @@ func testParkFollowUp(t *testing.T, h *harness) {
 	require.Empty(t, parks("s", "j1"))
 	require.Equal(t, "id-j1", parks("s", "j2"), "the newer follow-up replaces the parked one")
 	require.Equal(t, 1, parked("s"))
+	// A pass-on's adopt (no Park) carrying j1's label leaves the mark.
+	_, err = b.TryAcquire(ctx, "s", &AcquireOptions{Label: "j1", Adopt: true})
+	require.ErrorIs(t, err, ErrNotAcquired)
 	_, err = b.TryAcquire(ctx, "s", follow("j1"))
 	require.ErrorIs(t, err, ErrSuperseded, "the replaced job gives up")
 	require.Equal(t, "id-j2", parks("s", "j1"), "once: delivered again, it is a newer follow-up")
+	require.Empty(t, parks("s", "j1"), "j1 delivered once more (its backstop) replaces no one")
 	_, err = b.TryAcquire(ctx, "s", follow("j2"))
 	require.ErrorIs(t, err, ErrSuperseded)
 

@@ -729,7 +729,7 @@ func (g *Guard) PassOn(ctx context.Context, key, origin string) {
 	l, err := g.locker.TryAcquire(ctx, key, &lockkit.AcquireOptions{TTL: g.ttl, Label: origin, Adopt: true,
 		OnParked: func(id string) { p.Resume(key, id) }})
 	if err != nil {
-		if !errors.Is(err, lockkit.ErrNotAcquired) && !errors.Is(err, lockkit.ErrClosed) && !errors.Is(err, lockkit.ErrSuperseded) {
+		if !errors.Is(err, lockkit.ErrNotAcquired) && !errors.Is(err, lockkit.ErrClosed) {
 			g.Emit(ctx, Event{Kind: EventError, Job: Job{Key: key, Origin: origin}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
 		}
 		return

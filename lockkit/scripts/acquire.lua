@@ -8,9 +8,10 @@
 --         waiters, a queue or parked jobs may live (keep_sorted),
 --         "x:<acquire id>" for an acquire call that failed and was cleaned up
 --         (a late run of it must not take the key), "s:<label>" for a parked
---         Supersede follow-up that a newer one replaced (its next acquire
---         gives up and consumes it), and "S:<acquire id>" for the call that
---         consumed one (its repeat gives up too). Released holders are
+--         Supersede follow-up that a newer one replaced (its next parking
+--         acquire gives up and consumes it; other calls carrying the label,
+--         such as a pass-on's adopt, leave it), and "S:<acquire id>" for the
+--         call that consumed one (its repeat gives up too). Released holders are
 --         remembered in a key of their own (release.lua), so a key whose last
 --         holder left is gone and the next acquire takes the fast path.
 -- KEYS[2] epoch: HASH, e = last epoch, d = keep it until (ms), a = the acquire id
@@ -25,8 +26,9 @@
 --         their first park (us); release.lua reserves the key for the oldest
 -- KEYS[8] follow-up: HASH, p = the key's Supersede follow-up (a waiter id,
 --         or the parked-queue entry of a parking call), r = the parked
---         follow-up that p replaced, c = the parked-queue entry of the
---         key's parked Coalesce follow-up
+--         follow-up that p replaced and a = the acquire id of the call that
+--         replaced it (only its repeat is told r again), c = the
+--         parked-queue entry of the key's parked Coalesce follow-up
 -- ARGV[1] owner id
 -- ARGV[2] ttl (ms)
 -- ARGV[3] holder limit
@@ -183,7 +185,7 @@ if existed then
   if redis.call('ZSCORE', KEYS[1], 'S:' .. aid) then
     return {-5}
   end
-  if label ~= '' and redis.call('ZREM', KEYS[1], 's:' .. label) == 1 then
+  if label ~= '' and entry ~= '' and redis.call('ZREM', KEYS[1], 's:' .. label) == 1 then
     -- A newer follow-up replaced this parked one: it gives up, once.
     redis.call('ZADD', KEYS[1], -(now + keep), 'S:' .. aid)
     forget_waiter()
@@ -263,7 +265,12 @@ if sup ~= '0' and fid ~= '' and not adopted then
   local p = redis.call('HGET', KEYS[8], 'p')
   if sup == '1' then
     if p == fid then
-      replaced = redis.call('HGET', KEYS[8], 'r') or ''
+      -- A repeat of the call that replaced r is told so again; a later
+      -- call with the same entry (a backstop delivery) replaced no one.
+      local again = redis.call('HMGET', KEYS[8], 'r', 'a')
+      if again[2] == aid then
+        replaced = again[1] or ''
+      end
     else
       if p and redis.call('ZREM', KEYS[7], p) == 1 then
         -- A parked follow-up: marked, so that its next acquire gives up.
@@ -276,7 +283,7 @@ if sup ~= '0' and fid ~= '' and not adopted then
       elseif p then
         redis.call('PUBLISH', ARGV[14], '1')
       end
-      redis.call('HSET', KEYS[8], 'p', fid, 'r', replaced)
+      redis.call('HSET', KEYS[8], 'p', fid, 'r', replaced, 'a', aid)
     end
   elseif p ~= wid then
     forget_waiter()
@@ -307,7 +314,7 @@ if not same and count + ahead < limit then
   end
   forget_waiter()
   if sup ~= '0' and fid ~= '' and redis.call('HGET', KEYS[8], 'p') == fid then
-    redis.call('HDEL', KEYS[8], 'p', 'r')
+    redis.call('HDEL', KEYS[8], 'p', 'r', 'a')
   end
   if entry ~= '' then
     redis.call('ZREM', KEYS[7], entry)
