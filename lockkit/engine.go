@@ -524,6 +524,11 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 		}
 		if r.supersede == "1" {
 			r.supersede = "2" // claimed on the first attempt
+			if c := res.conflict; c != nil && r.label != "" && c.Label == r.label {
+				// Its own earlier delivery holds the key: this call claimed
+				// nothing and waits for the key as a plain call does.
+				r.supersede = "0"
+			}
 		}
 		if r.preempt == "1" {
 			r.preempt = "2" // the holders it found are preempted
@@ -650,6 +655,7 @@ func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent t
 		if err != nil {
 			e.orphan(l.key, l.aid, l.validUntil, 0)
 		}
+		l.resumeParked()
 		return nil, fmt.Errorf("lockkit: acquire %q: %w", r.key, ErrClosed)
 	}
 	e.leases[l] = struct{}{}
@@ -1052,7 +1058,13 @@ func (e *engine) close(ctx context.Context) error {
 	var errs []error
 	for start := 0; start < len(held); start += e.cfg.renewBatch {
 		chunk := held[start:min(start+e.cfg.renewBatch, len(held))]
-		if _, err := e.b.release(ctx, chunk, nil); err != nil {
+		_, err := e.b.release(ctx, chunk, nil)
+		// A release that freed a key may have reserved it for a parked
+		// job: OnParked starts it (Close waits for those calls below).
+		for _, l := range chunk {
+			l.resumeParked()
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("lockkit: close: release %d lease(s): %w", len(chunk), err))
 			break
 		}

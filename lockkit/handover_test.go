@@ -220,9 +220,10 @@ func TestHandOverSteps(t *testing.T) {
 		require.NotNil(t, res.conflict)
 		require.Equal(t, 0, res.conflict.Parked)
 		for range 2 {
-			parker.parked = ""
+			parker.parked.Store(nil)
 			release(parker)
-			require.Equal(t, "queue/7", parker.parked)
+			require.NotNil(t, parker.parked.Load())
+			require.Equal(t, "queue/7", *parker.parked.Load())
 		}
 		hs = holders("g")
 		require.Len(t, hs, 1)

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -48,8 +49,9 @@ type Lease struct {
 	async    bool          // AcquireOptions.AsyncRelease: Run releases in the background
 	onParked func(string)  // AcquireOptions.OnParked
 	// parked is the id of the parked job the lease's release reserved the
-	// key for; set by the store's release, read by the releasing goroutine.
-	parked string
+	// key for; set by the store's release and taken once by resumeParked,
+	// possibly on another goroutine (a Close beside the lease's own release).
+	parked atomic.Pointer[string]
 
 	// extendMu orders the Extend calls of one lease, so that the TTL the
 	// holder believes in is the one Redis applied last.
@@ -300,6 +302,7 @@ func (l *Lease) release(ctx context.Context, end ending) error {
 			// Best effort: the lease may still be stored if renewal failed for
 			// network reasons; removing our own entry is always safe.
 			_, _ = l.e.b.release(ctx, []*Lease{l}, nil)
+			l.resumeParked()
 			return fmt.Errorf("%w: %w", ErrNotHeld, cause)
 		}
 		return fmt.Errorf("%w: %q token %d was released already", ErrNotHeld, l.key, l.token)
@@ -321,11 +324,12 @@ func (l *Lease) release(ctx context.Context, end ending) error {
 // resumeParked passes the parked job the lease's release reserved the key
 // for, if any, to OnParked, on a goroutine of its own that Close waits for.
 func (l *Lease) resumeParked() {
-	id, fn := l.parked, l.onParked
-	if id == "" || fn == nil {
+	fn := l.onParked
+	p := l.parked.Swap(nil)
+	if p == nil || *p == "" || fn == nil {
 		return
 	}
-	l.parked = ""
+	id := *p
 	e := l.e
 	e.mu.Lock()
 	if e.parkedDone {

@@ -250,7 +250,10 @@ type AcquireOptions struct {
 	// TryAcquire with Park that finds the key held parks as that follow-up
 	// (it covers later calls while it stays in the parked queue; one that
 	// adopted its reservation is the key's run, which no follow-up covers).
-	// Defaults to false.
+	// A call whose Label a holder carries (a delivery of the running work)
+	// is not covered by that run and becomes no follow-up: it covers
+	// nothing, and its parked entry replaces the parked follow-up carrying
+	// its own Label. Defaults to false.
 	Coalesce bool
 	// CoverFor is how long the success of a Coalesce lease's run is
 	// remembered. Zero means DefaultCoverFor; at most MaxTTL.
@@ -266,8 +269,11 @@ type AcquireOptions struct {
 	// ErrSuperseded, once (it is remembered for ten minutes; an acquire
 	// without Park, such as a pass-on's adopt, leaves the mark). A parked follow-up that a release
 	// reserved the key for is the key's next run: Adopt takes it over and
-	// replaces no one. TryAcquire without Park ignores it. Defaults to
-	// false.
+	// replaces no one. A call whose Label a holder carries (a delivery of
+	// the running work) neither replaces the follow-up nor becomes it, for
+	// the whole of an Acquire; one whose Label the parked follow-up carries
+	// (the same job parked under a new Park id) takes its place without
+	// marking it. TryAcquire without Park ignores it. Defaults to false.
 	Supersede bool
 	// Preempt, for Acquire, ends the runs that hold the key so that this
 	// call gets it: their leases are lost with a cause matching ErrPreempted

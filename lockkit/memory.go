@@ -328,7 +328,8 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 			return covered(CoveredBySuccess, lk.cover, "")
 		}
 		for m := range lk.holders {
-			if token, owner, _ := parseMember(m); token >= since {
+			// A delivery of the run's own work is not covered by it.
+			if token, owner, l := parseMember(m); token >= since && (r.label == "" || l != r.label) {
 				return covered(CoveredByRun, token, owner)
 			}
 		}
@@ -338,8 +339,11 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 					return covered(CoveredByFollowUp, 0, "") // only a Coalesce follow-up covers
 				}
 			}
-			if _, ok := lk.isParked(lk.coalesced); ok && lk.coalesced != r.park {
-				return covered(CoveredByFollowUp, 0, "")
+			if p, ok := lk.isParked(lk.coalesced); ok && lk.coalesced != r.park {
+				if r.label == "" || p.label != r.label {
+					return covered(CoveredByFollowUp, 0, "")
+				}
+				lk.unpark(p.id) // this job's own earlier entry: this call takes its place
 			}
 		}
 	}
@@ -382,7 +386,9 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		fid, fidParked = r.park, true
 	}
 	replaced := ""
-	if fid != "" && r.supersede != "0" && r.supersede != "" && !adopted {
+	// A call whose own earlier delivery holds the key (same) is no
+	// follow-up (as in acquire.lua).
+	if fid != "" && r.supersede != "0" && r.supersede != "" && !adopted && !(same != "" && r.supersede == "1") {
 		if r.supersede == "1" {
 			if lk.pending == fid && lk.pendingParked == fidParked {
 				if lk.replacer == r.aid {
@@ -390,12 +396,16 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 				}
 			} else {
 				if p, ok := lk.isParked(lk.pending); ok && lk.pendingParked {
-					// A parked follow-up: its next acquire gives up.
+					// A parked follow-up: its next acquire gives up; unless
+					// it is this job's own earlier entry, whose place this
+					// call takes.
 					lk.unpark(p.id)
-					if p.label != "" {
-						lk.superseded[p.label] = now.Add(parkKeep)
+					if p.label == "" || p.label != r.label {
+						if p.label != "" {
+							lk.superseded[p.label] = now.Add(parkKeep)
+						}
+						replaced = p.id
 					}
-					replaced = p.id
 				} else if lk.pending != "" {
 					lk.wake() // the follow-up it replaces gives up
 				}
@@ -422,14 +432,16 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		return acquireResult{ok: true, token: token}, nil
 	}
 	parked := lk.park(r, now)
-	if parked >= 0 && r.coalesce && r.waiter == "" {
+	if parked >= 0 && r.coalesce && r.waiter == "" && same == "" {
 		lk.coalesced = r.park
 	}
 	if r.waiter != "" {
 		if _, ok := lk.waiters[r.waiter]; !ok && r.fair {
 			lk.queue = append(lk.queue, r.waiter)
 		}
-		lk.waiters[r.waiter] = now.Add(r.waiterTTL)
+		if same == "" || !r.coalesce {
+			lk.waiters[r.waiter] = now.Add(r.waiterTTL)
+		}
 		if r.fair {
 			for i, w := range lk.queue {
 				if w == r.waiter {
@@ -517,6 +529,40 @@ func (lk *memLock) reserveParked(now time.Time, released int64) string {
 	return ""
 }
 
+// grantable reports whether release.lua would hand the freed key to a
+// waiter, the head of the fair queue or else the waiter seen longest ago:
+// a plain acquire (see handOverID) that was not abandoned and whose label
+// was not completed. The key is then left to that waiter, which is woken,
+// and no parked job is reserved for.
+func (lk *memLock) grantable(now time.Time) bool {
+	wid := ""
+	if len(lk.queue) > 0 {
+		wid = lk.queue[0]
+		if d, ok := lk.waiters[wid]; !ok || !d.After(now) {
+			return false
+		}
+	} else {
+		var first time.Time
+		for w, d := range lk.waiters {
+			if d.After(now) && (first.IsZero() || d.Before(first)) {
+				wid, first = w, d
+			}
+		}
+	}
+	if !strings.HasPrefix(wid, "g") {
+		return false
+	}
+	parts := strings.SplitN(wid, ":", 5)
+	if len(parts) != 5 {
+		return false
+	}
+	if _, ok := lk.abandoned[parts[2]]; ok {
+		return false
+	}
+	_, done := lk.done[unescape(parts[3])]
+	return !done || parts[3] == ""
+}
+
 // preemptHolders preempts every live holder not preempted yet: it is no
 // longer renewed and expires within grace (if positive). It returns the
 // watched leases to tell.
@@ -596,8 +642,10 @@ func (b *memBackend) release(ctx context.Context, leases []*Lease, ends []ending
 			if end.cover > 0 && l.token > lk.cover {
 				lk.cover, lk.coverTill = l.token, now.Add(end.cover)
 			}
-			if freed && l.onParked != nil {
-				l.parked = lk.reserveParked(now, token)
+			if freed && l.onParked != nil && !lk.grantable(now) {
+				if id := lk.reserveParked(now, token); id != "" {
+					l.parked.Store(&id)
+				}
 			}
 		}
 	}

@@ -651,7 +651,9 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 		// 1 or 0, or {1, id of the parked job the key was reserved for}.
 		if vals, ok := v.([]any); ok && len(vals) == 2 {
 			v = vals[0]
-			full[i].parked, _ = vals[1].(string)
+			if id, _ := vals[1].(string); id != "" {
+				full[i].parked.Store(&id)
+			}
 		}
 		held[idx[full[i]]] = toInt(v) == 1
 	}

@@ -178,6 +178,9 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"ParkedJobsGetTheKeyInOrder", testPark},
 		{"ParkedFollowUpsSupersedeAndCover", testParkFollowUp},
 		{"RenewalsKeepTheirInterval", testRenewalOnTime},
+		{"RedeliveryIsNoFollowUp", testRedelivery},
+		{"HandOverComesBeforeParkedJobs", testHandOverBeforeParked},
+		{"CloseResumesTheParkedJob", testCloseResumesParked},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1875,4 +1878,207 @@ func testParkFollowUp(t *testing.T, h *harness) {
 	require.NoError(t, err, "c1 is the key's run: the follow-up parked behind it does not cover it")
 	require.NoError(t, c1.Release(ctx))
 	started("id-c3")
+}
+
+// testRedelivery: a delivery of the work whose earlier delivery holds the key
+// (the same label) is no follow-up. It replaces no follow-up and covers no
+// later Coalesce call, parked or waiting: when the run completes the label,
+// the redelivery gives up, and the follow-up it would have displaced runs.
+func testRedelivery(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	contended := make(chan string, 16)
+	a := h.locker(t, WithOwner("a"))
+	b := h.locker(t, WithOwner("b"), WithObserver(func(e Event) {
+		if e.Kind == EventContended {
+			contended <- e.Key
+		}
+	}))
+	calls := make(chan string, 16)
+	onParked := func(id string) { calls <- id }
+	started := func(want string) {
+		t.Helper()
+		select {
+		case id := <-calls:
+			require.Equal(t, want, id)
+		case <-ctx.Done():
+			t.Fatalf("OnParked(%s) not called", want)
+		}
+	}
+	opts := func(label string, supersede bool) *AcquireOptions {
+		return &AcquireOptions{Label: label, Park: "id-" + label, ParkHold: time.Minute, Adopt: true,
+			Supersede: supersede, Coalesce: !supersede, OnParked: onParked}
+	}
+	conflict := func(key, label string, supersede bool) *ConflictError {
+		t.Helper()
+		_, err := b.TryAcquire(ctx, key, opts(label, supersede))
+		var ce *ConflictError
+		require.ErrorAs(t, err, &ce, "%s parks", label)
+		for len(contended) > 0 {
+			<-contended
+		}
+		return ce
+	}
+
+	// KeepNewest, parked: y runs, x parks as its follow-up, y is delivered again.
+	y, err := a.TryAcquire(ctx, "s", opts("y", true))
+	require.NoError(t, err)
+	require.Empty(t, conflict("s", "x", true).Superseded)
+	require.Empty(t, conflict("s", "y", true).Superseded, "the redelivery of the run replaces no follow-up")
+	require.NoError(t, y.Complete(ctx, time.Minute))
+	started("id-x")
+	x, err := b.TryAcquire(ctx, "s", opts("x", true))
+	require.NoError(t, err, "the follow-up runs")
+	_, err = b.TryAcquire(ctx, "s", opts("y", true))
+	require.ErrorIs(t, err, ErrCompleted, "the redelivery gives up: its run completed")
+	require.NoError(t, x.Release(ctx))
+
+	// Coalesce, parked: c1 runs and is delivered again; c2 comes later.
+	c1, err := a.TryAcquire(ctx, "c", opts("c1", false))
+	require.NoError(t, err)
+	conflict("c", "c1", false)
+	conflict("c", "c2", false) // not covered by the redelivery: it parks
+	require.NoError(t, c1.Complete(ctx, time.Minute))
+	started("id-c2")
+	c2, err := b.TryAcquire(ctx, "c", opts("c2", false))
+	require.NoError(t, err, "the call the redelivery would have covered runs")
+	require.NoError(t, c2.Release(ctx))
+
+	// A follow-up delivered again under another parked id (a copy of the
+	// task) takes its own earlier entry's place: it neither replaces nor is
+	// covered by itself.
+	holder, err := a.TryAcquire(ctx, "p", &AcquireOptions{OnParked: onParked})
+	require.NoError(t, err)
+	copyOf := func(label, id string, supersede bool) *AcquireOptions {
+		o := opts(label, supersede)
+		o.Park = id
+		return o
+	}
+	_, err = b.TryAcquire(ctx, "p", copyOf("x", "id-x", true))
+	require.ErrorIs(t, err, ErrNotAcquired)
+	_, err = b.TryAcquire(ctx, "p", copyOf("x", "id-x-copy", true))
+	var ce *ConflictError
+	require.ErrorAs(t, err, &ce)
+	require.Empty(t, ce.Superseded, "a job does not replace itself")
+	require.Equal(t, 0, ce.Parked, "its earlier entry is gone")
+	require.NoError(t, holder.Release(ctx))
+	started("id-x-copy")
+	x, err = b.TryAcquire(ctx, "p", copyOf("x", "id-x-copy", true))
+	require.NoError(t, err, "the copy runs: it was not marked superseded")
+	_, err = b.TryAcquire(ctx, "p", copyOf("d", "id-d", false))
+	require.ErrorIs(t, err, ErrNotAcquired)
+	_, err = b.TryAcquire(ctx, "p", copyOf("d", "id-d-copy", false))
+	require.ErrorIs(t, err, ErrNotAcquired)
+	require.NotErrorIs(t, err, ErrCovered, "a job is not covered by its own earlier entry")
+	info, err := b.Inspect(ctx, "p")
+	require.NoError(t, err)
+	require.Equal(t, 1, info.Parked)
+	require.NoError(t, x.Release(ctx))
+	started("id-d-copy")
+
+	// Coalesce: a run covers calls asked before it began, but not a
+	// delivery of its own work, which waits for the run's outcome.
+	before := time.Now().Add(-time.Second)
+	run, err := a.TryAcquire(ctx, "o", &AcquireOptions{Label: "o1", Coalesce: true, Since: before})
+	require.NoError(t, err)
+	_, err = b.TryAcquire(ctx, "o", &AcquireOptions{Label: "o1", Coalesce: true, Since: before})
+	require.ErrorIs(t, err, ErrNotAcquired)
+	require.NotErrorIs(t, err, ErrCovered)
+	_, err = b.TryAcquire(ctx, "o", &AcquireOptions{Label: "o2", Coalesce: true, Since: before})
+	require.ErrorIs(t, err, ErrCovered, "another call is covered")
+	require.NoError(t, run.Release(ctx))
+
+	// Waiting: y's redelivery waits beside the follow-up x, and c1's beside
+	// nobody, without replacing or covering.
+	for _, supersede := range []bool{true, false} {
+		key := fmt.Sprintf("w-%v", supersede)
+		wait := func(label string) <-chan error {
+			done := make(chan error, 1)
+			go func() {
+				o := opts(label, supersede)
+				o.Park, o.ParkHold, o.Adopt = "", 0, false
+				l, err := b.Acquire(ctx, key, o)
+				if err == nil {
+					err = l.Release(ctx)
+				}
+				done <- err
+			}()
+			select {
+			case <-contended:
+			case <-ctx.Done():
+				t.Fatalf("%s did not wait", label)
+			}
+			return done
+		}
+		o := opts("r1", supersede)
+		o.Park, o.ParkHold, o.Adopt = "", 0, false
+		r1, err := a.TryAcquire(ctx, key, o)
+		require.NoError(t, err)
+		var follow <-chan error
+		if supersede {
+			follow = wait("f1")
+		}
+		again := wait("r1")
+		if !supersede {
+			// A later Coalesce call is not covered by the redelivery.
+			_, err := b.TryAcquire(ctx, key, &AcquireOptions{Label: "f2", Coalesce: true})
+			require.ErrorIs(t, err, ErrNotAcquired)
+			require.NotErrorIs(t, err, ErrCovered)
+		}
+		require.NoError(t, r1.Complete(ctx, time.Minute))
+		require.ErrorIs(t, <-again, ErrCompleted, "supersede %v", supersede)
+		if follow != nil {
+			require.NoError(t, <-follow, "the follow-up runs")
+		}
+	}
+}
+
+// testHandOverBeforeParked: a release that can hand the key to a waiting
+// plain acquire does so, and reserves it for no parked job.
+func testHandOverBeforeParked(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t, WithOwner("a"))
+	b := h.locker(t, WithOwner("b"))
+	c := h.locker(t, WithOwner("c"))
+	calls := make(chan string, 4)
+	holder, err := a.TryAcquire(ctx, "k", &AcquireOptions{OnParked: func(id string) { calls <- id }})
+	require.NoError(t, err)
+	_, err = b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", Park: "id-j1", ParkHold: time.Minute, Adopt: true})
+	require.ErrorIs(t, err, ErrNotAcquired)
+	got := make(chan *Lease, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		l, err := c.Acquire(wctx, "k", nil)
+		assert.NoError(t, err, "the waiter is handed the key, not kept out by a reservation")
+		got <- l
+	}()
+	waitWaiters(t, b, "k", 1)
+	require.NoError(t, holder.Release(ctx))
+	l := <-got
+	require.NotNil(t, l)
+	info, err := b.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, 1, info.Parked, "the parked job stays parked")
+	require.Len(t, info.Holders, 1)
+	require.Len(t, calls, 0, "no parked job was resumed")
+	require.NoError(t, l.Release(ctx))
+}
+
+// testCloseResumesParked: Close's release of a lease with OnParked reserves
+// the key for the oldest parked job and starts it, as Release does.
+func testCloseResumesParked(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t, WithOwner("a"))
+	b := h.locker(t, WithOwner("b"))
+	calls := make(chan string, 4)
+	_, err := a.TryAcquire(ctx, "k", &AcquireOptions{OnParked: func(id string) { calls <- id }})
+	require.NoError(t, err)
+	_, err = b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", Park: "id-j1", ParkHold: time.Minute, Adopt: true})
+	require.ErrorIs(t, err, ErrNotAcquired)
+	require.NoError(t, a.Close(ctx))
+	require.Len(t, calls, 1, "Close returns after OnParked")
+	require.Equal(t, "id-j1", <-calls)
+	l, err := b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", Park: "id-j1", ParkHold: time.Minute, Adopt: true})
+	require.NoError(t, err, "the parked job adopts its reservation")
+	require.NoError(t, l.Release(ctx))
 }

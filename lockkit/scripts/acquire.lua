@@ -171,9 +171,11 @@ if existed then
     end
   end
   if since > 0 then
+    -- A run covers calls that began before it, except a delivery of its
+    -- own work: that one waits for the run's outcome.
     for i = 1, #live, 2 do
       local tok = tonumber(string.match(live[i], '^(%d+):') or '0')
-      if tok >= since then
+      if tok >= since and (label == '' or string.sub(live[i], -#suffix) ~= suffix) then
         return covered(2, tok, live[i])
       end
     end
@@ -188,6 +190,7 @@ if existed then
   if label ~= '' and entry ~= '' and redis.call('ZREM', KEYS[1], 's:' .. label) == 1 then
     -- A newer follow-up replaced this parked one: it gives up, once.
     redis.call('ZADD', KEYS[1], -(now + keep), 'S:' .. aid)
+    extend_key(KEYS[1], keep)
     forget_waiter()
     return {-5}
   end
@@ -249,7 +252,13 @@ if since > 0 and not same and not adopted then
   end
   local c = redis.call('HGET', KEYS[8], 'c')
   if c and c ~= entry and redis.call('ZSCORE', KEYS[7], c) then
-    return covered(3, 0, '')
+    if label ~= '' and string.match(c, '^%d+:([^:]*):') == label then
+      -- This job's own earlier entry (parked under another id): it is
+      -- dropped, and this call takes its place.
+      redis.call('ZREM', KEYS[7], c)
+    else
+      return covered(3, 0, '')
+    end
   end
 end
 -- This call's follow-up id: its waiter id, or the entry of a parking call
@@ -260,7 +269,11 @@ if fid == '' then
 end
 local sup = ARGV[13] or '0'
 local replaced = ''
-if sup ~= '0' and fid ~= '' and not adopted then
+-- A call whose own earlier delivery holds the key (same) is no follow-up:
+-- it neither replaces the key's follow-up nor becomes it, nor covers a
+-- later Coalesce call, since the run it waits for may complete its label
+-- and drop it.
+if sup ~= '0' and fid ~= '' and not adopted and not (same and sup == '1') then
   -- One pending follow-up per key, the newest: "p" in the follow-up hash.
   local p = redis.call('HGET', KEYS[8], 'p')
   if sup == '1' then
@@ -273,13 +286,17 @@ if sup ~= '0' and fid ~= '' and not adopted then
       end
     else
       if p and redis.call('ZREM', KEYS[7], p) == 1 then
-        -- A parked follow-up: marked, so that its next acquire gives up.
+        -- A parked follow-up: marked, so that its next acquire gives up;
+        -- unless it is this job's own earlier entry (parked under another
+        -- id), whose place this call takes.
         local pl = string.match(p, '^%d+:([^:]*):')
-        if pl and pl ~= '' then
-          redis.call('ZADD', KEYS[1], -(now + keep), 's:' .. pl)
-          extend_key(KEYS[1], keep)
+        if not (pl and pl ~= '' and pl == label) then
+          if pl and pl ~= '' then
+            redis.call('ZADD', KEYS[1], -(now + keep), 's:' .. pl)
+            extend_key(KEYS[1], keep)
+          end
+          replaced = p
         end
-        replaced = p
       elseif p then
         redis.call('PUBLISH', ARGV[14], '1')
       end
@@ -328,7 +345,7 @@ if entry ~= '' then
   redis.call('PEXPIRE', KEYS[7], keep)
   keep_sorted(keep)
   parked = redis.call('ZRANK', KEYS[7], entry)
-  if since > 0 and wid == '' then
+  if since > 0 and wid == '' and not same then
     redis.call('HSET', KEYS[8], 'c', entry)
     extend_key(KEYS[8], keep)
   end
@@ -336,8 +353,10 @@ end
 
 if wid ~= '' then
   local wttl = tonumber(ARGV[6])
-  redis.call('ZADD', KEYS[4], now + wttl, wid)
-  extend_key(KEYS[4], wttl)
+  if not (same and since > 0) then
+    redis.call('ZADD', KEYS[4], now + wttl, wid)
+    extend_key(KEYS[4], wttl)
+  end
   keep_sorted(wttl)
   if ARGV[5] == '1' then
     redis.call('ZADD', KEYS[3], 'NX', nowus, wid)
