@@ -3,11 +3,14 @@ package singleton_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/lockkit"
@@ -147,4 +150,57 @@ func TestParkedFollowUpComesBackAtItsBackstop(t *testing.T) {
 			})
 		})
 	}
+}
+
+// stallHook holds back, once, the command whose arguments end with suffix
+// until the caller's ctx ends, and fails it unsent.
+type stallHook struct {
+	suffix string
+	done   atomic.Bool
+}
+
+func (h *stallHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *stallHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *stallHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && strings.HasSuffix(s, h.suffix) && h.done.CompareAndSwap(false, true) {
+				<-ctx.Done()
+				cmd.SetErr(ctx.Err())
+				return ctx.Err()
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A resume whose move of the parked task runs out of time passes the key
+// on to the next parked task at once, as for a task that cannot be run: the
+// reservation is not left for its backstop.
+func TestResumeThatTimesOutPassesTheKeyOn(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	slow := redis.NewClient(e.RDB.(*redis.Client).Options())
+	t.Cleanup(func() { _ = slow.Close() })
+	slow.AddHook(&stallHook{suffix: ":t:parked-a"})
+	release := make(chan struct{})
+	runs := &firstBlocks{release: release}
+	ev := &events{}
+	mw, err := singleton.Middleware(e.locker(), singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil }),
+		singleton.WithPolicy(middleware.Requeue(time.Hour)), singleton.WithRedis(slow), singleton.WithObserver(ev.observe))
+	require.NoError(t, err)
+	mux := asynq.NewServeMux()
+	mux.Use(mw)
+	mux.HandleFunc("job", runs.handle)
+	e.start(e.config(2), mux)
+	e.Enqueue(asynq.NewTask("job", []byte("holder")))
+	require.Eventually(t, func() bool { return len(runs.payloads()) == 1 }, 10*time.Second, 5*time.Millisecond)
+	e.Enqueue(asynq.NewTask("job", []byte("a")), asynq.TaskID("parked-a"))
+	require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) == 1 }, 10*time.Second, 5*time.Millisecond)
+	e.Enqueue(asynq.NewTask("job", []byte("b")), asynq.TaskID("parked-b"))
+	require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) == 2 }, 10*time.Second, 5*time.Millisecond)
+	close(release)
+	require.Eventually(t, func() bool { return slices.Contains(runs.payloads(), "b") }, 10*time.Second, 10*time.Millisecond,
+		"the next parked task runs once the stalled resume gave up")
 }

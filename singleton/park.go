@@ -165,7 +165,10 @@ func (m *guarded) resume(key, id string) {
 			m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: middleware.Job{Key: key, ID: taskID, Origin: origin},
 				Err: fmt.Errorf("singleton: resume parked task %s in queue %q: %w", taskID, queue, err)})
 		}
-		m.guard.PassOn(ctx, key, origin)
+		// ctx may have run out during runFirst: passing on gets its own.
+		pctx, pcancel := context.WithTimeout(context.Background(), resumeTimeout)
+		m.guard.PassOn(pctx, key, origin)
+		pcancel()
 		return
 	}
 }
