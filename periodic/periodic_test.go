@@ -297,3 +297,104 @@ func TestValidation(t *testing.T) {
 	require.NoError(t, s.Unregister(id))
 	require.ErrorIs(t, s.Unregister(id), ErrNotFound)
 }
+
+// stepClock is a clock that moves only when told.
+type stepClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *stepClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *stepClock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// A tick that comes due while the catch-up enqueues is fired by the loop
+// that follows it: the loop goes on from where the catch-up looked, not from
+// the clock after it (here every catch-up enqueue takes 300ms of the clock:
+// four of them take it past the tick one second after the start).
+func TestCatchUpHandsOverToTheLoop(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	q := queueName(t, c)
+	start := time.Now().Truncate(time.Second)
+	clock := &stepClock{t: start}
+	s := NewSchedulerFromRedisClient(c, nil, CatchUp(time.Minute, CatchUpAll), WithClock(clock.now), WithPrefix(testredis.Prefix(t, c)))
+	fired := make(chan time.Time, 16)
+	s.cfg.beforeEnqueue = func(_ string, tick time.Time) hookResult {
+		if !tick.After(start) {
+			clock.add(300 * time.Millisecond) // a catch-up enqueue
+		}
+		fired <- tick
+		return hookEnqueue
+	}
+	id, err := s.Register("@every 1s", asynq.NewTask("report", nil), asynq.Queue(q))
+	require.NoError(t, err)
+	last := start.Add(-4 * time.Second)
+	require.NoError(t, c.ZAdd(context.Background(), s.lastKey(s.entries[id]), redis.Z{Score: float64(last.UnixMilli()), Member: "t"}).Err())
+	require.NoError(t, s.Start())
+	defer s.Shutdown()
+	for want := last.Add(time.Second); !want.After(start.Add(time.Second)); want = want.Add(time.Second) {
+		select {
+		case got := <-fired:
+			require.Equal(t, want.UnixMilli(), got.UnixMilli())
+		case <-time.After(5 * time.Second):
+			t.Fatalf("tick %s (start %+v) was not fired", want.Format(time.TimeOnly), want.Sub(start))
+		}
+	}
+}
+
+// A replica that comes back from a pause longer than the window fires no
+// tick older than the window: those were the other replicas' to enqueue,
+// and their tasks may be gone, so enqueueing one again would run it twice.
+// The replica's clock jumps 5s while it enqueues its first tick.
+func TestPausedReplicaFiresNoStaleTick(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	q := queueName(t, c)
+	var mu sync.Mutex
+	var offset time.Duration
+	clock := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return time.Now().Add(offset)
+	}
+	s := NewSchedulerFromRedisClient(c, nil, WithWindow(time.Second), WithClock(clock), WithPrefix(testredis.Prefix(t, c)))
+	type fire struct{ tick, at time.Time }
+	fired := make(chan fire, 16)
+	s.cfg.beforeEnqueue = func(_ string, tick time.Time) hookResult {
+		at := clock()
+		mu.Lock()
+		if offset == 0 {
+			offset = 5 * time.Second // paused while enqueueing its first tick
+		}
+		mu.Unlock()
+		fired <- fire{tick, at}
+		return hookEnqueue
+	}
+	_, err := s.Register("@every 1s", asynq.NewTask("report", nil), asynq.Queue(q))
+	require.NoError(t, err)
+	require.NoError(t, s.Start())
+	defer s.Shutdown()
+	var first time.Time
+	for i := range 2 {
+		select {
+		case f := <-fired:
+			require.LessOrEqual(t, f.at.Sub(f.tick), time.Second, "tick %s fired %s after it was due", f.tick.Format(time.TimeOnly), f.at.Sub(f.tick))
+			if i == 0 {
+				first = f.tick
+			} else {
+				require.GreaterOrEqual(t, f.tick.Sub(first), 5*time.Second, "the ticks of the pause are skipped")
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("tick %d was not fired", i)
+		}
+	}
+}

@@ -300,10 +300,19 @@ func (s *Scheduler) runLocked(e *entry) {
 // loop fires e's ticks until it is stopped, after catching up.
 func (s *Scheduler) loop(e *entry) {
 	defer s.wg.Done()
-	if s.cfg.mode != 0 && !s.catchUp(e) {
-		return
+	from := s.cfg.clock()
+	if s.cfg.mode != 0 {
+		// The loop goes on from where the catch-up stopped: a tick that
+		// came due while it enqueued is fired next.
+		to, ok := s.catchUp(e)
+		if !ok {
+			return
+		}
+		if !to.IsZero() {
+			from = to
+		}
 	}
-	next := e.sched.Next(s.cfg.clock())
+	next := e.sched.Next(from)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -317,21 +326,24 @@ func (s *Scheduler) loop(e *entry) {
 		if now.Before(next) {
 			continue // the timer ran early on this clock
 		}
+		if now.Sub(next) > s.cfg.window {
+			// Paused past the window: this tick and the ones up to now
+			// were the other replicas' to enqueue, and may be too old to
+			// be refused.
+			next = e.sched.Next(now)
+			continue
+		}
 		if !s.fire(e, next) {
 			return
 		}
 		next = e.sched.Next(next)
-		if now.Sub(next) > s.cfg.window {
-			// Paused past the window: these ticks were the other
-			// replicas' to enqueue, and are too old to be refused.
-			next = e.sched.Next(now)
-		}
 	}
 }
 
 // catchUp enqueues the ticks of e missed within the catch-up window, from
-// the last one enqueued; false when the loop must stop.
-func (s *Scheduler) catchUp(e *entry) bool {
+// the last one enqueued, and returns the time up to which it looked (zero
+// when it could not); false when the loop must stop.
+func (s *Scheduler) catchUp(e *entry) (time.Time, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	last, err := s.rdb.ZScore(ctx, s.lastKey(e), "t").Result()
 	cancel()
@@ -339,7 +351,7 @@ func (s *Scheduler) catchUp(e *entry) bool {
 		if !errors.Is(err, redis.Nil) {
 			s.cfg.logger.Warn("periodic: reading the last tick for catch-up", "entry", e.id, "spec", e.spec, "err", err)
 		}
-		return true
+		return time.Time{}, true
 	}
 	now := s.cfg.clock()
 	from := time.UnixMilli(int64(last)).In(s.opts.Location)
@@ -355,10 +367,10 @@ func (s *Scheduler) catchUp(e *entry) bool {
 	}
 	for _, t := range missed {
 		if !s.fire(e, t) {
-			return false
+			return now, false
 		}
 	}
-	return true
+	return now, true
 }
 
 // fire enqueues e's task of tick; false when the entry stops on this replica.
