@@ -282,7 +282,8 @@ func (e *engine) sendReleases(ctx context.Context, batch []queuedRelease) {
 
 // awaitOwnRelease waits, bounded by ctx, until no release of key by this
 // Locker is queued or in flight, so that work one process runs one after
-// another never meets its own release.
+// another never meets its own release. It returns once Close has begun:
+// Close sends the queued releases only after the calls in progress ended.
 func (e *engine) awaitOwnRelease(ctx context.Context, key string) {
 	for {
 		e.mu.Lock()
@@ -298,6 +299,8 @@ func (e *engine) awaitOwnRelease(ctx context.Context, key string) {
 		select {
 		case <-done:
 		case <-ctx.Done():
+			return
+		case <-e.stop:
 			return
 		}
 	}

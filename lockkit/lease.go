@@ -126,6 +126,13 @@ func (l *Lease) validUntilLocked() time.Time {
 	return l.validUntil
 }
 
+// ttlLocked returns the lease's TTL, which Extend may change meanwhile.
+func (l *Lease) ttlLocked() time.Duration {
+	l.e.mu.Lock()
+	defer l.e.mu.Unlock()
+	return l.ttl
+}
+
 type leaseKey struct{}
 
 // LeaseFromContext returns the lease whose Context (or Run, or Do) made ctx, to

@@ -25,7 +25,7 @@ func storeAcquire(t *testing.T, l *RedisLocker, key string, opt *AcquireOptions)
 		require.NotNil(t, res.conflict, "refused otherwise: %+v", res)
 		return nil, res.conflict
 	}
-	return &Lease{key: key, aid: r.aid, owner: r.owner, label: r.label, token: res.token, ttl: r.ttl, plain: res.plain,
+	return &Lease{e: l.e, key: key, aid: r.aid, owner: r.owner, label: r.label, token: res.token, ttl: r.ttl, plain: res.plain,
 		member: memberOf(res.token, r.aid, r.owner, r.label)}, nil
 }
 

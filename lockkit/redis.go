@@ -589,7 +589,7 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 		if l.onParked != nil {
 			resume = "1"
 		}
-		return []any{l.member, l.aid, b.keys(l.key).channel, ms(b.grace), label, ms(end.done), ms(l.ttl), ms(end.cover), ms(l.hold), resume}
+		return []any{l.member, l.aid, b.keys(l.key).channel, ms(b.grace), label, ms(end.done), ms(l.ttlLocked()), ms(end.cover), ms(l.hold), resume}
 	}
 	held := make([]bool, len(leases))
 	var errs []error

@@ -988,7 +988,7 @@ func testCoalesce(t *testing.T, h *harness) {
 	got, err = e.b.acquire(ctx, &early)
 	require.NoError(t, err)
 	require.True(t, got.ok, "a failed run covers nothing")
-	_, err = e.b.release(ctx, []*Lease{{key: "k", aid: early.aid}}, nil)
+	_, err = e.b.release(ctx, []*Lease{{e: e, key: "k", aid: early.aid}}, nil)
 	require.NoError(t, err)
 
 	// Since: work asked for before a run began is covered by it; a Since
