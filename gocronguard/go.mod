@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/go-co-op/gocron/v2 v2.21.2
+	github.com/google/uuid v1.6.0
 	github.com/jobguard/jobguard v0.0.0-00010101000000-000000000000
 	github.com/jonboulle/clockwork v0.5.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -13,7 +14,6 @@ require (
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/google/uuid v1.6.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sys v0.48.0 // indirect

@@ -81,12 +81,19 @@ func WithTolerance(d time.Duration) Option { return func(l *Locker) { l.tol = d 
 // Must not be nil. Defaults to time.Now.
 func WithClock(now func() time.Time) Option { return func(l *Locker) { l.now = now } }
 
+// WithLocation sets the time zone of the WithSchedule specs that name none
+// (no CRON_TZ= or TZ= prefix); give the scheduler's gocron.WithLocation,
+// which gocron applies to such specs. Must not be nil. Defaults to
+// time.Local, as gocron's.
+func WithLocation(loc *time.Location) Option { return func(l *Locker) { l.loc = loc } }
+
 // Locker is a gocron.Locker on a lockkit.Locker.
 type Locker struct {
 	l      lockkit.Locker
 	hold   time.Duration
 	tol    time.Duration
 	now    func() time.Time
+	loc    *time.Location
 	specs  map[string]string
 	scheds map[string]schedule
 }
@@ -105,7 +112,7 @@ func NewLocker(l lockkit.Locker, opts ...Option) (*Locker, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: NewLocker: locker is nil", ErrInvalid)
 	}
-	lk := &Locker{l: l, hold: DefaultHoldAtLeast, now: time.Now, specs: map[string]string{}, scheds: map[string]schedule{}}
+	lk := &Locker{l: l, hold: DefaultHoldAtLeast, now: time.Now, loc: time.Local, specs: map[string]string{}, scheds: map[string]schedule{}}
 	for _, o := range opts {
 		if o != nil {
 			o(lk)
@@ -118,9 +125,11 @@ func NewLocker(l lockkit.Locker, opts ...Option) (*Locker, error) {
 		return nil, fmt.Errorf("%w: WithTolerance(%s): must be positive", ErrInvalid, lk.tol)
 	case lk.now == nil:
 		return nil, fmt.Errorf("%w: WithClock(nil)", ErrInvalid)
+	case lk.loc == nil:
+		return nil, fmt.Errorf("%w: WithLocation(nil)", ErrInvalid)
 	}
 	for job, spec := range lk.specs {
-		s, err := parse(spec)
+		s, err := parse(spec, lk.loc)
 		if err != nil {
 			return nil, fmt.Errorf("%w: WithSchedule(%q, %q): %v", ErrInvalid, job, spec, err)
 		}
@@ -138,11 +147,15 @@ func NewLocker(l lockkit.Locker, opts ...Option) (*Locker, error) {
 	return lk, nil
 }
 
-func parse(spec string) (cron.Schedule, error) {
+// parse parses spec, in loc unless it names its own time zone.
+func parse(spec string, loc *time.Location) (cron.Schedule, error) {
 	if e, ok, err := every.Parse(spec); ok {
 		return e, err
 	}
-	if len(strings.Fields(spec)) == 6 {
+	if !strings.HasPrefix(spec, "CRON_TZ=") && !strings.HasPrefix(spec, "TZ=") {
+		spec = "CRON_TZ=" + loc.String() + " " + spec
+	}
+	if len(strings.Fields(spec)) == 7 {
 		return cron.NewParser(cron.Second | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor).Parse(spec)
 	}
 	return cron.ParseStandard(spec)

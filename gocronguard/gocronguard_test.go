@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
+	"github.com/google/uuid"
 	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -177,4 +178,43 @@ func TestValidation(t *testing.T) {
 	require.ErrorIs(t, err, gocronguard.ErrInvalid)
 	_, err = gocronguard.NewElector(nil, "k", nil)
 	require.ErrorIs(t, err, lockkit.ErrInvalid)
+}
+
+// A scheduler with gocron.WithLocation fires a spec without a time zone in
+// that zone; the Locker, given the same location, names the same
+// activation: the job runs. Without it, the Locker would look for 09:00 on
+// the host's zone and skip the run (ErrNoTick). A spec that names its own
+// zone keeps it.
+func TestScheduleInTheSchedulersLocation(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	require.NoError(t, err)
+	for name, spec := range map[string]string{"scheduler's zone": "0 9 * * *", "own zone": "CRON_TZ=America/New_York 0 9 * * *"} {
+		t.Run(name, func(t *testing.T) {
+			l, err := lockkit.NewMemory()
+			require.NoError(t, err)
+			defer l.Close(context.Background())
+			// The host's clock is in UTC; 09:00 in New York is 14:00 UTC.
+			fake := clockwork.NewFakeClockAt(time.Date(2026, 3, 2, 8, 59, 58, 0, ny).In(time.UTC))
+			gl, err := gocronguard.NewLocker(l, gocronguard.WithSchedule("daily", spec), gocronguard.WithClock(fake.Now),
+				gocronguard.WithLocation(ny))
+			require.NoError(t, err)
+			ran, failed := make(chan struct{}, 1), make(chan error, 1)
+			s, err := gocron.NewScheduler(gocron.WithClock(fake), gocron.WithLocation(ny), gocron.WithDistributedLocker(gl))
+			require.NoError(t, err)
+			_, err = s.NewJob(gocron.CronJob("0 9 * * *", false), gocron.NewTask(func() { ran <- struct{}{} }), gocron.WithName("daily"),
+				gocron.WithEventListeners(gocron.AfterLockError(func(_ uuid.UUID, _ string, err error) { failed <- err })))
+			require.NoError(t, err)
+			s.Start()
+			defer func() { require.NoError(t, s.Shutdown()) }()
+			require.NoError(t, fake.BlockUntilContext(context.Background(), 1), "the scheduler waits for its first run")
+			fake.Advance(2 * time.Second)
+			select {
+			case <-ran:
+			case err := <-failed:
+				t.Fatalf("the run was skipped: %v", err)
+			case <-time.After(5 * time.Second):
+				t.Fatal("the job did not fire")
+			}
+		})
+	}
 }
