@@ -14,6 +14,8 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/lockkit"
 )
 
 // EnqueuedAtHeader is the task header in which Client records when a task was
@@ -178,12 +180,23 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 	}
 	info, err := c.enqueueOwnID(ctx, stamped, id, queue, generated, opts)
 	if err != nil {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = res.Release(rctx)
-		cancel()
+		c.giveBack(ctx, res, id, queue)
 		return nil, err
 	}
 	return info, nil
+}
+
+// giveBack releases res, the reservation of task id whose enqueue failed,
+// unless the task is there after all (the enqueue ran and its reply was
+// lost) or that cannot be told: the reservation then stays, and the next
+// enqueue of the key takes it over once it finds the task gone.
+func (c *Client) giveBack(ctx context.Context, res *lockkit.Lease, id, queue string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if state, err := c.taskState(rctx, queue, id); err != nil || state != "" {
+		return
+	}
+	_ = res.Release(rctx)
 }
 
 // enqueueNewest records task (ID id) as its key's newest request and

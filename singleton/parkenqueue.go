@@ -119,9 +119,7 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 	}
 	info, err := c.enqueueOwnID(ctx, task, id, queue, generated, opts)
 	if err != nil && res != nil {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = res.Release(rctx)
-		cancel()
+		c.giveBack(ctx, res, id, queue)
 	}
 	return info, err
 }

@@ -325,7 +325,10 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		ctx = withCopyID(ctx)
 	}
 	res := m.startReservation(ctx, t, key, origin)
-	out := m.guard.Run(ctx, job, func(ctx context.Context) error { return next.ProcessTask(ctx, t) })
+	out := m.guard.Run(ctx, job, func(ctx context.Context) error {
+		m.started(ctx, t, key, origin)
+		return next.ProcessTask(ctx, t)
+	})
 	m.endReservation(ctx, t, key, origin, res, out)
 	if out.Duplicate == nil {
 		if out.Ran && errors.Is(out.Err, lockkit.ErrPreempted) {

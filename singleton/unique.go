@@ -192,6 +192,14 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 		}
 		var ce *lockkit.ConflictError
 		if !errors.As(err, &ce) {
+			if !errors.Is(err, lockkit.ErrNotAcquired) {
+				// The reservation may have been made (its reply lost): no
+				// task comes with it, so it must not refuse the caller's
+				// retry.
+				fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				_, _ = u.locker.Free(fctx, reservePrefix+key, opt.Label)
+				cancel()
+			}
 			return nil, fmt.Errorf("singleton: reserving key %q: %w", key, err)
 		}
 		holderQueue, holderID := splitLabel(ce.Label)
@@ -272,26 +280,32 @@ func uniqueHeader(life Lifetime, ttl time.Duration) string {
 	return life.String() + " " + strconv.FormatInt(ttl.Milliseconds(), 10)
 }
 
-// startReservation is called when a task starts: UntilStarted ends the
-// reservation; UntilExecuted adopts it, so that it is renewed while the task
-// runs, and returns the lease.
+// startReservation is called when a task is delivered: UntilExecuted
+// adopts the reservation, so that it is renewed while the task runs, and
+// returns the lease. (UntilStarted's ends when the run starts: started.)
 func (m *guarded) startReservation(ctx context.Context, t *asynq.Task, key, origin string) *lockkit.Lease {
 	life, _ := uniqueOf(t)
-	if life == 0 {
+	if life != UntilExecuted {
 		return nil
 	}
 	_, queue := taskIdentity(ctx)
 	label := reservationLabel(queue, origin)
-	if life == UntilStarted {
-		m.freeReservation(ctx, t, key, origin, label)
-		return nil
-	}
 	res, err := m.guard.Locker().TryAcquire(ctx, reservePrefix+key, &lockkit.AcquireOptions{Label: label, Adopt: true})
 	if err != nil {
 		// Gone (its TTL passed) or held by another task: nothing to adopt.
 		return nil
 	}
 	return res
+}
+
+// started is called when the task's run starts, holding its key: an
+// UntilStarted reservation ends. A delivery that does not run (a duplicate
+// requeued, say) keeps it.
+func (m *guarded) started(ctx context.Context, t *asynq.Task, key, origin string) {
+	if life, _ := uniqueOf(t); life == UntilStarted {
+		_, queue := taskIdentity(ctx)
+		m.freeReservation(ctx, t, key, origin, reservationLabel(queue, origin))
+	}
 }
 
 // endReservation is called when the middleware is done with a task that
@@ -355,6 +369,12 @@ func (m *guarded) doneWith(ctx context.Context, out middleware.Outcome) bool {
 		// it runs later, and ends the reservation then.
 		_, requeued := requeueOf(out.Err)
 		return !requeued
+	}
+	if ctx.Err() != nil {
+		// asynq gave up on the run (shutdown, worker lease, deadline): it
+		// may put the task back without counting a retry. The reservation
+		// stays; an enqueue of the key takes it over once the task is gone.
+		return false
 	}
 	retried, ok1 := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)

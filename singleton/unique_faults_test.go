@@ -1,0 +1,188 @@
+package singleton_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/internal/testredis"
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
+	"github.com/jobguard/jobguard/singleton"
+)
+
+// asynq's enqueue runs but its reply is lost: the Client returns the error
+// and keeps the reservation, since the task is there; a second task of the
+// key is refused.
+func TestUniqueKeepsTheReservationOfATaskWhoseEnqueueReplyWasLost(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	rdb := e.RDB
+	hook := &testredis.Faults{Match: func(cmd redis.Cmder) bool {
+		name := strings.ToLower(cmd.Name())
+		if name != "evalsha" && name != "eval" {
+			return false
+		}
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && strings.Contains(s, "}:t:") {
+				return true
+			}
+		}
+		return false
+	}}
+	rdb.AddHook(hook)
+	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(e.Prefix))
+	require.NoError(t, err)
+	defer locker.Close(context.Background())
+	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(rdb), rdb,
+		singleton.KeyByFields("tenant_id"), singleton.Unique(locker, 0, 0))
+	require.NoError(t, err)
+	task := asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`), asynq.Queue(e.Queue))
+	_, err = client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"warm-up"}`), asynq.Queue(e.Queue)))
+	require.NoError(t, err)
+
+	hook.Arm(testredis.DropReply, 1)
+	_, err = client.Enqueue(task)
+	require.Error(t, err, "the reply was lost")
+	require.Equal(t, 2, e.QueueInfo().Pending, "but the task was enqueued")
+	_, err = client.Enqueue(task)
+	require.Error(t, err, fmt.Sprintf("a second task of the key was accepted while the first is pending (pending now %d)", e.QueueInfo().Pending))
+}
+
+// asynq gives up on a run at shutdown (ShutdownTimeout): it puts the task
+// back to pending and cancels the handler's ctx. Even for a task with no
+// retries left, the UntilExecuted reservation stays: the task runs again, and
+// a second task of the key is refused.
+func TestUniqueKeepsTheReservationOfATaskPutBackAtShutdown(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	locker := e.locker()
+	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB,
+		singleton.KeyByFields("tenant_id"), singleton.Unique(locker, singleton.UntilExecuted, 0))
+	require.NoError(t, err)
+	mw, err := singleton.Middleware(e.locker(), singleton.KeyByFields("tenant_id"))
+	require.NoError(t, err)
+	started := make(chan string, 4)
+	returned := make(chan struct{}, 4)
+	mux := asynq.NewServeMux()
+	// The outer middleware reports when the guard, and its reservation
+	// handling, is done with the task.
+	mux.Use(func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			defer func() { returned <- struct{}{} }()
+			return next.ProcessTask(ctx, task)
+		})
+	}, mw)
+	mux.HandleFunc("report", func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		started <- id
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	cfg := e.config(1)
+	cfg.ShutdownTimeout = 500 * time.Millisecond
+	srv := asynq.NewServerFromRedisClient(e.RDB, cfg)
+	require.NoError(t, srv.Start(mux))
+
+	a, err := client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`)), asynq.Queue(e.Queue), asynq.MaxRetry(0))
+	require.NoError(t, err)
+	require.Equal(t, a.ID, recv(t, started, 10*time.Second))
+	srv.Shutdown() // after 500ms asynq puts A back to pending and cancels its ctx
+	recv(t, returned, 10*time.Second)
+	info, err := e.Inspector.GetTaskInfo(e.Queue, a.ID)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStatePending, info.State, "asynq will run A again")
+	b, err := client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`)), asynq.Queue(e.Queue))
+	if err == nil {
+		t.Fatalf("B (%s) accepted while A (%s, same key) is pending: the reservation was released at the shutdown requeue", b.ID, a.ID)
+	}
+	var dup *singleton.DuplicateTaskError
+	require.ErrorAs(t, err, &dup)
+}
+
+// UntilStarted frees the reservation when the task's run starts, not when a
+// delivery finds its key held and is requeued without running: while the
+// task waits to retry, a second task is refused.
+func TestUntilStartedKeepsTheReservationOfADeliveryThatDidNotStart(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB,
+		singleton.KeyByFields("tenant_id"), singleton.Unique(e.locker(), singleton.UntilStarted, 0))
+	require.NoError(t, err)
+	mw, err := singleton.Middleware(e.locker(), singleton.KeyByFields("tenant_id"),
+		singleton.WithPolicy(middleware.Requeue(time.Minute)), singleton.WithRedis(e.RDB))
+	require.NoError(t, err)
+	block := make(chan struct{})
+	defer close(block)
+	started := make(chan string, 8)
+	mux := asynq.NewServeMux()
+	mux.Use(mw)
+	mux.HandleFunc("report", func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		started <- id
+		<-block
+		return nil
+	})
+	e.start(e.config(4), mux)
+	a, err := e.Client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":0}`)), asynq.Queue(e.Queue))
+	require.NoError(t, err)
+	require.Equal(t, a.ID, recv(t, started, 10*time.Second))
+	b, err := client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":1}`)), asynq.Queue(e.Queue), asynq.MaxRetry(5))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		ti, err := e.Inspector.GetTaskInfo(e.Queue, b.ID)
+		return err == nil && ti.State == asynq.TaskStateRetry
+	}, 10*time.Second, 5*time.Millisecond, "B was requeued without running")
+	select {
+	case id := <-started:
+		t.Fatalf("unexpected start of %s", id)
+	default:
+	}
+	c, err := client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":2}`)), asynq.Queue(e.Queue))
+	if err == nil {
+		t.Fatalf("C (%s) accepted while B (%s) is waiting to retry and never started", c.ID, b.ID)
+	}
+}
+
+// The reservation's reply is lost (go-redis gives up): EnqueueContext
+// returns the Redis error and enqueues nothing, and frees the reservation it
+// may have made, so the caller's retry is not refused as a duplicate of a
+// task that does not exist (a caller may take asynq.ErrDuplicateTask for
+// "already enqueued").
+func TestUniqueLostReservationReplyDoesNotRefuseTheRetry(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	rdb := e.RDB
+	hook := &testredis.Faults{Match: func(cmd redis.Cmder) bool {
+		name := strings.ToLower(cmd.Name())
+		if name != "evalsha" && name != "eval" {
+			return false
+		}
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && strings.Contains(s, "unique:") {
+				return true
+			}
+		}
+		return false
+	}}
+	rdb.AddHook(hook)
+	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(e.Prefix))
+	require.NoError(t, err)
+	defer locker.Close(context.Background())
+	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(rdb), rdb,
+		singleton.KeyByFields("tenant_id"), singleton.Unique(locker, 0, 0))
+	require.NoError(t, err)
+	_, err = client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"warm-up"}`), asynq.Queue(e.Queue)))
+	require.NoError(t, err)
+	task := asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`), asynq.Queue(e.Queue))
+
+	hook.Arm(testredis.DropReply, 1)
+	_, err = client.Enqueue(task)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, asynq.ErrDuplicateTask)
+	require.Equal(t, 1, e.QueueInfo().Size, "nothing was enqueued")
+	_, err = client.Enqueue(task)
+	require.NoError(t, err, "the caller's retry is refused although no task of the key exists (queue size %d)", e.QueueInfo().Size)
+}
