@@ -34,6 +34,7 @@ type backend interface {
 	detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error)
 	// throttle takes one start from key's budget (see Locker.Throttle).
 	throttle(ctx context.Context, key string, n int, period time.Duration, call string) (time.Duration, error)
+	returnStart(ctx context.Context, key, call string) error
 	// debounce and claim implement Locker.Debounce and Locker.Claim.
 	debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error)
 	claim(ctx context.Context, key string, gen int64, force bool) (Request, bool, error)
@@ -382,6 +383,28 @@ func (e *engine) tryAcquire(ctx context.Context, key string, opt *AcquireOptions
 }
 
 func (e *engine) throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
+	return e.throttleCall(ctx, key, n, period, randomID(8))
+}
+
+func (e *engine) throttleStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error) {
+	if id == "" {
+		return 0, fmt.Errorf("%w: ThrottleStart(%q): id is empty", ErrInvalid, key)
+	}
+	return e.throttleCall(ctx, key, n, period, id)
+}
+
+func (e *engine) returnStart(ctx context.Context, key, id string) error {
+	if key == "" || id == "" {
+		return fmt.Errorf("%w: ReturnStart(%q, %q): key and id must not be empty", ErrInvalid, key, id)
+	}
+	if err := e.b.returnStart(ctx, key, id); err != nil {
+		return fmt.Errorf("lockkit: return start %q: %w", key, err)
+	}
+	return nil
+}
+
+// throttleCall takes a start logged as call.
+func (e *engine) throttleCall(ctx context.Context, key string, n int, period time.Duration, call string) (time.Duration, error) {
 	switch {
 	case key == "":
 		return 0, fmt.Errorf("%w: Throttle: key is empty", ErrInvalid)
@@ -390,7 +413,7 @@ func (e *engine) throttle(ctx context.Context, key string, n int, period time.Du
 	case period < time.Millisecond || period > MaxTTL:
 		return 0, fmt.Errorf("%w: Throttle(%q): period %s must be between 1ms and %s", ErrInvalid, key, period, MaxTTL)
 	}
-	wait, err := e.b.throttle(ctx, key, n, period, randomID(8))
+	wait, err := e.b.throttle(ctx, key, n, period, call)
 	if err != nil {
 		return 0, fmt.Errorf("lockkit: throttle %q: %w", key, err)
 	}

@@ -176,6 +176,15 @@ type Locker interface {
 	// least a millisecond and at most MaxTTL (ErrInvalid). Throttle keys are
 	// apart from lease keys: the same name may be both.
 	Throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error)
+	// ThrottleStart is Throttle for a start named by id (unique to one
+	// start, such as one delivery of a task): a repeat with the same id, as
+	// after a lost reply, takes no second start, and ReturnStart gives it
+	// back. Errors are those of Throttle, and ErrInvalid for an empty id.
+	ThrottleStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error)
+	// ReturnStart gives back to key's budget the start that ThrottleStart
+	// took for id, for work that did not start after all; nothing when there
+	// is none. It returns ErrInvalid for an empty key or id.
+	ReturnStart(ctx context.Context, key, id string) error
 	// Debounce records a request for key's work, named by id (such as a
 	// task ID), as the key's newest (latest wins): a burst of requests is
 	// meant to run the work once, for its newest request, once the key has

@@ -101,6 +101,16 @@ func (l *MemoryLocker) Throttle(ctx context.Context, key string, n int, period t
 	return l.e.throttle(ctx, key, n, period)
 }
 
+// ThrottleStart implements Locker.
+func (l *MemoryLocker) ThrottleStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error) {
+	return l.e.throttleStart(ctx, key, n, period, id)
+}
+
+// ReturnStart implements Locker.
+func (l *MemoryLocker) ReturnStart(ctx context.Context, key, id string) error {
+	return l.e.returnStart(ctx, key, id)
+}
+
 // Free implements Locker.
 func (l *MemoryLocker) Free(ctx context.Context, key, label string) (bool, error) {
 	return l.e.free(ctx, key, label)
@@ -117,8 +127,8 @@ type memStore struct {
 	mu     sync.Mutex
 	locks  map[string]*memLock
 	ops    int
-	starts map[string][]time.Time // throttle key → its starts in the last period
-	bursts map[string]*memBurst   // debounce key → its newest request
+	starts map[string][]memStart // throttle key → its starts in the last period
+	bursts map[string]*memBurst  // debounce key → its newest request
 }
 
 // memBurst is a key's newest Debounce request.
@@ -686,7 +696,7 @@ func (b *memBackend) extend(ctx context.Context, leases []*Lease, ttls []time.Du
 	return errs
 }
 
-func (b *memBackend) throttle(ctx context.Context, key string, n int, period time.Duration, _ string) (time.Duration, error) {
+func (b *memBackend) throttle(ctx context.Context, key string, n int, period time.Duration, call string) (time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -695,20 +705,42 @@ func (b *memBackend) throttle(ctx context.Context, key string, n int, period tim
 	defer s.mu.Unlock()
 	now := time.Now()
 	if s.starts == nil {
-		s.starts = make(map[string][]time.Time)
+		s.starts = make(map[string][]memStart)
 	}
 	log := s.starts[key][:0]
 	for _, st := range s.starts[key] {
-		if st.After(now.Add(-period)) {
+		if st.at.After(now.Add(-period)) {
 			log = append(log, st)
 		}
 	}
 	s.starts[key] = log
+	for _, st := range log {
+		if st.id == call {
+			return 0, nil // a repeat: its start is taken
+		}
+	}
 	if len(log) < n {
-		s.starts[key] = append(log, now)
+		s.starts[key] = append(log, memStart{now, call})
 		return 0, nil
 	}
-	return max(time.Millisecond, log[0].Add(period).Sub(now)+time.Millisecond), nil
+	return max(time.Millisecond, log[0].at.Add(period).Sub(now)+time.Millisecond), nil
+}
+
+// memStart is one start in a throttle key's log.
+type memStart struct {
+	at time.Time
+	id string
+}
+
+func (b *memBackend) returnStart(ctx context.Context, key, id string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.starts[key] = slices.DeleteFunc(s.starts[key], func(st memStart) bool { return st.id == id })
+	return nil
 }
 
 func (b *memBackend) detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error) {

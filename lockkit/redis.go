@@ -166,6 +166,16 @@ func (l *RedisLocker) Throttle(ctx context.Context, key string, n int, period ti
 	return l.e.throttle(ctx, key, n, period)
 }
 
+// ThrottleStart implements Locker.
+func (l *RedisLocker) ThrottleStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error) {
+	return l.e.throttleStart(ctx, key, n, period, id)
+}
+
+// ReturnStart implements Locker.
+func (l *RedisLocker) ReturnStart(ctx context.Context, key, id string) error {
+	return l.e.returnStart(ctx, key, id)
+}
+
 // Debounce implements Locker.
 func (l *RedisLocker) Debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error) {
 	return l.e.debounce(ctx, key, id, quiet, maxWait)
@@ -841,6 +851,10 @@ func (b *redisBackend) throttle(ctx context.Context, key string, n int, period t
 	base := b.prefix + "{" + escapeKey(key) + "}"
 	wait, err := throttleScript.Run(ctx, b.c, []string{base + ":t"}, n, ms(period), call).Int64()
 	return time.Duration(wait) * time.Millisecond, err
+}
+
+func (b *redisBackend) returnStart(ctx context.Context, key, id string) error {
+	return b.c.ZRem(ctx, b.prefix+"{"+escapeKey(key)+"}:t", id).Err()
 }
 
 func (b *redisBackend) debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error) {

@@ -1161,6 +1161,25 @@ func testThrottle(t *testing.T, h *harness) {
 	wait, err := b.Throttle(ctx, "api", n, period)
 	require.NoError(t, err)
 	require.Positive(t, wait, "the budget is spent")
+
+	// A named start: taken once however often it is asked for, and given
+	// back for work that did not start.
+	for range 2 {
+		wait, err = a.ThrottleStart(ctx, "named", 1, time.Minute, "s1")
+		require.NoError(t, err)
+		require.Zero(t, wait, "a repeat of the start takes no second one")
+	}
+	wait, err = b.ThrottleStart(ctx, "named", 1, time.Minute, "s2")
+	require.NoError(t, err)
+	require.Positive(t, wait, "the budget is spent")
+	require.NoError(t, b.ReturnStart(ctx, "named", "s1"))
+	require.NoError(t, b.ReturnStart(ctx, "named", "s1"), "returning again does nothing")
+	wait, err = b.ThrottleStart(ctx, "named", 1, time.Minute, "s2")
+	require.NoError(t, err)
+	require.Zero(t, wait, "the returned start is free again")
+	_, err = a.ThrottleStart(ctx, "named", 1, time.Minute, "")
+	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorIs(t, a.ReturnStart(ctx, "named", ""), ErrInvalid)
 	require.LessOrEqual(t, wait, period+time.Millisecond, "when the oldest start leaves the window")
 	again, err := a.Throttle(ctx, "api", n, period)
 	require.NoError(t, err)

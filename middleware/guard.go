@@ -31,6 +31,8 @@ package middleware
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -360,9 +362,12 @@ func WithHoldAtLeast(d time.Duration) Option { return func(g *Guard) { g.hold = 
 // across every process (lockkit's Locker.Throttle). A job over the budget does not run: Run returns a
 // *DuplicateError with ReasonThrottled, then as its Action (ActionSkip, or
 // ActionRequeue to run it again when the next start opens, RetryAfter), and
-// reports EventDuplicate. The budget is taken before the key's lease. n must
-// be at least 1, period between a millisecond and lockkit.MaxTTL. Defaults
-// to no throttle.
+// reports EventDuplicate, whatever holds its key. Only a job that runs
+// spends a start: one that does not run after all (a duplicate, a requeued
+// or parked job, one that gives way, or an acquire that failed) gives back
+// the start it took (lockkit's Locker.ReturnStart), and so does a delivery
+// that waited for its own earlier run, that run's retry. n must be at least 1, period between a millisecond and
+// lockkit.MaxTTL. Defaults to no throttle.
 func WithThrottle(n int, period time.Duration, then Action) Option {
 	return func(g *Guard) { g.throttle = &throttle{n: n, period: period, then: then} }
 }
@@ -580,7 +585,23 @@ func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error
 	if job.Key == "" {
 		return Outcome{Err: g.emptyKey(ctx, job)}
 	}
-	lease, waited, err := g.acquire(ctx, job)
+	var own bool
+	start := ""
+	if g.throttle != nil {
+		start = randomID()
+		if err := g.takeStart(ctx, job, start); err != nil {
+			var dup *DuplicateError
+			errors.As(err, &dup)
+			return Outcome{Duplicate: dup, Err: err}
+		}
+	}
+	lease, waited, err := g.acquire(ctx, job, &own)
+	if start != "" && (err != nil || own) {
+		// Only a run spends a start: a job that does not run gives its
+		// back, and so does a delivery that waited for its own earlier run
+		// (that run's retry, whose start was taken).
+		g.returnStart(ctx, job, start)
+	}
 	if err != nil {
 		var dup *DuplicateError
 		errors.As(err, &dup)
@@ -661,14 +682,11 @@ func (g *Guard) finish(ctx context.Context, job Job, lease *lockkit.Lease, start
 	return err
 }
 
-func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Duration, error) {
+// acquire takes job's key under the policy; *own is set when the lease
+// was taken after waiting for an earlier delivery of the same work.
+func (g *Guard) acquire(ctx context.Context, job Job, own *bool) (*lockkit.Lease, time.Duration, error) {
 	if job.Gen > 0 {
 		if err := g.claim(ctx, job); err != nil {
-			return nil, 0, err
-		}
-	}
-	if g.throttle != nil {
-		if err := g.takeStart(ctx, job); err != nil {
 			return nil, 0, err
 		}
 	}
@@ -705,10 +723,11 @@ func (g *Guard) acquire(ctx context.Context, job Job) (*lockkit.Lease, time.Dura
 		return nil, 0, g.notAcquired(ctx, job, err, 0)
 	}
 	if ownRun(job, err) {
+		*own = true
 		return g.awaitOwnRun(ctx, job, opt)
 	}
 	if g.policy.Wait > 0 {
-		lease, waited, err := g.acquireWaiting(ctx, job, opt)
+		lease, waited, err := g.acquireWaiting(ctx, job, opt, own)
 		return lease, waited, markParked(err, opt)
 	}
 	return nil, 0, markParked(g.notAcquired(ctx, job, err, 0), opt)
@@ -845,11 +864,11 @@ func (g *Guard) claim(ctx context.Context, job Job) error {
 	return &DuplicateError{Job: job, Reason: ReasonSuperseded, Action: ActionSkip, Cause: cause}
 }
 
-// takeStart takes one start from the key's throttle budget, or returns why
-// the job does not run.
-func (g *Guard) takeStart(ctx context.Context, job Job) error {
+// takeStart takes one start, named id, from the key's throttle budget, or
+// returns why the job does not run.
+func (g *Guard) takeStart(ctx context.Context, job Job, id string) error {
 	t := g.throttle
-	wait, err := g.locker.Throttle(ctx, job.Key, t.n, t.period)
+	wait, err := g.locker.ThrottleStart(ctx, job.Key, t.n, t.period, id)
 	if err != nil {
 		err = fmt.Errorf("middleware: %s: throttle %q: %w", job.label(), job.Key, err)
 		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
@@ -862,6 +881,24 @@ func (g *Guard) takeStart(ctx context.Context, job Job) error {
 		Cause: fmt.Errorf("%d starts per %s spent; the next in %s", t.n, t.period, wait)}
 	g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: t.then, Delay: wait, Err: dup.Cause})
 	return dup
+}
+
+// randomID names a throttle start.
+func randomID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// returnStart gives back the throttle start id of a job that did not run.
+// An error is reported as EventError: the start then counts until it
+// leaves the window.
+func (g *Guard) returnStart(ctx context.Context, job Job, id string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := g.locker.ReturnStart(rctx, job.Key, id); err != nil {
+		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: fmt.Errorf("middleware: %s: return throttle start %q: %w", job.label(), job.Key, err)})
+	}
 }
 
 // ownRun reports whether err is a conflict with a run of the same work.
@@ -889,7 +926,7 @@ func (g *Guard) awaitOwnRun(ctx context.Context, job Job, opt *lockkit.AcquireOp
 }
 
 // acquireWaiting waits up to the policy's bound.
-func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockkit.AcquireOptions) (*lockkit.Lease, time.Duration, error) {
+func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockkit.AcquireOptions, own *bool) (*lockkit.Lease, time.Duration, error) {
 	start := time.Now()
 	wctx, cancel := context.WithTimeout(ctx, g.policy.Wait)
 	lease, err := g.locker.Acquire(wctx, job.Key, opt)
@@ -905,6 +942,7 @@ func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockkit.Acquir
 		g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
 		return nil, waited, err
 	case ownRun(job, err):
+		*own = true
 		return g.awaitOwnRun(ctx, job, opt)
 	}
 	return nil, waited, g.notAcquired(ctx, job, err, waited)

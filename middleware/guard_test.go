@@ -835,3 +835,61 @@ func TestReservedJobAdoptsItsReservation(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, info.Holders, "and its release ends it")
 }
+
+// Only a run spends a throttle start: a duplicate that found the key held
+// spends none, nor does a delivery that waited for its own earlier run (that
+// run's retry); runs past the budget are still refused.
+func TestThrottleCountsOnlyRuns(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			if name == "redis" {
+				testredis.Addr(t)
+			}
+			ctx := context.Background()
+			ran := func(context.Context) error { return nil }
+			throttled := []middleware.Option{middleware.WithThrottle(2, time.Minute, middleware.ActionSkip)}
+			a, _ := newGuard(t, newLocker(t), throttled...)
+			release := holdKey(t, a, "k") // start 1 of 2
+			b, _ := newGuard(t, newLocker(t), throttled...)
+			out := b.Run(ctx, middleware.Job{Key: "k", Name: "b"}, ran)
+			require.NotNil(t, out.Duplicate)
+			require.Equal(t, middleware.ReasonHeld, out.Duplicate.Reason)
+			release()
+			out = b.Run(ctx, middleware.Job{Key: "k", Name: "c"}, ran)
+			require.True(t, out.Ran, "start 2 of 2: the duplicate spent none (%v)", out.Err)
+			out = b.Run(ctx, middleware.Job{Key: "k", Name: "d"}, ran)
+			require.NotNil(t, out.Duplicate, "start 3 of 2")
+			require.Equal(t, middleware.ReasonThrottled, out.Duplicate.Reason)
+
+			// A redelivery waits for its own earlier run, which fails, and
+			// runs: it is that run's retry, and spends no start of its own.
+			first, _ := newGuard(t, newLocker(t), throttled...)
+			again, _ := newGuard(t, newLocker(t), throttled...)
+			job := middleware.Job{Key: "own", Name: "t1", Origin: "t1"}
+			fail := make(chan struct{})
+			firstDone := make(chan middleware.Outcome, 1)
+			started := make(chan struct{})
+			go func() {
+				firstDone <- first.Run(ctx, job, func(context.Context) error {
+					close(started)
+					<-fail
+					return errors.New("interrupted")
+				})
+			}()
+			<-started
+			redelivered := make(chan middleware.Outcome, 1)
+			go func() { redelivered <- again.Run(ctx, job, ran) }()
+			l := newLocker(t)
+			require.Eventually(t, func() bool {
+				info, err := l.Inspect(ctx, "own")
+				return err == nil && info.Waiters == 1
+			}, 10*time.Second, time.Millisecond, "the redelivery waits for its own run")
+			close(fail)
+			require.True(t, (<-firstDone).Ran)
+			out = <-redelivered
+			require.True(t, out.Ran, "the redelivery runs after its own run failed (%v)", out.Err)
+			out = again.Run(ctx, middleware.Job{Key: "own", Name: "t2"}, ran)
+			require.True(t, out.Ran, "start 2 of 2: the redelivery spent none (%v)", out.Err)
+		})
+	}
+}
