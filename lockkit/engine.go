@@ -73,7 +73,10 @@ type acquireResult struct {
 
 // ending says what a release records besides freeing the holder: the label
 // as completed for done, and the run's success for cover (both when > 0).
-type ending struct{ done, cover time.Duration }
+type ending struct {
+	done, cover time.Duration
+	nohold      bool // a failed run: released without its HoldAtLeast hold
+}
 
 var (
 	errNotHeld   = errors.New("not held")
@@ -253,7 +256,7 @@ func (e *engine) sendReleases(ctx context.Context, batch []queuedRelease) {
 			for i, l := range g {
 				switch {
 				case err != nil && (i >= len(held) || !held[i]):
-					e.orphan(l.key, l.aid, l.validUntilLocked(), l.hold)
+					e.orphan(l.key, l.aid, l.validUntilLocked(), l.holdFor(ends[l]))
 				case held[i] && l.Err() == nil:
 					e.emit(Event{Kind: EventReleased, Key: l.key, Owner: l.owner, Token: l.token})
 				}

@@ -133,6 +133,14 @@ func (l *Lease) ttlLocked() time.Duration {
 	return l.ttl
 }
 
+// holdFor is the hold the lease is released with under end.
+func (l *Lease) holdFor(end ending) time.Duration {
+	if end.nohold {
+		return 0
+	}
+	return l.hold
+}
+
 type leaseKey struct{}
 
 // LeaseFromContext returns the lease whose Context (or Run, or Do) made ctx, to
@@ -317,7 +325,7 @@ func (l *Lease) release(ctx context.Context, end ending) error {
 	held, err := l.e.b.release(ctx, []*Lease{l}, []ending{end})
 	if err != nil {
 		// The release may not have run: make sure it does, in the background.
-		l.e.orphan(l.key, l.aid, l.validUntilLocked(), l.hold)
+		l.e.orphan(l.key, l.aid, l.validUntilLocked(), l.holdFor(end))
 		return fmt.Errorf("lockkit: release %q: %w", l.key, err)
 	}
 	if !held[0] {
@@ -440,6 +448,7 @@ func (l *Lease) Run(ctx context.Context, fn func(context.Context) error) (err er
 		var end ending
 		switch {
 		case p != nil || err != nil:
+			end.nohold = true // nothing done that a hold would space out
 		case l.label != "" && ctx.Err() != nil:
 			end = l.success(CompletedRetention)
 		default:

@@ -317,8 +317,9 @@ type AcquireOptions struct {
 	// HoldAtLeast keeps the key held for at least this long after the
 	// lease was acquired, even when it is released sooner: a release before
 	// then leaves the holder in place, no longer renewed, until then. It
-	// makes "at most one run per period" of a fast job. Zero means none; at
-	// most MaxTTL.
+	// makes "at most one run per period" of a fast job. A Lease.Run whose
+	// fn fails or panics releases at once: failed work holds nothing back,
+	// such as its own retry. Zero means none; at most MaxTTL.
 	HoldAtLeast time.Duration
 	// Detached makes the lease a reservation: it stands for work that no
 	// process runs yet (a queued task), so it is not renewed, Close does not

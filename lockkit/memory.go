@@ -639,7 +639,7 @@ func (b *memBackend) release(ctx context.Context, leases []*Lease, ends []ending
 			held[i] = true
 			token, _, _ := parseMember(member)
 			freed := false
-			if until := time.UnixMicro(token).Add(l.hold); l.hold > 0 && until.After(now) {
+			if until := time.UnixMicro(token).Add(l.holdFor(end)); l.holdFor(end) > 0 && until.After(now) {
 				lk.holders[member] = until // held, no longer renewed, until then
 			} else {
 				delete(lk.holders, member)

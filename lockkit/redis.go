@@ -599,7 +599,7 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 		if l.onParked != nil {
 			resume = "1"
 		}
-		return []any{l.member, l.aid, b.keys(l.key).channel, ms(b.grace), label, ms(end.done), ms(l.ttlLocked()), ms(end.cover), ms(l.hold), resume}
+		return []any{l.member, l.aid, b.keys(l.key).channel, ms(b.grace), label, ms(end.done), ms(l.ttlLocked()), ms(end.cover), ms(l.holdFor(end)), resume}
 	}
 	held := make([]bool, len(leases))
 	var errs []error
@@ -613,7 +613,7 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 		if ends != nil {
 			end = ends[i]
 		}
-		if l.plain && l.member != "" && end.done <= 0 && end.cover <= 0 && l.hold <= 0 && !b.isSorted(l.key) {
+		if l.plain && l.member != "" && end.done <= 0 && end.cover <= 0 && l.holdFor(end) <= 0 && !b.isSorted(l.key) {
 			plains = append(plains, l)
 		} else {
 			full = append(full, l)

@@ -1140,6 +1140,22 @@ func testHoldAtLeast(t *testing.T, h *harness) {
 	require.NoError(t, err)
 	require.NoError(t, free.Release(ctx))
 
+	// A run that fails holds nothing back; one that succeeds is held.
+	for _, async := range []bool{false, true} {
+		opt := &AcquireOptions{HoldAtLeast: time.Minute, AsyncRelease: async}
+		l, err = a.TryAcquire(ctx, "failed", opt)
+		require.NoError(t, err)
+		require.Error(t, l.Run(ctx, func(context.Context) error { return errors.New("boom") }))
+		free, err = a.Acquire(ctx, "failed", nil) // waits for an async release
+		require.NoError(t, err, "free at once after a failed run (async %v)", async)
+		require.NoError(t, free.Release(ctx))
+	}
+	l, err = a.TryAcquire(ctx, "succeeded", &AcquireOptions{HoldAtLeast: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, l.Run(ctx, func(context.Context) error { return nil }))
+	_, err = b.TryAcquire(ctx, "succeeded", nil)
+	require.ErrorIs(t, err, ErrNotAcquired, "held after a run that succeeded")
+
 	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{HoldAtLeast: -time.Second})
 	require.ErrorIs(t, err, ErrInvalid)
 }

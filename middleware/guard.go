@@ -354,7 +354,8 @@ func WithLimit(n int) Option { return func(g *Guard) { g.limit = n } }
 
 // WithHoldAtLeast keeps a job's key held for at least d after its run began,
 // even when the run ends sooner (lockkit.AcquireOptions.HoldAtLeast): with
-// Skip, a key runs at most once per d. Zero means none; at most
+// Skip, a key runs at most once per d. A run that fails holds nothing back:
+// its retry runs as soon as it comes. Zero means none; at most
 // lockkit.MaxTTL. Defaults to zero.
 func WithHoldAtLeast(d time.Duration) Option { return func(g *Guard) { g.hold = d } }
 

@@ -893,3 +893,28 @@ func TestThrottleCountsOnlyRuns(t *testing.T) {
 		})
 	}
 }
+
+// WithHoldAtLeast spaces out runs that did their work: a run that failed
+// holds nothing back, and its retry (the same Origin) runs at once instead of
+// waiting out the hold as if its earlier delivery still ran.
+func TestHoldAtLeastLetsTheRetryOfAFailedRunRun(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			if name == "redis" {
+				testredis.Addr(t)
+			}
+			opts := []middleware.Option{middleware.WithHoldAtLeast(time.Minute)}
+			job := middleware.Job{Key: "k", ID: "t1", Origin: "t1"}
+			a, _ := newGuard(t, newLocker(t), opts...)
+			out := a.Run(context.Background(), job, func(context.Context) error { return errors.New("failed") })
+			require.True(t, out.Ran)
+			b, _ := newGuard(t, newLocker(t), opts...)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			out = b.Run(ctx, job, func(context.Context) error { return nil })
+			require.True(t, out.Ran, "the retry runs (%v)", out.Err)
+			out = b.Run(ctx, middleware.Job{Key: "k", Name: "other"}, func(context.Context) error { return nil })
+			require.NotNil(t, out.Duplicate, "the successful retry holds the key")
+		})
+	}
+}
