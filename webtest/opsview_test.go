@@ -2,9 +2,11 @@ package webtest
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -83,12 +85,17 @@ func TestOperatorReleasesAStuckKey(t *testing.T) {
 		chromedp.WaitVisible(row),
 		chromedp.WaitVisible(`tr[data-key="report:daily"]`),
 	))
-	holders, err := chromedp.Run(b, chromedp.Text(row+` td:nth-child(2)`))
+	// The rows are redrawn every 200ms: a cell is read in one step in the
+	// page, so that a redraw cannot take its node away mid-read.
+	cell := func(sel string) (string, error) {
+		return chromedp.Run(b, chromedp.Evaluate[string](`(() => { const e = document.querySelector(`+strconv.Quote(sel)+`); return e ? e.textContent : ""; })()`))
+	}
+	holders, err := cell(row + ` td:nth-child(2)`)
 	require.NoError(t, err)
 	note, err := chromedp.Run(b, chromedp.Text(`#note`))
 	require.NoError(t, err)
 	require.Contains(t, holders, "worker-7 · task-abc · ")
-	parked, err := chromedp.Run(b, chromedp.Text(`tr[data-key="report:daily"] td.parked`))
+	parked, err := cell(`tr[data-key="report:daily"] td.parked`)
 	require.NoError(t, err)
 	require.Equal(t, "1", parked, "one job parked for report:daily")
 	require.Contains(t, note, "behind your own authentication")
@@ -107,10 +114,23 @@ func TestOperatorReleasesAStuckKey(t *testing.T) {
 
 	// Two clicks: Release, then Confirm release.
 	start := time.Now()
+	// The page redraws its rows every 200ms: each click finds its button
+	// and clicks it in one step in the page, so a redraw between the two
+	// cannot take the node away.
+	click := func(sel string) chromedp.Action[chromedp.Void] {
+		return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
+			clicked, err := chromedp.Evaluate[bool](`(() => { const b = document.querySelector(`+strconv.Quote(sel)+`); if (!b) return false; b.click(); return true; })()`)(ctx, tg)
+			if err == nil && !clicked {
+				err = fmt.Errorf("no %s to click", sel)
+			}
+			return chromedp.Void{}, err
+		}
+	}
 	require.NoError(t, chromedp.Do(b,
-		chromedp.Click(row+` button.release`),
+		chromedp.WaitVisible(row+` button.release`),
+		click(row+` button.release`),
 		chromedp.WaitVisible(row+` button.confirm`),
-		chromedp.Click(row+` button.confirm`),
+		click(row+` button.confirm`),
 		chromedp.WaitNotPresent(row),
 	))
 	status, err := chromedp.Run(b, chromedp.Text(`#status`))
