@@ -53,14 +53,29 @@ func parkID(ctx context.Context, job middleware.Job) string {
 type copyIDKey struct{}
 
 // withCopyID gives a task that has no retries left the ID its requeued
-// copy would get, so that the copy can be parked before it exists.
-func withCopyID(ctx context.Context) context.Context {
+// copy would get (copyIDOf), so that the copy can be parked before it
+// exists.
+func withCopyID(ctx context.Context, origin string) context.Context {
 	retried, ok := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
 	if !ok || !ok2 || retried < maxRetry {
 		return ctx
 	}
-	return context.WithValue(ctx, copyIDKey{}, newTaskID())
+	id, _ := asynq.GetTaskID(ctx)
+	return context.WithValue(ctx, copyIDKey{}, copyIDOf(id, origin))
+}
+
+// copyIDOf is the ID of the requeued copy of task id, a delivery of the
+// work first enqueued as origin: "<origin>~a", or "<origin>~b" for a copy of
+// "<origin>~a". A task is revoked once its copy is enqueued, so at most one
+// of origin and its two copy IDs is in the queue at a time, and an enqueue
+// that finds origin gone can find its copy (Unique's reservations, which
+// are named by origin).
+func copyIDOf(id, origin string) string {
+	if id == origin+"~a" {
+		return origin + "~b"
+	}
+	return origin + "~a"
 }
 
 // runFirstCmd is asynq's RunTask script (v0.26) with two changes. The task

@@ -145,7 +145,11 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 	// sent again after a lost reply: the copy is there.
 	copyID, ok := ctx.Value(copyIDKey{}).(string)
 	if !ok {
-		copyID = newTaskID()
+		origin := t.Headers()[OriginHeader]
+		if origin == "" {
+			origin = id
+		}
+		copyID = copyIDOf(id, origin)
 	}
 	opts = append(opts, asynq.TaskID(copyID))
 	if info.Timeout > 0 {

@@ -322,7 +322,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	}
 	job.Key = key
 	if m.inspector != nil { // parks duplicates (see parking)
-		ctx = withCopyID(ctx)
+		ctx = withCopyID(ctx, origin)
 	}
 	res := m.startReservation(ctx, t, key, origin)
 	out := m.guard.Run(ctx, job, func(ctx context.Context) error {

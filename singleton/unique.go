@@ -204,6 +204,15 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 		}
 		holderQueue, holderID := splitLabel(ce.Label)
 		state, err := c.taskState(ctx, holderQueue, holderID)
+		for _, id := range []string{copyIDOf(holderID, holderID), copyIDOf(holderID+"~a", holderID)} {
+			if err != nil || state != "" {
+				break
+			}
+			// The task may live on as its requeued copy (copyIDOf).
+			if state, err = c.taskState(ctx, holderQueue, id); state != "" {
+				holderID = id
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("singleton: reserving key %q: reading the state of task %s: %w", key, holderID, err)
 		}

@@ -2,8 +2,10 @@ package singleton_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -185,4 +187,79 @@ func TestUniqueLostReservationReplyDoesNotRefuseTheRetry(t *testing.T) {
 	require.Equal(t, 1, e.QueueInfo().Size, "nothing was enqueued")
 	_, err = client.Enqueue(task)
 	require.NoError(t, err, "the caller's retry is refused although no task of the key exists (queue size %d)", e.QueueInfo().Size)
+}
+
+// An UntilExecuted task with no retries left that the middleware requeues is
+// revoked and replaced by a copy, whose ID (copyIDOf) the next enqueue of the
+// key finds from the reservation's: the key stays reserved for the copy,
+// past the grace of an enqueue in flight, and a second task is refused.
+func TestUniqueReservationFollowsTheRequeuedCopy(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	locker := e.locker()
+	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB,
+		singleton.KeyByFields("tenant_id"), singleton.Unique(locker, singleton.UntilExecuted, 8*time.Second)) // enqueue grace: 2s
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	runs := map[string]int{} // task ID (or origin) → runs
+	block := make(chan struct{})
+	started := make(chan string, 16)
+	mw, err := singleton.Middleware(e.locker(), singleton.KeyByFields("tenant_id"),
+		singleton.WithPolicy(middleware.Requeue(time.Minute)), singleton.WithRedis(e.RDB))
+	require.NoError(t, err)
+	mux := asynq.NewServeMux()
+	mux.Use(mw)
+	mux.HandleFunc("report", func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		started <- id
+		if string(task.Payload()) == `{"tenant_id":"acme","n":0}` {
+			<-block
+		}
+		mu.Lock()
+		runs[id]++
+		mu.Unlock()
+		return nil
+	})
+	e.start(e.config(4), mux)
+
+	// A: enqueued by a plain asynq client (a scheduler, another service);
+	// it holds the run key "acme" for a while.
+	a, err := e.Client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":0}`)), asynq.Queue(e.Queue))
+	require.NoError(t, err)
+	require.Equal(t, a.ID, recv(t, started, 10*time.Second))
+
+	// B: unique, no retries left. Delivered while A runs: a duplicate,
+	// copied and revoked.
+	b, err := client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":1}`)), asynq.Queue(e.Queue), asynq.MaxRetry(0))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, err := e.Inspector.GetTaskInfo(e.Queue, b.ID)
+		return errors.Is(err, asynq.ErrTaskNotFound)
+	}, 10*time.Second, 5*time.Millisecond, "B revoked")
+	scheduled, err := e.Inspector.ListScheduledTasks(e.Queue)
+	require.NoError(t, err)
+	require.Len(t, scheduled, 1, "B's copy is scheduled")
+	copyID := scheduled[0].ID
+	require.Equal(t, b.ID+"~a", copyID)
+	require.Equal(t, b.ID, scheduled[0].Headers[singleton.OriginHeader])
+
+	// Past the "enqueue in flight" grace of B's reservation (ttl/4).
+	time.Sleep(2500 * time.Millisecond)
+	_, err = e.Inspector.GetTaskInfo(e.Queue, copyID)
+	require.NoError(t, err, "B's copy still exists")
+	c, err := client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":2}`)), asynq.Queue(e.Queue))
+	if err == nil {
+		close(block)
+		// Both B's copy and C run.
+		_ = e.Inspector.RunTask(e.Queue, copyID)
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return runs[copyID] == 1 && runs[c.ID] == 1
+		}, 20*time.Second, 10*time.Millisecond)
+		t.Fatalf("C (%s) was accepted while B's copy %s (same key, reservation not ended) was scheduled; both ran", c.ID, copyID)
+	}
+	close(block)
+	var dup *singleton.DuplicateTaskError
+	require.ErrorAs(t, err, &dup)
 }
