@@ -181,6 +181,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"RedeliveryIsNoFollowUp", testRedelivery},
 		{"HandOverComesBeforeParkedJobs", testHandOverBeforeParked},
 		{"CloseResumesTheParkedJob", testCloseResumesParked},
+		{"ThrottleCountsAStaleIDAgain", testThrottleStaleID},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -2116,4 +2117,24 @@ func testCloseResumesParked(t *testing.T, h *harness) {
 	l, err := b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", Park: "id-j1", ParkHold: time.Minute, Adopt: true})
 	require.NoError(t, err, "the parked job adopts its reservation")
 	require.NoError(t, l.Release(ctx))
+}
+
+// testThrottleStaleID: a start id seen again after its start left the
+// window is a new start, counted against the budget.
+func testThrottleStaleID(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	l := h.locker(t)
+	const period = time.Second
+	take := func(id string) time.Duration {
+		t.Helper()
+		w, err := l.ThrottleStart(ctx, "k", 2, period, id)
+		require.NoError(t, err)
+		return w
+	}
+	require.Zero(t, take("X"))
+	time.Sleep(period / 2)
+	require.Zero(t, take("Y"))
+	time.Sleep(period/2 + 100*time.Millisecond) // X left the window, Y is in it
+	require.Zero(t, take("X"), "X again: a new start")
+	require.Positive(t, take("Z"), "Y and the new X spent the budget")
 }

@@ -195,9 +195,12 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 			if !errors.Is(err, lockkit.ErrNotAcquired) {
 				// The reservation may have been made (its reply lost): no
 				// task comes with it, so it must not refuse the caller's
-				// retry.
+				// retry. A reservation of a task with this ID that exists
+				// (an earlier enqueue of it) is that task's, and stays.
 				fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				_, _ = u.locker.Free(fctx, reservePrefix+key, opt.Label)
+				if state, serr := c.taskState(fctx, queue, id); serr == nil && state == "" {
+					_, _ = u.locker.Free(fctx, reservePrefix+key, opt.Label)
+				}
 				cancel()
 			}
 			return nil, fmt.Errorf("singleton: reserving key %q: %w", key, err)

@@ -263,3 +263,39 @@ func TestUniqueReservationFollowsTheRequeuedCopy(t *testing.T) {
 	var dup *singleton.DuplicateTaskError
 	require.ErrorAs(t, err, &dup)
 }
+
+// A repeat of an enqueue with an explicit TaskID whose reservation reply is
+// lost frees nothing: the reservation it conflicted with is its task's, which
+// is pending, and an equivalent task is still refused.
+func TestUniqueLostReplyOfARepeatKeepsTheLiveReservation(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	rdb := e.RDB
+	hook := &testredis.Faults{Match: func(cmd redis.Cmder) bool {
+		name := strings.ToLower(cmd.Name())
+		if name != "evalsha" && name != "eval" {
+			return false
+		}
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && strings.Contains(s, "unique:") {
+				return true
+			}
+		}
+		return false
+	}}
+	rdb.AddHook(hook)
+	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(e.Prefix))
+	require.NoError(t, err)
+	defer locker.Close(context.Background())
+	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(rdb), rdb,
+		singleton.KeyByFields("tenant_id"), singleton.Unique(locker, 0, 0))
+	require.NoError(t, err)
+	task := asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`), asynq.Queue(e.Queue))
+	_, err = client.Enqueue(task, asynq.TaskID("T"))
+	require.NoError(t, err)
+	hook.Arm(testredis.DropReply, 1)
+	_, err = client.Enqueue(task, asynq.TaskID("T")) // the repeat: its reply is lost
+	require.Error(t, err)
+	require.Equal(t, 1, e.QueueInfo().Pending)
+	_, err = client.Enqueue(task) // an equivalent task, new ID
+	require.ErrorIs(t, err, singleton.ErrDuplicate, "accepted while task T is pending (pending now %d)", e.QueueInfo().Pending)
+}

@@ -12,10 +12,10 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local period = tonumber(ARGV[2])
-if redis.call('ZSCORE', KEYS[1], ARGV[3]) then
-  return 0
-end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - period)
+if redis.call('ZSCORE', KEYS[1], ARGV[3]) then
+  return 0 -- a repeat of a start still in the window
+end
 if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
   redis.call('ZADD', KEYS[1], now, ARGV[3])
   redis.call('PEXPIRE', KEYS[1], period)
