@@ -30,7 +30,8 @@
 // (messaging.system "asynq", messaging.destination.name the queue,
 // messaging.message.id the task ID, messaging.operation.type "process"),
 // plus jobguard.job.name, jobguard.fencing_token, jobguard.outcome and, for
-// cron, jobguard.cron.tick. Keys are never recorded: they hold tenant ids.
+// cron, jobguard.cron.tick. Keys are never recorded: they hold tenant ids,
+// and error messages carry "<key>" in their place.
 //
 // # Metrics
 //
@@ -44,6 +45,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -156,7 +159,7 @@ func (t *Telemetry) Observer() middleware.Observer {
 			action := attribute.String("jobguard.action", e.Action.String())
 			span := acquire(outcome, action)
 			if e.Err != nil {
-				span.SetAttributes(attribute.String("jobguard.reason", e.Err.Error()))
+				span.SetAttributes(attribute.String("jobguard.reason", errString(e.Err, e.Job.Key)))
 			}
 			span.End()
 			parent.AddEvent("jobguard.duplicate", trace.WithAttributes(action, attribute.String("jobguard.outcome", outcome)))
@@ -167,7 +170,7 @@ func (t *Telemetry) Observer() middleware.Observer {
 			parent.AddEvent("jobguard.requeued", trace.WithAttributes(attribute.String("jobguard.delay", e.Delay.String())))
 		case middleware.EventLost:
 			parent.AddEvent("jobguard.lease_lost", trace.WithAttributes(attribute.Int64("jobguard.fencing_token", e.Token),
-				attribute.String("error.message", errString(e.Err))))
+				attribute.String("error.message", errString(e.Err, e.Job.Key))))
 			t.lost.Add(ctx, 1, metric.WithAttributes(name))
 		case middleware.EventReleased:
 			parent.AddEvent("jobguard.released", trace.WithAttributes(attribute.Int64("jobguard.fencing_token", e.Token),
@@ -176,18 +179,26 @@ func (t *Telemetry) Observer() middleware.Observer {
 		case middleware.EventError:
 			if e.Token == 0 { // kept the job from running: the acquire failed
 				span := acquire("error")
-				span.SetStatus(codes.Error, errString(e.Err))
+				span.SetStatus(codes.Error, errString(e.Err, e.Job.Key))
 				span.End()
 			} else {
-				parent.AddEvent("jobguard.error", trace.WithAttributes(attribute.String("error.message", errString(e.Err))))
+				parent.AddEvent("jobguard.error", trace.WithAttributes(attribute.String("error.message", errString(e.Err, e.Job.Key))))
 			}
 		}
 	}
 }
 
-func errString(err error) string {
+// errString is err's message with key, which lockkit and the middleware
+// quote in their errors, replaced by "<key>": keys hold tenant ids.
+func errString(err error, key string) string {
 	if err == nil {
 		return ""
 	}
-	return err.Error()
+	msg := err.Error()
+	if key == "" {
+		return msg
+	}
+	quoted := strconv.Quote(key)
+	msg = strings.ReplaceAll(msg, quoted[1:len(quoted)-1], "<key>") // as %q writes it
+	return strings.ReplaceAll(msg, key, "<key>")
 }

@@ -2,6 +2,7 @@ package jobguardotel_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/jobguard/jobguard/internal/asynqtest"
 	"github.com/jobguard/jobguard/jobguardotel"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
 
@@ -162,4 +164,45 @@ func taskSpans(rec *tracetest.SpanRecorder, id string) []sdktrace.ReadOnlySpan {
 		}
 	}
 	return nil
+}
+
+// Keys hold tenant ids: the error messages recorded on spans and events
+// name "<key>" instead, even where lockkit and the middleware quote the key.
+func TestKeysAreNotRecorded(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	tel, err := jobguardotel.New(jobguardotel.WithTracerProvider(tp))
+	require.NoError(t, err)
+	ctx := context.Background()
+	l, err := lockkit.NewMemory(lockkit.WithOwner("worker-a"))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	g, err := middleware.New(l, middleware.WithObserver(tel.Observer()))
+	require.NoError(t, err)
+	for _, key := range []string{"tenant:acme-corp-secret", `sync:{"tenant_id":"acme-corp-secret"}`} {
+		held, err := l.TryAcquire(ctx, key, nil)
+		require.NoError(t, err)
+		ctx, span := tp.Tracer("test").Start(ctx, "task")
+		out := g.Run(ctx, middleware.Job{Key: key, Name: "sync"}, func(context.Context) error { return nil })
+		span.End()
+		require.NotNil(t, out.Duplicate)
+		require.NoError(t, held.Release(ctx))
+	}
+	var seen bool
+	for _, s := range rec.Ended() {
+		texts := []string{s.Status().Description}
+		for _, kv := range s.Attributes() {
+			texts = append(texts, kv.Value.String())
+		}
+		for _, ev := range s.Events() {
+			for _, kv := range ev.Attributes {
+				texts = append(texts, kv.Value.String())
+			}
+		}
+		for _, text := range texts {
+			require.NotContains(t, text, "acme-corp-secret", "span %s", s.Name())
+			seen = seen || strings.Contains(text, "<key>")
+		}
+	}
+	require.True(t, seen, "the reasons were recorded, with <key> in place of the key")
 }

@@ -5,48 +5,55 @@ package lockkit
 // '?' any one byte, "[abc]", "[^abc]" and "[a-z]" one byte of (or not of) a
 // set, and '\' makes the next byte literal.
 func globMatch(pattern, s string) bool {
-	for len(pattern) > 0 {
-		switch pattern[0] {
-		case '*':
-			for len(pattern) > 1 && pattern[1] == '*' {
-				pattern = pattern[1:]
-			}
-			if len(pattern) == 1 {
-				return true
-			}
-			for i := 0; i <= len(s); i++ {
-				if globMatch(pattern[1:], s[i:]) {
+	// One pass with one backtrack point: each token but '*' matches one
+	// byte, so on a mismatch the last '*' takes one byte more. Linear in
+	// practice, and never exponential whatever the pattern.
+	p, i := 0, 0
+	star, from := -1, 0
+	for i < len(s) {
+		if p < len(pattern) {
+			if pattern[p] == '*' {
+				for p < len(pattern) && pattern[p] == '*' {
+					p++
+				}
+				if p == len(pattern) {
 					return true
 				}
+				star, from = p, i
+				continue
 			}
-			return false
-		case '?':
-			if len(s) == 0 {
-				return false
-			}
-		case '[':
-			if len(s) == 0 {
-				return false
-			}
-			var ok bool
-			if ok, pattern = matchClass(pattern[1:], s[0]); !ok {
-				return false
-			}
-			s = s[1:]
-			continue
-		case '\\':
-			if len(pattern) > 1 {
-				pattern = pattern[1:]
-			}
-			fallthrough
-		default:
-			if len(s) == 0 || pattern[0] != s[0] {
-				return false
+			if ok, next := matchOne(pattern, p, s[i]); ok {
+				p, i = next, i+1
+				continue
 			}
 		}
-		pattern, s = pattern[1:], s[1:]
+		if star < 0 {
+			return false
+		}
+		from++
+		p, i = star, from
 	}
-	return len(s) == 0
+	for p < len(pattern) && pattern[p] == '*' {
+		p++
+	}
+	return p == len(pattern)
+}
+
+// matchOne matches c against the one-byte token at pattern[p] ('?', a
+// class, an escaped or a plain byte) and returns the index after it.
+func matchOne(pattern string, p int, c byte) (bool, int) {
+	switch pattern[p] {
+	case '?':
+		return true, p + 1
+	case '[':
+		ok, rest := matchClass(pattern[p+1:], c)
+		return ok, len(pattern) - len(rest)
+	case '\\':
+		if p+1 < len(pattern) {
+			return pattern[p+1] == c, p + 2
+		}
+	}
+	return pattern[p] == c, p + 1
 }
 
 // matchClass matches c against the class that p starts with (after its '[')

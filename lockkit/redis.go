@@ -210,10 +210,11 @@ func (l *RedisLocker) Close(ctx context.Context) error { return l.e.close(ctx) }
 // checks each key's holders; a key may be missed or reported after it was
 // released, as SCAN guarantees.
 func (l *RedisLocker) Keys(ctx context.Context, pattern string) ([]string, error) {
-	// The server filters by the pattern when its escaped form means the same;
+	// The server filters by the pattern when its escaped form means the same
+	// ('?' would not: a '{', '}' or '%' of a key is stored as three bytes);
 	// globMatch decides in every case.
 	tag := "*"
-	if !strings.ContainsAny(pattern, "[{}%") {
+	if !strings.ContainsAny(pattern, "[?{}%") {
 		tag = pattern
 	}
 	match := globEscape(l.r.prefix) + "{" + tag + "}:h"

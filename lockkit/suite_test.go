@@ -782,6 +782,9 @@ func testBraces(t *testing.T, h *harness) {
 		got, err := a.Keys(ctx, "*")
 		require.NoError(t, err)
 		require.ElementsMatch(t, keys, got, "prefix %q", prefix)
+		got, err = a.Keys(ctx, "?a?")
+		require.NoError(t, err)
+		require.Equal(t, []string{"{a}"}, got, "'?' matches one byte of the key, whatever it is stored as (prefix %q)", prefix)
 		for _, l := range leases {
 			require.NoError(t, l.Release(ctx))
 			lb, err := b.TryAcquire(ctx, l.Key(), nil)
