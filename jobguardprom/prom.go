@@ -161,7 +161,11 @@ func (m *Metrics) Observer() middleware.Observer {
 			m.lost.WithLabelValues(name).Inc()
 		case middleware.EventError:
 			m.errs.WithLabelValues(name).Inc()
-			tick("error")
+			if e.Token == 0 {
+				// The tick did not run; an error of a run that started (a
+				// panic, a failed release) is the tick counted as ran.
+				tick("error")
+			}
 		}
 	}
 }

@@ -120,6 +120,21 @@ func TestMetricsAfterRealRuns(t *testing.T) {
 	require.Equal(t, 1.0, value(t, reg, "jobguard_cron_ticks_total", map[string]string{"entry": "digest", "outcome": "ran"}))
 	require.Equal(t, 1.0, value(t, reg, "jobguard_cron_ticks_total", map[string]string{"entry": "digest", "outcome": "claimed"}))
 
+	// A tick whose job panics is one tick, counted as ran; the panic is an
+	// error of that run.
+	l, err := lockkit.NewRedis(e.RDB, lockkit.WithPrefix(e.Prefix), lockkit.WithOwner("replica-a"))
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	g, err := cronguard.New(l, cronguard.WithSeconds(), cronguard.WithObserver(m.Observer()),
+		cronguard.WithClock(func() time.Time { return tick.Add(10 * time.Millisecond) }))
+	require.NoError(t, err)
+	w, err := g.Wrap("panics", "* * * * * *")
+	require.NoError(t, err)
+	cron.NewChain(cron.Recover(cron.DiscardLogger), w).Then(cron.FuncJob(func() { panic("boom") })).Run()
+	require.Equal(t, 1.0, value(t, reg, "jobguard_cron_ticks_total", map[string]string{"entry": "panics", "outcome": "ran"}))
+	require.Equal(t, 0.0, value(t, reg, "jobguard_cron_ticks_total", map[string]string{"entry": "panics", "outcome": "error"}))
+	require.Equal(t, 1.0, value(t, reg, "jobguard_errors_total", map[string]string{"name": "panics"}))
+
 	// No label holds a key.
 	fams, err := reg.Gather()
 	require.NoError(t, err)

@@ -191,6 +191,10 @@ func TestClusterAndErrors(t *testing.T) {
 	_, errOut, code := jobguard(t, prefix, "", "--redis", "127.0.0.1:1", "ls")
 	require.Equal(t, exitError, code)
 	require.Contains(t, errOut, "jobguard:")
+	// After "--" nothing is a flag, also past the first argument: a key
+	// may start with '-'.
+	_, errOut, code = jobguard(t, prefix, "", "--", "inspect", "-x")
+	require.NotEqual(t, exitUsage, code, errOut)
 	out2, _, code := jobguard(t, prefix, "", "-h")
 	require.Zero(t, code)
 	require.Empty(t, out2)
