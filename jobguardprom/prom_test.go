@@ -134,6 +134,7 @@ func TestMetricsAfterRealRuns(t *testing.T) {
 	require.Equal(t, 1.0, value(t, reg, "jobguard_cron_ticks_total", map[string]string{"entry": "panics", "outcome": "ran"}))
 	require.Equal(t, 0.0, value(t, reg, "jobguard_cron_ticks_total", map[string]string{"entry": "panics", "outcome": "error"}))
 	require.Equal(t, 1.0, value(t, reg, "jobguard_errors_total", map[string]string{"name": "panics"}))
+	require.Equal(t, 1.0, value(t, reg, "jobguard_runs_total", map[string]string{"name": "panics", "outcome": "failed"}), "a panicking run is a run")
 
 	// No label holds a key.
 	fams, err := reg.Gather()

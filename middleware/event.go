@@ -31,8 +31,8 @@ const (
 	// Event.Err matches lockkit.ErrPreempted when a newer job of the key
 	// preempted it (Policy.Preempt).
 	EventLost
-	// EventReleased: the job returned (Event.Err is its error, Event.Duration
-	// its run time) and the lease was released.
+	// EventReleased: the job returned or panicked (Event.Err is its error,
+	// Event.Duration its run time) and the lease was released.
 	EventReleased
 	// EventError: the job could not be guarded (bad key, Redis error), or it
 	// panicked, or its release failed.

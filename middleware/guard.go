@@ -671,6 +671,7 @@ func (g *Guard) finish(ctx context.Context, job Job, lease *lockkit.Lease, start
 	if p != nil {
 		perr := fmt.Errorf("middleware: %s panicked: %v", job.label(), p)
 		g.emitLease(ctx, EventError, job, lease, 0, time.Since(start), perr)
+		g.emitLease(ctx, EventReleased, job, lease, 0, time.Since(start), perr) // the run ended
 		panic(p)
 	}
 	if err != nil && lost != nil && !errors.Is(err, lockkit.ErrLost) {

@@ -279,6 +279,9 @@ func TestPanicReleasesAndRepanics(t *testing.T) {
 	ev, ok := rec.find(middleware.EventError)
 	require.True(t, ok)
 	require.ErrorContains(t, ev.Err, "panicked: boom")
+	ev, ok = rec.find(middleware.EventReleased)
+	require.True(t, ok, "the run ended: EventReleased follows")
+	require.ErrorContains(t, ev.Err, "panicked: boom")
 }
 
 // The lease outlives a cancelled ctx until the work really returns: this is
