@@ -42,27 +42,19 @@ func testParkedFollowUp(t *testing.T, policy middleware.Policy, want []string, c
 	onEachRedis(t, func(t *testing.T, r connect) {
 		e := newEnvOn(t, r)
 		ev := &events{}
-		release := make(chan struct{})
 		other := make(chan struct{})
-		runs := &firstBlocks{release: release}
 		mw, err := singleton.Middleware(e.locker(), singleton.WithPolicy(policy), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
 		require.NoError(t, err)
-		mux := asynq.NewServeMux()
-		mux.Use(mw)
-		mux.HandleFunc("sync", runs.handle)
+		mux, runs, release := blockingMux(mw, "sync")
 		mux.HandleFunc("other", func(context.Context, *asynq.Task) error {
 			close(other)
 			return nil
 		})
 		e.start(e.config(2), mux)
-		requeued := func(n int) {
-			t.Helper()
-			require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) == n }, 10*time.Second, 5*time.Millisecond)
-		}
 		e.Enqueue(asynq.NewTask("sync", []byte("v1")))
 		require.Eventually(t, func() bool { return len(runs.payloads()) == 1 }, 10*time.Second, 5*time.Millisecond)
 		e.Enqueue(asynq.NewTask("sync", []byte("v2")))
-		requeued(1)
+		ev.waitRequeued(t, 1)
 		e.Enqueue(asynq.NewTask("sync", []byte("v3")))
 		require.Eventually(t, func() bool { return ev.count(middleware.EventDuplicate, middleware.ActionSkip) == 1 }, 10*time.Second, 5*time.Millisecond,
 			"one of v2 and v3 completed without running")
@@ -104,6 +96,17 @@ func (f *firstBlocks) handle(_ context.Context, task *asynq.Task) error {
 	return nil
 }
 
+// blockingMux serves tasks of type typ behind mw with a firstBlocks
+// handler, whose first run blocks until release is closed.
+func blockingMux(mw asynq.MiddlewareFunc, typ string) (mux *asynq.ServeMux, runs *firstBlocks, release chan struct{}) {
+	release = make(chan struct{})
+	runs = &firstBlocks{release: release}
+	mux = asynq.NewServeMux()
+	mux.Use(mw)
+	mux.HandleFunc(typ, runs.handle)
+	return mux, runs, release
+}
+
 func (f *firstBlocks) payloads() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -130,7 +133,7 @@ func TestParkedFollowUpComesBackAtItsBackstop(t *testing.T) {
 				e.start(e.config(2), mux)
 				parkedAt := time.Now()
 				info := e.Enqueue(asynq.NewTask("sync", []byte("v1")))
-				require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) == 1 }, 10*time.Second, 5*time.Millisecond)
+				ev.waitRequeued(t, 1)
 				var back *asynq.TaskInfo
 				require.Eventually(t, func() bool {
 					back, err = e.Inspector.GetTaskInfo(e.Queue, info.ID)
@@ -184,22 +187,18 @@ func TestResumeThatTimesOutPassesTheKeyOn(t *testing.T) {
 	slow := redis.NewClient(e.RDB.(*redis.Client).Options())
 	t.Cleanup(func() { _ = slow.Close() })
 	slow.AddHook(&stallHook{suffix: ":t:parked-a"})
-	release := make(chan struct{})
-	runs := &firstBlocks{release: release}
 	ev := &events{}
 	mw, err := singleton.Middleware(e.locker(), singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil }),
 		singleton.WithPolicy(middleware.Requeue(time.Hour)), singleton.WithRedis(slow), singleton.WithObserver(ev.observe))
 	require.NoError(t, err)
-	mux := asynq.NewServeMux()
-	mux.Use(mw)
-	mux.HandleFunc("job", runs.handle)
+	mux, runs, release := blockingMux(mw, "job")
 	e.start(e.config(2), mux)
 	e.Enqueue(asynq.NewTask("job", []byte("holder")))
 	require.Eventually(t, func() bool { return len(runs.payloads()) == 1 }, 10*time.Second, 5*time.Millisecond)
 	e.Enqueue(asynq.NewTask("job", []byte("a")), asynq.TaskID("parked-a"))
-	require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) == 1 }, 10*time.Second, 5*time.Millisecond)
+	ev.waitRequeued(t, 1)
 	e.Enqueue(asynq.NewTask("job", []byte("b")), asynq.TaskID("parked-b"))
-	require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) == 2 }, 10*time.Second, 5*time.Millisecond)
+	ev.waitRequeued(t, 2)
 	close(release)
 	require.Eventually(t, func() bool { return slices.Contains(runs.payloads(), "b") }, 10*time.Second, 10*time.Millisecond,
 		"the next parked task runs once the stalled resume gave up")

@@ -26,22 +26,14 @@ func TestFollowUpCopySurvivesItsBackstop(t *testing.T) {
 		t.Run(policy.String(), func(t *testing.T) {
 			e := newEnvOn(t, standalone)
 			ev := &events{}
-			release := make(chan struct{})
-			runs := &firstBlocks{release: release}
 			mw, err := singleton.Middleware(e.locker(), singleton.WithPolicy(policy), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
 			require.NoError(t, err)
-			mux := asynq.NewServeMux()
-			mux.Use(mw)
-			mux.HandleFunc("sync", runs.handle)
+			mux, runs, release := blockingMux(mw, "sync")
 			e.start(e.config(2), mux)
-			requeued := func(n int) {
-				t.Helper()
-				require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) == n }, 10*time.Second, 5*time.Millisecond)
-			}
 			e.Enqueue(asynq.NewTask("sync", []byte("v1")))
 			require.Eventually(t, func() bool { return len(runs.payloads()) == 1 }, 10*time.Second, 5*time.Millisecond)
 			e.Enqueue(asynq.NewTask("sync", []byte("v2")), asynq.MaxRetry(0))
-			requeued(1)
+			ev.waitRequeued(t, 1)
 			// The copy, scheduled at the backstop: bring it forward (v1 still runs).
 			var copyID string
 			require.Eventually(t, func() bool {
@@ -109,12 +101,12 @@ func TestRedeliveryDuringADeployKeepsTheNewestFollowUp(t *testing.T) {
 	e.Enqueue(asynq.NewTask("sync", []byte("v1")))
 	recv(t, firstStarted, 10*time.Second)
 	e.Enqueue(asynq.NewTask("sync", []byte("v2")))
-	require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) == 1 }, 10*time.Second, 5*time.Millisecond, "v2 parks")
+	ev.waitRequeued(t, 1, "v2 parks")
 
 	e.start(e.config(2), newMW(e.locker(lockkit.WithOwner("server-b")))(handler))
 	srvA.Shutdown() // v1 goes back to pending, its first run's ctx is cancelled
 	recv(t, firstCancelled, 10*time.Second)
-	require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) == 2 }, 10*time.Second, 5*time.Millisecond, "v1's re-delivery parks")
+	ev.waitRequeued(t, 2, "v1's re-delivery parks")
 	close(finish) // v1's first run succeeds
 	defer func() {
 		for _, d := range ev.all() {

@@ -146,6 +146,12 @@ func (tr *tracker) completed() map[string]int {
 }
 
 // events records a guard's events.
+// waitRequeued waits until n EventRequeued were reported.
+func (ev *events) waitRequeued(t *testing.T, n int, msg ...any) {
+	t.Helper()
+	require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) == n }, 10*time.Second, 5*time.Millisecond, msg...)
+}
+
 type events struct {
 	mu   sync.Mutex
 	list []middleware.Event

@@ -24,32 +24,11 @@ import (
 // key is refused.
 func TestUniqueKeepsTheReservationOfATaskWhoseEnqueueReplyWasLost(t *testing.T) {
 	e := newEnvOn(t, standalone)
-	rdb := e.RDB
-	hook := &testredis.Faults{Match: func(cmd redis.Cmder) bool {
-		name := strings.ToLower(cmd.Name())
-		if name != "evalsha" && name != "eval" {
-			return false
-		}
-		for _, a := range cmd.Args() {
-			if s, ok := a.(string); ok && strings.Contains(s, "}:t:") {
-				return true
-			}
-		}
-		return false
-	}}
-	rdb.AddHook(hook)
-	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(e.Prefix))
-	require.NoError(t, err)
-	defer locker.Close(context.Background())
-	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(rdb), rdb,
-		singleton.KeyByFields("tenant_id"), singleton.Unique(locker, 0, 0))
-	require.NoError(t, err)
+	client, hook := faultyUniqueClient(t, e, "}:t:")
 	task := asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`), asynq.Queue(e.Queue))
-	_, err = client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"warm-up"}`), asynq.Queue(e.Queue)))
-	require.NoError(t, err)
 
 	hook.Arm(testredis.DropReply, 1)
-	_, err = client.Enqueue(task)
+	_, err := client.Enqueue(task)
 	require.Error(t, err, "the reply was lost")
 	require.Equal(t, 2, e.QueueInfo().Pending, "but the task was enqueued")
 	_, err = client.Enqueue(task)
@@ -156,35 +135,14 @@ func TestUntilStartedKeepsTheReservationOfADeliveryThatDidNotStart(t *testing.T)
 // "already enqueued").
 func TestUniqueLostReservationReplyDoesNotRefuseTheRetry(t *testing.T) {
 	e := newEnvOn(t, standalone)
-	rdb := e.RDB
-	hook := &testredis.Faults{Match: func(cmd redis.Cmder) bool {
-		name := strings.ToLower(cmd.Name())
-		if name != "evalsha" && name != "eval" {
-			return false
-		}
-		for _, a := range cmd.Args() {
-			if s, ok := a.(string); ok && strings.Contains(s, "unique:") {
-				return true
-			}
-		}
-		return false
-	}}
-	rdb.AddHook(hook)
-	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(e.Prefix))
-	require.NoError(t, err)
-	defer locker.Close(context.Background())
-	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(rdb), rdb,
-		singleton.KeyByFields("tenant_id"), singleton.Unique(locker, 0, 0))
-	require.NoError(t, err)
-	_, err = client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"warm-up"}`), asynq.Queue(e.Queue)))
-	require.NoError(t, err)
+	client, hook := faultyUniqueClient(t, e, "unique:")
 	task := asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`), asynq.Queue(e.Queue))
 
 	hook.Arm(testredis.DropReply, 1)
-	_, err = client.Enqueue(task)
+	_, err := client.Enqueue(task)
 	require.Error(t, err)
 	require.NotErrorIs(t, err, asynq.ErrDuplicateTask)
-	require.Equal(t, 1, e.QueueInfo().Size, "nothing was enqueued")
+	require.Equal(t, 1, e.QueueInfo().Size, "nothing was enqueued (the warm-up task is)")
 	_, err = client.Enqueue(task)
 	require.NoError(t, err, "the caller's retry is refused although no task of the key exists (queue size %d)", e.QueueInfo().Size)
 }
@@ -269,14 +227,33 @@ func TestUniqueReservationFollowsTheRequeuedCopy(t *testing.T) {
 // is pending, and an equivalent task is still refused.
 func TestUniqueLostReplyOfARepeatKeepsTheLiveReservation(t *testing.T) {
 	e := newEnvOn(t, standalone)
-	rdb := e.RDB
+	client, hook := faultyUniqueClient(t, e, "unique:")
+	task := asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`), asynq.Queue(e.Queue))
+	_, err := client.Enqueue(task, asynq.TaskID("T"))
+	require.NoError(t, err)
+	hook.Arm(testredis.DropReply, 1)
+	_, err = client.Enqueue(task, asynq.TaskID("T")) // the repeat: its reply is lost
+	require.Error(t, err)
+	require.Equal(t, 2, e.QueueInfo().Pending, "T and the warm-up task")
+	_, err = client.Enqueue(task) // an equivalent task, new ID
+	require.ErrorIs(t, err, singleton.ErrDuplicate, "accepted while task T is pending (pending now %d)", e.QueueInfo().Pending)
+}
+
+// faultyUniqueClient is a Client with Unique (keyed by tenant_id) whose Redis
+// client injects faults into the scripts with an argument containing arg
+// ("}:t:" for asynq's enqueue, "unique:" for the reservation), once armed.
+// The scripts are loaded first by a warm-up enqueue, so that a fault hits a
+// run of a script, not the EVALSHA that finds the cache empty.
+func faultyUniqueClient(t *testing.T, e *env, arg string) (*singleton.Client, *testredis.Faults) {
+	t.Helper()
+	rdb := redis.NewClient(e.RDB.(*redis.Client).Options())
+	t.Cleanup(func() { _ = rdb.Close() })
 	hook := &testredis.Faults{Match: func(cmd redis.Cmder) bool {
-		name := strings.ToLower(cmd.Name())
-		if name != "evalsha" && name != "eval" {
+		if name := strings.ToLower(cmd.Name()); name != "evalsha" && name != "eval" {
 			return false
 		}
 		for _, a := range cmd.Args() {
-			if s, ok := a.(string); ok && strings.Contains(s, "unique:") {
+			if s, ok := a.(string); ok && strings.Contains(s, arg) {
 				return true
 			}
 		}
@@ -285,17 +262,11 @@ func TestUniqueLostReplyOfARepeatKeepsTheLiveReservation(t *testing.T) {
 	rdb.AddHook(hook)
 	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(e.Prefix))
 	require.NoError(t, err)
-	defer locker.Close(context.Background())
+	t.Cleanup(func() { _ = locker.Close(context.Background()) })
 	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(rdb), rdb,
 		singleton.KeyByFields("tenant_id"), singleton.Unique(locker, 0, 0))
 	require.NoError(t, err)
-	task := asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`), asynq.Queue(e.Queue))
-	_, err = client.Enqueue(task, asynq.TaskID("T"))
+	_, err = client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"warm-up"}`), asynq.Queue(e.Queue)))
 	require.NoError(t, err)
-	hook.Arm(testredis.DropReply, 1)
-	_, err = client.Enqueue(task, asynq.TaskID("T")) // the repeat: its reply is lost
-	require.Error(t, err)
-	require.Equal(t, 1, e.QueueInfo().Pending)
-	_, err = client.Enqueue(task) // an equivalent task, new ID
-	require.ErrorIs(t, err, singleton.ErrDuplicate, "accepted while task T is pending (pending now %d)", e.QueueInfo().Pending)
+	return client, hook
 }

@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -350,31 +348,8 @@ func TestUniqueCrashedWorkerFreesWithinTheTTL(t *testing.T) {
 // ID tells it so: the enqueue succeeds and the reservation stays.
 func TestUniqueEnqueueRetriedByGoRedis(t *testing.T) {
 	e := newEnvOn(t, standalone)
-	rdb := e.RDB
-	hook := &testredis.Faults{Match: func(cmd redis.Cmder) bool {
-		name := strings.ToLower(cmd.Name())
-		if name != "evalsha" && name != "eval" {
-			return false
-		}
-		for _, a := range cmd.Args() {
-			if s, ok := a.(string); ok && strings.Contains(s, "}:t:") {
-				return true // asynq's enqueue script: its first key is the task's
-			}
-		}
-		return false
-	}}
-	rdb.AddHook(hook)
-	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(e.Prefix))
-	require.NoError(t, err)
-	defer locker.Close(context.Background())
-	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(rdb), rdb,
-		singleton.KeyByFields("tenant_id"), singleton.Unique(locker, 0, 0))
-	require.NoError(t, err)
+	client, hook := faultyUniqueClient(t, e, "}:t:") // asynq's enqueue script: its first key is the task's
 	task := asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`), asynq.Queue(e.Queue))
-	// Load the scripts first: the fault must hit a run of the script, not
-	// the EVALSHA that finds the script cache empty.
-	_, err = client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"warm-up"}`), asynq.Queue(e.Queue)))
-	require.NoError(t, err)
 
 	hook.Arm(testredis.Repeat, 1)
 	info, err := client.Enqueue(task)
