@@ -1095,7 +1095,9 @@ func (e *engine) close(ctx context.Context) error {
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("lockkit: close: release %d lease(s): %w", len(chunk), err))
-			break
+			if ctx.Err() != nil {
+				break // the rest expire with their TTL
+			}
 		}
 	}
 	if err := e.b.close(); err != nil {

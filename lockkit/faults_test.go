@@ -244,3 +244,22 @@ func (v fakeVersion) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (v fakeVersion) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
+
+// Close releases every chunk of leases it can: a chunk whose release fails
+// does not keep the leases of the next chunks held until their TTL.
+func TestCloseGoesOnPastAFailedChunk(t *testing.T) {
+	ctx := ctxT(t)
+	l, hook, observer := faultyLocker(t, anyScript(plainReleaseSrc), WithRenewBatch(2))
+	keys := []string{"a", "b", "c", "d", "e", "f"}
+	for _, k := range keys {
+		_, err := l.TryAcquire(ctx, k, nil)
+		require.NoError(t, err)
+	}
+	hook.Arm(testredis.DropReply, 1) // the first chunk's pipeline: it ran, its reply is lost
+	err := l.Close(ctx)
+	require.ErrorIs(t, err, testredis.ErrInjected, "Close reports the chunk it could not confirm")
+	require.EqualValues(t, 1, hook.Hits())
+	for _, k := range keys {
+		require.Empty(t, holders(t, observer, k), "key %q is still held after Close", k)
+	}
+}

@@ -208,6 +208,9 @@ type Locker interface {
 	// log through it unless they are given their own.
 	Logger() *slog.Logger
 	// Close stops renewal and releases every lease the Locker still holds.
+	// A release that fails (Redis unreachable) leaves its leases to expire
+	// with their TTL; Close still sends the others until ctx ends, and
+	// returns the failures joined.
 	Close(ctx context.Context) error
 }
 
