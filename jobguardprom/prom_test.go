@@ -17,6 +17,7 @@ import (
 	"github.com/jobguard/jobguard/internal/asynqtest"
 	"github.com/jobguard/jobguard/jobguardprom"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
 
@@ -136,6 +137,21 @@ func TestMetricsAfterRealRuns(t *testing.T) {
 	require.Equal(t, 1.0, value(t, reg, "jobguard_errors_total", map[string]string{"name": "panics"}))
 	require.Equal(t, 1.0, value(t, reg, "jobguard_runs_total", map[string]string{"name": "panics", "outcome": "failed"}), "a panicking run is a run")
 
+	// A firing that cannot be matched to a tick (here: before the
+	// schedule's one activation) is a tick counted as error; its job did
+	// not run.
+	g, err = cronguard.New(l, cronguard.WithObserver(m.Observer()),
+		cronguard.WithParser(onceParser{tick.Add(time.Hour)}),
+		cronguard.WithClock(func() time.Time { return tick }))
+	require.NoError(t, err)
+	w, err = g.Wrap("launch", "launch")
+	require.NoError(t, err)
+	ran := false
+	cron.NewChain(w).Then(cron.FuncJob(func() { ran = true })).Run()
+	require.False(t, ran)
+	require.Equal(t, 1.0, value(t, reg, "jobguard_cron_ticks_total", map[string]string{"entry": "launch", "outcome": "error"}))
+	require.Equal(t, 1.0, value(t, reg, "jobguard_errors_total", map[string]string{"name": "launch"}))
+
 	// No label holds a key.
 	fams, err := reg.Gather()
 	require.NoError(t, err)
@@ -153,6 +169,18 @@ func TestMetricsAfterRealRuns(t *testing.T) {
 	require.Error(t, err)
 }
 
+// onceParser parses every spec as one activation at its time.
+type onceParser struct{ at time.Time }
+
+func (p onceParser) Parse(string) (cron.Schedule, error) { return p, nil }
+
+func (p onceParser) Next(t time.Time) time.Time {
+	if t.Before(p.at) {
+		return p.at
+	}
+	return time.Time{}
+}
+
 // lockerRef lets the gauge read a Locker made after the metrics.
 type lockerRef struct{ l **lockkit.RedisLocker }
 
@@ -161,4 +189,45 @@ func (r lockerRef) Held() int {
 		return 0
 	}
 	return (*r.l).Held()
+}
+
+// bucketCounts returns the cumulative counts of the histogram name by upper
+// bound.
+func bucketCounts(t *testing.T, reg *prometheus.Registry, name string) map[float64]uint64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range fams {
+		if f.GetName() == name {
+			require.Len(t, f.GetMetric(), 1)
+			out := map[float64]uint64{}
+			for _, b := range f.GetMetric()[0].GetHistogram().GetBucket() {
+				out[b.GetUpperBound()] = b.GetCumulativeCount()
+			}
+			return out
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return nil
+}
+
+// The default buckets tell a 20-minute run from a 2-hour one; WithBuckets
+// replaces them.
+func TestHoldBucketsFitLongJobs(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := jobguardprom.New(reg)
+	require.NoError(t, err)
+	obs := m.Observer()
+	obs(context.Background(), middleware.Event{Kind: middleware.EventReleased, Job: middleware.Job{Name: "report:build"}, Duration: 20 * time.Minute})
+	b := bucketCounts(t, reg, "jobguard_lease_hold_seconds")
+	require.Equal(t, uint64(0), b[600], "a 20-minute run is above the 10-minute bucket")
+	require.Equal(t, uint64(1), b[1800], "and within the 30-minute one")
+	require.Equal(t, jobguardprom.DefaultBuckets[len(jobguardprom.DefaultBuckets)-1], 7200.0)
+
+	reg = prometheus.NewRegistry()
+	m, err = jobguardprom.New(reg, jobguardprom.WithBuckets(1, 60))
+	require.NoError(t, err)
+	m.Observer()(context.Background(), middleware.Event{Kind: middleware.EventReleased, Job: middleware.Job{Name: "report:build"}, Duration: 20 * time.Minute})
+	b = bucketCounts(t, reg, "jobguard_lease_hold_seconds")
+	require.Equal(t, map[float64]uint64{1: 0, 60: 0}, b)
 }
