@@ -190,6 +190,9 @@ const (
 	releaseGather = 64
 )
 
+// closeChunks is how many chunks of leases Close releases at once.
+const closeChunks = 4
+
 // releaseLoop sends the queued releases: it gathers them for up to
 // releaseLinger after the first, then sends them in pipelines per server,
 // and those queued meanwhile the same way.
@@ -1084,21 +1087,40 @@ func (e *engine) close(ctx context.Context) error {
 	for _, l := range held {
 		l.end(stateLost, cause)
 	}
-	var errs []error
-	for start := 0; start < len(held); start += e.cfg.renewBatch {
+	// The leases go in chunks of renewBatch, closeChunks of them at a time:
+	// a chunk whose release fails (a lost reply, a Cluster node down) does
+	// not hold back the others, and a partition costs go-redis' retries
+	// once per closeChunks chunks rather than once per chunk.
+	var (
+		errs  []error
+		errMu sync.Mutex
+		wg    sync.WaitGroup
+		slots = make(chan struct{}, closeChunks)
+	)
+	start := 0
+	for ; start < len(held) && ctx.Err() == nil; start += e.cfg.renewBatch {
 		chunk := held[start:min(start+e.cfg.renewBatch, len(held))]
-		_, err := e.b.release(ctx, chunk, nil)
-		// A release that freed a key may have reserved it for a parked
-		// job: OnParked starts it (Close waits for those calls below).
-		for _, l := range chunk {
-			l.resumeParked()
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("lockkit: close: release %d lease(s): %w", len(chunk), err))
-			if ctx.Err() != nil {
-				break // the rest expire with their TTL
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			_, err := e.b.release(ctx, chunk, nil)
+			// A release that freed a key may have reserved it for a parked
+			// job: OnParked starts it (Close waits for those calls below).
+			for _, l := range chunk {
+				l.resumeParked()
 			}
-		}
+			if err != nil {
+				errMu.Lock()
+				errs = append(errs, fmt.Errorf("lockkit: close: release %d lease(s): %w", len(chunk), err))
+				errMu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if start < len(held) {
+		// ctx ended: the leases not sent expire with their TTL.
+		errs = append(errs, fmt.Errorf("lockkit: close: %d lease(s) not released: %w", len(held)-start, ctx.Err()))
 	}
 	if err := e.b.close(); err != nil {
 		errs = append(errs, err)

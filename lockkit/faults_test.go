@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -262,4 +263,69 @@ func TestCloseGoesOnPastAFailedChunk(t *testing.T) {
 	for _, k := range keys {
 		require.Empty(t, holders(t, observer, k), "key %q is still held after Close", k)
 	}
+}
+
+// Close sends its chunks of releases side by side, so that a partition
+// costs go-redis' retries once per closeChunks chunks, not once per chunk.
+func TestCloseSendsChunksSideBySide(t *testing.T) {
+	ctx := ctxT(t)
+	clean := testredis.Client(t)
+	c := redis.NewClient(clean.Options())
+	t.Cleanup(func() { _ = c.Close() })
+	gate := &meetHook{want: closeChunks, met: make(chan struct{})}
+	c.AddHook(gate)
+	prefix := testredis.Prefix(t, clean)
+	l, err := NewRedis(c, WithPrefix(prefix), WithRenewBatch(1))
+	require.NoError(t, err)
+	for i := range 2 * closeChunks {
+		_, err := l.TryAcquire(ctx, fmt.Sprintf("k%d", i), nil)
+		require.NoError(t, err)
+	}
+	gate.arm()
+	require.NoError(t, l.Close(ctx))
+	gate.mu.Lock()
+	defer gate.mu.Unlock()
+	require.False(t, gate.late, "Close never had %d releases in flight at once", closeChunks)
+}
+
+// meetHook, once armed, holds each script call until want of them are in
+// flight at once (closing met), or gives up after a second (late).
+type meetHook struct {
+	want  int
+	met   chan struct{}
+	mu    sync.Mutex
+	armed bool
+	n     int
+	late  bool // a call gave up waiting for the others
+}
+
+func (h *meetHook) arm() { h.mu.Lock(); h.armed = true; h.mu.Unlock() }
+
+func (h *meetHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *meetHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.mu.Lock()
+		armed := h.armed && (cmd.Name() == "evalsha" || cmd.Name() == "eval")
+		if armed {
+			if h.n++; h.n == h.want {
+				close(h.met)
+			}
+		}
+		h.mu.Unlock()
+		if armed {
+			select {
+			case <-h.met:
+			case <-time.After(time.Second):
+				h.mu.Lock()
+				h.late = true
+				h.mu.Unlock()
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *meetHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
