@@ -490,3 +490,39 @@ func TestLostLeaseCancelsFuncJob(t *testing.T) {
 	require.True(t, ok)
 	require.True(t, errors.Is(ev.Err, lockkit.ErrLost))
 }
+
+// A tick whose claim ran in Redis while the claiming replica never got the
+// reply (go-redis' retries all failed) runs on no replica: a cron tick runs
+// at most once (README, "Long runs and failures").
+func TestTickWhoseClaimReplyWasLostRunsNowhere(t *testing.T) {
+	clean := testredis.Client(t)
+	prefix := testredis.Prefix(t, clean)
+	faulty := redis.NewClient(clean.Options())
+	t.Cleanup(func() { _ = faulty.Close() })
+	hook := &testredis.Faults{Match: testredis.ScriptShape(8, 18)} // acquire.lua: an epoch claim
+	faulty.AddHook(hook)
+	rec := newRecorder()
+	var runs atomic.Int32
+	job := cron.FuncJob(func() { runs.Add(1) })
+	replica := func(c redis.UniversalClient, i int, at time.Time) cron.Job {
+		l, err := lockkit.NewRedis(c, lockkit.WithPrefix(prefix), lockkit.WithOwner(fmt.Sprintf("replica-%d", i)))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		w, err := cronguard.Wrap(l, "digest", "* * * * * *", cronguard.WithSeconds(), cronguard.WithLogger(cron.DiscardLogger),
+			cronguard.WithObserver(rec.observe), cronguard.WithClock(func() time.Time { return at }))
+		require.NoError(t, err)
+		return w(job)
+	}
+	a, b := replica(faulty, 0, t0), replica(clean, 1, t0.Add(100*time.Millisecond))
+
+	hook.Arm(testredis.DropReply, 1)
+	a.Run()
+	require.EqualValues(t, 1, hook.Hits(), "the claim ran; its reply was lost")
+	ev, ok := rec.find(middleware.EventError)
+	require.True(t, ok, "the claiming replica reports the lost reply")
+	require.Error(t, ev.Err)
+	b.Run()
+	require.Zero(t, runs.Load(), "no replica ran the tick")
+	require.Equal(t, 1, rec.count(middleware.EventDuplicate, t0)+rec.count(middleware.EventClaimed, t0),
+		"the other replica found the tick taken")
+}
