@@ -46,13 +46,14 @@ type Client struct {
 	park     *parkSpec
 
 	mu     sync.Mutex
-	offset time.Duration // an upper bound of the server clock minus ours
-	synced time.Time     // when offset was measured; zero before
+	server time.Time // an upper bound of the server clock at synced
+	synced time.Time // when the clock was read (with its monotonic reading); zero before
 }
 
 // NewClient returns a Client that enqueues with c and reads the clock of rdb,
 // the Redis the servers use. The clock is read on the first enqueue and
-// every 30 seconds after: one TIME round trip, none per task.
+// every 30 seconds after: one TIME round trip (one per master, side by side,
+// on a Redis Cluster), none per task.
 //
 // Without Unique, Debounce or ParkAtEnqueue, opts are not needed. With any of
 // them, the key options
@@ -224,21 +225,60 @@ func (c *Client) enqueueOwnID(ctx context.Context, task *asynq.Task, id, queue s
 	return info, err
 }
 
-// now returns an upper bound of the Redis server's clock.
+// now returns an upper bound of the Redis server's clock: of every master's
+// clock on a Redis Cluster (or every shard's on a Ring), since the run that
+// may cover a task takes its start from the clock of the node that owns the
+// task's key, which the Client does not know. Time since the last read is
+// measured on the monotonic clock, so a step of this host's wall clock does
+// not move the stamp.
 func (c *Client) now(ctx context.Context) (time.Time, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.synced.IsZero() || time.Since(c.synced) > clockSync {
 		sent := time.Now()
-		server, err := c.rdb.Time(ctx).Result()
+		server, err := serverClock(ctx, c.rdb)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("singleton: reading the Redis clock: %w", err)
 		}
-		// The server read its clock after we sent: server - sent bounds the
-		// offset from above. A millisecond covers drift until the next read.
-		c.offset, c.synced = server.Sub(sent)+time.Millisecond, time.Now()
+		// Each server read its clock after we sent: server + time since sent
+		// bounds its clock from above. A millisecond covers drift until the
+		// next read.
+		c.server, c.synced = server.Add(time.Millisecond), sent
 	}
-	return time.Now().Add(c.offset), nil
+	return c.server.Add(time.Since(c.synced)), nil
+}
+
+// serverClock returns the latest of the clocks of rdb's masters.
+func serverClock(ctx context.Context, rdb redis.UniversalClient) (time.Time, error) {
+	var each func(context.Context, func(context.Context, *redis.Client) error) error
+	switch r := rdb.(type) {
+	case *redis.ClusterClient:
+		each = r.ForEachMaster
+	case *redis.Ring:
+		each = r.ForEachShard
+	default:
+		return rdb.Time(ctx).Result()
+	}
+	var (
+		mu     sync.Mutex
+		latest time.Time
+	)
+	err := each(ctx, func(ctx context.Context, node *redis.Client) error {
+		t, err := node.Time(ctx).Result()
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if t.After(latest) {
+			latest = t
+		}
+		return nil
+	})
+	if err == nil && latest.IsZero() {
+		err = errors.New("no master answered")
+	}
+	return latest, err
 }
 
 // taskOptions returns the options task was built with (asynq.NewTask's

@@ -29,6 +29,7 @@ type uniqueEnv struct {
 	results map[string][]error // tenant → what the next runs return, in order
 	block   chan struct{}      // when set, runs wait for it to close
 	started chan string        // each run sends its tenant when it starts
+	hold    bool               // when set, a failed task stays in retry until the test runs it
 	ran     map[string]int     // tenant → runs
 }
 
@@ -78,7 +79,11 @@ func (u *uniqueEnv) serveOn(locker *lockkit.RedisLocker) {
 		return res
 	})
 	cfg := u.config(1)
-	cfg.RetryDelayFunc = func(int, error, *asynq.Task) time.Duration { return 300 * time.Millisecond }
+	delay := 300 * time.Millisecond
+	if u.hold {
+		delay = time.Hour
+	}
+	cfg.RetryDelayFunc = func(int, error, *asynq.Task) time.Duration { return delay }
 	u.start(cfg, mux)
 }
 
@@ -118,6 +123,7 @@ func TestUniqueUntilExecuted(t *testing.T) {
 
 		u.results["acme"] = []error{errors.New("smtp down"), nil}
 		u.block = make(chan struct{})
+		u.hold = true
 		u.serve()
 		u.waitState(a, asynq.TaskStateActive)
 		_, err = u.enqueue("acme")
@@ -126,6 +132,7 @@ func TestUniqueUntilExecuted(t *testing.T) {
 		u.waitState(a, asynq.TaskStateRetry)
 		_, err = u.enqueue("acme")
 		refused(t, err, a, "retry")
+		require.NoError(t, asynq.NewInspectorFromRedisClient(u.RDB).RunTask(u.Queue, a.ID), "the retry runs now")
 		require.Eventually(t, func() bool { return u.runs("acme") == 2 && u.runs("globex") == 1 }, 10*time.Second, 5*time.Millisecond,
 			"the failed run is retried")
 		u.Drained(10 * time.Second)
