@@ -22,11 +22,11 @@
 // (WithPrefix) of these marks.
 //
 // An entry's identity is derived from its config: the spec, the time zone,
-// the task's type and payload and the enqueue options. Replicas with the same
-// config agree on it without coordination. While replicas disagree (a config
-// change rolling out, within one SyncInterval of a PeriodicTaskManager), the
-// old and the new config are two entries: a tick may be enqueued once under
-// each, never twice under one.
+// the task's type, payload and headers and the enqueue options. Replicas
+// with the same config agree on it without coordination. While replicas
+// disagree (a config change rolling out, within one SyncInterval of a
+// PeriodicTaskManager), the old and the new config are two entries: a tick
+// may be enqueued once under each, never twice under one.
 //
 // "@every d" (and "@every d offset o") ticks at the multiples of d since the
 // Unix epoch (plus o), the same on every replica. CatchUp enqueues, when a

@@ -492,3 +492,47 @@ func firstID(s *Scheduler) string {
 	}
 	return ""
 }
+
+// Task headers are part of an entry's identity: two entries that differ
+// only in their task's headers are two entries, as in asynq's Scheduler,
+// both for Register and for a PeriodicTaskManager's configs; each enqueues
+// its own task. An entry without headers keeps the ID it had before headers
+// counted.
+func TestHeadersArePartOfTheEntry(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	task := func(tenant string) *asynq.Task {
+		return asynq.NewTaskWithHeaders("report", []byte("p"), map[string]string{"tenant": tenant})
+	}
+	s := NewSchedulerFromRedisClient(c, nil, WithPrefix(testredis.Prefix(t, c)))
+	a, err := s.Register("@hourly", task("acme"))
+	require.NoError(t, err)
+	b, err := s.Register("@hourly", task("globex"))
+	require.NoError(t, err, "a task that differs in its headers is another entry")
+	require.NotEqual(t, a, b)
+	_, err = s.Register("@hourly", task("acme"))
+	require.ErrorIs(t, err, ErrInvalid, "the same headers are the same entry")
+	require.ErrorContains(t, err, "headers")
+	plain, err := s.Register("@hourly", asynq.NewTask("report", []byte("p")))
+	require.NoError(t, err)
+	require.Equal(t, "99e2ebcabd8f14dd6b63", plain, "the ID of an entry without headers is unchanged")
+
+	q := queueName(t, c)
+	p := &provider{configs: []*asynq.PeriodicTaskConfig{
+		{Cronspec: "@every 100ms", Task: task("acme"), Opts: []asynq.Option{asynq.Queue(q)}},
+		{Cronspec: "@every 100ms", Task: task("globex"), Opts: []asynq.Option{asynq.Queue(q)}},
+	}}
+	m, err := NewPeriodicTaskManager(asynq.PeriodicTaskManagerOpts{PeriodicTaskConfigProvider: p, RedisUniversalClient: c, SyncInterval: time.Hour},
+		WithPrefix(testredis.Prefix(t, c)))
+	require.NoError(t, err)
+	require.NoError(t, m.Start())
+	defer m.Shutdown()
+	require.Eventually(t, func() bool {
+		tasks, err := asynq.NewInspectorFromRedisClient(c).ListPendingTasks(q)
+		seen := map[string]bool{}
+		for _, ti := range tasks {
+			seen[ti.Headers["tenant"]] = true
+		}
+		return err == nil && seen["acme"] && seen["globex"]
+	}, 5*time.Second, 10*time.Millisecond, "each config enqueues its own task")
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"slices"
@@ -218,7 +219,7 @@ func (s *Scheduler) Register(cronspec string, task *asynq.Task, opts ...asynq.Op
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, dup := s.entries[e.id]; dup {
-		return "", fmt.Errorf("%w: Register(%q): an entry with the same spec, task and options is registered (%s)", ErrInvalid, cronspec, e.id)
+		return "", fmt.Errorf("%w: Register(%q): an entry with the same spec, task (type, payload and headers) and options is registered (%s)", ErrInvalid, cronspec, e.id)
 	}
 	s.entries[e.id] = e
 	if s.started && !s.stopped {
@@ -465,6 +466,11 @@ func entryID(spec string, loc *time.Location, task *asynq.Task, opts []asynq.Opt
 		parts = append(parts, o.String())
 	}
 	slices.Sort(parts)
+	// Headers count as options named "header:" (none: the ID headers had
+	// no part in).
+	for _, k := range slices.Sorted(maps.Keys(task.Headers())) {
+		parts = append(parts, "header:"+strconv.Itoa(len(k))+":"+k+"="+task.Headers()[k])
+	}
 	h := sha256.New()
 	for _, p := range append([]string{spec, loc.String(), task.Type(), string(task.Payload())}, parts...) {
 		h.Write([]byte(strconv.Itoa(len(p))))
