@@ -536,3 +536,78 @@ func TestHeadersArePartOfTheEntry(t *testing.T) {
 		return err == nil && seen["acme"] && seen["globex"]
 	}, 5*time.Second, 10*time.Millisecond, "each config enqueues its own task")
 }
+
+// The window is checked before the enqueue; an enqueue that stalls (a GC
+// pause, a slow PreEnqueueFunc) until the tick's task and mark have expired
+// would be accepted a second time. It is not sent after the tick's
+// retention has passed on the replica's clock. Here the replica 400ms behind
+// stalls for 2s, a window plus its retention, in which the task that the
+// other replica enqueued and its mark expire (deleted by the test).
+func TestStalledEnqueueIsNotSentAfterTheWindow(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	q := queueName(t, c)
+	prefix := testredis.Prefix(t, c)
+	const period = 200 * time.Millisecond
+	tick := time.Now().Truncate(period).Add(3 * period)
+	var mu sync.Mutex
+	offset := -400 * time.Millisecond
+	behind := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return time.Now().Add(offset)
+	}
+	enqueued, expired, movedOn := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	newSched := func(clock func() time.Time, opts *asynq.SchedulerOpts, hook func(time.Time) hookResult) *Scheduler {
+		s := NewSchedulerFromRedisClient(c, opts, WithClock(clock), WithPrefix(prefix), WithWindow(time.Second))
+		s.cfg.beforeEnqueue = func(_ string, t time.Time) hookResult { return hook(t) }
+		_, err := s.Register("@every 200ms", asynq.NewTask("report", nil), asynq.Queue(q))
+		require.NoError(t, err)
+		return s
+	}
+	a := newSched(time.Now, &asynq.SchedulerOpts{PostEnqueueFunc: func(_ *asynq.TaskInfo, err error) {
+		if err == nil {
+			close(enqueued)
+		}
+	}}, func(t time.Time) hookResult {
+		if t.Equal(tick) {
+			return hookEnqueue
+		}
+		return hookSkip
+	})
+	b := newSched(behind, &asynq.SchedulerOpts{PreEnqueueFunc: func(*asynq.Task, []asynq.Option) {
+		<-expired
+		mu.Lock()
+		offset += 2 * time.Second // stalled until the tick's task and mark expired
+		mu.Unlock()
+	}}, func(t time.Time) hookResult {
+		switch {
+		case t.Equal(tick):
+			return hookEnqueue
+		case t.After(tick):
+			once.Do(func() { close(movedOn) })
+		}
+		return hookSkip
+	})
+	waitFor := func(ch chan struct{}, what string) {
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("timed out waiting: %s", what)
+		}
+	}
+	id := firstID(a)
+	require.NoError(t, a.Start())
+	defer a.Shutdown()
+	waitFor(enqueued, "the tick to be enqueued")
+	a.Shutdown()
+	// What a window plus the retention does: the task and the mark expire.
+	require.NoError(t, asynq.NewInspectorFromRedisClient(c).DeleteTask(q, taskID(id, tick)))
+	require.NoError(t, c.Del(context.Background(), prefix+"periodic:{"+id+"}:tick:"+strconv.FormatInt(tick.UnixMilli(), 10)).Err())
+	require.NoError(t, b.Start())
+	defer b.Shutdown()
+	close(expired)
+	waitFor(movedOn, "the stalled replica to go on to a later tick")
+	require.Zero(t, ticksIn(t, c, q)[tick.UnixMilli()], "the stalled enqueue was sent after the window")
+}

@@ -406,7 +406,18 @@ func (s *Scheduler) fire(e *entry, tick time.Time) bool {
 	if f := s.opts.PreEnqueueFunc; f != nil {
 		f(e.task, opts)
 	}
-	info, err := s.client.EnqueueContext(ctx, e.task, opts...)
+	// An enqueue sent once the tick's task and mark may have expired
+	// could be accepted a second time: it is not sent (nor retried) after
+	// tick + retention on this replica's clock; the mark lasts a window
+	// longer than the retention, for the skew and the enqueue's own trip.
+	left := tick.Add(e.keep).Sub(s.cfg.clock())
+	if left <= 0 {
+		s.cfg.logger.Warn("periodic: tick not enqueued: its retention passed before the enqueue", "entry", e.id, "spec", e.spec, "tick", tick)
+		return true
+	}
+	ectx, ecancel := context.WithTimeout(ctx, left)
+	info, err := s.client.EnqueueContext(ectx, e.task, opts...)
+	ecancel()
 	conflict := errors.Is(err, asynq.ErrTaskIDConflict)
 	if conflict {
 		s.cfg.logger.Debug("periodic: tick enqueued by another replica", "entry", e.id, "spec", e.spec, "tick", tick)
