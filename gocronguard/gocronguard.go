@@ -45,6 +45,9 @@ const (
 	DefaultTolerance = time.Second
 	// KeyPrefix is prepended to a job's name to make its lockkit key.
 	KeyPrefix = "gocron:"
+	// DefaultHandover is how long an Elector that became the leader waits
+	// before its scheduler runs jobs.
+	DefaultHandover = time.Second
 )
 
 var (
@@ -191,31 +194,67 @@ func (k lock) Unlock(ctx context.Context) error { return k.lease.Release(ctx) }
 // Elector is a gocron.Elector on a lockkit.Campaign: the scheduler holding
 // the key is the leader, renewed while it lives; the lease's fencing token
 // is the term. Losing leadership is reported by the next IsLeader.
-type Elector struct{ c *lockkit.Campaign }
+//
+// The previous leader may have run a tick up to the moment it stopped
+// leading (a resign hands over within milliseconds), and a new leader whose
+// clock is behind fires that tick later: a new leader runs no job until the
+// handover (WithHandover) has passed since it took the key. With a handover
+// longer than the clock skew between schedulers, each activation of a
+// CronJob runs at most once across a leader change; the activations that
+// fall within the handover run on no scheduler. The first leader waits too.
+type Elector struct {
+	c        *lockkit.Campaign
+	handover time.Duration
+}
 
 var _ gocron.Elector = (*Elector)(nil)
 
+// ElectorOption configures an Elector.
+type ElectorOption func(*Elector)
+
+// WithHandover sets how long a scheduler that became the leader waits
+// before it runs jobs (see Elector). Make it longer than the clock skew
+// between schedulers. Must be positive. Defaults to DefaultHandover.
+func WithHandover(d time.Duration) ElectorOption { return func(e *Elector) { e.handover = d } }
+
 // NewElector starts campaigning for key on l (opt as for lockkit.Acquire,
 // nil for defaults: a dead leader is replaced within the TTL). Close it to
-// resign. It returns ErrInvalid for a nil l or an empty key.
-func NewElector(l lockkit.Locker, key string, opt *lockkit.AcquireOptions) (*Elector, error) {
+// resign. It returns an error matching lockkit.ErrInvalid for a nil l, an
+// empty key or an invalid option (ErrInvalid).
+func NewElector(l lockkit.Locker, key string, opt *lockkit.AcquireOptions, opts ...ElectorOption) (*Elector, error) {
+	e := &Elector{handover: DefaultHandover}
+	for _, o := range opts {
+		if o != nil {
+			o(e)
+		}
+	}
+	if e.handover <= 0 {
+		return nil, fmt.Errorf("%w: WithHandover(%s): must be positive", ErrInvalid, e.handover)
+	}
 	c, err := lockkit.NewCampaign(l, key, opt)
 	if err != nil {
 		return nil, err
 	}
-	return &Elector{c: c}, nil
+	e.c = c
+	return e, nil
 }
 
-// IsLeader implements gocron.Elector: nil while this scheduler leads,
-// lockkit.ErrNotLeader otherwise.
+// IsLeader implements gocron.Elector: nil while this scheduler leads and
+// the handover has passed, an error matching lockkit.ErrNotLeader
+// otherwise.
 func (e *Elector) IsLeader(context.Context) error {
-	if _, ok := e.c.Leader(); ok {
-		return nil
+	_, since, ok := e.c.LeaderSince()
+	if !ok {
+		return lockkit.ErrNotLeader
 	}
-	return lockkit.ErrNotLeader
+	if left := e.handover - time.Since(since); left > 0 {
+		return fmt.Errorf("%w: the handover ends in %s", lockkit.ErrNotLeader, left)
+	}
+	return nil
 }
 
-// Term returns the current leadership term (a fencing token), if leading.
+// Term returns the current leadership term (a fencing token), if leading,
+// during the handover too.
 func (e *Elector) Term() (int64, bool) { return e.c.Leader() }
 
 // Close resigns and stops campaigning, bounded by ctx.
