@@ -15,9 +15,18 @@
 //     fires it. Give the job's own cron spec (gocron.CronJob), or "@every d"
 //     for jobs that fire on multiples of d since the epoch.
 //   - Otherwise the key stays held for WithHoldAtLeast (default
-//     DefaultHoldAtLeast) after a run starts: a scheduler firing the same run
-//     within that time is refused. It must be longer than the clock skew
-//     between schedulers and shorter than the job's interval.
+//     DefaultHoldAtLeast) after a run starts: the runs of the job start at
+//     least that long apart across the fleet, and that is all this mode
+//     promises. Each run runs once only if every scheduler fires it within
+//     the hold of the others, and the hold is shorter than the job's
+//     interval: the same clock-aligned schedule (a CronJob, or a DurationJob
+//     aligned with gocron.WithStartAt) on clocks closer than the hold. A
+//     DurationJob started at different times fires at each scheduler's own
+//     phase; a hold close to its interval (less the schedulers' timing
+//     jitter) spaces its runs about one interval apart.
+//
+// With the Elector, only the leader runs jobs, and a new leader waits for
+// the handover (WithHandover) before it does (see Elector).
 package gocronguard
 
 import (
@@ -71,8 +80,9 @@ func WithSchedule(job, spec string) Option {
 }
 
 // WithHoldAtLeast sets how long the key of a job without a schedule stays
-// held after its run starts. Must be positive. Defaults to
-// DefaultHoldAtLeast.
+// held after its run starts: the job's runs start at least that long apart
+// across the fleet (see the package doc). It is one duration for every job
+// without a schedule. Must be positive. Defaults to DefaultHoldAtLeast.
 func WithHoldAtLeast(d time.Duration) Option { return func(l *Locker) { l.hold = d } }
 
 // WithTolerance sets how far from an activation a scheduler may fire it and

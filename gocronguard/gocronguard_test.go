@@ -288,3 +288,57 @@ func TestElectorLeaderChangeRunsEachTickOnce(t *testing.T) {
 		require.Equal(t, 1, n, "second %d ran %d times (the first was %d)", sec, n, firstSec)
 	}
 }
+
+// What the hold mode promises, with gocron's DurationJob on two schedulers
+// started 500ms apart (each fires at its own phase): runs of the job start
+// at least the hold apart across the fleet, and nothing more. With a 400ms
+// hold both schedulers run the job every second (their runs are 500ms
+// apart); with a hold close to the interval (900ms), it runs about once a
+// second across the fleet.
+func TestHoldModeSpacesRunsByTheHold(t *testing.T) {
+	for _, hold := range []time.Duration{400 * time.Millisecond, 900 * time.Millisecond} {
+		t.Run(hold.String(), func(t *testing.T) {
+			rdb := redisClient(t)
+			p := prefix()
+			var mu sync.Mutex
+			var starts []time.Time
+			var scheds []gocron.Scheduler
+			for i := range 2 {
+				if i == 1 {
+					time.Sleep(500 * time.Millisecond) // started 500ms after the first
+				}
+				locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(p))
+				require.NoError(t, err)
+				defer locker.Close(context.Background())
+				gl, err := gocronguard.NewLocker(locker, gocronguard.WithHoldAtLeast(hold))
+				require.NoError(t, err)
+				s, err := gocron.NewScheduler(gocron.WithDistributedLocker(gl))
+				require.NoError(t, err)
+				_, err = s.NewJob(gocron.DurationJob(time.Second), gocron.NewTask(func() {
+					mu.Lock()
+					starts = append(starts, time.Now())
+					mu.Unlock()
+				}), gocron.WithName("sweep"))
+				require.NoError(t, err)
+				s.Start()
+				scheds = append(scheds, s)
+			}
+			begin := time.Now()
+			time.Sleep(3500 * time.Millisecond)
+			for _, s := range scheds {
+				require.NoError(t, s.Shutdown())
+			}
+			elapsed := time.Since(begin) + 500*time.Millisecond // from the first start
+			mu.Lock()
+			defer mu.Unlock()
+			require.NotEmpty(t, starts)
+			for i := 1; i < len(starts); i++ {
+				// The hold starts when the lease is taken, a little before
+				// the job starts: allow for that latency.
+				require.GreaterOrEqual(t, starts[i].Sub(starts[i-1]), hold-50*time.Millisecond, "runs %d and %d", i-1, i)
+			}
+			require.LessOrEqual(t, len(starts), int(elapsed/hold)+1)
+			t.Logf("hold %s: %d runs in %s", hold, len(starts), elapsed.Round(100*time.Millisecond))
+		})
+	}
+}
