@@ -15,9 +15,18 @@
 //     fires it. Give the job's own cron spec (gocron.CronJob), or "@every d"
 //     for jobs that fire on multiples of d since the epoch.
 //   - Otherwise the key stays held for WithHoldAtLeast (default
-//     DefaultHoldAtLeast) after a run starts: a scheduler firing the same run
-//     within that time is refused. It must be longer than the clock skew
-//     between schedulers and shorter than the job's interval.
+//     DefaultHoldAtLeast) after a run starts: the runs of the job start at
+//     least that long apart across the fleet, and that is all this mode
+//     promises. Each run runs once only if every scheduler fires it within
+//     the hold of the others, and the hold is shorter than the job's
+//     interval: the same clock-aligned schedule (a CronJob, or a DurationJob
+//     aligned with gocron.WithStartAt) on clocks closer than the hold. A
+//     DurationJob started at different times fires at each scheduler's own
+//     phase; a hold close to its interval (less the schedulers' timing
+//     jitter) spaces its runs about one interval apart.
+//
+// With the Elector, only the leader runs jobs, and a new leader waits for
+// the handover (WithHandover) before it does (see Elector).
 package gocronguard
 
 import (
@@ -45,6 +54,9 @@ const (
 	DefaultTolerance = time.Second
 	// KeyPrefix is prepended to a job's name to make its lockkit key.
 	KeyPrefix = "gocron:"
+	// DefaultHandover is how long an Elector that became the leader waits
+	// before its scheduler runs jobs.
+	DefaultHandover = time.Second
 )
 
 var (
@@ -68,8 +80,9 @@ func WithSchedule(job, spec string) Option {
 }
 
 // WithHoldAtLeast sets how long the key of a job without a schedule stays
-// held after its run starts. Must be positive. Defaults to
-// DefaultHoldAtLeast.
+// held after its run starts: the job's runs start at least that long apart
+// across the fleet (see the package doc). It is one duration for every job
+// without a schedule. Must be positive. Defaults to DefaultHoldAtLeast.
 func WithHoldAtLeast(d time.Duration) Option { return func(l *Locker) { l.hold = d } }
 
 // WithTolerance sets how far from an activation a scheduler may fire it and
@@ -191,31 +204,67 @@ func (k lock) Unlock(ctx context.Context) error { return k.lease.Release(ctx) }
 // Elector is a gocron.Elector on a lockkit.Campaign: the scheduler holding
 // the key is the leader, renewed while it lives; the lease's fencing token
 // is the term. Losing leadership is reported by the next IsLeader.
-type Elector struct{ c *lockkit.Campaign }
+//
+// The previous leader may have run a tick up to the moment it stopped
+// leading (a resign hands over within milliseconds), and a new leader whose
+// clock is behind fires that tick later: a new leader runs no job until the
+// handover (WithHandover) has passed since it took the key. With a handover
+// longer than the clock skew between schedulers, each activation of a
+// CronJob runs at most once across a leader change; the activations that
+// fall within the handover run on no scheduler. The first leader waits too.
+type Elector struct {
+	c        *lockkit.Campaign
+	handover time.Duration
+}
 
 var _ gocron.Elector = (*Elector)(nil)
 
+// ElectorOption configures an Elector.
+type ElectorOption func(*Elector)
+
+// WithHandover sets how long a scheduler that became the leader waits
+// before it runs jobs (see Elector). Make it longer than the clock skew
+// between schedulers. Must be positive. Defaults to DefaultHandover.
+func WithHandover(d time.Duration) ElectorOption { return func(e *Elector) { e.handover = d } }
+
 // NewElector starts campaigning for key on l (opt as for lockkit.Acquire,
 // nil for defaults: a dead leader is replaced within the TTL). Close it to
-// resign. It returns ErrInvalid for a nil l or an empty key.
-func NewElector(l lockkit.Locker, key string, opt *lockkit.AcquireOptions) (*Elector, error) {
+// resign. It returns an error matching lockkit.ErrInvalid for a nil l, an
+// empty key or an invalid option (ErrInvalid).
+func NewElector(l lockkit.Locker, key string, opt *lockkit.AcquireOptions, opts ...ElectorOption) (*Elector, error) {
+	e := &Elector{handover: DefaultHandover}
+	for _, o := range opts {
+		if o != nil {
+			o(e)
+		}
+	}
+	if e.handover <= 0 {
+		return nil, fmt.Errorf("%w: WithHandover(%s): must be positive", ErrInvalid, e.handover)
+	}
 	c, err := lockkit.NewCampaign(l, key, opt)
 	if err != nil {
 		return nil, err
 	}
-	return &Elector{c: c}, nil
+	e.c = c
+	return e, nil
 }
 
-// IsLeader implements gocron.Elector: nil while this scheduler leads,
-// lockkit.ErrNotLeader otherwise.
+// IsLeader implements gocron.Elector: nil while this scheduler leads and
+// the handover has passed, an error matching lockkit.ErrNotLeader
+// otherwise.
 func (e *Elector) IsLeader(context.Context) error {
-	if _, ok := e.c.Leader(); ok {
-		return nil
+	_, since, ok := e.c.LeaderSince()
+	if !ok {
+		return lockkit.ErrNotLeader
 	}
-	return lockkit.ErrNotLeader
+	if left := e.handover - time.Since(since); left > 0 {
+		return fmt.Errorf("%w: the handover ends in %s", lockkit.ErrNotLeader, left)
+	}
+	return nil
 }
 
-// Term returns the current leadership term (a fencing token), if leading.
+// Term returns the current leadership term (a fencing token), if leading,
+// during the handover too.
 func (e *Elector) Term() (int64, bool) { return e.c.Leader() }
 
 // Close resigns and stops campaigning, bounded by ctx.

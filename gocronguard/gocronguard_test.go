@@ -178,6 +178,9 @@ func TestValidation(t *testing.T) {
 	require.ErrorIs(t, err, gocronguard.ErrInvalid)
 	_, err = gocronguard.NewElector(nil, "k", nil)
 	require.ErrorIs(t, err, lockkit.ErrInvalid)
+	_, err = gocronguard.NewElector(l, "k", nil, gocronguard.WithHandover(0))
+	require.ErrorIs(t, err, gocronguard.ErrInvalid)
+	require.ErrorContains(t, err, "WithHandover(0s)")
 }
 
 // A scheduler with gocron.WithLocation fires a spec without a time zone in
@@ -215,6 +218,127 @@ func TestScheduleInTheSchedulersLocation(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				t.Fatal("the job did not fire")
 			}
+		})
+	}
+}
+
+// A leader that resigns right after running a second's tick hands over
+// within milliseconds; the new leader, whose clock is 300ms behind, fires
+// the same second after that and does not run it again: a new leader leads
+// only after the handover (DefaultHandover), longer than the skew.
+func TestElectorLeaderChangeRunsEachTickOnce(t *testing.T) {
+	rdb := redisClient(t)
+	p := prefix()
+	var mu sync.Mutex
+	runs := map[int64]int{} // second → runs
+	first := make(chan int64, 1)
+	later := make(chan struct{}, 1)
+	var firstSec int64
+	newScheduler := func(off time.Duration) (*gocronguard.Elector, gocron.Scheduler) {
+		locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(p))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = locker.Close(context.Background()) })
+		e, err := gocronguard.NewElector(locker, "leader", &lockkit.AcquireOptions{TTL: 5 * time.Second})
+		require.NoError(t, err)
+		clock := skewed{Clock: clockwork.NewRealClock(), off: off}
+		s, err := gocron.NewScheduler(gocron.WithClock(clock), gocron.WithDistributedElector(e))
+		require.NoError(t, err)
+		_, err = s.NewJob(gocron.CronJob("* * * * * *", true), gocron.NewTask(func() {
+			sec := clock.Now().Add(500 * time.Millisecond).Truncate(time.Second).Unix()
+			mu.Lock()
+			runs[sec]++
+			if firstSec == 0 {
+				firstSec = sec
+				first <- sec
+			} else if sec > firstSec+1 {
+				select {
+				case later <- struct{}{}:
+				default:
+				}
+			}
+			mu.Unlock()
+		}), gocron.WithName("report"))
+		require.NoError(t, err)
+		return e, s
+	}
+	a, sa := newScheduler(0)
+	require.Eventually(t, func() bool { return a.IsLeader(context.Background()) == nil }, 5*time.Second, 5*time.Millisecond)
+	b, sb := newScheduler(-300 * time.Millisecond)
+	sa.Start()
+	sb.Start()
+	defer func() {
+		require.NoError(t, sa.Shutdown())
+		require.NoError(t, sb.Shutdown())
+		require.NoError(t, b.Close(context.Background()))
+	}()
+	select {
+	case <-first:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the leader ran nothing")
+	}
+	require.NoError(t, a.Close(context.Background())) // resigns right after the tick
+	select {
+	case <-later:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the new leader ran nothing")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for sec, n := range runs {
+		require.Equal(t, 1, n, "second %d ran %d times (the first was %d)", sec, n, firstSec)
+	}
+}
+
+// What the hold mode promises, with gocron's DurationJob on two schedulers
+// started 500ms apart (each fires at its own phase): runs of the job start
+// at least the hold apart across the fleet, and nothing more. With a 400ms
+// hold both schedulers run the job every second (their runs are 500ms
+// apart); with a hold close to the interval (900ms), it runs about once a
+// second across the fleet.
+func TestHoldModeSpacesRunsByTheHold(t *testing.T) {
+	for _, hold := range []time.Duration{400 * time.Millisecond, 900 * time.Millisecond} {
+		t.Run(hold.String(), func(t *testing.T) {
+			rdb := redisClient(t)
+			p := prefix()
+			var mu sync.Mutex
+			var starts []time.Time
+			var scheds []gocron.Scheduler
+			for i := range 2 {
+				if i == 1 {
+					time.Sleep(500 * time.Millisecond) // started 500ms after the first
+				}
+				locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(p))
+				require.NoError(t, err)
+				defer locker.Close(context.Background())
+				gl, err := gocronguard.NewLocker(locker, gocronguard.WithHoldAtLeast(hold))
+				require.NoError(t, err)
+				s, err := gocron.NewScheduler(gocron.WithDistributedLocker(gl))
+				require.NoError(t, err)
+				_, err = s.NewJob(gocron.DurationJob(time.Second), gocron.NewTask(func() {
+					mu.Lock()
+					starts = append(starts, time.Now())
+					mu.Unlock()
+				}), gocron.WithName("sweep"))
+				require.NoError(t, err)
+				s.Start()
+				scheds = append(scheds, s)
+			}
+			begin := time.Now()
+			time.Sleep(3500 * time.Millisecond)
+			for _, s := range scheds {
+				require.NoError(t, s.Shutdown())
+			}
+			elapsed := time.Since(begin) + 500*time.Millisecond // from the first start
+			mu.Lock()
+			defer mu.Unlock()
+			require.NotEmpty(t, starts)
+			for i := 1; i < len(starts); i++ {
+				// The hold starts when the lease is taken, a little before
+				// the job starts: allow for that latency.
+				require.GreaterOrEqual(t, starts[i].Sub(starts[i-1]), hold-50*time.Millisecond, "runs %d and %d", i-1, i)
+			}
+			require.LessOrEqual(t, len(starts), int(elapsed/hold)+1)
+			t.Logf("hold %s: %d runs in %s", hold, len(starts), elapsed.Round(100*time.Millisecond))
 		})
 	}
 }

@@ -38,6 +38,7 @@ type Campaign struct {
 
 	mu    sync.Mutex
 	lease *Lease
+	since time.Time // when lease was taken
 	stop  context.CancelFunc
 	done  chan struct{}
 }
@@ -79,7 +80,7 @@ func (c *Campaign) run(ctx context.Context) {
 		}
 		backoff = 10 * time.Millisecond
 		c.mu.Lock()
-		c.lease = lease
+		c.lease, c.since = lease, time.Now()
 		c.mu.Unlock()
 		select {
 		case <-lease.Lost():
@@ -101,21 +102,28 @@ func (c *Campaign) run(ctx context.Context) {
 // fencing token of its lease). A lost lease is reported as soon as it is
 // detected (at once through its renewal, or when its validity runs out).
 func (c *Campaign) Leader() (term int64, ok bool) {
+	term, _, ok = c.LeaderSince()
+	return term, ok
+}
+
+// LeaderSince is Leader, with the time (on this process's clock) at which
+// the Campaign took its key for this term.
+func (c *Campaign) LeaderSince() (term int64, since time.Time, ok bool) {
 	c.mu.Lock()
-	l := c.lease
+	l, since := c.lease, c.since
 	c.mu.Unlock()
 	if l == nil || l.Err() != nil {
-		return 0, false
+		return 0, time.Time{}, false
 	}
 	select {
 	case <-l.Lost():
-		return 0, false
+		return 0, time.Time{}, false
 	default:
 	}
 	if time.Now().After(l.validUntilLocked()) {
-		return 0, false
+		return 0, time.Time{}, false
 	}
-	return l.Token(), true
+	return l.Token(), since, true
 }
 
 // Stop ends the campaign and resigns if it leads, waking the other

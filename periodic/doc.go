@@ -14,14 +14,19 @@
 // asynq's own script: no replica can claim a tick and die before enqueueing
 // it, and a replica that dies leaves the others to enqueue its ticks. A
 // replica whose clock is behind fires later and is refused; replicas must
-// fire each tick within the window (WithWindow, DefaultWindow).
+// fire each tick within the window (WithWindow, DefaultWindow). A task that
+// ends without completing (asynq.RevokeTask, as a Preempt or Requeue policy
+// returns) is deleted at once, so the replica that enqueued a tick also
+// marks it in Redis, for the window plus the retention, and a replica that
+// fires a marked tick does not enqueue it. Replicas must share the prefix
+// (WithPrefix) of these marks.
 //
 // An entry's identity is derived from its config: the spec, the time zone,
-// the task's type and payload and the enqueue options. Replicas with the same
-// config agree on it without coordination. While replicas disagree (a config
-// change rolling out, within one SyncInterval of a PeriodicTaskManager), the
-// old and the new config are two entries: a tick may be enqueued once under
-// each, never twice under one.
+// the task's type, payload and headers and the enqueue options. Replicas
+// with the same config agree on it without coordination. While replicas
+// disagree (a config change rolling out, within one SyncInterval of a
+// PeriodicTaskManager), the old and the new config are two entries: a tick
+// may be enqueued once under each, never twice under one.
 //
 // "@every d" (and "@every d offset o") ticks at the multiples of d since the
 // Unix epoch (plus o), the same on every replica. CatchUp enqueues, when a

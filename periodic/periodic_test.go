@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -73,7 +74,8 @@ func ticksIn(t *testing.T, c redis.UniversalClient, q string) map[int64]int {
 // Three replicas, one with its clock 400ms behind and one that dies at its
 // tenth tick between deciding to enqueue and enqueueing: the queue holds
 // exactly one task per tick, none missing. Each replica pays one round trip
-// per tick, two on the one that enqueued.
+// per tick (reading the tick's mark), three when it found none (the
+// enqueue, and the mark).
 func TestThreeReplicasEnqueueEachTickOnce(t *testing.T) {
 	onEachRedis(t, func(t *testing.T, connect deployment) {
 		admin := connect(t)
@@ -81,10 +83,11 @@ func TestThreeReplicasEnqueueEachTickOnce(t *testing.T) {
 		const ticks = 60
 		const period = 100 * time.Millisecond
 		var (
-			fired, won [3]atomic.Int64
-			rts        [3]*testredis.Counter
-			scheds     []*Scheduler
+			fired, raced, won [3]atomic.Int64
+			rts               [3]*testredis.Counter
+			scheds            []*Scheduler
 		)
+		prefix := testredis.Prefix(t, admin) // the same on every replica
 		start := time.Now().Truncate(period).Add(3 * period)
 		end := start.Add(ticks * period)
 		for i := range 3 {
@@ -97,12 +100,13 @@ func TestThreeReplicasEnqueueEachTickOnce(t *testing.T) {
 				clock = func() time.Time { return time.Now().Add(-400 * time.Millisecond) }
 			}
 			s := NewSchedulerFromRedisClient(c, &asynq.SchedulerOpts{
+				PreEnqueueFunc: func(*asynq.Task, []asynq.Option) { raced[i].Add(1) },
 				PostEnqueueFunc: func(_ *asynq.TaskInfo, err error) {
 					if err == nil {
 						won[i].Add(1)
 					}
 				},
-			}, WithClock(clock), WithPrefix(testredis.Prefix(t, admin)))
+			}, WithClock(clock), WithPrefix(prefix))
 			s.cfg.beforeEnqueue = func(_ string, tick time.Time) hookResult {
 				if tick.Before(start) || !tick.Before(end) {
 					return hookSkip // outside the measured ticks
@@ -131,11 +135,13 @@ func TestThreeReplicasEnqueueEachTickOnce(t *testing.T) {
 		var total int64
 		for i := range 3 {
 			total += won[i].Load()
-			// One round trip per tick fired, one more per tick enqueued;
-			// a client's first enqueue may also load asynq's script
-			// (NOSCRIPT, EVAL) and register the queue (SADD).
-			require.LessOrEqual(t, rts[i].Count(), fired[i].Load()+won[i].Load()+2, "replica %d", i)
-			t.Logf("replica %d: fired %d ticks, enqueued %d, %d round trips", i, fired[i].Load(), won[i].Load(), rts[i].Count())
+			// One round trip per tick fired, two more per tick that had
+			// no mark yet; a client's first enqueue may also load asynq's
+			// script (NOSCRIPT, EVAL) and register the queue (SADD), and
+			// its first pipeline open a second connection (HELLO, and
+			// its setup pipeline).
+			require.LessOrEqual(t, rts[i].Count(), fired[i].Load()+2*raced[i].Load()+4, "replica %d", i)
+			t.Logf("replica %d: fired %d ticks, found %d unmarked, enqueued %d, %d round trips", i, fired[i].Load(), raced[i].Load(), won[i].Load(), rts[i].Count())
 		}
 		require.EqualValues(t, ticks, total)
 		require.Less(t, fired[1].Load(), int64(ticks), "replica 1 died")
@@ -397,4 +403,211 @@ func TestPausedReplicaFiresNoStaleTick(t *testing.T) {
 			t.Fatalf("tick %d was not fired", i)
 		}
 	}
+}
+
+// A tick whose task is revoked (asynq.RevokeTask, as Preempt does, or
+// Requeue with no retries left) is deleted by asynq at once; a replica whose
+// clock is 400ms behind, firing the tick after that, does not enqueue it
+// again: the tick stays claimed for its window however its task ended.
+func TestRevokedTickIsNotEnqueuedAgain(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	q := queueName(t, c)
+	prefix := testredis.Prefix(t, c)
+	const period = 200 * time.Millisecond
+	tick := time.Now().Truncate(period).Add(3 * period)
+	var runs atomic.Int64
+	revoked := make(chan struct{})
+	srv := asynq.NewServerFromRedisClient(c, asynq.Config{Queues: map[string]int{q: 1}, LogLevel: asynq.FatalLevel})
+	require.NoError(t, srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		if runs.Add(1) == 1 {
+			close(revoked)
+		}
+		return fmt.Errorf("preempted: %w", asynq.RevokeTask)
+	})))
+	serverUp := true
+	defer func() {
+		if serverUp {
+			srv.Shutdown()
+		}
+	}()
+
+	release, bFired, bMovedOn := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	newSched := func(clock func() time.Time, hook func(time.Time) hookResult) *Scheduler {
+		s := NewSchedulerFromRedisClient(c, nil, WithClock(clock), WithPrefix(prefix))
+		s.cfg.beforeEnqueue = func(_ string, t time.Time) hookResult { return hook(t) }
+		_, err := s.Register("@every 200ms", asynq.NewTask("report", nil), asynq.Queue(q), asynq.MaxRetry(0))
+		require.NoError(t, err)
+		return s
+	}
+	a := newSched(time.Now, func(t time.Time) hookResult {
+		if t.Equal(tick) {
+			return hookEnqueue
+		}
+		return hookSkip
+	})
+	var movedOn sync.Once
+	b := newSched(func() time.Time { return time.Now().Add(-400 * time.Millisecond) }, func(t time.Time) hookResult {
+		switch {
+		case t.Equal(tick):
+			close(bFired)
+			<-release // until the tick's task was revoked
+			return hookEnqueue
+		case t.After(tick):
+			movedOn.Do(func() { close(bMovedOn) }) // done with the tick
+		}
+		return hookSkip
+	})
+	require.NoError(t, a.Start())
+	defer a.Shutdown()
+	require.NoError(t, b.Start())
+	defer b.Shutdown()
+
+	waitFor := func(ch chan struct{}, what string) {
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("timed out waiting: %s", what)
+		}
+	}
+	waitFor(revoked, "the tick's task to run")
+	require.Eventually(t, func() bool {
+		_, err := asynq.NewInspectorFromRedisClient(c).GetTaskInfo(q, taskID(firstID(a), tick))
+		return errors.Is(err, asynq.ErrTaskNotFound)
+	}, 5*time.Second, 5*time.Millisecond, "asynq deletes a revoked task")
+	srv.Shutdown()
+	serverUp = false
+	waitFor(bFired, "the replica behind to fire the tick")
+	close(release)
+	waitFor(bMovedOn, "the replica behind to fire the next tick")
+	require.Zero(t, ticksIn(t, c, q)[tick.UnixMilli()], "the revoked tick was enqueued again")
+	require.EqualValues(t, 1, runs.Load())
+}
+
+func firstID(s *Scheduler) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id := range s.entries {
+		return id
+	}
+	return ""
+}
+
+// Task headers are part of an entry's identity: two entries that differ
+// only in their task's headers are two entries, as in asynq's Scheduler,
+// both for Register and for a PeriodicTaskManager's configs; each enqueues
+// its own task. An entry without headers keeps the ID it had before headers
+// counted.
+func TestHeadersArePartOfTheEntry(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	task := func(tenant string) *asynq.Task {
+		return asynq.NewTaskWithHeaders("report", []byte("p"), map[string]string{"tenant": tenant})
+	}
+	s := NewSchedulerFromRedisClient(c, nil, WithPrefix(testredis.Prefix(t, c)))
+	a, err := s.Register("@hourly", task("acme"))
+	require.NoError(t, err)
+	b, err := s.Register("@hourly", task("globex"))
+	require.NoError(t, err, "a task that differs in its headers is another entry")
+	require.NotEqual(t, a, b)
+	_, err = s.Register("@hourly", task("acme"))
+	require.ErrorIs(t, err, ErrInvalid, "the same headers are the same entry")
+	require.ErrorContains(t, err, "headers")
+	plain, err := s.Register("@hourly", asynq.NewTask("report", []byte("p")))
+	require.NoError(t, err)
+	require.Equal(t, "99e2ebcabd8f14dd6b63", plain, "the ID of an entry without headers is unchanged")
+
+	q := queueName(t, c)
+	p := &provider{configs: []*asynq.PeriodicTaskConfig{
+		{Cronspec: "@every 100ms", Task: task("acme"), Opts: []asynq.Option{asynq.Queue(q)}},
+		{Cronspec: "@every 100ms", Task: task("globex"), Opts: []asynq.Option{asynq.Queue(q)}},
+	}}
+	m, err := NewPeriodicTaskManager(asynq.PeriodicTaskManagerOpts{PeriodicTaskConfigProvider: p, RedisUniversalClient: c, SyncInterval: time.Hour},
+		WithPrefix(testredis.Prefix(t, c)))
+	require.NoError(t, err)
+	require.NoError(t, m.Start())
+	defer m.Shutdown()
+	require.Eventually(t, func() bool {
+		tasks, err := asynq.NewInspectorFromRedisClient(c).ListPendingTasks(q)
+		seen := map[string]bool{}
+		for _, ti := range tasks {
+			seen[ti.Headers["tenant"]] = true
+		}
+		return err == nil && seen["acme"] && seen["globex"]
+	}, 5*time.Second, 10*time.Millisecond, "each config enqueues its own task")
+}
+
+// The window is checked before the enqueue; an enqueue that stalls (a GC
+// pause, a slow PreEnqueueFunc) until the tick's task and mark have expired
+// would be accepted a second time. It is not sent after the tick's
+// retention has passed on the replica's clock. Here the replica 400ms behind
+// stalls for 2s, a window plus its retention, in which the task that the
+// other replica enqueued and its mark expire (deleted by the test).
+func TestStalledEnqueueIsNotSentAfterTheWindow(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	q := queueName(t, c)
+	prefix := testredis.Prefix(t, c)
+	const period = 200 * time.Millisecond
+	tick := time.Now().Truncate(period).Add(3 * period)
+	var mu sync.Mutex
+	offset := -400 * time.Millisecond
+	behind := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return time.Now().Add(offset)
+	}
+	enqueued, expired, movedOn := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	newSched := func(clock func() time.Time, opts *asynq.SchedulerOpts, hook func(time.Time) hookResult) *Scheduler {
+		s := NewSchedulerFromRedisClient(c, opts, WithClock(clock), WithPrefix(prefix), WithWindow(time.Second))
+		s.cfg.beforeEnqueue = func(_ string, t time.Time) hookResult { return hook(t) }
+		_, err := s.Register("@every 200ms", asynq.NewTask("report", nil), asynq.Queue(q))
+		require.NoError(t, err)
+		return s
+	}
+	a := newSched(time.Now, &asynq.SchedulerOpts{PostEnqueueFunc: func(_ *asynq.TaskInfo, err error) {
+		if err == nil {
+			close(enqueued)
+		}
+	}}, func(t time.Time) hookResult {
+		if t.Equal(tick) {
+			return hookEnqueue
+		}
+		return hookSkip
+	})
+	b := newSched(behind, &asynq.SchedulerOpts{PreEnqueueFunc: func(*asynq.Task, []asynq.Option) {
+		<-expired
+		mu.Lock()
+		offset += 2 * time.Second // stalled until the tick's task and mark expired
+		mu.Unlock()
+	}}, func(t time.Time) hookResult {
+		switch {
+		case t.Equal(tick):
+			return hookEnqueue
+		case t.After(tick):
+			once.Do(func() { close(movedOn) })
+		}
+		return hookSkip
+	})
+	waitFor := func(ch chan struct{}, what string) {
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("timed out waiting: %s", what)
+		}
+	}
+	id := firstID(a)
+	require.NoError(t, a.Start())
+	defer a.Shutdown()
+	waitFor(enqueued, "the tick to be enqueued")
+	a.Shutdown()
+	// What a window plus the retention does: the task and the mark expire.
+	require.NoError(t, asynq.NewInspectorFromRedisClient(c).DeleteTask(q, taskID(id, tick)))
+	require.NoError(t, c.Del(context.Background(), prefix+"periodic:{"+id+"}:tick:"+strconv.FormatInt(tick.UnixMilli(), 10)).Err())
+	require.NoError(t, b.Start())
+	defer b.Shutdown()
+	close(expired)
+	waitFor(movedOn, "the stalled replica to go on to a later tick")
+	require.Zero(t, ticksIn(t, c, q)[tick.UnixMilli()], "the stalled enqueue was sent after the window")
 }

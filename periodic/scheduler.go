@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"slices"
@@ -100,8 +101,9 @@ func WithClock(now func() time.Time) Option { return func(c *config) { c.clock =
 // slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
-// WithPrefix sets the prefix of the Redis keys that remember each entry's
-// last tick (for CatchUp). Defaults to "jobguard:".
+// WithPrefix sets the prefix of the Redis keys that mark each tick enqueued
+// and remember each entry's last tick (for CatchUp); every replica must use
+// the same. Defaults to "jobguard:".
 func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 
 // Scheduler enqueues periodic tasks like asynq.Scheduler, once per tick
@@ -217,7 +219,7 @@ func (s *Scheduler) Register(cronspec string, task *asynq.Task, opts ...asynq.Op
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, dup := s.entries[e.id]; dup {
-		return "", fmt.Errorf("%w: Register(%q): an entry with the same spec, task and options is registered (%s)", ErrInvalid, cronspec, e.id)
+		return "", fmt.Errorf("%w: Register(%q): an entry with the same spec, task (type, payload and headers) and options is registered (%s)", ErrInvalid, cronspec, e.id)
 	}
 	s.entries[e.id] = e
 	if s.started && !s.stopped {
@@ -374,6 +376,12 @@ func (s *Scheduler) catchUp(e *entry) (time.Time, bool) {
 }
 
 // fire enqueues e's task of tick; false when the entry stops on this replica.
+//
+// The tick's task ID refuses a second enqueue while the task exists, but a
+// revoked task (asynq.RevokeTask) is deleted at once: the replica that
+// enqueued the tick (or found it enqueued) also marks it, for the task's
+// retention plus the window, and a replica that fires a marked tick does
+// not enqueue it.
 func (s *Scheduler) fire(e *entry, tick time.Time) bool {
 	if s.cfg.beforeEnqueue != nil {
 		switch s.cfg.beforeEnqueue(e.id, tick) {
@@ -383,34 +391,68 @@ func (s *Scheduler) fire(e *entry, tick time.Time) bool {
 			return false
 		}
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	mark := s.markKey(e, tick)
+	if n, err := s.rdb.Exists(ctx, mark).Result(); err != nil || n > 0 {
+		if err != nil {
+			s.cfg.logger.Warn("periodic: reading the tick's mark", "entry", e.id, "spec", e.spec, "tick", tick, "err", err)
+		} else {
+			s.cfg.logger.Debug("periodic: tick enqueued by another replica", "entry", e.id, "spec", e.spec, "tick", tick)
+		}
+		return true
+	}
 	opts := append(slices.Clone(e.opts), asynq.TaskID(taskID(e.id, tick)), asynq.Retention(e.keep))
 	if f := s.opts.PreEnqueueFunc; f != nil {
 		f(e.task, opts)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	info, err := s.client.EnqueueContext(ctx, e.task, opts...)
-	if errors.Is(err, asynq.ErrTaskIDConflict) {
+	// An enqueue sent once the tick's task and mark may have expired
+	// could be accepted a second time: it is not sent (nor retried) after
+	// tick + retention on this replica's clock; the mark lasts a window
+	// longer than the retention, for the skew and the enqueue's own trip.
+	left := tick.Add(e.keep).Sub(s.cfg.clock())
+	if left <= 0 {
+		s.cfg.logger.Warn("periodic: tick not enqueued: its retention passed before the enqueue", "entry", e.id, "spec", e.spec, "tick", tick)
+		return true
+	}
+	ectx, ecancel := context.WithTimeout(ctx, left)
+	info, err := s.client.EnqueueContext(ectx, e.task, opts...)
+	ecancel()
+	conflict := errors.Is(err, asynq.ErrTaskIDConflict)
+	if conflict {
 		s.cfg.logger.Debug("periodic: tick enqueued by another replica", "entry", e.id, "spec", e.spec, "tick", tick)
-		return true
+	} else {
+		if f := s.opts.PostEnqueueFunc; f != nil {
+			f(info, err)
+		}
+		if err != nil {
+			s.cfg.logger.Warn("periodic: enqueue failed", "entry", e.id, "spec", e.spec, "tick", tick, "err", err)
+			return true
+		}
 	}
-	if f := s.opts.PostEnqueueFunc; f != nil {
-		f(info, err)
-	}
+	// Mark the tick (also when another replica enqueued it: it may have
+	// died before marking it, or lost the reply of its enqueue), and
+	// remember the last tick enqueued, for CatchUp; a later tick never
+	// goes back to an earlier one (GT). The two keys share a slot.
+	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, mark, 1, e.keep+s.cfg.window)
+		if !conflict {
+			p.ZAddGT(ctx, s.lastKey(e), redis.Z{Score: float64(tick.UnixMilli()), Member: "t"})
+		}
+		return nil
+	})
 	if err != nil {
-		s.cfg.logger.Warn("periodic: enqueue failed", "entry", e.id, "spec", e.spec, "tick", tick, "err", err)
-		return true
-	}
-	// Remember the last tick enqueued, for CatchUp; a later tick never
-	// goes back to an earlier one (GT).
-	key := s.lastKey(e)
-	if err := s.rdb.ZAddGT(ctx, key, redis.Z{Score: float64(tick.UnixMilli()), Member: "t"}).Err(); err != nil {
-		s.cfg.logger.Warn("periodic: recording the last tick", "entry", e.id, "tick", tick, "err", err)
+		s.cfg.logger.Warn("periodic: marking the tick", "entry", e.id, "tick", tick, "err", err)
 	}
 	return true
 }
 
 func (s *Scheduler) lastKey(e *entry) string { return s.cfg.prefix + "periodic:{" + e.id + "}:last" }
+
+// markKey is the key that marks e's tick as enqueued.
+func (s *Scheduler) markKey(e *entry, tick time.Time) string {
+	return s.cfg.prefix + "periodic:{" + e.id + "}:tick:" + strconv.FormatInt(tick.UnixMilli(), 10)
+}
 
 // parse reads a spec as asynq's Scheduler does (five fields or a
 // descriptor), in loc, with "@every" aligned to the epoch.
@@ -435,6 +477,11 @@ func entryID(spec string, loc *time.Location, task *asynq.Task, opts []asynq.Opt
 		parts = append(parts, o.String())
 	}
 	slices.Sort(parts)
+	// Headers count as options named "header:" (none: the ID headers had
+	// no part in).
+	for _, k := range slices.Sorted(maps.Keys(task.Headers())) {
+		parts = append(parts, "header:"+strconv.Itoa(len(k))+":"+k+"="+task.Headers()[k])
+	}
 	h := sha256.New()
 	for _, p := range append([]string{spec, loc.String(), task.Type(), string(task.Payload())}, parts...) {
 		h.Write([]byte(strconv.Itoa(len(p))))
