@@ -21,6 +21,12 @@ import (
 // uses it, so a copy keeps its original's key.
 const OriginHeader = "jobguard-origin-id"
 
+// CopyHeader is the task header that a copy enqueued by Requeue carries: an
+// ID of the enqueue that made it. A conflict on the copy's task ID is taken
+// for that enqueue's own earlier run (go-redis sends a script again after a
+// lost reply) only when the task there carries the same value.
+const CopyHeader = "jobguard-copy"
+
 // Errors returned by the middleware. Compare with errors.Is.
 var (
 	// ErrKey is matched by the error a task fails with when its key cannot be
