@@ -119,7 +119,7 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 	}
 	info, err := c.enqueueOwnID(ctx, task, id, queue, generated, opts)
 	if err != nil && res != nil {
-		c.giveBack(ctx, res, id, queue)
+		c.giveBack(ctx, res, task, id, queue)
 	}
 	return info, err
 }
