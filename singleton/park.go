@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -138,6 +140,25 @@ func (m *guarded) runFirst(ctx context.Context, queue, id string) error {
 		return fmt.Errorf("%w: %s in queue %q", errNotWaiting, id, queue)
 	}
 	return nil
+}
+
+// passOn passes the key on from a delivery of origin that did not run and
+// is not parked (superseded, covered, a duplicate): a resumed task, for
+// which the key was reserved, hands the reservation to the next parked
+// task at once instead of leaving it for its hold. Only a reservation
+// carrying origin is taken over, so a key that is free or held by others
+// is left alone.
+func (m *guarded) passOn(ctx context.Context, key, origin string) {
+	if m.inspector == nil || origin == "" {
+		return
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resumeTimeout)
+	defer cancel()
+	info, err := m.guard.Locker().Inspect(pctx, key)
+	if err != nil || !slices.ContainsFunc(info.Holders, func(h lockkit.Holder) bool { return h.Label == origin }) {
+		return
+	}
+	m.guard.PassOn(pctx, key, origin)
 }
 
 // resume runs the parked task id now; it is called on a goroutine of its

@@ -336,6 +336,9 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		return next.ProcessTask(ctx, t)
 	})
 	m.endReservation(ctx, t, key, origin, res, out)
+	if out.Duplicate != nil && !out.Duplicate.Parked {
+		m.passOn(ctx, key, origin)
+	}
 	if out.Duplicate == nil {
 		if out.Ran && errors.Is(out.Err, lockkit.ErrPreempted) {
 			// A newer task of the key took over: this one is done, neither
