@@ -10,6 +10,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
 )
 
 // ParkedHeader is the task header ("1") of a task that a Client with
@@ -39,9 +40,12 @@ const ParkedHeader = "jobguard-parked"
 // backstop and the middleware's policy applies if its key is still held:
 // under middleware.Requeue (the policy to use with this option) it is
 // parked again, keeping its place; under Skip it completes without
-// running, as any duplicate does. Only a Middleware with WithLimit(1)
-// (the default) starts parked tasks: with a higher limit they wait for
-// their backstop. Zero backstop means ParkBackstop; it must be between a
+// running, as any duplicate does. It needs a Middleware with WithLimit(1)
+// (the default): one with a higher limit refuses a task parked at enqueue
+// (an error matching ErrInvalid and asynq.SkipRetry, so asynq archives it)
+// and gives back its reservation, since under it no run would start the
+// parked tasks nor remove them from the key's parked queue. Zero backstop
+// means ParkBackstop; it must be between a
 // second (asynq schedules in seconds) and lockkit.MaxTTL.
 //
 // It queues work and folds none: every task parked at enqueue runs in its
@@ -122,4 +126,20 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 		c.giveBack(ctx, res, task, id, queue)
 	}
 	return info, err
+}
+
+// refuseParked fails job, a task parked at enqueue (ParkAtEnqueue) delivered
+// to a middleware with WithLimit(n > 1), and gives back the reservation made
+// for it: under such a limit no run resumes parked tasks or takes them out
+// of the key's parked queue.
+func (m *guarded) refuseParked(ctx context.Context, job middleware.Job) error {
+	err := fmt.Errorf("%w: WithLimit(%d): task %q (key %q) was enqueued with ParkAtEnqueue, which needs WithLimit(1) (%w)",
+		ErrInvalid, m.limit, job.Name, job.Key, asynq.SkipRetry)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, ferr := m.guard.Locker().Free(fctx, job.Key, job.Origin); ferr != nil {
+		err = fmt.Errorf("%w; giving back its reservation: %w", err, ferr)
+	}
+	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job, Err: err})
+	return err
 }

@@ -2,6 +2,7 @@ package singleton_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -215,4 +216,46 @@ func TestParkAtEnqueueNeverStrandsATask(t *testing.T) {
 		require.Zero(t, kinfo.Parked, "the refused task is not parked")
 		require.NoError(t, busy.Release(ctx))
 	})
+}
+
+// ParkAtEnqueue needs a middleware with WithLimit(1): under a higher limit
+// no run starts a parked task and none leaves the parked queue, which would
+// grow with every park. Such a middleware refuses a task parked at enqueue:
+// it fails with an error matching ErrInvalid (and asynq.SkipRetry, so asynq
+// archives it) without running, and gives back the key's reservation.
+func TestParkAtEnqueueRefusedUnderAHigherLimit(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	ctx := context.Background()
+	keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
+	client, err := singleton.NewClient(e.Client, e.RDB, keyOf, singleton.ParkAtEnqueue(e.locker(), 0))
+	require.NoError(t, err)
+	first, err := client.Enqueue(asynq.NewTask("report", []byte("1")), asynq.Queue(e.Queue))
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStatePending, first.State, "reserved its key")
+	second, err := client.Enqueue(asynq.NewTask("report", []byte("2")), asynq.Queue(e.Queue))
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, second.State, "parked")
+
+	mw, err := singleton.Middleware(e.locker(), keyOf, singleton.WithLimit(2), singleton.WithPolicy(middleware.Requeue(time.Minute)),
+		singleton.WithRedis(e.RDB))
+	require.NoError(t, err)
+	var ran atomic.Int32
+	errs := &errorLog{}
+	cfg := e.config(2)
+	cfg.ErrorHandler = errs
+	e.start(cfg, mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran.Add(1); return nil })))
+	archived := func(id string) func() bool {
+		return func() bool {
+			ti, err := e.Inspector.GetTaskInfo(e.Queue, id)
+			return err == nil && ti.State == asynq.TaskStateArchived
+		}
+	}
+	require.Eventually(t, archived(first.ID), 10*time.Second, 5*time.Millisecond)
+	info, err := e.locker().Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Empty(t, info.Holders, "the reservation was given back")
+	require.NoError(t, e.Inspector.RunTask(e.Queue, second.ID)) // its backstop
+	require.Eventually(t, archived(second.ID), 10*time.Second, 5*time.Millisecond)
+	require.Zero(t, ran.Load())
+	require.True(t, errs.any(func(err error) bool { return errors.Is(err, singleton.ErrInvalid) && errors.Is(err, asynq.SkipRetry) }), errs.String())
 }
