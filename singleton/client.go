@@ -214,7 +214,7 @@ func (c *Client) giveBack(ctx context.Context, res *lockkit.Lease, task *asynq.T
 // enqueueNewest records task (ID id) as its key's newest request and
 // enqueues it to be processed when that request is due.
 func (c *Client) enqueueNewest(ctx context.Context, task *asynq.Task, key, id, queue string, generated bool, opts []asynq.Option) (*asynq.TaskInfo, error) {
-	gen, at, err := c.debounce.debounce(ctx, key, id)
+	gen, at, err := c.debounce.debounce(ctx, key, queue, id)
 	if err != nil {
 		return nil, fmt.Errorf("singleton: task %q: %w", task.Type(), err)
 	}

@@ -1087,6 +1087,40 @@ func TestDebounceRunsAnOlderTaskWhenTheNewestWasArchived(t *testing.T) {
 	})
 }
 
+// Debounce keys tasks across queues (without PerQueue): the newest task of
+// a key, in another queue than an older one, is found there, so the older
+// task completes without running instead of running in its place.
+func TestDebounceFindsTheNewestTaskInAnotherQueue(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	other := e.Queue + "-b"
+	t.Cleanup(func() { _ = e.Inspector.DeleteQueue(other, true) })
+	locker := e.locker()
+	ev := &events{}
+	mw, err := singleton.Middleware(locker, singleton.WithPolicy(middleware.KeepNewest()), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+	require.NoError(t, err)
+	mux, ran := payloadMux(mw)
+	soon, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, singleton.Debounce(locker, time.Millisecond, 0))
+	require.NoError(t, err)
+	later, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, singleton.Debounce(locker, time.Hour, 0))
+	require.NoError(t, err)
+	_, err = soon.Enqueue(asynq.NewTask("sync", []byte("older")), asynq.Queue(e.Queue))
+	require.NoError(t, err)
+	newer, err := later.Enqueue(asynq.NewTask("sync", []byte("newer")), asynq.Queue(other))
+	require.NoError(t, err)
+	cfg := e.config(2)
+	cfg.Queues = map[string]int{e.Queue: 1, other: 1}
+	e.start(cfg, mux)
+	require.Eventually(t, func() bool { return ev.count(middleware.EventDuplicate, middleware.ActionSkip) == 1 }, 10*time.Second, 5*time.Millisecond,
+		"the older task gave way to the newer one")
+	require.NoError(t, e.Inspector.RunTask(other, newer.ID)) // the newer task is due
+	require.Equal(t, "newer", recv(t, ran, 10*time.Second))
+	select {
+	case v := <-ran:
+		t.Fatalf("%s ran too", v)
+	default:
+	}
+}
+
 // testDebounceOlderRuns enqueues an older task of a debounced burst, lets
 // newer make a newer request that will not run, and checks that the older
 // task runs.
