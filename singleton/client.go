@@ -106,7 +106,7 @@ func NewClient(c *asynq.Client, rdb redis.UniversalClient, opts ...Option) (*Cli
 		if cfg.unique != nil || cfg.debounce != nil {
 			return nil, fmt.Errorf("%w: ParkAtEnqueue excludes Unique and Debounce: it runs every task, they refuse or replace duplicates", ErrInvalid)
 		}
-		if err := cfg.park.validate(); err != nil {
+		if err := cfg.park.validate(rdb); err != nil {
 			return nil, err
 		}
 	}

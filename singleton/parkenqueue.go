@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
@@ -55,7 +56,8 @@ const ParkedHeader = "jobguard-parked"
 //
 // A task enqueued with asynq.ProcessAt, asynq.ProcessIn or asynq.Group is
 // enqueued as asked, neither reserved nor parked. When asynq refuses the
-// enqueue, a reservation made for the task is given back; a parked entry
+// enqueue, a reservation made for the task is given back, which starts the
+// task parked behind it meanwhile, as the end of a run does; a parked entry
 // stays, and the run that reaches it finds no task and passes the key on
 // within 100 ms. A task whose ID (asynq.TaskID) another task has is not
 // parked: asynq refuses it (asynq.ErrTaskIDConflict), at the cost of one
@@ -68,12 +70,19 @@ func ParkAtEnqueue(locker lockkit.Locker, backstop time.Duration) Option {
 type parkSpec struct {
 	locker   lockkit.Locker
 	backstop time.Duration
+	resumer  *guarded // starts the task parked behind a reservation given back
 }
 
-func (p *parkSpec) validate() error {
+func (p *parkSpec) validate(rdb redis.UniversalClient) error {
 	if p.locker == nil {
 		return fmt.Errorf("%w: ParkAtEnqueue: locker is nil", ErrInvalid)
 	}
+	p.resumer = &guarded{rdb: rdb, inspector: asynq.NewInspectorFromRedisClient(rdb)}
+	g, err := middleware.New(p.locker, middleware.WithParking(p.resumer.parking()))
+	if err != nil {
+		return fmt.Errorf("%w: ParkAtEnqueue: %w", ErrInvalid, err)
+	}
+	p.resumer.guard = g
 	if p.backstop == 0 {
 		p.backstop = ParkBackstop
 	}
@@ -112,7 +121,8 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 		}
 	}
 	res, err := p.locker.TryAcquire(ctx, key, &lockkit.AcquireOptions{TTL: p.backstop, Label: id, Detached: true,
-		Park: parkEntry(queue, id, id), ParkHold: ParkBackstop})
+		Park: parkEntry(queue, id, id), ParkHold: ParkBackstop,
+		OnParked: func(id string) { p.resumer.resume(key, id) }}) // when given back
 	var ce *lockkit.ConflictError
 	switch {
 	case err == nil:
