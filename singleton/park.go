@@ -170,8 +170,11 @@ func (m *guarded) passOn(ctx context.Context, key, origin string) {
 // cannot be run (gone, done: completed or archived, or its queue deleted)
 // passes the key on: the
 // reservation is adopted and released, which resumes the next parked task.
-// A task still running after resumeTimeout took its reservation itself, or
-// will when its own requeue brings it back.
+// So does a task still active after resumeTimeout: its duplicate delivery
+// has not ended (asynq calls Config.ErrorHandler before it puts the task
+// back, and a slow one delays that), and the task comes back at its
+// backstop; a task that is running its own run holds the key, which
+// passing on leaves alone.
 func (m *guarded) resume(key, id string) {
 	parts := strings.SplitN(id, "\n", 3)
 	if len(parts) != 3 {
@@ -180,7 +183,7 @@ func (m *guarded) resume(key, id string) {
 	queue, taskID, origin := parts[0], parts[1], parts[2]
 	ctx, cancel := context.WithTimeout(context.Background(), resumeTimeout)
 	defer cancel()
-	start, pause := time.Now(), 200*time.Microsecond
+	start, pause, active := time.Now(), 200*time.Microsecond, false
 	for {
 		err := m.runFirst(ctx, queue, taskID)
 		switch {
@@ -188,6 +191,7 @@ func (m *guarded) resume(key, id string) {
 			return
 		case strings.Contains(err.Error(), "already running") && ctx.Err() == nil,
 			errors.Is(err, asynq.ErrTaskNotFound) && time.Since(start) < resumeMissing:
+			active = strings.Contains(err.Error(), "already running")
 			select {
 			case <-time.After(pause):
 			case <-ctx.Done():
@@ -195,9 +199,10 @@ func (m *guarded) resume(key, id string) {
 			pause = min(2*pause, 50*time.Millisecond)
 			continue
 		case strings.Contains(err.Error(), "already running"):
-			return
+			active = true
 		}
-		if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) && !errors.Is(err, errNotWaiting) {
+		if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) && !errors.Is(err, errNotWaiting) &&
+			!(active && ctx.Err() != nil) {
 			m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: middleware.Job{Key: key, ID: taskID, Origin: origin},
 				Err: fmt.Errorf("singleton: resume parked task %s in queue %q: %w", taskID, queue, err)})
 		}
