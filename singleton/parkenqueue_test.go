@@ -324,3 +324,31 @@ func TestParkAtEnqueueGivenBackReservationStartsTheNextTask(t *testing.T) {
 	require.Equal(t, asynq.TaskStateScheduled, second.State, "parked")
 	require.Equal(t, "2", recv(t, ran, 5*time.Second), "started at once, not at its backstop")
 }
+
+// A reservation that lapses (its task never started: its process died
+// between the reserve and the enqueue, say) starts nobody: the task parked
+// behind it comes back by itself at its backstop, finds the key free and
+// runs.
+func TestParkAtEnqueueLapsedReservationLeavesTheNextTaskToItsBackstop(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	ctx := context.Background()
+	keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
+	client, err := singleton.NewClient(e.Client, e.RDB, keyOf, singleton.ParkAtEnqueue(e.locker(), 2*time.Second))
+	require.NoError(t, err)
+	_, err = e.locker().TryAcquire(ctx, "k", &lockkit.AcquireOptions{Label: "ghost", Detached: true, TTL: 200 * time.Millisecond})
+	require.NoError(t, err)
+	enqueued := time.Now()
+	parked, err := client.Enqueue(asynq.NewTask("report", []byte("1")), asynq.Queue(e.Queue))
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, parked.State)
+	mw, err := singleton.Middleware(e.locker(), keyOf, singleton.WithPolicy(middleware.Requeue(time.Minute)), singleton.WithRedis(e.RDB))
+	require.NoError(t, err)
+	ran := make(chan time.Time, 1)
+	e.start(e.config(2), mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		ran <- time.Now()
+		return nil
+	})))
+	at := recv(t, ran, 10*time.Second)
+	require.GreaterOrEqual(t, at.Sub(enqueued), time.Second, "at its backstop (asynq schedules in whole seconds), not when the reservation lapsed")
+	e.Drained(10 * time.Second)
+}
