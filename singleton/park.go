@@ -143,13 +143,19 @@ func (m *guarded) runFirst(ctx context.Context, queue, id string) error {
 }
 
 // passOn passes the key on from a delivery of origin that did not run and
-// is not parked (superseded, covered, a duplicate): a resumed task, for
-// which the key was reserved, hands the reservation to the next parked
+// is not parked (dup: superseded, covered, a duplicate): a resumed task,
+// for which the key was reserved, hands the reservation to the next parked
 // task at once instead of leaving it for its hold. Only a reservation
 // carrying origin is taken over, so a key that is free or held by others
-// is left alone.
-func (m *guarded) passOn(ctx context.Context, key, origin string) {
-	if m.inspector == nil || origin == "" {
+// is left alone; a key that dup says is held by another run (one holder,
+// under WithLimit(1)) holds no reservation for origin, and costs nothing.
+func (m *guarded) passOn(ctx context.Context, dup *middleware.DuplicateError, key, origin string) {
+	if m.inspector == nil || origin == "" || m.limit > 1 {
+		return
+	}
+	var ce *lockkit.ConflictError
+	var cov *lockkit.CoveredError
+	if (errors.As(dup.Cause, &ce) && ce.Holders > 0 && ce.Label != origin) || (errors.As(dup.Cause, &cov) && cov.Owner != "") {
 		return
 	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resumeTimeout)

@@ -348,7 +348,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	})
 	m.endReservation(ctx, t, key, origin, res, out)
 	if out.Duplicate != nil && !out.Duplicate.Parked {
-		m.passOn(ctx, key, origin)
+		m.passOn(ctx, out.Duplicate, key, origin)
 	}
 	if out.Duplicate == nil {
 		if out.Ran && errors.Is(out.Err, lockkit.ErrPreempted) {
