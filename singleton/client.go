@@ -1,6 +1,7 @@
 package singleton
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -106,7 +107,7 @@ func NewClient(c *asynq.Client, rdb redis.UniversalClient, opts ...Option) (*Cli
 		if cfg.unique != nil || cfg.debounce != nil {
 			return nil, fmt.Errorf("%w: ParkAtEnqueue excludes Unique and Debounce: it runs every task, they refuse or replace duplicates", ErrInvalid)
 		}
-		if err := cfg.park.validate(); err != nil {
+		if err := cfg.park.validate(rdb); err != nil {
 			return nil, err
 		}
 	}
@@ -181,21 +182,32 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 	}
 	info, err := c.enqueueOwnID(ctx, stamped, id, queue, generated, opts)
 	if err != nil {
-		c.giveBack(ctx, res, id, queue)
+		c.giveBack(ctx, res, stamped, id, queue)
 		return nil, err
 	}
 	return info, nil
 }
 
-// giveBack releases res, the reservation of task id whose enqueue failed,
-// unless the task is there after all (the enqueue ran and its reply was
-// lost) or that cannot be told: the reservation then stays, and the next
-// enqueue of the key takes it over once it finds the task gone.
-func (c *Client) giveBack(ctx context.Context, res *lockkit.Lease, id, queue string) {
+// giveBack releases res, the reservation of task (ID id) whose enqueue
+// failed, unless the task is there after all (the enqueue ran and its reply
+// was lost) or that cannot be told: the reservation then stays, and the
+// next enqueue of the key takes it over once it finds the task gone. A task
+// with the ID that is not this one (not its type, payload and
+// EnqueuedAtHeader: another task whose ID made asynq refuse this one) does
+// not keep it.
+func (c *Client) giveBack(ctx context.Context, res *lockkit.Lease, task *asynq.Task, id, queue string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if state, err := c.taskState(rctx, queue, id); err != nil || state != "" {
+	state, err := c.taskState(rctx, queue, id)
+	if err != nil {
 		return
+	}
+	if state != "" {
+		info, err := asynq.NewInspectorFromRedisClient(c.rdb).GetTaskInfo(queue, id)
+		if err != nil || (info.Type == task.Type() && bytes.Equal(info.Payload, task.Payload()) &&
+			info.Headers[EnqueuedAtHeader] == task.Headers()[EnqueuedAtHeader]) {
+			return
+		}
 	}
 	_ = res.Release(rctx)
 }
@@ -203,7 +215,7 @@ func (c *Client) giveBack(ctx context.Context, res *lockkit.Lease, id, queue str
 // enqueueNewest records task (ID id) as its key's newest request and
 // enqueues it to be processed when that request is due.
 func (c *Client) enqueueNewest(ctx context.Context, task *asynq.Task, key, id, queue string, generated bool, opts []asynq.Option) (*asynq.TaskInfo, error) {
-	gen, at, err := c.debounce.debounce(ctx, key, id)
+	gen, at, err := c.debounce.debounce(ctx, key, queue, id)
 	if err != nil {
 		return nil, fmt.Errorf("singleton: task %q: %w", task.Type(), err)
 	}
