@@ -10,7 +10,8 @@
 // The page is plain HTML with a little JavaScript, served by the package
 // with no build step; it calls the handler's JSON endpoints with relative
 // URLs, so it works under any prefix. The handler has no authentication of
-// its own: put it behind yours, above all with WithRelease.
+// its own: put it behind yours, above all with WithRelease. Every response
+// forbids framing unless WithFrameAncestors names the origins allowed to.
 package opsview
 
 import (
@@ -57,6 +58,15 @@ func WithRefresh(d time.Duration) Option { return func(h *Handler) { h.refresh =
 // names none. Must not be empty. Defaults to "*".
 func WithPattern(p string) Option { return func(h *Handler) { h.pattern = p } }
 
+// WithFrameAncestors lets pages of the named origins frame the handler's
+// responses: Content-Security-Policy frame-ancestors sources such as
+// "https://admin.example.com" or "'self'". Defaults to none: every response
+// forbids framing (X-Frame-Options DENY and frame-ancestors 'none'), so a
+// page on another site cannot overlay the page and steer an operator's clicks.
+func WithFrameAncestors(origins ...string) Option {
+	return func(h *Handler) { h.ancestors = append([]string(nil), origins...) }
+}
+
 // Handler serves the page at its root and its JSON endpoints: GET api/locks
 // (the held keys; query pattern, a Redis glob) and POST api/release (form
 // key, optional owner; needs WithRelease and ReleaseHeader).
@@ -65,6 +75,11 @@ type Handler struct {
 	release bool
 	refresh time.Duration
 	pattern string
+	// ancestors is WithFrameAncestors' list; frame and csp the headers set
+	// on every response.
+	ancestors []string
+	frame     string
+	csp       string
 }
 
 // New returns the handler for locker. It returns an error matching
@@ -85,11 +100,29 @@ func New(locker lockkit.Locker, opts ...Option) (*Handler, error) {
 	case h.pattern == "":
 		return nil, fmt.Errorf("%w: WithPattern(\"\")", ErrInvalid)
 	}
+	h.frame, h.csp = "DENY", "frame-ancestors 'none'"
+	if len(h.ancestors) > 0 {
+		for _, o := range h.ancestors {
+			if o == "" || o == "'none'" || strings.ContainsAny(o, " \t\r\n;,") {
+				return nil, fmt.Errorf("%w: WithFrameAncestors(%q): want one origin such as https://admin.example.com or 'self'", ErrInvalid, o)
+			}
+		}
+		h.frame, h.csp = "", "frame-ancestors "+strings.Join(h.ancestors, " ")
+		if len(h.ancestors) == 1 && h.ancestors[0] == "'self'" {
+			h.frame = "SAMEORIGIN"
+		}
+	}
 	return h, nil
 }
 
 // ServeHTTP implements http.Handler.
+// Every response forbids framing unless WithFrameAncestors allows it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.frame != "" {
+		w.Header().Set("X-Frame-Options", h.frame)
+	}
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "+h.csp)
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	switch strings.TrimPrefix(r.URL.Path, "/") {
 	case "":
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -98,7 +131,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")
-		w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
 		_, _ = w.Write([]byte(page))
 	case "api/locks":
 		h.locks(w, r)

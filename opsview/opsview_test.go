@@ -91,3 +91,55 @@ func TestEndpoints(t *testing.T) {
 	_, err = opsview.New(nil)
 	require.ErrorIs(t, err, opsview.ErrInvalid)
 }
+
+// Every response of the handler forbids framing by another site (a page
+// elsewhere cannot overlay it and trick an operator into releasing a key);
+// WithFrameAncestors allows the origins it names.
+func TestFramingDenied(t *testing.T) {
+	ctx := context.Background()
+	l, err := lockkit.NewMemory(lockkit.WithOwner("worker-a"))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	_, err = l.TryAcquire(ctx, "tenant:42", nil)
+	require.NoError(t, err)
+	h, err := opsview.New(l, opsview.WithRelease())
+	require.NoError(t, err)
+	reqs := map[string]func() *http.Request{
+		"page":           func() *http.Request { return httptest.NewRequest(http.MethodGet, "/", nil) },
+		"page HEAD":      func() *http.Request { return httptest.NewRequest(http.MethodHead, "/", nil) },
+		"page POST":      func() *http.Request { return httptest.NewRequest(http.MethodPost, "/", nil) },
+		"locks":          func() *http.Request { return httptest.NewRequest(http.MethodGet, "/api/locks", nil) },
+		"locks POST":     func() *http.Request { return httptest.NewRequest(http.MethodPost, "/api/locks", nil) },
+		"release GET":    func() *http.Request { return httptest.NewRequest(http.MethodGet, "/api/release", nil) },
+		"release no hdr": func() *http.Request { return httptest.NewRequest(http.MethodPost, "/api/release?key=tenant:42", nil) },
+		"release no key": func() *http.Request { return releaseRequest(url.Values{}) },
+		"release":        func() *http.Request { return releaseRequest(url.Values{"key": {"tenant:42"}}) },
+		"not found":      func() *http.Request { return httptest.NewRequest(http.MethodGet, "/nope", nil) },
+	}
+	for name, req := range reqs {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req())
+		require.Equal(t, "DENY", w.Header().Get("X-Frame-Options"), name)
+		require.Contains(t, w.Header().Get("Content-Security-Policy"), "frame-ancestors 'none'", name)
+	}
+
+	h, err = opsview.New(l, opsview.WithFrameAncestors("https://admin.example.com", "'self'"))
+	require.NoError(t, err)
+	for name, req := range reqs {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req())
+		require.Empty(t, w.Header().Get("X-Frame-Options"), name)
+		require.Contains(t, w.Header().Get("Content-Security-Policy"), "frame-ancestors https://admin.example.com 'self'", name)
+	}
+	for _, bad := range []string{"", "https://a.example.com; script-src *", "https://a.example.com b", "'none'"} {
+		_, err := opsview.New(l, opsview.WithFrameAncestors(bad))
+		require.ErrorIs(t, err, opsview.ErrInvalid, "%q", bad)
+	}
+}
+
+func releaseRequest(form url.Values) *http.Request {
+	r := httptest.NewRequest(http.MethodPost, "/api/release", strings.NewReader(form.Encode()))
+	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	r.Header.Set(opsview.ReleaseHeader, "release")
+	return r
+}
