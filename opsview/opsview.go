@@ -142,18 +142,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // lockView is one held key as the page gets it.
+// The *_text fields are what the page shows: the value with its control
+// bytes escaped (lockkit.Printable).
 type lockView struct {
 	Key     string       `json:"key"`
+	KeyText string       `json:"key_text"`
 	Holders []holderView `json:"holders"`
 	Waiters int          `json:"waiters"`
 	Parked  int          `json:"parked"`
 }
 
 type holderView struct {
-	Owner string `json:"owner"`
-	Label string `json:"label"`
-	Token int64  `json:"token"`
-	TTLms int64  `json:"ttl_ms"`
+	Owner     string `json:"owner"`
+	OwnerText string `json:"owner_text"`
+	Label     string `json:"label"`
+	LabelText string `json:"label_text"`
+	Token     int64  `json:"token"`
+	TTLms     int64  `json:"ttl_ms"`
 }
 
 type locksReply struct {
@@ -188,9 +193,13 @@ func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
 		if len(info.Holders) == 0 {
 			continue
 		}
-		v := lockView{Key: k, Waiters: info.Waiters, Parked: info.Parked, Holders: []holderView{}}
+		v := lockView{Key: k, KeyText: lockkit.Printable(k), Waiters: info.Waiters, Parked: info.Parked, Holders: []holderView{}}
 		for _, hd := range info.Holders {
-			v.Holders = append(v.Holders, holderView{Owner: hd.Owner, Label: hd.Label, Token: hd.Token, TTLms: hd.TTL.Milliseconds()})
+			v.Holders = append(v.Holders, holderView{
+				Owner: hd.Owner, OwnerText: lockkit.Printable(hd.Owner),
+				Label: hd.Label, LabelText: lockkit.Printable(hd.Label),
+				Token: hd.Token, TTLms: hd.TTL.Milliseconds(),
+			})
 		}
 		reply.Locks = append(reply.Locks, v)
 	}

@@ -143,3 +143,48 @@ func releaseRequest(form url.Values) *http.Request {
 	r.Header.Set(opsview.ReleaseHeader, "release")
 	return r
 }
+
+// Keys, owners and labels come from task IDs: the page shows them with their
+// control bytes escaped (lockkit.Printable), so a parked holder such as
+// "parked:default\n<id>" cannot break a row, while the key the page sends
+// back to release stays the key.
+func TestControlBytesShownEscaped(t *testing.T) {
+	ctx := context.Background()
+	l, err := lockkit.NewMemory(lockkit.WithOwner("parked:default\nid-1\nid-2"))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	_, err = l.TryAcquire(ctx, "job:\x1b[2J\nforged", &lockkit.AcquireOptions{Label: "id\r\n\u202e"})
+	require.NoError(t, err)
+	h, err := opsview.New(l)
+	require.NoError(t, err)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/api/locks", nil))
+	require.Equal(t, http.StatusOK, w.Code)
+	var reply struct {
+		Locks []struct {
+			Key     string
+			KeyText string `json:"key_text"`
+			Holders []struct {
+				OwnerText string `json:"owner_text"`
+				LabelText string `json:"label_text"`
+			}
+		}
+	}
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &reply))
+	require.Len(t, reply.Locks, 1)
+	require.Equal(t, "job:\x1b[2J\nforged", reply.Locks[0].Key)
+	require.Equal(t, `job:\x1b[2J\nforged`, reply.Locks[0].KeyText)
+	require.Equal(t, `parked:default\nid-1\nid-2`, reply.Locks[0].Holders[0].OwnerText)
+	require.Equal(t, `id\r\n\u202e`, reply.Locks[0].Holders[0].LabelText)
+
+	// The page shows only the escaped forms.
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil))
+	page := w.Body.String()
+	for _, raw := range []string{`text("td", lock.key,`, "[h.owner,", "h.label ||", "h.owner +", "h.label +", "+ key"} {
+		require.NotContains(t, page, raw, "the page shows a raw field")
+	}
+	for _, esc := range []string{"lock.key_text", "h.owner_text", "h.label_text"} {
+		require.Contains(t, page, esc)
+	}
+}

@@ -288,7 +288,7 @@ func (c *cli) printKeys(keys []keyView) {
 			names = append(names, o)
 		}
 		sort.Strings(names)
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", k.Key, len(k.Holders), k.Waiters, k.Parked, strings.Join(names, ","), time.Duration(ttl)*time.Millisecond)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", shown(k.Key), len(k.Holders), k.Waiters, k.Parked, shown(strings.Join(names, ",")), time.Duration(ttl)*time.Millisecond)
 	}
 	_ = tw.Flush()
 }
@@ -312,11 +312,11 @@ func (c *cli) inspect(ctx context.Context, key string) int {
 		_ = json.NewEncoder(c.out).Encode(v)
 	} else {
 		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "key %s: %d holder(s), %d waiter(s), %d parked\n", key, len(v.Holders), v.Waiters, v.Parked)
+		fmt.Fprintf(tw, "key %s: %d holder(s), %d waiter(s), %d parked\n", shown(key), len(v.Holders), v.Waiters, v.Parked)
 		if len(v.Holders) > 0 {
 			fmt.Fprintln(tw, "OWNER\tLABEL\tTOKEN\tTTL")
 			for _, h := range v.Holders {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", h.Owner, h.Label, h.Token, time.Duration(h.TTLms)*time.Millisecond)
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", shown(h.Owner), shown(h.Label), h.Token, time.Duration(h.TTLms)*time.Millisecond)
 			}
 		}
 		_ = tw.Flush()
@@ -357,13 +357,18 @@ func (c *cli) release(ctx context.Context, key string) int {
 	if c.o.json {
 		_ = json.NewEncoder(c.out).Encode(map[string]any{"key": key, "released": n})
 	} else {
-		fmt.Fprintf(c.out, "released %d holder(s) of %s\n", n, key)
+		fmt.Fprintf(c.out, "released %d holder(s) of %s\n", n, shown(key))
 	}
 	if n == 0 {
 		return exitNotHeld
 	}
 	return exitOK
 }
+
+// shown is s as a table prints it: keys, owners and labels come from task
+// IDs and payloads, so their control bytes are escaped (lockkit.Printable)
+// and never reach the terminal nor break a row.
+func shown(s string) string { return lockkit.Printable(s) }
 
 func ownerNote(owner string) string {
 	if owner == "" {

@@ -199,3 +199,48 @@ func TestClusterAndErrors(t *testing.T) {
 	require.Zero(t, code)
 	require.Empty(t, out2)
 }
+
+// Keys, owners and labels come from task IDs and payloads: ls, inspect and
+// watch print their control bytes escaped, so none reaches the terminal and
+// a newline cannot forge a row.
+func TestControlBytesEscaped(t *testing.T) {
+	ctx := context.Background()
+	c := testredis.Client(t)
+	prefix := testredis.Prefix(t, c)
+	l := locker(t, c, prefix, "worker\x1b[31m-a")
+	_, err := l.TryAcquire(ctx, "job:\x1b[2J\nforged  9  9  9  root  1h", &lockkit.AcquireOptions{Label: "id\r\nfake\u202e\tx\\n"})
+	require.NoError(t, err)
+	check := func(out string, rows int) {
+		t.Helper()
+		require.NotContains(t, out, "\x1b")
+		require.NotContains(t, out, "\r")
+		require.NotContains(t, out, "\u202e")
+		require.NotContains(t, out, "\t")
+		require.Equal(t, rows, strings.Count(out, "\n"), "%q", out)
+		require.NotRegexp(t, `(?m)^forged`, out)
+	}
+	out, _, code := jobguard(t, prefix, "", "ls")
+	require.Zero(t, code)
+	check(out, 2)
+	require.Contains(t, out, `job:\x1b[2J\nforged`)
+	require.Contains(t, out, `worker\x1b[31m-a`)
+	out, _, code = jobguard(t, prefix, "", "inspect", "job:\x1b[2J\nforged  9  9  9  root  1h")
+	require.Zero(t, code)
+	check(out, 3)
+	require.Contains(t, out, `id\r\nfake\u202e\tx\\n`)
+
+	cmd := exec.Command(bin, "--prefix", prefix, "watch", "--interval", "50ms")
+	cmd.Env = append(os.Environ(), "REDIS_ADDR="+testredis.Addr(t), "REDIS_CLUSTER_ADDRS=")
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	lines := bufio.NewReader(stdout)
+	var frame strings.Builder
+	for !strings.HasSuffix(frame.String(), "\n\n") { // a frame ends with an empty line
+		b, err := lines.ReadByte()
+		require.NoError(t, err)
+		frame.WriteByte(b)
+	}
+	check(frame.String(), 4)
+}
