@@ -96,6 +96,11 @@ func (l *MemoryLocker) ForceRelease(ctx context.Context, key, owner string) (int
 	return l.e.forceRelease(ctx, key, owner)
 }
 
+// ForceReleaseToken implements Locker.
+func (l *MemoryLocker) ForceReleaseToken(ctx context.Context, key string, token int64) error {
+	return l.e.forceReleaseToken(ctx, key, token)
+}
+
 // Throttle implements Locker.
 func (l *MemoryLocker) Throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
 	return l.e.throttle(ctx, key, n, period)
@@ -893,7 +898,7 @@ func (b *memBackend) claim(ctx context.Context, key string, gen int64, force boo
 	return Request{Gen: bu.gen, ID: bu.id, Wait: max(bu.due.Sub(now), 0), Claimed: bu.claimed >= bu.gen}, false, nil
 }
 
-func (b *memBackend) evict(ctx context.Context, key, owner, _ string) (int, error) {
+func (b *memBackend) evict(ctx context.Context, key, owner string, pin int64, _ string) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -911,7 +916,7 @@ func (b *memBackend) evict(ctx context.Context, key, owner, _ string) (int, erro
 	var top int64
 	for m := range lk.holders {
 		token, o, _ := parseMember(m)
-		if owner == "" || o == owner {
+		if (owner == "" || o == owner) && (pin == 0 || token == pin) {
 			delete(lk.holders, m)
 			n++
 			top = max(top, token)
@@ -919,7 +924,7 @@ func (b *memBackend) evict(ctx context.Context, key, owner, _ string) (int, erro
 	}
 	if n > 0 {
 		for l := range lk.watchers {
-			if l.token <= top && (owner == "" || l.owner == owner) {
+			if l.token <= top && (owner == "" || l.owner == owner) && (pin == 0 || l.token == pin) {
 				evicted = append(evicted, l)
 			}
 		}

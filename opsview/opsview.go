@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -69,7 +70,10 @@ func WithFrameAncestors(origins ...string) Option {
 
 // Handler serves the page at its root and its JSON endpoints: GET api/locks
 // (the held keys; query pattern, a Redis glob) and POST api/release (form
-// key, optional owner; needs WithRelease and ReleaseHeader).
+// key, and either token, repeated, the fencing tokens of the holders to
+// release (lockkit's Locker.ForceReleaseToken; 409 Conflict when one of
+// them no longer holds the key), or optional owner; needs WithRelease and
+// ReleaseHeader). The page's Confirm sends the tokens it showed.
 type Handler struct {
 	l       lockkit.Locker
 	release bool
@@ -223,9 +227,43 @@ func (h *Handler) releaseKey(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, errors.New("key is empty"))
 		return
 	}
-	n, err := h.l.ForceRelease(r.Context(), key, r.FormValue("owner"))
-	if err != nil {
-		writeError(w, http.StatusBadGateway, err)
+	_ = r.ParseForm()
+	if len(r.Form["token"]) == 0 {
+		n, err := h.l.ForceRelease(r.Context(), key, r.FormValue("owner"))
+		if err != nil {
+			writeError(w, http.StatusBadGateway, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"key": key, "released": n})
+		return
+	}
+	// Only the holders the operator saw: whoever holds the key now may be
+	// another run.
+	var tokens []int64
+	for _, s := range r.Form["token"] {
+		t, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || t <= 0 {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("token %q is not a fencing token", s))
+			return
+		}
+		tokens = append(tokens, t)
+	}
+	n := 0
+	var gone []error
+	for _, t := range tokens {
+		err := h.l.ForceReleaseToken(r.Context(), key, t)
+		switch {
+		case err == nil:
+			n++
+		case errors.Is(err, lockkit.ErrNotHeld):
+			gone = append(gone, err)
+		default:
+			writeJSON(w, http.StatusBadGateway, map[string]any{"error": err.Error(), "released": n})
+			return
+		}
+	}
+	if len(gone) > 0 {
+		writeJSON(w, http.StatusConflict, map[string]any{"error": errors.Join(gone...).Error(), "released": n})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"key": key, "released": n})

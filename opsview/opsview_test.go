@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -187,4 +188,41 @@ func TestControlBytesShownEscaped(t *testing.T) {
 	for _, esc := range []string{"lock.key_text", "h.owner_text", "h.label_text"} {
 		require.Contains(t, page, esc)
 	}
+}
+
+// The page's Confirm sends the fencing token it showed: the release acts
+// only on that holder. When the key changed hands since, it fails with a
+// clear error naming the change, and the new holder keeps the key.
+func TestReleasePinnedToTheTokenShown(t *testing.T) {
+	ctx := context.Background()
+	l, err := lockkit.NewMemory(lockkit.WithOwner("worker-a"))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	h, err := opsview.New(l, opsview.WithRelease())
+	require.NoError(t, err)
+	seen, err := l.TryAcquire(ctx, "tenant:42", nil)
+	require.NoError(t, err)
+	// The run the operator saw ends; another takes the key before Confirm.
+	require.NoError(t, seen.Release(ctx))
+	now, err := l.TryAcquire(ctx, "tenant:42", nil)
+	require.NoError(t, err)
+	shown := strconv.FormatInt(seen.Token(), 10)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, releaseRequest(url.Values{"key": {"tenant:42"}, "token": {shown}}))
+	require.Equal(t, http.StatusConflict, w.Code, w.Body.String())
+	require.Contains(t, w.Body.String(), "token "+shown)
+	require.Contains(t, w.Body.String(), strconv.FormatInt(now.Token(), 10), "names the holder now")
+	require.NoError(t, now.Err())
+	info, err := l.Inspect(ctx, "tenant:42")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1, "the new holder keeps the key")
+
+	// The token shown releases its holder.
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, releaseRequest(url.Values{"key": {"tenant:42"}, "token": {strconv.FormatInt(now.Token(), 10)}}))
+	require.Equal(t, http.StatusOK, w.Code, w.Body.String())
+	require.JSONEq(t, `{"key":"tenant:42","released":1}`, w.Body.String())
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, releaseRequest(url.Values{"key": {"tenant:42"}, "token": {"x"}}))
+	require.Equal(t, http.StatusBadRequest, w.Code, w.Body.String())
 }

@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -243,4 +245,54 @@ func TestControlBytesEscaped(t *testing.T) {
 		frame.WriteByte(b)
 	}
 	check(frame.String(), 4)
+}
+
+// release acts on the holders its prompt showed, by their fencing tokens:
+// when the key changes hands before the operator answers, it releases
+// nothing and names the change; --token pins a release to the holder that
+// inspect showed.
+func TestReleasePinnedToTheTokensShown(t *testing.T) {
+	ctx := context.Background()
+	c := testredis.Client(t)
+	prefix := testredis.Prefix(t, c)
+	a := locker(t, c, prefix, "worker-a")
+	seen, err := a.TryAcquire(ctx, "tenant:42", nil)
+	require.NoError(t, err)
+
+	cmd := exec.Command(bin, "--prefix", prefix, "release", "tenant:42")
+	cmd.Env = append(os.Environ(), "REDIS_ADDR="+testredis.Addr(t), "REDIS_CLUSTER_ADDRS=")
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	require.NoError(t, cmd.Start())
+	r := bufio.NewReader(stderr)
+	prompt, err := r.ReadString('?')
+	require.NoError(t, err)
+	require.Contains(t, prompt, `Release 1 holder(s) of "tenant:42"`)
+	// While the operator reads the prompt, the run ends and another takes the key.
+	require.NoError(t, seen.Release(ctx))
+	now, err := a.TryAcquire(ctx, "tenant:42", nil)
+	require.NoError(t, err)
+	_, err = stdin.Write([]byte("y\n"))
+	require.NoError(t, err)
+	rest, _ := io.ReadAll(r)
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "stdout %q stderr %q", out.String(), rest)
+	require.Equal(t, exitNotHeld, ee.ExitCode())
+	require.Contains(t, string(rest), fmt.Sprintf("token %d no longer holds it", seen.Token()))
+	require.Contains(t, string(rest), fmt.Sprintf("token %d", now.Token()), "names the holder now")
+	info, err := a.Inspect(ctx, "tenant:42")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1, "the new holder keeps the key")
+
+	_, errOut, code := jobguard(t, prefix, "", "release", "tenant:42", "--yes", "--token", fmt.Sprint(seen.Token()))
+	require.Equal(t, exitNotHeld, code)
+	require.Contains(t, errOut, "no longer holds it")
+	o, _, code := jobguard(t, prefix, "", "release", "tenant:42", "--yes", "--token", fmt.Sprint(now.Token()))
+	require.Zero(t, code)
+	require.Contains(t, o, "released 1 holder(s) of tenant:42")
 }

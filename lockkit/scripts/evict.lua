@@ -1,5 +1,5 @@
--- Removes the live holders of a lock, all of them or those of one owner (an
--- operator's release of a stuck key), tells their Lockers on the channel and
+-- Removes the live holders of a lock, all of them, those of one owner, or
+-- the one with a given fencing token (an operator's release of a stuck key), tells their Lockers on the channel and
 -- wakes waiters. A removed holder can no longer be renewed or released, and
 -- every later acquire gets a greater fencing token. Safe to run twice: the
 -- call's count is remembered for a grace period as "e:<call id>:<count>",
@@ -13,6 +13,7 @@
 -- ARGV[2] release channel
 -- ARGV[3] call id
 -- ARGV[4] grace (ms)
+-- ARGV[5] fencing token of the one holder to remove, "0" for any
 -- Returns the number of holders the call removed.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -26,7 +27,7 @@ end
 local n, top = 0, 0
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
   local token, owner = string.match(m, '^(%d+):[^:]*:(.*):[^:]*$')
-  if token and (ARGV[1] == '' or owner == ARGV[1]) then
+  if token and (ARGV[1] == '' or owner == ARGV[1]) and (ARGV[5] == '0' or token == ARGV[5]) then
     redis.call('ZREM', KEYS[1], m)
     n = n + 1
     top = math.max(top, tonumber(token))
@@ -43,7 +44,11 @@ redis.call('ZADD', KEYS[1], -(now + keep), rec .. n)
 if redis.call('PTTL', KEYS[1]) < keep then
   redis.call('PEXPIRE', KEYS[1], keep)
 end
-redis.call('PUBLISH', ARGV[2], 'f' .. string.format('%d', top) .. ':' .. ARGV[1])
+if ARGV[5] == '0' then
+  redis.call('PUBLISH', ARGV[2], 'f' .. string.format('%d', top) .. ':' .. ARGV[1])
+else
+  redis.call('PUBLISH', ARGV[2], 't' .. ARGV[5])
+end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('PUBLISH', ARGV[2], '1')
 end
