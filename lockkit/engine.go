@@ -82,6 +82,7 @@ type ending struct {
 var (
 	errNotHeld   = errors.New("not held")
 	errPreempted = errors.New("preempted")
+	errEvicted   = errors.New("released by force")
 )
 
 // engine is the part of a Locker shared by every backend: waiting, the one
@@ -956,8 +957,8 @@ func (e *engine) renewBatch(due []*Lease, out chan<- []renewed) {
 func (e *engine) applyRenewals(rs []renewed) time.Time {
 	now := time.Now()
 	var (
-		events          []Event
-		gone, preempted []*Lease
+		events                   []Event
+		gone, preempted, evicted []*Lease
 	)
 	next := now.Add(time.Hour)
 	e.mu.Lock()
@@ -989,6 +990,8 @@ func (e *engine) applyRenewals(rs []renewed) time.Time {
 			gone = append(gone, l)
 		case errors.Is(r.err, errPreempted):
 			preempted = append(preempted, l)
+		case errors.Is(r.err, errEvicted):
+			evicted = append(evicted, l)
 		default:
 			l.lastRenewErr = r.err
 			l.renewFails++
@@ -1008,6 +1011,9 @@ func (e *engine) applyRenewals(rs []renewed) time.Time {
 	}
 	for _, l := range preempted {
 		l.preempt()
+	}
+	for _, l := range evicted {
+		l.evicted()
 	}
 	for _, ev := range events {
 		e.emit(ev)

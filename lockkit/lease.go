@@ -412,6 +412,10 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		l.preempt()
 		return fmt.Errorf("%w: %w", ErrNotHeld, l.Err())
 	}
+	if err == errEvicted {
+		l.evicted()
+		return fmt.Errorf("%w: %w", ErrNotHeld, l.Err())
+	}
 	if err == errNotHeld {
 		cause := fmt.Errorf("%w: %q: the key expired or was taken over", ErrLost, l.key)
 		l.markLost(cause)

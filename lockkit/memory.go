@@ -164,6 +164,7 @@ type memLock struct {
 	cover         int64                // the token of the latest Coalesce run that succeeded
 	coverTill     time.Time            // cover is forgotten at
 	preempted     map[string]bool      // holders a Preempt acquire preempted
+	evicted       map[string]time.Time // holders ForceRelease removed → forgotten at (evict.lua's "x:<token>")
 	watchers      map[*Lease]struct{}  // held Preempt leases, told when preempted
 	queue         []string             // fair waiters in arrival order
 	waiters       map[string]time.Time // waiter → deadline
@@ -179,7 +180,7 @@ type memParked struct {
 }
 
 func (lk *memLock) expire(now time.Time) {
-	for _, set := range []map[string]time.Time{lk.holders, lk.done, lk.abandoned, lk.superseded, lk.gaveUp} {
+	for _, set := range []map[string]time.Time{lk.holders, lk.done, lk.abandoned, lk.superseded, lk.gaveUp, lk.evicted} {
 		for m, exp := range set {
 			if !now.Before(exp) {
 				delete(set, m)
@@ -237,7 +238,7 @@ func (lk *memLock) forget(w string) bool {
 
 func (lk *memLock) idle(now time.Time) bool {
 	return len(lk.holders) == 0 && len(lk.waiters) == 0 && len(lk.subs) == 0 && len(lk.done) == 0 && len(lk.watchers) == 0 && len(lk.parked) == 0 &&
-		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil) && lk.cover == 0 && len(lk.superseded) == 0 && len(lk.gaveUp) == 0
+		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil) && lk.cover == 0 && len(lk.superseded) == 0 && len(lk.gaveUp) == 0 && len(lk.evicted) == 0
 }
 
 // get returns key's state, creating it; every 1024 calls it drops idle keys.
@@ -264,7 +265,7 @@ func (s *memStore) get(key string, now time.Time) *memLock {
 	lk := s.locks[key]
 	if lk == nil {
 		lk = &memLock{holders: make(map[string]time.Time), done: make(map[string]time.Time), abandoned: make(map[string]time.Time),
-			superseded: make(map[string]time.Time), gaveUp: make(map[string]time.Time),
+			superseded: make(map[string]time.Time), gaveUp: make(map[string]time.Time), evicted: make(map[string]time.Time),
 			waiters: make(map[string]time.Time), subs: make(map[chan int64]struct{}), preempted: make(map[string]bool), watchers: make(map[*Lease]struct{})}
 		s.locks[key] = lk
 	}
@@ -682,6 +683,10 @@ func (b *memBackend) extend(ctx context.Context, leases []*Lease, ttls []time.Du
 	for i, l := range leases {
 		lk := s.get(l.key, now)
 		exp, ok := lk.holders[l.member]
+		if _, evicted := lk.evicted[l.member]; !ok && evicted {
+			errs[i] = errEvicted
+			continue
+		}
 		if !ok {
 			errs[i] = errNotHeld
 			continue
@@ -914,10 +919,11 @@ func (b *memBackend) evict(ctx context.Context, key, owner string, pin int64, _ 
 	lk := s.get(key, time.Now())
 	n := 0
 	var top int64
-	for m := range lk.holders {
+	for m, exp := range lk.holders {
 		token, o, _ := parseMember(m)
 		if (owner == "" || o == owner) && (pin == 0 || token == pin) {
 			delete(lk.holders, m)
+			lk.evicted[m] = exp.Add(time.Second)
 			n++
 			top = max(top, token)
 		}

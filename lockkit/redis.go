@@ -781,6 +781,8 @@ func (b *redisBackend) renewMany(ctx context.Context, leases []*Lease, ttls []ti
 				errs[i] = fmt.Errorf("unexpected renew reply %v", vals)
 			case vals[j] == 2:
 				errs[i] = errPreempted
+			case vals[j] == 3:
+				errs[i] = errEvicted
 			case vals[j] != 1:
 				errs[i] = errNotHeld
 			}
@@ -818,6 +820,8 @@ func (b *redisBackend) extend(ctx context.Context, leases []*Lease, ttls []time.
 			errs[i] = err
 		case n == 2:
 			errs[i] = errPreempted
+		case n == 3:
+			errs[i] = errEvicted
 		case n != 1:
 			errs[i] = errNotHeld
 		}

@@ -1564,6 +1564,16 @@ func testForceRelease(t *testing.T, h *harness) {
 	}
 	require.Less(t, time.Since(start), 700*time.Millisecond, "within a renewal interval (300ms) and a round trip")
 	require.ErrorIs(t, plain.Err(), ErrLost)
+	require.ErrorContains(t, plain.Err(), "released by an operator", "the renewal tells why")
+
+	// So does an Extend, of a lease released by its token.
+	plain, err = a.TryAcquire(ctx, "k", &AcquireOptions{TTL: 30 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, op.ForceReleaseToken(ctx, "k", plain.Token()))
+	err = plain.Extend(ctx, time.Minute)
+	require.ErrorIs(t, err, ErrNotHeld)
+	require.ErrorContains(t, err, "released by an operator")
+	require.ErrorContains(t, plain.Err(), "released by an operator")
 
 	// Only one owner's holders.
 	la, err := a.TryAcquire(ctx, "m", &AcquireOptions{Limit: 2})

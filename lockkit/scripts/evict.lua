@@ -3,7 +3,9 @@
 -- wakes waiters. A removed holder can no longer be renewed or released, and
 -- every later acquire gets a greater fencing token. Safe to run twice: the
 -- call's count is remembered for a grace period as "e:<call id>:<count>",
--- so a repeat returns what the first run removed.
+-- so a repeat returns what the first run removed. Each removed holder leaves
+-- "x:<token>" until its lease would have ended plus the grace period, so that
+-- its renewal (renew.lua, extend.lua) can tell it was released by force.
 -- KEYS[1] holders: ZSET (see acquire.lua), after promote.lua
 -- KEYS[2] waiters: ZSET of every waiter; nobody is woken when it does not exist
 -- KEYS[3] fence: STRING, the last fencing token (see acquire.lua); raised to
@@ -24,25 +26,29 @@ for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. -now)) do
     return tonumber(string.sub(m, #rec + 1))
   end
 end
-local n, top = 0, 0
-for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+local n, top, last = 0, 0, now
+local keep = tonumber(ARGV[4])
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+for i = 1, #live, 2 do
+  local m, until_ = live[i], math.floor(tonumber(live[i + 1]))
   local token, owner = string.match(m, '^(%d+):[^:]*:(.*):[^:]*$')
   if token and (ARGV[1] == '' or owner == ARGV[1]) and (ARGV[5] == '0' or token == ARGV[5]) then
     redis.call('ZREM', KEYS[1], m)
+    redis.call('ZADD', KEYS[1], -(until_ + keep), 'x:' .. token)
     n = n + 1
     top = math.max(top, tonumber(token))
+    last = math.max(last, until_)
   end
 end
 if n == 0 then
   return 0
 end
-local keep = tonumber(ARGV[4])
 if tonumber(redis.call('GET', KEYS[3]) or '0') < top then
   redis.call('SET', KEYS[3], string.format('%d', top), 'PX', 1000)
 end
 redis.call('ZADD', KEYS[1], -(now + keep), rec .. n)
-if redis.call('PTTL', KEYS[1]) < keep then
-  redis.call('PEXPIRE', KEYS[1], keep)
+if redis.call('PTTL', KEYS[1]) < last - now + keep then
+  redis.call('PEXPIRE', KEYS[1], last - now + keep)
 end
 if ARGV[5] == '0' then
   redis.call('PUBLISH', ARGV[2], 'f' .. string.format('%d', top) .. ':' .. ARGV[1])
