@@ -2,7 +2,8 @@
 // http.Handler to mount next to asynqmon: the held keys with their holders
 // (owner, label, fencing token, TTL), waiters and parked jobs, a filter,
 // auto-refresh, and, only when WithRelease is given, a button that
-// force-releases a key (lockkit's Locker.ForceRelease).
+// force-releases the holders a row shows, by their fencing tokens (lockkit's
+// Locker.ForceReleaseToken), so a run that took the key since is kept.
 //
 //	h, err := opsview.New(locker, opsview.WithRelease())
 //	http.Handle("/locks/", http.StripPrefix("/locks", requireAdmin(h)))

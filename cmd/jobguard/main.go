@@ -54,6 +54,7 @@ Examples:
   REDIS_ADDR=redis:6379 jobguard ls 'asynq:report:*'
   jobguard --json inspect 'asynq:sync:{"tenant_id":"acme"}'
   jobguard release tenant:42 --owner worker-7:4121:9f2c --yes
+  jobguard release tenant:42 --token 1795637778862563   # the holder inspect showed
   jobguard --cluster 10.0.0.1:7000,10.0.0.2:7000 --tls watch --interval 2s
 
 A release removes only the holders it showed (by fencing token): if the key
