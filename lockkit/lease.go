@@ -213,7 +213,7 @@ func (l *Lease) preempt() {
 
 // evicted marks the lease lost because ForceRelease removed it.
 func (l *Lease) evicted() {
-	l.markLost(fmt.Errorf("%w: %q: token %d was released by force (ForceRelease)", ErrLost, l.key, l.token))
+	l.markLost(fmt.Errorf("%w: %q: token %d was released by an operator (ForceRelease)", ErrLost, l.key, l.token))
 }
 
 func (l *Lease) markLost(cause error) {
@@ -410,6 +410,10 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	l.e.mu.Unlock()
 	if err == errPreempted {
 		l.preempt()
+		return fmt.Errorf("%w: %w", ErrNotHeld, l.Err())
+	}
+	if err == errEvicted {
+		l.evicted()
 		return fmt.Errorf("%w: %w", ErrNotHeld, l.Err())
 	}
 	if err == errNotHeld {

@@ -96,6 +96,11 @@ func (l *MemoryLocker) ForceRelease(ctx context.Context, key, owner string) (int
 	return l.e.forceRelease(ctx, key, owner)
 }
 
+// ForceReleaseToken implements Locker.
+func (l *MemoryLocker) ForceReleaseToken(ctx context.Context, key string, token int64) error {
+	return l.e.forceReleaseToken(ctx, key, token)
+}
+
 // Throttle implements Locker.
 func (l *MemoryLocker) Throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
 	return l.e.throttle(ctx, key, n, period)
@@ -159,6 +164,7 @@ type memLock struct {
 	cover         int64                // the token of the latest Coalesce run that succeeded
 	coverTill     time.Time            // cover is forgotten at
 	preempted     map[string]bool      // holders a Preempt acquire preempted
+	evicted       map[string]time.Time // holders ForceRelease removed → forgotten at (evict.lua's "x:<token>")
 	watchers      map[*Lease]struct{}  // held Preempt leases, told when preempted
 	queue         []string             // fair waiters in arrival order
 	waiters       map[string]time.Time // waiter → deadline
@@ -174,7 +180,7 @@ type memParked struct {
 }
 
 func (lk *memLock) expire(now time.Time) {
-	for _, set := range []map[string]time.Time{lk.holders, lk.done, lk.abandoned, lk.superseded, lk.gaveUp} {
+	for _, set := range []map[string]time.Time{lk.holders, lk.done, lk.abandoned, lk.superseded, lk.gaveUp, lk.evicted} {
 		for m, exp := range set {
 			if !now.Before(exp) {
 				delete(set, m)
@@ -232,7 +238,7 @@ func (lk *memLock) forget(w string) bool {
 
 func (lk *memLock) idle(now time.Time) bool {
 	return len(lk.holders) == 0 && len(lk.waiters) == 0 && len(lk.subs) == 0 && len(lk.done) == 0 && len(lk.watchers) == 0 && len(lk.parked) == 0 &&
-		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil) && lk.cover == 0 && len(lk.superseded) == 0 && len(lk.gaveUp) == 0
+		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil) && lk.cover == 0 && len(lk.superseded) == 0 && len(lk.gaveUp) == 0 && len(lk.evicted) == 0
 }
 
 // get returns key's state, creating it; every 1024 calls it drops idle keys.
@@ -259,7 +265,7 @@ func (s *memStore) get(key string, now time.Time) *memLock {
 	lk := s.locks[key]
 	if lk == nil {
 		lk = &memLock{holders: make(map[string]time.Time), done: make(map[string]time.Time), abandoned: make(map[string]time.Time),
-			superseded: make(map[string]time.Time), gaveUp: make(map[string]time.Time),
+			superseded: make(map[string]time.Time), gaveUp: make(map[string]time.Time), evicted: make(map[string]time.Time),
 			waiters: make(map[string]time.Time), subs: make(map[chan int64]struct{}), preempted: make(map[string]bool), watchers: make(map[*Lease]struct{})}
 		s.locks[key] = lk
 	}
@@ -677,6 +683,10 @@ func (b *memBackend) extend(ctx context.Context, leases []*Lease, ttls []time.Du
 	for i, l := range leases {
 		lk := s.get(l.key, now)
 		exp, ok := lk.holders[l.member]
+		if _, evicted := lk.evicted[l.member]; !ok && evicted {
+			errs[i] = errEvicted
+			continue
+		}
 		if !ok {
 			errs[i] = errNotHeld
 			continue
@@ -893,7 +903,7 @@ func (b *memBackend) claim(ctx context.Context, key string, gen int64, force boo
 	return Request{Gen: bu.gen, ID: bu.id, Wait: max(bu.due.Sub(now), 0), Claimed: bu.claimed >= bu.gen}, false, nil
 }
 
-func (b *memBackend) evict(ctx context.Context, key, owner, _ string) (int, error) {
+func (b *memBackend) evict(ctx context.Context, key, owner string, pin int64, _ string) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -909,17 +919,18 @@ func (b *memBackend) evict(ctx context.Context, key, owner, _ string) (int, erro
 	lk := s.get(key, time.Now())
 	n := 0
 	var top int64
-	for m := range lk.holders {
+	for m, exp := range lk.holders {
 		token, o, _ := parseMember(m)
-		if owner == "" || o == owner {
+		if (owner == "" || o == owner) && (pin == 0 || token == pin) {
 			delete(lk.holders, m)
+			lk.evicted[m] = exp.Add(time.Second)
 			n++
 			top = max(top, token)
 		}
 	}
 	if n > 0 {
 		for l := range lk.watchers {
-			if l.token <= top && (owner == "" || l.owner == owner) {
+			if l.token <= top && (owner == "" || l.owner == owner) && (pin == 0 || l.token == pin) {
 				evicted = append(evicted, l)
 			}
 		}

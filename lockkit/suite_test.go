@@ -172,6 +172,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"DebounceKeepsTheNewestRequest", testDebounce},
 		{"ElectionHasOneLeaderAtATime", testElect},
 		{"ForceReleaseEvictsHolders", testForceRelease},
+		{"ForceReleaseTokenEvictsTheHolderSeen", testForceReleaseToken},
 		{"AsyncReleaseLeavesRunsPath", testAsyncRelease},
 		{"ManyLeasesRenewTogether", testRenewMany},
 		{"HugeTTLsAreRejected", testHugeTTL},
@@ -1563,6 +1564,16 @@ func testForceRelease(t *testing.T, h *harness) {
 	}
 	require.Less(t, time.Since(start), 700*time.Millisecond, "within a renewal interval (300ms) and a round trip")
 	require.ErrorIs(t, plain.Err(), ErrLost)
+	require.ErrorContains(t, plain.Err(), "released by an operator", "the renewal tells why")
+
+	// So does an Extend, of a lease released by its token.
+	plain, err = a.TryAcquire(ctx, "k", &AcquireOptions{TTL: 30 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, op.ForceReleaseToken(ctx, "k", plain.Token()))
+	err = plain.Extend(ctx, time.Minute)
+	require.ErrorIs(t, err, ErrNotHeld)
+	require.ErrorContains(t, err, "released by an operator")
+	require.ErrorContains(t, plain.Err(), "released by an operator")
 
 	// Only one owner's holders.
 	la, err := a.TryAcquire(ctx, "m", &AcquireOptions{Limit: 2})
@@ -1582,6 +1593,45 @@ func testForceRelease(t *testing.T, h *harness) {
 	require.Zero(t, n, "nothing left")
 	_, err = op.ForceRelease(ctx, "", "")
 	require.ErrorIs(t, err, ErrInvalid)
+}
+
+// ForceReleaseToken: an operator releases the holder they saw, by its
+// fencing token; once that holder is gone, nothing is released and the error
+// names the holder now. The evicted work's cause says an operator released it.
+func testForceReleaseToken(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a, b, op := h.locker(t), h.locker(t), h.locker(t)
+	seen, err := a.TryAcquire(ctx, "k", &AcquireOptions{Preempt: true, TTL: 30 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, seen.Release(ctx))
+	now, err := a.TryAcquire(ctx, "k", &AcquireOptions{Preempt: true, TTL: 30 * time.Second})
+	require.NoError(t, err)
+	work, cancel := now.Context(ctx)
+	defer cancel()
+	err = op.ForceReleaseToken(ctx, "k", seen.Token())
+	require.ErrorIs(t, err, ErrNotHeld)
+	require.ErrorContains(t, err, fmt.Sprintf("token %d no longer holds it", seen.Token()))
+	require.ErrorContains(t, err, fmt.Sprintf("token %d", now.Token()), "names the holder now")
+	require.NoError(t, op.ForceReleaseToken(ctx, "k", now.Token()))
+	<-work.Done()
+	require.ErrorIs(t, context.Cause(work), ErrLost)
+	require.ErrorContains(t, context.Cause(work), "released by an operator")
+	require.ErrorContains(t, op.ForceReleaseToken(ctx, "k", now.Token()), "the key has no holder now")
+
+	// Of two holders, only the one of the token; a watched lease of the
+	// same key and Locker is not told it was released.
+	l1, err := a.TryAcquire(ctx, "m", &AcquireOptions{Limit: 2})
+	require.NoError(t, err)
+	l2, err := b.TryAcquire(ctx, "m", &AcquireOptions{Limit: 2})
+	require.NoError(t, err)
+	require.NoError(t, op.ForceReleaseToken(ctx, "m", l2.Token()))
+	info, err := op.Inspect(ctx, "m")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.Equal(t, l1.Token(), info.Holders[0].Token)
+	require.NoError(t, l1.Release(ctx))
+	require.ErrorIs(t, op.ForceReleaseToken(ctx, "", 1), ErrInvalid)
+	require.ErrorIs(t, op.ForceReleaseToken(ctx, "m", 0), ErrInvalid)
 }
 
 // AsyncRelease: Run returns before the release; the Locker's own next

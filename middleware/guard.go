@@ -117,7 +117,8 @@ type Policy struct {
 	// Preempt makes a job cancel the run that holds its key: that run's ctx
 	// is cancelled with a cause matching lockkit.ErrPreempted (and
 	// lockkit.ErrLost), its lease is no longer renewed and its fencing token
-	// is superseded by this job's. The job waits, bounded by its ctx only, as
+	// is superseded by this job's; the run is reported as EventPreempted,
+	// not EventLost. The job waits, bounded by its ctx only, as
 	// the key's one follow-up, the newest (a later job takes its place as
 	// KeepNewest does), and runs once the preempted run has returned, or
 	// after Grace if that comes first. OnConflict, Wait, Fair, Coalesce and
@@ -659,7 +660,10 @@ func (g *Guard) emitLease(ctx context.Context, kind EventKind, job Job, lease *l
 }
 
 func (g *Guard) reportLost(ctx, wctx context.Context, job Job, lease *lockkit.Lease) {
-	if cause := context.Cause(wctx); errors.Is(cause, lockkit.ErrLost) {
+	switch cause := context.Cause(wctx); {
+	case errors.Is(cause, lockkit.ErrPreempted):
+		g.emitLease(ctx, EventPreempted, job, lease, 0, 0, cause)
+	case errors.Is(cause, lockkit.ErrLost):
 		g.emitLease(ctx, EventLost, job, lease, 0, 0, cause)
 	}
 }

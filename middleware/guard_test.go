@@ -667,9 +667,12 @@ func TestPreemptPolicy(t *testing.T) {
 	require.True(t, prev.Ran)
 	require.ErrorIs(t, prev.Err, lockkit.ErrPreempted)
 	require.ErrorIs(t, prev.Err, lockkit.ErrLost)
-	lost, ok := events.find(middleware.EventLost)
-	require.True(t, ok)
-	require.ErrorIs(t, lost.Err, lockkit.ErrPreempted)
+	preempted, ok := events.find(middleware.EventPreempted)
+	require.True(t, ok, "a preemption is reported as such")
+	require.ErrorIs(t, preempted.Err, lockkit.ErrPreempted)
+	require.Equal(t, "preempted", preempted.Kind.String())
+	_, ok = events.find(middleware.EventLost)
+	require.False(t, ok, "a preemption is not a lost lease")
 }
 
 // Job.Gen: only the newest request of a key runs; an older one gives way to
