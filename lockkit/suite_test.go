@@ -484,7 +484,9 @@ func testFair(t *testing.T, h *harness) {
 		wg    sync.WaitGroup
 	)
 	for i := range n {
-		w := h.locker(t, WithPollInterval(20*time.Millisecond))
+		// A waiter that misses 4 polls counts as dead: keep the poll far above
+		// scheduling delays on a loaded machine.
+		w := h.locker(t, WithPollInterval(100*time.Millisecond))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
