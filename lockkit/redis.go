@@ -450,7 +450,7 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 	}
 	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
 		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel, r.preempt, ms(r.grace),
-		parkEntry(r), ms(parkKeep)).Slice()
+		parkEntry(r), ms(parkKeep), r.order).Slice()
 	if err != nil {
 		return acquireResult{}, err
 	}
