@@ -495,7 +495,8 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 }
 
 // older tells whether r, a follow-up call (fid) with an order, is older
-// than the key's latest Supersede run or than its live follow-up.
+// than the key's latest Supersede run or than its live follow-up (parked,
+// reserved for by a release, or waiting).
 func (lk *memLock) older(r *request, fid string) bool {
 	if r.order == 0 || fid == "" {
 		return false
@@ -507,8 +508,15 @@ func (lk *memLock) older(r *request, fid string) bool {
 		return false
 	}
 	if lk.pendingParked {
-		_, ok := lk.isParked(lk.pending)
-		return ok
+		if _, ok := lk.isParked(lk.pending); ok {
+			return true
+		}
+		for m := range lk.holders {
+			if _, owner, _ := parseMember(m); owner == "parked:"+lk.pending {
+				return true
+			}
+		}
+		return false
 	}
 	_, ok := lk.waiters[lk.pending]
 	return ok

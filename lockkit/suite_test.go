@@ -2195,10 +2195,14 @@ func testOrder(t *testing.T, h *harness) {
 	require.NoError(t, again.Release(ctx))
 
 	// Parked follow-ups: the older gives up, the newer's entry stays.
-	holder, err = a.TryAcquire(ctx, "q", nil)
+	resumed := make(chan string, 1)
+	holder, err = a.TryAcquire(ctx, "q", &AcquireOptions{OnParked: func(id string) { resumed <- id }})
 	require.NoError(t, err)
 	park := func(label string, order int64) error {
-		_, err := b.TryAcquire(ctx, "q", &AcquireOptions{Label: label, Park: "id-" + label, Adopt: true, Supersede: true, Order: order})
+		l, err := b.TryAcquire(ctx, "q", &AcquireOptions{Label: label, Park: "id-" + label, Adopt: true, Supersede: true, Order: order})
+		if err == nil {
+			err = l.Release(ctx)
+		}
 		return err
 	}
 	var ce *ConflictError
@@ -2210,6 +2214,9 @@ func testOrder(t *testing.T, h *harness) {
 	require.ErrorAs(t, park("c", 30), &ce)
 	require.Equal(t, "id-b", ce.Superseded, "a newer one replaces it")
 	require.NoError(t, holder.Release(ctx))
+	require.Equal(t, "id-c", <-resumed, "the release reserves the key for c")
+	require.ErrorIs(t, park("d", 25), ErrSuperseded, "older than the follow-up the key is reserved for")
+	require.NoError(t, park("c", 30), "c adopts its reservation")
 
 	// Preempt: an older call preempts no newer run.
 	pre := func(order int64) *AcquireOptions {

@@ -156,7 +156,8 @@ local entry = ARGV[17]
 local keep = tonumber(ARGV[18])
 local order = tonumber(ARGV[19] or '0')
 -- older tells whether this Supersede call is older than the key's latest
--- run or than its live follow-up (a parked entry, or a waiter not expired).
+-- run or than its live follow-up (a parked entry, the reservation a release
+-- made for it, or a waiter not expired).
 local function older()
   if order == 0 or (wid == '' and entry == '') then
     return false
@@ -168,7 +169,18 @@ local function older()
   if not f[1] or f[1] == wid or f[1] == entry or order >= tonumber(f[2] or '0') then
     return false
   end
-  return redis.call('ZSCORE', KEYS[7], f[1]) ~= false or tonumber(redis.call('ZSCORE', KEYS[4], f[1]) or '0') > now
+  if redis.call('ZSCORE', KEYS[7], f[1]) or tonumber(redis.call('ZSCORE', KEYS[4], f[1]) or '0') > now then
+    return true
+  end
+  local pl = string.match(f[1], '^%d+:([^:]*):')
+  if pl and pl ~= '' then
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+      if string.find(m, '^%d+:r') and string.sub(m, -#pl - 1) == ':' .. pl then
+        return true
+      end
+    end
+  end
+  return false
 end
 local function give_up()
   forget_waiter()
