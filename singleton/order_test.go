@@ -290,3 +290,114 @@ func TestClientOrdersTasksForOneCommand(t *testing.T) {
 	_, err = client.Enqueue(asynq.NewTask("report", []byte(`{}`)), asynq.Queue(e.Queue))
 	require.ErrorIs(t, err, singleton.ErrKey)
 }
+
+// gateHook holds back every command that carries one of the labels in
+// held (the acquires of those tasks) until gate is closed.
+type gateHook struct {
+	held map[string]bool
+	gate <-chan struct{}
+}
+
+func (h *gateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && h.held[s] {
+				select {
+				case <-h.gate:
+				case <-ctx.Done():
+				}
+				break
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// Bursts of tasks over several keys on three servers, enqueued by
+// singleton.Client, with the acquires of some older tasks of each key held
+// back until every other task is done, so that they reach Redis last: under
+// KeepNewest and Preempt, each key's runs come in enqueue order, the last
+// one is the key's newest task, and every held-back task completes without
+// running.
+func TestBurstsRunTheNewestLast(t *testing.T) {
+	const keys, perKey = 4, 8
+	for _, policy := range []middleware.Policy{middleware.KeepNewest(), middleware.Preempt(0)} {
+		t.Run(policy.String(), func(t *testing.T) {
+			e := newEnvOn(t, standalone)
+			ctx := context.Background()
+			gate := make(chan struct{})
+			held := map[string]bool{}
+			for k := range keys {
+				for _, i := range []int{1 + k%3, 4 + k%3} { // never the newest
+					held["t-"+strconv.Itoa(k)+"-"+strconv.Itoa(i)] = true
+				}
+			}
+			hooked := redis.NewClient(e.RDB.(*redis.Client).Options())
+			t.Cleanup(func() { _ = hooked.Close() })
+			hooked.AddHook(&gateHook{held: held, gate: gate})
+			var mu sync.Mutex
+			ran := map[string][]int{} // key → the n of each run, in order
+			done := map[string]bool{} // task ID → ran or completed without running
+			observe := func(_ context.Context, ev middleware.Event) {
+				if ev.Kind == middleware.EventReleased || ev.Kind == middleware.EventDuplicate && ev.Action == middleware.ActionSkip {
+					mu.Lock()
+					done[ev.Job.ID] = true
+					mu.Unlock()
+				}
+			}
+			handler := asynq.HandlerFunc(func(_ context.Context, task *asynq.Task) error {
+				tenant, n, err := reportOf(task)
+				mu.Lock()
+				ran[tenant] = append(ran[tenant], n)
+				mu.Unlock()
+				return err
+			})
+			for i := range 3 {
+				l, err := lockkit.NewRedis(hooked, lockkit.WithPrefix(e.Prefix), lockkit.WithOwner("server-"+strconv.Itoa(i)))
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = l.Close(context.Background()) })
+				mw, err := singleton.Middleware(l, singleton.KeyByFields("tenant_id"), singleton.WithPolicy(policy), singleton.WithRedis(e.RDB),
+					singleton.WithObserver(observe))
+				require.NoError(t, err)
+				e.start(e.config(5), mw(handler))
+			}
+			client, err := singleton.NewClient(e.Client, e.RDB, singleton.KeyByFields("tenant_id"))
+			require.NoError(t, err)
+			for i := range perKey {
+				for k := range keys {
+					_, err := client.EnqueueContext(ctx, asynq.NewTask("report", []byte(`{"tenant_id":"k`+strconv.Itoa(k)+`","n":`+strconv.Itoa(i)+`}`)),
+						asynq.Queue(e.Queue), asynq.TaskID("t-"+strconv.Itoa(k)+"-"+strconv.Itoa(i)))
+					require.NoError(t, err)
+				}
+			}
+			require.Eventually(t, func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				n := 0
+				for id := range done {
+					if !held[id] {
+						n++
+					}
+				}
+				return n == keys*perKey-len(held)
+			}, 20*time.Second, 5*time.Millisecond, "every task not held back is done")
+			close(gate) // the held-back acquires reach Redis last
+			e.Drained(20 * time.Second)
+			mu.Lock()
+			defer mu.Unlock()
+			for k := range keys {
+				runs := ran["k"+strconv.Itoa(k)]
+				require.NotEmpty(t, runs)
+				require.True(t, slices.IsSorted(runs) && len(slices.Compact(slices.Clone(runs))) == len(runs), "key k%d ran in enqueue order: %v", k, runs)
+				require.Equal(t, perKey-1, runs[len(runs)-1], "key k%d's last run is its newest task: %v", k, runs)
+				for _, n := range runs {
+					require.False(t, held["t-"+strconv.Itoa(k)+"-"+strconv.Itoa(n)], "key k%d: held-back task %d ran: %v", k, n, runs)
+				}
+			}
+		})
+	}
+}
