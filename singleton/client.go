@@ -29,7 +29,8 @@ import (
 const EnqueuedAtHeader = "jobguard-enqueued-at"
 
 // OrderHeader is the task header in which Client records the task's place
-// in its key's order (middleware.Job.Order), taken from Redis at enqueue:
+// in its key's order (middleware.Job.Order), taken from Redis when the
+// task is enqueued (not when it is due, for asynq.ProcessIn or ProcessAt):
 // greater than every order given to an earlier enqueue of the key (as the
 // Client derives it), and at least the Redis server's time in
 // microseconds, so that orders keep growing after the key's counter
