@@ -39,9 +39,10 @@ const EnqueuedAtHeader = "jobguard-enqueued-at"
 // follow-up or latest run completes without running (superseded), whatever
 // order its delivery reaches Redis in. A Client with Debounce records the
 // task's generation instead, one with Unique its reservation's fencing token
-// (both grow per key the same way), and one with ParkAtEnqueue none (its
-// tasks run in enqueue order). A task without it (or with a value that is not a
-// positive integer) is placed by its arrival at Redis.
+// (each also grows per key and is at least the server time in microseconds),
+// and one with ParkAtEnqueue none (its tasks run in enqueue order). A task
+// without it (or with a value that is not a positive integer) is placed by
+// its arrival at Redis.
 const OrderHeader = "jobguard-order"
 
 // orderKeep is how long a key's order counter is kept after its last
