@@ -678,7 +678,7 @@ func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent t
 		label:    r.label,
 		aid:      r.aid,
 		token:    token,
-		epoch:    r.epoch > 0,
+		epoch:    r.epoch > 0 || r.order > 0,
 		coalesce: r.coalesce,
 		coverFor: r.coverFor,
 		hold:     r.hold,

@@ -40,7 +40,7 @@ type Lease struct {
 	// meta keys and its member as a script argument; set and read only by
 	// the renewal of the batch the lease is in.
 	renewArgs *renewArgs
-	epoch     bool // the acquire claimed an epoch
+	epoch     bool // the acquire claimed an epoch or recorded its order: renewals keep them
 	// coalesce: the acquire was a Coalesce one; a success is remembered for
 	// coverFor.
 	coalesce bool

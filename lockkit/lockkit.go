@@ -294,6 +294,17 @@ type AcquireOptions struct {
 	// (the same job parked under a new Park id) takes its place without
 	// marking it. TryAcquire without Park ignores it. Defaults to false.
 	Supersede bool
+	// Order, with Supersede, is the call's place in its key's order (a
+	// task's place taken when it was enqueued, such as a per-key sequence):
+	// a call with a lower order than the key's live follow-up, or than the
+	// latest Supersede run that took the key with an order (remembered for
+	// ten minutes after that run took the key, and while it is renewed),
+	// fails at once with ErrSuperseded: it neither takes a newer call's place
+	// nor, with Preempt, preempts a newer run. Calls with the same order
+	// (deliveries of one task) are not older than each other. Zero means
+	// none: the call, and a comparison with a run or follow-up without one,
+	// goes by arrival at Redis. Must not be negative.
+	Order int64
 	// Preempt, for Acquire, ends the runs that hold the key so that this
 	// call gets it: their leases are lost with a cause matching ErrPreempted
 	// (and ErrLost) and are no longer renewed, so their fencing tokens are

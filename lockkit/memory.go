@@ -153,9 +153,11 @@ type memLock struct {
 	token         int64
 	epoch         int64
 	epochAid      string    // the acquire call that claimed epoch
-	metaUntil     time.Time // the epoch is forgotten at
+	metaUntil     time.Time // the epoch and order are forgotten at
+	order         int64     // the order of the key's latest Supersede run (AcquireOptions.Order)
 	pending       string    // the key's Supersede follow-up: a waiter, or a parked id (pendingParked)
 	pendingParked bool
+	pendingOrder  int64                // the order of pending, 0 for none
 	replaced      string               // the parked follow-up that pending replaced
 	replacer      string               // the acquire call that replaced it: only it is told again
 	superseded    map[string]time.Time // label of a replaced parked follow-up → forgotten at
@@ -305,7 +307,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 	now := time.Now()
 	lk := s.get(r.key, now)
 	if !now.Before(lk.metaUntil) {
-		lk.epoch, lk.epochAid = 0, ""
+		lk.epoch, lk.epochAid, lk.order = 0, "", 0
 	}
 	if r.epoch > 0 && (r.epoch < lk.epoch || (r.epoch == lk.epoch && lk.epochAid != r.aid)) {
 		lk.forget(r.waiter)
@@ -377,6 +379,17 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		lk.forget(r.waiter)
 		return acquireResult{superseded: true}, nil
 	}
+	// This call's follow-up id: its waiter, or the parked id of a parking
+	// call that does not wait.
+	fid, fidParked := r.waiter, false
+	if fid == "" && r.park != "" {
+		fid, fidParked = r.park, true
+	}
+	if !adopted && lk.older(r, fid) {
+		lk.forget(r.waiter)
+		lk.unpark(r.park)
+		return acquireResult{superseded: true}, nil
+	}
 	same := ""
 	if r.label != "" {
 		for m := range lk.holders {
@@ -394,12 +407,6 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 			ahead = i
 			break
 		}
-	}
-	// This call's follow-up id: its waiter, or the parked id of a parking
-	// call that does not wait.
-	fid, fidParked := r.waiter, false
-	if fid == "" && r.park != "" {
-		fid, fidParked = r.park, true
 	}
 	replaced := ""
 	// A call whose own earlier delivery holds the key (same) is no
@@ -425,7 +432,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 				} else if lk.pending != "" {
 					lk.wake() // the follow-up it replaces gives up
 				}
-				lk.pending, lk.pendingParked, lk.replaced, lk.replacer = fid, fidParked, replaced, r.aid
+				lk.pending, lk.pendingParked, lk.replaced, lk.replacer, lk.pendingOrder = fid, fidParked, replaced, r.aid, r.order
 			}
 		} else if lk.pending != r.waiter || lk.pendingParked {
 			lk.forget(r.waiter)
@@ -434,7 +441,19 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 	}
 	if same == "" && len(lk.holders)+ahead < r.limit {
 		if lk.pending == fid && lk.pendingParked == fidParked && fid != "" {
-			lk.pending, lk.replaced, lk.replacer = "", "", ""
+			lk.pending, lk.replaced, lk.replacer, lk.pendingOrder = "", "", "", 0
+		}
+		if fid != "" && (r.supersede != "0" || r.order > 0) {
+			// The run's order: an older call gives up while it runs and after.
+			switch {
+			case r.order == 0:
+				lk.order = 0
+			case r.order > lk.order:
+				lk.order = r.order
+			}
+			if u := now.Add(parkKeep); r.order > 0 && u.After(lk.metaUntil) {
+				lk.metaUntil = u
+			}
 		}
 		token := lk.take(now, r.aid, r.owner, r.label, r.ttl)
 		if r.epoch > 0 {
@@ -479,6 +498,34 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		}
 	}
 	return acquireResult{conflict: c, since: since}, nil
+}
+
+// older tells whether r, a follow-up call (fid) with an order, is older
+// than the key's latest Supersede run or than its live follow-up (parked,
+// reserved for by a release, or waiting).
+func (lk *memLock) older(r *request, fid string) bool {
+	if r.order == 0 || fid == "" {
+		return false
+	}
+	if r.order < lk.order {
+		return true
+	}
+	if lk.pending == "" || lk.pending == r.waiter || lk.pending == r.park || r.order >= lk.pendingOrder {
+		return false
+	}
+	if lk.pendingParked {
+		if _, ok := lk.isParked(lk.pending); ok {
+			return true
+		}
+		for m := range lk.holders {
+			if _, owner, _ := parseMember(m); owner == "parked:"+lk.pending {
+				return true
+			}
+		}
+		return false
+	}
+	_, ok := lk.waiters[lk.pending]
+	return ok
 }
 
 // park adds r to the parked queue, once (AcquireOptions.Park), and returns

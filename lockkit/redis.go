@@ -80,7 +80,7 @@ var (
 // then kept in P{K}:d for the retry window. P{K}:b holds the newest request
 // recorded by Debounce, P{K}:k the parked jobs (AcquireOptions.Park), P{K}:c
 // the start of the last Coalesce run that succeeded, P{K}:f the last fencing
-// token (for a second), P{K}:m the last epoch, P{K}:q and P{K}:w the
+// token (for a second), P{K}:m the last epoch and the order of the latest Supersede run, P{K}:q and P{K}:w the
 // waiters; releases are published on P{K}:r. In P and K, the characters
 // '{', '}' and '%' are written %7B, %7D and %25, so that {K} is always the
 // hash tag: any key and any prefix work on Redis Cluster. Every key expires
@@ -455,7 +455,7 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 	}
 	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
 		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel, r.preempt, ms(r.grace),
-		parkEntry(r), ms(parkKeep)).Slice()
+		parkEntry(r), ms(parkKeep), r.order).Slice()
 	if err != nil {
 		return acquireResult{}, err
 	}

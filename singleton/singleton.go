@@ -326,7 +326,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	if origin == "" {
 		origin = id
 	}
-	job := middleware.Job{Name: t.Type(), ID: id, Origin: origin, EnqueuedAt: enqueuedAt(t), Gen: debounceGen(t),
+	job := middleware.Job{Name: t.Type(), ID: id, Origin: origin, EnqueuedAt: enqueuedAt(t), Order: taskOrder(t), Gen: debounceGen(t),
 		Reserved: t.Headers()[ParkedHeader] != ""}
 	key, err := m.keyOf(ctx, t)
 	if err != nil {
