@@ -48,8 +48,9 @@ type backend interface {
 	// or the token of the lease a release handed to waiter (see grantable).
 	wakeups(key, waiter string) (<-chan int64, func())
 	// watch makes the store call l.preempt when a Preempt acquire preempts
-	// l, until the returned function is called.
-	watch(l *Lease) func()
+	// l, until the returned function is called; also when one did so since
+	// sent, when l's acquire was sent.
+	watch(l *Lease, sent time.Time) func()
 	close() error
 }
 
@@ -702,7 +703,7 @@ func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent t
 		e.poke()
 	}
 	if r.preempt != "0" {
-		stop := e.b.watch(l)
+		stop := e.b.watch(l, sent)
 		e.mu.Lock()
 		held := l.state == stateHeld
 		if held {

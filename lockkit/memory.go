@@ -841,12 +841,16 @@ func (b *memBackend) wakeups(key, _ string) (<-chan int64, func()) {
 	}
 }
 
-func (b *memBackend) watch(l *Lease) func() {
+func (b *memBackend) watch(l *Lease, _ time.Time) func() {
 	s := b.s
 	s.mu.Lock()
 	lk := s.get(l.key, time.Now())
 	lk.watchers[l] = struct{}{}
+	preempted := lk.preempted[l.member]
 	s.mu.Unlock()
+	if preempted {
+		l.preempt() // before it was watched
+	}
 	return func() {
 		s.mu.Lock()
 		delete(lk.watchers, l)
