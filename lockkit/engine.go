@@ -505,7 +505,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 	defer e.calls.Done()
 	e.awaitOwnRelease(ctx, r.key)
 	r.waiter = randomID(8)
-	if r.coalesce {
+	if r.coalesce && !r.final {
 		r.waiter = "y" + r.waiter // a Coalesce follow-up, which others may fold into ("y" is no hex digit)
 	}
 	handTTL := handOverTTL(&r)

