@@ -473,6 +473,9 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		if same == "" || !r.coalesce {
 			lk.waiters[r.waiter] = now.Add(r.waiterTTL)
 		}
+		if r.coalesce && lk.folded > 0 {
+			lk.foldedTill = now.Add(parkKeep) // the folds are kept while a follow-up waits
+		}
 		if r.fair {
 			for i, w := range lk.queue {
 				if w == r.waiter {

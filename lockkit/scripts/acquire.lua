@@ -383,6 +383,10 @@ if wid ~= '' then
     redis.call('ZADD', KEYS[4], now + wttl, wid)
     extend_key(KEYS[4], wttl)
   end
+  if since > 0 then
+    -- The folds (f) are kept while a follow-up waits.
+    extend_key(KEYS[8], keep)
+  end
   keep_sorted(wttl)
   if ARGV[5] == '1' then
     redis.call('ZADD', KEYS[3], 'NX', nowus, wid)
