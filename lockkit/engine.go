@@ -49,8 +49,9 @@ type backend interface {
 	// or the token of the lease a release handed to waiter (see grantable).
 	wakeups(key, waiter string) (<-chan int64, func())
 	// watch makes the store call l.preempt when a Preempt acquire preempts
-	// l, until the returned function is called.
-	watch(l *Lease) func()
+	// l, until the returned function is called; also when one did so since
+	// sent, when l's acquire was sent.
+	watch(l *Lease, sent time.Time) func()
 	close() error
 }
 
@@ -530,7 +531,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 	defer e.calls.Done()
 	e.awaitOwnRelease(ctx, r.key)
 	r.waiter = randomID(8)
-	if r.coalesce {
+	if r.coalesce && !r.final {
 		r.waiter = "y" + r.waiter // a Coalesce follow-up, which others may fold into ("y" is no hex digit)
 	}
 	handTTL := handOverTTL(&r)
@@ -728,7 +729,7 @@ func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent t
 		e.poke()
 	}
 	if r.preempt != "0" {
-		stop := e.b.watch(l)
+		stop := e.b.watch(l, sent)
 		e.mu.Lock()
 		held := l.state == stateHeld
 		if held {

@@ -274,6 +274,13 @@ type AcquireOptions struct {
 	// nothing, and its parked entry replaces the parked follow-up carrying
 	// its own Label. Defaults to false.
 	Coalesce bool
+	// Final, with Coalesce, says that the caller's work is not tried again
+	// if this call's run fails (a task with no retries left): the call
+	// covers no other Coalesce call, neither while its run holds the key
+	// nor while it waits or is parked for it, so that a failure loses no
+	// other call's work. Its own run's success still covers as usual.
+	// Defaults to false.
+	Final bool
 	// CoverFor is how long the success of a Coalesce lease's run is
 	// remembered. Zero means DefaultCoverFor; at most MaxTTL.
 	CoverFor time.Duration

@@ -165,6 +165,8 @@ type memLock struct {
 	coalesced     string               // the parked id of the key's parked Coalesce follow-up
 	cover         int64                // the token of the latest Coalesce run that succeeded
 	coverTill     time.Time            // cover is forgotten at
+	folded        int64                // when a Coalesce call last folded into a follow-up (us)
+	foldedTill    time.Time            // folded is forgotten at
 	preempted     map[string]bool      // holders a Preempt acquire preempted
 	evicted       map[string]time.Time // holders ForceRelease removed → forgotten at (evict.lua's "x:<token>")
 	watchers      map[*Lease]struct{}  // held Preempt leases, told when preempted
@@ -196,6 +198,9 @@ func (lk *memLock) expire(now time.Time) {
 	}
 	if !now.Before(lk.coverTill) {
 		lk.cover = 0
+	}
+	if !now.Before(lk.foldedTill) {
+		lk.folded = 0
 	}
 	for m := range lk.preempted {
 		if _, ok := lk.holders[m]; !ok {
@@ -240,7 +245,7 @@ func (lk *memLock) forget(w string) bool {
 
 func (lk *memLock) idle(now time.Time) bool {
 	return len(lk.holders) == 0 && len(lk.waiters) == 0 && len(lk.subs) == 0 && len(lk.done) == 0 && len(lk.watchers) == 0 && len(lk.parked) == 0 &&
-		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil) && lk.cover == 0 && len(lk.superseded) == 0 && len(lk.gaveUp) == 0 && len(lk.evicted) == 0
+		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil) && lk.cover == 0 && lk.folded == 0 && len(lk.superseded) == 0 && len(lk.gaveUp) == 0 && len(lk.evicted) == 0
 }
 
 // get returns key's state, creating it; every 1024 calls it drops idle keys.
@@ -340,14 +345,21 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		}
 		covered := func(by Coverage, token int64, owner string) (acquireResult, error) {
 			lk.forget(r.waiter)
+			if by == CoveredByFollowUp {
+				lk.folded, lk.foldedTill = max(lk.folded, now.UnixMicro()), now.Add(parkKeep)
+			}
 			return acquireResult{covered: &CoveredError{Key: r.key, By: by, Token: token, Owner: owner}, since: since}, nil
 		}
-		if lk.cover >= since {
+		// A run covers this call only if it began after every call folded
+		// into the key's follow-up (as in acquire.lua).
+		after := max(since, lk.folded)
+		if lk.cover >= after {
 			return covered(CoveredBySuccess, lk.cover, "")
 		}
 		for m := range lk.holders {
 			// A delivery of the run's own work is not covered by it.
-			if token, owner, l := parseMember(m); token >= since && (r.label == "" || l != r.label) {
+			_, aid, _ := strings.Cut(m, ":")
+			if token, owner, l := parseMember(m); token >= after && (r.label == "" || l != r.label) && !strings.HasPrefix(aid, "z") {
 				return covered(CoveredByRun, token, owner)
 			}
 		}
@@ -362,6 +374,15 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 					return covered(CoveredByFollowUp, 0, "")
 				}
 				lk.unpark(p.id) // this job's own earlier entry: this call takes its place
+			} else if lk.coalesced != "" && lk.coalesced != r.park {
+				// A release reserved the key for the parked follow-up: it begins later.
+				for m := range lk.holders {
+					if _, aid, _ := strings.Cut(m, ":"); strings.HasPrefix(aid, "r") {
+						if _, owner, _ := parseMember(m); owner == "parked:"+lk.coalesced {
+							return covered(CoveredByFollowUp, 0, "")
+						}
+					}
+				}
 			}
 		}
 	}
@@ -467,7 +488,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		return acquireResult{ok: true, token: token}, nil
 	}
 	parked := lk.park(r, now)
-	if parked >= 0 && r.coalesce && r.waiter == "" && same == "" {
+	if parked >= 0 && r.coalesce && r.waiter == "" && same == "" && !r.final {
 		lk.coalesced = r.park
 	}
 	if r.waiter != "" {
@@ -476,6 +497,9 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		}
 		if same == "" || !r.coalesce {
 			lk.waiters[r.waiter] = now.Add(r.waiterTTL)
+		}
+		if r.coalesce && lk.folded > 0 {
+			lk.foldedTill = now.Add(parkKeep) // the folds are kept while a follow-up waits
 		}
 		if r.fair {
 			for i, w := range lk.queue {
@@ -878,12 +902,16 @@ func (b *memBackend) wakeups(key, _ string) (<-chan int64, func()) {
 	}
 }
 
-func (b *memBackend) watch(l *Lease) func() {
+func (b *memBackend) watch(l *Lease, _ time.Time) func() {
 	s := b.s
 	s.mu.Lock()
 	lk := s.get(l.key, time.Now())
 	lk.watchers[l] = struct{}{}
+	preempted := lk.preempted[l.member]
 	s.mu.Unlock()
+	if preempted {
+		l.preempt() // before it was watched
+	}
 	return func() {
 		s.mu.Lock()
 		delete(lk.watchers, l)

@@ -118,6 +118,7 @@ type request struct {
 	// coalesce: since is when the call's first attempt reached the store
 	// (server microseconds), -1 before it did.
 	coalesce bool
+	final    bool // a Coalesce call that covers no other (its acquire id starts with "z")
 	since    int64
 	coverFor time.Duration
 	detached bool
@@ -191,6 +192,9 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	if r.coverFor == 0 {
 		r.coverFor = DefaultCoverFor
 	}
+	if o.Final && !r.coalesce {
+		return r, fmt.Errorf("%w: key %q: Final needs Coalesce", ErrInvalid, key)
+	}
 	if r.coalesce && (r.fair || r.limit > 1) {
 		return r, fmt.Errorf("%w: key %q: Coalesce works with one holder and no Fair queue", ErrInvalid, key)
 	}
@@ -198,6 +202,9 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	r.aid = randomID(8)
 	if r.detached {
 		r.aid = "r" + r.aid // marks a reservation, which Adopt may replace
+	} else if o.Final && r.coalesce {
+		r.final = true
+		r.aid = "z" + r.aid // marks a final Coalesce call, which covers no other
 	}
 	if o.Adopt && r.label == "" {
 		return r, fmt.Errorf("%w: key %q: Adopt needs a Label", ErrInvalid, key)

@@ -970,15 +970,22 @@ func (b *redisBackend) wakeups(key, waiter string) (<-chan int64, func()) {
 // watch tells l, through its key's channel, when a Preempt acquire preempts
 // it. It does not wait for Redis to confirm the subscription: once Redis
 // does, the lease is renewed at once, which finds a preemption sent before.
-func (b *redisBackend) watch(l *Lease) func() {
+// On a channel already subscribed (a waiting acquire's), a preemption of l
+// received after its acquire was sent, before l listened, is applied now.
+func (b *redisBackend) watch(l *Lease, sent time.Time) func() {
 	name := b.keys(l.key).channel
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.done {
+		b.mu.Unlock()
 		return func() {}
 	}
 	set := b.subscribeLocked(name)
 	set.leases[l] = struct{}{}
+	missed := set.preempted >= l.token && !set.preemptedAt.Before(sent)
+	b.mu.Unlock()
+	if missed {
+		l.preempt()
+	}
 	return func() {
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -1027,6 +1034,9 @@ type subscribers struct {
 	leases    map[*Lease]struct{}   // held leases that a Preempt acquire may end
 	ready     chan struct{}         // closed when Redis confirms the subscription
 	confirmed bool
+	// The highest token a preemption notice named, and when it came.
+	preempted   int64
+	preemptedAt time.Time
 }
 
 // dispatch delivers channel messages: "p<token>" preempts the watched leases
@@ -1042,14 +1052,27 @@ func (b *redisBackend) dispatch(msgs <-chan any) {
 		b.mu.Lock()
 		switch m := m.(type) {
 		case *redis.Subscription:
-			if set := b.subs[m.Channel]; set != nil && m.Kind == "subscribe" && !set.confirmed {
+			set := b.subs[m.Channel]
+			if set == nil || m.Kind != "subscribe" {
+				break
+			}
+			if !set.confirmed {
 				set.confirmed = true
 				close(set.ready)
-				// A preemption before the subscription was missed: the
-				// leases' renewal, made due now, finds it.
-				for l := range set.leases {
-					check = append(check, l)
+			} else {
+				// Subscribed again after a reconnect: a release sent
+				// meanwhile was missed too.
+				for ch := range set.chans {
+					select {
+					case ch <- 0:
+					default:
+					}
 				}
+			}
+			// A preemption before the subscription (or during the outage)
+			// was missed: the leases' renewal, made due now, finds it.
+			for l := range set.leases {
+				check = append(check, l)
 			}
 		case *redis.Message:
 			set := b.subs[m.Channel]
@@ -1058,6 +1081,7 @@ func (b *redisBackend) dispatch(msgs <-chan any) {
 			}
 			if top, ok := strings.CutPrefix(m.Payload, "p"); ok {
 				upTo, _ := strconv.ParseInt(top, 10, 64)
+				set.preempted, set.preemptedAt = max(set.preempted, upTo), time.Now()
 				for l := range set.leases {
 					if l.token <= upTo {
 						preempted = append(preempted, l)

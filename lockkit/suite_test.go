@@ -1041,6 +1041,8 @@ func testCoalesce(t *testing.T, h *harness) {
 	require.ErrorIs(t, err, ErrInvalid)
 	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Coalesce: true, Limit: 2})
 	require.ErrorIs(t, err, ErrInvalid)
+	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Final: true})
+	require.ErrorIs(t, err, ErrInvalid)
 	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Coalesce: true, CoverFor: -time.Second})
 	require.ErrorIs(t, err, ErrInvalid)
 }
@@ -1965,11 +1967,59 @@ func testParkFollowUp(t *testing.T, h *harness) {
 	require.NoError(t, holder.Release(ctx))
 	started("id-c1")
 	_, err = b.TryAcquire(ctx, "c", coalesce("c3"))
-	require.ErrorIs(t, err, ErrNotAcquired, "c3 asked after the key was reserved for c1: it parks")
+	require.ErrorAs(t, err, &ce, "c3 asked after the key was reserved for c1, which begins later")
+	require.Equal(t, CoveredByFollowUp, ce.By)
 	c1, err := b.TryAcquire(ctx, "c", coalesce("c1"))
-	require.NoError(t, err, "c1 is the key's run: the follow-up parked behind it does not cover it")
-	require.NoError(t, c1.Release(ctx))
-	started("id-c3")
+	require.NoError(t, err, "c1 is the key's run")
+	_, err = b.TryAcquire(ctx, "c", coalesce("c4"))
+	require.ErrorIs(t, err, ErrNotAcquired, "c4 asked after c1 began: it parks, and the follow-up parked behind c1 does not cover c1")
+	require.NoError(t, c1.Succeed(ctx))
+	started("id-c4")
+
+	// A follow-up that a later call folded into is not covered by a run that
+	// began before that call: here a plain waiter handed the key between
+	// the follow-up's park and the fold.
+	holder, err = a.TryAcquire(ctx, "f", &AcquireOptions{OnParked: onParked})
+	require.NoError(t, err)
+	f1 := coalesce("f1")
+	f1.Since = time.Now() // as a delivery of the same task asks again
+	_, err = b.TryAcquire(ctx, "f", f1)
+	require.ErrorIs(t, err, ErrNotAcquired, "f1 parks")
+	handed := make(chan *Lease, 1)
+	go func() {
+		l, err := a.Acquire(ctx, "f", &AcquireOptions{OnParked: onParked})
+		assert.NoError(t, err)
+		handed <- l
+	}()
+	waitWaiters(t, a, "f", 1)
+	require.NoError(t, holder.Release(ctx))
+	run := <-handed
+	_, err = b.TryAcquire(ctx, "f", coalesce("f2"))
+	require.ErrorAs(t, err, &ce, "f2 asked after the run began: it folds into f1")
+	require.Equal(t, CoveredByFollowUp, ce.By)
+	_, err = b.TryAcquire(ctx, "f", f1)
+	require.ErrorIs(t, err, ErrNotAcquired, "f1 is not covered by the run that began before f2 asked")
+	require.NoError(t, run.Release(ctx))
+	started("id-f1")
+
+	// A Final call (its work is not tried again) covers no other call:
+	// neither its run nor its parked entry.
+	final := func(label string) *AcquireOptions {
+		o := coalesce(label)
+		o.Final = true
+		return o
+	}
+	z1, err := b.TryAcquire(ctx, "z", final("z1"))
+	require.NoError(t, err)
+	_, err = b.TryAcquire(ctx, "z", &AcquireOptions{Coalesce: true, Since: time.UnixMicro(z1.Token() - 1)})
+	require.ErrorIs(t, err, ErrNotAcquired, "the Final run does not cover a call that began before it")
+	_, err = b.TryAcquire(ctx, "z", final("z2"))
+	require.ErrorIs(t, err, ErrNotAcquired, "z2 parks")
+	_, err = b.TryAcquire(ctx, "z", coalesce("z3"))
+	require.ErrorIs(t, err, ErrNotAcquired, "z3 parks: z2 is Final, no follow-up")
+	require.Equal(t, 2, parked("z"))
+	require.NoError(t, z1.Release(ctx))
+	started("id-z2")
 }
 
 // testRedelivery: a delivery of the work whose earlier delivery holds the key

@@ -345,6 +345,11 @@ type Job struct {
 	// takes such a reservation over (lockkit.AcquireOptions.Adopt), whatever
 	// the policy. It needs Origin. Defaults to false.
 	Reserved bool
+	// Final says that the runtime does not run the job again if this run
+	// fails (an asynq task with no retries left). Under Coalesce such a job
+	// covers no other (lockkit.AcquireOptions.Final): a failure of its run
+	// loses no other job's work. Defaults to false.
+	Final bool
 }
 
 func (j Job) label() string {
@@ -718,7 +723,7 @@ func (g *Guard) acquire(ctx context.Context, job Job, own *bool) (*lockkit.Lease
 	}
 	if g.policy.Coalesce {
 		opt.Since = job.EnqueuedAt
-		opt.Coalesce = true
+		opt.Coalesce, opt.Final = true, job.Final
 		if opt.Park != "" {
 			return g.parkFollowUp(ctx, job, opt)
 		}

@@ -860,6 +860,49 @@ func TestParkingKeepsTheNewestFollowUp(t *testing.T) {
 	require.Empty(t, resumed)
 }
 
+// Under WithParking a Coalesce follow-up parks, and the key reserved for it
+// stands for it: a job delivered before it starts folds into it. A job that
+// asks after its run began parks behind it and runs.
+func TestParkingCoalesceReservedFollowUpCovers(t *testing.T) {
+	l, parking, resumed := parkingLocker(t)
+	g, _ := newGuard(t, l, middleware.WithPolicy(middleware.Coalesce()), middleware.WithParking(parking))
+	ctx := context.Background()
+	var ran []string
+	asked := map[string]time.Time{}
+	job := func(origin string) middleware.Job {
+		if _, ok := asked[origin]; !ok {
+			asked[origin] = time.Now() // its enqueue
+		}
+		return middleware.Job{Key: "k", Origin: origin, EnqueuedAt: asked[origin]}
+	}
+	work := func(origin string) func(context.Context) error {
+		return func(context.Context) error { ran = append(ran, origin); return nil }
+	}
+	out := g.Run(ctx, job("h"), func(ctx context.Context) error {
+		dup := g.Run(ctx, job("p"), work("p"))
+		require.True(t, dup.Duplicate.Parked, "p parks as the follow-up")
+		return nil
+	})
+	require.True(t, out.Ran)
+	require.Equal(t, "k id-p", <-resumed)
+	// Delivered before p's worker takes the key: p will begin later.
+	out = g.Run(ctx, job("t4"), work("t4"))
+	require.False(t, out.Ran)
+	require.NotNil(t, out.Duplicate)
+	require.Equal(t, middleware.ReasonCovered, out.Duplicate.Reason, "t4 folds into p, for which the key is reserved")
+	out = g.Run(ctx, job("p"), func(ctx context.Context) error {
+		dup := g.Run(ctx, job("t5"), work("t5"))
+		require.True(t, dup.Duplicate.Parked, "t5 asked after p began: it parks as the next follow-up")
+		ran = append(ran, "p")
+		return nil
+	})
+	require.True(t, out.Ran)
+	require.Equal(t, "k id-t5", <-resumed)
+	out = g.Run(ctx, job("t5"), work("t5"))
+	require.True(t, out.Ran, "p began before t5 asked: it does not cover t5")
+	require.Equal(t, []string{"p", "t5"}, ran)
+}
+
 // parkingLocker returns a memory Locker, closed when the test ends, and a
 // Parking whose Resume sends "<key> <id>" to resumed.
 func parkingLocker(t *testing.T) (*lockkit.MemoryLocker, middleware.Parking, chan string) {

@@ -795,6 +795,73 @@ func TestCoalesceStampedBurstRunsOncePerKey(t *testing.T) {
 	})
 }
 
+// Coalesce: a task completed without running because a run of its key that
+// began after it was in progress rests on that run. If the run fails, asynq's
+// retry does the work. A run that asynq does not retry (MaxRetry(0), or its
+// last retry) covers no other task: a task delivered meanwhile waits for it
+// and runs, so its failure loses no other task's work.
+func TestCoalesceFailedCoveringRunLosesNoWork(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		for _, maxRetry := range []int{1, 0} {
+			t.Run(fmt.Sprintf("MaxRetry(%d)", maxRetry), func(t *testing.T) {
+				e := newEnvOn(t, r)
+				client, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB)
+				require.NoError(t, err)
+				var last int64
+				for range 2 {
+					info, err := client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"t"}`)), asynq.Queue(e.Queue), asynq.MaxRetry(maxRetry))
+					require.NoError(t, err)
+					us, err := strconv.ParseInt(info.Headers[singleton.EnqueuedAtHeader], 10, 64)
+					require.NoError(t, err)
+					last = max(last, us)
+				}
+				require.Eventually(t, func() bool {
+					now, err := e.RDB.Time(context.Background()).Result()
+					require.NoError(t, err)
+					return now.UnixMicro() > last
+				}, 5*time.Second, time.Millisecond)
+				ev := &events{}
+				mw, err := singleton.Middleware(e.locker(), singleton.KeyByFields("tenant_id"),
+					singleton.WithPolicy(middleware.Coalesce()), singleton.WithObserver(ev.observe))
+				require.NoError(t, err)
+				mux := asynq.NewServeMux()
+				mux.Use(mw)
+				var runs atomic.Int32
+				mux.HandleFunc("report", func(ctx context.Context, _ *asynq.Task) error {
+					if runs.Add(1) > 1 {
+						return nil
+					}
+					// The first run fails once the other task was delivered:
+					// completed without running, or waiting for the key.
+					for ev.count(middleware.EventDuplicate, middleware.ActionSkip) == 0 {
+						if qi, err := e.Inspector.GetQueueInfo(e.Queue); err == nil && qi.Active == 2 {
+							break
+						}
+						select {
+						case <-ctx.Done():
+							return ctx.Err()
+						case <-time.After(time.Millisecond):
+						}
+					}
+					return errors.New("the work failed")
+				})
+				cfg := e.config(2)
+				cfg.RetryDelayFunc = func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond }
+				e.start(cfg, mux)
+				require.Eventually(t, func() bool { return runs.Load() == 2 }, 10*time.Second, 5*time.Millisecond, "the work is done after the failure")
+				if maxRetry > 0 {
+					require.Equal(t, 1, ev.count(middleware.EventDuplicate, middleware.ActionSkip), "covered by the run, done by its retry")
+					e.Drained(10 * time.Second)
+					return
+				}
+				require.Eventually(t, func() bool { return e.QueueInfo().Archived == 1 }, 10*time.Second, 5*time.Millisecond, "the failed run")
+				require.Zero(t, ev.count(middleware.EventDuplicate, middleware.ActionSkip), "a run that is not retried covers nothing")
+				require.Equal(t, int32(2), runs.Load())
+			})
+		}
+	})
+}
+
 // WithHoldAtLeast: a key runs at most once per period. A duplicate delivered
 // after a fast run ended, but within the period of its start, is skipped;
 // one delivered after the period runs.

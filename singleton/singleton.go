@@ -326,8 +326,10 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	if origin == "" {
 		origin = id
 	}
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, ok := asynq.GetMaxRetry(ctx)
 	job := middleware.Job{Name: t.Type(), ID: id, Origin: origin, EnqueuedAt: enqueuedAt(t), Order: taskOrder(t), Gen: debounceGen(t),
-		Reserved: t.Headers()[ParkedHeader] != ""}
+		Reserved: t.Headers()[ParkedHeader] != "", Final: ok && retried >= maxRetry}
 	key, err := m.keyOf(ctx, t)
 	if err != nil {
 		err = fmt.Errorf("%w: task %q: %w (%w)", ErrKey, t.Type(), err, asynq.SkipRetry)

@@ -31,7 +31,9 @@
 --         follow-up that p replaced and a = the acquire id of the call that
 --         replaced it (only its repeat is told r again), o = the order of
 --         p ("0" for none), c = the
---         parked-queue entry of the key's parked Coalesce follow-up
+--         parked-queue entry of the key's parked Coalesce follow-up, f =
+--         when a Coalesce call last folded into a follow-up (us): no run
+--         that began before it covers a Coalesce call
 -- ARGV[1] owner id
 -- ARGV[2] ttl (ms)
 -- ARGV[3] holder limit
@@ -40,7 +42,8 @@
 -- ARGV[6] waiter ttl (ms): a waiter not seen for this long is dropped
 -- ARGV[7] epoch, "0" for none
 -- ARGV[8] how long to remember the epoch (ms)
--- ARGV[9] acquire id (hex)
+-- ARGV[9] acquire id (hex; "z<hex>" for a Final Coalesce call, which
+--         covers no other: not by its run, nor as the follow-up)
 -- ARGV[10] label, escaped so that it holds no ':'; "" for none
 -- ARGV[12] "1" to adopt: a live reservation (a holder whose acquire id
 --          starts with "r") carrying the label is replaced by this holder
@@ -135,11 +138,22 @@ if since < 0 or since > nowus then
 end
 local function covered(kind, tok, member)
   forget_waiter()
+  if kind == 3 then
+    -- Folded into the follow-up: remembered (f) until a run that began
+    -- later succeeded.
+    local f = tonumber(redis.call('HGET', KEYS[8], 'f') or '0')
+    redis.call('HSET', KEYS[8], 'f', string.format('%d', math.max(f, nowus)))
+    extend_key(KEYS[8], tonumber(ARGV[18]))
+  end
   return {-4, kind, string.format('%d', tok), member, string.format('%d', since)}
 end
+-- A run covers this call only if it began after every call folded into the
+-- key's follow-up: while none such succeeded, they wait for it too.
+local after = since
 if since > 0 then
+  after = math.max(since, tonumber(redis.call('HGET', KEYS[8], 'f') or '0'))
   local c = tonumber(redis.call('GET', KEYS[6]) or '0')
-  if c >= since then
+  if c >= after then
     return covered(1, c, '')
   end
 end
@@ -152,6 +166,8 @@ local holder = false
 local holder_exp = 0
 -- A call that took over its reservation is the key's run, not a follow-up.
 local adopted = false
+-- Live holders and their expiries, in pairs.
+local live = {}
 local entry = ARGV[17]
 local keep = tonumber(ARGV[18])
 local order = tonumber(ARGV[19] or '0')
@@ -200,7 +216,7 @@ if existed then
       end
     end
   end
-  local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+  live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
   if redis.call('ZSCORE', KEYS[1], 'x:' .. aid) then
     forget_waiter()
     return {-3}
@@ -221,7 +237,8 @@ if existed then
     -- own work: that one waits for the run's outcome.
     for i = 1, #live, 2 do
       local tok = tonumber(string.match(live[i], '^(%d+):') or '0')
-      if tok >= since and (label == '' or string.sub(live[i], -#suffix) ~= suffix) then
+      if tok >= after and (label == '' or string.sub(live[i], -#suffix) ~= suffix) and
+          not string.find(live[i], '^%d+:z') then
         return covered(2, tok, live[i])
       end
     end
@@ -310,6 +327,15 @@ if since > 0 and not same and not adopted then
       redis.call('ZREM', KEYS[7], c)
     else
       return covered(3, 0, '')
+    end
+  elseif c and c ~= entry then
+    -- A release reserved the key for the parked follow-up: it begins later.
+    local cl, cid = string.match(c, '^%d+:([^:]*):(.*)$')
+    local r = ':parked:' .. (cid or '') .. ':' .. (cl or '')
+    for i = 1, #live, 2 do
+      if string.find(live[i], '^%d+:r') and string.sub(live[i], -#r) == r then
+        return covered(3, 0, '')
+      end
     end
   end
 end
@@ -408,7 +434,7 @@ if entry ~= '' then
   redis.call('PEXPIRE', KEYS[7], keep)
   keep_sorted(keep)
   parked = redis.call('ZRANK', KEYS[7], entry)
-  if since > 0 and wid == '' and not same then
+  if since > 0 and wid == '' and not same and string.sub(aid, 1, 1) ~= 'z' then
     redis.call('HSET', KEYS[8], 'c', entry)
     extend_key(KEYS[8], keep)
   end
@@ -419,6 +445,10 @@ if wid ~= '' then
   if not (same and since > 0) then
     redis.call('ZADD', KEYS[4], now + wttl, wid)
     extend_key(KEYS[4], wttl)
+  end
+  if since > 0 then
+    -- The folds (f) are kept while a follow-up waits.
+    extend_key(KEYS[8], keep)
   end
   keep_sorted(wttl)
   if ARGV[5] == '1' then
