@@ -499,7 +499,7 @@ func TestTickWhoseClaimReplyWasLostRunsNowhere(t *testing.T) {
 	prefix := testredis.Prefix(t, clean)
 	faulty := redis.NewClient(clean.Options())
 	t.Cleanup(func() { _ = faulty.Close() })
-	hook := &testredis.Faults{Match: testredis.ScriptShape(8, 18)} // acquire.lua: an epoch claim
+	hook := &testredis.Faults{Match: testredis.ScriptShape(8, 19)} // acquire.lua: an epoch claim
 	faulty.AddHook(hook)
 	rec := newRecorder()
 	var runs atomic.Int32
