@@ -1712,17 +1712,18 @@ func testRenewMany(t *testing.T, h *harness) {
 	var leases []*Lease
 	for i := range 100 {
 		// Every other lease claims an epoch, and every third has a TTL of
-		// its own: one script call renews every kind.
-		ttl := 1200 * time.Millisecond
+		// its own: one script call renews every kind. The TTLs leave a
+		// renewal more than a second to get through a loaded machine.
+		ttl := 2000 * time.Millisecond
 		if i%3 == 2 {
-			ttl = 1500 * time.Millisecond
+			ttl = 2500 * time.Millisecond
 		}
 		lease, err := l.TryAcquire(ctx, fmt.Sprint("many-", i), &AcquireOptions{TTL: ttl, Epoch: int64(i % 2)})
 		require.NoError(t, err)
 		leases = append(leases, lease)
 	}
 	h.steal(t, "many-7")
-	time.Sleep(3 * time.Second) // more than two TTLs
+	time.Sleep(3 * time.Second) // more than every TTL, and four renewal intervals
 	for i, lease := range leases {
 		if i == 7 {
 			require.ErrorIs(t, lease.Err(), ErrLost, "the stolen one")
