@@ -921,3 +921,54 @@ func TestHoldAtLeastLetsTheRetryOfAFailedRunRun(t *testing.T) {
 		})
 	}
 }
+
+// A run's throttle start is dated when the run begins, not when its job
+// asked for the key: after a job that waited, the next start opens one
+// period after that run began.
+func TestThrottleDatesTheStartWhenTheRunBegins(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			if name == "redis" {
+				testredis.Addr(t)
+			}
+			ctx := context.Background()
+			const period = time.Second
+			opts := []middleware.Option{middleware.WithThrottle(1, period, middleware.ActionSkip),
+				middleware.WithPolicy(middleware.Wait(time.Minute, middleware.Skip()))}
+			l := newLocker(t)
+			held, err := l.TryAcquire(ctx, "k", nil) // not a throttled run
+			require.NoError(t, err)
+			a, _ := newGuard(t, newLocker(t), opts...)
+			began := make(chan time.Time, 1)
+			done := make(chan middleware.Outcome, 1)
+			go func() {
+				done <- a.Run(ctx, middleware.Job{Key: "k", Name: "a"}, func(context.Context) error {
+					began <- time.Now()
+					return nil
+				})
+			}()
+			require.Eventually(t, func() bool {
+				info, err := l.Inspect(ctx, "k")
+				return err == nil && info.Waiters == 1
+			}, 10*time.Second, time.Millisecond, "a waits for the key")
+			asked := time.Now() // a asked for its start before this
+			time.Sleep(period / 2)
+			require.NoError(t, held.Release(ctx))
+			aBegan := <-began
+			require.True(t, (<-done).Ran)
+			time.Sleep(time.Until(asked.Add(period + 50*time.Millisecond)))
+
+			b, _ := newGuard(t, newLocker(t), opts...)
+			var bBegan time.Time
+			out := b.Run(ctx, middleware.Job{Key: "k", Name: "b"}, func(context.Context) error {
+				bBegan = time.Now()
+				return nil
+			})
+			require.False(t, out.Ran, "b would begin %s after a began", bBegan.Sub(aBegan))
+			require.NotNil(t, out.Duplicate)
+			require.Equal(t, middleware.ReasonThrottled, out.Duplicate.Reason)
+			require.LessOrEqual(t, out.Duplicate.RetryAfter, aBegan.Add(period).Sub(time.Now())+50*time.Millisecond,
+				"the next start opens one period after a began")
+		})
+	}
+}
