@@ -370,10 +370,11 @@ func WithHoldAtLeast(d time.Duration) Option { return func(g *Guard) { g.hold = 
 // reservation counts against the budget until the run begins, when it is
 // taken and dated. Only a run spends a start: a job that does not run after
 // all (a duplicate, a requeued or parked job, one that gives way, or an
-// acquire that failed) gives back its reservation; a job whose reservation
-// lapsed while it waited for its key takes a start when it gets the key,
-// and if n runs began within the period meanwhile it gives the key back
-// without running and is throttled. A
+// acquire that failed) gives back its reservation, and a job that waits for
+// its key (Wait, a redelivery waiting for its own earlier run, a Coalesce,
+// KeepNewest or Preempt follow-up) holds none while it waits: it takes its
+// start when it gets the key, and if n runs began within the period
+// meanwhile it gives the key back without running and is throttled. A
 // delivery that waited for its own earlier run is that run's retry and
 // spends no start. n must be at least 1, period between a millisecond and
 // lockkit.MaxTTL. Defaults to no throttle.
@@ -701,7 +702,8 @@ type attempt struct {
 	reserved bool
 }
 
-// acquire takes job's key under the policy.
+// acquire takes job's key under the policy. A job about to wait for the
+// key gives back its reserved throttle start first.
 func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Lease, time.Duration, error) {
 	if job.Gen > 0 {
 		if err := g.claim(ctx, job); err != nil {
@@ -742,9 +744,11 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Leas
 	}
 	if ownRun(job, err) {
 		a.own = true
+		g.unreserve(ctx, job, a)
 		return g.awaitOwnRun(ctx, job, opt)
 	}
 	if g.policy.Wait > 0 {
+		g.unreserve(ctx, job, a)
 		lease, waited, err := g.acquireWaiting(ctx, job, opt, a)
 		return lease, waited, markParked(err, opt)
 	}
@@ -883,16 +887,23 @@ func (g *Guard) claim(ctx context.Context, job Job) error {
 }
 
 // reserveStart reserves the run's throttle start before the job takes its
-// key, or returns why the job does not run.
+// key, or returns why the job does not run. A Coalesce, KeepNewest or
+// Preempt job, whose acquire may wait for the key as its follow-up, reserves
+// none: it only checks the budget, and its start is taken when its run
+// begins.
 func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
 	t := g.throttle
 	a.start = randomID()
 	var wait time.Duration
 	var err error
-	wait, err = g.locker.ReserveStart(ctx, job.Key, t.n, t.period, a.start)
-	a.reserved = err == nil && wait == 0
-	if err != nil {
-		g.returnStart(ctx, job, a.start) // in case it was reserved
+	if g.policy.Coalesce || g.policy.KeepNewest || g.policy.Preempt {
+		wait, err = g.locker.NextStart(ctx, job.Key, t.n, t.period)
+	} else {
+		wait, err = g.locker.ReserveStart(ctx, job.Key, t.n, t.period, a.start)
+		a.reserved = err == nil && wait == 0
+		if err != nil {
+			g.returnStart(ctx, job, a.start) // in case it was reserved
+		}
 	}
 	if err != nil {
 		err = fmt.Errorf("middleware: %s: throttle %q: %w", job.label(), job.Key, err)

@@ -922,6 +922,82 @@ func TestHoldAtLeastLetsTheRetryOfAFailedRunRun(t *testing.T) {
 	}
 }
 
+// A job that waits for its key holds no throttle start meanwhile: another
+// job meets its policy, not the throttle, while fewer than n runs began, and
+// runs once the key is free; the waiting job that gave up spent nothing.
+func TestThrottleWaitingJobHoldsNoStart(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			if name == "redis" {
+				testredis.Addr(t)
+			}
+			ctx := context.Background()
+			opts := []middleware.Option{middleware.WithThrottle(2, time.Minute, middleware.ActionSkip),
+				middleware.WithPolicy(middleware.Wait(time.Minute, middleware.Skip()))}
+			a, _ := newGuard(t, newLocker(t), opts...)
+			release := sync.OnceFunc(holdKey(t, a, "k")) // start 1 of 2
+			defer release()
+			w, _ := newGuard(t, newLocker(t), opts...)
+			wctx, giveUp := context.WithCancel(ctx)
+			defer giveUp()
+			waited := make(chan middleware.Outcome, 1)
+			go func() {
+				waited <- w.Run(wctx, middleware.Job{Key: "k", Name: "w"}, func(context.Context) error { return nil })
+			}()
+			l := newLocker(t)
+			waiters := func(n int) func() bool {
+				return func() bool {
+					info, err := l.Inspect(ctx, "k")
+					return err == nil && info.Waiters == n
+				}
+			}
+			require.Eventually(t, waiters(1), 10*time.Second, time.Millisecond, "w waits for the key")
+
+			c, _ := newGuard(t, newLocker(t), opts...)
+			ran := make(chan middleware.Outcome, 1)
+			go func() {
+				ran <- c.Run(ctx, middleware.Job{Key: "k", Name: "c"}, func(context.Context) error { return nil })
+			}()
+			require.Eventually(t, func() bool { return len(ran) == 1 || waiters(2)() }, 10*time.Second, time.Millisecond)
+			giveUp()
+			out := <-waited
+			require.False(t, out.Ran)
+			release()
+			out = <-ran
+			require.True(t, out.Ran, "start 2 of 2: only one run had begun (%v)", out.Err)
+
+			// Nor does a KeepNewest follow-up: a newer job takes its place.
+			opts = []middleware.Option{middleware.WithThrottle(2, time.Minute, middleware.ActionSkip),
+				middleware.WithPolicy(middleware.KeepNewest())}
+			a, _ = newGuard(t, newLocker(t), opts...)
+			release = sync.OnceFunc(holdKey(t, a, "f")) // start 1 of 2
+			defer release()
+			w, _ = newGuard(t, newLocker(t), opts...)
+			go func() {
+				waited <- w.Run(ctx, middleware.Job{Key: "f", Name: "w"}, func(context.Context) error { return nil })
+			}()
+			require.Eventually(t, func() bool {
+				info, err := l.Inspect(ctx, "f")
+				return err == nil && info.Waiters == 1
+			}, 10*time.Second, time.Millisecond, "w waits as the key's follow-up")
+			c, _ = newGuard(t, newLocker(t), opts...)
+			go func() {
+				ran <- c.Run(ctx, middleware.Job{Key: "f", Name: "c"}, func(context.Context) error { return nil })
+			}()
+			select {
+			case out = <-waited:
+			case out = <-ran:
+				require.True(t, out.Ran, "c, the newest follow-up, ran (%v)", out.Err)
+			}
+			require.NotNil(t, out.Duplicate, "w gives way to c")
+			require.Equal(t, middleware.ReasonSuperseded, out.Duplicate.Reason)
+			release()
+			out = <-ran
+			require.True(t, out.Ran, "c, the newest follow-up, runs: start 2 of 2 (%v)", out.Err)
+		})
+	}
+}
+
 // A run's throttle start is dated when the run begins, not when its job
 // asked for the key: after a job that waited, the next start opens one
 // period after that run began.
