@@ -1028,7 +1028,7 @@ func TestThrottleDatesTheStartWhenTheRunBegins(t *testing.T) {
 				return err == nil && info.Waiters == 1
 			}, 10*time.Second, time.Millisecond, "a waits for the key")
 			asked := time.Now() // a asked for its start before this
-			time.Sleep(period / 2)
+			time.Sleep(period * 4 / 5)
 			require.NoError(t, held.Release(ctx))
 			aBegan := <-began
 			require.True(t, (<-done).Ran)
