@@ -33,7 +33,8 @@ type backend interface {
 	// detach replaces l's holder by member, a reservation living for ttl.
 	detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error)
 	// throttle takes or reserves the start call from key's budget, or, for
-	// call "", only tells when one would be allowed (see Locker.Throttle).
+	// call "", only tells when fewer than n starts began (see
+	// Locker.Throttle and Locker.NextStart).
 	throttle(ctx context.Context, key string, n int, period time.Duration, call string, reserve bool) (time.Duration, error)
 	returnStart(ctx context.Context, key, call string) error
 	// debounce and claim implement Locker.Debounce and Locker.Claim.
@@ -419,7 +420,7 @@ func (e *engine) returnStart(ctx context.Context, key, id string) error {
 }
 
 // throttleCall takes or reserves a start logged as call, or only tells
-// when one would be allowed for call "".
+// when fewer than n starts began for call "".
 func (e *engine) throttleCall(ctx context.Context, key string, n int, period time.Duration, call string, reserve bool) (time.Duration, error) {
 	switch {
 	case key == "":

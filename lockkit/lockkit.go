@@ -191,9 +191,10 @@ type Locker interface {
 	// repeat with the same id reserves nothing more), or how long until a
 	// start would be allowed. Errors are those of ThrottleStart.
 	ReserveStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error)
-	// NextStart tells how long until key's budget allows a start (zero:
-	// now), reserved starts counting against it, and takes none. Errors are
-	// those of Throttle.
+	// NextStart tells how long until fewer than n starts of key began in
+	// the last period (zero: now), and takes none. Reserved starts are not
+	// counted, as their work may not begin, so a start may still be refused
+	// while reservations fill the budget. Errors are those of Throttle.
 	NextStart(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error)
 	// ReturnStart gives back to key's budget the start that ThrottleStart
 	// took or ReserveStart reserved for id, for work that did not start

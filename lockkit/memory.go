@@ -733,17 +733,21 @@ func (b *memBackend) throttle(ctx context.Context, key string, n int, period tim
 			return 0, nil // a repeat, or a reserved start
 		}
 	}
-	if len(log) < n {
+	count, oldest := 0, now
+	for _, st := range log {
+		if call == "" && st.reserved {
+			continue // only telling: a reservation may not begin
+		}
+		count++
+		if st.at.Before(oldest) {
+			oldest = st.at
+		}
+	}
+	if count < n {
 		if call != "" {
 			s.starts[key] = append(log, memStart{at: now, id: call, reserved: reserve})
 		}
 		return 0, nil
-	}
-	oldest := now
-	for _, st := range log {
-		if st.at.Before(oldest) {
-			oldest = st.at
-		}
 	}
 	return max(time.Millisecond, oldest.Add(period).Sub(now)+time.Millisecond), nil
 }

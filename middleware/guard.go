@@ -365,18 +365,19 @@ func WithHoldAtLeast(d time.Duration) Option { return func(g *Guard) { g.hold = 
 // *DuplicateError with ReasonThrottled, then as its Action (ActionSkip, or
 // ActionRequeue to run it again when the next start opens, RetryAfter), and
 // reports EventDuplicate, whatever holds its key. Before it takes its key a
-// job reserves a start (lockkit's Locker.ReserveStart), so that jobs arriving
-// together past the budget meet the throttle rather than the policy; the
-// reservation counts against the budget until the run begins, when it is
-// taken and dated. Only a run spends a start: a job that does not run after
-// all (a duplicate, a requeued or parked job, one that gives way, or an
-// acquire that failed) gives back its reservation, and a job that waits for
-// its key (Wait, a redelivery waiting for its own earlier run, a Coalesce,
-// KeepNewest or Preempt follow-up) holds none while it waits: it takes its
-// start when it gets the key, and if n runs began within the period
-// meanwhile it gives the key back without running and is throttled. A
-// delivery that waited for its own earlier run is that run's retry and
-// spends no start. n must be at least 1, period between a millisecond and
+// job whose policy does not wait for it (Skip, Requeue, Fail) reserves a
+// start (lockkit's Locker.ReserveStart), so that jobs arriving together past
+// the budget meet the throttle rather than the policy; the reservation
+// counts against the budget until the run begins, when it is taken and
+// dated. Only a run spends a start: a job that does not run after all (a
+// duplicate, a requeued or parked job, one that gives way, or an acquire
+// that failed) gives back its reservation. A job that may wait for its key
+// (Wait, Coalesce, KeepNewest, Preempt, or a redelivery waiting for its own
+// earlier run) holds no start while it waits: it is throttled at once only
+// if n runs began within the period, and otherwise takes its start when it
+// gets the key; if the budget is spent then, it gives the key back without
+// running and is throttled. A delivery that waited for its own earlier run
+// is that run's retry and spends no start. n must be at least 1, period between a millisecond and
 // lockkit.MaxTTL. Defaults to no throttle.
 func WithThrottle(n int, period time.Duration, then Action) Option {
 	return func(g *Guard) { g.throttle = &throttle{n: n, period: period, then: then} }
@@ -748,7 +749,6 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Leas
 		return g.awaitOwnRun(ctx, job, opt)
 	}
 	if g.policy.Wait > 0 {
-		g.unreserve(ctx, job, a)
 		lease, waited, err := g.acquireWaiting(ctx, job, opt, a)
 		return lease, waited, markParked(err, opt)
 	}
@@ -887,16 +887,16 @@ func (g *Guard) claim(ctx context.Context, job Job) error {
 }
 
 // reserveStart reserves the run's throttle start before the job takes its
-// key, or returns why the job does not run. A Coalesce, KeepNewest or
-// Preempt job, whose acquire may wait for the key as its follow-up, reserves
-// none: it only checks the budget, and its start is taken when its run
+// key, or returns why the job does not run. A job that may wait for its key
+// (Wait, Coalesce, KeepNewest, Preempt) reserves none: it is throttled now
+// only if n runs began, and otherwise meets the throttle when its run
 // begins.
 func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
 	t := g.throttle
 	a.start = randomID()
 	var wait time.Duration
 	var err error
-	if g.policy.Coalesce || g.policy.KeepNewest || g.policy.Preempt {
+	if g.policy.Wait > 0 || g.policy.Coalesce || g.policy.KeepNewest || g.policy.Preempt {
 		wait, err = g.locker.NextStart(ctx, job.Key, t.n, t.period)
 	} else {
 		wait, err = g.locker.ReserveStart(ctx, job.Key, t.n, t.period, a.start)

@@ -1048,3 +1048,41 @@ func TestThrottleDatesTheStartWhenTheRunBegins(t *testing.T) {
 		})
 	}
 }
+
+// A job that would wait for its key is throttled at once only if n runs
+// began: a start reserved by a job that may not run does not drop it. It
+// waits, and runs if that job did not.
+func TestThrottleReservedStartDoesNotDropAWaitingJob(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			if name == "redis" {
+				testredis.Addr(t)
+			}
+			ctx := context.Background()
+			l := newLocker(t)
+			held, err := l.TryAcquire(ctx, "k", nil) // not a throttled run
+			require.NoError(t, err)
+			wait, err := l.ReserveStart(ctx, "k", 1, time.Minute, "x") // a job about to take the key
+			require.NoError(t, err)
+			require.Zero(t, wait)
+
+			c, _ := newGuard(t, newLocker(t), middleware.WithThrottle(1, time.Minute, middleware.ActionSkip),
+				middleware.WithPolicy(middleware.Wait(time.Minute, middleware.Skip())))
+			ran := make(chan middleware.Outcome, 1)
+			go func() {
+				ran <- c.Run(ctx, middleware.Job{Key: "k", Name: "c"}, func(context.Context) error { return nil })
+			}()
+			require.Eventually(t, func() bool {
+				if len(ran) == 1 {
+					return true
+				}
+				info, err := l.Inspect(ctx, "k")
+				return err == nil && info.Waiters == 1
+			}, 10*time.Second, time.Millisecond)
+			require.NoError(t, l.ReturnStart(ctx, "k", "x"), "x found the key held and did not run")
+			require.NoError(t, held.Release(ctx))
+			out := <-ran
+			require.True(t, out.Ran, "no run had begun (%v)", out.Err)
+		})
+	}
+}

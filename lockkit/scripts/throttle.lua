@@ -1,6 +1,6 @@
 -- Keeps a key's budget of starts: at most n in any window of one period (a
 -- sliding log of the starts), reserved starts counting against it. Takes a
--- start, reserves one, or only tells when one would be allowed. Safe to run
+-- start, reserves one, or only tells when fewer than n began. Safe to run
 -- twice: a start or reservation is logged under its call's id, so a repeat
 -- finds it and takes nothing more.
 -- KEYS[1] starts: ZSET of start ids, scored by when their work began (ms,
@@ -9,11 +9,13 @@
 --         reserved (ms); a reservation lapses one period after that
 -- ARGV[1] n
 -- ARGV[2] period (ms)
--- ARGV[3] id of the start; "" to take nothing and only tell
+-- ARGV[3] id of the start; "" to take nothing and only tell when fewer than
+--         n starts began in the window (reservations, which may not begin,
+--         are not counted)
 -- ARGV[4] "1" to reserve the start, "0" to take it: a reserved start is
 --         taken without counting again, dated now
--- Returns 0 when the start is taken or reserved (or, for "", would be), or
--- how long until one would be (ms, at least 1).
+-- Returns 0 when the start is taken or reserved (for "": when fewer than n
+-- began), or how long until one would be (ms, at least 1).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local n = tonumber(ARGV[1])
@@ -22,7 +24,10 @@ local id = ARGV[3]
 local reserve = ARGV[4] == '1'
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - period)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - period)
-if id ~= '' then
+local keys = KEYS
+if id == '' then
+  keys = {KEYS[1]}
+else
   if redis.call('ZSCORE', KEYS[1], id) then
     return 0 -- a repeat of a start still in the window
   end
@@ -36,7 +41,11 @@ if id ~= '' then
     return 0
   end
 end
-if redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2]) < n then
+local count = 0
+for _, k in ipairs(keys) do
+  count = count + redis.call('ZCARD', k)
+end
+if count < n then
   if id ~= '' then
     local k = KEYS[1]
     if reserve then
@@ -47,9 +56,10 @@ if redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2]) < n then
   end
   return 0
 end
--- A slot opens when the oldest start or reservation leaves the window.
+-- A slot opens when the oldest start or reservation counted leaves the
+-- window.
 local oldest = now
-for _, k in ipairs(KEYS) do
+for _, k in ipairs(keys) do
   local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
   if first[2] and tonumber(first[2]) < oldest then
     oldest = tonumber(first[2])
