@@ -85,8 +85,8 @@ var (
 	extendCmd       = testredis.ScriptShape(2, 4)
 	inspectCmd      = testredis.ScriptShape(3, 0)
 	freeCmd         = testredis.ScriptShape(2, 3)
-	throttleCmd     = testredis.ScriptShape(1, 3)
-	detachCmd       = testredis.ScriptShape(1, 3) // as throttle's: no op calls both
+	throttleCmd     = testredis.ScriptShape(2, 4) // as extend's: no op calls both
+	detachCmd       = testredis.ScriptShape(1, 3)
 	debounceCmd     = testredis.ScriptShape(1, 4)
 	claimCmd        = testredis.ScriptShape(1, 2)
 	evictCmd        = testredis.ScriptShape(3, 5)
@@ -181,6 +181,23 @@ var faultOps = []faultOp{
 		wait, cerr := other.Throttle(context.Background(), faultKey, 2, time.Minute)
 		require.NoError(t, cerr)
 		require.Zero(t, wait, "a repeated or lost reply took a second start")
+		wait, cerr = other.Throttle(context.Background(), faultKey, 2, time.Minute)
+		require.NoError(t, cerr)
+		require.Positive(t, wait)
+		return err
+	}},
+	{"throttle-reserve", throttleCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		_, err := l.ReserveStart(ctx, faultKey, 2, time.Minute, "s1")
+		// However its reply fared, the call reserved at most one start, and
+		// taking it spends one.
+		wait, cerr := other.ThrottleStart(context.Background(), faultKey, 2, time.Minute, "s1")
+		require.NoError(t, cerr)
+		require.Zero(t, wait)
+		wait, cerr = other.Throttle(context.Background(), faultKey, 2, time.Minute)
+		require.NoError(t, cerr)
+		require.Zero(t, wait, "a repeated or lost reply reserved a second start")
 		wait, cerr = other.Throttle(context.Background(), faultKey, 2, time.Minute)
 		require.NoError(t, cerr)
 		require.Positive(t, wait)

@@ -33,8 +33,10 @@ type backend interface {
 	leave(ctx context.Context, key, waiter, aid string) error
 	// detach replaces l's holder by member, a reservation living for ttl.
 	detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error)
-	// throttle takes one start from key's budget (see Locker.Throttle).
-	throttle(ctx context.Context, key string, n int, period time.Duration, call string) (time.Duration, error)
+	// throttle takes or reserves the start call from key's budget, or, for
+	// call "", only tells when fewer than n starts began (see
+	// Locker.Throttle and Locker.NextStart).
+	throttle(ctx context.Context, key string, n int, period time.Duration, call string, reserve bool) (time.Duration, error)
 	returnStart(ctx context.Context, key, call string) error
 	// debounce and claim implement Locker.Debounce and Locker.Claim.
 	debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error)
@@ -392,14 +394,22 @@ func (e *engine) tryAcquire(ctx context.Context, key string, opt *AcquireOptions
 }
 
 func (e *engine) throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
-	return e.throttleCall(ctx, key, n, period, randomID(8))
+	return e.throttleCall(ctx, key, n, period, randomID(8), false)
 }
 
-func (e *engine) throttleStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error) {
+func (e *engine) throttleStart(ctx context.Context, key string, n int, period time.Duration, id string, reserve bool) (time.Duration, error) {
 	if id == "" {
-		return 0, fmt.Errorf("%w: ThrottleStart(%q): id is empty", ErrInvalid, key)
+		op := "ThrottleStart"
+		if reserve {
+			op = "ReserveStart"
+		}
+		return 0, fmt.Errorf("%w: %s(%q): id is empty", ErrInvalid, op, key)
 	}
-	return e.throttleCall(ctx, key, n, period, id)
+	return e.throttleCall(ctx, key, n, period, id, reserve)
+}
+
+func (e *engine) nextStart(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
+	return e.throttleCall(ctx, key, n, period, "", false)
 }
 
 func (e *engine) returnStart(ctx context.Context, key, id string) error {
@@ -412,8 +422,9 @@ func (e *engine) returnStart(ctx context.Context, key, id string) error {
 	return nil
 }
 
-// throttleCall takes a start logged as call.
-func (e *engine) throttleCall(ctx context.Context, key string, n int, period time.Duration, call string) (time.Duration, error) {
+// throttleCall takes or reserves a start logged as call, or only tells
+// when fewer than n starts began for call "".
+func (e *engine) throttleCall(ctx context.Context, key string, n int, period time.Duration, call string, reserve bool) (time.Duration, error) {
 	switch {
 	case key == "":
 		return 0, fmt.Errorf("%w: Throttle: key is empty", ErrInvalid)
@@ -422,7 +433,7 @@ func (e *engine) throttleCall(ctx context.Context, key string, n int, period tim
 	case period < time.Millisecond || period > MaxTTL:
 		return 0, fmt.Errorf("%w: Throttle(%q): period %s must be between 1ms and %s", ErrInvalid, key, period, MaxTTL)
 	}
-	wait, err := e.b.throttle(ctx, key, n, period, call)
+	wait, err := e.b.throttle(ctx, key, n, period, call, reserve)
 	if err != nil {
 		return 0, fmt.Errorf("lockkit: throttle %q: %w", key, err)
 	}

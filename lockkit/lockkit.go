@@ -186,11 +186,27 @@ type Locker interface {
 	// ThrottleStart is Throttle for a start named by id (unique to one
 	// start, such as one delivery of a task): a repeat with the same id, as
 	// after a lost reply, takes no second start, and ReturnStart gives it
-	// back. Errors are those of Throttle, and ErrInvalid for an empty id.
+	// back. A start that ReserveStart reserved for id is taken without
+	// counting again, dated now, whatever the budget. Errors are those of
+	// Throttle, and ErrInvalid for an empty id.
 	ThrottleStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error)
+	// ReserveStart reserves a start of key's budget for id, for work about
+	// to begin: the reservation counts against the budget until
+	// ThrottleStart takes it when the work begins (dating the start then),
+	// ReturnStart gives it back, or one period after it was made (a process
+	// that died holding it). It returns zero when the start is reserved (a
+	// repeat with the same id reserves nothing more), or how long until a
+	// start would be allowed. Errors are those of ThrottleStart.
+	ReserveStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error)
+	// NextStart tells how long until fewer than n starts of key began in
+	// the last period (zero: now), and takes none. Reserved starts are not
+	// counted, as their work may not begin, so a start may still be refused
+	// while reservations fill the budget. Errors are those of Throttle.
+	NextStart(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error)
 	// ReturnStart gives back to key's budget the start that ThrottleStart
-	// took for id, for work that did not start after all; nothing when there
-	// is none. It returns ErrInvalid for an empty key or id.
+	// took or ReserveStart reserved for id, for work that did not start
+	// after all; nothing when there is none. It returns ErrInvalid for an
+	// empty key or id.
 	ReturnStart(ctx context.Context, key, id string) error
 	// Debounce records a request for key's work, named by id (such as a
 	// task ID), as the key's newest (latest wins): a burst of requests is

@@ -108,7 +108,17 @@ func (l *MemoryLocker) Throttle(ctx context.Context, key string, n int, period t
 
 // ThrottleStart implements Locker.
 func (l *MemoryLocker) ThrottleStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error) {
-	return l.e.throttleStart(ctx, key, n, period, id)
+	return l.e.throttleStart(ctx, key, n, period, id, false)
+}
+
+// ReserveStart implements Locker.
+func (l *MemoryLocker) ReserveStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error) {
+	return l.e.throttleStart(ctx, key, n, period, id, true)
+}
+
+// NextStart implements Locker.
+func (l *MemoryLocker) NextStart(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
+	return l.e.nextStart(ctx, key, n, period)
 }
 
 // ReturnStart implements Locker.
@@ -132,7 +142,7 @@ type memStore struct {
 	mu     sync.Mutex
 	locks  map[string]*memLock
 	ops    int
-	starts map[string][]memStart // throttle key → its starts in the last period
+	starts map[string][]memStart // throttle key → its starts and reservations in the last period
 	bursts map[string]*memBurst  // debounce key → its newest request
 }
 
@@ -777,7 +787,7 @@ func (b *memBackend) extend(ctx context.Context, leases []*Lease, ttls []time.Du
 	return errs
 }
 
-func (b *memBackend) throttle(ctx context.Context, key string, n int, period time.Duration, call string) (time.Duration, error) {
+func (b *memBackend) throttle(ctx context.Context, key string, n int, period time.Duration, call string, reserve bool) (time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -795,22 +805,39 @@ func (b *memBackend) throttle(ctx context.Context, key string, n int, period tim
 		}
 	}
 	s.starts[key] = log
-	for _, st := range log {
-		if st.id == call {
-			return 0, nil // a repeat: its start is taken
+	for i, st := range log {
+		if call != "" && st.id == call {
+			if st.reserved && !reserve {
+				// The reserved start counted already: it is taken, dated now.
+				log[i] = memStart{at: now, id: call}
+			}
+			return 0, nil // a repeat, or a reserved start
 		}
 	}
-	if len(log) < n {
-		s.starts[key] = append(log, memStart{now, call})
+	count, oldest := 0, now
+	for _, st := range log {
+		if call == "" && st.reserved {
+			continue // only telling: a reservation may not begin
+		}
+		count++
+		if st.at.Before(oldest) {
+			oldest = st.at
+		}
+	}
+	if count < n {
+		if call != "" {
+			s.starts[key] = append(log, memStart{at: now, id: call, reserved: reserve})
+		}
 		return 0, nil
 	}
-	return max(time.Millisecond, log[0].at.Add(period).Sub(now)+time.Millisecond), nil
+	return max(time.Millisecond, oldest.Add(period).Sub(now)+time.Millisecond), nil
 }
 
-// memStart is one start in a throttle key's log.
+// memStart is one start, or reserved start, in a throttle key's log.
 type memStart struct {
-	at time.Time
-	id string
+	at       time.Time // when its work began, or when it was reserved
+	id       string
+	reserved bool
 }
 
 func (b *memBackend) returnStart(ctx context.Context, key, id string) error {

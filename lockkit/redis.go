@@ -168,7 +168,17 @@ func (l *RedisLocker) Throttle(ctx context.Context, key string, n int, period ti
 
 // ThrottleStart implements Locker.
 func (l *RedisLocker) ThrottleStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error) {
-	return l.e.throttleStart(ctx, key, n, period, id)
+	return l.e.throttleStart(ctx, key, n, period, id, false)
+}
+
+// ReserveStart implements Locker.
+func (l *RedisLocker) ReserveStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error) {
+	return l.e.throttleStart(ctx, key, n, period, id, true)
+}
+
+// NextStart implements Locker.
+func (l *RedisLocker) NextStart(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
+	return l.e.nextStart(ctx, key, n, period)
 }
 
 // ReturnStart implements Locker.
@@ -857,14 +867,29 @@ func (b *redisBackend) groups(leases []*Lease) [][]*Lease {
 	return out
 }
 
-func (b *redisBackend) throttle(ctx context.Context, key string, n int, period time.Duration, call string) (time.Duration, error) {
+// throttleKeys are a throttle's starts and reserved starts (throttle.lua).
+func (b *redisBackend) throttleKeys(key string) []string {
 	base := b.prefix + "{" + escapeKey(key) + "}"
-	wait, err := throttleScript.Run(ctx, b.c, []string{base + ":t"}, n, ms(period), call).Int64()
+	return []string{base + ":t", base + ":tr"}
+}
+
+func (b *redisBackend) throttle(ctx context.Context, key string, n int, period time.Duration, call string, reserve bool) (time.Duration, error) {
+	r := "0"
+	if reserve {
+		r = "1"
+	}
+	wait, err := throttleScript.Run(ctx, b.c, b.throttleKeys(key), n, ms(period), call, r).Int64()
 	return time.Duration(wait) * time.Millisecond, err
 }
 
 func (b *redisBackend) returnStart(ctx context.Context, key, id string) error {
-	return b.c.ZRem(ctx, b.prefix+"{"+escapeKey(key)+"}:t", id).Err()
+	keys := b.throttleKeys(key)
+	_, err := b.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZRem(ctx, keys[0], id)
+		p.ZRem(ctx, keys[1], id)
+		return nil
+	})
+	return err
 }
 
 func (b *redisBackend) debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error) {

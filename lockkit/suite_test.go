@@ -184,6 +184,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"HandOverComesBeforeParkedJobs", testHandOverBeforeParked},
 		{"CloseResumesTheParkedJob", testCloseResumesParked},
 		{"ThrottleCountsAStaleIDAgain", testThrottleStaleID},
+		{"ThrottleReservesStartsAndDatesThemWhenTaken", testThrottleReserve},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -2364,5 +2365,58 @@ func testOrder(t *testing.T, h *harness) {
 	require.NoError(t, r.l.Release(ctx))
 
 	_, err = a.Acquire(ctx, "v", &AcquireOptions{Supersede: true, Order: -1})
+	require.ErrorIs(t, err, ErrInvalid)
+}
+
+// testThrottleReserve: a reserved start counts against the budget until it
+// is taken, dated when taken, given back, or one period has passed.
+func testThrottleReserve(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a, b := h.locker(t), h.locker(t)
+	const period = 600 * time.Millisecond
+	wait := func(d time.Duration, err error) time.Duration {
+		t.Helper()
+		require.NoError(t, err)
+		return d
+	}
+	require.Zero(t, wait(a.ReserveStart(ctx, "k", 2, time.Minute, "r1")))
+	require.Zero(t, wait(a.ReserveStart(ctx, "k", 2, time.Minute, "r1")), "a repeat")
+	require.Zero(t, wait(b.ReserveStart(ctx, "k", 2, time.Minute, "r2")), "the repeat reserved nothing more")
+	require.Positive(t, wait(b.Throttle(ctx, "k", 2, time.Minute)), "reservations count against the budget")
+	require.Positive(t, wait(b.ReserveStart(ctx, "k", 2, time.Minute, "r3")))
+	require.Zero(t, wait(a.NextStart(ctx, "k", 2, time.Minute)), "no start began: reservations may not")
+	for range 2 {
+		require.Zero(t, wait(a.ThrottleStart(ctx, "k", 2, time.Minute, "r1")), "a reserved start is taken, once")
+	}
+	require.Zero(t, wait(a.ReserveStart(ctx, "k", 2, time.Minute, "r1")), "a repeat of the taken start's reservation")
+	require.Zero(t, wait(a.NextStart(ctx, "k", 2, time.Minute)), "one start began")
+	require.NoError(t, b.ReturnStart(ctx, "k", "r2"))
+	require.Zero(t, wait(b.Throttle(ctx, "k", 2, time.Minute)), "a returned reservation is free again")
+	require.Positive(t, wait(b.NextStart(ctx, "k", 2, time.Minute)), "r1 and the last start began: the budget is spent")
+	require.Positive(t, wait(b.ReserveStart(ctx, "k", 2, time.Minute, "r4")))
+
+	// A reserved start taken later is dated then.
+	require.Zero(t, wait(a.ReserveStart(ctx, "dated", 1, period, "x")))
+	time.Sleep(period / 2)
+	require.Zero(t, wait(a.ThrottleStart(ctx, "dated", 1, period, "x")))
+	taken := time.Now()
+	time.Sleep(period/2 + 50*time.Millisecond) // the reservation alone would have lapsed
+	next := wait(b.NextStart(ctx, "dated", 1, period))
+	require.Positive(t, next, "x began less than a period ago")
+	require.LessOrEqual(t, next, time.Until(taken.Add(period))+5*time.Millisecond)
+
+	// A reservation nobody takes lapses after a period; taken after that,
+	// its start is counted against the budget again.
+	require.Zero(t, wait(a.ReserveStart(ctx, "lapse", 1, period, "y")))
+	require.Positive(t, wait(b.Throttle(ctx, "lapse", 1, period)))
+	time.Sleep(period + 50*time.Millisecond)
+	require.Zero(t, wait(b.Throttle(ctx, "lapse", 1, period)), "the lapsed reservation holds nothing")
+	require.Positive(t, wait(a.ThrottleStart(ctx, "lapse", 1, period, "y")), "y is a new start, over the budget")
+
+	_, err := a.ReserveStart(ctx, "k", 1, time.Minute, "")
+	require.ErrorIs(t, err, ErrInvalid)
+	_, err = a.NextStart(ctx, "k", 0, time.Minute)
+	require.ErrorIs(t, err, ErrInvalid)
+	_, err = a.NextStart(ctx, "", 1, time.Minute)
 	require.ErrorIs(t, err, ErrInvalid)
 }

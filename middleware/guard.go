@@ -376,15 +376,25 @@ func WithLimit(n int) Option { return func(g *Guard) { g.limit = n } }
 // lockkit.MaxTTL. Defaults to zero.
 func WithHoldAtLeast(d time.Duration) Option { return func(g *Guard) { g.hold = d } }
 
-// WithThrottle allows at most n starts of a key in any window of one period
-// across every process (lockkit's Locker.Throttle). A job over the budget does not run: Run returns a
+// WithThrottle allows at most n runs of a key to begin in any window of one
+// period across every process (lockkit's Locker.Throttle), each start dated
+// when its run begins. A job over the budget does not run: Run returns a
 // *DuplicateError with ReasonThrottled, then as its Action (ActionSkip, or
 // ActionRequeue to run it again when the next start opens, RetryAfter), and
-// reports EventDuplicate, whatever holds its key. Only a job that runs
-// spends a start: one that does not run after all (a duplicate, a requeued
-// or parked job, one that gives way, or an acquire that failed) gives back
-// the start it took (lockkit's Locker.ReturnStart), and so does a delivery
-// that waited for its own earlier run, that run's retry. n must be at least 1, period between a millisecond and
+// reports EventDuplicate, whatever holds its key. Before it takes its key a
+// job whose policy does not wait for it (Skip, Requeue, Fail) reserves a
+// start (lockkit's Locker.ReserveStart), so that jobs arriving together past
+// the budget meet the throttle rather than the policy; the reservation
+// counts against the budget until the run begins, when it is taken and
+// dated. Only a run spends a start: a job that does not run after all (a
+// duplicate, a requeued or parked job, one that gives way, or an acquire
+// that failed) gives back its reservation. A job that may wait for its key
+// (Wait, Coalesce, KeepNewest, Preempt, or a redelivery waiting for its own
+// earlier run) holds no start while it waits: it is throttled at once only
+// if n runs began within the period, and otherwise takes its start when it
+// gets the key; if the budget is spent then, it gives the key back without
+// running and is throttled. A delivery that waited for its own earlier run
+// is that run's retry and spends no start. n must be at least 1, period between a millisecond and
 // lockkit.MaxTTL. Defaults to no throttle.
 func WithThrottle(n int, period time.Duration, then Action) Option {
 	return func(g *Guard) { g.throttle = &throttle{n: n, period: period, then: then} }
@@ -603,23 +613,21 @@ func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error
 	if job.Key == "" {
 		return Outcome{Err: g.emptyKey(ctx, job)}
 	}
-	var own bool
-	start := ""
+	a := &attempt{}
 	if g.throttle != nil {
-		start = randomID()
-		if err := g.takeStart(ctx, job, start); err != nil {
+		if err := g.reserveStart(ctx, job, a); err != nil {
 			var dup *DuplicateError
 			errors.As(err, &dup)
 			return Outcome{Duplicate: dup, Err: err}
 		}
 	}
-	lease, waited, err := g.acquire(ctx, job, &own)
-	if start != "" && (err != nil || own) {
-		// Only a run spends a start: a job that does not run gives its
-		// back, and so does a delivery that waited for its own earlier run
-		// (that run's retry, whose start was taken).
-		g.returnStart(ctx, job, start)
+	lease, waited, err := g.acquire(ctx, job, a)
+	if err == nil && a.start != "" && !a.own {
+		// A delivery that waited for its own earlier run is that run's
+		// retry: it spends no start.
+		err = g.beginStart(ctx, job, lease, a, waited)
 	}
+	g.unreserve(ctx, job, a) // only a run spends a start
 	if err != nil {
 		var dup *DuplicateError
 		errors.As(err, &dup)
@@ -704,9 +712,20 @@ func (g *Guard) finish(ctx context.Context, job Job, lease *lockkit.Lease, start
 	return err
 }
 
-// acquire takes job's key under the policy; *own is set when the lease
-// was taken after waiting for an earlier delivery of the same work.
-func (g *Guard) acquire(ctx context.Context, job Job, own *bool) (*lockkit.Lease, time.Duration, error) {
+// attempt is one Run's state while it takes its key.
+type attempt struct {
+	// own is set when the lease was taken after waiting for an earlier
+	// delivery of the same work.
+	own bool
+	// start names the run's throttle start ("" without WithThrottle);
+	// reserved says that it is reserved and not taken yet.
+	start    string
+	reserved bool
+}
+
+// acquire takes job's key under the policy. A job about to wait for the
+// key gives back its reserved throttle start first.
+func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Lease, time.Duration, error) {
 	if job.Gen > 0 {
 		if err := g.claim(ctx, job); err != nil {
 			return nil, 0, err
@@ -745,11 +764,12 @@ func (g *Guard) acquire(ctx context.Context, job Job, own *bool) (*lockkit.Lease
 		return nil, 0, g.notAcquired(ctx, job, err, 0)
 	}
 	if ownRun(job, err) {
-		*own = true
+		a.own = true
+		g.unreserve(ctx, job, a)
 		return g.awaitOwnRun(ctx, job, opt)
 	}
 	if g.policy.Wait > 0 {
-		lease, waited, err := g.acquireWaiting(ctx, job, opt, own)
+		lease, waited, err := g.acquireWaiting(ctx, job, opt, a)
 		return lease, waited, markParked(err, opt)
 	}
 	return nil, 0, markParked(g.notAcquired(ctx, job, err, 0), opt)
@@ -886,22 +906,67 @@ func (g *Guard) claim(ctx context.Context, job Job) error {
 	return &DuplicateError{Job: job, Reason: ReasonSuperseded, Action: ActionSkip, Cause: cause}
 }
 
-// takeStart takes one start, named id, from the key's throttle budget, or
-// returns why the job does not run.
-func (g *Guard) takeStart(ctx context.Context, job Job, id string) error {
+// reserveStart reserves the run's throttle start before the job takes its
+// key, or returns why the job does not run. A job that may wait for its key
+// (Wait, Coalesce, KeepNewest, Preempt) reserves none: it is throttled now
+// only if n runs began, and otherwise meets the throttle when its run
+// begins.
+func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
 	t := g.throttle
-	wait, err := g.locker.ThrottleStart(ctx, job.Key, t.n, t.period, id)
+	a.start = randomID()
+	var wait time.Duration
+	var err error
+	if g.policy.Wait > 0 || g.policy.Coalesce || g.policy.KeepNewest || g.policy.Preempt {
+		wait, err = g.locker.NextStart(ctx, job.Key, t.n, t.period)
+	} else {
+		wait, err = g.locker.ReserveStart(ctx, job.Key, t.n, t.period, a.start)
+		a.reserved = err == nil && wait == 0
+		if err != nil {
+			g.returnStart(ctx, job, a.start) // in case it was reserved
+		}
+	}
 	if err != nil {
 		err = fmt.Errorf("middleware: %s: throttle %q: %w", job.label(), job.Key, err)
 		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
 		return err
 	}
-	if wait == 0 {
+	if wait > 0 {
+		return g.throttled(ctx, job, wait, 0)
+	}
+	return nil
+}
+
+// errNotBegun ends the lease of a run that did not begin after all.
+var errNotBegun = errors.New("middleware: the run did not begin")
+
+// beginStart takes the run's throttle start as its run begins, dated now:
+// the start it reserved, or a new one if the budget allows. Otherwise it
+// ends lease, taken after waiting for waited, as a run that did nothing
+// (no HoldAtLeast, no success) and returns why the job does not run.
+func (g *Guard) beginStart(ctx context.Context, job Job, lease *lockkit.Lease, a *attempt, waited time.Duration) error {
+	t := g.throttle
+	wait, err := g.locker.ThrottleStart(ctx, job.Key, t.n, t.period, a.start)
+	if err == nil && wait == 0 {
+		a.reserved = false
 		return nil
 	}
-	dup := &DuplicateError{Job: job, Reason: ReasonThrottled, Action: t.then, RetryAfter: wait,
+	_ = lease.Run(ctx, func(context.Context) error { return errNotBegun })
+	if err != nil {
+		a.reserved = true // in case it was taken: give it back
+		err = fmt.Errorf("middleware: %s: throttle %q: %w", job.label(), job.Key, err)
+		g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
+		return err
+	}
+	return g.throttled(ctx, job, wait, waited)
+}
+
+// throttled reports a job that does not run because its key's budget is
+// spent for wait.
+func (g *Guard) throttled(ctx context.Context, job Job, wait, waited time.Duration) error {
+	t := g.throttle
+	dup := &DuplicateError{Job: job, Reason: ReasonThrottled, Action: t.then, RetryAfter: wait, Waited: waited,
 		Cause: fmt.Errorf("%d starts per %s spent; the next in %s", t.n, t.period, wait)}
-	g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: t.then, Delay: wait, Err: dup.Cause})
+	g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: t.then, Delay: wait, Wait: waited, Err: dup.Cause})
 	return dup
 }
 
@@ -910,6 +975,14 @@ func randomID() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// unreserve gives back a's reserved throttle start, if any.
+func (g *Guard) unreserve(ctx context.Context, job Job, a *attempt) {
+	if a.reserved {
+		a.reserved = false
+		g.returnStart(ctx, job, a.start)
+	}
 }
 
 // returnStart gives back the throttle start id of a job that did not run.
@@ -948,7 +1021,7 @@ func (g *Guard) awaitOwnRun(ctx context.Context, job Job, opt *lockkit.AcquireOp
 }
 
 // acquireWaiting waits up to the policy's bound.
-func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockkit.AcquireOptions, own *bool) (*lockkit.Lease, time.Duration, error) {
+func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockkit.AcquireOptions, a *attempt) (*lockkit.Lease, time.Duration, error) {
 	start := time.Now()
 	wctx, cancel := context.WithTimeout(ctx, g.policy.Wait)
 	lease, err := g.locker.Acquire(wctx, job.Key, opt)
@@ -964,7 +1037,7 @@ func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockkit.Acquir
 		g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
 		return nil, waited, err
 	case ownRun(job, err):
-		*own = true
+		a.own = true
 		return g.awaitOwnRun(ctx, job, opt)
 	}
 	return nil, waited, g.notAcquired(ctx, job, err, waited)

@@ -1025,3 +1025,168 @@ func TestHoldAtLeastLetsTheRetryOfAFailedRunRun(t *testing.T) {
 		})
 	}
 }
+
+// A job that waits for its key holds no throttle start meanwhile: another
+// job meets its policy, not the throttle, while fewer than n runs began, and
+// runs once the key is free; the waiting job that gave up spent nothing.
+func TestThrottleWaitingJobHoldsNoStart(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			if name == "redis" {
+				testredis.Addr(t)
+			}
+			ctx := context.Background()
+			opts := []middleware.Option{middleware.WithThrottle(2, time.Minute, middleware.ActionSkip),
+				middleware.WithPolicy(middleware.Wait(time.Minute, middleware.Skip()))}
+			a, _ := newGuard(t, newLocker(t), opts...)
+			release := sync.OnceFunc(holdKey(t, a, "k")) // start 1 of 2
+			defer release()
+			w, _ := newGuard(t, newLocker(t), opts...)
+			wctx, giveUp := context.WithCancel(ctx)
+			defer giveUp()
+			waited := make(chan middleware.Outcome, 1)
+			go func() {
+				waited <- w.Run(wctx, middleware.Job{Key: "k", Name: "w"}, func(context.Context) error { return nil })
+			}()
+			l := newLocker(t)
+			waiters := func(n int) func() bool {
+				return func() bool {
+					info, err := l.Inspect(ctx, "k")
+					return err == nil && info.Waiters == n
+				}
+			}
+			require.Eventually(t, waiters(1), 10*time.Second, time.Millisecond, "w waits for the key")
+
+			c, _ := newGuard(t, newLocker(t), opts...)
+			ran := make(chan middleware.Outcome, 1)
+			go func() {
+				ran <- c.Run(ctx, middleware.Job{Key: "k", Name: "c"}, func(context.Context) error { return nil })
+			}()
+			require.Eventually(t, func() bool { return len(ran) == 1 || waiters(2)() }, 10*time.Second, time.Millisecond)
+			giveUp()
+			out := <-waited
+			require.False(t, out.Ran)
+			release()
+			out = <-ran
+			require.True(t, out.Ran, "start 2 of 2: only one run had begun (%v)", out.Err)
+
+			// Nor does a KeepNewest follow-up: a newer job takes its place.
+			opts = []middleware.Option{middleware.WithThrottle(2, time.Minute, middleware.ActionSkip),
+				middleware.WithPolicy(middleware.KeepNewest())}
+			a, _ = newGuard(t, newLocker(t), opts...)
+			release = sync.OnceFunc(holdKey(t, a, "f")) // start 1 of 2
+			defer release()
+			w, _ = newGuard(t, newLocker(t), opts...)
+			go func() {
+				waited <- w.Run(ctx, middleware.Job{Key: "f", Name: "w"}, func(context.Context) error { return nil })
+			}()
+			require.Eventually(t, func() bool {
+				info, err := l.Inspect(ctx, "f")
+				return err == nil && info.Waiters == 1
+			}, 10*time.Second, time.Millisecond, "w waits as the key's follow-up")
+			c, _ = newGuard(t, newLocker(t), opts...)
+			go func() {
+				ran <- c.Run(ctx, middleware.Job{Key: "f", Name: "c"}, func(context.Context) error { return nil })
+			}()
+			select {
+			case out = <-waited:
+			case out = <-ran:
+				require.True(t, out.Ran, "c, the newest follow-up, ran (%v)", out.Err)
+			}
+			require.NotNil(t, out.Duplicate, "w gives way to c")
+			require.Equal(t, middleware.ReasonSuperseded, out.Duplicate.Reason)
+			release()
+			out = <-ran
+			require.True(t, out.Ran, "c, the newest follow-up, runs: start 2 of 2 (%v)", out.Err)
+		})
+	}
+}
+
+// A run's throttle start is dated when the run begins, not when its job
+// asked for the key: after a job that waited, the next start opens one
+// period after that run began.
+func TestThrottleDatesTheStartWhenTheRunBegins(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			if name == "redis" {
+				testredis.Addr(t)
+			}
+			ctx := context.Background()
+			const period = time.Second
+			opts := []middleware.Option{middleware.WithThrottle(1, period, middleware.ActionSkip),
+				middleware.WithPolicy(middleware.Wait(time.Minute, middleware.Skip()))}
+			l := newLocker(t)
+			held, err := l.TryAcquire(ctx, "k", nil) // not a throttled run
+			require.NoError(t, err)
+			a, _ := newGuard(t, newLocker(t), opts...)
+			began := make(chan time.Time, 1)
+			done := make(chan middleware.Outcome, 1)
+			go func() {
+				done <- a.Run(ctx, middleware.Job{Key: "k", Name: "a"}, func(context.Context) error {
+					began <- time.Now()
+					return nil
+				})
+			}()
+			require.Eventually(t, func() bool {
+				info, err := l.Inspect(ctx, "k")
+				return err == nil && info.Waiters == 1
+			}, 10*time.Second, time.Millisecond, "a waits for the key")
+			asked := time.Now() // a asked for its start before this
+			time.Sleep(period * 4 / 5)
+			require.NoError(t, held.Release(ctx))
+			aBegan := <-began
+			require.True(t, (<-done).Ran)
+			time.Sleep(time.Until(asked.Add(period + 50*time.Millisecond)))
+
+			b, _ := newGuard(t, newLocker(t), opts...)
+			var bBegan time.Time
+			out := b.Run(ctx, middleware.Job{Key: "k", Name: "b"}, func(context.Context) error {
+				bBegan = time.Now()
+				return nil
+			})
+			require.False(t, out.Ran, "b would begin %s after a began", bBegan.Sub(aBegan))
+			require.NotNil(t, out.Duplicate)
+			require.Equal(t, middleware.ReasonThrottled, out.Duplicate.Reason)
+			require.LessOrEqual(t, out.Duplicate.RetryAfter, aBegan.Add(period).Sub(time.Now())+50*time.Millisecond,
+				"the next start opens one period after a began")
+		})
+	}
+}
+
+// A job that would wait for its key is throttled at once only if n runs
+// began: a start reserved by a job that may not run does not drop it. It
+// waits, and runs if that job did not.
+func TestThrottleReservedStartDoesNotDropAWaitingJob(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			if name == "redis" {
+				testredis.Addr(t)
+			}
+			ctx := context.Background()
+			l := newLocker(t)
+			held, err := l.TryAcquire(ctx, "k", nil) // not a throttled run
+			require.NoError(t, err)
+			wait, err := l.ReserveStart(ctx, "k", 1, time.Minute, "x") // a job about to take the key
+			require.NoError(t, err)
+			require.Zero(t, wait)
+
+			c, _ := newGuard(t, newLocker(t), middleware.WithThrottle(1, time.Minute, middleware.ActionSkip),
+				middleware.WithPolicy(middleware.Wait(time.Minute, middleware.Skip())))
+			ran := make(chan middleware.Outcome, 1)
+			go func() {
+				ran <- c.Run(ctx, middleware.Job{Key: "k", Name: "c"}, func(context.Context) error { return nil })
+			}()
+			require.Eventually(t, func() bool {
+				if len(ran) == 1 {
+					return true
+				}
+				info, err := l.Inspect(ctx, "k")
+				return err == nil && info.Waiters == 1
+			}, 10*time.Second, time.Millisecond)
+			require.NoError(t, l.ReturnStart(ctx, "k", "x"), "x found the key held and did not run")
+			require.NoError(t, held.Release(ctx))
+			out := <-ran
+			require.True(t, out.Ran, "no run had begun (%v)", out.Err)
+		})
+	}
+}
