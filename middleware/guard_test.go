@@ -1147,7 +1147,7 @@ func TestThrottleDatesTheStartWhenTheRunBegins(t *testing.T) {
 			require.False(t, out.Ran, "b would begin %s after a began", bBegan.Sub(aBegan))
 			require.NotNil(t, out.Duplicate)
 			require.Equal(t, middleware.ReasonThrottled, out.Duplicate.Reason)
-			require.LessOrEqual(t, out.Duplicate.RetryAfter, aBegan.Add(period).Sub(time.Now())+50*time.Millisecond,
+			require.LessOrEqual(t, out.Duplicate.RetryAfter, time.Until(aBegan.Add(period))+50*time.Millisecond,
 				"the next start opens one period after a began")
 		})
 	}
