@@ -160,7 +160,7 @@ func WithObserver(o middleware.Observer) Option {
 // With it, duplicates under Requeue and the follow-ups of KeepNewest and
 // Coalesce are parked for their key (a *RequeueError that asynq retries
 // after the backstop, ParkBackstop for a follow-up; set IsFailure and
-// RetryDelay) and started by the run that frees the key, instead of
+// RetryDelay, or use ServerConfig) and started by the run that frees the key, instead of
 // waiting on a worker. Required when the policy can requeue; must not be
 // nil. Defaults to none.
 func WithRedis(client redis.UniversalClient) Option {
@@ -313,7 +313,7 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	if logger == nil {
 		logger = locker.Logger()
 	}
-	m.skips = newSkipLog(logger)
+	m.skips, m.hooks = newSkipLog(logger), &hookCheck{}
 	if c.rdb != nil {
 		m.client = asynq.NewClientFromRedisClient(c.rdb)
 	}
@@ -332,6 +332,7 @@ type guarded struct {
 	rdb       redis.UniversalClient // asynq's Redis, with WithRedis
 	limit     int                   // the WithLimit value; 0 when not given
 	skips     *skipLog
+	hooks     *hookCheck
 }
 
 func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task) error {
