@@ -77,7 +77,7 @@ type Client struct {
 	unique   *uniqueSpec
 	debounce *debounceSpec
 	park     *parkSpec
-	keyed    bool // key options were given: stamp KeyHeader
+	keyed    bool // its keys are finer than the type: stamp KeyHeader
 
 	mu     sync.Mutex
 	server time.Time // an upper bound of the server clock at synced
@@ -97,10 +97,12 @@ type Client struct {
 // order, and with Unique, Debounce or ParkAtEnqueue its reservation or
 // request): give both the same ones. A key that only groups the
 // Middleware's keys (KeyByType, the default, for keys that start with the
-// task's type) orders them exactly too. A Client given key options, Unique,
-// Debounce or ParkAtEnqueue records each task's key in KeyHeader, and a
-// Middleware that derives another key fails the task with ErrKeyMismatch
-// instead of applying its policy. A KeyFunc is called at enqueue with a ctx in which the
+// task's type) orders them exactly too. A Client whose key is finer than
+// the type (a key option other than KeyByType, or PerQueue) records each
+// task's key in KeyHeader, and a Middleware that derives another key fails
+// the task with ErrKeyMismatch instead of applying its policy: a Middleware
+// keyed more coarsely would take tasks the Client keeps apart for
+// duplicates. A KeyFunc is called at enqueue with a ctx in which the
 // task's ID and queue are known to the key options but not to
 // asynq.GetTaskID.
 //
@@ -152,7 +154,7 @@ func NewClient(c *asynq.Client, rdb redis.UniversalClient, opts ...Option) (*Cli
 		}
 	}
 	return &Client{c: c, rdb: rdb, keys: keys, unique: cfg.unique, debounce: cfg.debounce, park: cfg.park,
-		keyed: len(cfg.keys) > 0 || cfg.perQueue}, nil
+		keyed: cfg.perQueue || (len(cfg.keys) > 0 && cfg.keys[0].name != "KeyByType()")}, nil
 }
 
 // Enqueue is EnqueueContext with context.Background.
@@ -213,7 +215,7 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 	if err != nil {
 		return nil, fmt.Errorf("%w: task %q: %w", ErrKey, task.Type(), err)
 	}
-	if c.keyed || c.unique != nil || c.debounce != nil || park {
+	if c.keyed {
 		stamped.Headers()[KeyHeader] = keyHeader(key, c.keys.keyOptions())
 	}
 	if c.debounce != nil {

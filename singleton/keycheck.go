@@ -13,8 +13,9 @@ import (
 	"github.com/jobguard/jobguard/middleware"
 )
 
-// KeyHeader is the task header in which a Client that derives keys (given
-// key options, Unique, Debounce or ParkAtEnqueue) records the task's key:
+// KeyHeader is the task header in which a Client whose key is finer than
+// the task type (a key option other than KeyByType, or PerQueue) records
+// the task's key:
 // the first 16 hex digits of the key's SHA-256 and the key options, such as
 // `3fa2b1c4d5e6f708 KeyByFields("tenant_id")`. The key itself is not
 // stored, since it may hold tenant data that asynqmon would show. A

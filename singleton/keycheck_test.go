@@ -77,14 +77,15 @@ func TestKeyMismatchArchivesTheTaskLoudly(t *testing.T) {
 		require.Eventually(t, func() bool { return ran.Load() == 1 }, 10*time.Second, 5*time.Millisecond, "a plain task runs")
 		byType, err := singleton.NewClient(e.Client, e.RDB, singleton.KeyByType())
 		require.NoError(t, err)
-		_, err = byType.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`)), asynq.Queue(e.Queue))
+		info, err := byType.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`)), asynq.Queue(e.Queue))
 		require.NoError(t, err)
+		require.NotContains(t, info.Headers, singleton.KeyHeader, "a key by type groups any key the Middleware derives")
 		require.Eventually(t, func() bool { return ran.Load() == 2 }, 10*time.Second, 5*time.Millisecond,
 			"a task keyed as the middleware keys it runs")
 	})
 }
 
-// Every path of a Client that derives keys writes the same KeyHeader, and a
+// Every path of a Client keyed finer than the type writes the same KeyHeader, and a
 // copy made by Requeue keeps it, so the copy runs under the same check.
 func TestKeyHeaderOnEveryClientPathAndRequeueCopy(t *testing.T) {
 	onEachRedis(t, func(t *testing.T, r connect) {
