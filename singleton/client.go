@@ -77,6 +77,7 @@ type Client struct {
 	unique   *uniqueSpec
 	debounce *debounceSpec
 	park     *parkSpec
+	keyed    bool // its keys are finer than the type: stamp KeyHeader
 
 	mu     sync.Mutex
 	server time.Time // an upper bound of the server clock at synced
@@ -96,7 +97,12 @@ type Client struct {
 // order, and with Unique, Debounce or ParkAtEnqueue its reservation or
 // request): give both the same ones. A key that only groups the
 // Middleware's keys (KeyByType, the default, for keys that start with the
-// task's type) orders them exactly too. A KeyFunc is called at enqueue with a ctx in which the
+// task's type) orders them exactly too. A Client whose key is finer than
+// the type (a key option other than KeyByType, or PerQueue) records each
+// task's key in KeyHeader, and a Middleware that derives another key fails
+// the task with ErrKeyMismatch instead of applying its policy: a Middleware
+// keyed more coarsely would take tasks the Client keeps apart for
+// duplicates. A KeyFunc is called at enqueue with a ctx in which the
 // task's ID and queue are known to the key options but not to
 // asynq.GetTaskID.
 //
@@ -147,7 +153,8 @@ func NewClient(c *asynq.Client, rdb redis.UniversalClient, opts ...Option) (*Cli
 			return nil, err
 		}
 	}
-	return &Client{c: c, rdb: rdb, keys: keys, unique: cfg.unique, debounce: cfg.debounce, park: cfg.park}, nil
+	return &Client{c: c, rdb: rdb, keys: keys, unique: cfg.unique, debounce: cfg.debounce, park: cfg.park,
+		keyed: cfg.perQueue || (len(cfg.keys) > 0 && cfg.keys[0].name != "KeyByType()")}, nil
 }
 
 // Enqueue is EnqueueContext with context.Background.
@@ -207,6 +214,9 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 	key, err := deriveKey(context.WithValue(ctx, identityKey{}, identity{id: id, queue: queue}), stamped, c.keys.key, c.keys.perQueue)
 	if err != nil {
 		return nil, fmt.Errorf("%w: task %q: %w", ErrKey, task.Type(), err)
+	}
+	if c.keyed {
+		stamped.Headers()[KeyHeader] = keyHeader(key, c.keys.keyOptions())
 	}
 	if c.debounce != nil {
 		return c.enqueueNewest(ctx, stamped, key, id, queue, generated, opts)

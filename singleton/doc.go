@@ -14,7 +14,7 @@
 //	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
 //		IsFailure:      singleton.IsFailure(nil),  // a requeued duplicate is no failure
 //		RetryDelayFunc: singleton.RetryDelay(nil), // and comes back after the policy's delay
-//	})
+//	}) // or singleton.ServerConfig(cfg), which sets both
 //	mux := asynq.NewServeMux()
 //	mux.Use(guard) // or guard(handler) around a single handler
 //
@@ -48,5 +48,9 @@
 //
 // A task whose key cannot be derived (payload not JSON, field missing, empty
 // key) fails with an error matching ErrKey and asynq.SkipRetry: asynq archives
-// it with a message naming the task type and the reason.
+// it with a message naming the task type and the reason. A task whose Client
+// derived another key (KeyHeader) fails with ErrKeyMismatch and
+// asynq.SkipRetry rather than being taken for a duplicate. Every task that
+// completes without running is logged at Info (at most once per key per
+// second).
 package singleton

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -18,13 +19,15 @@ import (
 // by Requeue as no failure, so that asynq neither increments its Retried count
 // nor counts it in the queue's failure stats, and asks next about every other
 // error. A nil next means asynq's default (every non-nil error is a failure).
+// ServerConfig sets it and RetryDelay in one call.
 //
 // Without it a requeued duplicate that still has retries left is retried as a
 // failure and uses one retry; once none is left Requeue enqueues a copy, so it
 // is still never archived for being a duplicate.
 func IsFailure(next func(error) bool) func(error) bool {
 	return func(err error) bool {
-		if _, ok := requeueOf(err); ok {
+		if re, ok := requeueOf(err); ok {
+			re.saw(func(h *hookCheck) *atomic.Bool { return &h.isFailure })
 			return false
 		}
 		if next == nil {
@@ -43,6 +46,8 @@ type RequeueError struct {
 	// Delay is the policy's RequeueDelay plus up to 50% jitter, so that
 	// duplicates put back together do not all come back at once.
 	Delay time.Duration
+
+	hooks *hookCheck // of the middleware that returned it, told when a hook sees it
 }
 
 // Error implements error.
@@ -69,6 +74,7 @@ func requeueOf(err error) (*RequeueError, bool) {
 func RetryDelay(next asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 	return func(n int, err error, t *asynq.Task) time.Duration {
 		if re, ok := requeueOf(err); ok {
+			re.saw(func(h *hookCheck) *atomic.Bool { return &h.retryDelay })
 			return re.Delay
 		}
 		if next == nil {
@@ -114,6 +120,7 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.Du
 	}
 	if retried < maxRetry {
 		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventRequeued, Job: dup.Job, Delay: re.Delay})
+		m.putBack(ctx, re)
 		return re
 	}
 	copyID, err := m.enqueueCopy(ctx, t, id, queue, re.Delay)

@@ -66,6 +66,7 @@ type config struct {
 	park      *parkSpec
 
 	throttleRequeues bool
+	logger           *slog.Logger // the WithLogger value
 }
 
 // WithPolicy sets what happens to a task whose key is held: middleware.Skip(),
@@ -133,9 +134,16 @@ func WithTTL(ttl time.Duration) Option {
 }
 
 // WithLogger overrides, for this middleware, the logger the Locker logs
-// through (lockkit.WithLogger). Must not be nil. Defaults to the Locker's.
+// through (lockkit.WithLogger). Besides the guard's lines (middleware.WithLogger),
+// every task that completes without running is logged at Info with the
+// reason and, where known, the run or task that covers it: at most one line
+// per key per second, the next one counting the lines left out. Must not be
+// nil. Defaults to the Locker's.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithLogger(l)) }
+	return func(c *config) {
+		c.guardOpts = append(c.guardOpts, middleware.WithLogger(l))
+		c.logger = l
+	}
 }
 
 // WithObserver adds an observer of the guard's events, including
@@ -152,7 +160,7 @@ func WithObserver(o middleware.Observer) Option {
 // With it, duplicates under Requeue and the follow-ups of KeepNewest and
 // Coalesce are parked for their key (a *RequeueError that asynq retries
 // after the backstop, ParkBackstop for a follow-up; set IsFailure and
-// RetryDelay) and started by the run that frees the key, instead of
+// RetryDelay, or use ServerConfig) and started by the run that frees the key, instead of
 // waiting on a worker. Required when the policy can requeue; must not be
 // nil. Defaults to none.
 func WithRedis(client redis.UniversalClient) Option {
@@ -197,6 +205,8 @@ func PerQueue() Option { return func(c *config) { c.perQueue = true } }
 // error matching *RequeueError, middleware.ErrDuplicate and asynq.RevokeTask
 // after Requeue enqueued a copy; an error matching ErrKey and
 // asynq.SkipRetry for a key that cannot be derived; an error matching
+// ErrKeyMismatch and asynq.SkipRetry for a task whose KeyHeader names
+// another key than the one derived (the Client had other key options); an error matching
 // ErrInvalid and asynq.SkipRetry for a task enqueued with ParkAtEnqueue
 // under WithLimit(n > 1); for a handler that
 // failed because a newer task preempted it (middleware.Preempt), an error
@@ -251,7 +261,7 @@ func (c *config) buildKeys() (*guarded, error) {
 		if c.keys[0].err != nil {
 			return nil, fmt.Errorf("%w: %s: %w", ErrInvalid, c.keys[0].name, c.keys[0].err)
 		}
-		m.key = c.keys[0].fn
+		m.key, m.keyName = c.keys[0].fn, c.keys[0].name
 	default:
 		names := make([]string, len(c.keys))
 		for i, k := range c.keys {
@@ -299,6 +309,11 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 		return nil, fmt.Errorf("%w: WithPolicy(%s): a policy that requeues needs WithRedis(client) to re-enqueue duplicates that have no retries left", ErrInvalid, c.policy)
 	}
 	m.guard, m.limit = g, c.limit
+	logger := c.logger
+	if logger == nil {
+		logger = locker.Logger()
+	}
+	m.skips, m.hooks = newSkipLog(logger), &hookCheck{}
 	if c.rdb != nil {
 		m.client = asynq.NewClientFromRedisClient(c.rdb)
 	}
@@ -309,12 +324,15 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 type guarded struct {
 	guard     *middleware.Guard
 	key       keyFunc
+	keyName   string // the key option as written; "" for the default
 	perQueue  bool
 	types     map[string]bool // nil: every type
 	client    *asynq.Client
 	inspector *asynq.Inspector
 	rdb       redis.UniversalClient // asynq's Redis, with WithRedis
 	limit     int                   // the WithLimit value; 0 when not given
+	skips     *skipLog
+	hooks     *hookCheck
 }
 
 func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task) error {
@@ -337,6 +355,9 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		return err
 	}
 	job.Key = key
+	if err := m.checkKey(ctx, t, job, key); err != nil {
+		return err
+	}
 	if job.Reserved && m.limit > 1 {
 		return m.refuseParked(ctx, job)
 	}
@@ -362,6 +383,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	}
 	switch out.Duplicate.Action {
 	case middleware.ActionSkip:
+		m.skips.log(ctx, out.Duplicate)
 		return nil
 	case middleware.ActionRequeue:
 		return m.requeue(ctx, t, out.Duplicate)

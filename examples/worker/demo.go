@@ -26,9 +26,17 @@ const (
 	tenants    = 3
 	perTenant  = 4
 	cacheWarms = 6
-	// maxRunTime bounds the whole run.
+	// maxRunTime bounds the demo (with -serve, until its summary).
 	maxRunTime = 30 * time.Second
+	// serveEvery is how often -serve enqueues the burst again.
+	serveEvery = 3 * time.Second
 )
+
+// options are the command's flags.
+type options struct {
+	serve bool   // keep running after the summary until ctx ends
+	addr  string // the operator page's address; "" means 127.0.0.1:0
+}
 
 // result is what a run saw.
 type result struct {
@@ -49,8 +57,10 @@ type demo struct {
 // run runs the demo on rdb, writing what happens to w, and returns what it
 // saw. It fails if a key ever ran more than once at a time, if a task was
 // archived or counted as failed, or if the tasks are not done within 30s.
-func run(ctx context.Context, w io.Writer, rdb redis.UniversalClient) (*result, error) {
-	ctx, cancel := context.WithTimeout(ctx, maxRunTime)
+// With opts.serve it then keeps running, enqueuing the burst again every
+// serveEvery, until parent ends.
+func run(parent context.Context, w io.Writer, rdb redis.UniversalClient, opts options) (*result, error) {
+	ctx, cancel := context.WithTimeout(parent, maxRunTime)
 	defer cancel()
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	clean := func() { _ = insp.DeleteQueue(queue, true) }
@@ -75,7 +85,7 @@ func run(ctx context.Context, w io.Writer, rdb redis.UniversalClient) (*result, 
 		defer srv.Shutdown()
 	}
 
-	stopView, err := serveOpsView(rdb, w)
+	stopView, err := serveOpsView(rdb, w, opts.addr)
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +97,29 @@ func run(ctx context.Context, w io.Writer, rdb redis.UniversalClient) (*result, 
 	d.mu.Lock()
 	res := d.result
 	d.mu.Unlock()
-	return &res, res.report(w)
+	if err := res.report(w); err != nil || !opts.serve {
+		return &res, err
+	}
+	return &res, d.serve(parent, asynq.NewClientFromRedisClient(rdb))
+}
+
+// serve enqueues the burst every serveEvery until ctx ends, so that the
+// operator page has keys to show.
+func (d *demo) serve(ctx context.Context, client *asynq.Client) error {
+	fmt.Fprintf(d.w, "serving until Ctrl-C: a burst every %s\n", serveEvery)
+	tick := time.NewTicker(serveEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(d.w, "stopping")
+			return nil
+		case <-tick.C:
+			if err := d.enqueue(ctx, client); err != nil && ctx.Err() == nil {
+				return err
+			}
+		}
+	}
 }
 
 // enqueue enqueues the burst of tasks: duplicate cache:warm tasks, and
@@ -230,7 +262,7 @@ func (d *demo) handler(machine string, work time.Duration) asynq.HandlerFunc {
 // the demo runs and prints its URL: the keys the two machines hold, with
 // owners, task IDs, fencing tokens and TTLs. It is read-only, as by default;
 // opsview.WithRelease adds release buttons.
-func serveOpsView(rdb redis.UniversalClient, w io.Writer) (func(), error) {
+func serveOpsView(rdb redis.UniversalClient, w io.Writer, addr string) (func(), error) {
 	view, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(lockPrefix), lockkit.WithOwner("ops-view"))
 	if err != nil {
 		return nil, err
@@ -239,8 +271,12 @@ func serveOpsView(rdb redis.UniversalClient, w io.Writer) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
+		_ = view.Close(context.Background())
 		return nil, err
 	}
 	mux := http.NewServeMux()

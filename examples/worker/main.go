@@ -3,7 +3,9 @@
 // cache:warm tasks (keyed by type, duplicates skipped) and of report:build
 // tasks for a few tenants (keyed by tenant_id, duplicates requeued, half of
 // them with MaxRetry(0)), prints what ran, what was skipped or requeued and
-// the most runs of one key seen at once, then exits.
+// the most runs of one key seen at once, then exits. With -serve it keeps
+// both machines and the operator page running, enqueuing the burst again
+// every few seconds, until Ctrl-C (SIGINT or SIGTERM); -h lists the flags.
 //
 // With no REDIS_ADDR it uses an embedded miniredis; otherwise the Redis at
 // REDIS_ADDR, where it uses the queue "jobguard-demo" (deleted when it ends)
@@ -15,10 +17,12 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log"
 	"os"
 	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -37,7 +41,18 @@ const (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	var opts options
+	flag.BoolVar(&opts.serve, "serve", false, "after the demo, keep the machines and the operator page running, enqueuing a burst every "+
+		serveEvery.String()+", until Ctrl-C")
+	flag.StringVar(&opts.addr, "addr", "127.0.0.1:0", "the address of the operator page (port 0: any free port)")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s [flags]\n\n"+
+			"Runs two asynq servers behind singleton.Middleware on a burst of duplicate tasks, prints what ran,\n"+
+			"and serves the operator page (opsview). Uses REDIS_ADDR, or an embedded miniredis without it.\n\n", os.Args[0])
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var rdb *redis.Client
 	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
@@ -53,7 +68,7 @@ func main() {
 		fmt.Println("redis: embedded miniredis at", mr.Addr(), "(set REDIS_ADDR to use another)")
 	}
 	defer rdb.Close()
-	if _, err := run(ctx, os.Stdout, rdb); err != nil {
+	if _, err := run(ctx, os.Stdout, rdb, opts); err != nil {
 		log.Fatal(err)
 	}
 }
