@@ -177,7 +177,7 @@ type memLock struct {
 	coverTill     time.Time            // cover is forgotten at
 	folded        int64                // when a Coalesce call last folded into a follow-up (us)
 	foldedTill    time.Time            // folded is forgotten at
-	preempted     map[string]bool      // holders a Preempt acquire preempted
+	preempted     map[string]time.Time // holders a Preempt acquire preempted → forgotten at (acquire.lua's "q:<token>")
 	evicted       map[string]time.Time // holders ForceRelease removed → forgotten at (evict.lua's "x:<token>")
 	watchers      map[*Lease]struct{}  // held Preempt leases, told when preempted
 	queue         []string             // fair waiters in arrival order
@@ -212,8 +212,8 @@ func (lk *memLock) expire(now time.Time) {
 	if !now.Before(lk.foldedTill) {
 		lk.folded = 0
 	}
-	for m := range lk.preempted {
-		if _, ok := lk.holders[m]; !ok {
+	for m, until := range lk.preempted {
+		if _, ok := lk.holders[m]; !ok && !now.Before(until) {
 			delete(lk.preempted, m)
 		}
 	}
@@ -255,7 +255,8 @@ func (lk *memLock) forget(w string) bool {
 
 func (lk *memLock) idle(now time.Time) bool {
 	return len(lk.holders) == 0 && len(lk.waiters) == 0 && len(lk.subs) == 0 && len(lk.done) == 0 && len(lk.watchers) == 0 && len(lk.parked) == 0 &&
-		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil) && lk.cover == 0 && lk.folded == 0 && len(lk.superseded) == 0 && len(lk.gaveUp) == 0 && len(lk.evicted) == 0
+		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil) && lk.cover == 0 && lk.folded == 0 && len(lk.superseded) == 0 && len(lk.gaveUp) == 0 && len(lk.evicted) == 0 &&
+		len(lk.preempted) == 0
 }
 
 // get returns key's state, creating it; every 1024 calls it drops idle keys.
@@ -283,7 +284,7 @@ func (s *memStore) get(key string, now time.Time) *memLock {
 	if lk == nil {
 		lk = &memLock{holders: make(map[string]time.Time), done: make(map[string]time.Time), abandoned: make(map[string]time.Time),
 			superseded: make(map[string]time.Time), gaveUp: make(map[string]time.Time), evicted: make(map[string]time.Time),
-			waiters: make(map[string]time.Time), subs: make(map[chan int64]struct{}), preempted: make(map[string]bool), watchers: make(map[*Lease]struct{})}
+			waiters: make(map[string]time.Time), subs: make(map[chan int64]struct{}), preempted: make(map[string]time.Time), watchers: make(map[*Lease]struct{})}
 		s.locks[key] = lk
 	}
 	lk.expire(now)
@@ -666,10 +667,10 @@ func (lk *memLock) grantable(now time.Time) bool {
 func (lk *memLock) preemptHolders(now time.Time, grace time.Duration) []*Lease {
 	top := int64(0)
 	for m, exp := range lk.holders {
-		if lk.preempted[m] {
+		if _, done := lk.preempted[m]; done {
 			continue
 		}
-		lk.preempted[m] = true
+		lk.preempted[m] = exp.Add(time.Second)
 		if grace > 0 && now.Add(grace).Before(exp) {
 			lk.holders[m] = now.Add(grace)
 		}
@@ -768,11 +769,12 @@ func (b *memBackend) extend(ctx context.Context, leases []*Lease, ttls []time.Du
 			errs[i] = errEvicted
 			continue
 		}
-		if !ok {
+		_, preempted := lk.preempted[l.member]
+		if !ok && !preempted {
 			errs[i] = errNotHeld
 			continue
 		}
-		if lk.preempted[l.member] {
+		if preempted {
 			errs[i] = errPreempted
 			continue
 		}
@@ -934,7 +936,7 @@ func (b *memBackend) watch(l *Lease, _ time.Time) func() {
 	s.mu.Lock()
 	lk := s.get(l.key, time.Now())
 	lk.watchers[l] = struct{}{}
-	preempted := lk.preempted[l.member]
+	_, preempted := lk.preempted[l.member]
 	s.mu.Unlock()
 	if preempted {
 		l.preempt() // before it was watched

@@ -1340,6 +1340,21 @@ func testPreempt(t *testing.T, h *harness) {
 	require.NoError(t, r.err)
 	require.NoError(t, r.l.Release(ctx))
 
+	// A holder that missed the notice (it did not listen, or its pub/sub
+	// connection was down) and renews only after a short grace ended its
+	// lease still learns that it was preempted, not that it expired.
+	deaf, err := a.TryAcquire(ctx, "k", &AcquireOptions{TTL: 900 * time.Millisecond})
+	require.NoError(t, err)
+	r = <-acquire(b, &AcquireOptions{Preempt: true, PreemptGrace: 50 * time.Millisecond})
+	require.NoError(t, r.err, "the grace ended the old lease")
+	select {
+	case <-deaf.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the preempted holder was not told at its renewal")
+	}
+	require.ErrorIs(t, deaf.Err(), ErrPreempted)
+	require.NoError(t, r.l.Release(ctx))
+
 	// A run that never returns keeps the key for the grace only.
 	stuck, err := a.TryAcquire(ctx, "k", pre)
 	require.NoError(t, err)

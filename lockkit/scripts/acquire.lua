@@ -267,12 +267,17 @@ if existed then
     -- A preempted holder's score gets half a millisecond: extend.lua
     -- refuses to renew it, so it expires within its TTL or the grace. Its
     -- Locker is told on the channel ("p" and the highest token preempted).
+    -- A holder cut short by the grace leaves "q:<token>" until its lease
+    -- would have ended plus a second, so that a renewal after the grace
+    -- (its Locker missed the notice) still tells it was preempted.
     local grace = tonumber(ARGV[16])
     local top = 0
     for i = 1, #live, 2 do
       local exp = tonumber(live[i + 1])
       if exp % 1 == 0 then
         if grace > 0 and now + grace < exp then
+          redis.call('ZADD', KEYS[1], -(exp + 1000), 'q:' .. string.match(live[i], '^%d+'))
+          extend_key(KEYS[1], exp + 1000 - now)
           exp = now + grace
         end
         redis.call('ZADD', KEYS[1], 'XX', exp + 0.5, live[i])
