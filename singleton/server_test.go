@@ -832,9 +832,10 @@ func TestCoalesceFailedCoveringRunLosesNoWork(t *testing.T) {
 						return nil
 					}
 					// The first run fails once the other task was delivered:
-					// completed without running, or waiting for the key.
+					// completed without running (it is retried), or active,
+					// waiting for the key (it is not).
 					for ev.count(middleware.EventDuplicate, middleware.ActionSkip) == 0 {
-						if qi, err := e.Inspector.GetQueueInfo(e.Queue); err == nil && qi.Active == 2 {
+						if qi, err := e.Inspector.GetQueueInfo(e.Queue); err == nil && qi.Active == 2 && maxRetry == 0 {
 							break
 						}
 						select {
