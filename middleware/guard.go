@@ -393,7 +393,9 @@ func WithHoldAtLeast(d time.Duration) Option { return func(g *Guard) { g.hold = 
 // earlier run) holds no start while it waits: it is throttled at once only
 // if n runs began within the period, and otherwise takes its start when it
 // gets the key; if the budget is spent then, it gives the key back without
-// running and is throttled. A delivery that waited for its own earlier run
+// running and is throttled (with ActionRequeue under Coalesce, KeepNewest
+// and Preempt, whatever then is: other jobs folded into it or gave way to
+// it). A delivery that waited for its own earlier run
 // is that run's retry and spends no start. n must be at least 1, period between a millisecond and
 // lockkit.MaxTTL. Defaults to no throttle.
 func WithThrottle(n int, period time.Duration, then Action) Option {
@@ -957,16 +959,28 @@ func (g *Guard) beginStart(ctx context.Context, job Job, lease *lockkit.Lease, a
 		g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
 		return err
 	}
-	return g.throttled(ctx, job, wait, waited)
+	action := t.then
+	if g.policy.Coalesce || g.policy.KeepNewest || g.policy.Preempt {
+		// It got the key as the key's follow-up: other jobs may have folded
+		// into it or given way to it, and their work rests on its run. It is
+		// put back, never skipped.
+		action = ActionRequeue
+	}
+	return g.throttledAs(ctx, job, wait, waited, action)
 }
 
 // throttled reports a job that does not run because its key's budget is
 // spent for wait.
 func (g *Guard) throttled(ctx context.Context, job Job, wait, waited time.Duration) error {
+	return g.throttledAs(ctx, job, wait, waited, g.throttle.then)
+}
+
+// throttledAs is throttled with the action given.
+func (g *Guard) throttledAs(ctx context.Context, job Job, wait, waited time.Duration, action Action) error {
 	t := g.throttle
-	dup := &DuplicateError{Job: job, Reason: ReasonThrottled, Action: t.then, RetryAfter: wait, Waited: waited,
+	dup := &DuplicateError{Job: job, Reason: ReasonThrottled, Action: action, RetryAfter: wait, Waited: waited,
 		Cause: fmt.Errorf("%d starts per %s spent; the next in %s", t.n, t.period, wait)}
-	g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: t.then, Delay: wait, Wait: waited, Err: dup.Cause})
+	g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: action, Delay: wait, Wait: waited, Err: dup.Cause})
 	return dup
 }
 

@@ -1190,3 +1190,57 @@ func TestThrottleReservedStartDoesNotDropAWaitingJob(t *testing.T) {
 		})
 	}
 }
+
+// gatedStart holds ThrottleStart until gate closes: the run that took the key
+// dates its start a moment after its acquire.
+type gatedStart struct {
+	lockkit.Locker
+	gate chan struct{}
+}
+
+func (s gatedStart) ThrottleStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error) {
+	<-s.gate
+	return s.Locker.ThrottleStart(ctx, key, n, period, id)
+}
+
+// A Coalesce follow-up that others folded into is never dropped by the
+// throttle: R holds the key but has not dated its start yet, F waits as the
+// follow-up, X folds into F; R's start spends the budget, so F, given the
+// key, is throttled: it is put back to run later (ActionRequeue, whatever
+// WithThrottle's action), since X's work rests on it.
+func TestThrottledFollowUpIsPutBackNotSkipped(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			opts := []middleware.Option{middleware.WithThrottle(1, time.Minute, middleware.ActionSkip),
+				middleware.WithPolicy(middleware.Coalesce())}
+			gate := make(chan struct{})
+			r, _ := newGuard(t, gatedStart{newLocker(t), gate}, opts...)
+			f, _ := newGuard(t, newLocker(t), opts...)
+			x, _ := newGuard(t, newLocker(t), opts...)
+			l := newLocker(t)
+			work := func(context.Context) error { return nil }
+			rOut := make(chan middleware.Outcome, 1)
+			go func() { rOut <- r.Run(ctx, middleware.Job{Key: "k", Name: "R", EnqueuedAt: time.Now()}, work) }()
+			require.Eventually(t, func() bool { i, err := l.Inspect(ctx, "k"); return err == nil && len(i.Holders) == 1 }, 5*time.Second, time.Millisecond)
+			fOut := make(chan middleware.Outcome, 1)
+			// Enqueued after R began: R does not cover F.
+			go func() {
+				fOut <- f.Run(ctx, middleware.Job{Key: "k", Name: "F", EnqueuedAt: time.Now().Add(time.Hour)}, work)
+			}()
+			require.Eventually(t, func() bool { i, err := l.Inspect(ctx, "k"); return err == nil && i.Waiters == 1 }, 5*time.Second, time.Millisecond,
+				"F waits as the key's follow-up")
+			xo := x.Run(ctx, middleware.Job{Key: "k", Name: "X", EnqueuedAt: time.Now()}, work)
+			require.False(t, xo.Ran)
+			require.NotNil(t, xo.Duplicate)
+			require.Equal(t, middleware.ReasonCovered, xo.Duplicate.Reason, "X folds into F")
+			close(gate)
+			require.True(t, (<-rOut).Ran)
+			fo := <-fOut
+			require.False(t, fo.Ran, "R's start spent the budget")
+			require.NotNil(t, fo.Duplicate)
+			require.Equal(t, middleware.ReasonThrottled, fo.Duplicate.Reason)
+			require.Equal(t, middleware.ActionRequeue, fo.Duplicate.Action, "F, which X folded into, is put back, not skipped")
+		})
+	}
+}

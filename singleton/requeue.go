@@ -123,6 +123,14 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.Du
 		m.putBack(ctx, re)
 		return re
 	}
+	if m.inspector == nil {
+		// Without WithRedis no copy can be made (a throttled follow-up is
+		// put back whatever the throttle's action): asynq archives the task,
+		// which stays visible.
+		err := fmt.Errorf("singleton: task %q (id %s) has no retries left and cannot be put back without WithRedis: %w", t.Type(), id, dup)
+		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: dup.Job, Err: err})
+		return err
+	}
 	copyID, err := m.enqueueCopy(ctx, t, id, queue, re.Delay)
 	if err != nil {
 		err = fmt.Errorf("singleton: task %q (id %s): re-enqueue duplicate: %w (%w)", t.Type(), id, err, dup)
