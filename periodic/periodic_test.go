@@ -611,3 +611,54 @@ func TestStalledEnqueueIsNotSentAfterTheWindow(t *testing.T) {
 	waitFor(movedOn, "the stalled replica to go on to a later tick")
 	require.Zero(t, ticksIn(t, c, q)[tick.UnixMilli()], "the stalled enqueue was sent after the window")
 }
+
+// failExists fails every EXISTS: a tick's mark that cannot be read.
+type failExists struct{}
+
+func (failExists) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (failExists) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (failExists) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "exists" {
+			cmd.SetErr(errors.New("connection reset by peer"))
+			return cmd.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A tick whose mark cannot be read is enqueued all the same: the tick's task
+// ID still refuses a second enqueue, and a lone replica does not lose it.
+func TestUnreadableMarkDoesNotDropTheTick(t *testing.T) {
+	clean := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	t.Cleanup(func() { _ = clean.Close() })
+	c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	c.AddHook(failExists{})
+	q := queueName(t, clean)
+	prefix := testredis.Prefix(t, clean)
+	const period = 200 * time.Millisecond
+	tick := time.Now().Truncate(period).Add(2 * period)
+	fired := make(chan struct{})
+	s := NewSchedulerFromRedisClient(c, nil, WithPrefix(prefix))
+	s.cfg.beforeEnqueue = func(_ string, at time.Time) hookResult {
+		if at.Equal(tick) {
+			close(fired)
+			return hookEnqueue
+		}
+		return hookSkip
+	}
+	_, err := s.Register("@every 200ms", asynq.NewTask("report", nil), asynq.Queue(q))
+	require.NoError(t, err)
+	require.NoError(t, s.Start())
+	defer s.Shutdown()
+	select {
+	case <-fired:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the tick did not fire")
+	}
+	require.Eventually(t, func() bool { return ticksIn(t, clean, q)[tick.UnixMilli()] == 1 }, 5*time.Second, 5*time.Millisecond,
+		"the tick is enqueued though its mark could not be read")
+}

@@ -394,12 +394,13 @@ func (s *Scheduler) fire(e *entry, tick time.Time) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	mark := s.markKey(e, tick)
-	if n, err := s.rdb.Exists(ctx, mark).Result(); err != nil || n > 0 {
-		if err != nil {
-			s.cfg.logger.Warn("periodic: reading the tick's mark", "entry", e.id, "spec", e.spec, "tick", tick, "err", err)
-		} else {
-			s.cfg.logger.Debug("periodic: tick enqueued by another replica", "entry", e.id, "spec", e.spec, "tick", tick)
-		}
+	// A mark that cannot be read does not stop the enqueue: the tick's task
+	// ID still refuses a second one while that task exists.
+	n, err := s.rdb.Exists(ctx, mark).Result()
+	if err != nil {
+		s.cfg.logger.Warn("periodic: reading the tick's mark; enqueueing all the same", "entry", e.id, "spec", e.spec, "tick", tick, "err", err)
+	} else if n > 0 {
+		s.cfg.logger.Debug("periodic: tick enqueued by another replica", "entry", e.id, "spec", e.spec, "tick", tick)
 		return true
 	}
 	opts := append(slices.Clone(e.opts), asynq.TaskID(taskID(e.id, tick)), asynq.Retention(e.keep))
