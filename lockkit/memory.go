@@ -213,7 +213,7 @@ func (lk *memLock) expire(now time.Time) {
 		lk.folded = 0
 	}
 	for m, until := range lk.preempted {
-		if _, ok := lk.holders[m]; !ok && !now.Before(until) {
+		if _, ok := lk.holders[m]; !ok && (until.IsZero() || !now.Before(until)) {
 			delete(lk.preempted, m)
 		}
 	}
@@ -670,8 +670,11 @@ func (lk *memLock) preemptHolders(now time.Time, grace time.Duration) []*Lease {
 		if _, done := lk.preempted[m]; done {
 			continue
 		}
-		lk.preempted[m] = exp.Add(time.Second)
+		// Kept past the holder, as acquire.lua's "q:<token>", only when the
+		// grace cuts the lease short.
+		lk.preempted[m] = time.Time{}
 		if grace > 0 && now.Add(grace).Before(exp) {
+			lk.preempted[m] = exp.Add(time.Second)
 			lk.holders[m] = now.Add(grace)
 		}
 		if token, _, _ := parseMember(m); token > top {
