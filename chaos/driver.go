@@ -88,8 +88,8 @@ func faultKinds(w Workload) []string {
 func runSeed(o options, seed uint64) (result, error) {
 	w := newWorkload(seed, o.length, !o.noFaults)
 	dir := filepath.Join(o.out, fmt.Sprintf("seed-%d", seed))
-	if o.broken {
-		dir += "-broken"
+	if o.broken != "" {
+		dir += "-broken-" + o.broken
 	}
 	_ = os.RemoveAll(dir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -205,8 +205,8 @@ func (r *seedRun) startWorker() error {
 	name := fmt.Sprintf("w%d", r.count)
 	r.mu.Unlock()
 	args := []string{"worker", "-id", name, "-addr", r.addr, "-dir", r.dir, "-prefix", r.prefix, "-queue", r.queue}
-	if r.o.broken {
-		args = append(args, "-broken")
+	if r.o.broken != "" {
+		args = append(args, "-broken", r.o.broken)
 	}
 	cmd := exec.Command(r.o.self, args...)
 	logf, err := os.Create(filepath.Join(r.dir, name+".log"))

@@ -6,7 +6,8 @@
 //	go run . -seed 7                # one seed
 //	go run . -seeds 3 -length 15s   # three seeds from a random one
 //	go run . -duration 30m          # seeds until 30 minutes have passed
-//	go run . -seed 7 -broken        # negative control: workers without the middleware
+//	go run . -seed 7 -broken none   # negative control: workers without the middleware
+//	go run . -seed 7 -broken skip   # negative control: every family under Skip
 //
 // A run that breaks a rule prints its seed and keeps its history
 // (<out>/seed-<seed>/*.jsonl, one JSON record a line, and violations.txt);
@@ -38,7 +39,7 @@ type options struct {
 	seeds    int
 	duration time.Duration
 	length   time.Duration
-	broken   bool
+	broken   string // "", brokenNone or brokenSkip
 	noFaults bool
 	out      string
 	addr     string
@@ -53,12 +54,16 @@ func driverMain(args []string) int {
 	fs.IntVar(&o.seeds, "seeds", 1, "number of seeds to run (seed, seed+1, ...)")
 	fs.DurationVar(&o.duration, "duration", 0, "run seeds until this much time has passed (overrides -seeds)")
 	fs.DurationVar(&o.length, "length", 20*time.Second, "how long each seed enqueues and injects faults")
-	fs.BoolVar(&o.broken, "broken", false, "negative control: run the workers without the middleware")
+	fs.StringVar(&o.broken, "broken", "", `negative control: "none" runs the workers without the middleware, "skip" every family under Skip`)
 	fs.BoolVar(&o.noFaults, "nofaults", false, "inject no faults")
 	fs.StringVar(&o.out, "out", "chaos-out", "directory for the histories of failing seeds")
 	fs.StringVar(&o.addr, "redis", "", "use the redis-server at this address instead of starting one (its database 0 is flushed)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the history of passing seeds too")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if o.broken != "" && o.broken != brokenNone && o.broken != brokenSkip {
+		fmt.Fprintf(os.Stderr, "chaos: -broken %q: want %q or %q\n", o.broken, brokenNone, brokenSkip)
 		return 2
 	}
 	self, err := os.Executable()
@@ -117,8 +122,8 @@ func driverMain(args []string) int {
 
 func brokenArg(o options) string {
 	s := fmt.Sprintf(" LENGTH=%s", o.length)
-	if o.broken {
-		s += " ARGS=-broken"
+	if o.broken != "" {
+		s += " ARGS='-broken " + o.broken + "'"
 	}
 	return s
 }

@@ -67,6 +67,12 @@ func policyOf(f Family) middleware.Policy {
 	return middleware.Skip()
 }
 
+// Negative controls (-broken): workers that break the rules on purpose.
+const (
+	brokenNone = "none" // no middleware at all
+	brokenSkip = "skip" // every family under Skip, whatever its policy
+)
+
 // preemptGrace is the Grace of every Preempt family.
 const preemptGrace = 500 * time.Millisecond
 
@@ -94,7 +100,7 @@ func workerMain(args []string) error {
 	dir := fs.String("dir", "", "run directory (workload.json, histories)")
 	prefix := fs.String("prefix", "", "lock key prefix")
 	queue := fs.String("queue", "", "asynq queue")
-	broken := fs.Bool("broken", false, "run the handlers without the middleware")
+	broken := fs.String("broken", "", "negative control: none (no middleware) or skip (every family under Skip)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -136,9 +142,13 @@ func workerMain(args []string) error {
 	mux := asynq.NewServeMux()
 	for _, f := range w.Families {
 		var h asynq.Handler = work(rec, rdb, *prefix)
-		if !*broken {
+		if *broken != brokenNone {
+			pol := policyOf(f)
+			if *broken == brokenSkip {
+				pol = middleware.Skip()
+			}
 			guard, err := singleton.Middleware(locker, singleton.KeyByFields("k"),
-				singleton.WithPolicy(policyOf(f)), singleton.WithLimit(f.Limit), singleton.WithTTL(w.TTL),
+				singleton.WithPolicy(pol), singleton.WithLimit(f.Limit), singleton.WithTTL(w.TTL),
 				singleton.WithRedis(rdb), singleton.WithObserver(observe))
 			if err != nil {
 				return err
