@@ -452,6 +452,8 @@ func logObserver(l cron.Logger) middleware.Observer {
 			}
 		case middleware.EventLost:
 			l.Error(e.Err, "lease lost", kv...)
+		case middleware.EventPreempted:
+			l.Info("preempted", kv...)
 		case middleware.EventError:
 			l.Error(e.Err, "guard error", kv...)
 		}

@@ -605,7 +605,7 @@ func testCancelPrevious(t *testing.T, f *fleet) {
 	<-doneA
 	<-doneB
 	require.Greater(t, newToken.Load(), oldToken)
-	require.Equal(t, 1, rec.count(middleware.EventLost, t0))
+	require.Equal(t, 1, rec.count(middleware.EventPreempted, t0))
 }
 
 // onEachFleet runs test on a fleet in memory, on a real Redis and on a

@@ -89,7 +89,7 @@ var (
 	detachCmd       = testredis.ScriptShape(1, 3) // as throttle's: no op calls both
 	debounceCmd     = testredis.ScriptShape(1, 4)
 	claimCmd        = testredis.ScriptShape(1, 2)
-	evictCmd        = testredis.ScriptShape(3, 4)
+	evictCmd        = testredis.ScriptShape(3, 5)
 )
 
 const faultKey = "job"
@@ -309,6 +309,27 @@ var faultOps = []faultOp{
 		require.NoError(t, ierr)
 		require.Empty(t, info.Holders)
 		require.ErrorIs(t, holder.Extend(context.Background(), 0), lockkit.ErrNotHeld)
+		return err
+	}},
+	{"force-release-token", evictCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		holder, err := other.TryAcquire(context.Background(), faultKey, nil)
+		require.NoError(t, err)
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		// A repeated call finds its first run's record: no error that the
+		// holder is gone.
+		err = l.ForceReleaseToken(ctx, faultKey, holder.Token())
+		require.NotErrorIs(t, err, lockkit.ErrNotHeld)
+		// However its reply fared, the holder is gone and learns why.
+		info, ierr := other.Inspect(context.Background(), faultKey)
+		require.NoError(t, ierr)
+		require.Empty(t, info.Holders)
+		xerr := holder.Extend(context.Background(), 0)
+		require.ErrorIs(t, xerr, lockkit.ErrNotHeld)
+		require.ErrorContains(t, xerr, "released by an operator")
 		return err
 	}},
 	{"release", plainReleaseCmd, releaseOp(nil)},

@@ -16,8 +16,8 @@
 // jobguard.action), its cron tick ran elsewhere ("claimed"), or an error
 // kept it from running ("error", span status Error). What happens after,
 // while the job runs, is recorded as events on the span of the context, the
-// task's own: jobguard.lease_lost, jobguard.released, jobguard.requeued,
-// jobguard.duplicate.
+// task's own: jobguard.lease_lost, jobguard.preempted (Policy.Preempt),
+// jobguard.released, jobguard.requeued, jobguard.duplicate.
 //
 // A child span for the acquire rather than a span per run: asynq users
 // already trace each task (one span per delivery, from their tracing
@@ -38,7 +38,8 @@
 //	jobguard.lease.wait       histogram, s: how long a run waited for its key
 //	jobguard.lease.hold       histogram, s: how long a run held its key
 //	jobguard.duplicates       counter: jobs that did not run (jobguard.job.name, jobguard.action)
-//	jobguard.leases.lost      counter: runs whose lease was lost (jobguard.job.name)
+//	jobguard.leases.lost      counter: runs whose lease was lost, not preempted (jobguard.job.name)
+//	jobguard.preemptions      counter: runs a newer job preempted, as asked (jobguard.job.name)
 package jobguardotel
 
 import (
@@ -84,6 +85,7 @@ type Telemetry struct {
 	tracer     trace.Tracer
 	wait, hold metric.Float64Histogram
 	dups, lost metric.Int64Counter
+	preempted  metric.Int64Counter
 }
 
 // New returns the Telemetry. It returns an error if an instrument cannot be
@@ -111,7 +113,9 @@ func New(opts ...Option) (*Telemetry, error) {
 	errs = append(errs, err)
 	t.dups, err = meter.Int64Counter("jobguard.duplicates", metric.WithDescription("Jobs that did not run: their key was held, covered, superseded or throttled."))
 	errs = append(errs, err)
-	t.lost, err = meter.Int64Counter("jobguard.leases.lost", metric.WithDescription("Runs whose lease was lost while they ran."))
+	t.lost, err = meter.Int64Counter("jobguard.leases.lost", metric.WithDescription("Runs whose lease was lost while they ran; a preemption is not a loss."))
+	errs = append(errs, err)
+	t.preempted, err = meter.Int64Counter("jobguard.preemptions", metric.WithDescription("Runs that a newer job of their key preempted, as asked (Policy.Preempt)."))
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("jobguardotel: %w", err)
@@ -172,6 +176,9 @@ func (t *Telemetry) Observer() middleware.Observer {
 			parent.AddEvent("jobguard.lease_lost", trace.WithAttributes(attribute.Int64("jobguard.fencing_token", e.Token),
 				attribute.String("error.message", errString(e.Err, e.Job.Key))))
 			t.lost.Add(ctx, 1, metric.WithAttributes(name))
+		case middleware.EventPreempted:
+			parent.AddEvent("jobguard.preempted", trace.WithAttributes(attribute.Int64("jobguard.fencing_token", e.Token)))
+			t.preempted.Add(ctx, 1, metric.WithAttributes(name))
 		case middleware.EventReleased:
 			parent.AddEvent("jobguard.released", trace.WithAttributes(attribute.Int64("jobguard.fencing_token", e.Token),
 				attribute.Float64("jobguard.hold_seconds", e.Duration.Seconds())))

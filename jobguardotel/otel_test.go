@@ -206,3 +206,66 @@ func TestKeysAreNotRecorded(t *testing.T) {
 	}
 	require.True(t, seen, "the reasons were recorded, with <key> in place of the key")
 }
+
+// A preemption (Policy.Preempt) is asked for: it has its own counter and
+// span event, and jobguard.leases.lost, the signal to alert on, counts only
+// real losses such as a key released by an operator.
+func TestPreemptionIsNotALostLease(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	tel, err := jobguardotel.New(jobguardotel.WithTracerProvider(tp), jobguardotel.WithMeterProvider(mp))
+	require.NoError(t, err)
+	l, err := lockkit.NewMemory()
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	g, err := middleware.New(l, middleware.WithPolicy(middleware.Preempt(0)), middleware.WithObserver(tel.Observer()))
+	require.NoError(t, err)
+	job := middleware.Job{Key: "k", Name: "sync"}
+	run := func(name string, end func()) []string {
+		ctx, span := tp.Tracer("user").Start(context.Background(), name)
+		started, done := make(chan struct{}), make(chan middleware.Outcome)
+		go func() {
+			done <- g.Run(ctx, job, func(ctx context.Context) error {
+				close(started)
+				<-ctx.Done()
+				return context.Cause(ctx)
+			})
+		}()
+		<-started
+		end()
+		<-done
+		span.End()
+		var events []string
+		for _, ev := range rec.Ended()[len(rec.Ended())-1].Events() {
+			events = append(events, ev.Name)
+		}
+		return events
+	}
+	events := run("preempted", func() {
+		require.True(t, g.Run(context.Background(), job, func(context.Context) error { return nil }).Ran)
+	})
+	require.Contains(t, events, "jobguard.preempted")
+	require.NotContains(t, events, "jobguard.lease_lost")
+	events = run("released by an operator", func() {
+		_, err := l.ForceRelease(context.Background(), "k", "")
+		require.NoError(t, err)
+	})
+	require.Contains(t, events, "jobguard.lease_lost")
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	sums := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if d, ok := m.Data.(metricdata.Sum[int64]); ok {
+				for _, p := range d.DataPoints {
+					sums[m.Name] += p.Value
+				}
+			}
+		}
+	}
+	require.Equal(t, int64(1), sums["jobguard.preemptions"])
+	require.Equal(t, int64(1), sums["jobguard.leases.lost"])
+}

@@ -13,10 +13,10 @@
 //
 //	jobguard_lease_wait_seconds{name}            histogram: how long a run waited for its key
 //	jobguard_lease_hold_seconds{name}            histogram: how long a run held its key
-//	jobguard_runs_total{name,outcome}            runs that took their key: outcome ok, failed, lost
+//	jobguard_runs_total{name,outcome}            runs that took their key: outcome ok, failed, lost, preempted
 //	jobguard_duplicates_total{name,action}       jobs that did not run: action skip, requeue or fail
 //	jobguard_requeues_total{name}                duplicates put back by the adapter
-//	jobguard_leases_lost_total{name}             runs whose lease was lost (their ctx was cancelled)
+//	jobguard_leases_lost_total{name}             runs whose lease was lost (their ctx was cancelled), not preempted
 //	jobguard_errors_total{name}                  jobs that could not be guarded (Redis errors, bad keys)
 //	jobguard_renew_failures_total                renewals that failed while the lease was still valid
 //	jobguard_cron_ticks_total{entry,outcome}     cron ticks: ran, claimed (ran on another replica), skipped, error
@@ -96,13 +96,13 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 		hold: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "lease_hold_seconds",
 			Help: "How long a run held its key.", Buckets: c.buckets}, []string{"name"}),
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "runs_total",
-			Help: "Runs that took their key, by outcome: ok, failed (the job returned an error), lost (the lease was lost)."}, []string{"name", "outcome"}),
+			Help: "Runs that took their key, by outcome: ok, failed (the job returned an error), lost (the lease was lost), preempted (a newer job of the key preempted it, as asked)."}, []string{"name", "outcome"}),
 		dups: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "duplicates_total",
 			Help: "Jobs that did not run because their key was held, covered, superseded or throttled, by action."}, []string{"name", "action"}),
 		requeues: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "requeues_total",
 			Help: "Duplicates the adapter put back to run later."}, []string{"name"}),
 		lost: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "leases_lost_total",
-			Help: "Runs whose lease was lost while they ran (their context was cancelled)."}, []string{"name"}),
+			Help: "Runs whose lease was lost while they ran (their context was cancelled); a preemption is not a loss."}, []string{"name"}),
 		errs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "errors_total",
 			Help: "Jobs that could not be guarded: Redis errors, keys that cannot be derived, failed releases, panics."}, []string{"name"}),
 		ticks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cron_ticks_total",
@@ -152,6 +152,8 @@ func (m *Metrics) Observer() middleware.Observer {
 			m.hold.WithLabelValues(name).Observe(e.Duration.Seconds())
 			outcome := "ok"
 			switch {
+			case errors.Is(e.Err, lockkit.ErrPreempted):
+				outcome = "preempted"
 			case errors.Is(e.Err, lockkit.ErrLost):
 				outcome = "lost"
 			case e.Err != nil:

@@ -231,3 +231,48 @@ func TestHoldBucketsFitLongJobs(t *testing.T) {
 	b = bucketCounts(t, reg, "jobguard_lease_hold_seconds")
 	require.Equal(t, map[float64]uint64{1: 0, 60: 0}, b)
 }
+
+// A preemption (Policy.Preempt) is asked for: it is counted as the run's
+// outcome "preempted", not as a lost lease, which stays the signal to alert
+// on; a key released by an operator is a lost lease.
+func TestPreemptionIsNotALostLease(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := jobguardprom.New(reg)
+	require.NoError(t, err)
+	l, err := lockkit.NewMemory()
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	g, err := middleware.New(l, middleware.WithPolicy(middleware.Preempt(0)), middleware.WithObserver(m.Observer()))
+	require.NoError(t, err)
+	ctx := context.Background()
+	job := middleware.Job{Key: "k", Name: "sync"}
+	block := func(started chan<- struct{}) func(context.Context) error {
+		return func(ctx context.Context) error {
+			close(started)
+			<-ctx.Done()
+			return context.Cause(ctx)
+		}
+	}
+
+	started, done := make(chan struct{}), make(chan middleware.Outcome)
+	go func() { done <- g.Run(ctx, job, block(started)) }()
+	<-started
+	require.True(t, g.Run(ctx, job, func(context.Context) error { return nil }).Ran)
+	require.ErrorIs(t, (<-done).Err, lockkit.ErrPreempted)
+	require.Equal(t, 1.0, value(t, reg, "jobguard_runs_total", map[string]string{"name": "sync", "outcome": "preempted"}))
+	require.Equal(t, 0.0, value(t, reg, "jobguard_runs_total", map[string]string{"name": "sync", "outcome": "lost"}))
+	require.Equal(t, 0.0, value(t, reg, "jobguard_leases_lost_total", map[string]string{"name": "sync"}))
+
+	started = make(chan struct{})
+	go func() { done <- g.Run(ctx, job, block(started)) }()
+	<-started
+	n, err := l.ForceRelease(ctx, "k", "")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	out := <-done
+	require.ErrorIs(t, out.Err, lockkit.ErrLost)
+	require.NotErrorIs(t, out.Err, lockkit.ErrPreempted)
+	require.Equal(t, 1.0, value(t, reg, "jobguard_runs_total", map[string]string{"name": "sync", "outcome": "lost"}))
+	require.Equal(t, 1.0, value(t, reg, "jobguard_leases_lost_total", map[string]string{"name": "sync"}))
+	require.Equal(t, 1.0, value(t, reg, "jobguard_runs_total", map[string]string{"name": "sync", "outcome": "preempted"}))
+}

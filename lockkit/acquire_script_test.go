@@ -42,3 +42,25 @@ func TestSupersededRecordKeepsTheHoldersKey(t *testing.T) {
 		"the holders key lives as long as the S: record")
 	require.Equal(t, first, rawAcquire(t, c, k, "b", 1000, "ax2", "lx", "60000:lx:idx", "1", keep), "a repeat gives up too")
 }
+
+// A run's order (AcquireOptions.Order) is kept while its lease is renewed,
+// however long past the ten minutes it is kept for anyway: a renewal keeps
+// the hash it lives in for a TTL more, so an older call still gives up.
+func TestRunOrderOutlivesItsKeepWhileRenewed(t *testing.T) {
+	testredis.Addr(t)
+	c := testredis.Client(t)
+	ctx := context.Background()
+	l, err := NewRedis(c, WithPrefix(testredis.Prefix(t, c)))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	run, err := l.Acquire(ctx, "k", &AcquireOptions{Supersede: true, Order: 20, TTL: 5 * time.Second})
+	require.NoError(t, err)
+	meta := l.r.keys("k").meta
+	require.Greater(t, c.PTTL(ctx, meta).Val(), 9*time.Minute, "kept ten minutes after the run took the key")
+	require.NoError(t, c.PExpire(ctx, meta, 50*time.Millisecond).Err()) // the ten minutes are over
+	require.NoError(t, run.Extend(ctx, 5*time.Second))
+	require.Greater(t, c.PTTL(ctx, meta).Val(), 4*time.Second, "kept while the run is renewed")
+	_, err = l.Acquire(ctx, "k", &AcquireOptions{Supersede: true, Order: 10})
+	require.ErrorIs(t, err, ErrSuperseded)
+	require.NoError(t, run.Release(ctx))
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -39,7 +40,7 @@ type backend interface {
 	debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error)
 	claim(ctx context.Context, key string, gen int64, force bool) (Request, bool, error)
 	// evict removes key's live holders, of owner or all ("").
-	evict(ctx context.Context, key, owner, call string) (int, error)
+	evict(ctx context.Context, key, owner string, token int64, call string) (int, error)
 	// free removes the live holder of key that carries label.
 	free(ctx context.Context, key, label string) (bool, error)
 	inspect(ctx context.Context, key string) (*Info, error)
@@ -81,6 +82,7 @@ type ending struct {
 var (
 	errNotHeld   = errors.New("not held")
 	errPreempted = errors.New("preempted")
+	errEvicted   = errors.New("released by force")
 )
 
 // engine is the part of a Locker shared by every backend: waiting, the one
@@ -457,11 +459,35 @@ func (e *engine) forceRelease(ctx context.Context, key, owner string) (int, erro
 	if key == "" {
 		return 0, fmt.Errorf("%w: ForceRelease: key is empty", ErrInvalid)
 	}
-	n, err := e.b.evict(ctx, key, owner, randomID(8))
+	n, err := e.b.evict(ctx, key, owner, 0, randomID(8))
 	if err != nil {
 		return 0, fmt.Errorf("lockkit: force-release %q: %w", key, err)
 	}
 	return n, nil
+}
+
+func (e *engine) forceReleaseToken(ctx context.Context, key string, token int64) error {
+	if key == "" || token <= 0 {
+		return fmt.Errorf("%w: ForceReleaseToken(%q, %d): key must not be empty and token must be positive", ErrInvalid, key, token)
+	}
+	n, err := e.b.evict(ctx, key, "", token, randomID(8))
+	if err != nil {
+		return fmt.Errorf("lockkit: force-release %q token %d: %w", key, token, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	now := "the key has no holder now"
+	if info, err := e.b.inspect(ctx, key); err != nil {
+		now = "the holders now are unknown: " + err.Error()
+	} else if len(info.Holders) > 0 {
+		hs := make([]string, len(info.Holders))
+		for i, h := range info.Holders {
+			hs[i] = fmt.Sprintf("owner %q label %q token %d", h.Owner, h.Label, h.Token)
+		}
+		now = "it is held now by " + strings.Join(hs, ", ")
+	}
+	return fmt.Errorf("%w: force-release %q: the holder of token %d no longer holds it (it ended or was released); %s", ErrNotHeld, key, token, now)
 }
 
 func (e *engine) free(ctx context.Context, key, label string) (bool, error) {
@@ -652,7 +678,7 @@ func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent t
 		label:    r.label,
 		aid:      r.aid,
 		token:    token,
-		epoch:    r.epoch > 0,
+		epoch:    r.epoch > 0 || r.order > 0,
 		coalesce: r.coalesce,
 		coverFor: r.coverFor,
 		hold:     r.hold,
@@ -931,8 +957,8 @@ func (e *engine) renewBatch(due []*Lease, out chan<- []renewed) {
 func (e *engine) applyRenewals(rs []renewed) time.Time {
 	now := time.Now()
 	var (
-		events          []Event
-		gone, preempted []*Lease
+		events                   []Event
+		gone, preempted, evicted []*Lease
 	)
 	next := now.Add(time.Hour)
 	e.mu.Lock()
@@ -964,6 +990,8 @@ func (e *engine) applyRenewals(rs []renewed) time.Time {
 			gone = append(gone, l)
 		case errors.Is(r.err, errPreempted):
 			preempted = append(preempted, l)
+		case errors.Is(r.err, errEvicted):
+			evicted = append(evicted, l)
 		default:
 			l.lastRenewErr = r.err
 			l.renewFails++
@@ -983,6 +1011,9 @@ func (e *engine) applyRenewals(rs []renewed) time.Time {
 	}
 	for _, l := range preempted {
 		l.preempt()
+	}
+	for _, l := range evicted {
+		l.evicted()
 	}
 	for _, ev := range events {
 		e.emit(ev)

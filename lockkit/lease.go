@@ -40,7 +40,7 @@ type Lease struct {
 	// meta keys and its member as a script argument; set and read only by
 	// the renewal of the batch the lease is in.
 	renewArgs *renewArgs
-	epoch     bool // the acquire claimed an epoch
+	epoch     bool // the acquire claimed an epoch or recorded its order: renewals keep them
 	// coalesce: the acquire was a Coalesce one; a success is remembered for
 	// coverFor.
 	coalesce bool
@@ -213,7 +213,7 @@ func (l *Lease) preempt() {
 
 // evicted marks the lease lost because ForceRelease removed it.
 func (l *Lease) evicted() {
-	l.markLost(fmt.Errorf("%w: %q: token %d was released by force (ForceRelease)", ErrLost, l.key, l.token))
+	l.markLost(fmt.Errorf("%w: %q: token %d was released by an operator (ForceRelease)", ErrLost, l.key, l.token))
 }
 
 func (l *Lease) markLost(cause error) {
@@ -410,6 +410,10 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	l.e.mu.Unlock()
 	if err == errPreempted {
 		l.preempt()
+		return fmt.Errorf("%w: %w", ErrNotHeld, l.Err())
+	}
+	if err == errEvicted {
+		l.evicted()
 		return fmt.Errorf("%w: %w", ErrNotHeld, l.Err())
 	}
 	if err == errNotHeld {

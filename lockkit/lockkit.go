@@ -52,7 +52,7 @@ var (
 	ErrNotAcquired = errors.New("lockkit: not acquired")
 	// ErrNotHeld is returned by Release and Extend when the lease is no longer held:
 	// it was released already, it expired, or it was lost. It never deletes another
-	// owner's lock.
+	// owner's lock. ForceReleaseToken returns it when the holder it names is gone.
 	ErrNotHeld = errors.New("lockkit: lease not held")
 	// ErrLost is the cause of a lease context's cancellation (context.Cause) when the
 	// lease could not be renewed: the key was taken over or deleted, or Redis stayed
@@ -163,13 +163,20 @@ type Locker interface {
 	// can no longer be renewed, and every later acquire of the key gets a
 	// greater fencing token, so a resource that checks tokens refuses the
 	// removed holder's late writes. Its work's ctx is cancelled with a cause
-	// matching ErrLost: within milliseconds for a lease acquired with
-	// Preempt (its Locker listens on the key's channel), otherwise at its
-	// next renewal attempt, so within its RenewInterval (TTL/3 by default)
-	// plus one round trip. It returns how many holders were removed (a
+	// matching ErrLost that says an operator released it: within
+	// milliseconds for a lease acquired with Preempt (its Locker listens on
+	// the key's channel), otherwise at its next renewal attempt, so within
+	// its RenewInterval (TTL/3 by default) plus one round trip. It returns how many holders were removed (a
 	// repeated call, as after a lost reply, returns the first run's count),
 	// and ErrInvalid for an empty key.
 	ForceRelease(ctx context.Context, key, owner string) (int, error)
+	// ForceReleaseToken is ForceRelease of the one holder of key whose
+	// fencing token is token: the holder an operator saw (Inspect), not
+	// whoever holds the key by the time the operator confirms. When that
+	// holder no longer holds the key it removes nothing and returns an
+	// error matching ErrNotHeld that names the key's holders now. It
+	// returns ErrInvalid for an empty key or a token that is not positive.
+	ForceReleaseToken(ctx context.Context, key string, token int64) error
 	// Throttle takes one start from key's budget, shared by every process:
 	// at most n starts in any window of one period. It returns zero when the
 	// start is allowed, or how long until one would be. n must be at least 1 and period at
@@ -287,6 +294,17 @@ type AcquireOptions struct {
 	// (the same job parked under a new Park id) takes its place without
 	// marking it. TryAcquire without Park ignores it. Defaults to false.
 	Supersede bool
+	// Order, with Supersede, is the call's place in its key's order (a
+	// task's place taken when it was enqueued, such as a per-key sequence):
+	// a call with a lower order than the key's live follow-up, or than the
+	// latest Supersede run that took the key with an order (remembered for
+	// ten minutes after that run took the key, and while it is renewed),
+	// fails at once with ErrSuperseded: it neither takes a newer call's place
+	// nor, with Preempt, preempts a newer run. Calls with the same order
+	// (deliveries of one task) are not older than each other. Zero means
+	// none: the call, and a comparison with a run or follow-up without one,
+	// goes by arrival at Redis. Must not be negative.
+	Order int64
 	// Preempt, for Acquire, ends the runs that hold the key so that this
 	// call gets it: their leases are lost with a cause matching ErrPreempted
 	// (and ErrLost) and are no longer renewed, so their fencing tokens are

@@ -96,6 +96,11 @@ func (l *MemoryLocker) ForceRelease(ctx context.Context, key, owner string) (int
 	return l.e.forceRelease(ctx, key, owner)
 }
 
+// ForceReleaseToken implements Locker.
+func (l *MemoryLocker) ForceReleaseToken(ctx context.Context, key string, token int64) error {
+	return l.e.forceReleaseToken(ctx, key, token)
+}
+
 // Throttle implements Locker.
 func (l *MemoryLocker) Throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
 	return l.e.throttle(ctx, key, n, period)
@@ -148,9 +153,11 @@ type memLock struct {
 	token         int64
 	epoch         int64
 	epochAid      string    // the acquire call that claimed epoch
-	metaUntil     time.Time // the epoch is forgotten at
+	metaUntil     time.Time // the epoch and order are forgotten at
+	order         int64     // the order of the key's latest Supersede run (AcquireOptions.Order)
 	pending       string    // the key's Supersede follow-up: a waiter, or a parked id (pendingParked)
 	pendingParked bool
+	pendingOrder  int64                // the order of pending, 0 for none
 	replaced      string               // the parked follow-up that pending replaced
 	replacer      string               // the acquire call that replaced it: only it is told again
 	superseded    map[string]time.Time // label of a replaced parked follow-up → forgotten at
@@ -159,6 +166,7 @@ type memLock struct {
 	cover         int64                // the token of the latest Coalesce run that succeeded
 	coverTill     time.Time            // cover is forgotten at
 	preempted     map[string]bool      // holders a Preempt acquire preempted
+	evicted       map[string]time.Time // holders ForceRelease removed → forgotten at (evict.lua's "x:<token>")
 	watchers      map[*Lease]struct{}  // held Preempt leases, told when preempted
 	queue         []string             // fair waiters in arrival order
 	waiters       map[string]time.Time // waiter → deadline
@@ -174,7 +182,7 @@ type memParked struct {
 }
 
 func (lk *memLock) expire(now time.Time) {
-	for _, set := range []map[string]time.Time{lk.holders, lk.done, lk.abandoned, lk.superseded, lk.gaveUp} {
+	for _, set := range []map[string]time.Time{lk.holders, lk.done, lk.abandoned, lk.superseded, lk.gaveUp, lk.evicted} {
 		for m, exp := range set {
 			if !now.Before(exp) {
 				delete(set, m)
@@ -232,7 +240,7 @@ func (lk *memLock) forget(w string) bool {
 
 func (lk *memLock) idle(now time.Time) bool {
 	return len(lk.holders) == 0 && len(lk.waiters) == 0 && len(lk.subs) == 0 && len(lk.done) == 0 && len(lk.watchers) == 0 && len(lk.parked) == 0 &&
-		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil) && lk.cover == 0 && len(lk.superseded) == 0 && len(lk.gaveUp) == 0
+		len(lk.abandoned) == 0 && !now.Before(lk.metaUntil) && lk.cover == 0 && len(lk.superseded) == 0 && len(lk.gaveUp) == 0 && len(lk.evicted) == 0
 }
 
 // get returns key's state, creating it; every 1024 calls it drops idle keys.
@@ -259,7 +267,7 @@ func (s *memStore) get(key string, now time.Time) *memLock {
 	lk := s.locks[key]
 	if lk == nil {
 		lk = &memLock{holders: make(map[string]time.Time), done: make(map[string]time.Time), abandoned: make(map[string]time.Time),
-			superseded: make(map[string]time.Time), gaveUp: make(map[string]time.Time),
+			superseded: make(map[string]time.Time), gaveUp: make(map[string]time.Time), evicted: make(map[string]time.Time),
 			waiters: make(map[string]time.Time), subs: make(map[chan int64]struct{}), preempted: make(map[string]bool), watchers: make(map[*Lease]struct{})}
 		s.locks[key] = lk
 	}
@@ -299,7 +307,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 	now := time.Now()
 	lk := s.get(r.key, now)
 	if !now.Before(lk.metaUntil) {
-		lk.epoch, lk.epochAid = 0, ""
+		lk.epoch, lk.epochAid, lk.order = 0, "", 0
 	}
 	if r.epoch > 0 && (r.epoch < lk.epoch || (r.epoch == lk.epoch && lk.epochAid != r.aid)) {
 		lk.forget(r.waiter)
@@ -371,6 +379,17 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		lk.forget(r.waiter)
 		return acquireResult{superseded: true}, nil
 	}
+	// This call's follow-up id: its waiter, or the parked id of a parking
+	// call that does not wait.
+	fid, fidParked := r.waiter, false
+	if fid == "" && r.park != "" {
+		fid, fidParked = r.park, true
+	}
+	if !adopted && lk.older(r, fid) {
+		lk.forget(r.waiter)
+		lk.unpark(r.park)
+		return acquireResult{superseded: true}, nil
+	}
 	same := ""
 	if r.label != "" {
 		for m := range lk.holders {
@@ -388,12 +407,6 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 			ahead = i
 			break
 		}
-	}
-	// This call's follow-up id: its waiter, or the parked id of a parking
-	// call that does not wait.
-	fid, fidParked := r.waiter, false
-	if fid == "" && r.park != "" {
-		fid, fidParked = r.park, true
 	}
 	replaced := ""
 	// A call whose own earlier delivery holds the key (same) is no
@@ -419,7 +432,7 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 				} else if lk.pending != "" {
 					lk.wake() // the follow-up it replaces gives up
 				}
-				lk.pending, lk.pendingParked, lk.replaced, lk.replacer = fid, fidParked, replaced, r.aid
+				lk.pending, lk.pendingParked, lk.replaced, lk.replacer, lk.pendingOrder = fid, fidParked, replaced, r.aid, r.order
 			}
 		} else if lk.pending != r.waiter || lk.pendingParked {
 			lk.forget(r.waiter)
@@ -428,7 +441,19 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 	}
 	if same == "" && len(lk.holders)+ahead < r.limit {
 		if lk.pending == fid && lk.pendingParked == fidParked && fid != "" {
-			lk.pending, lk.replaced, lk.replacer = "", "", ""
+			lk.pending, lk.replaced, lk.replacer, lk.pendingOrder = "", "", "", 0
+		}
+		if fid != "" && (r.supersede != "0" || r.order > 0) {
+			// The run's order: an older call gives up while it runs and after.
+			switch {
+			case r.order == 0:
+				lk.order = 0
+			case r.order > lk.order:
+				lk.order = r.order
+			}
+			if u := now.Add(parkKeep); r.order > 0 && u.After(lk.metaUntil) {
+				lk.metaUntil = u
+			}
 		}
 		token := lk.take(now, r.aid, r.owner, r.label, r.ttl)
 		if r.epoch > 0 {
@@ -473,6 +498,34 @@ func (b *memBackend) acquire(ctx context.Context, r *request) (acquireResult, er
 		}
 	}
 	return acquireResult{conflict: c, since: since}, nil
+}
+
+// older tells whether r, a follow-up call (fid) with an order, is older
+// than the key's latest Supersede run or than its live follow-up (parked,
+// reserved for by a release, or waiting).
+func (lk *memLock) older(r *request, fid string) bool {
+	if r.order == 0 || fid == "" {
+		return false
+	}
+	if r.order < lk.order {
+		return true
+	}
+	if lk.pending == "" || lk.pending == r.waiter || lk.pending == r.park || r.order >= lk.pendingOrder {
+		return false
+	}
+	if lk.pendingParked {
+		if _, ok := lk.isParked(lk.pending); ok {
+			return true
+		}
+		for m := range lk.holders {
+			if _, owner, _ := parseMember(m); owner == "parked:"+lk.pending {
+				return true
+			}
+		}
+		return false
+	}
+	_, ok := lk.waiters[lk.pending]
+	return ok
 }
 
 // park adds r to the parked queue, once (AcquireOptions.Park), and returns
@@ -677,6 +730,10 @@ func (b *memBackend) extend(ctx context.Context, leases []*Lease, ttls []time.Du
 	for i, l := range leases {
 		lk := s.get(l.key, now)
 		exp, ok := lk.holders[l.member]
+		if _, evicted := lk.evicted[l.member]; !ok && evicted {
+			errs[i] = errEvicted
+			continue
+		}
 		if !ok {
 			errs[i] = errNotHeld
 			continue
@@ -893,7 +950,7 @@ func (b *memBackend) claim(ctx context.Context, key string, gen int64, force boo
 	return Request{Gen: bu.gen, ID: bu.id, Wait: max(bu.due.Sub(now), 0), Claimed: bu.claimed >= bu.gen}, false, nil
 }
 
-func (b *memBackend) evict(ctx context.Context, key, owner, _ string) (int, error) {
+func (b *memBackend) evict(ctx context.Context, key, owner string, pin int64, _ string) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -909,17 +966,18 @@ func (b *memBackend) evict(ctx context.Context, key, owner, _ string) (int, erro
 	lk := s.get(key, time.Now())
 	n := 0
 	var top int64
-	for m := range lk.holders {
+	for m, exp := range lk.holders {
 		token, o, _ := parseMember(m)
-		if owner == "" || o == owner {
+		if (owner == "" || o == owner) && (pin == 0 || token == pin) {
 			delete(lk.holders, m)
+			lk.evicted[m] = exp.Add(time.Second)
 			n++
 			top = max(top, token)
 		}
 	}
 	if n > 0 {
 		for l := range lk.watchers {
-			if l.token <= top && (owner == "" || l.owner == owner) {
+			if l.token <= top && (owner == "" || l.owner == owner) && (pin == 0 || l.token == pin) {
 				evicted = append(evicted, l)
 			}
 		}

@@ -127,7 +127,8 @@ type request struct {
 	supersede string
 	// preempt: "1" on a Preempt Acquire's first attempt, "2" after, "0" off.
 	preempt string
-	async   bool // AcquireOptions.AsyncRelease
+	order   int64 // AcquireOptions.Order
+	async   bool  // AcquireOptions.AsyncRelease
 	grace   time.Duration
 	// park is AcquireOptions.Park, parkHold its ParkHold, onParked its
 	// OnParked.
@@ -224,6 +225,12 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 		return r, fmt.Errorf("%w: key %q: PreemptGrace %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, o.PreemptGrace, MaxTTL)
 	}
 	r.grace = o.PreemptGrace
+	if o.Order < 0 {
+		return r, fmt.Errorf("%w: key %q: Order %d must not be negative", ErrInvalid, key, o.Order)
+	}
+	if o.Supersede {
+		r.order = o.Order
+	}
 	r.async = o.AsyncRelease
 	r.park, r.parkHold, r.onParked = o.Park, o.ParkHold, o.OnParked
 	if r.park != "" && (r.label == "" || r.limit > 1) {

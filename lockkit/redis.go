@@ -80,7 +80,7 @@ var (
 // then kept in P{K}:d for the retry window. P{K}:b holds the newest request
 // recorded by Debounce, P{K}:k the parked jobs (AcquireOptions.Park), P{K}:c
 // the start of the last Coalesce run that succeeded, P{K}:f the last fencing
-// token (for a second), P{K}:m the last epoch, P{K}:q and P{K}:w the
+// token (for a second), P{K}:m the last epoch and the order of the latest Supersede run, P{K}:q and P{K}:w the
 // waiters; releases are published on P{K}:r. In P and K, the characters
 // '{', '}' and '%' are written %7B, %7D and %25, so that {K} is always the
 // hash tag: any key and any prefix work on Redis Cluster. Every key expires
@@ -189,6 +189,11 @@ func (l *RedisLocker) Claim(ctx context.Context, key string, gen int64, force bo
 // ForceRelease implements Locker.
 func (l *RedisLocker) ForceRelease(ctx context.Context, key, owner string) (int, error) {
 	return l.e.forceRelease(ctx, key, owner)
+}
+
+// ForceReleaseToken implements Locker.
+func (l *RedisLocker) ForceReleaseToken(ctx context.Context, key string, token int64) error {
+	return l.e.forceReleaseToken(ctx, key, token)
 }
 
 // Free implements Locker.
@@ -450,7 +455,7 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 	}
 	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
 		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel, r.preempt, ms(r.grace),
-		parkEntry(r), ms(parkKeep)).Slice()
+		parkEntry(r), ms(parkKeep), r.order).Slice()
 	if err != nil {
 		return acquireResult{}, err
 	}
@@ -776,6 +781,8 @@ func (b *redisBackend) renewMany(ctx context.Context, leases []*Lease, ttls []ti
 				errs[i] = fmt.Errorf("unexpected renew reply %v", vals)
 			case vals[j] == 2:
 				errs[i] = errPreempted
+			case vals[j] == 3:
+				errs[i] = errEvicted
 			case vals[j] != 1:
 				errs[i] = errNotHeld
 			}
@@ -813,6 +820,8 @@ func (b *redisBackend) extend(ctx context.Context, leases []*Lease, ttls []time.
 			errs[i] = err
 		case n == 2:
 			errs[i] = errPreempted
+		case n == 3:
+			errs[i] = errEvicted
 		case n != 1:
 			errs[i] = errNotHeld
 		}
@@ -900,9 +909,9 @@ func (b *redisBackend) free(ctx context.Context, key, label string) (bool, error
 	return n == 1, err
 }
 
-func (b *redisBackend) evict(ctx context.Context, key, owner, call string) (int, error) {
+func (b *redisBackend) evict(ctx context.Context, key, owner string, token int64, call string) (int, error) {
 	k := b.keys(key)
-	n, err := evictScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence}, owner, k.channel, call, ms(b.grace)).Int()
+	n, err := evictScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence}, owner, k.channel, call, ms(b.grace), token).Int()
 	return n, err
 }
 
@@ -1022,7 +1031,8 @@ type subscribers struct {
 
 // dispatch delivers channel messages: "p<token>" preempts the watched leases
 // with a token up to it, "f<token>:<owner>" tells those of owner (or all, for
-// "") that ForceRelease removed them, "g<token>:<waiter>" tells a waiter that
+// "") that ForceRelease removed them, "t<token>" the one of that token,
+// "g<token>:<waiter>" tells a waiter that
 // a release handed it the key (the others sleep on); anything else (a
 // release) wakes the waiters.
 func (b *redisBackend) dispatch(msgs <-chan any) {
@@ -1064,6 +1074,14 @@ func (b *redisBackend) dispatch(msgs <-chan any) {
 					}
 				}
 				break
+			}
+			if rest, ok := strings.CutPrefix(m.Payload, "t"); ok {
+				token, _ := strconv.ParseInt(rest, 10, 64)
+				for l := range set.leases {
+					if l.token == token {
+						evicted = append(evicted, l)
+					}
+				}
 			}
 			if rest, ok := strings.CutPrefix(m.Payload, "f"); ok {
 				top, owner, _ := strings.Cut(rest, ":")

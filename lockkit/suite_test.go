@@ -169,9 +169,11 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"ThrottleSpreadsStarts", testThrottle},
 		{"SupersedeKeepsTheNewestFollowUp", testSupersede},
 		{"PreemptCancelsTheRunningHolder", testPreempt},
+		{"OrderedFollowUpsKeepTheNewestEnqueued", testOrder},
 		{"DebounceKeepsTheNewestRequest", testDebounce},
 		{"ElectionHasOneLeaderAtATime", testElect},
 		{"ForceReleaseEvictsHolders", testForceRelease},
+		{"ForceReleaseTokenEvictsTheHolderSeen", testForceReleaseToken},
 		{"AsyncReleaseLeavesRunsPath", testAsyncRelease},
 		{"ManyLeasesRenewTogether", testRenewMany},
 		{"HugeTTLsAreRejected", testHugeTTL},
@@ -483,7 +485,9 @@ func testFair(t *testing.T, h *harness) {
 		wg    sync.WaitGroup
 	)
 	for i := range n {
-		w := h.locker(t, WithPollInterval(20*time.Millisecond))
+		// A waiter that misses 4 polls counts as dead: keep the poll far above
+		// scheduling delays on a loaded machine.
+		w := h.locker(t, WithPollInterval(100*time.Millisecond))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -1563,6 +1567,16 @@ func testForceRelease(t *testing.T, h *harness) {
 	}
 	require.Less(t, time.Since(start), 700*time.Millisecond, "within a renewal interval (300ms) and a round trip")
 	require.ErrorIs(t, plain.Err(), ErrLost)
+	require.ErrorContains(t, plain.Err(), "released by an operator", "the renewal tells why")
+
+	// So does an Extend, of a lease released by its token.
+	plain, err = a.TryAcquire(ctx, "k", &AcquireOptions{TTL: 30 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, op.ForceReleaseToken(ctx, "k", plain.Token()))
+	err = plain.Extend(ctx, time.Minute)
+	require.ErrorIs(t, err, ErrNotHeld)
+	require.ErrorContains(t, err, "released by an operator")
+	require.ErrorContains(t, plain.Err(), "released by an operator")
 
 	// Only one owner's holders.
 	la, err := a.TryAcquire(ctx, "m", &AcquireOptions{Limit: 2})
@@ -1582,6 +1596,45 @@ func testForceRelease(t *testing.T, h *harness) {
 	require.Zero(t, n, "nothing left")
 	_, err = op.ForceRelease(ctx, "", "")
 	require.ErrorIs(t, err, ErrInvalid)
+}
+
+// ForceReleaseToken: an operator releases the holder they saw, by its
+// fencing token; once that holder is gone, nothing is released and the error
+// names the holder now. The evicted work's cause says an operator released it.
+func testForceReleaseToken(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a, b, op := h.locker(t), h.locker(t), h.locker(t)
+	seen, err := a.TryAcquire(ctx, "k", &AcquireOptions{Preempt: true, TTL: 30 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, seen.Release(ctx))
+	now, err := a.TryAcquire(ctx, "k", &AcquireOptions{Preempt: true, TTL: 30 * time.Second})
+	require.NoError(t, err)
+	work, cancel := now.Context(ctx)
+	defer cancel()
+	err = op.ForceReleaseToken(ctx, "k", seen.Token())
+	require.ErrorIs(t, err, ErrNotHeld)
+	require.ErrorContains(t, err, fmt.Sprintf("token %d no longer holds it", seen.Token()))
+	require.ErrorContains(t, err, fmt.Sprintf("token %d", now.Token()), "names the holder now")
+	require.NoError(t, op.ForceReleaseToken(ctx, "k", now.Token()))
+	<-work.Done()
+	require.ErrorIs(t, context.Cause(work), ErrLost)
+	require.ErrorContains(t, context.Cause(work), "released by an operator")
+	require.ErrorContains(t, op.ForceReleaseToken(ctx, "k", now.Token()), "the key has no holder now")
+
+	// Of two holders, only the one of the token; a watched lease of the
+	// same key and Locker is not told it was released.
+	l1, err := a.TryAcquire(ctx, "m", &AcquireOptions{Limit: 2})
+	require.NoError(t, err)
+	l2, err := b.TryAcquire(ctx, "m", &AcquireOptions{Limit: 2})
+	require.NoError(t, err)
+	require.NoError(t, op.ForceReleaseToken(ctx, "m", l2.Token()))
+	info, err := op.Inspect(ctx, "m")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.Equal(t, l1.Token(), info.Holders[0].Token)
+	require.NoError(t, l1.Release(ctx))
+	require.ErrorIs(t, op.ForceReleaseToken(ctx, "", 1), ErrInvalid)
+	require.ErrorIs(t, op.ForceReleaseToken(ctx, "m", 0), ErrInvalid)
 }
 
 // AsyncRelease: Run returns before the release; the Locker's own next
@@ -2140,4 +2193,125 @@ func testThrottleStaleID(t *testing.T, h *harness) {
 	time.Sleep(period/2 + 100*time.Millisecond) // X left the window, Y is in it
 	require.Zero(t, take("X"), "X again: a new start")
 	require.Positive(t, take("Z"), "Y and the new X spent the budget")
+}
+
+// Order: a Supersede call older than the key's follow-up gives up at once
+// and takes no newer call's place; one older than the key's latest run gives
+// up while that run holds the key and after it, and preempts no newer run; a
+// delivery of the same task (the same order) is not older; a call without an
+// order goes by arrival.
+func testOrder(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a, b := h.locker(t, WithOwner("a")), h.locker(t, WithOwner("b"))
+	type res struct {
+		l   *Lease
+		err error
+	}
+	acquire := func(l Locker, key string, opt *AcquireOptions) <-chan res {
+		ch := make(chan res, 1)
+		go func() {
+			lease, err := l.Acquire(ctx, key, opt)
+			ch <- res{lease, err}
+		}()
+		return ch
+	}
+	waiters := func(key string, n int) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			info, err := a.Inspect(ctx, key)
+			require.NoError(t, err)
+			return info.Waiters == n
+		}, 5*time.Second, time.Millisecond)
+	}
+	sup := func(order int64) *AcquireOptions { return &AcquireOptions{Supersede: true, Order: order} }
+
+	// KeepNewest: the older call reaches the store last and gives up.
+	holder, err := a.TryAcquire(ctx, "k", nil)
+	require.NoError(t, err)
+	newer := acquire(b, "k", sup(20))
+	waiters("k", 1)
+	r := <-acquire(a, "k", sup(10))
+	require.ErrorIs(t, r.err, ErrSuperseded, "an older call takes no newer one's place")
+	waiters("k", 1)
+	require.NoError(t, holder.Release(ctx))
+	r = <-newer
+	require.NoError(t, r.err, "the newest runs")
+	late := acquire(a, "k", sup(15))
+	r2 := <-late
+	require.ErrorIs(t, r2.err, ErrSuperseded, "an older call gives up while the newer run holds the key")
+	require.NoError(t, r.l.Release(ctx))
+	_, err = a.Acquire(ctx, "k", sup(15))
+	require.ErrorIs(t, err, ErrSuperseded, "and after it")
+	again, err := b.Acquire(ctx, "k", sup(20))
+	require.NoError(t, err, "a delivery of the same task is not older")
+	require.NoError(t, again.Release(ctx))
+
+	// Parked follow-ups: the older gives up, the newer's entry stays.
+	resumed := make(chan string, 1)
+	holder, err = a.TryAcquire(ctx, "q", &AcquireOptions{OnParked: func(id string) { resumed <- id }})
+	require.NoError(t, err)
+	park := func(label string, order int64) error {
+		l, err := b.TryAcquire(ctx, "q", &AcquireOptions{Label: label, Park: "id-" + label, Adopt: true, Supersede: true, Order: order})
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		return err
+	}
+	var ce *ConflictError
+	require.ErrorAs(t, park("b", 20), &ce)
+	require.ErrorIs(t, park("a", 10), ErrSuperseded)
+	info, err := a.Inspect(ctx, "q")
+	require.NoError(t, err)
+	require.Equal(t, 1, info.Parked)
+	require.ErrorAs(t, park("c", 30), &ce)
+	require.Equal(t, "id-b", ce.Superseded, "a newer one replaces it")
+	require.NoError(t, holder.Release(ctx))
+	require.Equal(t, "id-c", <-resumed, "the release reserves the key for c")
+	require.ErrorIs(t, park("d", 25), ErrSuperseded, "older than the follow-up the key is reserved for")
+	require.NoError(t, park("c", 30), "c adopts its reservation")
+
+	// Preempt: an older call preempts no newer run.
+	pre := func(order int64) *AcquireOptions {
+		return &AcquireOptions{Supersede: true, Preempt: true, TTL: 30 * time.Second, Order: order}
+	}
+	r = <-acquire(a, "p", pre(20))
+	require.NoError(t, r.err)
+	run := r.l
+	r = <-acquire(b, "p", pre(10))
+	require.ErrorIs(t, r.err, ErrSuperseded)
+	require.NoError(t, run.Err(), "the newer run goes on")
+	newer = acquire(b, "p", pre(30))
+	select {
+	case <-run.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a newer call did not preempt the run")
+	}
+	require.ErrorIs(t, run.Err(), ErrPreempted)
+	r = <-acquire(a, "p", pre(25))
+	require.ErrorIs(t, r.err, ErrSuperseded, "older than the follow-up")
+	_ = run.Release(ctx)
+	r = <-newer
+	require.NoError(t, r.err)
+	require.NoError(t, r.l.Release(ctx))
+
+	// Without an order: arrival.
+	holder, err = a.TryAcquire(ctx, "u", nil)
+	require.NoError(t, err)
+	first := acquire(b, "u", sup(0))
+	waiters("u", 1)
+	second := acquire(a, "u", sup(5))
+	require.ErrorIs(t, (<-first).err, ErrSuperseded, "the later arrival replaces an unordered follow-up")
+	require.NoError(t, holder.Release(ctx))
+	r = <-second
+	require.NoError(t, r.err)
+	require.NoError(t, r.l.Release(ctx))
+	r = <-acquire(b, "u", sup(0))
+	require.NoError(t, r.err, "an unordered call is not older")
+	require.NoError(t, r.l.Release(ctx))
+	r = <-acquire(a, "u", sup(1))
+	require.NoError(t, r.err, "after an unordered run, arrival")
+	require.NoError(t, r.l.Release(ctx))
+
+	_, err = a.Acquire(ctx, "v", &AcquireOptions{Supersede: true, Order: -1})
+	require.ErrorIs(t, err, ErrInvalid)
 }

@@ -27,9 +27,8 @@ const (
 	// EventClaimed: the job's epoch was already claimed (it ran elsewhere);
 	// the job is skipped.
 	EventClaimed
-	// EventLost: the lease was lost while the job ran; its ctx was cancelled.
-	// Event.Err matches lockkit.ErrPreempted when a newer job of the key
-	// preempted it (Policy.Preempt).
+	// EventLost: the lease was lost while the job ran; its ctx was cancelled
+	// (Event.Err matches lockkit.ErrLost). A preemption is EventPreempted.
 	EventLost
 	// EventReleased: the job returned or panicked (Event.Err is its error,
 	// Event.Duration its run time) and the lease was released.
@@ -37,9 +36,13 @@ const (
 	// EventError: the job could not be guarded (bad key, Redis error), or it
 	// panicked, or its release failed.
 	EventError
+	// EventPreempted: a newer job of the key preempted the running one
+	// (Policy.Preempt), as asked; its ctx was cancelled with a cause
+	// matching lockkit.ErrPreempted. It is not an EventLost.
+	EventPreempted
 )
 
-var kindNames = [...]string{"", "acquired", "waited", "duplicate", "requeued", "claimed", "lost", "released", "error"}
+var kindNames = [...]string{"", "acquired", "waited", "duplicate", "requeued", "claimed", "lost", "released", "error", "preempted"}
 
 // String returns the kind in lower case, such as "duplicate".
 func (k EventKind) String() string {
@@ -57,7 +60,8 @@ type Event struct {
 	Action Action
 	// Holder is the owner id of the run holding the key (EventDuplicate).
 	Holder string
-	// Token is the lease's fencing token (EventAcquired, EventLost, EventReleased).
+	// Token is the lease's fencing token (EventAcquired, EventLost,
+	// EventPreempted, EventReleased).
 	Token int64
 	// Wait is how long the job waited for its key.
 	Wait time.Duration
@@ -74,12 +78,12 @@ type Observer func(ctx context.Context, e Event)
 
 // logObserver returns an Observer that logs to l: EventLost, EventError and
 // an EventReleased whose job failed at Warn, except a preemption
-// (lockkit.ErrPreempted, Policy.Preempt), which is asked for and logged at
-// Info; everything else at Debug.
+// (EventPreempted, lockkit.ErrPreempted, Policy.Preempt), which is asked for
+// and logged at Info; everything else at Debug.
 func logObserver(l *slog.Logger) Observer {
 	return func(ctx context.Context, e Event) {
 		lvl := slog.LevelDebug
-		if e.Kind == EventLost || e.Kind == EventError || (e.Kind == EventReleased && e.Err != nil) {
+		if e.Kind == EventLost || e.Kind == EventPreempted || e.Kind == EventError || (e.Kind == EventReleased && e.Err != nil) {
 			lvl = slog.LevelWarn
 			if errors.Is(e.Err, lockkit.ErrPreempted) {
 				lvl = slog.LevelInfo

@@ -110,14 +110,16 @@ type Policy struct {
 	// KeepNewest makes a job whose key is held wait, bounded by its ctx only,
 	// as the key's one follow-up, the newest: a later job takes its place,
 	// and the job it replaces completes without running (ReasonSuperseded,
-	// ActionSkip). OnConflict, Wait, Fair and Coalesce do not apply. Under
+	// ActionSkip). "Later" is by Job.Order when both jobs have one, else by
+	// arrival at Redis. OnConflict, Wait, Fair and Coalesce do not apply. Under
 	// WithParking a job with an Origin parks as that follow-up instead of
 	// waiting.
 	KeepNewest bool
 	// Preempt makes a job cancel the run that holds its key: that run's ctx
 	// is cancelled with a cause matching lockkit.ErrPreempted (and
 	// lockkit.ErrLost), its lease is no longer renewed and its fencing token
-	// is superseded by this job's. The job waits, bounded by its ctx only, as
+	// is superseded by this job's; the run is reported as EventPreempted,
+	// not EventLost. The job waits, bounded by its ctx only, as
 	// the key's one follow-up, the newest (a later job takes its place as
 	// KeepNewest does), and runs once the preempted run has returned, or
 	// after Grace if that comes first. OnConflict, Wait, Fair, Coalesce and
@@ -315,6 +317,16 @@ type Job struct {
 	// run that began after it, or after Run was called if that is earlier,
 	// covers the job.
 	EnqueuedAt time.Time
+	// Order, when positive, is the job's place in its key's order, taken
+	// when the work was asked for (singleton.Client takes a per-key sequence
+	// at enqueue). Under KeepNewest and Preempt a job with a lower order than
+	// the key's follow-up, or than its latest run (for ten minutes after that
+	// run started, and while it runs), does not run (ReasonSuperseded,
+	// ActionSkip): it neither takes a newer job's place nor preempts a newer
+	// run, whatever order the deliveries arrive in. Deliveries of one work
+	// share its order. Zero means none: the job is placed by its arrival at
+	// Redis. Must not be negative.
+	Order int64
 	// Gen, when positive, is the job's request generation from
 	// lockkit.Locker.Debounce on Key (latest wins): the job runs only if it
 	// is its key's newest request, which ends the key's burst (Locker.Claim).
@@ -659,7 +671,10 @@ func (g *Guard) emitLease(ctx context.Context, kind EventKind, job Job, lease *l
 }
 
 func (g *Guard) reportLost(ctx, wctx context.Context, job Job, lease *lockkit.Lease) {
-	if cause := context.Cause(wctx); errors.Is(cause, lockkit.ErrLost) {
+	switch cause := context.Cause(wctx); {
+	case errors.Is(cause, lockkit.ErrPreempted):
+		g.emitLease(ctx, EventPreempted, job, lease, 0, 0, cause)
+	case errors.Is(cause, lockkit.ErrLost):
 		g.emitLease(ctx, EventLost, job, lease, 0, 0, cause)
 	}
 }
@@ -710,7 +725,7 @@ func (g *Guard) acquire(ctx context.Context, job Job, own *bool) (*lockkit.Lease
 		return g.followUp(ctx, job, opt)
 	}
 	if g.policy.KeepNewest || g.policy.Preempt {
-		opt.Supersede = true
+		opt.Supersede, opt.Order = true, job.Order
 		opt.Preempt, opt.PreemptGrace = g.policy.Preempt, g.policy.Grace
 		if opt.Park != "" {
 			return g.parkFollowUp(ctx, job, opt)

@@ -667,9 +667,70 @@ func TestPreemptPolicy(t *testing.T) {
 	require.True(t, prev.Ran)
 	require.ErrorIs(t, prev.Err, lockkit.ErrPreempted)
 	require.ErrorIs(t, prev.Err, lockkit.ErrLost)
-	lost, ok := events.find(middleware.EventLost)
-	require.True(t, ok)
-	require.ErrorIs(t, lost.Err, lockkit.ErrPreempted)
+	preempted, ok := events.find(middleware.EventPreempted)
+	require.True(t, ok, "a preemption is reported as such")
+	require.ErrorIs(t, preempted.Err, lockkit.ErrPreempted)
+	require.Equal(t, "preempted", preempted.Kind.String())
+	_, ok = events.find(middleware.EventLost)
+	require.False(t, ok, "a preemption is not a lost lease")
+}
+
+// Job.Order: under KeepNewest and Preempt a job older than the key's
+// follow-up or its latest run does not run, whatever order the jobs arrive
+// in; a job without an order goes by arrival.
+func TestOlderJobGivesWayToNewerOrder(t *testing.T) {
+	for _, policy := range []middleware.Policy{middleware.KeepNewest(), middleware.Preempt(0)} {
+		t.Run(policy.String(), func(t *testing.T) {
+			l, err := lockkit.NewMemory()
+			require.NoError(t, err)
+			defer l.Close(context.Background())
+			ctx := context.Background()
+			g, err := middleware.New(l, middleware.WithPolicy(policy))
+			require.NoError(t, err)
+			var mu sync.Mutex
+			var ran []string
+			job := func(origin string, order int64) middleware.Job {
+				return middleware.Job{Key: "k", Name: "sync", Origin: origin, Order: order}
+			}
+			work := func(name string, hold <-chan struct{}) func(context.Context) error {
+				return func(context.Context) error {
+					mu.Lock()
+					ran = append(ran, name)
+					mu.Unlock()
+					if hold != nil {
+						<-hold
+					}
+					return nil
+				}
+			}
+			hold, holding := make(chan struct{}), make(chan struct{})
+			go func() {
+				_ = g.Run(ctx, job("a", 1), func(ctx context.Context) error {
+					close(holding)
+					return work("a", hold)(ctx)
+				})
+			}()
+			<-holding
+			newest := make(chan middleware.Outcome, 1)
+			go func() { newest <- g.Run(ctx, job("c", 3), work("c", nil)) }()
+			require.Eventually(t, func() bool {
+				info, err := l.Inspect(ctx, "k")
+				require.NoError(t, err)
+				return info.Waiters == 1
+			}, 5*time.Second, time.Millisecond)
+			out := g.Run(ctx, job("b", 2), work("b", nil)) // arrives after c
+			require.False(t, out.Ran)
+			require.NotNil(t, out.Duplicate)
+			require.Equal(t, middleware.ReasonSuperseded, out.Duplicate.Reason)
+			close(hold)
+			require.True(t, (<-newest).Ran)
+			out = g.Run(ctx, job("b", 2), work("b", nil)) // b delivered again, after c ran
+			require.False(t, out.Ran, "an older job does not run after a newer one")
+			require.True(t, g.Run(ctx, job("c", 3), work("c", nil)).Ran, "a delivery of the newest runs")
+			require.True(t, g.Run(ctx, job("d", 0), work("d", nil)).Ran, "without an order: arrival")
+			require.Equal(t, []string{"a", "c", "c", "d"}, ran)
+		})
+	}
 }
 
 // Job.Gen: only the newest request of a key runs; an older one gives way to

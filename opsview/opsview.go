@@ -2,7 +2,8 @@
 // http.Handler to mount next to asynqmon: the held keys with their holders
 // (owner, label, fencing token, TTL), waiters and parked jobs, a filter,
 // auto-refresh, and, only when WithRelease is given, a button that
-// force-releases a key (lockkit's Locker.ForceRelease).
+// force-releases the holders a row shows, by their fencing tokens (lockkit's
+// Locker.ForceReleaseToken), so a run that took the key since is kept.
 //
 //	h, err := opsview.New(locker, opsview.WithRelease())
 //	http.Handle("/locks/", http.StripPrefix("/locks", requireAdmin(h)))
@@ -10,7 +11,8 @@
 // The page is plain HTML with a little JavaScript, served by the package
 // with no build step; it calls the handler's JSON endpoints with relative
 // URLs, so it works under any prefix. The handler has no authentication of
-// its own: put it behind yours, above all with WithRelease.
+// its own: put it behind yours, above all with WithRelease. Every response
+// forbids framing unless WithFrameAncestors names the origins allowed to.
 package opsview
 
 import (
@@ -19,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,14 +60,31 @@ func WithRefresh(d time.Duration) Option { return func(h *Handler) { h.refresh =
 // names none. Must not be empty. Defaults to "*".
 func WithPattern(p string) Option { return func(h *Handler) { h.pattern = p } }
 
+// WithFrameAncestors lets pages of the named origins frame the handler's
+// responses: Content-Security-Policy frame-ancestors sources such as
+// "https://admin.example.com" or "'self'". Defaults to none: every response
+// forbids framing (X-Frame-Options DENY and frame-ancestors 'none'), so a
+// page on another site cannot overlay the page and steer an operator's clicks.
+func WithFrameAncestors(origins ...string) Option {
+	return func(h *Handler) { h.ancestors = append([]string(nil), origins...) }
+}
+
 // Handler serves the page at its root and its JSON endpoints: GET api/locks
 // (the held keys; query pattern, a Redis glob) and POST api/release (form
-// key, optional owner; needs WithRelease and ReleaseHeader).
+// key, and either token, repeated, the fencing tokens of the holders to
+// release (lockkit's Locker.ForceReleaseToken; 409 Conflict when one of
+// them no longer holds the key), or optional owner; needs WithRelease and
+// ReleaseHeader). The page's Confirm sends the tokens it showed.
 type Handler struct {
 	l       lockkit.Locker
 	release bool
 	refresh time.Duration
 	pattern string
+	// ancestors is WithFrameAncestors' list; frame and csp the headers set
+	// on every response.
+	ancestors []string
+	frame     string
+	csp       string
 }
 
 // New returns the handler for locker. It returns an error matching
@@ -85,11 +105,29 @@ func New(locker lockkit.Locker, opts ...Option) (*Handler, error) {
 	case h.pattern == "":
 		return nil, fmt.Errorf("%w: WithPattern(\"\")", ErrInvalid)
 	}
+	h.frame, h.csp = "DENY", "frame-ancestors 'none'"
+	if len(h.ancestors) > 0 {
+		for _, o := range h.ancestors {
+			if o == "" || o == "'none'" || strings.ContainsAny(o, " \t\r\n;,") {
+				return nil, fmt.Errorf("%w: WithFrameAncestors(%q): want one origin such as https://admin.example.com or 'self'", ErrInvalid, o)
+			}
+		}
+		h.frame, h.csp = "", "frame-ancestors "+strings.Join(h.ancestors, " ")
+		if len(h.ancestors) == 1 && h.ancestors[0] == "'self'" {
+			h.frame = "SAMEORIGIN"
+		}
+	}
 	return h, nil
 }
 
 // ServeHTTP implements http.Handler.
+// Every response forbids framing unless WithFrameAncestors allows it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.frame != "" {
+		w.Header().Set("X-Frame-Options", h.frame)
+	}
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "+h.csp)
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	switch strings.TrimPrefix(r.URL.Path, "/") {
 	case "":
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -98,7 +136,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")
-		w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
 		_, _ = w.Write([]byte(page))
 	case "api/locks":
 		h.locks(w, r)
@@ -110,18 +147,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // lockView is one held key as the page gets it.
+// The *_text fields are what the page shows: the value with its control
+// bytes escaped (lockkit.Printable).
 type lockView struct {
 	Key     string       `json:"key"`
+	KeyText string       `json:"key_text"`
 	Holders []holderView `json:"holders"`
 	Waiters int          `json:"waiters"`
 	Parked  int          `json:"parked"`
 }
 
 type holderView struct {
-	Owner string `json:"owner"`
-	Label string `json:"label"`
-	Token int64  `json:"token"`
-	TTLms int64  `json:"ttl_ms"`
+	Owner     string `json:"owner"`
+	OwnerText string `json:"owner_text"`
+	Label     string `json:"label"`
+	LabelText string `json:"label_text"`
+	Token     int64  `json:"token"`
+	TTLms     int64  `json:"ttl_ms"`
 }
 
 type locksReply struct {
@@ -156,9 +198,13 @@ func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
 		if len(info.Holders) == 0 {
 			continue
 		}
-		v := lockView{Key: k, Waiters: info.Waiters, Parked: info.Parked, Holders: []holderView{}}
+		v := lockView{Key: k, KeyText: lockkit.Printable(k), Waiters: info.Waiters, Parked: info.Parked, Holders: []holderView{}}
 		for _, hd := range info.Holders {
-			v.Holders = append(v.Holders, holderView{Owner: hd.Owner, Label: hd.Label, Token: hd.Token, TTLms: hd.TTL.Milliseconds()})
+			v.Holders = append(v.Holders, holderView{
+				Owner: hd.Owner, OwnerText: lockkit.Printable(hd.Owner),
+				Label: hd.Label, LabelText: lockkit.Printable(hd.Label),
+				Token: hd.Token, TTLms: hd.TTL.Milliseconds(),
+			})
 		}
 		reply.Locks = append(reply.Locks, v)
 	}
@@ -182,9 +228,43 @@ func (h *Handler) releaseKey(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, errors.New("key is empty"))
 		return
 	}
-	n, err := h.l.ForceRelease(r.Context(), key, r.FormValue("owner"))
-	if err != nil {
-		writeError(w, http.StatusBadGateway, err)
+	_ = r.ParseForm()
+	if len(r.Form["token"]) == 0 {
+		n, err := h.l.ForceRelease(r.Context(), key, r.FormValue("owner"))
+		if err != nil {
+			writeError(w, http.StatusBadGateway, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"key": key, "released": n})
+		return
+	}
+	// Only the holders the operator saw: whoever holds the key now may be
+	// another run.
+	var tokens []int64
+	for _, s := range r.Form["token"] {
+		t, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || t <= 0 {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("token %q is not a fencing token", s))
+			return
+		}
+		tokens = append(tokens, t)
+	}
+	n := 0
+	var gone []error
+	for _, t := range tokens {
+		err := h.l.ForceReleaseToken(r.Context(), key, t)
+		switch {
+		case err == nil:
+			n++
+		case errors.Is(err, lockkit.ErrNotHeld):
+			gone = append(gone, err)
+		default:
+			writeJSON(w, http.StatusBadGateway, map[string]any{"error": err.Error(), "released": n})
+			return
+		}
+	}
+	if len(gone) > 0 {
+		writeJSON(w, http.StatusConflict, map[string]any{"error": errors.Join(gone...).Error(), "released": n})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"key": key, "released": n})

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -90,4 +91,138 @@ func TestEndpoints(t *testing.T) {
 	}
 	_, err = opsview.New(nil)
 	require.ErrorIs(t, err, opsview.ErrInvalid)
+}
+
+// Every response of the handler forbids framing by another site (a page
+// elsewhere cannot overlay it and trick an operator into releasing a key);
+// WithFrameAncestors allows the origins it names.
+func TestFramingDenied(t *testing.T) {
+	ctx := context.Background()
+	l, err := lockkit.NewMemory(lockkit.WithOwner("worker-a"))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	_, err = l.TryAcquire(ctx, "tenant:42", nil)
+	require.NoError(t, err)
+	h, err := opsview.New(l, opsview.WithRelease())
+	require.NoError(t, err)
+	reqs := map[string]func() *http.Request{
+		"page":           func() *http.Request { return httptest.NewRequest(http.MethodGet, "/", nil) },
+		"page HEAD":      func() *http.Request { return httptest.NewRequest(http.MethodHead, "/", nil) },
+		"page POST":      func() *http.Request { return httptest.NewRequest(http.MethodPost, "/", nil) },
+		"locks":          func() *http.Request { return httptest.NewRequest(http.MethodGet, "/api/locks", nil) },
+		"locks POST":     func() *http.Request { return httptest.NewRequest(http.MethodPost, "/api/locks", nil) },
+		"release GET":    func() *http.Request { return httptest.NewRequest(http.MethodGet, "/api/release", nil) },
+		"release no hdr": func() *http.Request { return httptest.NewRequest(http.MethodPost, "/api/release?key=tenant:42", nil) },
+		"release no key": func() *http.Request { return releaseRequest(url.Values{}) },
+		"release":        func() *http.Request { return releaseRequest(url.Values{"key": {"tenant:42"}}) },
+		"not found":      func() *http.Request { return httptest.NewRequest(http.MethodGet, "/nope", nil) },
+	}
+	for name, req := range reqs {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req())
+		require.Equal(t, "DENY", w.Header().Get("X-Frame-Options"), name)
+		require.Contains(t, w.Header().Get("Content-Security-Policy"), "frame-ancestors 'none'", name)
+	}
+
+	h, err = opsview.New(l, opsview.WithFrameAncestors("https://admin.example.com", "'self'"))
+	require.NoError(t, err)
+	for name, req := range reqs {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req())
+		require.Empty(t, w.Header().Get("X-Frame-Options"), name)
+		require.Contains(t, w.Header().Get("Content-Security-Policy"), "frame-ancestors https://admin.example.com 'self'", name)
+	}
+	for _, bad := range []string{"", "https://a.example.com; script-src *", "https://a.example.com b", "'none'"} {
+		_, err := opsview.New(l, opsview.WithFrameAncestors(bad))
+		require.ErrorIs(t, err, opsview.ErrInvalid, "%q", bad)
+	}
+}
+
+func releaseRequest(form url.Values) *http.Request {
+	r := httptest.NewRequest(http.MethodPost, "/api/release", strings.NewReader(form.Encode()))
+	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	r.Header.Set(opsview.ReleaseHeader, "release")
+	return r
+}
+
+// Keys, owners and labels come from task IDs: the page shows them with their
+// control bytes escaped (lockkit.Printable), so a parked holder such as
+// "parked:default\n<id>" cannot break a row, while the key the page sends
+// back to release stays the key.
+func TestControlBytesShownEscaped(t *testing.T) {
+	ctx := context.Background()
+	l, err := lockkit.NewMemory(lockkit.WithOwner("parked:default\nid-1\nid-2"))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	_, err = l.TryAcquire(ctx, "job:\x1b[2J\nforged", &lockkit.AcquireOptions{Label: "id\r\n\u202e"})
+	require.NoError(t, err)
+	h, err := opsview.New(l)
+	require.NoError(t, err)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/api/locks", nil))
+	require.Equal(t, http.StatusOK, w.Code)
+	var reply struct {
+		Locks []struct {
+			Key     string
+			KeyText string `json:"key_text"`
+			Holders []struct {
+				OwnerText string `json:"owner_text"`
+				LabelText string `json:"label_text"`
+			}
+		}
+	}
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &reply))
+	require.Len(t, reply.Locks, 1)
+	require.Equal(t, "job:\x1b[2J\nforged", reply.Locks[0].Key)
+	require.Equal(t, `job:\x1b[2J\nforged`, reply.Locks[0].KeyText)
+	require.Equal(t, `parked:default\nid-1\nid-2`, reply.Locks[0].Holders[0].OwnerText)
+	require.Equal(t, `id\r\n\u202e`, reply.Locks[0].Holders[0].LabelText)
+
+	// The page shows only the escaped forms.
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil))
+	page := w.Body.String()
+	for _, raw := range []string{`text("td", lock.key,`, "[h.owner,", "h.label ||", "h.owner +", "h.label +", "+ key"} {
+		require.NotContains(t, page, raw, "the page shows a raw field")
+	}
+	for _, esc := range []string{"lock.key_text", "h.owner_text", "h.label_text"} {
+		require.Contains(t, page, esc)
+	}
+}
+
+// The page's Confirm sends the fencing token it showed: the release acts
+// only on that holder. When the key changed hands since, it fails with a
+// clear error naming the change, and the new holder keeps the key.
+func TestReleasePinnedToTheTokenShown(t *testing.T) {
+	ctx := context.Background()
+	l, err := lockkit.NewMemory(lockkit.WithOwner("worker-a"))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	h, err := opsview.New(l, opsview.WithRelease())
+	require.NoError(t, err)
+	seen, err := l.TryAcquire(ctx, "tenant:42", nil)
+	require.NoError(t, err)
+	// The run the operator saw ends; another takes the key before Confirm.
+	require.NoError(t, seen.Release(ctx))
+	now, err := l.TryAcquire(ctx, "tenant:42", nil)
+	require.NoError(t, err)
+	shown := strconv.FormatInt(seen.Token(), 10)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, releaseRequest(url.Values{"key": {"tenant:42"}, "token": {shown}}))
+	require.Equal(t, http.StatusConflict, w.Code, w.Body.String())
+	require.Contains(t, w.Body.String(), "token "+shown)
+	require.Contains(t, w.Body.String(), strconv.FormatInt(now.Token(), 10), "names the holder now")
+	require.NoError(t, now.Err())
+	info, err := l.Inspect(ctx, "tenant:42")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1, "the new holder keeps the key")
+
+	// The token shown releases its holder.
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, releaseRequest(url.Values{"key": {"tenant:42"}, "token": {strconv.FormatInt(now.Token(), 10)}}))
+	require.Equal(t, http.StatusOK, w.Code, w.Body.String())
+	require.JSONEq(t, `{"key":"tenant:42","released":1}`, w.Body.String())
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, releaseRequest(url.Values{"key": {"tenant:42"}, "token": {"x"}}))
+	require.Equal(t, http.StatusBadRequest, w.Code, w.Body.String())
 }

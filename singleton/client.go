@@ -1,6 +1,7 @@
 package singleton
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -28,12 +29,44 @@ import (
 // covering run began.
 const EnqueuedAtHeader = "jobguard-enqueued-at"
 
+// OrderHeader is the task header in which Client records the task's place
+// in its key's order (middleware.Job.Order), taken from Redis when the
+// task is enqueued (not when it is due, for asynq.ProcessIn or ProcessAt):
+// greater than every order given to an earlier enqueue of the key (as the
+// Client derives it), and at least the Redis server's time in
+// microseconds, so that orders keep growing after the key's counter
+// expired, ten minutes after its last enqueue. Under middleware.KeepNewest
+// and middleware.Preempt a task with a lower order than its key's
+// follow-up or latest run completes without running (superseded), whatever
+// order its delivery reaches Redis in. A Client with Debounce records the
+// task's generation instead, one with Unique its reservation's fencing token
+// (each also grows per key and is at least the server time in microseconds),
+// and one with ParkAtEnqueue none (its tasks run in enqueue order). A task
+// without it (or with a value that is not a positive integer) is placed by
+// its arrival at Redis.
+const OrderHeader = "jobguard-order"
+
+// orderKeep is how long a key's order counter is kept after its last
+// enqueue.
+const orderKeep = 10 * time.Minute
+
+// orderCmd takes the next order of a key. KEYS[1] the key's last order
+// (STRING); ARGV[1] how long to keep it (ms). Returns the order.
+var orderCmd = redis.NewScript(`
+local t = redis.call('TIME')
+local o = math.max(tonumber(redis.call('GET', KEYS[1]) or '0') + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+local s = string.format('%d', o)
+redis.call('SET', KEYS[1], s, 'PX', ARGV[1])
+return s
+`)
+
 // clockSync is how often a Client reads the Redis server's clock again.
 const clockSync = 30 * time.Second
 
 // Client enqueues asynq tasks stamped with EnqueuedAtHeader, so that
 // middleware.Coalesce can let one run cover every task enqueued before it
-// began; with Unique, it refuses a task whose key another task reserved;
+// began, and with OrderHeader, so that middleware.KeepNewest and
+// middleware.Preempt keep the newest enqueued task of a key; with Unique, it refuses a task whose key another task reserved;
 // with Debounce, it schedules each task as its key's newest request; with
 // ParkAtEnqueue, it queues each task for its key, to run when the key frees.
 // Its Enqueue and EnqueueContext are asynq.Client's.
@@ -53,13 +86,17 @@ type Client struct {
 // NewClient returns a Client that enqueues with c and reads the clock of rdb,
 // the Redis the servers use. The clock is read on the first enqueue and
 // every 30 seconds after: one TIME round trip (one per master, side by side,
-// on a Redis Cluster), none per task.
+// on a Redis Cluster), none per task. Without Unique, Debounce or
+// ParkAtEnqueue each enqueue takes the task's order from rdb: one script
+// call (see OrderHeader).
 //
-// Without Unique, Debounce or ParkAtEnqueue, opts are not needed. With any of
-// them, the key options
+// The key options
 // (KeyByType by default, KeyByTaskID, KeyByPayload, KeyByFields, KeyFunc,
-// PerQueue) and ForTypes derive each task's key as Middleware does: give
-// both the same ones. A KeyFunc is called at enqueue with a ctx in which the
+// PerQueue) and ForTypes derive each task's key as Middleware does (its
+// order, and with Unique, Debounce or ParkAtEnqueue its reservation or
+// request): give both the same ones. A key that only groups the
+// Middleware's keys (KeyByType, the default, for keys that start with the
+// task's type) orders them exactly too. A KeyFunc is called at enqueue with a ctx in which the
 // task's ID and queue are known to the key options but not to
 // asynq.GetTaskID.
 //
@@ -106,7 +143,7 @@ func NewClient(c *asynq.Client, rdb redis.UniversalClient, opts ...Option) (*Cli
 		if cfg.unique != nil || cfg.debounce != nil {
 			return nil, fmt.Errorf("%w: ParkAtEnqueue excludes Unique and Debounce: it runs every task, they refuse or replace duplicates", ErrInvalid)
 		}
-		if err := cfg.park.validate(); err != nil {
+		if err := cfg.park.validate(rdb); err != nil {
 			return nil, err
 		}
 	}
@@ -118,12 +155,14 @@ func (c *Client) Enqueue(task *asynq.Task, opts ...asynq.Option) (*asynq.TaskInf
 	return c.EnqueueContext(context.Background(), task, opts...)
 }
 
-// EnqueueContext enqueues a copy of task that carries EnqueuedAtHeader, with
-// the options given to asynq.NewTask and opts, like asynq.Client's. With
-// Unique it first reserves the task's key (giving the task an ID with
-// asynq.TaskID unless it has one): it returns a *DuplicateTaskError when
-// another task that still exists holds the reservation, and an error
-// matching ErrKey when the key cannot be derived. With ParkAtEnqueue it
+// EnqueueContext enqueues a copy of task that carries EnqueuedAtHeader and
+// (but with ParkAtEnqueue) OrderHeader, with the options given to asynq.NewTask and opts, like
+// asynq.Client's, giving the task an ID with asynq.TaskID unless it has one
+// (a task of a type that ForTypes leaves out carries EnqueuedAtHeader only).
+// It returns an error matching ErrKey when the task's key cannot be
+// derived. With Unique it first reserves the task's key: it returns a
+// *DuplicateTaskError when another task that still exists holds the
+// reservation. With ParkAtEnqueue it
 // first reserves the key for the task or parks the task (see
 // ParkAtEnqueue). It returns asynq's errors
 // unchanged (a reservation made for the task is then given back), and an
@@ -146,7 +185,7 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 		return nil, err
 	}
 	park := c.park != nil && !deferred(built) && !deferred(opts)
-	if (c.unique == nil && c.debounce == nil && !park) || (c.keys.types != nil && !c.keys.types[task.Type()]) {
+	if c.keys.types != nil && !c.keys.types[task.Type()] {
 		return c.c.EnqueueContext(ctx, asynq.NewTaskWithHeaders(task.Type(), task.Payload(), headers, built...), opts...)
 	}
 	id, queue := optionValues(append(slices.Clone(built), opts...))
@@ -175,27 +214,47 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 	if park {
 		return c.enqueueParked(ctx, stamped, key, id, queue, generated, opts)
 	}
+	if c.unique == nil {
+		order, err := orderCmd.Run(ctx, c.rdb, []string{"jobguard:order:" + key}, orderKeep.Milliseconds()).Text()
+		if err != nil {
+			return nil, fmt.Errorf("singleton: task %q: taking its order: %w", task.Type(), err)
+		}
+		stamped.Headers()[OrderHeader] = order
+		return c.enqueueOwnID(ctx, stamped, id, queue, generated, opts)
+	}
 	res, err := c.reserve(ctx, key, id, queue)
 	if err != nil {
 		return nil, err
 	}
+	stamped.Headers()[OrderHeader] = strconv.FormatInt(res.Token(), 10)
 	info, err := c.enqueueOwnID(ctx, stamped, id, queue, generated, opts)
 	if err != nil {
-		c.giveBack(ctx, res, id, queue)
+		c.giveBack(ctx, res, stamped, id, queue)
 		return nil, err
 	}
 	return info, nil
 }
 
-// giveBack releases res, the reservation of task id whose enqueue failed,
-// unless the task is there after all (the enqueue ran and its reply was
-// lost) or that cannot be told: the reservation then stays, and the next
-// enqueue of the key takes it over once it finds the task gone.
-func (c *Client) giveBack(ctx context.Context, res *lockkit.Lease, id, queue string) {
+// giveBack releases res, the reservation of task (ID id) whose enqueue
+// failed, unless the task is there after all (the enqueue ran and its reply
+// was lost) or that cannot be told: the reservation then stays, and the
+// next enqueue of the key takes it over once it finds the task gone. A task
+// with the ID that is not this one (not its type, payload and
+// EnqueuedAtHeader: another task whose ID made asynq refuse this one) does
+// not keep it.
+func (c *Client) giveBack(ctx context.Context, res *lockkit.Lease, task *asynq.Task, id, queue string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if state, err := c.taskState(rctx, queue, id); err != nil || state != "" {
+	state, err := c.taskState(rctx, queue, id)
+	if err != nil {
 		return
+	}
+	if state != "" {
+		info, err := asynq.NewInspectorFromRedisClient(c.rdb).GetTaskInfo(queue, id)
+		if err != nil || (info.Type == task.Type() && bytes.Equal(info.Payload, task.Payload()) &&
+			info.Headers[EnqueuedAtHeader] == task.Headers()[EnqueuedAtHeader]) {
+			return
+		}
 	}
 	_ = res.Release(rctx)
 }
@@ -203,11 +262,12 @@ func (c *Client) giveBack(ctx context.Context, res *lockkit.Lease, id, queue str
 // enqueueNewest records task (ID id) as its key's newest request and
 // enqueues it to be processed when that request is due.
 func (c *Client) enqueueNewest(ctx context.Context, task *asynq.Task, key, id, queue string, generated bool, opts []asynq.Option) (*asynq.TaskInfo, error) {
-	gen, at, err := c.debounce.debounce(ctx, key, id)
+	gen, at, err := c.debounce.debounce(ctx, key, queue, id)
 	if err != nil {
 		return nil, fmt.Errorf("singleton: task %q: %w", task.Type(), err)
 	}
 	task.Headers()[DebounceGenHeader] = strconv.FormatInt(gen, 10)
+	task.Headers()[OrderHeader] = strconv.FormatInt(gen, 10)
 	return c.enqueueOwnID(ctx, task, id, queue, generated, append(slices.Clone(opts), asynq.ProcessAt(at)))
 }
 
@@ -289,6 +349,15 @@ func taskOptions(task *asynq.Task) ([]asynq.Option, error) {
 		return nil, fmt.Errorf("singleton: this asynq version's Task keeps its options where Client cannot copy them")
 	}
 	return reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem().Interface().([]asynq.Option), nil
+}
+
+// taskOrder returns the order in t's OrderHeader, or zero.
+func taskOrder(t *asynq.Task) int64 {
+	v, err := strconv.ParseInt(t.Headers()[OrderHeader], 10, 64)
+	if err != nil || v <= 0 {
+		return 0
+	}
+	return v
 }
 
 // enqueuedAt returns the time in t's EnqueuedAtHeader, or zero.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -55,10 +56,10 @@ func (d *debounceSpec) validate() error {
 	return nil
 }
 
-// debounce records the task with ID id as its key's newest request and
-// returns its generation and when to process it.
-func (d *debounceSpec) debounce(ctx context.Context, key, id string) (int64, time.Time, error) {
-	req, err := d.locker.Debounce(ctx, key, id, d.quiet, d.maxWait)
+// debounce records the task with ID id in queue as its key's newest
+// request and returns its generation and when to process it.
+func (d *debounceSpec) debounce(ctx context.Context, key, queue, id string) (int64, time.Time, error) {
+	req, err := d.locker.Debounce(ctx, key, debounceID(queue, id), d.quiet, d.maxWait)
 	if err != nil {
 		return 0, time.Time{}, err
 	}
@@ -78,16 +79,25 @@ func debounceGen(t *asynq.Task) int64 {
 	return v
 }
 
+// debounceID names the request of task id in queue ("<queue>\n<id>"): a
+// key's tasks may be in several queues.
+func debounceID(queue, id string) string { return queue + "\n" + id }
+
 // newestPending tells whether the task of newest, a newer request of job's
-// key, exists in the task's queue with that request's generation.
+// key, exists in its queue (the task's own, for a request named by a task
+// ID alone) with that request's generation.
 func (m *guarded) newestPending(ctx context.Context, _ middleware.Job, newest lockkit.Request) (bool, error) {
-	queue, _ := asynq.GetQueueName(ctx)
-	info, err := m.inspector.GetTaskInfo(queue, newest.ID)
+	queue, id, ok := strings.Cut(newest.ID, "\n")
+	if !ok {
+		queue, _ = asynq.GetQueueName(ctx)
+		id = newest.ID
+	}
+	info, err := m.inspector.GetTaskInfo(queue, id)
 	switch {
 	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
 		return false, nil
 	case err != nil:
-		return false, fmt.Errorf("reading the newest task %q: %w", newest.ID, err)
+		return false, fmt.Errorf("reading the newest task %q in queue %q: %w", id, queue, err)
 	case info.State == asynq.TaskStateArchived:
 		// Archived before it started (it claimed nothing): it will not run.
 		return false, nil

@@ -203,3 +203,97 @@ func TestResumeThatTimesOutPassesTheKeyOn(t *testing.T) {
 	require.Eventually(t, func() bool { return slices.Contains(runs.payloads(), "b") }, 10*time.Second, 10*time.Millisecond,
 		"the next parked task runs once the stalled resume gave up")
 }
+
+// A resumed task that does not run after all passes the key on at once, as
+// one that cannot be run does: with Debounce and KeepNewest, the follow-up
+// "v2" parked while "v1" ran is superseded by "v3", enqueued later and due
+// later; v1's end reserves the key for v2 and resumes it, v2 completes
+// without running, and the key is free for v3 at once, not after the 30 s
+// that the reservation would otherwise wait for v2.
+func TestResumedTaskThatDoesNotRunPassesTheKeyOn(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	ctx := context.Background()
+	keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
+	ev := &events{}
+	mw, err := singleton.Middleware(e.locker(), keyOf, singleton.WithPolicy(middleware.KeepNewest()), singleton.WithRedis(e.RDB),
+		singleton.WithObserver(ev.observe))
+	require.NoError(t, err)
+	mux, runs, release := blockingMux(mw, "sync")
+	e.start(e.config(2), mux)
+	soon, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, keyOf, singleton.Debounce(e.locker(), time.Millisecond, 0))
+	require.NoError(t, err)
+	later, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, keyOf, singleton.Debounce(e.locker(), time.Hour, 0))
+	require.NoError(t, err)
+
+	e.Enqueue(asynq.NewTask("sync", []byte("v1")))
+	require.Eventually(t, func() bool { return len(runs.payloads()) == 1 }, 10*time.Second, 5*time.Millisecond)
+	_, err = soon.Enqueue(asynq.NewTask("sync", []byte("v2")), asynq.Queue(e.Queue))
+	require.NoError(t, err)
+	ev.waitRequeued(t, 1) // v2 parked as the follow-up
+	v3, err := later.Enqueue(asynq.NewTask("sync", []byte("v3")), asynq.Queue(e.Queue))
+	require.NoError(t, err)
+	close(release)
+	require.Eventually(t, func() bool { return ev.count(middleware.EventDuplicate, middleware.ActionSkip) == 1 }, 10*time.Second, 5*time.Millisecond,
+		"v2, resumed, completed without running")
+	locker := e.locker()
+	require.Eventually(t, func() bool {
+		info, err := locker.Inspect(ctx, "k")
+		require.NoError(t, err)
+		return len(info.Holders) == 0
+	}, 5*time.Second, 5*time.Millisecond, "nothing is left reserved for v2")
+	require.NoError(t, e.Inspector.RunTask(e.Queue, v3.ID)) // v3 is due
+	e.Drained(5 * time.Second)
+	require.Equal(t, []string{"v1", "v3"}, runs.payloads())
+}
+
+// blockingErrors is an asynq.ErrorHandler that holds the error of the task
+// with payload "a" until release is closed, after signalling entered.
+type blockingErrors struct {
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (b *blockingErrors) HandleError(_ context.Context, task *asynq.Task, _ error) {
+	if string(task.Payload()) == "a" {
+		b.once.Do(func() { close(b.entered) })
+		<-b.release
+	}
+}
+
+// A parked task whose duplicate delivery is still finishing when the key is
+// reserved for it (asynq calls Config.ErrorHandler before it moves the task
+// back, and this one is slow) cannot be started: after a second the resume
+// passes the key on to the next parked task, instead of leaving it
+// reserved until the slow task's backstop. The slow task comes back at its
+// backstop (brought forward here) and runs.
+func TestSlowErrorHandlerDoesNotIdleTheKey(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	ev := &events{}
+	mw, err := singleton.Middleware(e.locker(), singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil }),
+		singleton.WithPolicy(middleware.Requeue(time.Minute)), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+	require.NoError(t, err)
+	mux, runs, release := blockingMux(mw, "job")
+	slow := &blockingErrors{entered: make(chan struct{}), release: make(chan struct{})}
+	cfg := e.config(4)
+	cfg.ErrorHandler = slow
+	e.start(cfg, mux)
+	e.Enqueue(asynq.NewTask("job", []byte("holder")))
+	require.Eventually(t, func() bool { return len(runs.payloads()) == 1 }, 10*time.Second, 5*time.Millisecond)
+	a := e.Enqueue(asynq.NewTask("job", []byte("a")))
+	recv(t, slow.entered, 10*time.Second)
+	e.Enqueue(asynq.NewTask("job", []byte("b")))
+	ev.waitRequeued(t, 2)
+	close(release)
+	require.Eventually(t, func() bool { return slices.Contains(runs.payloads(), "b") }, 5*time.Second, 10*time.Millisecond,
+		"b runs once the resume of a gave up, not at its backstop")
+	close(slow.release)
+	require.Eventually(t, func() bool {
+		ti, err := e.Inspector.GetTaskInfo(e.Queue, a.ID)
+		return err == nil && ti.State == asynq.TaskStateRetry
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, e.Inspector.RunTask(e.Queue, a.ID)) // its backstop
+	e.Drained(10 * time.Second)
+	require.Equal(t, []string{"holder", "b", "a"}, runs.payloads())
+	require.Empty(t, ev.errs(middleware.EventError), "a slow ErrorHandler is no error of the resume")
+}

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -140,6 +142,31 @@ func (m *guarded) runFirst(ctx context.Context, queue, id string) error {
 	return nil
 }
 
+// passOn passes the key on from a delivery of origin that did not run and
+// is not parked (dup: superseded, covered, a duplicate): a resumed task,
+// for which the key was reserved, hands the reservation to the next parked
+// task at once instead of leaving it for its hold. Only a reservation
+// carrying origin is taken over, so a key that is free or held by others
+// is left alone; a key that dup says is held by another run (one holder,
+// under WithLimit(1)) holds no reservation for origin, and costs nothing.
+func (m *guarded) passOn(ctx context.Context, dup *middleware.DuplicateError, key, origin string) {
+	if m.inspector == nil || origin == "" || m.limit > 1 {
+		return
+	}
+	var ce *lockkit.ConflictError
+	var cov *lockkit.CoveredError
+	if (errors.As(dup.Cause, &ce) && ce.Holders > 0 && ce.Label != origin) || (errors.As(dup.Cause, &cov) && cov.Owner != "") {
+		return
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resumeTimeout)
+	defer cancel()
+	info, err := m.guard.Locker().Inspect(pctx, key)
+	if err != nil || !slices.ContainsFunc(info.Holders, func(h lockkit.Holder) bool { return h.Label == origin }) {
+		return
+	}
+	m.guard.PassOn(pctx, key, origin)
+}
+
 // resume runs the parked task id now; it is called on a goroutine of its
 // own (lockkit's OnParked), which the Locker's Close waits for. asynq puts a
 // duplicate back (to its retry set) only after the middleware returned, and
@@ -149,8 +176,11 @@ func (m *guarded) runFirst(ctx context.Context, queue, id string) error {
 // cannot be run (gone, done: completed or archived, or its queue deleted)
 // passes the key on: the
 // reservation is adopted and released, which resumes the next parked task.
-// A task still running after resumeTimeout took its reservation itself, or
-// will when its own requeue brings it back.
+// So does a task still active after resumeTimeout: its duplicate delivery
+// has not ended (asynq calls Config.ErrorHandler before it puts the task
+// back, and a slow one delays that), and the task comes back at its
+// backstop; a task that is running its own run holds the key, which
+// passing on leaves alone.
 func (m *guarded) resume(key, id string) {
 	parts := strings.SplitN(id, "\n", 3)
 	if len(parts) != 3 {
@@ -159,7 +189,7 @@ func (m *guarded) resume(key, id string) {
 	queue, taskID, origin := parts[0], parts[1], parts[2]
 	ctx, cancel := context.WithTimeout(context.Background(), resumeTimeout)
 	defer cancel()
-	start, pause := time.Now(), 200*time.Microsecond
+	start, pause, active := time.Now(), 200*time.Microsecond, false
 	for {
 		err := m.runFirst(ctx, queue, taskID)
 		switch {
@@ -167,6 +197,7 @@ func (m *guarded) resume(key, id string) {
 			return
 		case strings.Contains(err.Error(), "already running") && ctx.Err() == nil,
 			errors.Is(err, asynq.ErrTaskNotFound) && time.Since(start) < resumeMissing:
+			active = strings.Contains(err.Error(), "already running")
 			select {
 			case <-time.After(pause):
 			case <-ctx.Done():
@@ -174,9 +205,10 @@ func (m *guarded) resume(key, id string) {
 			pause = min(2*pause, 50*time.Millisecond)
 			continue
 		case strings.Contains(err.Error(), "already running"):
-			return
+			active = true
 		}
-		if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) && !errors.Is(err, errNotWaiting) {
+		if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) && !errors.Is(err, errNotWaiting) &&
+			!(active && ctx.Err() != nil) {
 			m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: middleware.Job{Key: key, ID: taskID, Origin: origin},
 				Err: fmt.Errorf("singleton: resume parked task %s in queue %q: %w", taskID, queue, err)})
 		}

@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
 )
 
 // ParkedHeader is the task header ("1") of a task that a Client with
@@ -39,9 +41,12 @@ const ParkedHeader = "jobguard-parked"
 // backstop and the middleware's policy applies if its key is still held:
 // under middleware.Requeue (the policy to use with this option) it is
 // parked again, keeping its place; under Skip it completes without
-// running, as any duplicate does. Only a Middleware with WithLimit(1)
-// (the default) starts parked tasks: with a higher limit they wait for
-// their backstop. Zero backstop means ParkBackstop; it must be between a
+// running, as any duplicate does. It needs a Middleware with WithLimit(1)
+// (the default): one with a higher limit refuses a task parked at enqueue
+// (an error matching ErrInvalid and asynq.SkipRetry, so asynq archives it)
+// and gives back its reservation, since under it no run would start the
+// parked tasks nor remove them from the key's parked queue. Zero backstop
+// means ParkBackstop; it must be between a
 // second (asynq schedules in seconds) and lockkit.MaxTTL.
 //
 // It queues work and folds none: every task parked at enqueue runs in its
@@ -51,7 +56,8 @@ const ParkedHeader = "jobguard-parked"
 //
 // A task enqueued with asynq.ProcessAt, asynq.ProcessIn or asynq.Group is
 // enqueued as asked, neither reserved nor parked. When asynq refuses the
-// enqueue, a reservation made for the task is given back; a parked entry
+// enqueue, a reservation made for the task is given back, which starts the
+// task parked behind it meanwhile, as the end of a run does; a parked entry
 // stays, and the run that reaches it finds no task and passes the key on
 // within 100 ms. A task whose ID (asynq.TaskID) another task has is not
 // parked: asynq refuses it (asynq.ErrTaskIDConflict), at the cost of one
@@ -64,12 +70,19 @@ func ParkAtEnqueue(locker lockkit.Locker, backstop time.Duration) Option {
 type parkSpec struct {
 	locker   lockkit.Locker
 	backstop time.Duration
+	resumer  *guarded // starts the task parked behind a reservation given back
 }
 
-func (p *parkSpec) validate() error {
+func (p *parkSpec) validate(rdb redis.UniversalClient) error {
 	if p.locker == nil {
 		return fmt.Errorf("%w: ParkAtEnqueue: locker is nil", ErrInvalid)
 	}
+	p.resumer = &guarded{rdb: rdb, inspector: asynq.NewInspectorFromRedisClient(rdb)}
+	g, err := middleware.New(p.locker, middleware.WithParking(p.resumer.parking()))
+	if err != nil {
+		return fmt.Errorf("%w: ParkAtEnqueue: %w", ErrInvalid, err)
+	}
+	p.resumer.guard = g
 	if p.backstop == 0 {
 		p.backstop = ParkBackstop
 	}
@@ -108,7 +121,8 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 		}
 	}
 	res, err := p.locker.TryAcquire(ctx, key, &lockkit.AcquireOptions{TTL: p.backstop, Label: id, Detached: true,
-		Park: parkEntry(queue, id, id), ParkHold: ParkBackstop})
+		Park: parkEntry(queue, id, id), ParkHold: ParkBackstop,
+		OnParked: func(id string) { p.resumer.resume(key, id) }}) // when given back
 	var ce *lockkit.ConflictError
 	switch {
 	case err == nil:
@@ -119,7 +133,23 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 	}
 	info, err := c.enqueueOwnID(ctx, task, id, queue, generated, opts)
 	if err != nil && res != nil {
-		c.giveBack(ctx, res, id, queue)
+		c.giveBack(ctx, res, task, id, queue)
 	}
 	return info, err
+}
+
+// refuseParked fails job, a task parked at enqueue (ParkAtEnqueue) delivered
+// to a middleware with WithLimit(n > 1), and gives back the reservation made
+// for it: under such a limit no run resumes parked tasks or takes them out
+// of the key's parked queue.
+func (m *guarded) refuseParked(ctx context.Context, job middleware.Job) error {
+	err := fmt.Errorf("%w: WithLimit(%d): task %q (key %q) was enqueued with ParkAtEnqueue, which needs WithLimit(1) (%w)",
+		ErrInvalid, m.limit, job.Name, job.Key, asynq.SkipRetry)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, ferr := m.guard.Locker().Free(fctx, job.Key, job.Origin); ferr != nil {
+		err = fmt.Errorf("%w; giving back its reservation: %w", err, ferr)
+	}
+	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job, Err: err})
+	return err
 }

@@ -2,13 +2,16 @@ package singleton_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/lockkit"
@@ -215,4 +218,137 @@ func TestParkAtEnqueueNeverStrandsATask(t *testing.T) {
 		require.Zero(t, kinfo.Parked, "the refused task is not parked")
 		require.NoError(t, busy.Release(ctx))
 	})
+}
+
+// ParkAtEnqueue needs a middleware with WithLimit(1): under a higher limit
+// no run starts a parked task and none leaves the parked queue, which would
+// grow with every park. Such a middleware refuses a task parked at enqueue:
+// it fails with an error matching ErrInvalid (and asynq.SkipRetry, so asynq
+// archives it) without running, and gives back the key's reservation.
+func TestParkAtEnqueueRefusedUnderAHigherLimit(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	ctx := context.Background()
+	keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
+	client, err := singleton.NewClient(e.Client, e.RDB, keyOf, singleton.ParkAtEnqueue(e.locker(), 0))
+	require.NoError(t, err)
+	first, err := client.Enqueue(asynq.NewTask("report", []byte("1")), asynq.Queue(e.Queue))
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStatePending, first.State, "reserved its key")
+	second, err := client.Enqueue(asynq.NewTask("report", []byte("2")), asynq.Queue(e.Queue))
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, second.State, "parked")
+
+	mw, err := singleton.Middleware(e.locker(), keyOf, singleton.WithLimit(2), singleton.WithPolicy(middleware.Requeue(time.Minute)),
+		singleton.WithRedis(e.RDB))
+	require.NoError(t, err)
+	var ran atomic.Int32
+	errs := &errorLog{}
+	cfg := e.config(2)
+	cfg.ErrorHandler = errs
+	e.start(cfg, mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran.Add(1); return nil })))
+	archived := func(id string) func() bool {
+		return func() bool {
+			ti, err := e.Inspector.GetTaskInfo(e.Queue, id)
+			return err == nil && ti.State == asynq.TaskStateArchived
+		}
+	}
+	require.Eventually(t, archived(first.ID), 10*time.Second, 5*time.Millisecond)
+	info, err := e.locker().Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Empty(t, info.Holders, "the reservation was given back")
+	require.NoError(t, e.Inspector.RunTask(e.Queue, second.ID)) // its backstop
+	require.Eventually(t, archived(second.ID), 10*time.Second, 5*time.Millisecond)
+	require.Zero(t, ran.Load())
+	require.True(t, errs.any(func(err error) bool { return errors.Is(err, singleton.ErrInvalid) && errors.Is(err, asynq.SkipRetry) }), errs.String())
+}
+
+// failHook fails, unsent, the first script run with an argument ending
+// with suffix, after calling before.
+type failHook struct {
+	suffix string
+	before func()
+	done   atomic.Bool
+}
+
+func (h *failHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *failHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *failHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := strings.ToLower(cmd.Name()); name != "evalsha" && name != "eval" {
+			return next(ctx, cmd)
+		}
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && strings.HasSuffix(s, h.suffix) && h.done.CompareAndSwap(false, true) {
+				h.before()
+				err := errors.New("injected: enqueue failed")
+				cmd.SetErr(err)
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A reservation that ParkAtEnqueue gives back because the enqueue failed
+// starts the task parked behind it meanwhile at once, as the end of a run
+// does, instead of leaving it for its backstop.
+func TestParkAtEnqueueGivenBackReservationStartsTheNextTask(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
+	other, err := singleton.NewClient(e.Client, e.RDB, keyOf, singleton.ParkAtEnqueue(e.locker(), 0))
+	require.NoError(t, err)
+	var second *asynq.TaskInfo
+	faulty := redis.NewClient(e.RDB.(*redis.Client).Options())
+	t.Cleanup(func() { _ = faulty.Close() })
+	faulty.AddHook(&failHook{suffix: "}:t:first", before: func() {
+		// Another process enqueues a task of the key: it parks behind the
+		// reservation the failing enqueue made.
+		second, err = other.Enqueue(asynq.NewTask("report", []byte("2")), asynq.Queue(e.Queue))
+		require.NoError(t, err)
+	}})
+	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(faulty), faulty, keyOf, singleton.ParkAtEnqueue(e.locker(), 0))
+	require.NoError(t, err)
+
+	mw, err := singleton.Middleware(e.locker(), keyOf, singleton.WithPolicy(middleware.Requeue(time.Minute)), singleton.WithRedis(e.RDB))
+	require.NoError(t, err)
+	ran := make(chan string, 2)
+	e.start(e.config(2), mw(asynq.HandlerFunc(func(_ context.Context, task *asynq.Task) error {
+		ran <- string(task.Payload())
+		return nil
+	})))
+	_, err = client.Enqueue(asynq.NewTask("report", []byte("1")), asynq.Queue(e.Queue), asynq.TaskID("first"))
+	require.ErrorContains(t, err, "injected")
+	require.NotNil(t, second)
+	require.Equal(t, asynq.TaskStateScheduled, second.State, "parked")
+	require.Equal(t, "2", recv(t, ran, 5*time.Second), "started at once, not at its backstop")
+}
+
+// A reservation that lapses (its task never started: its process died
+// between the reserve and the enqueue, say) starts nobody: the task parked
+// behind it comes back by itself at its backstop, finds the key free and
+// runs.
+func TestParkAtEnqueueLapsedReservationLeavesTheNextTaskToItsBackstop(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	ctx := context.Background()
+	keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
+	client, err := singleton.NewClient(e.Client, e.RDB, keyOf, singleton.ParkAtEnqueue(e.locker(), 2*time.Second))
+	require.NoError(t, err)
+	_, err = e.locker().TryAcquire(ctx, "k", &lockkit.AcquireOptions{Label: "ghost", Detached: true, TTL: 200 * time.Millisecond})
+	require.NoError(t, err)
+	enqueued := time.Now()
+	parked, err := client.Enqueue(asynq.NewTask("report", []byte("1")), asynq.Queue(e.Queue))
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, parked.State)
+	mw, err := singleton.Middleware(e.locker(), keyOf, singleton.WithPolicy(middleware.Requeue(time.Minute)), singleton.WithRedis(e.RDB))
+	require.NoError(t, err)
+	ran := make(chan time.Time, 1)
+	e.start(e.config(2), mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		ran <- time.Now()
+		return nil
+	})))
+	at := recv(t, ran, 10*time.Second)
+	require.GreaterOrEqual(t, at.Sub(enqueued), time.Second, "at its backstop (asynq schedules in whole seconds), not when the reservation lapsed")
+	e.Drained(10 * time.Second)
 }

@@ -129,7 +129,8 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.Du
 // enqueueCopy enqueues a copy of the active task id to run after delay, with
 // the options that shape its processing. The copy gets a new ID (the original
 // still exists until it is revoked) and no Unique lock (the original's is
-// released when it is revoked); its headers carry OriginHeader.
+// released when it is revoked); its headers carry OriginHeader and
+// CopyHeader.
 func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue string, delay time.Duration) (string, error) {
 	info, err := m.inspector.GetTaskInfo(queue, id)
 	if err != nil {
@@ -141,8 +142,11 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 		asynq.ProcessIn(delay),
 	}
 	// The copy's ID is chosen here (or is the one it was parked under), so
-	// that a conflict on it is an earlier run of this enqueue that go-redis
-	// sent again after a lost reply: the copy is there.
+	// that a conflict on it can be an earlier run of this enqueue that
+	// go-redis sent again after a lost reply: the copy is there. It is
+	// taken for one only if it carries this enqueue's CopyHeader: a caller
+	// that reuses its task ID may find the ID taken by the copy of an
+	// earlier task with that ID (completed, kept by Retention, or archived).
 	copyID, ok := ctx.Value(copyIDKey{}).(string)
 	if !ok {
 		origin := t.Headers()[OriginHeader]
@@ -168,10 +172,15 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 	if headers[OriginHeader] == "" {
 		headers[OriginHeader] = id
 	}
+	headers[CopyHeader] = newTaskID()
 	_, err = m.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
-		if _, ierr := m.inspector.GetTaskInfo(queue, copyID); ierr == nil {
+		other, ierr := m.inspector.GetTaskInfo(queue, copyID)
+		switch {
+		case ierr == nil && other.Headers[CopyHeader] == headers[CopyHeader]:
 			err = nil
+		case ierr == nil:
+			err = fmt.Errorf("the copy's ID %s is taken by another task (%s), made by an earlier task with ID %s: %w", copyID, other.State, other.Headers[OriginHeader], err)
 		}
 	}
 	if err != nil {

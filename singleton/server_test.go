@@ -552,6 +552,8 @@ func TestRequeueCopiesATaskWithNoRetriesLeft(t *testing.T) {
 		require.NotEqual(t, orig.ID, copied.ID)
 		require.Equal(t, "report", copied.Type)
 		require.Equal(t, `{"n":1}`, string(copied.Payload))
+		require.NotEmpty(t, copied.Headers[singleton.CopyHeader])
+		delete(copied.Headers, singleton.CopyHeader)
 		require.Equal(t, map[string]string{"trace": "abc", singleton.OriginHeader: "invoice-42"}, copied.Headers)
 		require.Equal(t, e.Queue, copied.Queue)
 		require.Zero(t, copied.MaxRetry)
@@ -572,6 +574,60 @@ func TestRequeueCopiesATaskWithNoRetriesLeft(t *testing.T) {
 		require.Zero(t, qi.Archived)
 		require.Zero(t, qi.FailedTotal)
 	})
+}
+
+// A caller that reuses its task ID finds the ID of the copy Requeue would
+// make taken by the copy of an earlier task with that ID, done but still
+// there (completed and kept by Retention, or archived): that copy is not
+// this delivery's, so the task is not revoked as if its copy were in the
+// queue. The requeue fails, with an error naming the clash, and asynq
+// archives the task (it has no retries left), where an operator sees it.
+func TestRequeueCopyIDTakenByAnOldCopyIsNoSilentRevoke(t *testing.T) {
+	for _, state := range []asynq.TaskState{asynq.TaskStateCompleted, asynq.TaskStateArchived} {
+		t.Run(state.String(), func(t *testing.T) {
+			e := newEnvOn(t, standalone)
+			ctx := context.Background()
+			ev := &events{}
+			mw, err := singleton.Middleware(e.locker(), singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil }),
+				singleton.WithPolicy(middleware.Requeue(time.Hour)), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+			require.NoError(t, err)
+			var ran atomic.Int32
+			e.start(e.config(1), mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+				ran.Add(1)
+				return nil
+			})))
+			// The copy of an earlier task "invoice-7", done.
+			old := e.Enqueue(asynq.NewTask("report", []byte("old")), asynq.TaskID("invoice-7~a"), asynq.Retention(time.Hour),
+				asynq.ProcessIn(time.Hour))
+			if state == asynq.TaskStateArchived {
+				require.NoError(t, e.Inspector.ArchiveTask(e.Queue, old.ID))
+			} else {
+				require.NoError(t, e.Inspector.RunTask(e.Queue, old.ID))
+			}
+			require.Eventually(t, func() bool {
+				ti, err := e.Inspector.GetTaskInfo(e.Queue, old.ID)
+				return err == nil && ti.State == state
+			}, 10*time.Second, 5*time.Millisecond)
+			ran.Store(0)
+
+			holder, err := e.locker().TryAcquire(ctx, "k", nil)
+			require.NoError(t, err)
+			defer holder.Release(ctx)
+			e.Enqueue(asynq.NewTask("report", []byte("new")), asynq.TaskID("invoice-7"), asynq.MaxRetry(0))
+			require.Eventually(t, func() bool {
+				ti, err := e.Inspector.GetTaskInfo(e.Queue, "invoice-7")
+				return err == nil && ti.State == asynq.TaskStateArchived
+			}, 10*time.Second, 5*time.Millisecond, "the task is archived, not revoked")
+			errs := ev.errs(middleware.EventError)
+			require.Len(t, errs, 1)
+			require.ErrorContains(t, errs[0], "invoice-7~a")
+			require.Zero(t, ev.count(middleware.EventRequeued, 0))
+			ti, err := e.Inspector.GetTaskInfo(e.Queue, old.ID)
+			require.NoError(t, err)
+			require.Equal(t, state, ti.State, "the old copy is left as it was")
+			require.Zero(t, ran.Load())
+		})
+	}
 }
 
 // Without singleton.IsFailure in the server's config a requeue is retried as a
@@ -1029,6 +1085,40 @@ func TestDebounceRunsAnOlderTaskWhenTheNewestWasArchived(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, e.Inspector.ArchiveTask(e.Queue, newer.ID))
 	})
+}
+
+// Debounce keys tasks across queues (without PerQueue): the newest task of
+// a key, in another queue than an older one, is found there, so the older
+// task completes without running instead of running in its place.
+func TestDebounceFindsTheNewestTaskInAnotherQueue(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	other := e.Queue + "-b"
+	t.Cleanup(func() { _ = e.Inspector.DeleteQueue(other, true) })
+	locker := e.locker()
+	ev := &events{}
+	mw, err := singleton.Middleware(locker, singleton.WithPolicy(middleware.KeepNewest()), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+	require.NoError(t, err)
+	mux, ran := payloadMux(mw)
+	soon, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, singleton.Debounce(locker, time.Millisecond, 0))
+	require.NoError(t, err)
+	later, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, singleton.Debounce(locker, time.Hour, 0))
+	require.NoError(t, err)
+	_, err = soon.Enqueue(asynq.NewTask("sync", []byte("older")), asynq.Queue(e.Queue))
+	require.NoError(t, err)
+	newer, err := later.Enqueue(asynq.NewTask("sync", []byte("newer")), asynq.Queue(other))
+	require.NoError(t, err)
+	cfg := e.config(2)
+	cfg.Queues = map[string]int{e.Queue: 1, other: 1}
+	e.start(cfg, mux)
+	require.Eventually(t, func() bool { return ev.count(middleware.EventDuplicate, middleware.ActionSkip) == 1 }, 10*time.Second, 5*time.Millisecond,
+		"the older task gave way to the newer one")
+	require.NoError(t, e.Inspector.RunTask(other, newer.ID)) // the newer task is due
+	require.Equal(t, "newer", recv(t, ran, 10*time.Second))
+	select {
+	case v := <-ran:
+		t.Fatalf("%s ran too", v)
+	default:
+	}
 }
 
 // testDebounceOlderRuns enqueues an older task of a debounced burst, lets

@@ -21,6 +21,12 @@ import (
 // uses it, so a copy keeps its original's key.
 const OriginHeader = "jobguard-origin-id"
 
+// CopyHeader is the task header that a copy enqueued by Requeue carries: an
+// ID of the enqueue that made it. A conflict on the copy's task ID is taken
+// for that enqueue's own earlier run (go-redis sends a script again after a
+// lost reply) only when the task there carries the same value.
+const CopyHeader = "jobguard-copy"
+
 // Errors returned by the middleware. Compare with errors.Is.
 var (
 	// ErrKey is matched by the error a task fails with when its key cannot be
@@ -52,6 +58,7 @@ type config struct {
 	typesSet  bool
 	guardOpts []middleware.Option
 	policy    string // the WithPolicy value as written, for errors
+	limit     int    // the WithLimit value; 0 when not given
 	rdb       redis.UniversalClient
 	rdbSet    bool
 	unique    *uniqueSpec // a Client option
@@ -73,9 +80,13 @@ func WithPolicy(p middleware.Policy) Option {
 
 // WithLimit sets how many tasks with the same key may run at once across
 // every server (per-key concurrency, such as per tenant). Must be at least 1.
-// Every server must use the same limit for a key. Defaults to 1.
+// Every server must use the same limit for a key. Above 1 a task enqueued
+// with ParkAtEnqueue is refused (see ParkAtEnqueue). Defaults to 1.
 func WithLimit(n int) Option {
-	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithLimit(n)) }
+	return func(c *config) {
+		c.guardOpts = append(c.guardOpts, middleware.WithLimit(n))
+		c.limit = n
+	}
 }
 
 // WithThrottle allows at most n runs of a key to start in any window of one
@@ -185,7 +196,9 @@ func PerQueue() Option { return func(c *config) { c.perQueue = true } }
 // *middleware.DuplicateError) for Requeue while the task has retries left; an
 // error matching *RequeueError, middleware.ErrDuplicate and asynq.RevokeTask
 // after Requeue enqueued a copy; an error matching ErrKey and
-// asynq.SkipRetry for a key that cannot be derived; for a handler that
+// asynq.SkipRetry for a key that cannot be derived; an error matching
+// ErrInvalid and asynq.SkipRetry for a task enqueued with ParkAtEnqueue
+// under WithLimit(n > 1); for a handler that
 // failed because a newer task preempted it (middleware.Preempt), an error
 // matching lockkit.ErrPreempted and asynq.RevokeTask, so the task is neither
 // retried nor archived; a lockkit error when the
@@ -285,7 +298,7 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	if g.Policy().OnConflict == middleware.ActionRequeue && c.rdb == nil {
 		return nil, fmt.Errorf("%w: WithPolicy(%s): a policy that requeues needs WithRedis(client) to re-enqueue duplicates that have no retries left", ErrInvalid, c.policy)
 	}
-	m.guard = g
+	m.guard, m.limit = g, c.limit
 	if c.rdb != nil {
 		m.client = asynq.NewClientFromRedisClient(c.rdb)
 	}
@@ -301,6 +314,7 @@ type guarded struct {
 	client    *asynq.Client
 	inspector *asynq.Inspector
 	rdb       redis.UniversalClient // asynq's Redis, with WithRedis
+	limit     int                   // the WithLimit value; 0 when not given
 }
 
 func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task) error {
@@ -312,7 +326,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	if origin == "" {
 		origin = id
 	}
-	job := middleware.Job{Name: t.Type(), ID: id, Origin: origin, EnqueuedAt: enqueuedAt(t), Gen: debounceGen(t),
+	job := middleware.Job{Name: t.Type(), ID: id, Origin: origin, EnqueuedAt: enqueuedAt(t), Order: taskOrder(t), Gen: debounceGen(t),
 		Reserved: t.Headers()[ParkedHeader] != ""}
 	key, err := m.keyOf(ctx, t)
 	if err != nil {
@@ -321,6 +335,9 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		return err
 	}
 	job.Key = key
+	if job.Reserved && m.limit > 1 {
+		return m.refuseParked(ctx, job)
+	}
 	if m.inspector != nil { // parks duplicates (see parking)
 		ctx = withCopyID(ctx, origin)
 	}
@@ -330,6 +347,9 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		return next.ProcessTask(ctx, t)
 	})
 	m.endReservation(ctx, t, key, origin, res, out)
+	if out.Duplicate != nil && !out.Duplicate.Parked {
+		m.passOn(ctx, out.Duplicate, key, origin)
+	}
 	if out.Duplicate == nil {
 		if out.Ran && errors.Is(out.Err, lockkit.ErrPreempted) {
 			// A newer task of the key took over: this one is done, neither

@@ -368,3 +368,36 @@ func TestUniqueEnqueueRetriedByGoRedis(t *testing.T) {
 	require.ErrorAs(t, err, &dup, "the reservation stayed")
 	require.Equal(t, info.ID, dup.ID)
 }
+
+// asynq refuses a task whose ID (asynq.TaskID) another task has: when that
+// task is another key's, the refused task's reservation is given back, so
+// later tasks of its key are not refused in that other task's name.
+func TestUniqueGivesBackTheReservationOfATaskRefusedForAnotherTasksID(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		u := newUniqueEnv(t, r, singleton.UntilExecuted, 0)
+		_, err := u.enqueue("acme", asynq.TaskID("nightly"))
+		require.NoError(t, err)
+		_, err = u.enqueue("globex", asynq.TaskID("nightly"))
+		require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
+		_, err = u.enqueue("globex")
+		require.NoError(t, err, "globex's key is free: its refused task is not there")
+	})
+}
+
+// go-redis sends asynq's enqueue script again when its reply is lost: with
+// the caller's own task ID (asynq.TaskID) the second run finds the task the
+// first one enqueued, and the reservation stays with it.
+func TestUniqueEnqueueWithATaskIDRetriedByGoRedis(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	client, hook := faultyUniqueClient(t, e, "}:t:")
+	task := asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`), asynq.Queue(e.Queue))
+
+	hook.Arm(testredis.Repeat, 1)
+	_, err := client.Enqueue(task, asynq.TaskID("acme-1"))
+	require.ErrorIs(t, err, asynq.ErrTaskIDConflict, "asynq's answer to the repeated script")
+	require.EqualValues(t, 1, hook.Hits())
+	_, err = client.Enqueue(task)
+	var dup *singleton.DuplicateTaskError
+	require.ErrorAs(t, err, &dup, "the reservation stayed with the task")
+	require.Equal(t, "acme-1", dup.ID)
+}

@@ -141,6 +141,7 @@ func TestOperatorReleasesAStuckKey(t *testing.T) {
 		t.Fatal("the released holder's work was not cancelled")
 	}
 	require.ErrorIs(t, context.Cause(work), lockkit.ErrLost)
+	require.ErrorContains(t, context.Cause(work), "released by an operator")
 	require.Less(t, time.Since(start), 3*time.Second)
 	require.True(t, strings.Contains(status, "key(s) held") || strings.Contains(status, "released 1 holder(s)"), status)
 	info, err := view.Inspect(ctx, "tenant:42")

@@ -47,17 +47,21 @@ const usage = `jobguard: look at and free jobguard locks in Redis.
 Usage:
   jobguard [flags] ls [PATTERN]      keys with a live holder (Redis glob; default *)
   jobguard [flags] inspect KEY       holders (owner, label, token, TTL) and waiters of KEY
-  jobguard [flags] release KEY       remove KEY's holders (all, or --owner ID's); asks first unless --yes
+  jobguard [flags] release KEY       remove KEY's holders (all, --owner ID's or --token N's); asks first unless --yes
   jobguard [flags] watch [PATTERN]   show the held keys every --interval until interrupted
 
 Examples:
   REDIS_ADDR=redis:6379 jobguard ls 'asynq:report:*'
   jobguard --json inspect 'asynq:sync:{"tenant_id":"acme"}'
   jobguard release tenant:42 --owner worker-7:4121:9f2c --yes
+  jobguard release tenant:42 --token 1795637778862563   # the holder inspect showed
   jobguard --cluster 10.0.0.1:7000,10.0.0.2:7000 --tls watch --interval 2s
 
-A released holder's work is cancelled with lockkit.ErrLost: at once if it was
-acquired with Preempt, otherwise at its next renewal (TTL/3 by default).
+A release removes only the holders it showed (by fencing token): if the key
+changed hands before the answer, it removes nothing of the new holder and
+exits 3 naming it. A released holder's work is cancelled with lockkit.ErrLost:
+at once if it was acquired with Preempt, otherwise at its next renewal (TTL/3
+by default).
 
 Exit codes: 0 ok, 1 error (Redis unreachable...), 2 bad usage, 3 no holder
 found, 4 release not confirmed.
@@ -68,6 +72,7 @@ Flags (before or after the command):
 type options struct {
 	addr, cluster, password, prefix, owner, tlsCA string
 	db                                            int
+	token                                         int64
 	tls, tlsInsecure, json, yes                   bool
 	interval                                      time.Duration
 }
@@ -94,6 +99,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.prefix, "prefix", lockkit.DefaultPrefix, "key prefix the Lockers use (lockkit.WithPrefix)")
 	fs.BoolVar(&o.json, "json", false, "print JSON")
 	fs.StringVar(&o.owner, "owner", "", "release: only this owner's holders")
+	fs.Int64Var(&o.token, "token", 0, "release: only the holder of this fencing token (as inspect shows it)")
 	fs.BoolVar(&o.yes, "yes", false, "release: do not ask for confirmation")
 	fs.DurationVar(&o.interval, "interval", time.Second, "watch: time between two views")
 	pos, err := parseInterleaved(fs, args)
@@ -288,7 +294,7 @@ func (c *cli) printKeys(keys []keyView) {
 			names = append(names, o)
 		}
 		sort.Strings(names)
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", k.Key, len(k.Holders), k.Waiters, k.Parked, strings.Join(names, ","), time.Duration(ttl)*time.Millisecond)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", shown(k.Key), len(k.Holders), k.Waiters, k.Parked, shown(strings.Join(names, ",")), time.Duration(ttl)*time.Millisecond)
 	}
 	_ = tw.Flush()
 }
@@ -312,11 +318,11 @@ func (c *cli) inspect(ctx context.Context, key string) int {
 		_ = json.NewEncoder(c.out).Encode(v)
 	} else {
 		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "key %s: %d holder(s), %d waiter(s), %d parked\n", key, len(v.Holders), v.Waiters, v.Parked)
+		fmt.Fprintf(tw, "key %s: %d holder(s), %d waiter(s), %d parked\n", shown(key), len(v.Holders), v.Waiters, v.Parked)
 		if len(v.Holders) > 0 {
 			fmt.Fprintln(tw, "OWNER\tLABEL\tTOKEN\tTTL")
 			for _, h := range v.Holders {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", h.Owner, h.Label, h.Token, time.Duration(h.TTLms)*time.Millisecond)
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", shown(h.Owner), shown(h.Label), h.Token, time.Duration(h.TTLms)*time.Millisecond)
 			}
 		}
 		_ = tw.Flush()
@@ -334,9 +340,22 @@ func (c *cli) release(ctx context.Context, key string) int {
 	}
 	var targets []lockkit.Holder
 	for _, h := range info.Holders {
-		if c.o.owner == "" || h.Owner == c.o.owner {
+		if (c.o.owner == "" || h.Owner == c.o.owner) && (c.o.token == 0 || h.Token == c.o.token) {
 			targets = append(targets, h)
 		}
+	}
+	if len(targets) == 0 && c.o.token != 0 {
+		now := "nobody"
+		if len(info.Holders) > 0 {
+			hs := make([]string, len(info.Holders))
+			for i, h := range info.Holders {
+				hs[i] = fmt.Sprintf("owner %q label %q token %d", h.Owner, h.Label, h.Token)
+			}
+			now = strings.Join(hs, ", ")
+		}
+		fmt.Fprintf(c.errOut, "jobguard release: %q: the holder of token %d%s no longer holds it; held now by %s\n",
+			key, c.o.token, ownerNote(c.o.owner), now)
+		return exitNotHeld
 	}
 	if len(targets) == 0 {
 		fmt.Fprintf(c.errOut, "jobguard release: %q has no holder%s\n", key, ownerNote(c.o.owner))
@@ -350,20 +369,35 @@ func (c *cli) release(ctx context.Context, key string) int {
 			return exitDeclined
 		}
 	}
-	n, err := c.l.ForceRelease(ctx, key, c.o.owner)
-	if err != nil {
-		return c.fail(err)
+	// Only the holders shown: the key may have changed hands meanwhile.
+	n, gone := 0, false
+	for _, h := range targets {
+		err := c.l.ForceReleaseToken(ctx, key, h.Token)
+		switch {
+		case err == nil:
+			n++
+		case errors.Is(err, lockkit.ErrNotHeld):
+			fmt.Fprintln(c.errOut, "jobguard:", err)
+			gone = true
+		default:
+			return c.fail(err)
+		}
 	}
 	if c.o.json {
 		_ = json.NewEncoder(c.out).Encode(map[string]any{"key": key, "released": n})
 	} else {
-		fmt.Fprintf(c.out, "released %d holder(s) of %s\n", n, key)
+		fmt.Fprintf(c.out, "released %d holder(s) of %s\n", n, shown(key))
 	}
-	if n == 0 {
+	if n == 0 || gone {
 		return exitNotHeld
 	}
 	return exitOK
 }
+
+// shown is s as a table prints it: keys, owners and labels come from task
+// IDs and payloads, so their control bytes are escaped (lockkit.Printable)
+// and never reach the terminal nor break a row.
+func shown(s string) string { return lockkit.Printable(s) }
 
 func ownerNote(owner string) string {
 	if owner == "" {

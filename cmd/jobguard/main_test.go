@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -198,4 +200,99 @@ func TestClusterAndErrors(t *testing.T) {
 	out2, _, code := jobguard(t, prefix, "", "-h")
 	require.Zero(t, code)
 	require.Empty(t, out2)
+}
+
+// Keys, owners and labels come from task IDs and payloads: ls, inspect and
+// watch print their control bytes escaped, so none reaches the terminal and
+// a newline cannot forge a row.
+func TestControlBytesEscaped(t *testing.T) {
+	ctx := context.Background()
+	c := testredis.Client(t)
+	prefix := testredis.Prefix(t, c)
+	l := locker(t, c, prefix, "worker\x1b[31m-a")
+	_, err := l.TryAcquire(ctx, "job:\x1b[2J\nforged  9  9  9  root  1h", &lockkit.AcquireOptions{Label: "id\r\nfake\u202e\tx\\n"})
+	require.NoError(t, err)
+	check := func(out string, rows int) {
+		t.Helper()
+		require.NotContains(t, out, "\x1b")
+		require.NotContains(t, out, "\r")
+		require.NotContains(t, out, "\u202e")
+		require.NotContains(t, out, "\t")
+		require.Equal(t, rows, strings.Count(out, "\n"), "%q", out)
+		require.NotRegexp(t, `(?m)^forged`, out)
+	}
+	out, _, code := jobguard(t, prefix, "", "ls")
+	require.Zero(t, code)
+	check(out, 2)
+	require.Contains(t, out, `job:\x1b[2J\nforged`)
+	require.Contains(t, out, `worker\x1b[31m-a`)
+	out, _, code = jobguard(t, prefix, "", "inspect", "job:\x1b[2J\nforged  9  9  9  root  1h")
+	require.Zero(t, code)
+	check(out, 3)
+	require.Contains(t, out, `id\r\nfake\u202e\tx\\n`)
+
+	cmd := exec.Command(bin, "--prefix", prefix, "watch", "--interval", "50ms")
+	cmd.Env = append(os.Environ(), "REDIS_ADDR="+testredis.Addr(t), "REDIS_CLUSTER_ADDRS=")
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	lines := bufio.NewReader(stdout)
+	var frame strings.Builder
+	for !strings.HasSuffix(frame.String(), "\n\n") { // a frame ends with an empty line
+		b, err := lines.ReadByte()
+		require.NoError(t, err)
+		frame.WriteByte(b)
+	}
+	check(frame.String(), 4)
+}
+
+// release acts on the holders its prompt showed, by their fencing tokens:
+// when the key changes hands before the operator answers, it releases
+// nothing and names the change; --token pins a release to the holder that
+// inspect showed.
+func TestReleasePinnedToTheTokensShown(t *testing.T) {
+	ctx := context.Background()
+	c := testredis.Client(t)
+	prefix := testredis.Prefix(t, c)
+	a := locker(t, c, prefix, "worker-a")
+	seen, err := a.TryAcquire(ctx, "tenant:42", nil)
+	require.NoError(t, err)
+
+	cmd := exec.Command(bin, "--prefix", prefix, "release", "tenant:42")
+	cmd.Env = append(os.Environ(), "REDIS_ADDR="+testredis.Addr(t), "REDIS_CLUSTER_ADDRS=")
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	require.NoError(t, cmd.Start())
+	r := bufio.NewReader(stderr)
+	prompt, err := r.ReadString('?')
+	require.NoError(t, err)
+	require.Contains(t, prompt, `Release 1 holder(s) of "tenant:42"`)
+	// While the operator reads the prompt, the run ends and another takes the key.
+	require.NoError(t, seen.Release(ctx))
+	now, err := a.TryAcquire(ctx, "tenant:42", nil)
+	require.NoError(t, err)
+	_, err = stdin.Write([]byte("y\n"))
+	require.NoError(t, err)
+	rest, _ := io.ReadAll(r)
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "stdout %q stderr %q", out.String(), rest)
+	require.Equal(t, exitNotHeld, ee.ExitCode())
+	require.Contains(t, string(rest), fmt.Sprintf("token %d no longer holds it", seen.Token()))
+	require.Contains(t, string(rest), fmt.Sprintf("token %d", now.Token()), "names the holder now")
+	info, err := a.Inspect(ctx, "tenant:42")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1, "the new holder keeps the key")
+
+	_, errOut, code := jobguard(t, prefix, "", "release", "tenant:42", "--yes", "--token", fmt.Sprint(seen.Token()))
+	require.Equal(t, exitNotHeld, code)
+	require.Contains(t, errOut, "no longer holds it")
+	o, _, code := jobguard(t, prefix, "", "release", "tenant:42", "--yes", "--token", fmt.Sprint(now.Token()))
+	require.Zero(t, code)
+	require.Contains(t, o, "released 1 holder(s) of tenant:42")
 }

@@ -15,8 +15,10 @@
 --         remembered in a key of their own (release.lua), so a key whose last
 --         holder left is gone and the next acquire takes the fast path.
 -- KEYS[2] epoch: HASH, e = last epoch, d = keep it until (ms), a = the acquire id
---         that claimed it; it lives until d and while leases that claimed an
---         epoch are renewed
+--         that claimed it, n = the order of the key's latest Supersede run
+--         (ARGV[19]); it lives until d, for ARGV[18] after a run with an
+--         order took the key, and while leases that claimed an epoch or
+--         recorded an order are renewed
 -- KEYS[3] queue: ZSET of fair waiters, score = arrival (us)
 -- KEYS[4] waiters: ZSET of every waiter, score = deadline (ms)
 -- KEYS[5] fence: STRING, the last fencing token, kept for a second
@@ -27,7 +29,8 @@
 -- KEYS[8] follow-up: HASH, p = the key's Supersede follow-up (a waiter id,
 --         or the parked-queue entry of a parking call), r = the parked
 --         follow-up that p replaced and a = the acquire id of the call that
---         replaced it (only its repeat is told r again), c = the
+--         replaced it (only its repeat is told r again), o = the order of
+--         p ("0" for none), c = the
 --         parked-queue entry of the key's parked Coalesce follow-up
 -- ARGV[1] owner id
 -- ARGV[2] ttl (ms)
@@ -54,6 +57,14 @@
 -- ARGV[17] this call's parked-queue entry, "" when it does not park: it is
 --          added (once) when the key is held, removed when the call takes it
 -- ARGV[18] how long the parked queue is kept after a park (ms)
+-- ARGV[19] Supersede: the call's order (its task's place in the key's order,
+--          taken at enqueue), "0" for none; it applies to a waiting or
+--          parking call, also on the attempts after the first, and once it
+--          waits as a plain call for its own earlier delivery. A call older than the key's
+--          latest run (n) or than its live follow-up (o) gives up ({-5}):
+--          it neither replaces nor preempts a newer one. A call without an
+--          order, or compared with a run or follow-up without one, goes by
+--          arrival.
 -- ARGV[11] Coalesce: "0" off; otherwise when the work was asked for (server
 --          us; a time after now means now), "-1" for now (the first attempt)
 -- Returns {1, token} when acquired, {1, token, ttl left (ms)} when an earlier
@@ -143,6 +154,41 @@ local holder_exp = 0
 local adopted = false
 local entry = ARGV[17]
 local keep = tonumber(ARGV[18])
+local order = tonumber(ARGV[19] or '0')
+-- older tells whether this Supersede call is older than the key's latest
+-- run or than its live follow-up (a parked entry, the reservation a release
+-- made for it, or a waiter not expired).
+local function older()
+  if order == 0 or (wid == '' and entry == '') then
+    return false
+  end
+  if order < tonumber(redis.call('HGET', KEYS[2], 'n') or '0') then
+    return true
+  end
+  local f = redis.call('HMGET', KEYS[8], 'p', 'o')
+  if not f[1] or f[1] == wid or f[1] == entry or order >= tonumber(f[2] or '0') then
+    return false
+  end
+  if redis.call('ZSCORE', KEYS[7], f[1]) or tonumber(redis.call('ZSCORE', KEYS[4], f[1]) or '0') > now then
+    return true
+  end
+  local pl = string.match(f[1], '^%d+:([^:]*):')
+  if pl and pl ~= '' then
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+      if string.find(m, '^%d+:r') and string.sub(m, -#pl - 1) == ':' .. pl then
+        return true
+      end
+    end
+  end
+  return false
+end
+local function give_up()
+  forget_waiter()
+  if entry ~= '' then
+    redis.call('ZREM', KEYS[7], entry)
+  end
+  return {-5}
+end
 if existed then
   -- Drop expired holders and forgotten records.
   redis.call('ZREMRANGEBYSCORE', KEYS[1], -now, now)
@@ -194,6 +240,9 @@ if existed then
     forget_waiter()
     return {-5}
   end
+  if not adopted and older() then
+    return give_up()
+  end
   if not holder and count > 0 then
     holder, holder_exp = live[1], tonumber(live[2])
   end
@@ -220,6 +269,9 @@ if existed then
       redis.call('PUBLISH', ARGV[14], 'p' .. string.format('%d', top))
     end
   end
+end
+if not existed and older() then
+  return give_up()
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
@@ -300,7 +352,7 @@ if sup ~= '0' and fid ~= '' and not adopted and not (same and sup == '1') then
       elseif p then
         redis.call('PUBLISH', ARGV[14], '1')
       end
-      redis.call('HSET', KEYS[8], 'p', fid, 'r', replaced, 'a', aid)
+      redis.call('HSET', KEYS[8], 'p', fid, 'r', replaced, 'a', aid, 'o', string.format('%d', order))
     end
   elseif p ~= wid then
     forget_waiter()
@@ -330,8 +382,19 @@ if not same and count + ahead < limit then
     redis.call('PEXPIRE', KEYS[2], math.max(ttl, kept_until - now))
   end
   forget_waiter()
-  if sup ~= '0' and fid ~= '' and redis.call('HGET', KEYS[8], 'p') == fid then
-    redis.call('HDEL', KEYS[8], 'p', 'r', 'a')
+  if fid ~= '' and (sup ~= '0' or order > 0) then
+    if sup ~= '0' and redis.call('HGET', KEYS[8], 'p') == fid then
+      redis.call('HDEL', KEYS[8], 'p', 'r', 'a', 'o')
+    end
+    -- The run's order: an older call gives up while it runs and after.
+    if order == 0 then
+      redis.call('HDEL', KEYS[2], 'n')
+    elseif order > tonumber(redis.call('HGET', KEYS[2], 'n') or '0') then
+      redis.call('HSET', KEYS[2], 'n', string.format('%d', order))
+    end
+    if order > 0 then
+      extend_key(KEYS[2], keep)
+    end
   end
   if entry ~= '' then
     redis.call('ZREM', KEYS[7], entry)

@@ -7,7 +7,8 @@
 -- ARGV[4] "1" for a renewal, which never shortens the lease (a late renewal
 --         must not undo a longer Extend); "0" for Extend, which sets it
 -- Returns 1 when renewed, 0 when the lease had expired or was gone, 2 when
--- a Preempt acquire preempted it (its score has a fraction, see acquire.lua).
+-- a Preempt acquire preempted it (its score has a fraction, see acquire.lua),
+-- 3 when ForceRelease removed it (its "x:<token>" record, see evict.lua).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
@@ -23,6 +24,10 @@ if type(score) == 'table' then
   return 1
 end
 if not score or tonumber(score) <= now then
+  local x = redis.call('ZSCORE', KEYS[1], 'x:' .. string.match(ARGV[1], '^%d+'))
+  if x and -tonumber(x) > now then
+    return 3
+  end
   return 0
 end
 if tonumber(score) % 1 ~= 0 then

@@ -9,7 +9,8 @@
 --          "!" and its own ttl when it has another, negated when it
 --          claimed an epoch
 -- Returns, per lease, 1 when renewed, 0 when it had expired or was gone, 2
--- when a Preempt acquire preempted it.
+-- when a Preempt acquire preempted it, 3 when ForceRelease removed it (its
+-- "x:<token>" record, see evict.lua).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local common = tonumber(ARGV[1])
@@ -45,6 +46,10 @@ while j <= #ARGV do
     end
   elseif not score or tonumber(score) <= now then
     out[i] = 0
+    local x = redis.call('ZSCORE', holders, 'x:' .. string.match(member, '^%d+'))
+    if x and -tonumber(x) > now then
+      out[i] = 3
+    end
   elseif tonumber(score) % 1 ~= 0 then
     out[i] = 2
   else
