@@ -9,19 +9,19 @@ import (
 
 // Rules the checkers enforce, as named in violations.
 const (
-	ruleOverlap  = "overlap"     // runs of one key never overlap beyond the limit
-	ruleRuns     = "runs"        // Requeue / Wait / ParkAtEnqueue: every accepted task completes, once
-	ruleCover    = "cover"       // Coalesce: a task that did not run was covered by a later run that succeeded
-	ruleNewest   = "newest"      // KeepNewest / Preempt: the last run of a key is its newest task
-	rulePreempt  = "preempt"     // Preempt: the old run's ctx is cancelled within the bound
-	ruleStranded = "stranded"    // the queue drains once enqueues and faults stop
-	ruleLeak     = "leak"        // no key without a TTL is left behind
-	ruleStale    = "stale-retry" // KeepNewest / Preempt: a retry of an older task ran after the newest (advisory)
+	ruleOverlap     = "overlap"      // runs of one key never overlap beyond the limit
+	ruleRuns        = "runs"         // Requeue / Wait / ParkAtEnqueue: every accepted task completes, once
+	ruleCover       = "cover"        // Coalesce: a task that did not run was covered by a later run that succeeded
+	ruleNewest      = "newest"       // KeepNewest / Preempt, singleton.Client: the last run of a key is of its newest task, and succeeded
+	rulePreempt     = "preempt"      // Preempt: the old run's ctx is cancelled within the bound
+	ruleStranded    = "stranded"     // the queue drains once enqueues and faults stop
+	ruleLeak        = "leak"         // no key without a TTL is left behind
+	ruleNewestPlain = "newest-plain" // ruleNewest for tasks of a plain asynq.Client (advisory: placed by arrival)
 )
 
 // advisory rules are reported but do not fail a seed: behaviour the README
 // does not rule out, worth a look.
-var advisory = map[string]bool{ruleStale: true}
+var advisory = map[string]bool{ruleNewestPlain: true}
 
 // failing counts the violations of rules that fail a seed.
 func failing(vs []Violation) int {
@@ -455,48 +455,30 @@ func (h *history) checkNewest() []Violation {
 		if t.exempt(h) {
 			continue
 		}
-		// A retry of an older task whose run failed is the older task's
-		// work, not a newer request: the README lets it run after the
-		// newest. It is reported as advisory.
-		var last, lastRetry *run
+		var last *run
 		for _, ru := range h.runs {
-			if ru.key != k {
-				continue
-			}
-			if h.isRetry(ru) {
-				if lastRetry == nil || ru.start > lastRetry.start {
-					lastRetry = ru
-				}
-				continue
-			}
-			if last == nil || ru.start > last.start {
+			if ru.key == k && (last == nil || ru.start > last.start) {
 				last = ru
 			}
 		}
-		if lastRetry != nil && last != nil && lastRetry.start > last.start && lastRetry.task != t.name {
-			evs := append(t.events(), h.tasks[lastRetry.task].events()...)
-			slices.SortStableFunc(evs, func(a, b Record) int { return cmpInt(a.T, b.T) })
-			vs = append(vs, h.violation(ruleStale, lastRetry.task, fmt.Sprintf("key %s: the retry of older task #%d ran after the newest task #%d, so the key's last run carries an older payload", k, lastRetry.n, t.n), evs...))
+		// Tasks of a plain asynq.Client have no order: the README places
+		// them by their arrival at Redis, which the history does not see.
+		rule := ruleNewest
+		if t.fam.Client == cliPlain {
+			rule = ruleNewestPlain
 		}
 		switch {
 		case last == nil:
-			vs = append(vs, h.violation(ruleNewest, t.name, "key "+k+": no run at all", t.events()...))
+			vs = append(vs, h.violation(rule, t.name, "key "+k+": no run at all", t.events()...))
 		case last.task != t.name:
 			evs := append(t.events(), last.recs...)
 			slices.SortStableFunc(evs, func(a, b Record) int { return cmpInt(a.T, b.T) })
-			vs = append(vs, h.violation(ruleNewest, t.name, fmt.Sprintf("key %s: its last run is of %s (#%d), not of the newest task (#%d)", k, last.task, last.n, t.n), evs...))
+			vs = append(vs, h.violation(rule, t.name, fmt.Sprintf("key %s: its last run is of %s (#%d), not of the newest task (#%d)", k, last.task, last.n, t.n), evs...))
 		case last.outcome != "ok":
-			vs = append(vs, h.violation(ruleNewest, t.name, fmt.Sprintf("key %s: the newest task's last run ended %s", k, last.outcome), t.events()...))
+			vs = append(vs, h.violation(rule, t.name, fmt.Sprintf("key %s: the newest task's last run ended %s", k, last.outcome), t.events()...))
 		}
 	}
 	return vs
-}
-
-// isRetry reports whether ru follows a run of its task that failed.
-func (h *history) isRetry(ru *run) bool {
-	return slices.ContainsFunc(h.tasks[ru.task].runs, func(o *run) bool {
-		return o.start < ru.start && (o.outcome == "error" || o.outcome == "panic")
-	})
 }
 
 // checkPreempt: under Preempt, a run of a key still going when a newer task

@@ -132,11 +132,19 @@ func TestCoalesceTaskCoveredByAnEarlierRunIsReported(t *testing.T) {
 
 func TestKeepNewestLastRunOfAnOlderTaskIsReported(t *testing.T) {
 	h := newHist(polKeepNewest)
+	h.w.Families[0].Client = cliStamped
 	h.enqueue(0, "a")
 	h.enqueue(1, "b")
 	h.run(10, 20, "w1", "b", "ok")
 	h.run(30, 40, "w1", "a", "ok")
 	if got := h.check(); got[ruleNewest] != 1 {
 		t.Fatalf("want one newest violation, got %v", got)
+	}
+	// Plain tasks are placed by their arrival, which the history does not
+	// see: the same is advisory.
+	h.w.Families[0].Client = cliPlain
+	vs, _ := check(h.w, h.recs, nil, true)
+	if got := rules(vs); got[ruleNewestPlain] != 1 || failing(vs) != 0 {
+		t.Fatalf("want one advisory violation, got %v", got)
 	}
 }

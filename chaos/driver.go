@@ -276,7 +276,7 @@ func (r *seedRun) stopAll() {
 // enqueueAll runs the workload's enqueues at their times.
 func (r *seedRun) enqueueAll() error {
 	plain := asynq.NewClientFromRedisClient(r.rdb)
-	stamped, err := singleton.NewClient(plain, r.rdb)
+	stamped, err := singleton.NewClient(plain, r.rdb, singleton.KeyByFields("k"))
 	if err != nil {
 		return err
 	}
