@@ -47,6 +47,7 @@ type seedRun struct {
 	queue  string
 	rdb    *redis.Client
 	rec    *recorder
+	srv    *redisServer // nil when the run uses a Redis it did not start
 
 	mu    sync.Mutex
 	live  []*proc
@@ -64,8 +65,9 @@ type result struct {
 }
 
 func (r result) summary() string {
-	return fmt.Sprintf("seed %d: %d tasks (%d accepted), %d deliveries, %d runs, %d faults %v, %d keys left; %d violations",
-		r.seed, len(r.w.Ops), r.stats.accepted, r.stats.deliveries, r.stats.runs, len(r.w.Faults), faultKinds(r.w), r.stats.keysLeft, len(r.violations))
+	n := failing(r.violations)
+	return fmt.Sprintf("seed %d: %d tasks (%d accepted), %d deliveries, %d runs (%d counted short: lease lost or paused), %d faults %v, %d keys left; %d violations, %d advisory",
+		r.seed, len(r.w.Ops), r.stats.accepted, r.stats.deliveries, r.stats.runs, r.stats.excused, len(r.w.Faults), faultKinds(r.w), r.stats.keysLeft, n, len(r.violations)-n)
 }
 
 func (r result) perRule() map[string]int {
@@ -100,15 +102,16 @@ func runSeed(o options, seed uint64) (result, error) {
 		return result{}, err
 	}
 	addr := o.addr
+	var srv *redisServer
 	if addr == "" {
-		a, stop, err := startRedis(dir)
-		if err != nil {
+		var err error
+		if srv, err = startRedis(dir); err != nil {
 			return result{}, err
 		}
-		defer stop()
-		addr = a
+		defer srv.stop()
+		addr = srv.addr
 	}
-	r := &seedRun{o: o, w: w, dir: dir, addr: addr, prefix: fmt.Sprintf("jgc%d:", seed), queue: fmt.Sprintf("chaos-%d", seed)}
+	r := &seedRun{o: o, w: w, dir: dir, addr: addr, srv: srv, prefix: fmt.Sprintf("jgc%d:", seed), queue: fmt.Sprintf("chaos-%d", seed)}
 	r.rdb = redis.NewClient(&redis.Options{Addr: addr})
 	defer r.rdb.Close()
 	ctx := context.Background()
@@ -168,35 +171,48 @@ func runSeed(o options, seed uint64) (result, error) {
 	return res, nil
 }
 
+// redisServer is a redis-server the run started, with an append-only file
+// fsynced on every write, so that a restart keeps every acknowledged write.
+type redisServer struct {
+	addr, dir string
+	port      int
+	cmd       *exec.Cmd
+}
+
 // startRedis starts a redis-server of the run's own on a free port.
-func startRedis(dir string) (string, func(), error) {
+func startRedis(dir string) (*redisServer, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	cmd := exec.Command("redis-server", "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
-	cmd.Stdout, cmd.Stderr = nil, nil
-	if err := cmd.Start(); err != nil {
-		return "", nil, fmt.Errorf("start redis-server: %w", err)
+	s := &redisServer{addr: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, port: port}
+	return s, s.start()
+}
+
+func (s *redisServer) start() error {
+	s.cmd = exec.Command("redis-server", "--port", fmt.Sprint(s.port), "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "yes", "--appendfsync", "always", "--dir", s.dir)
+	if err := s.cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
 	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr})
 	defer rdb.Close()
 	for i := 0; ; i++ {
 		if rdb.Ping(context.Background()).Err() == nil {
-			break
+			return nil
 		}
 		if i == 100 {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			return "", nil, errors.New("redis-server did not start")
+			s.stop()
+			return errors.New("redis-server did not start")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return addr, func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }, nil
 }
+
+// stop SIGKILLs the server.
+func (s *redisServer) stop() { _ = s.cmd.Process.Kill(); _ = s.cmd.Wait() }
 
 // startWorker starts a worker process and waits until its server runs.
 func (r *seedRun) startWorker() error {
@@ -331,9 +347,19 @@ func (r *seedRun) runFaults() {
 			r.mu.Unlock()
 			continue
 		}
+		// A worker that is running tasks, if any is: faults mid-run.
+		var busy []int
+		for i, p := range r.live {
+			if len(r.openDeliveries(p)) > 0 {
+				busy = append(busy, i)
+			}
+		}
 		i := f.Target % len(r.live)
+		if len(busy) > 0 {
+			i = busy[f.Target%len(busy)]
+		}
 		p := r.live[i]
-		if f.Kind != faultStop {
+		if f.Kind == faultKill || f.Kind == faultTerm {
 			r.live = slices.Delete(r.live, i, i+1)
 		}
 		r.mu.Unlock()
@@ -355,6 +381,17 @@ func (r *seedRun) runFaults() {
 			}
 			r.rec.add(Record{Ev: evFault, Fault: "exited", Target: p.name})
 			r.replace()
+		case faultRedis:
+			if r.srv == nil {
+				continue
+			}
+			r.rec.add(Record{Ev: evFault, Fault: faultRedis, Target: "redis"})
+			r.srv.stop()
+			time.Sleep(f.Hold)
+			if err := r.srv.start(); err != nil {
+				fmt.Fprintln(os.Stderr, "chaos: restart redis-server:", err)
+			}
+			r.rec.add(Record{Ev: evFault, Fault: "redis-up", Target: "redis"})
 		case faultStop:
 			r.rec.add(Record{Ev: evFault, Fault: faultStop, Target: p.name})
 			_ = p.cmd.Process.Signal(syscall.SIGSTOP)
@@ -383,20 +420,8 @@ func (r *seedRun) recoverLeases() {
 	live := slices.Clone(r.live)
 	r.mu.Unlock()
 	for _, p := range live {
-		recs, _ := readFile(filepath.Join(r.dir, p.name+".jsonl"))
-		n := map[string]int{}
-		for _, rec := range recs {
-			switch rec.Ev {
-			case evDeliver:
-				n[rec.AID]++
-			case evReturn:
-				n[rec.AID]--
-			}
-		}
-		for aid, c := range n {
-			if c > 0 {
-				open[aid] = true
-			}
+		for aid := range r.openDeliveries(p) {
+			open[aid] = true
 		}
 	}
 	key := "asynq:{" + r.queue + "}:lease"
@@ -409,6 +434,28 @@ func (r *seedRun) recoverLeases() {
 			r.rdb.ZAddXX(ctx, key, redis.Z{Member: z.Member, Score: z.Score - 60})
 		}
 	}
+}
+
+// openDeliveries returns the asynq IDs of the tasks p's handlers are
+// running, as its history says.
+func (r *seedRun) openDeliveries(p *proc) map[string]bool {
+	recs, _ := readFile(filepath.Join(r.dir, p.name+".jsonl"))
+	n := map[string]int{}
+	for _, rec := range recs {
+		switch rec.Ev {
+		case evDeliver:
+			n[rec.AID]++
+		case evReturn:
+			n[rec.AID]--
+		}
+	}
+	open := map[string]bool{}
+	for aid, c := range n {
+		if c > 0 {
+			open[aid] = true
+		}
+	}
+	return open
 }
 
 // drain waits until the queue holds no pending, active, scheduled or retry

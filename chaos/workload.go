@@ -29,6 +29,10 @@ const (
 	faultKill = "kill" // SIGKILL a worker mid-run, start a replacement
 	faultTerm = "term" // SIGTERM: asynq's graceful shutdown (rolling deploy), then a replacement
 	faultStop = "stop" // SIGSTOP a worker past the lease TTL, then SIGCONT
+	// faultRedis SIGKILLs the redis-server (its AOF fsyncs every write) and
+	// starts it again after Hold: every connection, pub/sub included, is
+	// cut. Only when the run started its redis-server itself.
+	faultRedis = "redis"
 )
 
 // Family is a group of keys sharing a task type and a middleware setup.
@@ -144,12 +148,15 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 	}
 	if faults {
 		n := 1 + int(length/(8*time.Second))
-		kinds := []string{faultKill, faultTerm, faultStop}
+		kinds := []string{faultKill, faultTerm, faultStop, faultRedis}
 		first := r.IntN(len(kinds))
 		for i := range n {
 			f := Fault{At: length/10 + time.Duration(r.Int64N(int64(length*8/10))), Kind: kinds[(first+i)%len(kinds)], Target: r.IntN(w.Workers)}
-			if f.Kind == faultStop {
+			switch f.Kind {
+			case faultStop:
 				f.Hold = leaseTTL + time.Duration(500+r.IntN(1000))*time.Millisecond
+			case faultRedis:
+				f.Hold = time.Duration(100+r.IntN(400)) * time.Millisecond
 			}
 			w.Faults = append(w.Faults, f)
 		}
