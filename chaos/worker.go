@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -353,11 +354,12 @@ func reasonOf(err error) string {
 	return ""
 }
 
-// quietLogger is an asynq.Logger that drops every log.
+// quietLogger is an asynq.Logger that writes warnings and errors to
+// stderr (the worker's log file) and drops the rest.
 type quietLogger struct{}
 
-func (quietLogger) Debug(...any) {}
-func (quietLogger) Info(...any)  {}
-func (quietLogger) Warn(...any)  {}
-func (quietLogger) Error(...any) {}
-func (quietLogger) Fatal(...any) {}
+func (quietLogger) Debug(...any)   {}
+func (quietLogger) Info(...any)    {}
+func (quietLogger) Warn(a ...any)  { log.Print(append([]any{"asynq WARN: "}, a...)...) }
+func (quietLogger) Error(a ...any) { log.Print(append([]any{"asynq ERROR: "}, a...)...) }
+func (quietLogger) Fatal(a ...any) { log.Print(append([]any{"asynq FATAL: "}, a...)...) }
