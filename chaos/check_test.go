@@ -1,6 +1,12 @@
 package main
 
 import (
+	"compress/gzip"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -146,5 +152,59 @@ func TestKeepNewestLastRunOfAnOlderTaskIsReported(t *testing.T) {
 	vs, _ := check(h.w, h.recs, nil, true)
 	if got := rules(vs); got[ruleNewestPlain] != 1 || failing(vs) != 0 {
 		t.Fatalf("want one advisory violation, got %v", got)
+	}
+}
+
+// gunzipDir writes the gzipped files of testdata/<name> uncompressed to a
+// temporary directory and returns it.
+func gunzipDir(t *testing.T, name string) string {
+	t.Helper()
+	dir := t.TempDir()
+	files, err := filepath.Glob(filepath.Join("testdata", name, "*.gz"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no testdata/%s: %v", name, err)
+	}
+	for _, f := range files {
+		in, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		zr, err := gzip.NewReader(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(zr)
+		in.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, strings.TrimSuffix(filepath.Base(f), ".gz")), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// The history of seed 301 (a worker paused, Redis restarted, the worker
+// shut down): a Wait task that its worker requeued just before Redis went
+// down was resumed and ran to completion on another worker, then was
+// delivered and ran again. The checker names it.
+func TestSeed301HistoryReportsATaskRunTwice(t *testing.T) {
+	dir := gunzipDir(t, "seed-301")
+	b, err := os.ReadFile(filepath.Join(dir, "workload.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w Workload
+	if err := json.Unmarshal(b, &w); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := readHistory(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs, _ := check(w, recs, nil, true)
+	if len(vs) != 1 || vs[0].Rule != ruleRuns || vs[0].Task != "s301-f2wait-k1-28" {
+		t.Fatalf("want one runs violation of s301-f2wait-k1-28, got %v", vs)
 	}
 }

@@ -105,10 +105,14 @@ func runSeed(o options, seed uint64) (result, error) {
 	var srv *redisServer
 	if addr == "" {
 		var err error
-		if srv, err = startRedis(dir); err != nil {
+		rdir := filepath.Join(dir, "redis") // its append-only file: not kept
+		if err := os.MkdirAll(rdir, 0o755); err != nil {
 			return result{}, err
 		}
-		defer srv.stop()
+		if srv, err = startRedis(rdir); err != nil {
+			return result{}, err
+		}
+		defer func() { srv.stop(); _ = os.RemoveAll(rdir) }()
 		addr = srv.addr
 	}
 	r := &seedRun{o: o, w: w, dir: dir, addr: addr, srv: srv, prefix: fmt.Sprintf("jgc%d:", seed), queue: fmt.Sprintf("chaos-%d", seed)}
