@@ -416,26 +416,39 @@ func (r *seedRun) replace() {
 // cutoff would do for a killed worker's tasks, at once: every task in the
 // queue's lease set that no live worker is running gets a lease expired 60s
 // ago, so the replacement server's recoverer (which runs at its start)
-// re-delivers it.
+// re-delivers it. A task that a live worker has just dequeued may not be in
+// its history yet: only tasks that no live worker runs twice 300ms apart
+// are moved.
 func (r *seedRun) recoverLeases() {
 	ctx := context.Background()
-	open := map[string]bool{}
-	r.mu.Lock()
-	live := slices.Clone(r.live)
-	r.mu.Unlock()
-	for _, p := range live {
-		for aid := range r.openDeliveries(p) {
-			open[aid] = true
-		}
-	}
 	key := "asynq:{" + r.queue + "}:lease"
-	zs, err := r.rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
-	if err != nil {
-		return
+	orphans := func() map[string]float64 {
+		zs, err := r.rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
+		if err != nil {
+			return nil
+		}
+		open := map[string]bool{}
+		r.mu.Lock()
+		live := slices.Clone(r.live)
+		r.mu.Unlock()
+		for _, p := range live {
+			for aid := range r.openDeliveries(p) {
+				open[aid] = true
+			}
+		}
+		out := map[string]float64{}
+		for _, z := range zs {
+			if m, _ := z.Member.(string); !open[m] {
+				out[m] = z.Score
+			}
+		}
+		return out
 	}
-	for _, z := range zs {
-		if m, _ := z.Member.(string); !open[m] {
-			r.rdb.ZAddXX(ctx, key, redis.Z{Member: z.Member, Score: z.Score - 60})
+	first := orphans()
+	time.Sleep(300 * time.Millisecond)
+	for m, score := range orphans() {
+		if _, ok := first[m]; ok {
+			r.rdb.ZAddXX(ctx, key, redis.Z{Member: m, Score: score - 60})
 		}
 	}
 }
