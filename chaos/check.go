@@ -14,6 +14,7 @@ const (
 	ruleCover       = "cover"        // Coalesce: a task that did not run was covered by a later run that succeeded
 	ruleNewest      = "newest"       // KeepNewest / Preempt, singleton.Client: the last run of a key is of its newest task, and succeeded
 	rulePreempt     = "preempt"      // Preempt: the old run's ctx is cancelled within the bound
+	ruleUnique      = "unique"       // Unique: never two accepted tasks of a key needed at once; a refusal names a task that still needs it
 	ruleStranded    = "stranded"     // the queue drains once enqueues and faults stop
 	ruleLeak        = "leak"         // no key without a TTL is left behind
 	ruleNewestPlain = "newest-plain" // ruleNewest for tasks of a plain asynq.Client (advisory: placed by arrival)
@@ -295,6 +296,7 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 	vs = append(vs, h.checkCover()...)
 	vs = append(vs, h.checkNewest()...)
 	vs = append(vs, h.checkPreempt()...)
+	vs = append(vs, h.checkUnique()...)
 	if !drained {
 		vs = append(vs, h.violation(ruleStranded, "-", fmt.Sprintf("the queue did not drain within %s of the last enqueue", drainTimeout)))
 	}
@@ -517,4 +519,69 @@ func (h *history) checkPreempt() []Violation {
 // paused reports whether proc was stopped at some time in [from, to].
 func (h *history) paused(proc string, from, to int64) bool {
 	return slices.ContainsFunc(h.stops[proc], func(s interval) bool { return s.from <= to && s.to >= from })
+}
+
+// doneAt is when the middleware first returned nil to asynq for task t (its
+// work done or skipped: the task needs its key no more), or 0.
+func (t *taskHist) doneAt(h *history) int64 {
+	for _, r := range h.records {
+		if r.Ev == evReturn && r.Task == t.name && r.Err == "" {
+			return r.T
+		}
+	}
+	return 0
+}
+
+// checkUnique: under Unique(UntilExecuted), an enqueue is accepted only
+// when no earlier accepted task of its key still needs it (has not
+// completed), and a refusal names a task of the key that still needs it.
+func (h *history) checkUnique() []Violation {
+	var vs []Violation
+	byAID := map[string]*taskHist{}
+	var accepted []*taskHist
+	for _, name := range h.order {
+		t := h.tasks[name]
+		if t.enq == nil || t.fam.Client != cliUnique {
+			continue
+		}
+		if t.enq.Accepted {
+			byAID[t.enq.AID] = t
+			accepted = append(accepted, t)
+		}
+	}
+	for _, name := range h.order {
+		t := h.tasks[name]
+		if t.enq == nil || t.fam.Client != cliUnique {
+			continue
+		}
+		at := t.enq.T
+		if !t.enq.Accepted {
+			if t.enq.Holder == "" {
+				continue // refused for another reason (Redis down)
+			}
+			hold := byAID[t.enq.Holder]
+			switch {
+			case hold == nil:
+				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+t.enq.Holder+", which no accepted enqueue returned", *t.enq))
+			case hold.key != t.key:
+				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+hold.name+" of another key", *t.enq))
+			case hold.doneAt(h) != 0 && hold.doneAt(h) < at:
+				evs := append(hold.events(), *t.enq)
+				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+hold.name+", which had completed before", evs...))
+			}
+			continue
+		}
+		for _, a := range accepted {
+			if a == t || a.key != t.key || a.enq.T >= at {
+				continue
+			}
+			if d := a.doneAt(h); d == 0 || d > at {
+				evs := append(a.events(), *t.enq)
+				slices.SortStableFunc(evs, func(x, y Record) int { return cmpInt(x.T, y.T) })
+				vs = append(vs, h.violation(ruleUnique, name, "accepted while "+a.name+" of its key still needed it", evs...))
+				break
+			}
+		}
+	}
+	return vs
 }

@@ -208,3 +208,18 @@ func TestSeed301HistoryReportsATaskRunTwice(t *testing.T) {
 		t.Fatalf("want one runs violation of s301-f2wait-k1-28, got %v", vs)
 	}
 }
+
+func TestUniqueAcceptedWhileAnotherNeedsTheKeyIsReported(t *testing.T) {
+	h := newHist(polSkip)
+	h.w.Families[0].Client = cliUnique
+	h.add(0, "driver", evEnqueue, "a", func(r *Record) { r.Accepted, r.AID = true, "A" })
+	h.add(5, "driver", evEnqueue, "b", func(r *Record) { r.Accepted, r.AID = true, "B" })
+	h.run(10, 20, "w1", "a", "ok")
+	h.add(21, "w1", evReturn, "a", nil)
+	// Refused at 30, naming a, which completed at 21.
+	h.add(30, "driver", evEnqueue, "c", func(r *Record) { r.Holder, r.Err = "A", "duplicate" })
+	vs, _ := check(h.w, h.recs, nil, true)
+	if got := rules(vs); got[ruleUnique] != 2 {
+		t.Fatalf("want two unique violations, got %v", vs)
+	}
+}

@@ -309,6 +309,10 @@ func (r *seedRun) enqueueAll() error {
 	if err != nil {
 		return err
 	}
+	unique, err := singleton.NewClient(plain, r.rdb, singleton.KeyByFields("k"), singleton.Unique(locker, singleton.UntilExecuted, 0))
+	if err != nil {
+		return err
+	}
 	begin := time.Now()
 	for _, op := range r.w.Ops {
 		time.Sleep(time.Until(begin.Add(op.At)))
@@ -326,10 +330,16 @@ func (r *seedRun) enqueueAll() error {
 			info, err = stamped.Enqueue(task, opts...)
 		case cliPark:
 			info, err = park.Enqueue(task, opts...)
+		case cliUnique:
+			info, err = unique.Enqueue(task, opts...)
 		default:
 			info, err = plain.Enqueue(task, opts...)
 		}
 		rec := Record{Ev: evEnqueue, Task: op.ID, Fam: f.Name, Key: op.Key, N: op.N, Accepted: err == nil, Retry: op.MaxRetry}
+		var dup *singleton.DuplicateTaskError
+		if errors.As(err, &dup) {
+			rec.Holder = dup.ID
+		}
 		if err != nil {
 			rec.Err = err.Error()
 		} else {

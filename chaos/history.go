@@ -52,6 +52,7 @@ type Record struct {
 	Err      string `json:"err,omitempty"`
 	Fault    string `json:"fault,omitempty"`
 	Target   string `json:"target,omitempty"` // the process a fault hit
+	Holder   string `json:"holder,omitempty"` // a refused Unique enqueue: the asynq ID of the task holding the key
 	RedisUS  int64  `json:"redis_us,omitempty"`
 	Retry    int    `json:"retry,omitempty"`
 	Run      int64  `json:"run,omitempty"` // the Seq of the run's start record, on its end, cancel and guard events

@@ -22,6 +22,7 @@ const (
 	cliPlain   = "plain"   // asynq.Client
 	cliStamped = "stamped" // singleton.NewClient (EnqueuedAtHeader)
 	cliPark    = "park"    // singleton.NewClient with ParkAtEnqueue
+	cliUnique  = "unique"  // singleton.NewClient with Unique(UntilExecuted)
 )
 
 // Fault kinds.
@@ -107,6 +108,8 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 		}
 		w.Families = append(w.Families, f)
 	}
+	// Unique at enqueue, under Skip.
+	w.Families = append(w.Families, Family{Name: "f6unique", Policy: polSkip, Limit: 1, Keys: 1 + r.IntN(2), Client: cliUnique})
 	// About 4 tasks a second, in bursts and streams of one key.
 	budget := int(length.Seconds() * 4)
 	for len(w.Ops) < budget {
