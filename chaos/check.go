@@ -534,7 +534,8 @@ func (t *taskHist) doneAt(h *history) int64 {
 
 // checkUnique: under Unique(UntilExecuted), an enqueue is accepted only
 // when no earlier accepted task of its key still needs it (has not
-// completed), and a refusal names a task of the key that still needs it.
+// completed), and a refusal names a task of the key that still needed it
+// when the enqueue call began.
 func (h *history) checkUnique() []Violation {
 	var vs []Violation
 	byAID := map[string]*taskHist{}
@@ -554,7 +555,7 @@ func (h *history) checkUnique() []Violation {
 		if t.enq == nil || t.fam.Client != cliUnique {
 			continue
 		}
-		at := t.enq.T
+		at := t.enq.T // the enqueue call returned: it was accepted by then
 		if !t.enq.Accepted {
 			if t.enq.Holder == "" {
 				continue // refused for another reason (Redis down)
@@ -565,7 +566,7 @@ func (h *history) checkUnique() []Violation {
 				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+t.enq.Holder+", which no accepted enqueue returned", *t.enq))
 			case hold.key != t.key:
 				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+hold.name+" of another key", *t.enq))
-			case hold.doneAt(h) != 0 && hold.doneAt(h) < at:
+			case hold.doneAt(h) != 0 && hold.doneAt(h) < t.enq.Sent:
 				evs := append(hold.events(), *t.enq)
 				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+hold.name+", which had completed before", evs...))
 			}

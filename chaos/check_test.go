@@ -217,7 +217,7 @@ func TestUniqueAcceptedWhileAnotherNeedsTheKeyIsReported(t *testing.T) {
 	h.run(10, 20, "w1", "a", "ok")
 	h.add(21, "w1", evReturn, "a", nil)
 	// Refused at 30, naming a, which completed at 21.
-	h.add(30, "driver", evEnqueue, "c", func(r *Record) { r.Holder, r.Err = "A", "duplicate" })
+	h.add(30, "driver", evEnqueue, "c", func(r *Record) { r.Holder, r.Err, r.Sent = "A", "duplicate", r.T })
 	vs, _ := check(h.w, h.recs, nil, true)
 	if got := rules(vs); got[ruleUnique] != 2 {
 		t.Fatalf("want two unique violations, got %v", vs)

@@ -325,6 +325,7 @@ func (r *seedRun) enqueueAll() error {
 		}
 		task := asynq.NewTask(f.TaskType(), b)
 		var info *asynq.TaskInfo
+		sent := time.Now().UnixNano()
 		switch f.Client {
 		case cliStamped:
 			info, err = stamped.Enqueue(task, opts...)
@@ -335,7 +336,7 @@ func (r *seedRun) enqueueAll() error {
 		default:
 			info, err = plain.Enqueue(task, opts...)
 		}
-		rec := Record{Ev: evEnqueue, Task: op.ID, Fam: f.Name, Key: op.Key, N: op.N, Accepted: err == nil, Retry: op.MaxRetry}
+		rec := Record{Ev: evEnqueue, Task: op.ID, Fam: f.Name, Key: op.Key, N: op.N, Accepted: err == nil, Retry: op.MaxRetry, Sent: sent}
 		var dup *singleton.DuplicateTaskError
 		if errors.As(err, &dup) {
 			rec.Holder = dup.ID
