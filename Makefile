@@ -7,7 +7,7 @@ PKGS := ./...
 # (gocron, Prometheus, OpenTelemetry) is in no core user's build.
 MODULES := gocronguard jobguardprom jobguardotel
 
-.PHONY: test test-faults test-browser bench lint run-demo run-worker run-scheduler
+.PHONY: test test-faults test-browser chaos bench lint run-demo run-worker run-scheduler
 
 ## test: every test with the race detector, against a real redis-server: the
 ## core module, then the integration modules ($(MODULES)).
@@ -29,6 +29,7 @@ lint:
 	$(STATICCHECK) ./...
 	cd faults && $(GO) vet -tags faults ./... && $(STATICCHECK) -tags faults ./...
 	cd bench && $(GO) vet ./... && $(STATICCHECK) ./...
+	cd chaos && $(GO) vet ./... && $(STATICCHECK) ./...
 	for m in $(MODULES); do (cd $$m && $(GO) vet ./... && $(STATICCHECK) ./...) || exit 1; done
 	cd webtest && $(GO) vet ./... && $(STATICCHECK) ./...
 
@@ -40,6 +41,21 @@ run-demo:
 ## partitions, killed processes, lost and repeated replies).
 test-faults:
 	@tools/with-redis.sh sh -c 'cd faults && $(GO) test -race -count=1 -timeout 10m -tags faults ./...'
+
+## chaos: the seeded chaos run (chaos/, a separate module): worker processes
+## under singleton.Middleware against a redis-server of its own, a workload and
+## faults drawn from a seed, a history checked rule by rule. SEED=n replays
+## one seed (0: a random one), SEEDS=n runs n seeds from it, DURATION=30m runs
+## seeds for that long, LENGTH is each seed's enqueue-and-fault phase, ARGS
+## more flags (-broken none|skip: a negative control that must fail). Histories
+## of failing seeds stay in chaos/chaos-out/.
+SEED ?= 0
+SEEDS ?= 1
+LENGTH ?= 20s
+DURATION ?= 0
+chaos:
+	@command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server"; export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q redis-server >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null; }; }
+	cd chaos && $(GO) run . -seed $(SEED) -seeds $(SEEDS) -length $(LENGTH) -duration $(DURATION) $(ARGS)
 
 ## test-browser: opsview's page in headless chromium (webtest/, a separate
 ## module with chromedp); installs Debian's chromium when it is missing.

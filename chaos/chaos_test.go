@@ -1,0 +1,74 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+)
+
+// TestMain runs the worker processes the driver starts from this test
+// binary.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "worker" {
+		if err := workerMain(os.Args[2:]); err != nil {
+			os.Stderr.WriteString("chaos worker: " + err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// testOptions are short runs of the test binary's own workers on a
+// redis-server of their own.
+func testOptions(t *testing.T, broken string) options {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("no redis-server binary")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return options{length: 6 * time.Second, broken: broken, noFaults: true, out: t.TempDir(), self: self, keep: true}
+}
+
+func rules(vs []Violation) map[string]int {
+	m := map[string]int{}
+	for _, v := range vs {
+		m[v.Rule]++
+	}
+	return m
+}
+
+// Workers without the middleware run tasks of one key at once: the
+// checker reports it, naming the runs.
+func TestNegativeControlWithoutMiddlewareReportsOverlaps(t *testing.T) {
+	res, err := runSeed(testOptions(t, brokenNone), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := rules(res.violations)
+	t.Logf("%s; per rule %v", res.summary(), got)
+	if got[ruleOverlap] == 0 {
+		t.Fatalf("no overlap reported for workers without the middleware: %v", got)
+	}
+}
+
+// Workers that skip every duplicate, whatever the family's policy, lose
+// Coalesce tasks that no later run covered: the checker reports them.
+func TestNegativeControlSkipEverywhereReportsUncoveredTasks(t *testing.T) {
+	res, err := runSeed(testOptions(t, brokenSkip), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := rules(res.violations)
+	t.Logf("%s; per rule %v", res.summary(), got)
+	if got[ruleCover] == 0 {
+		t.Fatalf("no cover violation reported for workers that skip every duplicate: %v", got)
+	}
+	if got[ruleOverlap] != 0 {
+		t.Fatalf("overlaps reported for workers under the middleware: %v", res.violations)
+	}
+}

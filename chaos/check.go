@@ -1,0 +1,588 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Rules the checkers enforce, as named in violations.
+const (
+	ruleOverlap     = "overlap"      // runs of one key never overlap beyond the limit
+	ruleRuns        = "runs"         // Requeue / Wait / ParkAtEnqueue: every accepted task completes, once
+	ruleCover       = "cover"        // Coalesce: a task that did not run was covered by a later run that succeeded
+	ruleNewest      = "newest"       // KeepNewest / Preempt, singleton.Client: the last run of a key is of its newest task, and succeeded
+	rulePreempt     = "preempt"      // Preempt: the old run's ctx is cancelled within the bound
+	ruleUnique      = "unique"       // Unique: never two accepted tasks of a key needed at once; a refusal names a task that still needs it
+	ruleStranded    = "stranded"     // the queue drains once enqueues and faults stop
+	ruleLeak        = "leak"         // no key without a TTL is left behind
+	ruleNewestPlain = "newest-plain" // ruleNewest for tasks of a plain asynq.Client (advisory: placed by arrival)
+)
+
+// advisory rules are reported but do not fail a seed: behaviour the README
+// does not rule out, worth a look.
+var advisory = map[string]bool{ruleNewestPlain: true}
+
+// failing counts the violations of rules that fail a seed.
+func failing(vs []Violation) int {
+	n := 0
+	for _, v := range vs {
+		if !advisory[v.Rule] {
+			n++
+		}
+	}
+	return n
+}
+
+// preemptBound is how soon a preempted run's ctx must be cancelled after the
+// newer task's delivery: within milliseconds through pub/sub (README), at
+// the latest at the old lease's next renewal (TTL/3).
+const preemptBound = leaseTTL/3 + 100*time.Millisecond
+
+// Violation is a broken rule: the task it concerns and the events that
+// show it.
+type Violation struct {
+	Rule   string
+	Task   string
+	Msg    string
+	Events []Record
+	base   int64
+}
+
+func (v Violation) String() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "[%s] %s: %s", v.Rule, v.Task, v.Msg)
+	for _, e := range v.Events {
+		sb.WriteString("\n      " + v.event(e))
+	}
+	return sb.String()
+}
+
+func (v Violation) event(e Record) string {
+	at := time.Duration(e.T - v.base)
+	s := fmt.Sprintf("+%8.3fs %-6s %-8s", at.Seconds(), e.Proc, e.Ev)
+	for _, kv := range [][2]string{{"task", e.Task}, {"aid", e.AID}, {"kind", e.Kind}, {"reason", e.Reason}, {"action", e.Action},
+		{"outcome", e.Outcome}, {"cause", e.Cause}, {"fault", e.Fault}, {"target", e.Target}, {"err", e.Err}} {
+		if kv[1] != "" {
+			s += " " + kv[0] + "=" + kv[1]
+		}
+	}
+	if e.Run != 0 {
+		s += fmt.Sprintf(" run=%d", e.Run)
+	}
+	if e.Stamp != 0 {
+		s += fmt.Sprintf(" stamp=+%.3fs", time.Duration(e.Stamp*1000-v.base).Seconds())
+	}
+	return s
+}
+
+// run is one call of the guarded handler, from its start record to its end.
+type run struct {
+	proc, task, key string
+	fam             Family
+	n               int
+	seq             int64
+	start, end      int64 // end: the end record's time, or the process's death
+	effEnd          int64 // end for the overlap rule: see overlapEnd
+	outcome, cause  string
+	cancelAt        int64
+	cancelCause     string
+	died            bool   // the process died or exited while the run went on
+	excused         string // why the run counts only until effEnd
+	recs            []Record
+}
+
+// taskHist is what the history says about one task.
+type taskHist struct {
+	name     string
+	fam      Family
+	key      string
+	n        int
+	enq      *Record
+	delivs   []Record
+	runs     []*run
+	decs     []Record
+	maxRetry int
+}
+
+func (t *taskHist) oks() []*run {
+	var out []*run
+	for _, r := range t.runs {
+		if r.outcome == "ok" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (t *taskHist) died() bool {
+	return slices.ContainsFunc(t.runs, func(r *run) bool { return r.died })
+}
+
+func (t *taskHist) events() []Record {
+	var out []Record
+	if t.enq != nil {
+		out = append(out, *t.enq)
+	}
+	out = append(out, t.delivs...)
+	for _, r := range t.runs {
+		out = append(out, r.recs...)
+	}
+	out = append(out, t.decs...)
+	slices.SortStableFunc(out, func(a, b Record) int { return cmpInt(a.T, b.T) })
+	return out
+}
+
+// stats are a run's figures.
+type stats struct {
+	accepted, refused, deliveries, runs, excused, keysLeft int
+	decisions                                              map[string]int
+}
+
+type interval struct{ from, to int64 }
+
+// history is a run's merged history, indexed.
+type history struct {
+	w       Workload
+	base    int64
+	fams    map[string]Family
+	tasks   map[string]*taskHist
+	order   []string
+	runs    []*run
+	death   map[string]int64 // process → when it died (kill) or exited
+	stops   map[string][]interval
+	kills   map[string]Record
+	lastT   int64
+	records []Record
+}
+
+func index(w Workload, recs []Record) *history {
+	h := &history{w: w, fams: map[string]Family{}, tasks: map[string]*taskHist{}, death: map[string]int64{},
+		stops: map[string][]interval{}, kills: map[string]Record{}, records: recs}
+	if len(recs) > 0 {
+		h.base, h.lastT = recs[0].T, recs[len(recs)-1].T
+	}
+	for _, f := range w.Families {
+		h.fams[f.Name] = f
+	}
+	for _, op := range w.Ops {
+		f := w.Families[op.Fam]
+		h.tasks[op.ID] = &taskHist{name: op.ID, fam: f, key: op.Key, n: op.N, maxRetry: op.MaxRetry}
+		h.order = append(h.order, op.ID)
+	}
+	open := map[string]*run{} // proc/seq → run
+	stopAt := map[string]int64{}
+	for i := range recs {
+		r := recs[i]
+		t := h.tasks[r.Task]
+		switch r.Ev {
+		case evEnqueue:
+			if t != nil {
+				t.enq = &recs[i]
+			}
+		case evDeliver:
+			if t != nil {
+				t.delivs = append(t.delivs, r)
+			}
+		case evStart:
+			if t == nil {
+				continue
+			}
+			ru := &run{proc: r.Proc, task: r.Task, key: t.fam.Name + "/" + t.key, fam: t.fam, n: t.n, seq: r.Seq, start: r.T, recs: []Record{r}}
+			open[fmt.Sprint(r.Proc, "/", r.Seq)] = ru
+			t.runs = append(t.runs, ru)
+			h.runs = append(h.runs, ru)
+		case evEnd, evCancel:
+			ru := open[fmt.Sprint(r.Proc, "/", r.Run)]
+			if ru == nil {
+				continue
+			}
+			ru.recs = append(ru.recs, r)
+			if r.Ev == evCancel {
+				if ru.cancelAt == 0 {
+					ru.cancelAt, ru.cancelCause = r.T, r.Cause
+				}
+			} else {
+				ru.end, ru.outcome, ru.cause = r.T, r.Outcome, r.Cause
+			}
+		case evDecision:
+			if t != nil {
+				t.decs = append(t.decs, r)
+			}
+		case evExit:
+			h.death[r.Proc] = r.T
+		case evFault:
+			switch r.Fault {
+			case faultKill:
+				h.death[r.Target] = r.T
+				h.kills[r.Target] = r
+			case faultStop:
+				stopAt[r.Target] = r.T
+			case "cont":
+				h.stops[r.Target] = append(h.stops[r.Target], interval{stopAt[r.Target], r.T})
+			}
+		}
+	}
+	for _, ru := range h.runs {
+		if ru.end == 0 {
+			ru.died = true
+			ru.end = h.lastT
+			if d, ok := h.death[ru.proc]; ok {
+				ru.end = d
+			}
+		}
+		ru.effEnd = h.overlapEnd(ru)
+	}
+	return h
+}
+
+// overlapEnd is when a run stops counting for the overlap rule: its end,
+// unless it was told its lease was lost (ctx cancelled with ErrLost: then
+// its handler's work after that is its own, as the README says; a
+// preempted run may keep the key for the policy's Grace), or its process was
+// paused past the lease TTL while it ran (only a fencing token protects the
+// work of a paused holder).
+func (h *history) overlapEnd(ru *run) int64 {
+	e := ru.end
+	switch ru.cancelCause {
+	case "lost":
+		if ru.cancelAt < e {
+			e, ru.excused = ru.cancelAt, "told its lease was lost"
+		}
+	case "preempted":
+		if g := ru.cancelAt + int64(preemptGrace); g < e {
+			e, ru.excused = g, "preempted, past its grace"
+		}
+	}
+	for _, s := range h.stops[ru.proc] {
+		if s.from < e && s.to > ru.start && time.Duration(s.to-s.from) >= h.w.TTL {
+			e, ru.excused = max(ru.start, s.from), "its process was paused past the lease TTL"
+		}
+	}
+	return e
+}
+
+func (h *history) violation(rule, task, msg string, events ...Record) Violation {
+	return Violation{Rule: rule, Task: task, Msg: msg, Events: events, base: h.base}
+}
+
+// check runs every checker on a run's history. keys are the keys left under
+// the lock key prefix once the run was quiet; drained says whether the queue
+// drained.
+func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation, stats) {
+	h := index(w, recs)
+	st := stats{decisions: map[string]int{}}
+	for _, t := range h.tasks {
+		if t.enq != nil && t.enq.Accepted {
+			st.accepted++
+		} else if t.enq != nil {
+			st.refused++
+		}
+		st.deliveries += len(t.delivs)
+		for _, d := range t.decs {
+			st.decisions[d.Kind+"/"+d.Reason]++
+		}
+	}
+	st.runs = len(h.runs)
+	for _, ru := range h.runs {
+		if ru.excused != "" {
+			st.excused++
+		}
+	}
+	var vs []Violation
+	vs = append(vs, h.checkOverlap()...)
+	vs = append(vs, h.checkRuns()...)
+	vs = append(vs, h.checkCover()...)
+	vs = append(vs, h.checkNewest()...)
+	vs = append(vs, h.checkPreempt()...)
+	vs = append(vs, h.checkUnique()...)
+	if !drained {
+		vs = append(vs, h.violation(ruleStranded, "-", fmt.Sprintf("the queue did not drain within %s of the last enqueue", drainTimeout)))
+	}
+	for _, k := range keys {
+		if k.TTL < 0 {
+			vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s has no TTL", k.Key)))
+		}
+	}
+	return vs, st
+}
+
+// checkOverlap: at no time do more runs of one key count than its family's
+// limit, and two runs of one task never overlap (whatever the limit).
+func (h *history) checkOverlap() []Violation {
+	var vs []Violation
+	byKey := map[string][]*run{}
+	byTask := map[string][]*run{}
+	for _, ru := range h.runs {
+		byKey[ru.key] = append(byKey[ru.key], ru)
+		byTask[ru.task] = append(byTask[ru.task], ru)
+	}
+	over := func(runs []*run, limit int, what string) {
+		slices.SortFunc(runs, func(a, b *run) int { return cmpInt(a.start, b.start) })
+		for i, ru := range runs {
+			var with []*run
+			for _, o := range runs[:i] {
+				if o.effEnd > ru.start {
+					with = append(with, o)
+				}
+			}
+			if len(with) >= limit {
+				evs := slices.Clone(ru.recs)
+				var names []string
+				for _, o := range with {
+					evs = append(evs, o.recs...)
+					names = append(names, fmt.Sprintf("%s on %s (%s)", o.task, o.proc, o.excusedOr()))
+				}
+				slices.SortStableFunc(evs, func(a, b Record) int { return cmpInt(a.T, b.T) })
+				vs = append(vs, h.violation(ruleOverlap, ru.task, fmt.Sprintf("%s: run on %s began while %d runs held it (limit %d): %s",
+					what, ru.proc, len(with), limit, strings.Join(names, ", ")), evs...))
+			}
+		}
+	}
+	for key, runs := range byKey {
+		over(runs, runs[0].fam.Limit, "key "+key)
+	}
+	for task, runs := range byTask {
+		over(runs, 1, "task "+task)
+	}
+	return vs
+}
+
+func (r *run) excusedOr() string {
+	if r.excused != "" {
+		return "counted until " + r.excused
+	}
+	if r.died {
+		return "until its process died"
+	}
+	return "running"
+}
+
+// exempt reports why a task need not have run: it had no retries left when
+// its worker was killed under it, so asynq's recoverer archived it (README).
+func (t *taskHist) exempt(h *history) bool {
+	if t.maxRetry > 0 {
+		return false
+	}
+	for _, d := range t.delivs {
+		if _, killed := h.kills[d.Proc]; killed {
+			return true
+		}
+	}
+	return false
+}
+
+// checkRuns: under Requeue and Wait, and for tasks enqueued with
+// ParkAtEnqueue, every accepted task runs to completion at least once, and
+// exactly once unless a process died while running it.
+func (h *history) checkRuns() []Violation {
+	var vs []Violation
+	for _, name := range h.order {
+		t := h.tasks[name]
+		if t.enq == nil || !t.enq.Accepted {
+			continue
+		}
+		if t.fam.Policy != polRequeue && t.fam.Policy != polWait && t.fam.Client != cliPark {
+			continue
+		}
+		oks := t.oks()
+		switch {
+		case len(oks) == 0 && !t.exempt(h):
+			vs = append(vs, h.violation(ruleRuns, name, fmt.Sprintf("accepted (%s, %s) but never ran to completion", t.fam.Policy, t.fam.Client), t.events()...))
+		case len(oks) > 1 && !t.died():
+			vs = append(vs, h.violation(ruleRuns, name, fmt.Sprintf("ran to completion %d times, and no worker died while running it", len(oks)), t.events()...))
+		}
+	}
+	return vs
+}
+
+// checkCover: under Coalesce, a task that never ran to completion was
+// covered: a decision says so, and a run of its key (another task's) that
+// began after its enqueue (its stamp; its delivery if plain) succeeded.
+func (h *history) checkCover() []Violation {
+	var vs []Violation
+	for _, name := range h.order {
+		t := h.tasks[name]
+		if t.enq == nil || !t.enq.Accepted || t.fam.Policy != polCoalesce || len(t.oks()) > 0 || t.exempt(h) {
+			continue
+		}
+		var covered *Record
+		for i, d := range t.decs {
+			if d.Reason == "covered" {
+				covered = &t.decs[i]
+				break
+			}
+		}
+		if covered == nil {
+			vs = append(vs, h.violation(ruleCover, name, "neither ran to completion nor was covered", t.events()...))
+			continue
+		}
+		anchor := int64(0)
+		if t.enq.Stamp > 0 {
+			anchor = t.enq.Stamp * 1000
+		} else if len(t.delivs) > 0 {
+			anchor = t.delivs[0].T
+		}
+		ok := false
+		for _, ru := range h.runs {
+			if ru.key == t.fam.Name+"/"+t.key && ru.task != name && ru.outcome == "ok" && ru.start >= anchor {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			vs = append(vs, h.violation(ruleCover, name, "covered, but no run of its key that began after its enqueue succeeded", t.events()...))
+		}
+	}
+	return vs
+}
+
+// checkNewest: under KeepNewest and Preempt, the last run of each key is
+// of its newest accepted task, and succeeded.
+func (h *history) checkNewest() []Violation {
+	var vs []Violation
+	newest := map[string]*taskHist{}
+	for _, name := range h.order {
+		t := h.tasks[name]
+		if t.enq == nil || !t.enq.Accepted || (t.fam.Policy != polKeepNewest && t.fam.Policy != polPreempt) {
+			continue
+		}
+		k := t.fam.Name + "/" + t.key
+		if n := newest[k]; n == nil || t.n > n.n {
+			newest[k] = t
+		}
+	}
+	for k, t := range newest {
+		if t.exempt(h) {
+			continue
+		}
+		var last *run
+		for _, ru := range h.runs {
+			if ru.key == k && (last == nil || ru.start > last.start) {
+				last = ru
+			}
+		}
+		// Tasks of a plain asynq.Client have no order: the README places
+		// them by their arrival at Redis, which the history does not see.
+		rule := ruleNewest
+		if t.fam.Client == cliPlain {
+			rule = ruleNewestPlain
+		}
+		switch {
+		case last == nil:
+			vs = append(vs, h.violation(rule, t.name, "key "+k+": no run at all", t.events()...))
+		case last.task != t.name:
+			evs := append(t.events(), last.recs...)
+			slices.SortStableFunc(evs, func(a, b Record) int { return cmpInt(a.T, b.T) })
+			vs = append(vs, h.violation(rule, t.name, fmt.Sprintf("key %s: its last run is of %s (#%d), not of the newest task (#%d)", k, last.task, last.n, t.n), evs...))
+		case last.outcome != "ok":
+			vs = append(vs, h.violation(rule, t.name, fmt.Sprintf("key %s: the newest task's last run ended %s", k, last.outcome), t.events()...))
+		}
+	}
+	return vs
+}
+
+// checkPreempt: under Preempt, a run of a key still going when a newer task
+// of the key is delivered has its ctx cancelled (or ends) within
+// preemptBound of that delivery, unless its process was paused then.
+func (h *history) checkPreempt() []Violation {
+	var vs []Violation
+	for _, ru := range h.runs {
+		if ru.fam.Policy != polPreempt {
+			continue
+		}
+		for _, name := range h.order {
+			t := h.tasks[name]
+			if t.fam.Name != ru.fam.Name || t.fam.Name+"/"+t.key != ru.key || t.n <= ru.n {
+				continue
+			}
+			for _, d := range t.delivs {
+				if d.T <= ru.start || d.T >= ru.end {
+					continue
+				}
+				by := d.T + int64(preemptBound)
+				told := (ru.cancelAt != 0 && ru.cancelAt <= by) || ru.end <= by
+				if told || h.paused(ru.proc, d.T, by) || (ru.died && ru.end <= by) {
+					continue
+				}
+				evs := append(slices.Clone(ru.recs), d)
+				slices.SortStableFunc(evs, func(a, b Record) int { return cmpInt(a.T, b.T) })
+				vs = append(vs, h.violation(rulePreempt, ru.task, fmt.Sprintf("its run on %s was not cancelled within %s of the delivery of newer task %s on %s", ru.proc, preemptBound, t.name, d.Proc), evs...))
+				break
+			}
+		}
+	}
+	return vs
+}
+
+// paused reports whether proc was stopped at some time in [from, to].
+func (h *history) paused(proc string, from, to int64) bool {
+	return slices.ContainsFunc(h.stops[proc], func(s interval) bool { return s.from <= to && s.to >= from })
+}
+
+// doneAt is when the middleware first returned nil to asynq for task t (its
+// work done or skipped: the task needs its key no more), or 0.
+func (t *taskHist) doneAt(h *history) int64 {
+	for _, r := range h.records {
+		if r.Ev == evReturn && r.Task == t.name && r.Err == "" {
+			return r.T
+		}
+	}
+	return 0
+}
+
+// checkUnique: under Unique(UntilExecuted), an enqueue is accepted only
+// when no earlier accepted task of its key still needs it (has not
+// completed), and a refusal names a task of the key that still needed it
+// when the enqueue call began.
+func (h *history) checkUnique() []Violation {
+	var vs []Violation
+	byAID := map[string]*taskHist{}
+	var accepted []*taskHist
+	for _, name := range h.order {
+		t := h.tasks[name]
+		if t.enq == nil || t.fam.Client != cliUnique {
+			continue
+		}
+		if t.enq.Accepted {
+			byAID[t.enq.AID] = t
+			accepted = append(accepted, t)
+		}
+	}
+	for _, name := range h.order {
+		t := h.tasks[name]
+		if t.enq == nil || t.fam.Client != cliUnique {
+			continue
+		}
+		at := t.enq.T // the enqueue call returned: it was accepted by then
+		if !t.enq.Accepted {
+			if t.enq.Holder == "" {
+				continue // refused for another reason (Redis down)
+			}
+			hold := byAID[t.enq.Holder]
+			switch {
+			case hold == nil:
+				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+t.enq.Holder+", which no accepted enqueue returned", *t.enq))
+			case hold.key != t.key:
+				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+hold.name+" of another key", *t.enq))
+			case hold.doneAt(h) != 0 && hold.doneAt(h) < t.enq.Sent:
+				evs := append(hold.events(), *t.enq)
+				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+hold.name+", which had completed before", evs...))
+			}
+			continue
+		}
+		for _, a := range accepted {
+			if a == t || a.key != t.key || a.enq.T >= at {
+				continue
+			}
+			if d := a.doneAt(h); d == 0 || d > at {
+				evs := append(a.events(), *t.enq)
+				slices.SortStableFunc(evs, func(x, y Record) int { return cmpInt(x.T, y.T) })
+				vs = append(vs, h.violation(ruleUnique, name, "accepted while "+a.name+" of its key still needed it", evs...))
+				break
+			}
+		}
+	}
+	return vs
+}

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"compress/gzip"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// hist builds a history for the checkers from a workload of one family
+// (policy pol, limit 1, plain) and one key, with tasks "a", "b", "c"
+// numbered 1, 2, 3.
+type hist struct {
+	w    Workload
+	recs []Record
+	seq  int64
+}
+
+func newHist(pol string) *hist {
+	h := &hist{w: Workload{TTL: leaseTTL, Families: []Family{{Name: "f", Policy: pol, Limit: 1, Keys: 1, Client: cliPlain}}}}
+	for i, id := range []string{"a", "b", "c"} {
+		h.w.Ops = append(h.w.Ops, Op{Fam: 0, Key: "k0", ID: id, N: i + 1, MaxRetry: 3})
+	}
+	return h
+}
+
+func (h *hist) add(ms int, proc, ev, task string, set func(*Record)) int64 {
+	h.seq++
+	r := Record{Proc: proc, Seq: h.seq, T: int64(time.Duration(ms) * time.Millisecond), Ev: ev, Task: task, Fam: "f", Key: "k0"}
+	if set != nil {
+		set(&r)
+	}
+	h.recs = append(h.recs, r)
+	return r.Seq
+}
+
+func (h *hist) enqueue(ms int, task string) {
+	h.add(ms, "driver", evEnqueue, task, func(r *Record) { r.Accepted = true })
+}
+
+// run records a delivery and a run of task from ms to end with outcome.
+func (h *hist) run(ms, end int, proc, task, outcome string) int64 {
+	h.add(ms, proc, evDeliver, task, nil)
+	s := h.add(ms, proc, evStart, task, nil)
+	h.add(end, proc, evEnd, task, func(r *Record) { r.Outcome, r.Run = outcome, s })
+	return s
+}
+
+func (h *hist) check() map[string]int {
+	vs, _ := check(h.w, h.recs, nil, true)
+	return rules(vs)
+}
+
+func TestOverlapIsReported(t *testing.T) {
+	h := newHist(polSkip)
+	h.enqueue(0, "a")
+	h.enqueue(0, "b")
+	h.run(10, 100, "w1", "a", "ok")
+	h.run(50, 150, "w2", "b", "ok")
+	if got := h.check(); got[ruleOverlap] != 1 {
+		t.Fatalf("want one overlap, got %v", got)
+	}
+}
+
+// A run told that its lease was lost counts only until then; a run whose
+// process was paused past the TTL counts until the pause.
+func TestOverlapAfterALossTheRunWasToldOfIsExcused(t *testing.T) {
+	h := newHist(polSkip)
+	h.enqueue(0, "a")
+	h.enqueue(0, "b")
+	h.add(10, "w1", evDeliver, "a", nil)
+	s := h.add(10, "w1", evStart, "a", nil)
+	h.add(40, "w1", evCancel, "a", func(r *Record) { r.Cause, r.Run = "lost", s })
+	h.add(200, "w1", evEnd, "a", func(r *Record) { r.Outcome, r.Run = "ok", s })
+	h.run(50, 150, "w2", "b", "ok")
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
+
+	h = newHist(polSkip)
+	h.enqueue(0, "a")
+	h.enqueue(0, "b")
+	h.add(20, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = faultStop, "w1" })
+	h.add(20+int(leaseTTL/time.Millisecond)+100, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = "cont", "w1" })
+	h.run(10, 3000, "w1", "a", "ok")
+	h.run(1700, 1800, "w2", "b", "ok")
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
+}
+
+func TestRequeueTaskThatNeverRanOrRanTwiceIsReported(t *testing.T) {
+	h := newHist(polRequeue)
+	h.enqueue(0, "a")
+	h.enqueue(0, "b")
+	h.run(10, 20, "w1", "a", "ok")
+	h.run(30, 40, "w1", "a", "ok")
+	h.add(15, "w2", evDeliver, "b", nil)
+	if got := h.check(); got[ruleRuns] != 2 {
+		t.Fatalf("want two runs violations, got %v", got)
+	}
+}
+
+// A task that ran twice because its worker was killed under it is fine.
+func TestRequeueTaskRerunAfterAKillIsFine(t *testing.T) {
+	h := newHist(polRequeue)
+	h.enqueue(0, "a")
+	h.add(10, "w1", evDeliver, "a", nil)
+	h.add(10, "w1", evStart, "a", nil)
+	h.add(20, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = faultKill, "w1" })
+	h.run(2000, 2010, "w2", "a", "ok")
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
+}
+
+func TestCoalesceTaskCoveredByAnEarlierRunIsReported(t *testing.T) {
+	h := newHist(polCoalesce)
+	h.enqueue(0, "a")
+	h.run(10, 100, "w1", "a", "ok")
+	h.enqueue(20, "b")
+	h.add(30, "w2", evDeliver, "b", nil)
+	h.add(30, "w2", evDecision, "b", func(r *Record) { r.Kind, r.Reason = "duplicate", "covered" })
+	if got := h.check(); got[ruleCover] != 1 {
+		t.Fatalf("want one cover violation, got %v", got)
+	}
+	// Covered by a later run: fine.
+	h.run(120, 130, "w1", "c", "ok")
+	h.enqueue(110, "c")
+	if got := h.check(); got[ruleCover] != 0 {
+		t.Fatalf("want no cover violation, got %v", got)
+	}
+}
+
+func TestKeepNewestLastRunOfAnOlderTaskIsReported(t *testing.T) {
+	h := newHist(polKeepNewest)
+	h.w.Families[0].Client = cliStamped
+	h.enqueue(0, "a")
+	h.enqueue(1, "b")
+	h.run(10, 20, "w1", "b", "ok")
+	h.run(30, 40, "w1", "a", "ok")
+	if got := h.check(); got[ruleNewest] != 1 {
+		t.Fatalf("want one newest violation, got %v", got)
+	}
+	// Plain tasks are placed by their arrival, which the history does not
+	// see: the same is advisory.
+	h.w.Families[0].Client = cliPlain
+	vs, _ := check(h.w, h.recs, nil, true)
+	if got := rules(vs); got[ruleNewestPlain] != 1 || failing(vs) != 0 {
+		t.Fatalf("want one advisory violation, got %v", got)
+	}
+}
+
+// gunzipDir writes the gzipped files of testdata/<name> uncompressed to a
+// temporary directory and returns it.
+func gunzipDir(t *testing.T, name string) string {
+	t.Helper()
+	dir := t.TempDir()
+	files, err := filepath.Glob(filepath.Join("testdata", name, "*.gz"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no testdata/%s: %v", name, err)
+	}
+	for _, f := range files {
+		in, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		zr, err := gzip.NewReader(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(zr)
+		in.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, strings.TrimSuffix(filepath.Base(f), ".gz")), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// The history of seed 301 (a worker paused, Redis restarted, the worker
+// shut down): a Wait task that its worker requeued just before Redis went
+// down was resumed and ran to completion on another worker, then was
+// delivered and ran again. The checker names it.
+func TestSeed301HistoryReportsATaskRunTwice(t *testing.T) {
+	dir := gunzipDir(t, "seed-301")
+	b, err := os.ReadFile(filepath.Join(dir, "workload.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w Workload
+	if err := json.Unmarshal(b, &w); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := readHistory(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs, _ := check(w, recs, nil, true)
+	if len(vs) != 1 || vs[0].Rule != ruleRuns || vs[0].Task != "s301-f2wait-k1-28" {
+		t.Fatalf("want one runs violation of s301-f2wait-k1-28, got %v", vs)
+	}
+}
+
+func TestUniqueAcceptedWhileAnotherNeedsTheKeyIsReported(t *testing.T) {
+	h := newHist(polSkip)
+	h.w.Families[0].Client = cliUnique
+	h.add(0, "driver", evEnqueue, "a", func(r *Record) { r.Accepted, r.AID = true, "A" })
+	h.add(5, "driver", evEnqueue, "b", func(r *Record) { r.Accepted, r.AID = true, "B" })
+	h.run(10, 20, "w1", "a", "ok")
+	h.add(21, "w1", evReturn, "a", nil)
+	// Refused at 30, naming a, which completed at 21.
+	h.add(30, "driver", evEnqueue, "c", func(r *Record) { r.Holder, r.Err, r.Sent = "A", "duplicate", r.T })
+	vs, _ := check(h.w, h.recs, nil, true)
+	if got := rules(vs); got[ruleUnique] != 2 {
+		t.Fatalf("want two unique violations, got %v", vs)
+	}
+}

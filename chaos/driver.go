@@ -1,0 +1,548 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/singleton"
+)
+
+// parkBackstop is the ParkAtEnqueue backstop of the park families.
+const parkBackstop = 5 * time.Second
+
+// drainTimeout bounds the quiet phase: a parked follow-up whose resumer died
+// comes back after singleton.ParkBackstop.
+const drainTimeout = singleton.ParkBackstop + 15*time.Second
+
+// proc is a worker process.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// seedRun is one seed's run: its Redis, its workers, the driver's history.
+type seedRun struct {
+	o      options
+	w      Workload
+	dir    string
+	addr   string
+	prefix string
+	queue  string
+	rdb    *redis.Client
+	rec    *recorder
+	srv    *redisServer // nil when the run uses a Redis it did not start
+
+	mu    sync.Mutex
+	live  []*proc
+	all   []*proc
+	count int
+}
+
+// result is what a seed's run found.
+type result struct {
+	seed       uint64
+	dir        string
+	w          Workload
+	stats      stats
+	violations []Violation
+}
+
+func (r result) summary() string {
+	n := failing(r.violations)
+	return fmt.Sprintf("seed %d: %d tasks (%d accepted), %d deliveries, %d runs (%d counted short: lease lost or paused), %d faults %v, %d keys left; %d violations, %d advisory",
+		r.seed, len(r.w.Ops), r.stats.accepted, r.stats.deliveries, r.stats.runs, r.stats.excused, len(r.w.Faults), faultKinds(r.w), r.stats.keysLeft, n, len(r.violations)-n)
+}
+
+func (r result) perRule() map[string]int {
+	m := map[string]int{}
+	for _, v := range r.violations {
+		m[v.Rule]++
+	}
+	return m
+}
+
+func faultKinds(w Workload) []string {
+	var out []string
+	for _, f := range w.Faults {
+		out = append(out, f.Kind)
+	}
+	return out
+}
+
+// runSeed runs one seed end to end and checks its history.
+func runSeed(o options, seed uint64) (result, error) {
+	w := newWorkload(seed, o.length, !o.noFaults)
+	dir := filepath.Join(o.out, fmt.Sprintf("seed-%d", seed))
+	if o.broken != "" {
+		dir += "-broken-" + o.broken
+	}
+	_ = os.RemoveAll(dir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return result{}, err
+	}
+	b, _ := json.MarshalIndent(w, "", " ")
+	if err := os.WriteFile(filepath.Join(dir, "workload.json"), b, 0o644); err != nil {
+		return result{}, err
+	}
+	addr := o.addr
+	var srv *redisServer
+	if addr == "" {
+		var err error
+		rdir := filepath.Join(dir, "redis") // its append-only file: not kept
+		if err := os.MkdirAll(rdir, 0o755); err != nil {
+			return result{}, err
+		}
+		if srv, err = startRedis(rdir); err != nil {
+			return result{}, err
+		}
+		defer func() { srv.stop(); _ = os.RemoveAll(rdir) }()
+		addr = srv.addr
+	}
+	r := &seedRun{o: o, w: w, dir: dir, addr: addr, srv: srv, prefix: fmt.Sprintf("jgc%d:", seed), queue: fmt.Sprintf("chaos-%d", seed)}
+	r.rdb = redis.NewClient(&redis.Options{Addr: addr})
+	defer r.rdb.Close()
+	ctx := context.Background()
+	if err := r.rdb.FlushDB(ctx).Err(); err != nil {
+		return result{}, err
+	}
+	rec, err := newRecorder(filepath.Join(dir, "driver.jsonl"), "driver")
+	if err != nil {
+		return result{}, err
+	}
+	r.rec = rec
+	defer func() {
+		r.stopAll()
+		rec.close()
+	}()
+	for range w.Workers {
+		if err := r.startWorker(); err != nil {
+			return result{}, err
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); r.runFaults() }()
+	if err := r.enqueueAll(); err != nil {
+		return result{}, err
+	}
+	wg.Wait()
+	drained := r.drain()
+	// Quiet for the longest TTL a key is held by a lease or a reservation.
+	time.Sleep(max(w.TTL, lockkit.DefaultParkHold) + time.Second)
+	keys, err := r.keysLeft()
+	if err != nil {
+		return result{}, err
+	}
+	r.stopAll()
+	rec.close()
+	recs, err := readHistory(dir)
+	if err != nil {
+		return result{}, err
+	}
+	vs, st := check(w, recs, keys, drained)
+	st.keysLeft = len(keys)
+	var kb strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&kb, "%s %s\n", k.Key, k.TTL)
+	}
+	_ = os.WriteFile(filepath.Join(dir, "keys.txt"), []byte(kb.String()), 0o644)
+	res := result{seed: seed, dir: dir, w: w, stats: st, violations: vs}
+	var sb strings.Builder
+	for _, v := range vs {
+		sb.WriteString(v.String() + "\n")
+	}
+	_ = os.WriteFile(filepath.Join(dir, "violations.txt"), []byte(sb.String()), 0o644)
+	if failing(vs) == 0 && !o.keep {
+		_ = os.RemoveAll(dir)
+	}
+	return res, nil
+}
+
+// redisServer is a redis-server the run started, with an append-only file
+// fsynced on every write, so that a restart keeps every acknowledged write.
+type redisServer struct {
+	addr, dir string
+	port      int
+	cmd       *exec.Cmd
+}
+
+// startRedis starts a redis-server of the run's own on a free port.
+func startRedis(dir string) (*redisServer, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	s := &redisServer{addr: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, port: port}
+	return s, s.start()
+}
+
+func (s *redisServer) start() error {
+	s.cmd = exec.Command("redis-server", "--port", fmt.Sprint(s.port), "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "yes", "--appendfsync", "always", "--dir", s.dir)
+	if err := s.cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr})
+	defer rdb.Close()
+	for i := 0; ; i++ {
+		if rdb.Ping(context.Background()).Err() == nil {
+			return nil
+		}
+		if i == 100 {
+			s.stop()
+			return errors.New("redis-server did not start")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stop SIGKILLs the server.
+func (s *redisServer) stop() { _ = s.cmd.Process.Kill(); _ = s.cmd.Wait() }
+
+// startWorker starts a worker process and waits until its server runs.
+func (r *seedRun) startWorker() error {
+	r.mu.Lock()
+	r.count++
+	name := fmt.Sprintf("w%d", r.count)
+	r.mu.Unlock()
+	args := []string{"worker", "-id", name, "-addr", r.addr, "-dir", r.dir, "-prefix", r.prefix, "-queue", r.queue}
+	if r.o.broken != "" {
+		args = append(args, "-broken", r.o.broken)
+	}
+	cmd := exec.Command(r.o.self, args...)
+	logf, err := os.Create(filepath.Join(r.dir, name+".log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close() // the child has its own descriptor
+	cmd.Stderr = logf
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	ready := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		ok := false
+		for sc.Scan() {
+			if !ok && sc.Text() == "ready" {
+				ok = true
+				ready <- true
+			}
+		}
+		if !ok {
+			ready <- false
+		}
+	}()
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	select {
+	case ok := <-ready:
+		if !ok {
+			return fmt.Errorf("worker %s exited before it was ready", name)
+		}
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		return fmt.Errorf("worker %s not ready after 20s", name)
+	}
+	r.mu.Lock()
+	r.live = append(r.live, p)
+	r.all = append(r.all, p)
+	r.mu.Unlock()
+	return nil
+}
+
+// stopAll shuts every live worker down gracefully (SIGKILL after 15s).
+func (r *seedRun) stopAll() {
+	r.mu.Lock()
+	live := r.live
+	r.live = nil
+	r.mu.Unlock()
+	for _, p := range live {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, p := range live {
+		select {
+		case <-p.done:
+		case <-time.After(15 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+}
+
+// enqueueAll runs the workload's enqueues at their times.
+func (r *seedRun) enqueueAll() error {
+	plain := asynq.NewClientFromRedisClient(r.rdb)
+	stamped, err := singleton.NewClient(plain, r.rdb, singleton.KeyByFields("k"))
+	if err != nil {
+		return err
+	}
+	locker, err := lockkit.NewRedis(r.rdb, lockkit.WithPrefix(r.prefix), lockkit.WithOwner("driver"))
+	if err != nil {
+		return err
+	}
+	defer locker.Close(context.Background())
+	park, err := singleton.NewClient(plain, r.rdb, singleton.KeyByFields("k"), singleton.ParkAtEnqueue(locker, parkBackstop))
+	if err != nil {
+		return err
+	}
+	unique, err := singleton.NewClient(plain, r.rdb, singleton.KeyByFields("k"), singleton.Unique(locker, singleton.UntilExecuted, 0))
+	if err != nil {
+		return err
+	}
+	begin := time.Now()
+	for _, op := range r.w.Ops {
+		time.Sleep(time.Until(begin.Add(op.At)))
+		f := r.w.Families[op.Fam]
+		p := payload{ID: op.ID, Fam: f.Name, K: op.Key, N: op.N, Dur: op.Dur, FailOnce: op.FailOnce, PanicOnce: op.PanicOnce, IgnoreCtx: op.IgnoreCtx}
+		b, _ := json.Marshal(p)
+		opts := []asynq.Option{asynq.Queue(r.queue), asynq.MaxRetry(op.MaxRetry), asynq.Timeout(time.Minute)}
+		if op.TaskID {
+			opts = append(opts, asynq.TaskID(op.ID))
+		}
+		task := asynq.NewTask(f.TaskType(), b)
+		var info *asynq.TaskInfo
+		sent := time.Now().UnixNano()
+		switch f.Client {
+		case cliStamped:
+			info, err = stamped.Enqueue(task, opts...)
+		case cliPark:
+			info, err = park.Enqueue(task, opts...)
+		case cliUnique:
+			info, err = unique.Enqueue(task, opts...)
+		default:
+			info, err = plain.Enqueue(task, opts...)
+		}
+		rec := Record{Ev: evEnqueue, Task: op.ID, Fam: f.Name, Key: op.Key, N: op.N, Accepted: err == nil, Retry: op.MaxRetry, Sent: sent}
+		var dup *singleton.DuplicateTaskError
+		if errors.As(err, &dup) {
+			rec.Holder = dup.ID
+		}
+		if err != nil {
+			rec.Err = err.Error()
+		} else {
+			rec.AID = info.ID
+			_, _ = fmt.Sscan(info.Headers[singleton.EnqueuedAtHeader], &rec.Stamp)
+		}
+		r.rec.add(rec)
+	}
+	return nil
+}
+
+// runFaults injects the workload's faults at their times.
+func (r *seedRun) runFaults() {
+	begin := time.Now()
+	for _, f := range r.w.Faults {
+		time.Sleep(time.Until(begin.Add(f.At)))
+		r.mu.Lock()
+		if len(r.live) == 0 {
+			r.mu.Unlock()
+			continue
+		}
+		// A worker that is running tasks, if any is: faults mid-run.
+		var busy []int
+		for i, p := range r.live {
+			if len(r.openDeliveries(p)) > 0 {
+				busy = append(busy, i)
+			}
+		}
+		i := f.Target % len(r.live)
+		if len(busy) > 0 {
+			i = busy[f.Target%len(busy)]
+		}
+		p := r.live[i]
+		if f.Kind == faultKill || f.Kind == faultTerm {
+			r.live = slices.Delete(r.live, i, i+1)
+		}
+		r.mu.Unlock()
+		switch f.Kind {
+		case faultKill:
+			r.rec.add(Record{Ev: evFault, Fault: faultKill, Target: p.name})
+			_ = p.cmd.Process.Kill()
+			<-p.done
+			r.recoverLeases()
+			r.replace()
+		case faultTerm:
+			r.rec.add(Record{Ev: evFault, Fault: faultTerm, Target: p.name})
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-p.done:
+			case <-time.After(15 * time.Second):
+				_ = p.cmd.Process.Kill()
+				<-p.done
+			}
+			r.rec.add(Record{Ev: evFault, Fault: "exited", Target: p.name})
+			r.replace()
+		case faultRedis:
+			if r.srv == nil {
+				continue
+			}
+			r.rec.add(Record{Ev: evFault, Fault: faultRedis, Target: "redis"})
+			r.srv.stop()
+			time.Sleep(f.Hold)
+			if err := r.srv.start(); err != nil {
+				fmt.Fprintln(os.Stderr, "chaos: restart redis-server:", err)
+			}
+			r.rec.add(Record{Ev: evFault, Fault: "redis-up", Target: "redis"})
+		case faultStop:
+			r.rec.add(Record{Ev: evFault, Fault: faultStop, Target: p.name})
+			_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+			time.Sleep(f.Hold)
+			_ = p.cmd.Process.Signal(syscall.SIGCONT)
+			r.rec.add(Record{Ev: evFault, Fault: "cont", Target: p.name})
+		}
+	}
+}
+
+func (r *seedRun) replace() {
+	if err := r.startWorker(); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos: replacement worker:", err)
+	}
+}
+
+// recoverLeases does what asynq's 30s worker lease and its recoverer's 30s
+// cutoff would do for a killed worker's tasks, at once: every task in the
+// queue's lease set that no live worker is running gets a lease expired 60s
+// ago, so the replacement server's recoverer (which runs at its start)
+// re-delivers it. A task that a live worker has just dequeued may not be in
+// its history yet: only tasks that no live worker runs twice 300ms apart
+// are moved.
+func (r *seedRun) recoverLeases() {
+	ctx := context.Background()
+	key := "asynq:{" + r.queue + "}:lease"
+	orphans := func() map[string]float64 {
+		zs, err := r.rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
+		if err != nil {
+			return nil
+		}
+		open := map[string]bool{}
+		r.mu.Lock()
+		live := slices.Clone(r.live)
+		r.mu.Unlock()
+		for _, p := range live {
+			for aid := range r.openDeliveries(p) {
+				open[aid] = true
+			}
+		}
+		out := map[string]float64{}
+		for _, z := range zs {
+			if m, _ := z.Member.(string); !open[m] {
+				out[m] = z.Score
+			}
+		}
+		return out
+	}
+	first := orphans()
+	time.Sleep(300 * time.Millisecond)
+	for m, score := range orphans() {
+		if _, ok := first[m]; ok {
+			r.rdb.ZAddXX(ctx, key, redis.Z{Member: m, Score: score - 60})
+		}
+	}
+}
+
+// openDeliveries returns the asynq IDs of the tasks p's handlers are
+// running, as its history says.
+func (r *seedRun) openDeliveries(p *proc) map[string]bool {
+	recs, _ := readFile(filepath.Join(r.dir, p.name+".jsonl"))
+	n := map[string]int{}
+	for _, rec := range recs {
+		switch rec.Ev {
+		case evDeliver:
+			n[rec.AID]++
+		case evReturn:
+			n[rec.AID]--
+		}
+	}
+	open := map[string]bool{}
+	for aid, c := range n {
+		if c > 0 {
+			open[aid] = true
+		}
+	}
+	return open
+}
+
+// drain waits until the queue holds no pending, active, scheduled or retry
+// task; it reports false if it never does within drainTimeout.
+func (r *seedRun) drain() bool {
+	insp := asynq.NewInspectorFromRedisClient(r.rdb)
+	deadline := time.Now().Add(drainTimeout)
+	quiet := 0
+	for time.Now().Before(deadline) {
+		qi, err := insp.GetQueueInfo(r.queue)
+		if err == nil && qi.Pending+qi.Active+qi.Scheduled+qi.Retry == 0 {
+			quiet++
+			if quiet == 5 {
+				return true
+			}
+		} else {
+			quiet = 0
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return false
+}
+
+// keyTTL is a key left under the run's lock key prefix and its TTL.
+type keyTTL struct {
+	Key string
+	TTL time.Duration // -1: none
+}
+
+// keysLeft lists the keys under the run's lock key prefix.
+func (r *seedRun) keysLeft() ([]keyTTL, error) {
+	ctx := context.Background()
+	var out []keyTTL
+	iter := r.rdb.Scan(ctx, 0, r.prefix+"*", 200).Iterator()
+	for iter.Next(ctx) {
+		ttl, err := r.rdb.PTTL(ctx, iter.Val()).Result()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, keyTTL{iter.Val(), ttl})
+	}
+	return out, iter.Err()
+}
+
+// readFile reads one history file.
+func readFile(name string) ([]Record, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []Record
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var rec Record
+		if json.Unmarshal(sc.Bytes(), &rec) == nil {
+			out = append(out, rec)
+		}
+	}
+	return out, sc.Err()
+}

@@ -1,0 +1,129 @@
+// Command chaos runs jobguard's asynq middleware in real worker processes
+// against a real redis-server, under a workload and faults drawn from a seed,
+// records every enqueue, delivery, run and guard decision of every process,
+// and checks the history against the rules the README states.
+//
+//	go run . -seed 7                # one seed
+//	go run . -seeds 3 -length 15s   # three seeds from a random one
+//	go run . -duration 30m          # seeds until 30 minutes have passed
+//	go run . -seed 7 -broken none   # negative control: workers without the middleware
+//	go run . -seed 7 -broken skip   # negative control: every family under Skip
+//
+// A run that breaks a rule prints its seed and keeps its history
+// (<out>/seed-<seed>/*.jsonl, one JSON record a line, and violations.txt);
+// `go run . -seed <seed>` replays the same workload and fault schedule.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"time"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "worker" {
+		if err := workerMain(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "chaos worker:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	os.Exit(driverMain(os.Args[1:]))
+}
+
+// options of a chaos run.
+type options struct {
+	seed     uint64
+	seeds    int
+	duration time.Duration
+	length   time.Duration
+	broken   string // "", brokenNone or brokenSkip
+	noFaults bool
+	out      string
+	addr     string
+	keep     bool
+	self     string // the executable that runs the worker processes
+}
+
+func driverMain(args []string) int {
+	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
+	var o options
+	fs.Uint64Var(&o.seed, "seed", 0, "first seed (0: a random one)")
+	fs.IntVar(&o.seeds, "seeds", 1, "number of seeds to run (seed, seed+1, ...)")
+	fs.DurationVar(&o.duration, "duration", 0, "run seeds until this much time has passed (overrides -seeds)")
+	fs.DurationVar(&o.length, "length", 20*time.Second, "how long each seed enqueues and injects faults")
+	fs.StringVar(&o.broken, "broken", "", `negative control: "none" runs the workers without the middleware, "skip" every family under Skip`)
+	fs.BoolVar(&o.noFaults, "nofaults", false, "inject no faults")
+	fs.StringVar(&o.out, "out", "chaos-out", "directory for the histories of failing seeds")
+	fs.StringVar(&o.addr, "redis", "", "use the redis-server at this address instead of starting one (its database 0 is flushed)")
+	fs.BoolVar(&o.keep, "keep", false, "keep the history of passing seeds too")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if o.broken != "" && o.broken != brokenNone && o.broken != brokenSkip {
+		fmt.Fprintf(os.Stderr, "chaos: -broken %q: want %q or %q\n", o.broken, brokenNone, brokenSkip)
+		return 2
+	}
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 2
+	}
+	o.self = self
+	if o.seed == 0 {
+		o.seed = rand.Uint64N(1 << 31)
+	}
+	start := time.Now()
+	var failed []uint64
+	total := map[string]int{}
+	runs := 0
+	for seed := o.seed; ; seed++ {
+		if o.duration > 0 {
+			if time.Since(start) > o.duration-o.length {
+				break
+			}
+		} else if runs == o.seeds {
+			break
+		}
+		runs++
+		res, err := runSeed(o, seed)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: seed %d: %v\n", seed, err)
+			failed = append(failed, seed)
+			continue
+		}
+		fmt.Println(res.summary())
+		for rule, n := range res.perRule() {
+			total[rule] += n
+		}
+		if n := failing(res.violations); n > 0 || (o.keep && len(res.violations) > 0) {
+			if n > 0 {
+				failed = append(failed, seed)
+			}
+			fmt.Printf("FAIL seed %d: %d violations (%d advisory); history kept in %s; replay: make chaos SEED=%d%s\n",
+				seed, n, len(res.violations)-n, res.dir, seed, brokenArg(o))
+			for i, v := range res.violations {
+				if i == 20 {
+					fmt.Printf("  ... %d more in %s/violations.txt\n", len(res.violations)-i, res.dir)
+					break
+				}
+				fmt.Println("  " + v.String())
+			}
+		}
+	}
+	fmt.Printf("chaos: %d seeds in %s, %d failed %v; violations per rule: %v\n", runs, time.Since(start).Round(time.Second), len(failed), failed, total)
+	if len(failed) > 0 {
+		return 1
+	}
+	return 0
+}
+
+func brokenArg(o options) string {
+	s := fmt.Sprintf(" LENGTH=%s", o.length)
+	if o.broken != "" {
+		s += " ARGS='-broken " + o.broken + "'"
+	}
+	return s
+}

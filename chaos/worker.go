@@ -1,0 +1,365 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
+	"github.com/jobguard/jobguard/singleton"
+)
+
+// payload is a chaos task's payload: who it is and what its handler does.
+type payload struct {
+	ID        string        `json:"id"`
+	Fam       string        `json:"fam"`
+	K         string        `json:"k"` // the key field (KeyByFields("k"))
+	N         int           `json:"n"`
+	Dur       time.Duration `json:"dur"`
+	FailOnce  bool          `json:"fail_once,omitempty"`
+	PanicOnce bool          `json:"panic_once,omitempty"`
+	IgnoreCtx bool          `json:"ignore_ctx,omitempty"`
+}
+
+// runInfo travels in a delivery's ctx, so that the guard's events name the
+// task and the run they belong to.
+type runInfo struct {
+	p   payload
+	aid string
+	mu  sync.Mutex
+	run int64
+}
+
+type runInfoKey struct{}
+
+func (ri *runInfo) current() int64 {
+	ri.mu.Lock()
+	defer ri.mu.Unlock()
+	return ri.run
+}
+
+// policyOf is the middleware policy of a family.
+func policyOf(f Family) middleware.Policy {
+	switch f.Policy {
+	case polRequeue:
+		return middleware.Requeue(200 * time.Millisecond)
+	case polWait:
+		return middleware.Wait(time.Second, middleware.Requeue(200*time.Millisecond))
+	case polCoalesce:
+		return middleware.Coalesce()
+	case polKeepNewest:
+		return middleware.KeepNewest()
+	case polPreempt:
+		return middleware.Preempt(preemptGrace)
+	}
+	return middleware.Skip()
+}
+
+// Negative controls (-broken): workers that break the rules on purpose.
+const (
+	brokenNone = "none" // no middleware at all
+	brokenSkip = "skip" // every family under Skip, whatever its policy
+)
+
+// preemptGrace is the Grace of every Preempt family.
+const preemptGrace = 500 * time.Millisecond
+
+// workerConfig is the asynq.Config of every worker process.
+func workerConfig(queue string) asynq.Config {
+	return asynq.Config{
+		Concurrency:              4,
+		Queues:                   map[string]int{queue: 1},
+		TaskCheckInterval:        20 * time.Millisecond,
+		DelayedTaskCheckInterval: 100 * time.Millisecond,
+		IsFailure:                singleton.IsFailure(nil),
+		RetryDelayFunc:           singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 100 * time.Millisecond }),
+		ShutdownTimeout:          time.Second,
+		Logger:                   quietLogger{},
+	}
+}
+
+// workerMain runs one worker process until SIGTERM: an asynq server whose
+// handlers run under singleton.Middleware (none with -broken), recording
+// its history in <dir>/<id>.jsonl.
+func workerMain(args []string) error {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	id := fs.String("id", "w1", "process name")
+	addr := fs.String("addr", "", "Redis address")
+	dir := fs.String("dir", "", "run directory (workload.json, histories)")
+	prefix := fs.String("prefix", "", "lock key prefix")
+	queue := fs.String("queue", "", "asynq queue")
+	broken := fs.String("broken", "", "negative control: none (no middleware) or skip (every family under Skip)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	b, err := os.ReadFile(filepath.Join(*dir, "workload.json"))
+	if err != nil {
+		return err
+	}
+	var w Workload
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	rec, err := newRecorder(filepath.Join(*dir, *id+".jsonl"), *id)
+	if err != nil {
+		return err
+	}
+	defer rec.close()
+	rdb := redis.NewClient(&redis.Options{Addr: *addr})
+	defer rdb.Close()
+	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(*prefix), lockkit.WithOwner(*id))
+	if err != nil {
+		return err
+	}
+
+	var inflight sync.WaitGroup
+	observe := func(ctx context.Context, e middleware.Event) {
+		r := Record{Ev: evDecision, Kind: e.Kind.String(), AID: e.Job.ID}
+		if ri, ok := ctx.Value(runInfoKey{}).(*runInfo); ok {
+			r.Task, r.Fam, r.Key, r.N, r.Run = ri.p.ID, ri.p.Fam, ri.p.K, ri.p.N, ri.current()
+		}
+		if e.Action != 0 {
+			r.Action = e.Action.String()
+		}
+		r.Token = e.Token
+		if e.Err != nil {
+			r.Reason, r.Err = reasonOf(e.Err), e.Err.Error()
+		}
+		rec.add(r)
+	}
+	mux := asynq.NewServeMux()
+	for _, f := range w.Families {
+		var h asynq.Handler = work(rec, rdb, *prefix)
+		if *broken != brokenNone {
+			pol := policyOf(f)
+			if *broken == brokenSkip {
+				pol = middleware.Skip()
+			}
+			guard, err := singleton.Middleware(locker, singleton.KeyByFields("k"),
+				singleton.WithPolicy(pol), singleton.WithLimit(f.Limit), singleton.WithTTL(w.TTL),
+				singleton.WithRedis(rdb), singleton.WithObserver(observe))
+			if err != nil {
+				return err
+			}
+			h = guard(h)
+		}
+		mux.Handle(f.TaskType(), deliver(rec, &inflight, h))
+	}
+	srv := asynq.NewServerFromRedisClient(rdb, workerConfig(*queue))
+	if err := srv.Start(mux); err != nil {
+		return err
+	}
+	rec.add(Record{Ev: evReady})
+	fmt.Println("ready")
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for done := false; !done; {
+		select {
+		case <-sig:
+			done = true
+		case <-tick.C:
+			recordClock(rec, rdb)
+		}
+	}
+	srv.Shutdown()
+	// asynq does not wait for handlers that outlive its ShutdownTimeout: the
+	// process does, a while, before closing the Locker (README: close it
+	// after the handlers returned).
+	waited := make(chan struct{})
+	go func() { inflight.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+	}
+	err = locker.Close(context.Background())
+	rec.add(Record{Ev: evExit})
+	return err
+}
+
+// recordClock records the Redis server's clock.
+func recordClock(rec *recorder, rdb *redis.Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if t, err := rdb.Time(ctx).Result(); err == nil {
+		rec.add(Record{Ev: evClock, RedisUS: t.UnixMicro()})
+	}
+}
+
+// deliver records each delivery and what the chain returned to asynq.
+func deliver(rec *recorder, inflight *sync.WaitGroup, next asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) (err error) {
+		inflight.Add(1)
+		defer inflight.Done()
+		var p payload
+		if err := json.Unmarshal(t.Payload(), &p); err != nil {
+			return fmt.Errorf("chaos: payload: %w", err)
+		}
+		aid, _ := asynq.GetTaskID(ctx)
+		retry, _ := asynq.GetRetryCount(ctx)
+		ri := &runInfo{p: p, aid: aid}
+		r := Record{Task: p.ID, AID: aid, Fam: p.Fam, Key: p.K, N: p.N, Retry: retry}
+		if s := t.Headers()[singleton.EnqueuedAtHeader]; s != "" {
+			_, _ = fmt.Sscan(s, &r.Stamp)
+		}
+		r.Ev = evDeliver
+		rec.add(r)
+		r.Stamp = 0
+		defer func() {
+			r.Ev = evReturn
+			if v := recover(); v != nil {
+				r.Err = fmt.Sprint("panic: ", v)
+				rec.add(r)
+				panic(v)
+			}
+			if err != nil {
+				r.Err, r.Reason = err.Error(), reasonOf(err)
+			}
+			rec.add(r)
+		}()
+		return next.ProcessTask(context.WithValue(ctx, runInfoKey{}, ri), t)
+	})
+}
+
+// work is the handler: it records its start and end, and does what the
+// payload says (run for Dur, fail or panic on its first run, ignore its ctx).
+func work(rec *recorder, rdb *redis.Client, prefix string) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		ri, _ := ctx.Value(runInfoKey{}).(*runInfo)
+		p := ri.p
+		base := Record{Task: p.ID, AID: ri.aid, Fam: p.Fam, Key: p.K, N: p.N}
+		start := base
+		start.Ev = evStart
+		run := rec.add(start).Seq
+		ri.mu.Lock()
+		ri.run = run
+		ri.mu.Unlock()
+		end := base
+		end.Ev, end.Run = evEnd, run
+		ended := make(chan struct{})
+		var watch sync.WaitGroup
+		watch.Add(1)
+		go func() {
+			defer watch.Done()
+			select {
+			case <-ctx.Done():
+				c := base
+				c.Ev, c.Run, c.Cause = evCancel, run, causeOf(ctx)
+				rec.add(c)
+			case <-ended:
+			}
+		}()
+		defer func() { close(ended); watch.Wait() }()
+
+		// The first run of a task that fails once, across every process.
+		first := false
+		if p.FailOnce || p.PanicOnce {
+			first, _ = rdb.SetNX(context.WithoutCancel(ctx), "chaosrun:first:"+prefix+p.ID, 1, time.Hour).Result()
+		}
+		timer := time.NewTimer(p.Dur)
+		defer timer.Stop()
+		if p.IgnoreCtx {
+			<-timer.C
+		} else {
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				end.Outcome, end.Cause = "cancelled", causeOf(ctx)
+				rec.add(end)
+				return fmt.Errorf("chaos: cancelled: %w", context.Cause(ctx))
+			}
+		}
+		switch {
+		case first && p.PanicOnce:
+			end.Outcome = "panic"
+			rec.add(end)
+			panic("chaos: panic on the first run")
+		case first:
+			end.Outcome = "error"
+			rec.add(end)
+			return errors.New("chaos: failure on the first run")
+		}
+		end.Outcome = "ok"
+		if ctx.Err() != nil {
+			end.Cause = causeOf(ctx)
+		}
+		rec.add(end)
+		return nil
+	})
+}
+
+func causeOf(ctx context.Context) string {
+	c := context.Cause(ctx)
+	switch {
+	case c == nil:
+		return ""
+	case errors.Is(c, lockkit.ErrPreempted):
+		return "preempted"
+	case errors.Is(c, lockkit.ErrLost):
+		return "lost"
+	}
+	return c.Error()
+}
+
+// reasonOf names why a guard event's job did not run, or how its lease ended.
+func reasonOf(err error) string {
+	var dup *middleware.DuplicateError
+	if errors.As(err, &dup) {
+		switch dup.Reason {
+		case middleware.ReasonHeld:
+			return "held"
+		case middleware.ReasonClaimed:
+			return "claimed"
+		case middleware.ReasonSuperseded:
+			return "superseded"
+		case middleware.ReasonThrottled:
+			return "throttled"
+		case middleware.ReasonCovered:
+			return "covered"
+		case middleware.ReasonCompleted:
+			return "completed"
+		}
+	}
+	switch {
+	case errors.Is(err, lockkit.ErrCovered):
+		return "covered"
+	case errors.Is(err, lockkit.ErrCompleted):
+		return "completed"
+	case errors.Is(err, lockkit.ErrSuperseded):
+		return "superseded"
+	case errors.Is(err, lockkit.ErrPreempted):
+		return "preempted"
+	case errors.Is(err, lockkit.ErrLost):
+		return "lost"
+	case errors.Is(err, lockkit.ErrNotAcquired):
+		return "held"
+	case errors.Is(err, middleware.ErrDuplicate):
+		return "duplicate"
+	}
+	return ""
+}
+
+// quietLogger is an asynq.Logger that writes warnings and errors to
+// stderr (the worker's log file) and drops the rest.
+type quietLogger struct{}
+
+func (quietLogger) Debug(...any)   {}
+func (quietLogger) Info(...any)    {}
+func (quietLogger) Warn(a ...any)  { log.Print(append([]any{"asynq WARN: "}, a...)...) }
+func (quietLogger) Error(a ...any) { log.Print(append([]any{"asynq ERROR: "}, a...)...) }
+func (quietLogger) Fatal(a ...any) { log.Print(append([]any{"asynq FATAL: "}, a...)...) }

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+)
+
+// Policies a family's middleware can have.
+const (
+	polSkip       = "skip"
+	polRequeue    = "requeue"
+	polWait       = "wait"
+	polCoalesce   = "coalesce"
+	polKeepNewest = "keepnewest"
+	polPreempt    = "preempt"
+)
+
+// Enqueue modes of a family.
+const (
+	cliPlain   = "plain"   // asynq.Client
+	cliStamped = "stamped" // singleton.NewClient (EnqueuedAtHeader)
+	cliPark    = "park"    // singleton.NewClient with ParkAtEnqueue
+	cliUnique  = "unique"  // singleton.NewClient with Unique(UntilExecuted)
+)
+
+// Fault kinds.
+const (
+	faultKill = "kill" // SIGKILL a worker mid-run, start a replacement
+	faultTerm = "term" // SIGTERM: asynq's graceful shutdown (rolling deploy), then a replacement
+	faultStop = "stop" // SIGSTOP a worker past the lease TTL, then SIGCONT
+	// faultRedis SIGKILLs the redis-server (its AOF fsyncs every write) and
+	// starts it again after Hold: every connection, pub/sub included, is
+	// cut. Only when the run started its redis-server itself.
+	faultRedis = "redis"
+)
+
+// Family is a group of keys sharing a task type and a middleware setup.
+type Family struct {
+	Name   string `json:"name"` // also the task type's suffix: "chaos:<name>"
+	Policy string `json:"policy"`
+	Limit  int    `json:"limit"`
+	Keys   int    `json:"keys"`
+	Client string `json:"client"`
+}
+
+// TaskType is the asynq task type of the family's tasks.
+func (f Family) TaskType() string { return "chaos:" + f.Name }
+
+// Op is one enqueue of the plan.
+type Op struct {
+	At        time.Duration `json:"at"` // since the plan began
+	Fam       int           `json:"fam"`
+	Key       string        `json:"key"`
+	ID        string        `json:"id"` // the task's name: seed-unique
+	N         int           `json:"n"`  // its number within its key, in enqueue order
+	Dur       time.Duration `json:"dur"`
+	FailOnce  bool          `json:"fail_once,omitempty"`  // the first delivery fails
+	PanicOnce bool          `json:"panic_once,omitempty"` // the first delivery panics
+	IgnoreCtx bool          `json:"ignore_ctx,omitempty"` // the handler runs on after its ctx ends
+	MaxRetry  int           `json:"max_retry"`
+	TaskID    bool          `json:"task_id,omitempty"` // enqueued with asynq.TaskID(ID)
+}
+
+// Fault is one fault of the plan.
+type Fault struct {
+	At     time.Duration `json:"at"`
+	Kind   string        `json:"kind"`
+	Target int           `json:"target"` // index of the live worker it hits, modulo their number
+	Hold   time.Duration `json:"hold,omitempty"`
+}
+
+// Workload is everything a seed decides: families, enqueues and faults.
+type Workload struct {
+	Seed     uint64        `json:"seed"`
+	TTL      time.Duration `json:"ttl"`     // the lease TTL of every middleware
+	Workers  int           `json:"workers"` // worker processes alive at once
+	Length   time.Duration `json:"length"`  // how long enqueues and faults go on
+	Families []Family      `json:"families"`
+	Ops      []Op          `json:"ops"`
+	Faults   []Fault       `json:"faults"`
+}
+
+// leaseTTL is the lease TTL of every chaos middleware: short, so that a
+// killed or paused holder's keys free within the run.
+const leaseTTL = 1500 * time.Millisecond
+
+// newWorkload draws a workload from seed for a run of length (enqueues and
+// faults; the quiet phase comes after). faults false draws none.
+func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	w := Workload{Seed: seed, TTL: leaseTTL, Workers: 3, Length: length}
+	pols := []string{polSkip, polRequeue, polWait, polCoalesce, polKeepNewest, polPreempt}
+	for i, p := range pols {
+		f := Family{Name: fmt.Sprintf("f%d%s", i, p), Policy: p, Limit: 1, Keys: 1 + r.IntN(2), Client: cliPlain}
+		if r.IntN(2) == 0 {
+			f.Client = cliStamped
+		}
+		switch p {
+		case polSkip, polRequeue:
+			if r.IntN(3) == 0 {
+				f.Limit = 2
+			}
+		}
+		if p == polRequeue && f.Limit == 1 && r.IntN(2) == 0 {
+			f.Client = cliPark
+		}
+		w.Families = append(w.Families, f)
+	}
+	// Unique at enqueue, under Skip.
+	w.Families = append(w.Families, Family{Name: "f6unique", Policy: polSkip, Limit: 1, Keys: 1 + r.IntN(2), Client: cliUnique})
+	// About 4 tasks a second, in bursts and streams of one key.
+	budget := int(length.Seconds() * 4)
+	for len(w.Ops) < budget {
+		fi := r.IntN(len(w.Families))
+		f := w.Families[fi]
+		key := fmt.Sprintf("k%d", r.IntN(f.Keys))
+		at := time.Duration(r.Int64N(int64(length * 9 / 10)))
+		count, gap := 3+r.IntN(6), time.Duration(r.IntN(20))*time.Millisecond // a burst
+		if r.IntN(3) == 0 {
+			count, gap = 4+r.IntN(8), time.Duration(100+r.IntN(300))*time.Millisecond // a stream
+		}
+		for range count {
+			op := Op{At: at, Fam: fi, Key: key, MaxRetry: 3, Dur: time.Duration(20+r.IntN(300)) * time.Millisecond}
+			switch x := r.IntN(100); {
+			case x < 8:
+				op.Dur = time.Duration(1000+r.IntN(2500)) * time.Millisecond // past the TTL: renewals
+			case x < 16:
+				op.FailOnce = true
+			case x < 20:
+				op.PanicOnce = true
+			case x < 35:
+				op.MaxRetry = 0
+			}
+			op.IgnoreCtx = r.IntN(8) == 0
+			op.TaskID = r.IntN(6) == 0
+			w.Ops = append(w.Ops, op)
+			at += gap
+		}
+	}
+	// Numbers within a key follow enqueue order.
+	slices.SortStableFunc(w.Ops, func(a, b Op) int { return int(a.At - b.At) })
+	seen := map[string]int{}
+	for i := range w.Ops {
+		op := &w.Ops[i]
+		name := w.Families[op.Fam].Name + "/" + op.Key
+		seen[name]++
+		op.N = seen[name]
+		op.ID = fmt.Sprintf("s%d-%s-%s-%d", seed, w.Families[op.Fam].Name, op.Key, op.N)
+	}
+	if faults {
+		n := 1 + int(length/(8*time.Second))
+		kinds := []string{faultKill, faultTerm, faultStop, faultRedis}
+		first := r.IntN(len(kinds))
+		for i := range n {
+			f := Fault{At: length/10 + time.Duration(r.Int64N(int64(length*8/10))), Kind: kinds[(first+i)%len(kinds)], Target: r.IntN(w.Workers)}
+			switch f.Kind {
+			case faultStop:
+				f.Hold = leaseTTL + time.Duration(500+r.IntN(1000))*time.Millisecond
+			case faultRedis:
+				f.Hold = time.Duration(100+r.IntN(400)) * time.Millisecond
+			}
+			w.Faults = append(w.Faults, f)
+		}
+		slices.SortStableFunc(w.Faults, func(a, b Fault) int { return int(a.At - b.At) })
+	}
+	return w
+}
