@@ -7,7 +7,7 @@ PKGS := ./...
 # (gocron, Prometheus, OpenTelemetry) is in no core user's build.
 MODULES := gocronguard jobguardprom jobguardotel
 
-.PHONY: test test-faults test-browser chaos bench lint run-demo run-worker run-scheduler
+.PHONY: test test-faults test-browser chaos chaos-ci bench lint run-demo run-worker run-scheduler
 
 ## test: every test with the race detector, against a real redis-server: the
 ## core module, then the integration modules ($(MODULES)).
@@ -56,6 +56,12 @@ DURATION ?= 0
 chaos:
 	@command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server"; export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q redis-server >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null; }; }
 	cd chaos && $(GO) run . -seed $(SEED) -seeds $(SEEDS) -length $(LENGTH) -duration $(DURATION) $(ARGS)
+
+## chaos-ci: the bounded chaos run of .ci/run: three fixed seeds, then the
+## checkers' own tests (the negative controls must report their rules).
+chaos-ci:
+	$(MAKE) chaos SEED=1 SEEDS=3 LENGTH=15s
+	cd chaos && $(GO) test -count=1 ./...
 
 ## test-browser: opsview's page in headless chromium (webtest/, a separate
 ## module with chromedp); installs Debian's chromium when it is missing.
