@@ -1,7 +1,7 @@
 // Command chaos runs jobguard's asynq middleware in real worker processes
 // against a real redis-server, under a workload and faults drawn from a seed,
 // records every enqueue, delivery, run and guard decision of every process,
-// and checks the history against the rules the README states.
+// and checks the history against the rules that README.md and docs/rules.md state.
 //
 //	go run . -seed 7                # one seed
 //	go run . -seeds 3 -length 15s   # three seeds from a random one

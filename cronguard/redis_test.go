@@ -493,7 +493,7 @@ func TestLostLeaseCancelsFuncJob(t *testing.T) {
 
 // A tick whose claim ran in Redis while the claiming replica never got the
 // reply (go-redis' retries all failed) runs on no replica: a cron tick runs
-// at most once (README, "Long runs and failures").
+// at most once (docs/cron.md, "Long runs and failures").
 func TestTickWhoseClaimReplyWasLostRunsNowhere(t *testing.T) {
 	clean := testredis.Client(t)
 	prefix := testredis.Prefix(t, clean)

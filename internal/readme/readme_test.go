@@ -12,10 +12,23 @@ import (
 // root is the module's root, from this package's directory.
 const root = "../.."
 
-// blocks returns the README's ```go blocks, each as its lines.
-func blocks(t *testing.T) [][]string {
+// docs returns README.md and the pages of docs/.
+func docs(t *testing.T) []string {
 	t.Helper()
-	f, err := os.Open(filepath.Join(root, "README.md"))
+	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pages) == 0 {
+		t.Fatal("docs/ has no pages")
+	}
+	return append([]string{filepath.Join(root, "README.md")}, pages...)
+}
+
+// blocks returns the ```go blocks of the page at path, each as its lines.
+func blocks(t *testing.T, path string) [][]string {
+	t.Helper()
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,14 +112,20 @@ func contains(haystack, needle []string) bool {
 	return false
 }
 
-// Every Go block of the README is code that compiles: it appears, line for
-// line, in an example_test.go.
+// Every Go block of the README and of docs/ is code that compiles: it
+// appears, line for line, in an example_test.go.
 func TestREADMEBlocksAreCompiledExamples(t *testing.T) {
-	bs := blocks(t)
-	if len(bs) == 0 {
+	files := exampleFiles(t)
+	for _, page := range docs(t) {
+		checkBlocks(t, page, files)
+	}
+}
+
+func checkBlocks(t *testing.T, page string, files map[string][]string) {
+	bs := blocks(t, page)
+	if filepath.Base(page) == "README.md" && len(bs) == 0 {
 		t.Fatal("the README has no ```go blocks")
 	}
-	files := exampleFiles(t)
 	for i, b := range bs {
 		want := normalize(b)
 		found := false
@@ -117,7 +136,7 @@ func TestREADMEBlocksAreCompiledExamples(t *testing.T) {
 			}
 		}
 		if !found {
-			t.Errorf("README go block %d (starting %q) is in no example_test.go", i+1, want[0])
+			t.Errorf("%s: go block %d (starting %q) is in no example_test.go", page, i+1, want[0])
 		}
 	}
 }
