@@ -66,6 +66,7 @@ type config struct {
 	park      *parkSpec
 
 	throttleRequeues bool
+	throttled        bool
 	logger           *slog.Logger // the WithLogger value
 }
 
@@ -94,13 +95,16 @@ func WithLimit(n int) Option {
 // period across every server. A task
 // over the budget does not run: with middleware.ActionSkip it completes,
 // with middleware.ActionRequeue it is put back to run when the key's next
-// start opens (which needs WithRedis, like the Requeue policy). n must be at
+// start opens (which needs WithRedis, like the Requeue policy). Under
+// Coalesce, KeepNewest and Preempt a follow-up throttled when it gets the key
+// is always put back, so those policies need WithRedis with a throttle. n must be at
 // least 1 and period between a millisecond and lockkit.MaxTTL. Defaults to
 // no throttle.
 func WithThrottle(n int, period time.Duration, then middleware.Action) Option {
 	return func(c *config) {
 		c.guardOpts = append(c.guardOpts, middleware.WithThrottle(n, period, then))
 		c.throttleRequeues = then == middleware.ActionRequeue
+		c.throttled = true
 	}
 }
 
@@ -304,6 +308,11 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	}
 	if c.throttleRequeues && c.rdb == nil {
 		return nil, fmt.Errorf("%w: WithThrottle(..., requeue): requeueing needs WithRedis(client) to re-enqueue tasks that have no retries left", ErrInvalid)
+	}
+	if p := g.Policy(); c.throttled && c.rdb == nil && (p.Coalesce || p.KeepNewest || p.Preempt) {
+		// A follow-up throttled when it gets the key is put back whatever
+		// the throttle's action (other tasks folded into it or gave way).
+		return nil, fmt.Errorf("%w: WithThrottle with WithPolicy(%s): a throttled follow-up is requeued, which needs WithRedis(client) to re-enqueue tasks that have no retries left", ErrInvalid, c.policy)
 	}
 	if g.Policy().OnConflict == middleware.ActionRequeue && c.rdb == nil {
 		return nil, fmt.Errorf("%w: WithPolicy(%s): a policy that requeues needs WithRedis(client) to re-enqueue duplicates that have no retries left", ErrInvalid, c.policy)

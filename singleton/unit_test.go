@@ -53,6 +53,8 @@ func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 			"WithPolicy(Requeue(1s)): a policy that requeues needs WithRedis(client)"},
 		{"wait then requeue without redis", []singleton.Option{singleton.WithPolicy(middleware.Wait(time.Second, middleware.Requeue(0)))},
 			"a policy that requeues needs WithRedis(client)"},
+		{"throttled follow-ups without redis", []singleton.Option{singleton.WithPolicy(middleware.Coalesce()), singleton.WithThrottle(1, time.Second, middleware.ActionSkip)},
+			"a throttled follow-up is requeued, which needs WithRedis(client)"},
 		{"debounce is a client option", []singleton.Option{singleton.Debounce(memLocker(t), time.Second, 0)}, "Debounce: it is an option of NewClient"},
 		{"park at enqueue is a client option", []singleton.Option{singleton.ParkAtEnqueue(memLocker(t), 0)}, "ParkAtEnqueue: it is an option of NewClient"},
 	}
