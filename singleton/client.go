@@ -110,6 +110,12 @@ type Client struct {
 // option, or an option that only Middleware takes (WithPolicy, WithLimit,
 // WithTTL, WithLogger, WithObserver, WithRedis).
 func NewClient(c *asynq.Client, rdb redis.UniversalClient, opts ...Option) (*Client, error) {
+	return newClient(c, rdb, nil, opts)
+}
+
+// newClient is NewClient; locker, when not nil, is the Locker of the
+// Unique, Debounce or ParkAtEnqueue option given a nil one (Guard.Client).
+func newClient(c *asynq.Client, rdb redis.UniversalClient, locker lockkit.Locker, opts []Option) (*Client, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: NewClient: asynq client is nil", ErrInvalid)
 	}
@@ -122,11 +128,14 @@ func NewClient(c *asynq.Client, rdb redis.UniversalClient, opts ...Option) (*Cli
 	var cfg config
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.apply(&cfg)
 		}
 	}
-	if len(cfg.guardOpts) > 0 || cfg.rdbSet {
-		return nil, fmt.Errorf("%w: NewClient: WithPolicy, WithLimit, WithHoldAtLeast, WithThrottle, WithTTL, WithLogger, WithObserver and WithRedis are Middleware options", ErrInvalid)
+	if locker != nil {
+		cfg.defaultLocker(locker)
+	}
+	if len(cfg.guardOpts) > 0 || cfg.rdbSet || cfg.lockerOptsSet {
+		return nil, fmt.Errorf("%w: NewClient: WithPolicy, WithLimit, WithHoldAtLeast, WithThrottle, WithTTL, WithLogger, WithObserver and WithRedis are Middleware options, WithLockerOptions one of New", ErrInvalid)
 	}
 	keys, err := cfg.buildKeys()
 	if err != nil {

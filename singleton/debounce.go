@@ -35,8 +35,8 @@ const DebounceGenHeader = "jobguard-debounce-gen"
 // and lockkit.MaxTTL; Debounce excludes Unique. Use it with
 // middleware.KeepNewest or middleware.Preempt, so that the newest task
 // waits for a run of the key still going instead of being skipped.
-func Debounce(locker lockkit.Locker, quiet, maxWait time.Duration) Option {
-	return func(c *config) { c.debounce = &debounceSpec{locker: locker, quiet: quiet, maxWait: maxWait} }
+func Debounce(locker lockkit.Locker, quiet, maxWait time.Duration) ClientOption {
+	return clientOpt(func(c *config) { c.debounce = &debounceSpec{locker: locker, quiet: quiet, maxWait: maxWait} })
 }
 
 type debounceSpec struct {

@@ -3,20 +3,24 @@
 // that tasks sharing a key never run at the same time (or no more than N at a
 // time) across every asynq.Server sharing the lock store.
 //
-//	locker, err := lockkit.NewRedis(rdb) // one per process; Close it after srv.Shutdown
-//	if err != nil { ... }
-//	guard, err := singleton.Middleware(locker,
+//	g, err := singleton.New(rdb, // the Redis the asynq servers and clients use
 //		singleton.KeyByFields("tenant_id"),                    // one run per tenant at a time
 //		singleton.WithPolicy(middleware.Requeue(time.Second)), // duplicates run again later
-//		singleton.WithRedis(rdb),                              // the Redis the servers use
 //	)
 //	if err != nil { ... }
-//	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
-//		IsFailure:      singleton.IsFailure(nil),  // a requeued duplicate is no failure
-//		RetryDelayFunc: singleton.RetryDelay(nil), // and comes back after the policy's delay
-//	}) // or singleton.ServerConfig(cfg), which sets both
+//	defer g.Close(ctx) // after srv.Shutdown
+//	cfg := asynq.Config{Concurrency: 10}
+//	g.Configure(&cfg) // a requeued duplicate is no failure, and comes back after the policy's delay
+//	srv := asynq.NewServerFromRedisClient(rdb, cfg)
 //	mux := asynq.NewServeMux()
-//	mux.Use(guard) // or guard(handler) around a single handler
+//	mux.Use(g.Middleware) // or g.Middleware(handler) around a single handler
+//	client, err := g.Client(asynq.NewClientFromRedisClient(rdb)) // keys tasks as the middleware does
+//
+// New takes key and middleware options (ServerOption) and Guard.Client the
+// Client's (ClientOption), so a misplaced option does not compile.
+// Middleware (with a Locker of the program's own, shared by several
+// middlewares) and NewClient take any Option and refuse the other's at run
+// time.
 //
 // The key is the task type unless a key option says otherwise (KeyByTaskID,
 // KeyByPayload, KeyByFields, KeyFunc; PerQueue scopes any of them to the

@@ -28,29 +28,24 @@ func Example() {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
 
-	locker, err := lockkit.NewRedis(rdb)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer locker.Close(context.Background()) // after srv.Shutdown
-	guard, err := singleton.Middleware(locker,
-		singleton.KeyByFields("tenant_id"),
-		singleton.WithPolicy(middleware.Requeue(time.Second)),
-		singleton.WithRedis(rdb),
+	g, err := singleton.New(rdb,
+		singleton.KeyByFields("tenant_id"),                    // one report per tenant at a time
+		singleton.WithPolicy(middleware.Requeue(time.Second)), // a duplicate runs once its key is free
 	)
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+	defer g.Close(context.Background()) // after srv.Shutdown
+	cfg := asynq.Config{
 		Concurrency:              4,
-		IsFailure:                singleton.IsFailure(nil),
-		RetryDelayFunc:           singleton.RetryDelay(nil),
 		DelayedTaskCheckInterval: 100 * time.Millisecond, // requeued tasks come back promptly
 		LogLevel:                 asynq.ErrorLevel,
-	})
+	}
+	g.Configure(&cfg) // a requeued duplicate is no failure and comes back after the policy's delay
+	srv := asynq.NewServerFromRedisClient(rdb, cfg)
 	done := make(chan struct{}, 2)
 	mux := asynq.NewServeMux()
-	mux.Use(guard)
+	mux.Use(g.Middleware)
 	mux.HandleFunc("report:build", func(ctx context.Context, t *asynq.Task) error {
 		var p struct {
 			Tenant string `json:"tenant_id"`
@@ -65,7 +60,10 @@ func Example() {
 		return nil
 	})
 
-	client := asynq.NewClientFromRedisClient(rdb)
+	client, err := g.Client(asynq.NewClientFromRedisClient(rdb)) // keys each task as the middleware does
+	if err != nil {
+		log.Fatal(err)
+	}
 	for range 2 {
 		task := asynq.NewTask("report:build", []byte(`{"tenant_id":"acme"}`), asynq.MaxRetry(0))
 		if _, err := client.Enqueue(task); err != nil {
@@ -150,36 +148,57 @@ func ExampleIsFailure() {
 // The quick start: a server whose report:build tasks run one per tenant at a
 // time across every server sharing rdb. (Compiled, not run: it serves until
 // stopped.)
-func ExampleMiddleware() {
+func ExampleNew() {
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	if err := serveReports(rdb); err != nil {
 		log.Fatal(err)
 	}
 }
 
-// serveReports runs the server of ExampleMiddleware.
+// serveReports runs the server of ExampleNew.
 func serveReports(rdb redis.UniversalClient) error {
-	locker, err := lockkit.NewRedis(rdb) // one per process; close it after srv.Shutdown()
-	if err != nil {
-		return err
-	}
-	defer locker.Close(context.Background())
-	guard, err := singleton.Middleware(locker,
+	g, err := singleton.New(rdb, // rdb: the Redis the asynq servers and clients use
 		singleton.KeyByFields("tenant_id"),                    // one report per tenant at a time
 		singleton.WithPolicy(middleware.Requeue(time.Second)), // a duplicate runs once its key is free
-		singleton.WithRedis(rdb),                              // the Redis the servers use
 	)
 	if err != nil {
 		return err
 	}
-	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
-		IsFailure:      singleton.IsFailure(nil),  // a requeued duplicate is no failure...
-		RetryDelayFunc: singleton.RetryDelay(nil), // ...and comes back after the policy's delay
-	})
+	defer g.Close(context.Background()) // after the server has stopped
+	cfg := asynq.Config{Concurrency: 10}
+	g.Configure(&cfg) // a requeued duplicate is no failure and comes back after the policy's delay
+	srv := asynq.NewServerFromRedisClient(rdb, cfg)
 	mux := asynq.NewServeMux()
-	mux.Use(guard)
+	mux.Use(g.Middleware)
 	mux.HandleFunc("report:build", buildReport)
 	return srv.Run(mux)
+}
+
+// Middleware takes a Locker of the program's own, so that several
+// middlewares (and lockkit.Do) share one Locker: here reports run one per
+// tenant, and index rebuilds one at a time. (Compiled, not run.)
+func ExampleMiddleware() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	locker, err := lockkit.NewRedis(rdb) // one per process; close it after srv.Shutdown()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+	perTenant, err := singleton.Middleware(locker, singleton.ForTypes("report:build"), singleton.KeyByFields("tenant_id"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	oneAtATime, err := singleton.Middleware(locker, singleton.ForTypes("index:rebuild"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux := asynq.NewServeMux()
+	mux.Use(perTenant, oneAtATime)
+	mux.HandleFunc("report:build", buildReport)
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{})
+	if err := srv.Run(mux); err != nil {
+		log.Fatal(err)
+	}
 }
 
 // buildReport is the report:build handler.

@@ -23,8 +23,8 @@ const keyPrefix = "asynq:"
 
 // KeyByType keys a task by its type: one task of a type runs at a time (or
 // WithLimit of them). The key is "asynq:<type>". This is the default.
-func KeyByType() Option {
-	return func(c *config) { c.keys = append(c.keys, keySpec{name: "KeyByType()", fn: keyByType}) }
+func KeyByType() ServerOption {
+	return keyOpt(func(c *config) { c.keys = append(c.keys, keySpec{name: "KeyByType()", fn: keyByType}) })
 }
 
 func keyByType(_ context.Context, t *asynq.Task) (string, error) {
@@ -39,8 +39,8 @@ func keyByType(_ context.Context, t *asynq.Task) (string, error) {
 // Whatever the policy, a re-delivery waits for the run in progress (see
 // Middleware). The handler must be called by an asynq server; otherwise the
 // task fails with ErrKey.
-func KeyByTaskID() Option {
-	return func(c *config) { c.keys = append(c.keys, keySpec{name: "KeyByTaskID()", fn: keyByTaskID}) }
+func KeyByTaskID() ServerOption {
+	return keyOpt(func(c *config) { c.keys = append(c.keys, keySpec{name: "KeyByTaskID()", fn: keyByTaskID}) })
 }
 
 func keyByTaskID(ctx context.Context, t *asynq.Task) (string, error) {
@@ -56,8 +56,8 @@ func keyByTaskID(ctx context.Context, t *asynq.Task) (string, error) {
 // KeyByPayload keys a task by its type and payload: identical tasks do not run
 // at once, different payloads do. The key is "asynq:<type>:payload:<hash>",
 // the hash being the first 128 bits of the payload's SHA-256 in hex.
-func KeyByPayload() Option {
-	return func(c *config) { c.keys = append(c.keys, keySpec{name: "KeyByPayload()", fn: keyByPayload}) }
+func KeyByPayload() ServerOption {
+	return keyOpt(func(c *config) { c.keys = append(c.keys, keySpec{name: "KeyByPayload()", fn: keyByPayload}) })
 }
 
 func keyByPayload(_ context.Context, t *asynq.Task) (string, error) {
@@ -75,7 +75,7 @@ func keyByPayload(_ context.Context, t *asynq.Task) (string, error) {
 // A payload that is not a JSON object, or lacks a field, or has it null or
 // "", fails the task with ErrKey. At least one field is required; names must
 // be non-empty and distinct.
-func KeyByFields(fields ...string) Option {
+func KeyByFields(fields ...string) ServerOption {
 	spec := keySpec{name: fmt.Sprintf("KeyByFields(%s)", quoteAll(fields))}
 	seen := make(map[string]bool, len(fields))
 	switch {
@@ -97,7 +97,7 @@ func KeyByFields(fields ...string) Option {
 	}
 	fields = append([]string(nil), fields...)
 	spec.fn = func(_ context.Context, t *asynq.Task) (string, error) { return keyByFields(t, fields) }
-	return func(c *config) { c.keys = append(c.keys, spec) }
+	return keyOpt(func(c *config) { c.keys = append(c.keys, spec) })
 }
 
 func quoteAll(ss []string) string {
@@ -205,14 +205,14 @@ func canonicalNumber(n string) string {
 // KeyFunc keys a task by fn's result, used as the key as returned (no
 // prefix). An error from fn, or an empty key, fails the task with ErrKey,
 // wrapping fn's error. fn must not be nil.
-func KeyFunc(fn func(ctx context.Context, t *asynq.Task) (string, error)) Option {
+func KeyFunc(fn func(ctx context.Context, t *asynq.Task) (string, error)) ServerOption {
 	spec := keySpec{name: "KeyFunc(nil)", fn: fn}
 	if fn == nil {
 		spec.err = errors.New("func is nil")
 	} else {
 		spec.name = "KeyFunc(fn)"
 	}
-	return func(c *config) { c.keys = append(c.keys, spec) }
+	return keyOpt(func(c *config) { c.keys = append(c.keys, spec) })
 }
 
 // keyOf derives t's key, scoped to its queue with PerQueue.

@@ -82,7 +82,7 @@ func TestResumeLeavesADoneTaskDone(t *testing.T) {
 			errs.Add(1)
 		}
 	})} {
-		o(cfg)
+		o.apply(cfg)
 	}
 	m, err := cfg.build(l)
 	require.NoError(t, err)

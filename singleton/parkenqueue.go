@@ -63,8 +63,8 @@ const ParkedHeader = "jobguard-parked"
 // parked: asynq refuses it (asynq.ErrTaskIDConflict), at the cost of one
 // more round trip for each task given an ID. ParkAtEnqueue excludes Unique
 // and Debounce. It is a Client option: Middleware rejects it.
-func ParkAtEnqueue(locker lockkit.Locker, backstop time.Duration) Option {
-	return func(c *config) { c.park = &parkSpec{locker: locker, backstop: backstop} }
+func ParkAtEnqueue(locker lockkit.Locker, backstop time.Duration) ClientOption {
+	return clientOpt(func(c *config) { c.park = &parkSpec{locker: locker, backstop: backstop} })
 }
 
 type parkSpec struct {

@@ -40,8 +40,46 @@ var (
 	ErrInvalid = invalid.New("singleton: invalid option")
 )
 
-// Option configures Middleware.
-type Option func(*config)
+// Option is any option of this package. Middleware and NewClient take every
+// option and refuse one of the other's at run time (ErrInvalid); New and
+// Guard.Client take only their own kind (ServerOption, ClientOption), so the
+// compiler refuses a misplaced one.
+type Option interface{ apply(*config) }
+
+// ServerOption configures the server side: a key option (KeyByType,
+// KeyByTaskID, KeyByPayload, KeyByFields, KeyFunc, PerQueue, ForTypes), which
+// New also hands to Guard.Client, or a middleware option (WithPolicy,
+// WithLimit, WithThrottle, WithHoldAtLeast, WithAsyncRelease, WithTTL,
+// WithLogger, WithObserver, WithRedis).
+type ServerOption interface {
+	Option
+	server()
+}
+
+// ClientOption configures what a Client does at enqueue: Unique, Debounce or
+// ParkAtEnqueue.
+type ClientOption interface {
+	Option
+	client()
+}
+
+// keyOpt is a key option: the Client derives keys with it too.
+type keyOpt func(*config)
+
+func (o keyOpt) apply(c *config) { o(c) }
+func (keyOpt) server()           {}
+
+// serverOpt is an option of the middleware only.
+type serverOpt func(*config)
+
+func (o serverOpt) apply(c *config) { o(c) }
+func (serverOpt) server()           {}
+
+// clientOpt is an option of the Client only.
+type clientOpt func(*config)
+
+func (o clientOpt) apply(c *config) { o(c) }
+func (clientOpt) client()           {}
 
 type keyFunc func(ctx context.Context, t *asynq.Task) (string, error)
 
@@ -65,6 +103,9 @@ type config struct {
 	debounce  *debounceSpec
 	park      *parkSpec
 
+	lockerOpts    []lockkit.Option // WithLockerOptions: New's only
+	lockerOptsSet bool
+
 	throttleRequeues bool
 	throttled        bool
 	logger           *slog.Logger // the WithLogger value
@@ -73,22 +114,22 @@ type config struct {
 // WithPolicy sets what happens to a task whose key is held: middleware.Skip(),
 // middleware.Requeue(delay), middleware.Fail(), or middleware.Wait(max, then).
 // A policy that can requeue needs WithRedis. Defaults to middleware.Skip().
-func WithPolicy(p middleware.Policy) Option {
-	return func(c *config) {
+func WithPolicy(p middleware.Policy) ServerOption {
+	return serverOpt(func(c *config) {
 		c.guardOpts = append(c.guardOpts, middleware.WithPolicy(p))
 		c.policy = fmt.Sprintf("%+v", p)
-	}
+	})
 }
 
 // WithLimit sets how many tasks with the same key may run at once across
 // every server (per-key concurrency, such as per tenant). Must be at least 1.
 // Every server must use the same limit for a key. Above 1 a task enqueued
 // with ParkAtEnqueue is refused (see ParkAtEnqueue). Defaults to 1.
-func WithLimit(n int) Option {
-	return func(c *config) {
+func WithLimit(n int) ServerOption {
+	return serverOpt(func(c *config) {
 		c.guardOpts = append(c.guardOpts, middleware.WithLimit(n))
 		c.limit = n
-	}
+	})
 }
 
 // WithThrottle allows at most n runs of a key to start in any window of one
@@ -100,12 +141,12 @@ func WithLimit(n int) Option {
 // is always put back, so those policies need WithRedis with a throttle. n must be at
 // least 1 and period between a millisecond and lockkit.MaxTTL. Defaults to
 // no throttle.
-func WithThrottle(n int, period time.Duration, then middleware.Action) Option {
-	return func(c *config) {
+func WithThrottle(n int, period time.Duration, then middleware.Action) ServerOption {
+	return serverOpt(func(c *config) {
 		c.guardOpts = append(c.guardOpts, middleware.WithThrottle(n, period, then))
 		c.throttleRequeues = then == middleware.ActionRequeue
 		c.throttled = true
-	}
+	})
 }
 
 // WithHoldAtLeast keeps a task's key held for at least d after its run
@@ -113,8 +154,8 @@ func WithThrottle(n int, period time.Duration, then middleware.Action) Option {
 // tasks of a key run at most once per d, and a duplicate delivered within d
 // of a run's start is skipped. Zero means none; at most lockkit.MaxTTL.
 // Defaults to zero.
-func WithHoldAtLeast(d time.Duration) Option {
-	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithHoldAtLeast(d)) }
+func WithHoldAtLeast(d time.Duration) ServerOption {
+	return serverOpt(func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithHoldAtLeast(d)) })
 }
 
 // WithAsyncRelease makes the middleware return to asynq as soon as the
@@ -122,8 +163,8 @@ func WithHoldAtLeast(d time.Duration) Option {
 // releaser, pipelined with other releases, so each task pays one Redis round
 // trip on its path (the acquire) instead of two (middleware.WithAsyncRelease
 // says what changes). Defaults to off.
-func WithAsyncRelease() Option {
-	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithAsyncRelease()) }
+func WithAsyncRelease() ServerOption {
+	return serverOpt(func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithAsyncRelease()) })
 }
 
 // WithTTL overrides, for this middleware's leases, the TTL the Locker gives
@@ -133,8 +174,8 @@ func WithAsyncRelease() Option {
 // own 30s worker lease has expired and its recoverer has run, so with 30s the
 // key is free by then. Zero means the Locker's; otherwise it must be between
 // lockkit.MinTTL and lockkit.MaxTTL. Defaults to zero.
-func WithTTL(ttl time.Duration) Option {
-	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithTTL(ttl)) }
+func WithTTL(ttl time.Duration) ServerOption {
+	return serverOpt(func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithTTL(ttl)) })
 }
 
 // WithLogger overrides, for this middleware, the logger the Locker logs
@@ -143,19 +184,19 @@ func WithTTL(ttl time.Duration) Option {
 // reason and, where known, the run or task that covers it: at most one line
 // per key per second, the next one counting the lines left out. Must not be
 // nil. Defaults to the Locker's.
-func WithLogger(l *slog.Logger) Option {
-	return func(c *config) {
+func WithLogger(l *slog.Logger) ServerOption {
+	return serverOpt(func(c *config) {
 		c.guardOpts = append(c.guardOpts, middleware.WithLogger(l))
 		c.logger = l
-	}
+	})
 }
 
 // WithObserver adds an observer of the guard's events, including
 // middleware.EventRequeued (Event.Delay) and middleware.EventError for a key
 // that cannot be derived. It may be given more than once. Must not be nil.
 // Defaults to none.
-func WithObserver(o middleware.Observer) Option {
-	return func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithObserver(o)) }
+func WithObserver(o middleware.Observer) ServerOption {
+	return serverOpt(func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithObserver(o)) })
 }
 
 // WithRedis sets the Redis that the asynq servers use. Requeue enqueues the
@@ -167,21 +208,21 @@ func WithObserver(o middleware.Observer) Option {
 // RetryDelay, or use ServerConfig) and started by the run that frees the key, instead of
 // waiting on a worker. Required when the policy can requeue; must not be
 // nil. Defaults to none.
-func WithRedis(client redis.UniversalClient) Option {
-	return func(c *config) { c.rdb, c.rdbSet = client, true }
+func WithRedis(client redis.UniversalClient) ServerOption {
+	return serverOpt(func(c *config) { c.rdb, c.rdbSet = client, true })
 }
 
 // ForTypes guards only the tasks of the listed types; tasks of other types
 // run unguarded. At least one non-empty type is required. Defaults to every
 // task the middleware wraps.
-func ForTypes(types ...string) Option {
-	return func(c *config) { c.types, c.typesSet = append(c.types, types...), true }
+func ForTypes(types ...string) ServerOption {
+	return keyOpt(func(c *config) { c.types, c.typesSet = append(c.types, types...), true })
 }
 
 // PerQueue scopes the key to the queue the task came from: "@<queue>" is
 // appended to whatever key the key option derives, so the same work in two
 // queues does not conflict. Defaults to off (one key across all queues).
-func PerQueue() Option { return func(c *config) { c.perQueue = true } }
+func PerQueue() ServerOption { return keyOpt(func(c *config) { c.perQueue = true }) }
 
 // Middleware returns an asynq.MiddlewareFunc that runs each task under a lease
 // on its key, taken from locker. Use it with mux.Use(m) for every handler of a
@@ -224,7 +265,7 @@ func Middleware(locker lockkit.Locker, opts ...Option) (asynq.MiddlewareFunc, er
 	var c config
 	for _, o := range opts {
 		if o != nil {
-			o(&c)
+			o.apply(&c)
 		}
 	}
 	m, err := c.build(locker)
@@ -248,6 +289,9 @@ func (c *config) build(locker lockkit.Locker) (*guarded, error) {
 	}
 	if c.park != nil {
 		return nil, fmt.Errorf("%w: ParkAtEnqueue: it is an option of NewClient, not of Middleware", ErrInvalid)
+	}
+	if c.lockerOptsSet {
+		return nil, fmt.Errorf("%w: WithLockerOptions: it is an option of New, which makes the Locker; Middleware is given one", ErrInvalid)
 	}
 	m, err := c.buildKeys()
 	if err != nil {
