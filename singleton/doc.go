@@ -56,5 +56,7 @@
 // derived another key (KeyHeader) fails with ErrKeyMismatch and
 // asynq.SkipRetry rather than being taken for a duplicate. Every task that
 // completes without running is logged at Info (at most once per key per
-// second).
+// second) and says why in its asynq result (JSON: outcome, key, reason and,
+// where known, by_task, by_owner, by_token), which the Inspector and asynqmon
+// show while asynq keeps the task (asynq.Retention).
 package singleton

@@ -2,10 +2,14 @@ package singleton
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/hibiken/asynq"
 
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
@@ -69,31 +73,68 @@ func (s *skipLog) log(ctx context.Context, dup *middleware.DuplicateError) {
 	s.last[key] = skipped{at: now}
 	s.mu.Unlock()
 
-	attrs := []slog.Attr{slog.String("key", key), slog.String("task", dup.Job.Name), slog.String("id", dup.Job.ID),
-		slog.String("reason", reasonNames[dup.Reason])}
-	var ce *lockkit.ConflictError
-	var cov *lockkit.CoveredError
-	switch {
-	case errors.As(dup.Cause, &ce):
-		if ce.Label != "" {
-			attrs = append(attrs, slog.String("by_task", ce.Label))
-		}
-		if ce.Owner != "" {
-			attrs = append(attrs, slog.String("by_owner", ce.Owner))
-		}
-	case errors.As(dup.Cause, &cov):
-		if cov.Owner != "" {
-			attrs = append(attrs, slog.String("by_owner", cov.Owner))
-		}
-		if cov.Token != 0 {
-			attrs = append(attrs, slog.Int64("by_token", cov.Token))
-		}
+	why := whyOf(dup)
+	attrs := []slog.Attr{slog.String("key", why.Key), slog.String("task", dup.Job.Name), slog.String("id", dup.Job.ID),
+		slog.String("reason", why.Reason)}
+	if why.ByTask != "" {
+		attrs = append(attrs, slog.String("by_task", why.ByTask))
 	}
-	if dup.Reason == middleware.ReasonCompleted {
-		attrs = append(attrs, slog.String("by_task", dup.Job.Origin))
+	if why.ByOwner != "" {
+		attrs = append(attrs, slog.String("by_owner", why.ByOwner))
+	}
+	if why.ByToken != 0 {
+		attrs = append(attrs, slog.Int64("by_token", why.ByToken))
 	}
 	if prev.dropped > 0 {
 		attrs = append(attrs, slog.Int("not_logged", prev.dropped))
 	}
 	s.l.LogAttrs(ctx, slog.LevelInfo, "singleton: task completed without running", attrs...)
+}
+
+// notRun says why a task completed without running: the log line's fields,
+// and the asynq result (ResultWriter) of the task, as JSON.
+type notRun struct {
+	Outcome string `json:"outcome"` // always "completed without running"
+	Key     string `json:"key"`
+	Reason  string `json:"reason"`             // held, claimed, superseded, throttled, covered, completed
+	ByTask  string `json:"by_task,omitempty"`  // the task (its origin) that holds, covers or completed the work
+	ByOwner string `json:"by_owner,omitempty"` // the lease owner of the run that holds or covers the key
+	ByToken int64  `json:"by_token,omitempty"` // the fencing token of the covering run
+}
+
+// whyOf is what dup says of a task that completes without running.
+func whyOf(dup *middleware.DuplicateError) notRun {
+	why := notRun{Outcome: "completed without running", Key: dup.Job.Key, Reason: reasonNames[dup.Reason]}
+	var ce *lockkit.ConflictError
+	var cov *lockkit.CoveredError
+	switch {
+	case errors.As(dup.Cause, &ce):
+		why.ByTask, why.ByOwner = ce.Label, ce.Owner
+	case errors.As(dup.Cause, &cov):
+		why.ByOwner, why.ByToken = cov.Owner, cov.Token
+	}
+	if dup.Reason == middleware.ReasonCompleted {
+		why.ByTask = dup.Job.Origin
+	}
+	return why
+}
+
+// writeResult writes why t completed without running as its asynq result
+// (JSON, see notRun), which the Inspector and asynqmon show while the task
+// is kept (asynq.Retention). A task that is not a server's delivery has no
+// result writer; a failed write is an error event, and the task still
+// completes.
+func (m *guarded) writeResult(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) {
+	w := t.ResultWriter()
+	if w == nil {
+		return
+	}
+	b, err := json.Marshal(whyOf(dup))
+	if err == nil {
+		_, err = w.Write(b)
+	}
+	if err != nil {
+		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: dup.Job,
+			Err: fmt.Errorf("singleton: writing why task %s did not run as its result: %w", dup.Job.ID, err)})
+	}
 }
