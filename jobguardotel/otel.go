@@ -86,6 +86,7 @@ type Telemetry struct {
 	wait, hold metric.Float64Histogram
 	dups, lost metric.Int64Counter
 	preempted  metric.Int64Counter
+	shadowed   metric.Int64Counter
 }
 
 // New returns the Telemetry. It returns an error if an instrument cannot be
@@ -116,6 +117,8 @@ func New(opts ...Option) (*Telemetry, error) {
 	t.lost, err = meter.Int64Counter("jobguard.leases.lost", metric.WithDescription("Runs whose lease was lost while they ran; a preemption is not a loss."))
 	errs = append(errs, err)
 	t.preempted, err = meter.Int64Counter("jobguard.preemptions", metric.WithDescription("Runs that a newer job of their key preempted, as asked (Policy.Preempt)."))
+	errs = append(errs, err)
+	t.shadowed, err = meter.Int64Counter("jobguard.shadowed", metric.WithDescription("Jobs that ran under WithShadow although the policy would not have run them then, by what it would have done."))
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("jobguardotel: %w", err)
@@ -170,6 +173,10 @@ func (t *Telemetry) Observer() middleware.Observer {
 			if e.Kind == middleware.EventDuplicate {
 				t.dups.Add(ctx, 1, metric.WithAttributes(name, action))
 			}
+		case middleware.EventShadowed:
+			action := attribute.String("jobguard.action", e.Action.String())
+			parent.AddEvent("jobguard.shadowed", trace.WithAttributes(action))
+			t.shadowed.Add(ctx, 1, metric.WithAttributes(name, action))
 		case middleware.EventRequeued:
 			parent.AddEvent("jobguard.requeued", trace.WithAttributes(attribute.String("jobguard.delay", e.Delay.String())))
 		case middleware.EventLost:

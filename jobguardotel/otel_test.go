@@ -269,3 +269,53 @@ func TestPreemptionIsNotALostLease(t *testing.T) {
 	require.Equal(t, int64(1), sums["jobguard.preemptions"])
 	require.Equal(t, int64(1), sums["jobguard.leases.lost"])
 }
+
+// Under WithShadow a job the policy would not run runs anyway: a span event
+// on the job's span and jobguard.shadowed by the action the policy would
+// have taken.
+func TestShadowedJobsAreCounted(t *testing.T) {
+	e := asynqtest.NewEnv(t, asynqtest.Standalone(t, 14))
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	tel, err := jobguardotel.New(jobguardotel.WithTracerProvider(tp), jobguardotel.WithMeterProvider(mp))
+	require.NoError(t, err)
+	l, err := lockkit.NewRedis(e.RDB, lockkit.WithPrefix(e.Prefix))
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	g, err := middleware.New(l, middleware.WithShadow(), middleware.WithObserver(tel.Observer()))
+	require.NoError(t, err)
+	job := middleware.Job{Key: "k", Name: "sync"}
+	started, release, done := make(chan struct{}), make(chan struct{}), make(chan middleware.Outcome)
+	go func() {
+		done <- g.Run(context.Background(), job, func(context.Context) error { close(started); <-release; return nil })
+	}()
+	<-started
+	ctx, span := tp.Tracer("user").Start(context.Background(), "second")
+	require.True(t, g.Run(ctx, job, func(context.Context) error { return nil }).Ran)
+	span.End()
+	close(release)
+	require.True(t, (<-done).Ran)
+	var events []string
+	for _, ev := range rec.Ended()[len(rec.Ended())-1].Events() {
+		events = append(events, ev.Name)
+	}
+	require.Contains(t, events, "jobguard.shadowed")
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	var shadowed int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if d, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "jobguard.shadowed" {
+				for _, p := range d.DataPoints {
+					action, _ := p.Attributes.Value("jobguard.action")
+					require.Equal(t, "skip", action.AsString())
+					shadowed += p.Value
+				}
+			}
+		}
+	}
+	require.Equal(t, int64(1), shadowed)
+}

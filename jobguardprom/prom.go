@@ -70,6 +70,7 @@ func WithLockers(ls ...Holder) Option {
 type Metrics struct {
 	wait, hold                              *prometheus.HistogramVec
 	runs, dups, requeues, lost, errs, ticks *prometheus.CounterVec
+	shadowed                                *prometheus.CounterVec
 	renewFailures                           prometheus.Counter
 }
 
@@ -99,6 +100,8 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			Help: "Runs that took their key, by outcome: ok, failed (the job returned an error), lost (the lease was lost), preempted (a newer job of the key preempted it, as asked)."}, []string{"name", "outcome"}),
 		dups: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "duplicates_total",
 			Help: "Jobs that did not run because their key was held, covered, superseded or throttled, by action."}, []string{"name", "action"}),
+		shadowed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "shadowed_total",
+			Help: "Jobs that ran under WithShadow although the policy would not have run them then, by what it would have done."}, []string{"name", "action"}),
 		requeues: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "requeues_total",
 			Help: "Duplicates the adapter put back to run later."}, []string{"name"}),
 		lost: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "leases_lost_total",
@@ -110,7 +113,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 		renewFailures: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "renew_failures_total",
 			Help: "Lease renewals that failed while the lease was still valid."}),
 	}
-	cs := []prometheus.Collector{m.wait, m.hold, m.runs, m.dups, m.requeues, m.lost, m.errs, m.ticks, m.renewFailures}
+	cs := []prometheus.Collector{m.wait, m.hold, m.runs, m.dups, m.shadowed, m.requeues, m.lost, m.errs, m.ticks, m.renewFailures}
 	if len(c.lockers) > 0 {
 		lockers := c.lockers
 		cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "leases_held",
@@ -163,6 +166,8 @@ func (m *Metrics) Observer() middleware.Observer {
 		case middleware.EventDuplicate:
 			m.dups.WithLabelValues(name, e.Action.String()).Inc()
 			tick("skipped")
+		case middleware.EventShadowed:
+			m.shadowed.WithLabelValues(name, e.Action.String()).Inc()
 		case middleware.EventClaimed:
 			tick("claimed")
 		case middleware.EventRequeued:

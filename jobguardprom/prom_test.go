@@ -276,3 +276,30 @@ func TestPreemptionIsNotALostLease(t *testing.T) {
 	require.Equal(t, 1.0, value(t, reg, "jobguard_leases_lost_total", map[string]string{"name": "sync"}))
 	require.Equal(t, 1.0, value(t, reg, "jobguard_runs_total", map[string]string{"name": "sync", "outcome": "preempted"}))
 }
+
+// Under WithShadow a job the policy would not run runs anyway and is
+// counted by what the policy would have done.
+func TestShadowedJobsAreCounted(t *testing.T) {
+	e := asynqtest.NewEnv(t, asynqtest.Standalone(t, 13))
+	reg := prometheus.NewRegistry()
+	m, err := jobguardprom.New(reg)
+	require.NoError(t, err)
+	l, err := lockkit.NewRedis(e.RDB, lockkit.WithPrefix(e.Prefix))
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	g, err := middleware.New(l, middleware.WithShadow(), middleware.WithPolicy(middleware.Requeue(0)), middleware.WithObserver(m.Observer()))
+	require.NoError(t, err)
+	job := middleware.Job{Key: "k", Name: "sync"}
+	started, release, done := make(chan struct{}), make(chan struct{}), make(chan middleware.Outcome)
+	go func() {
+		done <- g.Run(context.Background(), job, func(context.Context) error { close(started); <-release; return nil })
+	}()
+	<-started
+	require.True(t, g.Run(context.Background(), job, func(context.Context) error { return nil }).Ran)
+	close(release)
+	require.True(t, (<-done).Ran)
+	require.Equal(t, 1.0, value(t, reg, "jobguard_shadowed_total", map[string]string{"name": "sync", "action": "requeue"}))
+	require.Equal(t, 0.0, value(t, reg, "jobguard_duplicates_total", map[string]string{"name": "sync"}))
+	require.Equal(t, 1.0, value(t, reg, "jobguard_runs_total", map[string]string{"name": "sync", "outcome": "ok"}),
+		"only the run under the lease is a run of the key")
+}

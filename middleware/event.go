@@ -40,9 +40,13 @@ const (
 	// (Policy.Preempt), as asked; its ctx was cancelled with a cause
 	// matching lockkit.ErrPreempted. It is not an EventLost.
 	EventPreempted
+	// EventShadowed: under WithShadow, the job ran without a lease although
+	// the policy would not have run it now; Event.Action is what the policy
+	// would have done, Event.Holder who held the key, Event.Err the conflict.
+	EventShadowed
 )
 
-var kindNames = [...]string{"", "acquired", "waited", "duplicate", "requeued", "claimed", "lost", "released", "error", "preempted"}
+var kindNames = [...]string{"", "acquired", "waited", "duplicate", "requeued", "claimed", "lost", "released", "error", "preempted", "shadowed"}
 
 // String returns the kind in lower case, such as "duplicate".
 func (k EventKind) String() string {
@@ -83,6 +87,9 @@ type Observer func(ctx context.Context, e Event)
 func logObserver(l *slog.Logger) Observer {
 	return func(ctx context.Context, e Event) {
 		lvl := slog.LevelDebug
+		if e.Kind == EventShadowed {
+			lvl = slog.LevelInfo
+		}
 		if e.Kind == EventLost || e.Kind == EventPreempted || e.Kind == EventError || (e.Kind == EventReleased && e.Err != nil) {
 			lvl = slog.LevelWarn
 			if errors.Is(e.Err, lockkit.ErrPreempted) {

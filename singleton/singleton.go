@@ -199,6 +199,19 @@ func WithObserver(o middleware.Observer) ServerOption {
 	return serverOpt(func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithObserver(o)) })
 }
 
+// WithShadow runs every task, to roll the middleware out safely: a task
+// whose key is free runs under its lease as usual; a task the policy would
+// not run then (its key held by another task, its work completed) runs
+// anyway, without a lease, and is reported: an EventShadowed whose Action
+// is what the policy would have done, logged at Info and counted by
+// jobguardprom (shadowed_total) and jobguardotel (jobguard.shadowed).
+// Nothing waits, parks, is requeued or completes without running. The
+// decision is the key's (middleware.WithShadow says what is and is not
+// simulated). Remove the option to apply the policy. Defaults to off.
+func WithShadow() ServerOption {
+	return serverOpt(func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithShadow()) })
+}
+
 // WithRedis sets the Redis that the asynq servers use. Requeue enqueues the
 // copy of a duplicate with no retries left through it (with an asynq.Client
 // and Inspector made from it, which hold no goroutines and are never closed).
