@@ -188,7 +188,9 @@ func gunzipDir(t *testing.T, name string) string {
 // The history of seed 301 (a worker paused, Redis restarted, the worker
 // shut down): a Wait task that its worker requeued just before Redis went
 // down was resumed and ran to completion on another worker, then was
-// delivered and ran again. The checker names it.
+// delivered and ran again (asynq's retry write, sent again after Redis came
+// back, took the resumed delivery back; singleton now records such a
+// success, TestLateRetryWriteDoesNotRunTheTaskTwice). The checker names it.
 func TestSeed301HistoryReportsATaskRunTwice(t *testing.T) {
 	dir := gunzipDir(t, "seed-301")
 	b, err := os.ReadFile(filepath.Join(dir, "workload.json"))

@@ -73,6 +73,8 @@ type acquireResult struct {
 	// plain: RedisLocker took the lease in the plain form of its key
 	// (plain_acquire.lua).
 	plain bool
+	// wasParked: the acquire had been parked (see Lease.WasParked).
+	wasParked bool
 }
 
 // ending says what a release records besides freeing the holder: the label
@@ -684,22 +686,23 @@ func handOverTTL(r *request) time.Duration {
 func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent time.Time, waited time.Duration) (*Lease, error) {
 	token, left := res.token, res.left
 	l := &Lease{
-		e:        e,
-		key:      r.key,
-		owner:    r.owner,
-		label:    r.label,
-		aid:      r.aid,
-		token:    token,
-		epoch:    r.epoch > 0 || r.order > 0,
-		coalesce: r.coalesce,
-		coverFor: r.coverFor,
-		hold:     r.hold,
-		async:    r.async,
-		onParked: r.onParked,
-		plain:    res.plain,
-		ttl:      r.ttl,
-		interval: r.interval,
-		lost:     make(chan struct{}),
+		e:            e,
+		key:          r.key,
+		owner:        r.owner,
+		label:        r.label,
+		aid:          r.aid,
+		token:        token,
+		epoch:        r.epoch > 0 || r.order > 0,
+		coalesce:     r.coalesce,
+		coverFor:     r.coverFor,
+		hold:         r.hold,
+		async:        r.async,
+		onParked:     r.onParked,
+		plain:        res.plain,
+		parkedBefore: res.wasParked,
+		ttl:          r.ttl,
+		interval:     r.interval,
+		lost:         make(chan struct{}),
 	}
 	l.member = memberOf(token, r.aid, r.owner, r.label)
 	l.validUntil = validUntil(sent, r.ttl)

@@ -36,6 +36,8 @@ type Lease struct {
 	token  int64
 	member string // "" for a holder no Lease was handed out for (see engine.orphan)
 	plain  bool   // taken in the plain form of its key (see acquireResult)
+	// parkedBefore: the acquire had been parked (WasParked).
+	parkedBefore bool
 	// renewArgs caches, for RedisLocker's renewals, the lease's holders and
 	// meta keys and its member as a script argument; set and read only by
 	// the renewal of the batch the lease is in.
@@ -104,6 +106,14 @@ func (l *Lease) Owner() string { return l.owner }
 // earlier lease on the same key, whoever held it. Pass it to the resource the
 // lease protects so that the resource can reject writes from a stale holder.
 func (l *Lease) Token() int64 { return l.token }
+
+// WasParked reports whether the lease's acquire had been parked before
+// (AcquireOptions.Park): it took over the reservation a release made for its
+// label, or found its entry still in the key's parked queue. Its job was put
+// back once already, so a runtime's late write of that (asynq's retry, sent
+// again after a lost reply) may still arrive while this lease's work runs.
+// A repeat of the acquire that go-redis sent again reports false.
+func (l *Lease) WasParked() bool { return l.parkedBefore }
 
 // Lost returns a channel that is closed when the lease is lost (not when it is
 // released).

@@ -483,6 +483,7 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 			// its TTL left, counted from now.
 			res.left = time.Duration(toInt(vals[2])) * time.Millisecond
 		}
+		res.wasParked = len(vals) > 3 && toInt(vals[3]) == 1
 		return res, nil
 	case -1:
 		if len(vals) < 2 {

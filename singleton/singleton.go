@@ -431,9 +431,18 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		ctx = withCopyID(ctx, origin)
 	}
 	res := m.startReservation(ctx, t, key, origin)
-	out := m.guard.Run(ctx, job, func(ctx context.Context) error {
+	gctx, giveUp := context.WithCancelCause(ctx)
+	defer giveUp(nil)
+	out := m.guard.Run(gctx, job, func(ctx context.Context) error {
 		m.started(ctx, t, key, origin)
-		return next.ProcessTask(ctx, t)
+		err := next.ProcessTask(ctx, t)
+		if err == nil && m.takenBack(ctx, retried) {
+			// asynq will deliver the task again although its work is
+			// done: a run that succeeded after its ctx ended is recorded
+			// as completed (lockkit.CompletedRetention).
+			giveUp(errTakenBack)
+		}
+		return err
 	})
 	m.endReservation(ctx, t, key, origin, res, out)
 	if out.Duplicate != nil && !out.Duplicate.Parked {

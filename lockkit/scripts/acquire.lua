@@ -70,7 +70,9 @@
 --          arrival.
 -- ARGV[11] Coalesce: "0" off; otherwise when the work was asked for (server
 --          us; a time after now means now), "-1" for now (the first attempt)
--- Returns {1, token} when acquired, {1, token, ttl left (ms)} when an earlier
+-- Returns {1, token} when acquired ({1, token, '0', 1} when the call had been
+--         parked: it adopted its reservation or found its parked entry),
+--         {1, token, ttl left (ms)} when an earlier
 --         run of this acquire took it or a release handed it over (release.lua),
 --         {0, holder member, its ttl ms, holders, waiters ahead} when held,
 --         {-1, last epoch} when the epoch was already used,
@@ -427,8 +429,15 @@ if not same and count + ahead < limit then
       extend_key(KEYS[2], keep)
     end
   end
-  if entry ~= '' then
-    redis.call('ZREM', KEYS[7], entry)
+  -- A call that was parked before (its reservation adopted, or its entry
+  -- still queued) says so: its task was put back once, and the runtime's
+  -- late write of that may come after this run (see Lease.WasParked).
+  local was_parked = adopted
+  if entry ~= '' and redis.call('ZREM', KEYS[7], entry) == 1 then
+    was_parked = true
+  end
+  if was_parked then
+    return {1, token, '0', 1}
   end
   return {1, token}
 end

@@ -1,0 +1,113 @@
+package singleton_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
+	"github.com/jobguard/jobguard/singleton"
+)
+
+// lateRetry is what asynq v0.26's retry write does (rdb.Retry's script,
+// less its statistics): move the task from active to retry. Sent again by
+// go-redis or asynq's syncer after its reply was lost, it lands on whatever
+// delivery of the task is active then.
+var lateRetry = redis.NewScript(`
+if redis.call("LREM", KEYS[2], 0, ARGV[1]) == 0 then
+	return redis.error_reply("NOT FOUND")
+end
+if redis.call("ZREM", KEYS[3], ARGV[1]) == 0 then
+	return redis.error_reply("NOT FOUND")
+end
+redis.call("ZADD", KEYS[4], ARGV[2], ARGV[1])
+redis.call("HSET", KEYS[1], "state", "retry")
+return 1
+`)
+
+// An earlier delivery's retry write, sent again after a lost reply, lands
+// while a later delivery of the task runs: asynq takes the task back and
+// delivers it once more after that run succeeded. That delivery completes
+// without running: the work is done once. The earlier delivery is a parked
+// duplicate (its resumed delivery runs) or a failure that asynq retried.
+func TestLateRetryWriteDoesNotRunTheTaskTwice(t *testing.T) {
+	for _, earlier := range []string{"parked", "failed"} {
+		t.Run(earlier, func(t *testing.T) { lateRetryWrite(t, earlier) })
+	}
+}
+
+func lateRetryWrite(t *testing.T, earlier string) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		ev := &events{}
+		mw, err := singleton.Middleware(e.locker(), singleton.WithRedis(e.RDB),
+			singleton.WithPolicy(middleware.Requeue(time.Second)), singleton.WithObserver(ev.observe))
+		require.NoError(t, err)
+		holderStarted, releaseHolder := make(chan struct{}), make(chan struct{})
+		xStarted, releaseX := make(chan string), make(chan struct{})
+		var xRuns atomic.Int32
+		cfg := e.config(4)
+		cfg.RetryDelayFunc = singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 0 })
+		e.start(cfg, mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			switch string(task.Payload()) {
+			case "holder":
+				close(holderStarted)
+				<-releaseHolder
+			case "x":
+				n := xRuns.Add(1)
+				if earlier == "failed" && n == 1 {
+					return errors.New("the first run fails")
+				}
+				if (earlier == "parked" && n == 1) || (earlier == "failed" && n == 2) {
+					id, _ := asynq.GetTaskID(ctx)
+					xStarted <- id
+					<-releaseX
+				}
+			}
+			return nil
+		})))
+		var x *asynq.TaskInfo
+		if earlier == "parked" {
+			e.Enqueue(asynq.NewTask("job", []byte("holder")))
+			<-holderStarted
+			x = e.Enqueue(asynq.NewTask("job", []byte("x")), asynq.MaxRetry(3))
+			ev.waitRequeued(t, 1, "x is parked behind the holder")
+			close(releaseHolder)
+		} else {
+			x = e.Enqueue(asynq.NewTask("job", []byte("x")), asynq.MaxRetry(3))
+		}
+		require.Equal(t, x.ID, <-xStarted)
+
+		prefix := "asynq:{" + e.Queue + "}:"
+		retryAt := strconv.FormatInt(time.Now().Unix(), 10)
+		require.NoError(t, lateRetry.Run(context.Background(), e.RDB,
+			[]string{prefix + "t:" + x.ID, prefix + "active", prefix + "lease", prefix + "retry"}, x.ID, retryAt).Err(),
+			"the late write takes the running delivery back")
+		close(releaseX)
+
+		require.Eventually(t, func() bool {
+			_, err := e.Inspector.GetTaskInfo(e.Queue, x.ID)
+			return errors.Is(err, asynq.ErrTaskNotFound)
+		}, 20*time.Second, 10*time.Millisecond, "asynq delivers x again, and that delivery completes")
+		want := int32(1)
+		if earlier == "failed" {
+			want = 2
+		}
+		require.Equal(t, want, xRuns.Load(), "x's work ran to success once")
+		completed := 0
+		for _, d := range ev.all() {
+			if d.Kind == middleware.EventDuplicate && errors.Is(d.Err, lockkit.ErrCompleted) && d.Job.ID == x.ID {
+				completed++
+			}
+		}
+		require.Equal(t, 1, completed, "x's last delivery completed without running: %v", ev.all())
+	})
+}
