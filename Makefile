@@ -7,13 +7,20 @@ PKGS := ./...
 # (gocron, Prometheus, OpenTelemetry) is in no core user's build.
 MODULES := gocronguard jobguardprom jobguardotel
 
-.PHONY: test test-faults test-browser chaos chaos-ci bench lint run-demo run-worker run-scheduler
+.PHONY: test test-compat test-faults test-browser chaos chaos-ci bench lint run-demo run-worker run-scheduler
 
 ## test: every test with the race detector, against a real redis-server: the
 ## core module, then the integration modules ($(MODULES)).
 test:
 	@tools/with-redis.sh sh -c '$(GO) test -race -count=1 -timeout 10m $(PKGS) && for m in $(MODULES); do (cd $$m && $(GO) test -race -count=1 -timeout 5m ./...) || exit 1; done'
 
+
+## test-compat: the go.mod files require the lowest versions of the
+## dependencies the tests pass with (go-redis v9.15.0, Go 1.24, as asynq
+## v0.26.0), which `make test` runs at; this runs vet and the core and
+## integration tests at the newest versions, in a temporary copy.
+test-compat:
+	@JOBGUARD_NO_CLUSTER=1 tools/with-redis.sh tools/compat.sh
 
 ## bench: the comparison harness (bench/, a separate module) and the Go benchmarks.
 bench:

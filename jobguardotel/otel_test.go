@@ -26,7 +26,7 @@ import (
 func attr(kvs []attribute.KeyValue, key string) (string, bool) {
 	for _, kv := range kvs {
 		if string(kv.Key) == key {
-			return kv.Value.String(), true
+			return kv.Value.Emit(), true
 		}
 	}
 	return "", false
@@ -192,11 +192,11 @@ func TestKeysAreNotRecorded(t *testing.T) {
 	for _, s := range rec.Ended() {
 		texts := []string{s.Status().Description}
 		for _, kv := range s.Attributes() {
-			texts = append(texts, kv.Value.String())
+			texts = append(texts, kv.Value.Emit())
 		}
 		for _, ev := range s.Events() {
 			for _, kv := range ev.Attributes {
-				texts = append(texts, kv.Value.String())
+				texts = append(texts, kv.Value.Emit())
 			}
 		}
 		for _, text := range texts {

@@ -588,7 +588,7 @@ func (b *redisBackend) pipelineScripts(ctx context.Context, n int, send func(p r
 	run(all, false)
 	var again []int
 	for i, c := range cmds {
-		if err := c.Err(); err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+		if err := c.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			again = append(again, i)
 		}
 	}

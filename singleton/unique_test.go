@@ -270,7 +270,9 @@ func TestUniqueConcurrentEnqueues(t *testing.T) {
 		var accepted, refusedN atomic.Int32
 		var wg sync.WaitGroup
 		for range 20 {
-			wg.Go(func() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
 				_, err := u.enqueue("acme")
 				switch {
 				case err == nil:
@@ -280,7 +282,7 @@ func TestUniqueConcurrentEnqueues(t *testing.T) {
 				default:
 					t.Error(err)
 				}
-			})
+			}()
 		}
 		wg.Wait()
 		require.EqualValues(t, 1, accepted.Load())

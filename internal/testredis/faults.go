@@ -2,7 +2,6 @@ package testredis
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -220,7 +219,7 @@ func (h *Faults) giveBack(f Fault) {
 // (or pipeline) returned, or the error of any of cmds.
 func noScript(err error, cmds []redis.Cmder) bool {
 	is := func(err error) bool {
-		return err != nil && (errors.Is(err, redis.ErrNoScript) || strings.HasPrefix(err.Error(), "NOSCRIPT"))
+		return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
 	}
 	if is(err) {
 		return true

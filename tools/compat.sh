@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs the core tests at the newest versions of every dependency. The go.mod
+# files require the lowest versions the tests pass with (the floors, which
+# `make test` runs at); this copies the tree to a temporary directory, updates
+# each module there with `go get -u`, prints the versions it got, and runs go
+# vet and the core packages' tests (standalone Redis: REDIS_ADDR, or the server
+# tools/with-redis.sh starts). Nothing in the checkout changes.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+go=${GO:-go}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+tar -C "$root" --exclude=.git --exclude=chaos/chaos-out -cf - . | tar -C "$tmp" -xf -
+cd "$tmp"
+for m in . gocronguard jobguardprom jobguardotel; do
+	# Every direct requirement but the root module, which the integration
+	# modules replace with this tree.
+	(cd "$m" && "$go" mod tidy && "$go" get -u $("$go" list -m -f '{{if and (not .Main) (not .Indirect) (not .Replace)}}{{.Path}}{{end}}' all) &&
+		"$go" mod tidy)
+done
+echo "newest versions:"
+"$go" list -m all | grep -E 'go-redis|hibiken/asynq|robfig/cron|miniredis' | sed 's/^/  /'
+for m in gocronguard jobguardprom jobguardotel; do
+	(cd "$m" && "$go" list -m all | grep -E 'go-co-op/gocron|prometheus/client_golang|opentelemetry.io/otel ' | sed "s|^|  $m: |")
+done
+"$go" vet ./...
+JOBGUARD_NO_CLUSTER=1 "$go" test -count=1 -timeout 5m ./lockkit/ ./middleware/ ./singleton/
+for m in gocronguard jobguardprom jobguardotel; do
+	(cd "$m" && "$go" vet ./... && "$go" test -count=1 -timeout 5m ./...)
+done
