@@ -21,6 +21,10 @@
 //	jobguard_renew_failures_total                renewals that failed while the lease was still valid
 //	jobguard_cron_ticks_total{entry,outcome}     cron ticks: ran, claimed (ran on another replica), skipped, error
 //	jobguard_leases_held                         leases the given Lockers hold now (WithLockers)
+//	jobguard_shadowed_total{name,action}         jobs run under WithShadow that the policy would not have run
+//
+// grafana/jobguard.json is a dashboard of these metrics (docs/operations.md
+// names each panel's query).
 package jobguardprom
 
 import (
