@@ -604,10 +604,10 @@ func testCancelPrevious(t *testing.T, f *fleet) {
 	require.Equal(t, 1, rec.count(middleware.EventPreempted, t0))
 }
 
-// onEachFleet runs test on a fleet in memory, on a real Redis and on a
+// onEachFleet runs test on a fleet on miniredis, on a real Redis and on a
 // Redis Cluster.
 func onEachFleet(t *testing.T, test func(*testing.T, *fleet)) {
-	t.Run("memory", func(t *testing.T) { test(t, newFleet(t)) })
+	t.Run("miniredis", func(t *testing.T) { test(t, newFleet(t)) })
 	t.Run("redis", func(t *testing.T) { test(t, redisFleet(t, false)) })
 	t.Run("cluster", func(t *testing.T) { test(t, redisFleet(t, true)) })
 }
