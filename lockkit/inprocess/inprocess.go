@@ -1,11 +1,12 @@
 // Package inprocess runs lockkit without a Redis server. A Store is an
-// embedded Redis (miniredis, serving on a loopback port of this process) whose
-// keys expire as real time passes; its Lockers are lockkit's RedisLockers, so
-// they run the same scripts with the same semantics: holder limits, renewal
-// and lost leases, fencing tokens, fair queues, epochs, and Keys listing the
-// held locks. Lockers made from one Store share leases as processes sharing
-// one Redis do. Nothing outlives the process: use it for a single-process
-// deployment, a demo, or tests (package lockkittest wraps it for them).
+// embedded Redis (miniredis, serving on a loopback port of this process
+// behind a password of its own) whose keys expire as real time passes; its
+// Lockers are lockkit's RedisLockers, so they run the same scripts with the
+// same semantics: holder limits, renewal and lost leases, fencing tokens,
+// fair queues, epochs, and Keys listing the held locks. Lockers made from
+// one Store share leases as processes sharing one Redis do. Nothing outlives
+// the process: use it for a single-process deployment, a demo, or tests
+// (package lockkittest wraps it for them).
 //
 //	store, err := inprocess.Start()
 //	if err != nil { ... }
@@ -16,6 +17,8 @@
 package inprocess
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 
 	"github.com/alicebob/miniredis/v2"
@@ -30,15 +33,21 @@ type Store struct {
 	client *redis.Client
 }
 
-// Start starts an empty Store on a free loopback port. Its keys expire in
-// real time, as on Redis (miniredis' own TTLs only move when told to).
+// Start starts an empty Store on a free loopback port, behind a random
+// password that only the Store's client knows, so that other processes of
+// the machine cannot touch its keys. Its keys expire in real time, as on
+// Redis (miniredis' own TTLs only move when told to).
 func Start() (*Store, error) {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on supported platforms
+	password := hex.EncodeToString(b)
 	mr := miniredis.NewMiniRedis()
+	mr.RequireAuth(password)
 	if err := mr.Start(); err != nil {
 		return nil, fmt.Errorf("inprocess: start: %w", err)
 	}
 	mr.ClockTTL(true)
-	return &Store{mr: mr, client: redis.NewClient(&redis.Options{Addr: mr.Addr()})}, nil
+	return &Store{mr: mr, client: redis.NewClient(&redis.Options{Addr: mr.Addr(), Password: password})}, nil
 }
 
 // Locker returns a new Locker on the Store, as lockkit.NewRedis does on a

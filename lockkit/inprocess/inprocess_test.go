@@ -31,7 +31,7 @@ func deadHolder(t *testing.T, ctx context.Context, ttl time.Duration) (*inproces
 	s := start(t)
 	// The holder has a client of its own, whose close stops its renewals
 	// without releasing anything.
-	own := redis.NewClient(&redis.Options{Addr: s.Client().Options().Addr})
+	own := redis.NewClient(&redis.Options{Addr: s.Client().Options().Addr, Password: s.Client().Options().Password})
 	holder, err := lockkit.NewRedis(own, lockkit.WithOwner("holder"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = holder.Close(context.Background()) })
@@ -175,6 +175,17 @@ func TestCloseStopsTheStore(t *testing.T) {
 	_, err = l.TryAcquire(ctx, "k", nil)
 	require.Error(t, err)
 	require.False(t, errors.Is(err, lockkit.ErrNotAcquired), "a closed Store is an error, not a held key: %v", err)
+}
+
+// Only the Store's client knows its password: another process of the
+// machine cannot reach its keys.
+func TestStoreRefusesOtherClients(t *testing.T) {
+	ctx := context.Background()
+	s := start(t)
+	require.NoError(t, s.Client().Ping(ctx).Err())
+	other := redis.NewClient(&redis.Options{Addr: s.Client().Options().Addr})
+	defer other.Close()
+	require.ErrorContains(t, other.Set(ctx, "k", "v", 0).Err(), "NOAUTH")
 }
 
 func TestInvalidOption(t *testing.T) {
