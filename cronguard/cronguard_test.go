@@ -18,6 +18,7 @@ import (
 
 	"github.com/jobguard/jobguard/cronguard"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -333,9 +334,7 @@ func TestRunWithoutATickIsReportedNotRun(t *testing.T) {
 }
 
 func TestValidation(t *testing.T) {
-	mem, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	defer mem.Close(context.Background())
+	locker := lockkittest.New(t)
 	sec := cronguard.WithSeconds()
 	cases := []struct {
 		name       string
@@ -345,30 +344,30 @@ func TestValidation(t *testing.T) {
 		spec       string
 		wantErrMsg string // "" means valid
 	}{
-		{"valid", mem, []cronguard.Option{sec}, "e", "* * * * * *", ""},
-		{"valid five fields", mem, nil, "e", "*/5 * * * *", ""},
-		{"valid descriptor", mem, nil, "e", "@hourly", ""},
+		{"valid", locker, []cronguard.Option{sec}, "e", "* * * * * *", ""},
+		{"valid five fields", locker, nil, "e", "*/5 * * * *", ""},
+		{"valid descriptor", locker, nil, "e", "@hourly", ""},
 		{"nil locker", nil, nil, "e", "@hourly", "New: locker is nil"},
-		{"negative tolerance", mem, []cronguard.Option{cronguard.WithTolerance(-time.Second)}, "e", "@hourly", "WithTolerance(-1s): must not be negative"},
-		{"short TTL", mem, []cronguard.Option{cronguard.WithTTL(time.Millisecond)}, "e", "@hourly", "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
-		{"delay without a bound", mem, []cronguard.Option{cronguard.WithOverlap(cronguard.DelayIfStillRunning(0))}, "e", "@hourly", "WithOverlap(DelayIfStillRunning(0s)): the wait must be positive"},
-		{"allow zero", mem, []cronguard.Option{cronguard.WithOverlap(cronguard.AllowOverlap(0))}, "e", "@hourly", "WithOverlap(AllowOverlap(0)): must allow at least 1 run"},
-		{"nil clock", mem, []cronguard.Option{cronguard.WithClock(nil)}, "e", "@hourly", "WithClock(nil)"},
-		{"nil location", mem, []cronguard.Option{cronguard.WithLocation(nil)}, "e", "@hourly", "WithLocation(nil)"},
-		{"nil parser", mem, []cronguard.Option{cronguard.WithParser(nil)}, "e", "@hourly", "WithParser(nil)"},
-		{"nil logger", mem, []cronguard.Option{cronguard.WithLogger(nil)}, "e", "@hourly", "WithLogger(nil)"},
-		{"nil observer", mem, []cronguard.Option{cronguard.WithObserver(nil)}, "e", "@hourly", "WithObserver #1 is nil"},
-		{"empty name", mem, nil, "", "@hourly", `entry name is empty (spec "@hourly")`},
-		{"bad spec", mem, nil, "e", "every minute", `entry "e": spec "every minute": expected exactly 5 fields, found 2`},
-		{"seconds field without WithSeconds", mem, nil, "e", "* * * * * *", `entry "e": spec "* * * * * *": expected exactly 5 fields, found 6`},
-		{"@every", mem, nil, "e", "@every 5m", "schedule it with Add, which aligns its ticks"},
-		{"never fires", mem, []cronguard.Option{sec}, "e", "0 0 0 30 2 *", "the schedule has no activation after"},
-		{"not anchored", mem, []cronguard.Option{cronguard.WithParser(parser{"r": relative{5 * time.Second}})}, "e", "r", "the schedule is not anchored to fixed times"},
-		{"tolerance = interval", mem, []cronguard.Option{sec, cronguard.WithTolerance(time.Second)}, "e", "* * * * * *",
+		{"negative tolerance", locker, []cronguard.Option{cronguard.WithTolerance(-time.Second)}, "e", "@hourly", "WithTolerance(-1s): must not be negative"},
+		{"short TTL", locker, []cronguard.Option{cronguard.WithTTL(time.Millisecond)}, "e", "@hourly", "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
+		{"delay without a bound", locker, []cronguard.Option{cronguard.WithOverlap(cronguard.DelayIfStillRunning(0))}, "e", "@hourly", "WithOverlap(DelayIfStillRunning(0s)): the wait must be positive"},
+		{"allow zero", locker, []cronguard.Option{cronguard.WithOverlap(cronguard.AllowOverlap(0))}, "e", "@hourly", "WithOverlap(AllowOverlap(0)): must allow at least 1 run"},
+		{"nil clock", locker, []cronguard.Option{cronguard.WithClock(nil)}, "e", "@hourly", "WithClock(nil)"},
+		{"nil location", locker, []cronguard.Option{cronguard.WithLocation(nil)}, "e", "@hourly", "WithLocation(nil)"},
+		{"nil parser", locker, []cronguard.Option{cronguard.WithParser(nil)}, "e", "@hourly", "WithParser(nil)"},
+		{"nil logger", locker, []cronguard.Option{cronguard.WithLogger(nil)}, "e", "@hourly", "WithLogger(nil)"},
+		{"nil observer", locker, []cronguard.Option{cronguard.WithObserver(nil)}, "e", "@hourly", "WithObserver #1 is nil"},
+		{"empty name", locker, nil, "", "@hourly", `entry name is empty (spec "@hourly")`},
+		{"bad spec", locker, nil, "e", "every minute", `entry "e": spec "every minute": expected exactly 5 fields, found 2`},
+		{"seconds field without WithSeconds", locker, nil, "e", "* * * * * *", `entry "e": spec "* * * * * *": expected exactly 5 fields, found 6`},
+		{"@every", locker, nil, "e", "@every 5m", "schedule it with Add, which aligns its ticks"},
+		{"never fires", locker, []cronguard.Option{sec}, "e", "0 0 0 30 2 *", "the schedule has no activation after"},
+		{"not anchored", locker, []cronguard.Option{cronguard.WithParser(parser{"r": relative{5 * time.Second}})}, "e", "r", "the schedule is not anchored to fixed times"},
+		{"tolerance = interval", locker, []cronguard.Option{sec, cronguard.WithTolerance(time.Second)}, "e", "* * * * * *",
 			`WithTolerance(1s) must be shorter than the schedule's shortest interval (1s of "* * * * * *")`},
-		{"tolerance > shortest interval", mem, []cronguard.Option{sec, cronguard.WithTolerance(3 * time.Second)}, "e", "0,2,30 * * * * *",
+		{"tolerance > shortest interval", locker, []cronguard.Option{sec, cronguard.WithTolerance(3 * time.Second)}, "e", "0,2,30 * * * * *",
 			`WithTolerance(3s) must be shorter than the schedule's shortest interval (2s of "0,2,30 * * * * *")`},
-		{"tolerance just under the interval", mem, []cronguard.Option{sec, cronguard.WithTolerance(999 * time.Millisecond)}, "e", "* * * * * *", ""},
+		{"tolerance just under the interval", locker, []cronguard.Option{sec, cronguard.WithTolerance(999 * time.Millisecond)}, "e", "* * * * * *", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -385,7 +384,7 @@ func TestValidation(t *testing.T) {
 		})
 	}
 
-	g, err := cronguard.New(mem)
+	g, err := cronguard.New(locker)
 	require.NoError(t, err)
 	_, err = g.Add(nil, "e", "@hourly", cron.FuncJob(func() {}))
 	require.ErrorIs(t, err, cronguard.ErrInvalid)
@@ -488,12 +487,9 @@ func TestDefaultTTLIsTheLockers(t *testing.T) {
 // The TTL and the slog logger given once at the Locker are what a Guard
 // uses, unless WithTTL or WithLogger (a cron.Logger) override them.
 func TestSettingsComeFromTheLocker(t *testing.T) {
-	ctx := context.Background()
 	var lockerLog strings.Builder
-	l, err := lockkit.NewMemory(lockkit.WithTTL(2*time.Second),
+	l := lockkittest.New(t, lockkit.WithTTL(2*time.Second),
 		lockkit.WithLogger(slog.New(slog.NewTextHandler(&lockerLog, &slog.HandlerOptions{Level: slog.LevelWarn}))))
-	require.NoError(t, err)
-	defer l.Close(ctx)
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	run := func(name string, opts ...cronguard.Option) time.Duration {
 		w, err := cronguard.Wrap(l, name, "* * * * *", append([]cronguard.Option{
@@ -608,10 +604,10 @@ func testCancelPrevious(t *testing.T, f *fleet) {
 	require.Equal(t, 1, rec.count(middleware.EventPreempted, t0))
 }
 
-// onEachFleet runs test on a fleet in memory, on a real Redis and on a
+// onEachFleet runs test on a fleet on miniredis, on a real Redis and on a
 // Redis Cluster.
 func onEachFleet(t *testing.T, test func(*testing.T, *fleet)) {
-	t.Run("memory", func(t *testing.T) { test(t, newFleet(t)) })
+	t.Run("miniredis", func(t *testing.T) { test(t, newFleet(t)) })
 	t.Run("redis", func(t *testing.T) { test(t, redisFleet(t, false)) })
 	t.Run("cluster", func(t *testing.T) { test(t, redisFleet(t, true)) })
 }
@@ -620,22 +616,14 @@ func onEachFleet(t *testing.T, test func(*testing.T, *fleet)) {
 // every replica, so two replicas started at different times agree, and each
 // tick runs once.
 func TestAddAlignsEvery(t *testing.T) {
-	base, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	defer base.Close(context.Background())
+	store := lockkittest.NewStore(t)
 	var mu sync.Mutex
 	runs := map[time.Time]int{}
 	done := make(chan struct{})
 	job := cron.FuncJob(func() {})
 	var crons []*cron.Cron
-	for i := range 2 {
-		l := lockkit.Locker(base)
-		if i > 0 {
-			peer, err := base.NewPeer()
-			require.NoError(t, err)
-			defer peer.Close(context.Background())
-			l = peer
-		}
+	for range 2 {
+		l := store.Locker()
 		g, err := cronguard.New(l, cronguard.WithObserver(func(ctx context.Context, e middleware.Event) {
 			if e.Kind != middleware.EventAcquired {
 				return

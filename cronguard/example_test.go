@@ -13,6 +13,7 @@ import (
 
 	"github.com/jobguard/jobguard/cronguard"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/inprocess"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -72,12 +73,14 @@ func Example() {
 	// Output: each tick ran once: true
 }
 
-// One entry's wrapper in a chain. The replicas here share a MemoryLocker's
-// state and read fixed clocks so that the output is stable.
+// One entry's wrapper in a chain. The replicas here share a Redis embedded
+// in the process and read fixed clocks so that the output is stable.
 func ExampleGuard_Wrap() {
 	tick := time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
-	a, _ := lockkit.NewMemory(lockkit.WithOwner("a")) // in production: lockkit.NewRedis(rdb)
-	b, _ := a.NewPeer(lockkit.WithOwner("b"))
+	srv, _ := inprocess.Start()
+	defer srv.Close()
+	a, _ := srv.Locker(lockkit.WithOwner("a")) // in production: lockkit.NewRedis(rdb)
+	b, _ := srv.Locker(lockkit.WithOwner("b"))
 	defer a.Close(context.Background())
 	defer b.Close(context.Background())
 

@@ -15,6 +15,7 @@ import (
 	"github.com/jobguard/jobguard/cronguard"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -130,8 +131,8 @@ func (l *logRecorder) has(prefix string) bool {
 
 var _ cron.Logger = (*logRecorder)(nil)
 
-// fleet is replicas sharing one lock store: MemoryLocker peers, or
-// RedisLockers on one Redis (redisFleet).
+// fleet is replicas sharing one lock store: Lockers of one
+// lockkittest.Store, or of one Redis (redisFleet).
 type fleet struct {
 	t    *testing.T
 	base lockkit.Locker
@@ -140,14 +141,9 @@ type fleet struct {
 }
 
 func newFleet(t *testing.T) *fleet {
-	base, err := lockkit.NewMemory(lockkit.WithOwner("replica-0"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = base.Close(context.Background()) })
-	return &fleet{t: t, base: base, peer: func(i int) lockkit.Locker {
-		l, err := base.NewPeer(lockkit.WithOwner(fmt.Sprintf("replica-%d", i)))
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = l.Close(context.Background()) })
-		return l
+	store := lockkittest.NewStore(t)
+	return &fleet{t: t, base: store.Locker(lockkit.WithOwner("replica-0")), peer: func(i int) lockkit.Locker {
+		return store.Locker(lockkit.WithOwner(fmt.Sprintf("replica-%d", i)))
 	}}
 }
 

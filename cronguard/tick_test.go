@@ -1,7 +1,6 @@
 package cronguard
 
 import (
-	"context"
 	"sort"
 	"testing"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/lockkittest"
 )
 
 // dstZones change their UTC offset by 30 minutes at 02:00 (Lord_Howe), by an
@@ -114,15 +114,13 @@ func wrapAt(t *testing.T, locker lockkit.Locker, at time.Time, spec string, opts
 // 2026 (or, weekly, in the 8 weeks before), used to be rejected as "not
 // anchored".
 func TestSpecAddedInTheDaysBeforeAnOffsetChangeIsValid(t *testing.T) {
-	mem, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	defer mem.Close(context.Background())
+	locker := lockkittest.New(t)
 	loc := loadZone(t, "Australia/Lord_Howe")
 	for at := time.Date(2026, 9, 24, 5, 30, 0, 0, loc); at.Before(time.Date(2026, 10, 6, 0, 0, 0, 0, loc)); at = at.Add(24 * time.Hour) {
-		require.NoError(t, wrapAt(t, mem, at, "30 1 * * *"), "added at %s", at)
+		require.NoError(t, wrapAt(t, locker, at, "30 1 * * *"), "added at %s", at)
 	}
 	for at := time.Date(2026, 8, 1, 5, 30, 0, 0, loc); at.Before(time.Date(2026, 10, 6, 0, 0, 0, 0, loc)); at = at.Add(7 * 24 * time.Hour) {
-		require.NoError(t, wrapAt(t, mem, at, "30 1 * * 0"), "added at %s", at)
+		require.NoError(t, wrapAt(t, locker, at, "30 1 * * 0"), "added at %s", at)
 	}
 }
 
@@ -132,16 +130,14 @@ func TestSpecAddedInTheDaysBeforeAnOffsetChangeIsValid(t *testing.T) {
 // twice, 30 minutes apart, on the day clocks change still accepts a
 // tolerance of hours).
 func TestSpecIsValidWhenAddedAroundAnOffsetChange(t *testing.T) {
-	mem, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = mem.Close(context.Background()) })
+	locker := lockkittest.New(t)
 	for _, zone := range dstZones {
 		t.Run(zone, func(t *testing.T) {
 			t.Parallel()
 			loc := loadZone(t, zone)
 			for _, tc := range dstSpecs {
 				for _, at := range addedAround(t, loc, tc.gap) {
-					require.NoError(t, wrapAt(t, mem, at, tc.spec, WithTolerance(tc.gap-time.Second)), "%q added at %s", tc.spec, at)
+					require.NoError(t, wrapAt(t, locker, at, tc.spec, WithTolerance(tc.gap-time.Second)), "%q added at %s", tc.spec, at)
 				}
 			}
 		})
@@ -173,15 +169,13 @@ func TestCustomAnchoredScheduleIsValidAroundAnOffsetChange(t *testing.T) {
 // from its argument is still rejected, even added just before a change of
 // offset or with intervals longer than the time between two changes.
 func TestCountingScheduleIsRejectedAroundAnOffsetChange(t *testing.T) {
-	mem, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	defer mem.Close(context.Background())
+	locker := lockkittest.New(t)
 	for _, zone := range dstZones {
 		loc := loadZone(t, zone)
 		for _, d := range []time.Duration{time.Second, 15 * time.Minute, time.Hour, 24 * time.Hour, 7 * 24 * time.Hour, 400 * 24 * time.Hour} {
 			for _, change := range changes2026(t, loc) {
 				for _, at := range []time.Time{change.Add(-d / 2), change.Add(-time.Second), change, change.Add(time.Hour)} {
-					err := wrapAt(t, mem, at.In(loc), "counting", WithParser(parserOf{counting{d}}))
+					err := wrapAt(t, locker, at.In(loc), "counting", WithParser(parserOf{counting{d}}))
 					require.ErrorIs(t, err, ErrInvalid, "%s every %s added at %s", zone, d, at.In(loc))
 					require.ErrorContains(t, err, "not anchored", "%s every %s added at %s", zone, d, at.In(loc))
 				}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jobguard/jobguard/gocronguard"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/lockkittest"
 )
 
 // skewed is the real clock shifted by an offset, as on a machine whose clock
@@ -159,9 +160,7 @@ func TestElectorRunsJobsOnTheLeaderOnly(t *testing.T) {
 }
 
 func TestValidation(t *testing.T) {
-	l, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	defer l.Close(context.Background())
+	l := lockkittest.New(t)
 	for want, opts := range map[string][]gocronguard.Option{
 		`WithSchedule("a", "nope")`:   {gocronguard.WithSchedule("a", "nope")},
 		"WithHoldAtLeast(0s)":         {gocronguard.WithHoldAtLeast(0)},
@@ -174,7 +173,7 @@ func TestValidation(t *testing.T) {
 		require.ErrorIs(t, err, lockkit.ErrInvalid, want)
 		require.ErrorContains(t, err, want)
 	}
-	_, err = gocronguard.NewLocker(nil)
+	_, err := gocronguard.NewLocker(nil)
 	require.ErrorIs(t, err, gocronguard.ErrInvalid)
 	_, err = gocronguard.NewElector(nil, "k", nil)
 	require.ErrorIs(t, err, lockkit.ErrInvalid)
@@ -193,9 +192,7 @@ func TestScheduleInTheSchedulersLocation(t *testing.T) {
 	require.NoError(t, err)
 	for name, spec := range map[string]string{"scheduler's zone": "0 9 * * *", "own zone": "CRON_TZ=America/New_York 0 9 * * *"} {
 		t.Run(name, func(t *testing.T) {
-			l, err := lockkit.NewMemory()
-			require.NoError(t, err)
-			defer l.Close(context.Background())
+			l := lockkittest.New(t)
 			// The host's clock is in UTC; 09:00 in New York is 14:00 UTC.
 			fake := clockwork.NewFakeClockAt(time.Date(2026, 3, 2, 8, 59, 58, 0, ny).In(time.UTC))
 			gl, err := gocronguard.NewLocker(l, gocronguard.WithSchedule("daily", spec), gocronguard.WithClock(fake.Now),

@@ -19,6 +19,7 @@ import (
 	"github.com/jobguard/jobguard/internal/asynqtest"
 	"github.com/jobguard/jobguard/jobguardotel"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -174,9 +175,7 @@ func TestKeysAreNotRecorded(t *testing.T) {
 	tel, err := jobguardotel.New(jobguardotel.WithTracerProvider(tp))
 	require.NoError(t, err)
 	ctx := context.Background()
-	l, err := lockkit.NewMemory(lockkit.WithOwner("worker-a"))
-	require.NoError(t, err)
-	defer l.Close(ctx)
+	l := lockkittest.New(t, lockkit.WithOwner("worker-a"))
 	g, err := middleware.New(l, middleware.WithObserver(tel.Observer()))
 	require.NoError(t, err)
 	for _, key := range []string{"tenant:acme-corp-secret", `sync:{"tenant_id":"acme-corp-secret"}`} {
@@ -217,9 +216,7 @@ func TestPreemptionIsNotALostLease(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	tel, err := jobguardotel.New(jobguardotel.WithTracerProvider(tp), jobguardotel.WithMeterProvider(mp))
 	require.NoError(t, err)
-	l, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	defer l.Close(context.Background())
+	l := lockkittest.New(t)
 	g, err := middleware.New(l, middleware.WithPolicy(middleware.Preempt(0)), middleware.WithObserver(tel.Observer()))
 	require.NoError(t, err)
 	job := middleware.Job{Key: "k", Name: "sync"}

@@ -39,8 +39,8 @@ import (
 	"github.com/jobguard/jobguard/middleware"
 )
 
-// Holder is a Locker that reports how many leases it holds:
-// lockkit.RedisLocker and lockkit.MemoryLocker.
+// Holder is a Locker that reports how many leases it holds, as
+// lockkit.RedisLocker does.
 type Holder interface{ Held() int }
 
 // Option configures the metrics.

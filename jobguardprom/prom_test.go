@@ -17,6 +17,7 @@ import (
 	"github.com/jobguard/jobguard/internal/asynqtest"
 	"github.com/jobguard/jobguard/jobguardprom"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -239,9 +240,7 @@ func TestPreemptionIsNotALostLease(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := jobguardprom.New(reg)
 	require.NoError(t, err)
-	l, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	defer l.Close(context.Background())
+	l := lockkittest.New(t)
 	g, err := middleware.New(l, middleware.WithPolicy(middleware.Preempt(0)), middleware.WithObserver(m.Observer()))
 	require.NoError(t, err)
 	ctx := context.Background()

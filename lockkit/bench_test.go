@@ -23,17 +23,6 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	benchCycles(b, l, &rt)
 }
 
-// BenchmarkAcquireReleaseMemory measures an uncontended TryAcquire+Release on
-// a MemoryLocker.
-func BenchmarkAcquireReleaseMemory(b *testing.B) {
-	l, err := NewMemory()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = l.Close(context.Background()) })
-	benchCycles(b, l, nil)
-}
-
 // benchCycles runs b.N acquire+release cycles on one key after one unmeasured
 // cycle (which caches the scripts), reporting rt's count per cycle when rt is
 // not nil.

@@ -19,8 +19,9 @@ import (
 // has begun. The race between the releaser and Close is tried at many
 // offsets; without the rule, Close hangs within a few hundred tries.
 func TestCloseWithAQueuedReleaseAndAnAcquireWaitingForIt(t *testing.T) {
+	c := mini(t)
 	for i := range 3000 {
-		m, err := NewMemory()
+		m, err := NewRedis(c)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,8 +3,9 @@
 // when they are lost.
 //
 // A Locker hands out a *Lease per key. RedisLocker shares leases between
-// processes through Redis (standalone, Sentinel or Cluster); MemoryLocker has
-// the same semantics inside one process.
+// processes through Redis (standalone, Sentinel or Cluster). Package
+// lockkit/inprocess runs it on a Redis embedded in the process, for a
+// single-process deployment; lockkit/lockkittest gives tests one.
 //
 //	locker, err := lockkit.NewRedis(rdb, lockkit.WithTTL(30*time.Second))
 //	if err != nil { ... }

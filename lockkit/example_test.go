@@ -10,13 +10,16 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/inprocess"
 )
 
 // Do runs a function under a lease: alone across every process sharing the
 // Locker's store, renewed while it runs, released when it returns.
 func ExampleDo() {
 	ctx := context.Background()
-	locker, _ := lockkit.NewMemory() // lockkit.NewRedis(rdb) across machines
+	srv, _ := inprocess.Start() // a Redis in this process
+	defer srv.Close()
+	locker, _ := srv.Locker() // lockkit.NewRedis(rdb) across machines
 	defer locker.Close(ctx)
 
 	err := lockkit.Do(ctx, locker, "invoice:42", nil, func(ctx context.Context) error {
@@ -32,8 +35,10 @@ func ExampleDo() {
 // TryAcquire fails fast with a ConflictError that names the holder.
 func ExampleLocker_tryAcquire() {
 	ctx := context.Background()
-	a, _ := lockkit.NewMemory(lockkit.WithOwner("machine-a"))
-	b, _ := a.NewPeer(lockkit.WithOwner("machine-b"))
+	srv, _ := inprocess.Start() // a Redis in this process
+	defer srv.Close()
+	a, _ := srv.Locker(lockkit.WithOwner("machine-a"))
+	b, _ := srv.Locker(lockkit.WithOwner("machine-b"))
 	defer a.Close(ctx)
 	defer b.Close(ctx)
 
@@ -55,7 +60,9 @@ func ExampleLocker_tryAcquire() {
 // per tenant run at once.
 func ExampleAcquireOptions_limit() {
 	ctx := context.Background()
-	locker, _ := lockkit.NewMemory()
+	srv, _ := inprocess.Start()
+	defer srv.Close()
+	locker, _ := srv.Locker()
 	defer locker.Close(ctx)
 
 	opt := &lockkit.AcquireOptions{Limit: 2}
@@ -73,7 +80,9 @@ func ExampleAcquireOptions_limit() {
 // the resource, which refuses writes carrying an older token.
 func ExampleLeaseFromContext() {
 	ctx := context.Background()
-	locker, _ := lockkit.NewMemory()
+	srv, _ := inprocess.Start()
+	defer srv.Close()
+	locker, _ := srv.Locker()
 	defer locker.Close(ctx)
 
 	var highest int64 // the resource's record of the newest token it accepted
@@ -98,7 +107,9 @@ func ExampleLeaseFromContext() {
 // Fencing tokens let the protected resource refuse a stale holder.
 func ExampleLease_Token() {
 	ctx := context.Background()
-	locker, _ := lockkit.NewMemory()
+	srv, _ := inprocess.Start()
+	defer srv.Close()
+	locker, _ := srv.Locker()
 	defer locker.Close(ctx)
 
 	first, _ := locker.TryAcquire(ctx, "ledger", nil)
@@ -112,7 +123,9 @@ func ExampleLease_Token() {
 // An epoch claims a unit of work once, even after the lease is released.
 func ExampleAcquireOptions_epoch() {
 	ctx := context.Background()
-	locker, _ := lockkit.NewMemory()
+	srv, _ := inprocess.Start()
+	defer srv.Close()
+	locker, _ := srv.Locker()
 	defer locker.Close(ctx)
 
 	tick := time.Date(2026, 1, 1, 3, 0, 0, 0, time.UTC).Unix()
@@ -176,7 +189,9 @@ func ExampleNewRedis_sentinel() {
 // token. (Compiled, not run: store is a database.)
 func ExampleLease_Token_store() {
 	ctx := context.Background()
-	locker, _ := lockkit.NewMemory()
+	srv, _ := inprocess.Start()
+	defer srv.Close()
+	locker, _ := srv.Locker()
 	defer locker.Close(ctx)
 	var store ledger
 	balance := 100
@@ -200,7 +215,9 @@ func (ledger) Write(ctx context.Context, balance int, fence int64) error { retur
 // at most one run per period across every process.
 func ExampleAcquireOptions_holdAtLeast() {
 	ctx := context.Background()
-	locker, _ := lockkit.NewMemory()
+	srv, _ := inprocess.Start()
+	defer srv.Close()
+	locker, _ := srv.Locker()
 	defer locker.Close(ctx)
 	opt := &lockkit.AcquireOptions{HoldAtLeast: time.Minute}
 
@@ -216,7 +233,9 @@ func ExampleAcquireOptions_holdAtLeast() {
 // Throttle spends a key's budget of starts: here 2 per minute.
 func ExampleLocker_throttle() {
 	ctx := context.Background()
-	locker, _ := lockkit.NewMemory()
+	srv, _ := inprocess.Start()
+	defer srv.Close()
+	locker, _ := srv.Locker()
 	defer locker.Close(ctx)
 	for i := range 3 {
 		wait, err := locker.Throttle(ctx, "send-digest", 2, time.Minute)
@@ -233,7 +252,9 @@ func ExampleLocker_throttle() {
 // with a higher fencing token.
 func ExampleAcquireOptions_preempt() {
 	ctx := context.Background()
-	locker, _ := lockkit.NewMemory()
+	srv, _ := inprocess.Start()
+	defer srv.Close()
+	locker, _ := srv.Locker()
 	defer locker.Close(ctx)
 	opt := &lockkit.AcquireOptions{Preempt: true}
 
@@ -259,7 +280,9 @@ func ExampleAcquireOptions_preempt() {
 // requests come due, only the newest one is claimed and runs.
 func ExampleLocker_debounce() {
 	ctx := context.Background()
-	locker, _ := lockkit.NewMemory()
+	srv, _ := inprocess.Start()
+	defer srv.Close()
+	locker, _ := srv.Locker()
 	defer locker.Close(ctx)
 	var reqs []lockkit.Request
 	for _, id := range []string{"task-1", "task-2", "task-3"} {
@@ -285,7 +308,9 @@ func ExampleLocker_debounce() {
 // whose job then adopts the reservation by its label.
 func ExampleAcquireOptions_park() {
 	ctx := context.Background()
-	locker, _ := lockkit.NewMemory()
+	srv, _ := inprocess.Start()
+	defer srv.Close()
+	locker, _ := srv.Locker()
 	defer locker.Close(ctx)
 	// OnParked runs on a goroutine of its own; here it hands the id over.
 	started := make(chan string, 1)

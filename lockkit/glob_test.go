@@ -69,7 +69,7 @@ func TestGlobMatch(t *testing.T) {
 
 // A pattern an operator types matches a long key in linear time: the
 // recursive matcher took exponential time on many stars (the operator page
-// and the CLI hung, and the memory Locker's store stayed locked meanwhile).
+// and the CLI hung).
 func TestGlobMatchManyStars(t *testing.T) {
 	done := make(chan bool, 1)
 	go func() { done <- globMatch(strings.Repeat("*a", 16)+"*b", strings.Repeat("a", 200)) }()

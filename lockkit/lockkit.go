@@ -136,7 +136,7 @@ func (e *ConflictError) Is(target error) bool { return target == ErrNotAcquired 
 
 // Locker hands out leases on keys. The layers above lockkit depend on this
 // interface only. RedisLocker implements it for a fleet of processes sharing a
-// Redis; MemoryLocker implements it with the same semantics inside one process.
+// Redis (or one process with an embedded Redis: package lockkit/inprocess).
 type Locker interface {
 	// TryAcquire makes one attempt. It returns a held lease, or an error that
 	// matches ErrNotAcquired (a *ConflictError), ErrEpochUsed, ErrInvalid,

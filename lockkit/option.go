@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Option configures a RedisLocker or a MemoryLocker.
+// Option configures a RedisLocker.
 type Option func(*config)
 
 type config struct {

@@ -32,9 +32,11 @@ func TestLockerOptionValidation(t *testing.T) {
 		{"zero poll interval", WithPollInterval(0), "WithPollInterval(0s): must be positive"},
 		{"zero renew batch", WithRenewBatch(0), "WithRenewBatch(0): must be positive"},
 	}
+	client := redis.NewClient(&redis.Options{})
+	t.Cleanup(func() { _ = client.Close() })
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := NewMemory(c.opt)
+			_, err := NewRedis(client, c.opt)
 			require.ErrorIs(t, err, ErrInvalid)
 			require.ErrorContains(t, err, c.want)
 		})

@@ -209,8 +209,7 @@ func TestAsyncReleasesShareAPipeline(t *testing.T) {
 // Close waits for it: nothing it does outlives the Locker.
 func TestCloseWaitsForOnParked(t *testing.T) {
 	ctx := ctxT(t)
-	l, err := NewMemory()
-	require.NoError(t, err)
+	l := miniLocker(t)
 	called := make(chan string, 1)
 	unblock := make(chan struct{})
 	holder, err := l.TryAcquire(ctx, "k", &AcquireOptions{Label: "first", OnParked: func(id string) {

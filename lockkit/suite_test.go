@@ -31,39 +31,8 @@ type harness struct {
 	steal func(t *testing.T, key string)
 	// wipe forgets everything (a Redis restart without persistence).
 	wipe func(t *testing.T)
-	// prefix is the key prefix the harness's Lockers use ("" in memory).
+	// prefix is the key prefix the harness's Lockers use.
 	prefix string
-}
-
-func memoryHarness(t *testing.T) *harness {
-	base, err := NewMemory()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = base.Close(context.Background()) })
-	newPeer := func(t *testing.T, opts ...Option) *MemoryLocker {
-		l, err := base.NewPeer(opts...)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = l.Close(context.Background()) })
-		return l
-	}
-	return &harness{
-		locker: func(t *testing.T, opts ...Option) Locker { return newPeer(t, opts...) },
-		killable: func(t *testing.T, opts ...Option) (Locker, func()) {
-			l := newPeer(t, opts...)
-			return l, func() { l.e.stopOnce.Do(func() { close(l.e.stop) }); l.e.wg.Wait() }
-		},
-		steal: func(t *testing.T, key string) {
-			base.m.mu.Lock()
-			defer base.m.mu.Unlock()
-			if lk := base.m.locks[key]; lk != nil {
-				clear(lk.holders)
-			}
-		},
-		wipe: func(t *testing.T) {
-			base.m.mu.Lock()
-			defer base.m.mu.Unlock()
-			base.m.locks = make(map[string]*memLock)
-		},
-	}
 }
 
 func redisHarness(t *testing.T, client *redis.Client) *harness {
@@ -112,15 +81,28 @@ func universalHarness(t *testing.T, client redis.UniversalClient, newClient func
 	}
 }
 
-// The same behaviour suite runs against every implementation.
-func TestBehaviourMemory(t *testing.T) { runSuite(t, memoryHarness) }
-
+// The same behaviour suite runs on miniredis (the scripts in-process), Redis
+// and Redis Cluster.
 func TestBehaviourMiniredis(t *testing.T) {
-	runSuite(t, func(t *testing.T) *harness {
-		mr, c := testredis.Mini(t)
-		mr.ClockTTL(true) // keys expire as real time passes, as on Redis
-		return redisHarness(t, c)
-	})
+	runSuite(t, func(t *testing.T) *harness { return redisHarness(t, mini(t)) })
+}
+
+// mini returns a client of a miniredis of the test's own whose keys expire
+// as real time passes, as on Redis.
+func mini(t testing.TB) *redis.Client {
+	mr, c := testredis.Mini(t)
+	mr.ClockTTL(true)
+	return c
+}
+
+// miniLocker returns a Locker built with opts on a miniredis of the test's
+// own, closed when the test ends.
+func miniLocker(t testing.TB, opts ...Option) *RedisLocker {
+	t.Helper()
+	l, err := NewRedis(mini(t), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l
 }
 
 func TestBehaviourRedis(t *testing.T) {
@@ -543,15 +525,7 @@ func testDeadWaiter(t *testing.T, h *harness) {
 	}
 }
 
-func engineOf(l Locker) *engine {
-	switch x := l.(type) {
-	case *MemoryLocker:
-		return x.e
-	case *RedisLocker:
-		return x.e
-	}
-	panic(fmt.Sprintf("unknown Locker %T", l))
-}
+func engineOf(l Locker) *engine { return l.(*RedisLocker).e }
 
 func testEpoch(t *testing.T, h *harness) {
 	ctx := ctxT(t)

@@ -16,31 +16,23 @@ import (
 
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/middleware"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// backends returns, per implementation, a function making Lockers that share
-// state like processes sharing one Redis.
+// backends returns, per store, a function making Lockers that share state
+// like processes sharing one Redis: miniredis in the process, and the Redis
+// at REDIS_ADDR.
 func backends(t *testing.T) map[string]func(t *testing.T) lockkit.Locker {
+	store := lockkittest.NewStore(t)
 	return map[string]func(*testing.T) lockkit.Locker{
-		"memory": func() func(*testing.T) lockkit.Locker {
-			var base *lockkit.MemoryLocker
-			return func(t *testing.T) lockkit.Locker {
-				var l *lockkit.MemoryLocker
-				var err error
-				if base == nil {
-					base, err = lockkit.NewMemory()
-					l = base
-				} else {
-					l, err = base.NewPeer()
-				}
-				require.NoError(t, err)
-				t.Cleanup(func() { _ = l.Close(context.Background()) })
-				return l
-			}
-		}(),
+		"miniredis": func(t *testing.T) lockkit.Locker {
+			l := store.Locker()
+			t.Cleanup(func() { _ = l.Close(context.Background()) })
+			return l
+		},
 		"redis": func() func(*testing.T) lockkit.Locker {
 			var prefix string
 			return func(t *testing.T) lockkit.Locker {
@@ -266,9 +258,7 @@ func TestEpochRunsOnce(t *testing.T) {
 }
 
 func TestPanicReleasesAndRepanics(t *testing.T) {
-	l, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	defer l.Close(context.Background())
+	l := lockkittest.New(t)
 	g, rec := newGuard(t, l)
 	require.PanicsWithValue(t, "boom", func() {
 		_ = runErr(g, context.Background(), middleware.Job{Key: "k"}, func(context.Context) error { panic("boom") })
@@ -348,8 +338,7 @@ func TestLostLeaseCancelsWork(t *testing.T) {
 }
 
 func TestNewValidation(t *testing.T) {
-	l, err := lockkit.NewMemory()
-	require.NoError(t, err)
+	l := lockkittest.New(t)
 	cases := []struct {
 		name string
 		opts []middleware.Option
@@ -380,7 +369,7 @@ func TestNewValidation(t *testing.T) {
 			require.ErrorContains(t, err, c.want)
 		})
 	}
-	_, err = middleware.New(nil)
+	_, err := middleware.New(nil)
 	require.ErrorContains(t, err, "locker is nil")
 
 	g, err := middleware.New(l)
@@ -413,10 +402,8 @@ func (w *syncBuffer) String() string {
 func TestSettingsComeFromTheLocker(t *testing.T) {
 	ctx := context.Background()
 	var lockerLog, guardLog syncBuffer
-	l, err := lockkit.NewMemory(lockkit.WithTTL(2*time.Second),
+	l := lockkittest.New(t, lockkit.WithTTL(2*time.Second),
 		lockkit.WithLogger(slog.New(slog.NewTextHandler(&lockerLog, &slog.HandlerOptions{Level: slog.LevelWarn}))))
-	require.NoError(t, err)
-	defer l.Close(ctx)
 	ttlOf := func(g *middleware.Guard, key string) time.Duration {
 		var ttl time.Duration
 		err := runErr(g, ctx, middleware.Job{Key: key, Name: "report", ID: "t1"}, func(ctx context.Context) error {
@@ -521,9 +508,7 @@ func runErr(g *middleware.Guard, ctx context.Context, job middleware.Job, fn fun
 // Run's Outcome says which path a job took: ran (with fn's error), duplicate,
 // or kept from running by an error that is never a duplicate.
 func TestOutcome(t *testing.T) {
-	l, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	defer l.Close(context.Background())
+	l := lockkittest.New(t)
 	g, _ := newGuard(t, l)
 	ctx := context.Background()
 
@@ -540,8 +525,7 @@ func TestOutcome(t *testing.T) {
 	require.ErrorContains(t, out.Err, "empty key")
 	require.NotErrorIs(t, out.Err, middleware.ErrDuplicate)
 
-	closed, err := lockkit.NewMemory()
-	require.NoError(t, err)
+	closed := lockkittest.New(t)
 	require.NoError(t, closed.Close(ctx))
 	gc, _ := newGuard(t, closed)
 	out = gc.Run(ctx, middleware.Job{Key: "k"}, func(context.Context) error { return nil })
@@ -553,9 +537,7 @@ func TestOutcome(t *testing.T) {
 // Coalesce: a job waits as its key's follow-up, later jobs fold into it, and
 // a job that began after a run started is not covered by that run.
 func TestCoalescePolicy(t *testing.T) {
-	l, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	defer l.Close(context.Background())
+	l := lockkittest.New(t)
 	ctx := context.Background()
 	holder, _ := newGuard(t, l)
 	release := holdKey(t, holder, "k")
@@ -636,9 +618,7 @@ func TestPolicyString(t *testing.T) {
 // newer job runs after it returned, and the outcome of the preempted job
 // says so.
 func TestPreemptPolicy(t *testing.T) {
-	l, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	defer l.Close(context.Background())
+	l := lockkittest.New(t)
 	var events recorder
 	g, err := middleware.New(l, middleware.WithPolicy(middleware.Preempt(0)), middleware.WithObserver(events.observe))
 	require.NoError(t, err)
@@ -681,9 +661,7 @@ func TestPreemptPolicy(t *testing.T) {
 func TestOlderJobGivesWayToNewerOrder(t *testing.T) {
 	for _, policy := range []middleware.Policy{middleware.KeepNewest(), middleware.Preempt(0)} {
 		t.Run(policy.String(), func(t *testing.T) {
-			l, err := lockkit.NewMemory()
-			require.NoError(t, err)
-			defer l.Close(context.Background())
+			l := lockkittest.New(t)
 			ctx := context.Background()
 			g, err := middleware.New(l, middleware.WithPolicy(policy))
 			require.NoError(t, err)
@@ -736,9 +714,7 @@ func TestOlderJobGivesWayToNewerOrder(t *testing.T) {
 // Job.Gen: only the newest request of a key runs; an older one gives way to
 // it unless its work does not exist.
 func TestLatestRequestWins(t *testing.T) {
-	l, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	defer l.Close(context.Background())
+	l := lockkittest.New(t)
 	ctx := context.Background()
 	exists := true
 	var asked []string
@@ -903,12 +879,10 @@ func TestParkingCoalesceReservedFollowUpCovers(t *testing.T) {
 	require.Equal(t, []string{"p", "t5"}, ran)
 }
 
-// parkingLocker returns a memory Locker, closed when the test ends, and a
-// Parking whose Resume sends "<key> <id>" to resumed.
-func parkingLocker(t *testing.T) (*lockkit.MemoryLocker, middleware.Parking, chan string) {
-	l, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close(context.Background()) })
+// parkingLocker returns a Locker, closed when the test ends, and a Parking
+// whose Resume sends "<key> <id>" to resumed.
+func parkingLocker(t *testing.T) (*lockkit.RedisLocker, middleware.Parking, chan string) {
+	l := lockkittest.New(t)
 	resumed := make(chan string, 4)
 	return l, middleware.Parking{
 		ID:     func(_ context.Context, job middleware.Job) string { return "id-" + job.Origin },
@@ -919,12 +893,10 @@ func parkingLocker(t *testing.T) (*lockkit.MemoryLocker, middleware.Parking, cha
 // A Reserved job takes over a reservation carrying its Origin whatever the
 // policy; a job that is not Reserved finds the key held by it.
 func TestReservedJobAdoptsItsReservation(t *testing.T) {
-	l, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	defer l.Close(context.Background())
+	l := lockkittest.New(t)
 	ctx := context.Background()
 	g, _ := newGuard(t, l, middleware.WithPolicy(middleware.Skip()))
-	_, err = l.TryAcquire(ctx, "k", &lockkit.AcquireOptions{Label: "a", Detached: true, TTL: time.Minute})
+	_, err := l.TryAcquire(ctx, "k", &lockkit.AcquireOptions{Label: "a", Detached: true, TTL: time.Minute})
 	require.NoError(t, err)
 
 	out := g.Run(ctx, middleware.Job{Key: "k", Origin: "b"}, func(context.Context) error { return nil })

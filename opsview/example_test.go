@@ -10,7 +10,7 @@ import (
 // The README's mount, compiled: requireAdmin stands for the user's own
 // authentication.
 func ExampleNew() {
-	locker, _ := lockkit.NewMemory() // in production: lockkit.NewRedis(rdb)
+	var locker lockkit.Locker // lockkit.NewRedis(rdb)
 	requireAdmin := func(h http.Handler) http.Handler { return h }
 	run := func() error {
 		h, err := opsview.New(locker, opsview.WithRelease()) // read-only without WithRelease

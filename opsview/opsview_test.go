@@ -14,14 +14,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/opsview"
 )
 
 func TestEndpoints(t *testing.T) {
 	ctx := context.Background()
-	l, err := lockkit.NewMemory(lockkit.WithOwner("worker-a"))
-	require.NoError(t, err)
-	defer l.Close(ctx)
+	l := lockkittest.New(t, lockkit.WithOwner("worker-a"))
 	lease, err := l.TryAcquire(ctx, "tenant:42", &lockkit.AcquireOptions{Label: "task-1"})
 	require.NoError(t, err)
 	_, err = l.TryAcquire(ctx, "report", nil)
@@ -98,10 +97,8 @@ func TestEndpoints(t *testing.T) {
 // WithFrameAncestors allows the origins it names.
 func TestFramingDenied(t *testing.T) {
 	ctx := context.Background()
-	l, err := lockkit.NewMemory(lockkit.WithOwner("worker-a"))
-	require.NoError(t, err)
-	defer l.Close(ctx)
-	_, err = l.TryAcquire(ctx, "tenant:42", nil)
+	l := lockkittest.New(t, lockkit.WithOwner("worker-a"))
+	_, err := l.TryAcquire(ctx, "tenant:42", nil)
 	require.NoError(t, err)
 	h, err := opsview.New(l, opsview.WithRelease())
 	require.NoError(t, err)
@@ -151,10 +148,8 @@ func releaseRequest(form url.Values) *http.Request {
 // back to release stays the key.
 func TestControlBytesShownEscaped(t *testing.T) {
 	ctx := context.Background()
-	l, err := lockkit.NewMemory(lockkit.WithOwner("parked:default\nid-1\nid-2"))
-	require.NoError(t, err)
-	defer l.Close(ctx)
-	_, err = l.TryAcquire(ctx, "job:\x1b[2J\nforged", &lockkit.AcquireOptions{Label: "id\r\n\u202e"})
+	l := lockkittest.New(t, lockkit.WithOwner("parked:default\nid-1\nid-2"))
+	_, err := l.TryAcquire(ctx, "job:\x1b[2J\nforged", &lockkit.AcquireOptions{Label: "id\r\n\u202e"})
 	require.NoError(t, err)
 	h, err := opsview.New(l)
 	require.NoError(t, err)
@@ -195,9 +190,7 @@ func TestControlBytesShownEscaped(t *testing.T) {
 // clear error naming the change, and the new holder keeps the key.
 func TestReleasePinnedToTheTokenShown(t *testing.T) {
 	ctx := context.Background()
-	l, err := lockkit.NewMemory(lockkit.WithOwner("worker-a"))
-	require.NoError(t, err)
-	defer l.Close(ctx)
+	l := lockkittest.New(t, lockkit.WithOwner("worker-a"))
 	h, err := opsview.New(l, opsview.WithRelease())
 	require.NoError(t, err)
 	seen, err := l.TryAcquire(ctx, "tenant:42", nil)

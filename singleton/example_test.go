@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/inprocess"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -87,7 +88,12 @@ func Example() {
 // a second task of the same tenant is skipped while the first runs, another
 // tenant runs, and a payload without the field fails with ErrKey.
 func ExampleKeyByFields() {
-	locker, err := lockkit.NewMemory()
+	store, err := inprocess.Start() // a Redis in this process
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	locker, err := store.Locker() // in production: lockkit.NewRedis(rdb)
 	if err != nil {
 		log.Fatal(err)
 	}

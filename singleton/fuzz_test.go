@@ -8,7 +8,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -33,11 +33,7 @@ func FuzzKeyByFields(f *testing.F) {
 	f.Add("", []byte(`{"":1}`), "", "", false)
 	f.Add("a:b", []byte(`{"k":1e400,"j":"caf\u00e9"}`), "k", "j", true)
 
-	locker, err := lockkit.NewMemory()
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { _ = locker.Close(context.Background()) })
+	locker := lockkittest.New(f)
 
 	f.Fuzz(func(t *testing.T, typ string, payload []byte, field1, field2 string, two bool) {
 		fields := []string{field1}

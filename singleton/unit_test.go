@@ -15,19 +15,12 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func memLocker(t *testing.T) *lockkit.MemoryLocker {
-	t.Helper()
-	l, err := lockkit.NewMemory()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close(context.Background()) })
-	return l
-}
 
 func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
@@ -55,10 +48,10 @@ func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 			"a policy that requeues needs WithRedis(client)"},
 		{"throttled follow-ups without redis", []singleton.Option{singleton.WithPolicy(middleware.Coalesce()), singleton.WithThrottle(1, time.Second, middleware.ActionSkip)},
 			"a throttled follow-up is requeued, which needs WithRedis(client)"},
-		{"debounce is a client option", []singleton.Option{singleton.Debounce(memLocker(t), time.Second, 0)}, "Debounce: it is an option of NewClient"},
-		{"park at enqueue is a client option", []singleton.Option{singleton.ParkAtEnqueue(memLocker(t), 0)}, "ParkAtEnqueue: it is an option of NewClient"},
+		{"debounce is a client option", []singleton.Option{singleton.Debounce(lockkittest.New(t), time.Second, 0)}, "Debounce: it is an option of NewClient"},
+		{"park at enqueue is a client option", []singleton.Option{singleton.ParkAtEnqueue(lockkittest.New(t), 0)}, "ParkAtEnqueue: it is an option of NewClient"},
 	}
-	l := memLocker(t)
+	l := lockkittest.New(t)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			mw, err := singleton.Middleware(l, c.opts...)
@@ -83,7 +76,7 @@ func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 	}
 }
 
-// keyOf runs t through a middleware built with opts on a fresh MemoryLocker
+// keyOf runs t through a middleware built with opts on a fresh Locker
 // and returns the key the lease was taken on, or the handler's error.
 func keyOf(t *testing.T, ctx context.Context, task *asynq.Task, opts ...singleton.Option) (string, error) {
 	t.Helper()
@@ -93,7 +86,7 @@ func keyOf(t *testing.T, ctx context.Context, task *asynq.Task, opts ...singleto
 			key = e.Job.Key
 		}
 	}))
-	mw, err := singleton.Middleware(memLocker(t), opts...)
+	mw, err := singleton.Middleware(lockkittest.New(t), opts...)
 	require.NoError(t, err)
 	ran := false
 	err = mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran = true; return nil })).ProcessTask(ctx, task)
@@ -176,7 +169,7 @@ func TestKeyErrorsNameTheTaskAndTheReason(t *testing.T) {
 }
 
 func TestForTypesLeavesOtherTypesUnguarded(t *testing.T) {
-	l := memLocker(t)
+	l := lockkittest.New(t)
 	var events []middleware.EventKind
 	mw, err := singleton.Middleware(l, singleton.ForTypes("report"), singleton.KeyByFields("tenant_id"),
 		singleton.WithObserver(func(_ context.Context, e middleware.Event) { events = append(events, e.Kind) }))
@@ -219,7 +212,7 @@ func TestDuplicateOutcomeOutsideAServer(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.policy.OnConflict.String(), func(t *testing.T) {
-			l := memLocker(t)
+			l := lockkittest.New(t)
 			holder, err := l.TryAcquire(context.Background(), "asynq:report", nil)
 			require.NoError(t, err)
 			defer holder.Release(context.Background())
@@ -237,7 +230,7 @@ func TestDuplicateOutcomeOutsideAServer(t *testing.T) {
 // A handler's own errors pass through unchanged, even when they are duplicate
 // errors of a guard nested inside.
 func TestHandlerErrorsPassThrough(t *testing.T) {
-	mw, err := singleton.Middleware(memLocker(t))
+	mw, err := singleton.Middleware(lockkittest.New(t))
 	require.NoError(t, err)
 	inner := &middleware.DuplicateError{Action: middleware.ActionFail}
 	for _, want := range []error{errors.New("boom"), inner, asynq.SkipRetry} {
@@ -279,10 +272,8 @@ func TestIsFailureAndRetryDelayCompose(t *testing.T) {
 // uses; singleton.WithTTL and WithLogger override them for it.
 func TestSettingsComeFromTheLocker(t *testing.T) {
 	var lockerLog, ownLog strings.Builder
-	l, err := lockkit.NewMemory(lockkit.WithTTL(2*time.Second),
+	l := lockkittest.New(t, lockkit.WithTTL(2*time.Second),
 		lockkit.WithLogger(slog.New(slog.NewTextHandler(&lockerLog, &slog.HandlerOptions{Level: slog.LevelWarn}))))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	var seen []middleware.EventKind
 	run := func(opts ...singleton.Option) time.Duration {
 		mw, err := singleton.Middleware(l, opts...)
@@ -315,7 +306,7 @@ func TestNewClientRejectsInvalidDebounce(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
 	defer rdb.Close()
 	ac := asynq.NewClientFromRedisClient(rdb)
-	l := memLocker(t)
+	l := lockkittest.New(t)
 	for want, opts := range map[string][]singleton.Option{
 		"Debounce: locker is nil":                {singleton.Debounce(nil, time.Second, 0)},
 		"Debounce: quiet 0s must be between":     {singleton.Debounce(l, 0, 0)},
@@ -334,7 +325,7 @@ func TestNewClientRejectsInvalidParkAtEnqueue(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
 	defer rdb.Close()
 	ac := asynq.NewClientFromRedisClient(rdb)
-	l := memLocker(t)
+	l := lockkittest.New(t)
 	for want, opts := range map[string][]singleton.Option{
 		"ParkAtEnqueue: locker is nil":                       {singleton.ParkAtEnqueue(nil, 0)},
 		"ParkAtEnqueue: backstop 500ms must be between 1s":   {singleton.ParkAtEnqueue(l, 500*time.Millisecond)},

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/opsview"
 )
 
@@ -151,10 +152,8 @@ func TestOperatorReleasesAStuckKey(t *testing.T) {
 
 // Read-only by default: no release button.
 func TestReadOnlyPageHasNoReleaseButton(t *testing.T) {
-	l, err := lockkit.NewMemory(lockkit.WithOwner("worker-1"))
-	require.NoError(t, err)
-	defer l.Close(context.Background())
-	_, err = l.TryAcquire(context.Background(), "k", nil)
+	l := lockkittest.New(t, lockkit.WithOwner("worker-1"))
+	_, err := l.TryAcquire(context.Background(), "k", nil)
 	require.NoError(t, err)
 	h, err := opsview.New(l)
 	require.NoError(t, err)

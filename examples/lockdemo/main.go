@@ -12,25 +12,26 @@ import (
 	"sync"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/inprocess"
 )
 
 func main() {
-	addr := os.Getenv("REDIS_ADDR")
-	if addr == "" {
-		mr, err := miniredis.Run()
+	var rdb *redis.Client
+	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
+		rdb = redis.NewClient(&redis.Options{Addr: addr})
+		defer rdb.Close()
+	} else {
+		store, err := inprocess.Start()
 		if err != nil {
 			log.Fatal(err)
 		}
-		defer mr.Close()
-		addr = mr.Addr()
-		fmt.Println("REDIS_ADDR not set: using an embedded miniredis at", addr)
+		defer store.Close()
+		rdb = store.Client()
+		fmt.Println("REDIS_ADDR not set: using an embedded miniredis at", rdb.Options().Addr)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
 	ctx := context.Background()
 
 	var wg sync.WaitGroup

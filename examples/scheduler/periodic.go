@@ -11,10 +11,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/lockkit/inprocess"
 	"github.com/jobguard/jobguard/periodic"
 )
 
@@ -114,18 +114,20 @@ func runPeriodic(ctx context.Context, w io.Writer, cfg config) error {
 // openRedis connects to addr, or to an embedded miniredis when addr is
 // empty (saying so on w). Call the returned func when done.
 func openRedis(ctx context.Context, addr string, w io.Writer) (*redis.Client, func(), error) {
-	closeMini := func() {}
+	var rdb *redis.Client
+	var done func()
 	if addr == "" {
-		mr := miniredis.NewMiniRedis()
-		if err := mr.Start(); err != nil {
+		store, err := inprocess.Start()
+		if err != nil {
 			return nil, nil, err
 		}
-		closeMini = mr.Close
-		addr = mr.Addr()
+		rdb, done = store.Client(), func() { _ = store.Close() }
+		addr = rdb.Options().Addr
 		fmt.Fprintln(w, "REDIS_ADDR not set: using an embedded miniredis")
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: addr})
+		done = func() { _ = rdb.Close() }
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	done := func() { _ = rdb.Close(); closeMini() }
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		done()
 		return nil, nil, fmt.Errorf("redis at %s: %w", addr, err)

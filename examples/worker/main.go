@@ -25,11 +25,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/inprocess"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -57,17 +57,17 @@ func main() {
 	var rdb *redis.Client
 	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
 		rdb = redis.NewClient(&redis.Options{Addr: addr})
+		defer rdb.Close()
 		fmt.Println("redis:", addr)
 	} else {
-		mr := miniredis.NewMiniRedis()
-		if err := mr.Start(); err != nil {
+		store, err := inprocess.Start()
+		if err != nil {
 			log.Fatal(err)
 		}
-		defer mr.Close()
-		rdb = redis.NewClient(&redis.Options{Addr: mr.Addr()})
-		fmt.Println("redis: embedded miniredis at", mr.Addr(), "(set REDIS_ADDR to use another)")
+		defer store.Close()
+		rdb = store.Client()
+		fmt.Println("redis: embedded miniredis at", rdb.Options().Addr, "(set REDIS_ADDR to use another)")
 	}
-	defer rdb.Close()
 	if _, err := run(ctx, os.Stdout, rdb, opts); err != nil {
 		log.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/jobguard/jobguard/internal/testredis"
+	"github.com/jobguard/jobguard/lockkit/lockkittest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -39,10 +40,10 @@ func checkRun(t *testing.T, rdb redis.UniversalClient) {
 	require.Regexp(t, `operator view: http://127\.0\.0\.1:\d+/locks/`, out.String())
 }
 
-// The bare-machine path: an embedded miniredis.
+// The bare-machine path: an embedded Redis, as main starts without
+// REDIS_ADDR.
 func TestRunOnMiniredis(t *testing.T) {
-	_, rdb := testredis.Mini(t)
-	checkRun(t, rdb)
+	checkRun(t, lockkittest.NewStore(t).Client())
 }
 
 // The REDIS_ADDR path: a real Redis.
@@ -75,7 +76,7 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 // With -serve the demo keeps running after its summary, enqueuing bursts,
 // until its ctx ends (Ctrl-C), and then stops cleanly.
 func TestServeRunsUntilCancelled(t *testing.T) {
-	_, rdb := testredis.Mini(t)
+	rdb := lockkittest.NewStore(t).Client()
 	seen := make(chan struct{})
 	out := &syncBuffer{want: "a burst every", seen: seen}
 	ctx, cancel := context.WithCancel(context.Background())
