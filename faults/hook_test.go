@@ -89,7 +89,7 @@ var (
 	detachCmd       = testredis.ScriptShape(1, 3)
 	debounceCmd     = testredis.ScriptShape(1, 4)
 	claimCmd        = testredis.ScriptShape(1, 2)
-	evictCmd        = testredis.ScriptShape(3, 5)
+	evictCmd        = testredis.ScriptShape(3, 7)
 )
 
 const faultKey = "job"

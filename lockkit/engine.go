@@ -50,6 +50,9 @@ type backend interface {
 	// function that stops the notifications. It receives 0 for "try again",
 	// or the token of the lease a release handed to waiter (see grantable).
 	wakeups(key, waiter string) (<-chan int64, func())
+	// watchOperators makes the store tell the engine of every ForceRelease
+	// of the Locker's prefix (evicted), from then on.
+	watchOperators(evicted func(key, notice string))
 	// watch makes the store call l.preempt when a Preempt acquire preempts
 	// l, until the returned function is called; also when one did so since
 	// sent, when l's acquire was sent.
@@ -762,6 +765,7 @@ func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent t
 func (e *engine) startLocked() {
 	if !e.started && !e.closed {
 		e.started = true
+		e.b.watchOperators(e.operatorRelease)
 		e.wg.Add(2)
 		go e.renewLoop()
 		go e.releaseLoop()
@@ -1176,4 +1180,38 @@ func (e *engine) close(ctx context.Context) error {
 	e.mu.Unlock()
 	e.parkedCalls.Wait()
 	return errors.Join(errs...)
+}
+
+// operatorRelease ends, with a cause that says an operator released them,
+// the leases of key that a ForceRelease removed: notice is "t<token>" for
+// the one of that token, or "f<top>:<owner>" for those up to top of owner
+// (of any owner for ""). It comes from the store's operators' channel, so a
+// lease hears of it in milliseconds, not at its next renewal.
+func (e *engine) operatorRelease(key, notice string) {
+	var token, top int64
+	owner, any := "", false
+	switch {
+	case strings.HasPrefix(notice, "t"):
+		token, _ = strconv.ParseInt(notice[1:], 10, 64)
+	case strings.HasPrefix(notice, "f"):
+		n, o, _ := strings.Cut(notice[1:], ":")
+		top, _ = strconv.ParseInt(n, 10, 64)
+		owner, any = o, true
+	default:
+		return
+	}
+	var ended []*Lease
+	e.mu.Lock()
+	for l := range e.leases {
+		if l.key != key {
+			continue
+		}
+		if (!any && l.token == token) || (any && l.token <= top && (owner == "" || owner == l.owner)) {
+			ended = append(ended, l)
+		}
+	}
+	e.mu.Unlock()
+	for _, l := range ended {
+		l.evicted()
+	}
 }

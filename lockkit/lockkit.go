@@ -163,10 +163,12 @@ type Locker interface {
 	// can no longer be renewed, and every later acquire of the key gets a
 	// greater fencing token, so a resource that checks tokens refuses the
 	// removed holder's late writes. Its work's ctx is cancelled with a cause
-	// matching ErrLost that says an operator released it: within
-	// milliseconds for a lease acquired with Preempt (its Locker listens on
-	// the key's channel), otherwise at its next renewal attempt, so within
-	// its RenewInterval (TTL/3 by default) plus one round trip. It returns how many holders were removed (a
+	// matching ErrLost that says an operator released it, within
+	// milliseconds: every RedisLocker that holds a lease listens on its
+	// prefix's operators' channel (one subscription per Locker). A Locker
+	// that missed the notice (its pub/sub connection was down) learns it at
+	// the lease's next renewal attempt, within its RenewInterval (TTL/3 by
+	// default) plus one round trip. It returns how many holders were removed (a
 	// repeated call, as after a lost reply, returns the first run's count),
 	// and ErrInvalid for an empty key.
 	ForceRelease(ctx context.Context, key, owner string) (int, error)

@@ -151,7 +151,7 @@ func TestPreemptNoticeAfterAPubSubReconnect(t *testing.T) {
 	require.NoError(t, err)
 	killed := 0
 	for _, line := range strings.Split(clients, "\n") {
-		if strings.Contains(line, " name="+name+" ") && strings.Contains(line, " sub=1 ") {
+		if strings.Contains(line, " name="+name+" ") && !strings.Contains(line, " sub=0 ") {
 			id := strings.TrimPrefix(strings.Fields(line)[0], "id=")
 			require.NoError(t, clean.Do(ctx, "CLIENT", "KILL", "ID", id).Err())
 			killed++

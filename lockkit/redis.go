@@ -301,8 +301,10 @@ type redisBackend struct {
 	mu   sync.Mutex
 	ps   *redis.PubSub
 	subs map[string]*subscribers
-	wg   sync.WaitGroup
-	done bool
+	// onOperators receives the notices of the operators' channel.
+	onOperators func(key, notice string)
+	wg          sync.WaitGroup
+	done        bool
 
 	// sorted remembers, until when, the keys a plain script found in the
 	// sorted set: their acquires and releases skip the plain script, which
@@ -937,7 +939,7 @@ func (b *redisBackend) free(ctx context.Context, key, label string) (bool, error
 
 func (b *redisBackend) evict(ctx context.Context, key, owner string, token int64, call string) (int, error) {
 	k := b.keys(key)
-	n, err := evictScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence}, owner, k.channel, call, ms(b.grace), token).Int()
+	n, err := evictScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence}, owner, k.channel, call, ms(b.grace), token, b.operators(), key).Int()
 	return n, err
 }
 
@@ -1020,6 +1022,25 @@ func (b *redisBackend) watch(l *Lease, sent time.Time) func() {
 	}
 }
 
+// operators is the channel on which evict.lua tells every Locker of the
+// prefix which holders a ForceRelease removed. A key's channels are
+// "<prefix>{<key>}:r": no key's channel is this one.
+func (b *redisBackend) operators() string { return b.prefix + "!operators" }
+
+// watchOperators subscribes, for the Locker's life, to the operators'
+// channel: evicted is called with the key and the notice of every
+// ForceRelease of the prefix. A failed subscribe only costs latency: a
+// removed lease still learns of it at its next renewal.
+func (b *redisBackend) watchOperators(evicted func(key, notice string)) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done || b.onOperators != nil {
+		return
+	}
+	b.onOperators = evicted
+	b.subscribeLocked(b.operators()).operators = true
+}
+
 // subscribeLocked returns the subscribers of channel name, subscribing to
 // it first if nobody listens yet. b.mu is held.
 func (b *redisBackend) subscribeLocked(name string) *subscribers {
@@ -1043,7 +1064,7 @@ func (b *redisBackend) subscribeLocked(name string) *subscribers {
 // dropLocked unsubscribes from channel name when set has nobody left. b.mu
 // is held.
 func (b *redisBackend) dropLocked(name string, set *subscribers) {
-	if len(set.chans) == 0 && len(set.leases) == 0 && b.subs[name] == set {
+	if len(set.chans) == 0 && len(set.leases) == 0 && !set.operators && b.subs[name] == set {
 		delete(b.subs, name)
 		if !b.done {
 			_ = b.ps.Unsubscribe(context.Background(), name)
@@ -1060,6 +1081,7 @@ type subscribers struct {
 	leases    map[*Lease]struct{}   // held leases that a Preempt acquire may end
 	ready     chan struct{}         // closed when Redis confirms the subscription
 	confirmed bool
+	operators bool // the operators' channel (watchOperators): never dropped
 	// The highest token a preemption notice named, and when it came.
 	preempted   int64
 	preemptedAt time.Time
@@ -1075,6 +1097,7 @@ func (b *redisBackend) dispatch(msgs <-chan any) {
 	defer b.wg.Done()
 	for m := range msgs {
 		var preempted, evicted, check []*Lease
+		var operatorNotices [][2]string
 		b.mu.Lock()
 		switch m := m.(type) {
 		case *redis.Subscription:
@@ -1103,6 +1126,14 @@ func (b *redisBackend) dispatch(msgs <-chan any) {
 		case *redis.Message:
 			set := b.subs[m.Channel]
 			if set == nil {
+				break
+			}
+			if set.operators {
+				if n, rest, ok := strings.Cut(m.Payload, ":"); ok {
+					if size, err := strconv.Atoi(n); err == nil && size >= 0 && size <= len(rest) {
+						operatorNotices = append(operatorNotices, [2]string{rest[:size], rest[size:]})
+					}
+				}
 				break
 			}
 			if top, ok := strings.CutPrefix(m.Payload, "p"); ok {
@@ -1149,7 +1180,11 @@ func (b *redisBackend) dispatch(msgs <-chan any) {
 				}
 			}
 		}
+		onOperators := b.onOperators
 		b.mu.Unlock()
+		for _, n := range operatorNotices {
+			onOperators(n[0], n[1])
+		}
 		for _, l := range preempted {
 			l.preempt()
 		}

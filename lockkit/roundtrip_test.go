@@ -37,7 +37,8 @@ func TestAcquireReleaseCostsTwoRoundTrips(t *testing.T) {
 	// The first acquire of a Locker also reads the server's version.
 	lease, err := l.TryAcquire(ctx, "first", nil)
 	require.NoError(t, err)
-	require.EqualValues(t, 2, rt.Count(), "INFO, then the acquire")
+	require.EqualValues(t, 4, rt.Count(),
+		"INFO, then the acquire, then, once per Locker, its subscription to the operators' channel (two commands, on its pub/sub connection)")
 	require.NoError(t, lease.Release(ctx))
 
 	for i := range 50 {

@@ -137,7 +137,7 @@ func TestOperatorReleasesAStuckKey(t *testing.T) {
 	status, err := chromedp.Run(b, chromedp.Text(`#status`))
 	require.NoError(t, err)
 	select {
-	case <-work.Done(): // at its next renewal: TTL/3 = 500ms
+	case <-work.Done(): // at once (the operators' channel), at the latest at its next renewal: TTL/3 = 500ms
 	case <-time.After(5 * time.Second):
 		t.Fatal("the released holder's work was not cancelled")
 	}

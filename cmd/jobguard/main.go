@@ -59,9 +59,9 @@ Examples:
 
 A release removes only the holders it showed (by fencing token): if the key
 changed hands before the answer, it removes nothing of the new holder and
-exits 3 naming it. A released holder's work is cancelled with lockkit.ErrLost:
-at once if it was acquired with Preempt, otherwise at its next renewal (TTL/3
-by default).
+exits 3 naming it. A released holder's work is cancelled at once with
+lockkit.ErrLost (its Locker listens on the operators' channel; at its next
+renewal, TTL/3 by default, if it missed the notice).
 
 Exit codes: 0 ok, 1 error (Redis unreachable...), 2 bad usage, 3 no holder
 found, 4 release not confirmed.

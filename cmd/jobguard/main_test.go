@@ -115,7 +115,7 @@ func TestListInspectRelease(t *testing.T) {
 	require.Zero(t, code)
 	require.Contains(t, out, "released 1 holder(s) of tenant:42")
 	select {
-	case <-work.Done(): // at its next renewal, within TTL/3 = 1s
+	case <-work.Done(): // at once (the operators' channel), at the latest at its next renewal, within TTL/3 = 1s
 	case <-time.After(3 * time.Second):
 		t.Fatal("the released holder's work was not cancelled")
 	}

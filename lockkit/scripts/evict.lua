@@ -16,6 +16,10 @@
 -- ARGV[3] call id
 -- ARGV[4] grace (ms)
 -- ARGV[5] fencing token of the one holder to remove, "0" for any
+-- ARGV[6] the operators' channel of the Locker prefix
+-- ARGV[7] the lock's key, as the Locker names it (for the operators'
+--         channel: "<length of key>:<key><notice>", the notice as on the
+--         key's channel)
 -- Returns the number of holders the call removed.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -50,11 +54,14 @@ redis.call('ZADD', KEYS[1], -(now + keep), rec .. n)
 if redis.call('PTTL', KEYS[1]) < last - now + keep then
   redis.call('PEXPIRE', KEYS[1], last - now + keep)
 end
+local notice = 't' .. ARGV[5]
 if ARGV[5] == '0' then
-  redis.call('PUBLISH', ARGV[2], 'f' .. string.format('%d', top) .. ':' .. ARGV[1])
-else
-  redis.call('PUBLISH', ARGV[2], 't' .. ARGV[5])
+  notice = 'f' .. string.format('%d', top) .. ':' .. ARGV[1]
 end
+redis.call('PUBLISH', ARGV[2], notice)
+-- Every Locker of the prefix listens on the operators' channel, so the
+-- removed holders' work is cancelled at once, watched or not.
+redis.call('PUBLISH', ARGV[6], #ARGV[7] .. ':' .. ARGV[7] .. notice)
 if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('PUBLISH', ARGV[2], '1')
 end
