@@ -16,13 +16,16 @@
 package opsview
 
 import (
+	"context"
 	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jobguard/jobguard/internal/invalid"
@@ -85,6 +88,7 @@ type Handler struct {
 	ancestors []string
 	frame     string
 	csp       string
+	actor     string // WithActorHeader
 }
 
 // New returns the handler for locker. It returns an error matching
@@ -119,6 +123,21 @@ func New(locker lockkit.Locker, opts ...Option) (*Handler, error) {
 	}
 	return h, nil
 }
+
+// WithActorHeader names the request header that the program's own
+// authentication sets to the operator's identity (such as
+// "X-Forwarded-User"): every release is logged at Info with it, the key, the
+// fencing tokens asked for, how many holders were removed, and the error, if
+// any, through the Locker's logger. Without it a release is logged too, with
+// no actor. Defaults to none.
+func WithActorHeader(name string) Option { return func(h *Handler) { h.actor = name } }
+
+// DefaultPageSize is how many held keys one page shows (the page's limit
+// parameter may ask for up to MaxPageSize).
+const (
+	DefaultPageSize = 100
+	MaxPageSize     = 1000
+)
 
 // ServeHTTP implements http.Handler.
 // Every response forbids framing unless WithFrameAncestors allows it.
@@ -164,6 +183,10 @@ type holderView struct {
 	LabelText string `json:"label_text"`
 	Token     int64  `json:"token"`
 	TTLms     int64  `json:"ttl_ms"`
+	// HeldMs is how long the holder has held the key, from its fencing
+	// token (at least the Redis server's time in microseconds when it was
+	// acquired) and this process's clock; 0 when the token says nothing.
+	HeldMs int64 `json:"held_ms"`
 }
 
 type locksReply struct {
@@ -172,6 +195,11 @@ type locksReply struct {
 	Release   bool       `json:"release"`
 	RefreshMs int64      `json:"refresh_ms"`
 	At        string     `json:"at"`
+	// Total is how many keys matched; Locks holds those from Offset, at
+	// most Limit of them, in key order.
+	Total  int `json:"total"`
+	Offset int `json:"offset"`
+	Limit  int `json:"limit"`
 }
 
 func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
@@ -183,32 +211,111 @@ func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
 	if pattern == "" {
 		pattern = h.pattern
 	}
+	offset, limit, err := pageOf(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
 	keys, err := h.l.Keys(r.Context(), pattern)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, err)
 		return
 	}
-	reply := locksReply{Pattern: pattern, Locks: []lockView{}, Release: h.release, RefreshMs: h.refresh.Milliseconds(), At: time.Now().UTC().Format(time.RFC3339)}
-	for _, k := range keys {
-		info, err := h.l.Inspect(r.Context(), k)
-		if err != nil {
-			writeError(w, http.StatusBadGateway, err)
-			return
+	reply := locksReply{Pattern: pattern, Locks: []lockView{}, Release: h.release, RefreshMs: h.refresh.Milliseconds(),
+		At: time.Now().UTC().Format(time.RFC3339), Total: len(keys), Offset: offset, Limit: limit}
+	page := keys[min(offset, len(keys)):min(offset+limit, len(keys))]
+	views, err := h.inspectPage(r.Context(), page)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	for _, v := range views {
+		if v != nil {
+			reply.Locks = append(reply.Locks, *v)
 		}
-		if len(info.Holders) == 0 {
-			continue
-		}
-		v := lockView{Key: k, KeyText: lockkit.Printable(k), Waiters: info.Waiters, Parked: info.Parked, Holders: []holderView{}}
-		for _, hd := range info.Holders {
-			v.Holders = append(v.Holders, holderView{
-				Owner: hd.Owner, OwnerText: lockkit.Printable(hd.Owner),
-				Label: hd.Label, LabelText: lockkit.Printable(hd.Label),
-				Token: hd.Token, TTLms: hd.TTL.Milliseconds(),
-			})
-		}
-		reply.Locks = append(reply.Locks, v)
 	}
 	writeJSON(w, http.StatusOK, reply)
+}
+
+// pageOf reads the offset and limit parameters: offset 0 and
+// DefaultPageSize when absent.
+func pageOf(r *http.Request) (offset, limit int, err error) {
+	limit = DefaultPageSize
+	if v := r.URL.Query().Get("offset"); v != "" {
+		if offset, err = strconv.Atoi(v); err != nil || offset < 0 {
+			return 0, 0, fmt.Errorf("offset %q: want a number, 0 or more", v)
+		}
+	}
+	if v := r.URL.Query().Get("limit"); v != "" {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > MaxPageSize {
+			return 0, 0, fmt.Errorf("limit %q: want a number from 1 to %d", v, MaxPageSize)
+		}
+	}
+	return offset, limit, nil
+}
+
+// inspectWorkers bounds the Inspect calls of one page in flight.
+const inspectWorkers = 8
+
+// inspectPage inspects keys side by side (inspectWorkers at a time): one
+// round trip per key, but a page costs about keys/inspectWorkers round
+// trips of time. A key whose holders left since Keys found it is nil.
+func (h *Handler) inspectPage(ctx context.Context, keys []string) ([]*lockView, error) {
+	views := make([]*lockView, len(keys))
+	errs := make([]error, len(keys))
+	now := time.Now().UnixMicro()
+	sem := make(chan struct{}, inspectWorkers)
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			info, err := h.l.Inspect(ctx, k)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			if len(info.Holders) == 0 {
+				return
+			}
+			v := &lockView{Key: k, KeyText: lockkit.Printable(k), Waiters: info.Waiters, Parked: info.Parked, Holders: []holderView{}}
+			for _, hd := range info.Holders {
+				held := int64(0)
+				if hd.Token > 1e15 && hd.Token < now { // a time in microseconds
+					held = (now - hd.Token) / 1000
+				}
+				v.Holders = append(v.Holders, holderView{
+					Owner: hd.Owner, OwnerText: lockkit.Printable(hd.Owner),
+					Label: hd.Label, LabelText: lockkit.Printable(hd.Label),
+					Token: hd.Token, TTLms: hd.TTL.Milliseconds(), HeldMs: held,
+				})
+			}
+			views[i] = v
+		}()
+	}
+	wg.Wait()
+	return views, errors.Join(errs...)
+}
+
+// audit logs a release at Info through the Locker's logger: who (the
+// WithActorHeader header), from where, which key and holders, and what came
+// of it.
+func (h *Handler) audit(r *http.Request, key string, tokens []int64, owner string, released int, err error) {
+	attrs := []slog.Attr{slog.String("key", lockkit.Printable(key)), slog.Int("released", released),
+		slog.String("remote", r.RemoteAddr)}
+	if h.actor != "" {
+		attrs = append(attrs, slog.String("actor", r.Header.Get(h.actor)))
+	}
+	if len(tokens) > 0 {
+		attrs = append(attrs, slog.Any("tokens", tokens))
+	} else {
+		attrs = append(attrs, slog.String("owner", lockkit.Printable(owner)))
+	}
+	if err != nil {
+		attrs = append(attrs, slog.String("err", err.Error()))
+	}
+	h.l.Logger().LogAttrs(r.Context(), slog.LevelInfo, "opsview: release", attrs...)
 }
 
 func (h *Handler) releaseKey(w http.ResponseWriter, r *http.Request) {
@@ -231,6 +338,7 @@ func (h *Handler) releaseKey(w http.ResponseWriter, r *http.Request) {
 	_ = r.ParseForm()
 	if len(r.Form["token"]) == 0 {
 		n, err := h.l.ForceRelease(r.Context(), key, r.FormValue("owner"))
+		h.audit(r, key, nil, r.FormValue("owner"), n, err)
 		if err != nil {
 			writeError(w, http.StatusBadGateway, err)
 			return
@@ -259,14 +367,17 @@ func (h *Handler) releaseKey(w http.ResponseWriter, r *http.Request) {
 		case errors.Is(err, lockkit.ErrNotHeld):
 			gone = append(gone, err)
 		default:
+			h.audit(r, key, tokens, "", n, err)
 			writeJSON(w, http.StatusBadGateway, map[string]any{"error": err.Error(), "released": n})
 			return
 		}
 	}
 	if len(gone) > 0 {
+		h.audit(r, key, tokens, "", n, errors.Join(gone...))
 		writeJSON(w, http.StatusConflict, map[string]any{"error": errors.Join(gone...).Error(), "released": n})
 		return
 	}
+	h.audit(r, key, tokens, "", n, nil)
 	writeJSON(w, http.StatusOK, map[string]any{"key": key, "released": n})
 }
 

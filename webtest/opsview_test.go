@@ -164,10 +164,85 @@ func TestReadOnlyPageHasNoReleaseButton(t *testing.T) {
 		chromedp.Navigate(srv.URL+"/"),
 		chromedp.WaitVisible(`tr[data-key="k"]`),
 	))
-	buttons, err := chromedp.Run(b, chromedp.Evaluate[int](`document.querySelectorAll("button").length`))
+	buttons, err := chromedp.Run(b, chromedp.Evaluate[int](`document.querySelectorAll("button.release, button.confirm").length`))
 	require.NoError(t, err)
 	note, err := chromedp.Run(b, chromedp.Text(`#note`))
 	require.NoError(t, err)
 	require.Zero(t, buttons)
 	require.Contains(t, note, "Read-only view")
+}
+
+// With realistic data (25 keys of tenant reports, Kubernetes-style owners,
+// a parked reservation whose owner holds newlines) the page stays readable:
+// at 1280×800 the Key column is at least 18 characters wide, a row is one
+// or two lines, nothing scrolls sideways, and a long key is cut with the
+// whole key as its tooltip; at 390 px wide the rows stack and still nothing
+// scrolls sideways. Control bytes show escaped.
+func TestPageHoldsRealisticData(t *testing.T) {
+	ctx := context.Background()
+	l := lockkittest.New(t, lockkit.WithOwner("report-worker-7c9d8f6b5-x2kqz:1:3f9a2c7d"))
+	long := "asynq:report:build:tenant_id=\"org_2b7c9e4f1a3d5b6c8e0f2a4c6e8b0d2f\":region=\"eu-west-1\":period=\"2026-11\""
+	for i := range 24 {
+		_, err := l.TryAcquire(ctx, fmt.Sprintf("asynq:report:build:tenant_id=\"org_%04d\"", i), &lockkit.AcquireOptions{Label: fmt.Sprintf("0c636fe2-2986-4526-941b-fe6074c0%04d", i)})
+		require.NoError(t, err)
+	}
+	// The release of the long key reserves it for the job parked for it:
+	// the reservation's owner is "parked:" and the job's id, newlines and all.
+	first, err := l.TryAcquire(ctx, long, &lockkit.AcquireOptions{Label: "b225dc7119beeb5c63e9fd535b4ee120", OnParked: func(string) {}})
+	require.NoError(t, err)
+	_, err = l.TryAcquire(ctx, long, &lockkit.AcquireOptions{Label: "parked\nlabel", Detached: true, Park: "default\nid-1\nid-1"})
+	require.ErrorIs(t, err, lockkit.ErrNotAcquired)
+	require.NoError(t, first.Release(ctx))
+	h, err := opsview.New(l, opsview.WithRelease())
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	b := browser(t)
+	row := `tr[data-key=` + strconv.Quote(long) + `]`
+	require.NoError(t, chromedp.Do(b,
+		chromedp.EmulateViewport(1280, 800),
+		chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible(row),
+	))
+	type layout struct {
+		ScrollWidth, ClientWidth, MinKeyWidth, MaxRowHeight, Rows int
+		CharWidth                                                 float64
+		Title, Text                                               string
+	}
+	measure := func() layout {
+		got, err := chromedp.Run(b, chromedp.Evaluate[layout](`(() => {
+			const keys = [...document.querySelectorAll("td.key")];
+			const rows = [...document.querySelectorAll("tbody tr")];
+			const probe = document.createElement("span");
+			probe.style.fontFamily = getComputedStyle(keys[0]).fontFamily;
+			probe.style.fontSize = getComputedStyle(keys[0]).fontSize;
+			probe.textContent = "0".repeat(100);
+			document.body.appendChild(probe);
+			const cw = probe.getBoundingClientRect().width / 100;
+			probe.remove();
+			const long = document.querySelector(`+strconv.Quote(row+" td.key")+`);
+			return {
+				ScrollWidth: document.documentElement.scrollWidth, ClientWidth: document.documentElement.clientWidth,
+				MinKeyWidth: Math.round(Math.min(...keys.map(k => k.getBoundingClientRect().width))),
+				MaxRowHeight: Math.round(Math.max(...rows.map(r => r.getBoundingClientRect().height))),
+				Rows: rows.length, CharWidth: cw, Title: long.title, Text: document.body.innerText,
+			};
+		})()`))
+		require.NoError(t, err)
+		return got
+	}
+	wide := measure()
+	require.Equal(t, 25, wide.Rows)
+	require.LessOrEqual(t, wide.ScrollWidth, wide.ClientWidth, "nothing scrolls sideways at 1280 px")
+	require.GreaterOrEqual(t, float64(wide.MinKeyWidth), 18*wide.CharWidth, "the Key column is at least 18 characters wide")
+	require.LessOrEqual(t, wide.MaxRowHeight, 60, "a row is one or two lines")
+	require.Equal(t, long, wide.Title, "the whole key is the cell's tooltip")
+	require.Contains(t, wide.Text, `parked:default\nid-1\nid-1`, "the newlines of a parked holder's owner show escaped")
+	require.Contains(t, wide.Text, "held ")
+
+	require.NoError(t, chromedp.Do(b, chromedp.EmulateViewport(390, 844)))
+	narrow := measure()
+	require.LessOrEqual(t, narrow.ScrollWidth, narrow.ClientWidth, "nothing scrolls sideways at 390 px")
+	require.GreaterOrEqual(t, float64(narrow.MinKeyWidth), 30*narrow.CharWidth, "a key takes the row's width")
 }
