@@ -134,7 +134,7 @@ func newClient(c *asynq.Client, rdb redis.UniversalClient, locker lockkit.Locker
 	if locker != nil {
 		cfg.defaultLocker(locker)
 	}
-	if len(cfg.guardOpts) > 0 || cfg.rdbSet || cfg.lockerOptsSet {
+	if len(cfg.guardOpts) > 0 || cfg.rdbSet || cfg.lockerOptsSet || cfg.decisionsSet {
 		return nil, fmt.Errorf("%w: NewClient: WithPolicy, WithLimit, WithHoldAtLeast, WithThrottle, WithTTL, WithLogger, WithObserver and WithRedis are Middleware options, WithLockerOptions one of New", ErrInvalid)
 	}
 	keys, err := cfg.buildKeys()

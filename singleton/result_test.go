@@ -3,6 +3,8 @@ package singleton_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -41,5 +43,57 @@ func TestTaskNotRunSaysWhyInItsResult(t *testing.T) {
 		require.Equal(t, map[string]any{"outcome": "completed without running", "key": "asynq:report", "reason": "held",
 			"by_task": first.ID, "by_owner": why["by_owner"]}, why)
 		require.NotEmpty(t, why["by_owner"])
+	})
+}
+
+// A task that completes without running is also recorded in DecisionLog,
+// which outlives the task: `jobguard why <task-id>` reads it. WithDecisionLog(0)
+// records nothing; a negative length is refused.
+func TestDecisionLogSaysWhyATaskDidNotRun(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		for _, n := range []int{singleton.DefaultDecisionLogLen, 0} {
+			opts := []singleton.Option{singleton.WithRedis(e.RDB)}
+			if n == 0 {
+				opts = append(opts, singleton.WithDecisionLog(0))
+			}
+			mw, err := singleton.Middleware(e.locker(), opts...)
+			require.NoError(t, err)
+			started, release := make(chan string, 1), make(chan struct{})
+			srv := e.start(e.config(2), mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+				id, _ := asynq.GetTaskID(ctx)
+				started <- id
+				<-release
+				return nil
+			})))
+			typ := fmt.Sprint("report-", n)
+			first := e.Enqueue(asynq.NewTask(typ, nil))
+			require.Equal(t, first.ID, <-started)
+			dup := e.Enqueue(asynq.NewTask(typ, nil))
+			require.Eventually(t, func() bool {
+				_, err := e.Inspector.GetTaskInfo(e.Queue, dup.ID)
+				return errors.Is(err, asynq.ErrTaskNotFound)
+			}, 10*time.Second, 5*time.Millisecond, "the duplicate completes without running, and asynq deletes it")
+			close(release)
+			srv.Shutdown()
+
+			entries, err := e.RDB.XRevRangeN(context.Background(), singleton.DecisionLog, "+", "-", 1000).Result()
+			require.NoError(t, err)
+			var found []map[string]any
+			for _, x := range entries {
+				if x.Values["task"] == dup.ID {
+					found = append(found, x.Values)
+				}
+			}
+			if n == 0 {
+				require.Empty(t, found, "WithDecisionLog(0) records nothing")
+				continue
+			}
+			require.Len(t, found, 1)
+			require.Equal(t, map[string]any{"task": dup.ID, "origin": dup.ID, "type": typ, "queue": e.Queue, "key": "asynq:" + typ,
+				"reason": "held", "by_task": first.ID, "by_owner": found[0]["by_owner"]}, found[0])
+		}
+		_, err := singleton.Middleware(e.locker(), singleton.WithRedis(e.RDB), singleton.WithDecisionLog(-1))
+		require.ErrorIs(t, err, singleton.ErrInvalid)
 	})
 }

@@ -105,6 +105,8 @@ type config struct {
 
 	lockerOpts    []lockkit.Option // WithLockerOptions: New's only
 	lockerOptsSet bool
+	decisions     int // WithDecisionLog
+	decisionsSet  bool
 
 	throttleRequeues bool
 	throttled        bool
@@ -375,6 +377,13 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 		return nil, fmt.Errorf("%w: WithPolicy(%s): a policy that requeues needs WithRedis(client) to re-enqueue duplicates that have no retries left", ErrInvalid, c.policy)
 	}
 	m.guard, m.limit = g, c.limit
+	m.decisions = DefaultDecisionLogLen
+	if c.decisionsSet {
+		if c.decisions < 0 {
+			return nil, fmt.Errorf("%w: WithDecisionLog(%d): want 0 (none) or more entries", ErrInvalid, c.decisions)
+		}
+		m.decisions = c.decisions
+	}
 	logger := c.logger
 	if logger == nil {
 		logger = locker.Logger()
@@ -399,6 +408,7 @@ type guarded struct {
 	limit     int                   // the WithLimit value; 0 when not given
 	skips     *skipLog
 	hooks     *hookCheck
+	decisions int // entries of DecisionLog kept; 0: none
 }
 
 func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task) error {
@@ -460,6 +470,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	case middleware.ActionSkip:
 		m.skips.log(ctx, out.Duplicate)
 		m.writeResult(ctx, t, out.Duplicate)
+		m.logDecision(ctx, t, out.Duplicate)
 		return nil
 	case middleware.ActionRequeue:
 		return m.requeue(ctx, t, out.Duplicate)

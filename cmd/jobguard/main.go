@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -49,6 +50,7 @@ Usage:
   jobguard [flags] inspect KEY       holders (owner, label, token, TTL) and waiters of KEY
   jobguard [flags] release KEY       remove KEY's holders (all, --owner ID's or --token N's); asks first unless --yes
   jobguard [flags] watch [PATTERN]   show the held keys every --interval until interrupted
+  jobguard [flags] why TASK-ID       why a task completed without running (singleton's decision log)
 
 Examples:
   REDIS_ADDR=redis:6379 jobguard ls 'asynq:report:*'
@@ -63,14 +65,20 @@ exits 3 naming it. A released holder's work is cancelled at once with
 lockkit.ErrLost (its Locker listens on the operators' channel; at its next
 renewal, TTL/3 by default, if it missed the notice).
 
+why reads the stream the asynq middleware adds to for every task that
+completes without running (singleton.DecisionLog, about the last 10,000):
+the reason, the key, and the run or task that held or covered it. It finds
+the task by its ID or, for a Requeue copy, by its first task's ID.
+
 Exit codes: 0 ok, 1 error (Redis unreachable...), 2 bad usage, 3 no holder
-found, 4 release not confirmed.
+(or, for why, no decision) found, 4 release not confirmed.
 
 Flags (before or after the command):
 `
 
 type options struct {
 	addr, cluster, password, prefix, owner, tlsCA string
+	decisions                                     string
 	db                                            int
 	token                                         int64
 	tls, tlsInsecure, json, yes                   bool
@@ -102,6 +110,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.Int64Var(&o.token, "token", 0, "release: only the holder of this fencing token (as inspect shows it)")
 	fs.BoolVar(&o.yes, "yes", false, "release: do not ask for confirmation")
 	fs.DurationVar(&o.interval, "interval", time.Second, "watch: time between two views")
+	fs.StringVar(&o.decisions, "decisions", decisionLog, "why: the decision log's stream (singleton.DecisionLog)")
 	pos, err := parseInterleaved(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
@@ -126,6 +135,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "inspect", "release":
 		if len(rest) != 1 {
 			return badArgs("one KEY")
+		}
+	case "why":
+		if len(rest) != 1 || rest[0] == "" {
+			return badArgs("one TASK-ID")
 		}
 	default:
 		fmt.Fprintf(stderr, "jobguard: unknown command %q; see jobguard -h\n", cmd)
@@ -161,6 +174,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return c.inspect(ctx, rest[0])
 	case "release":
 		return c.release(ctx, rest[0])
+	case "why":
+		return c.why(ctx, client, rest[0])
 	default:
 		return c.watch(ctx, pattern)
 	}
@@ -438,4 +453,72 @@ func (c *cli) watch(ctx context.Context, pattern string) int {
 func isTerminal(f *os.File) bool {
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// decisionLog is singleton.DecisionLog (a test checks they agree), named
+// here so that the command does not link the asynq adapter.
+const decisionLog = "jobguard:decisions"
+
+// decisionScan bounds how many entries of the decision log why reads.
+const decisionScan = 100000
+
+// decisionView is one decision as printed: the stream entry's fields, and
+// when (the entry's ID, the Redis server's time in ms).
+type decisionView struct {
+	At     string            `json:"at"`
+	Fields map[string]string `json:"fields"`
+}
+
+// why prints the decisions recorded for task id (its ID, or the origin of a
+// Requeue copy), newest first.
+func (c *cli) why(ctx context.Context, client redis.UniversalClient, id string) int {
+	entries, err := client.XRevRangeN(ctx, c.o.decisions, "+", "-", decisionScan).Result()
+	if err != nil {
+		return c.fail(err)
+	}
+	var found []decisionView
+	for _, e := range entries {
+		task, _ := e.Values["task"].(string)
+		origin, _ := e.Values["origin"].(string)
+		if task != id && origin != id {
+			continue
+		}
+		v := decisionView{Fields: map[string]string{}}
+		if ms, _, ok := strings.Cut(e.ID, "-"); ok {
+			if n, err := strconv.ParseInt(ms, 10, 64); err == nil {
+				v.At = time.UnixMilli(n).UTC().Format(time.RFC3339Nano)
+			}
+		}
+		for k, x := range e.Values {
+			s, _ := x.(string)
+			v.Fields[k] = s
+		}
+		found = append(found, v)
+	}
+	if c.o.json {
+		_ = json.NewEncoder(c.out).Encode(found)
+	} else if len(found) == 0 {
+		fmt.Fprintf(c.out, "no decision recorded for task %s in %s: it ran (or waits to), or its record is older than the log keeps\n", shown(id), shown(c.o.decisions))
+	}
+	for _, v := range found {
+		if c.o.json {
+			break
+		}
+		f := v.Fields
+		fmt.Fprintf(c.out, "%s task %s (%s, queue %s) completed without running: %s, key %s", v.At, shown(f["task"]), shown(f["type"]), shown(f["queue"]), shown(f["reason"]), shown(f["key"]))
+		if f["by_task"] != "" {
+			fmt.Fprintf(c.out, ", by task %s", shown(f["by_task"]))
+		}
+		if f["by_owner"] != "" {
+			fmt.Fprintf(c.out, ", run by %s", shown(f["by_owner"]))
+		}
+		if f["by_token"] != "" {
+			fmt.Fprintf(c.out, " (token %s)", shown(f["by_token"]))
+		}
+		fmt.Fprintln(c.out)
+	}
+	if len(found) == 0 {
+		return exitNotHeld
+	}
+	return exitOK
 }
