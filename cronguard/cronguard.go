@@ -41,8 +41,8 @@ const (
 	overlapSkip overlapMode = iota
 	overlapDelay
 	overlapAllow
-	overlapBufferOne
-	overlapCancel
+	overlapKeepNewest
+	overlapPreempt
 )
 
 // Overlap says what a tick does when an earlier tick of the same entry is
@@ -72,27 +72,37 @@ func DelayIfStillRunning(max time.Duration) Overlap {
 // SkipIfStillRunning.
 func AllowOverlap(max int) Overlap { return Overlap{mode: overlapAllow, limit: max} }
 
-// BufferOne makes a tick that finds an earlier tick still running on any
-// replica wait until it ends and then run, keeping only the latest such
+// KeepNewest makes a tick that finds an earlier tick still running on any
+// replica wait until it ends and then run, keeping only the newest such
 // tick: a newer waiting tick takes the place of an older one, which is
 // reported as a duplicate (EventDuplicate) and does not run. It is
-// Temporal's BufferOne overlap policy for the fleet. A waiting tick waits as
-// long as the earlier run lasts (cron.Stop waits for it too).
-func BufferOne() Overlap { return Overlap{mode: overlapBufferOne} }
+// middleware.KeepNewest for cron ticks (Temporal calls it BufferOne). A
+// waiting tick waits as long as the earlier run lasts (cron.Stop waits for
+// it too).
+func KeepNewest() Overlap { return Overlap{mode: overlapKeepNewest} }
 
-// CancelPrevious makes a tick that finds an earlier tick still running on
-// any replica cancel it and run once it has returned: the earlier run's ctx
-// is cancelled with a cause matching lockkit.ErrPreempted (and
-// lockkit.ErrLost) and its fencing token is superseded by the new run's.
-// Only the latest waiting tick runs, as with BufferOne. grace bounds how long
-// the cancelled run may keep the entry after it was told to stop (zero: its
-// remaining lease TTL); after it the new tick runs anyway, and its higher
-// fencing token lets a resource refuse the old run's late writes. It is
-// Temporal's CancelOther overlap policy for the fleet. grace must not be
-// negative.
-func CancelPrevious(grace time.Duration) Overlap {
-	return Overlap{mode: overlapCancel, wait: grace}
+// Preempt makes a tick that finds an earlier tick still running on any
+// replica cancel it and run once it has returned: the earlier run's ctx is
+// cancelled with a cause matching lockkit.ErrPreempted (and lockkit.ErrLost)
+// and its fencing token is superseded by the new run's. Only the newest
+// waiting tick runs, as with KeepNewest. grace bounds how long the cancelled
+// run may keep the entry after it was told to stop (zero: its remaining
+// lease TTL); after it the new tick runs anyway, and its higher fencing token
+// lets a resource refuse the old run's late writes. It is middleware.Preempt
+// for cron ticks (Temporal calls it CancelOther). grace must not be negative.
+func Preempt(grace time.Duration) Overlap {
+	return Overlap{mode: overlapPreempt, wait: grace}
 }
+
+// BufferOne is KeepNewest.
+//
+// Deprecated: use KeepNewest, the name the middleware's policy has.
+func BufferOne() Overlap { return KeepNewest() }
+
+// CancelPrevious is Preempt.
+//
+// Deprecated: use Preempt, the name the middleware's policy has.
+func CancelPrevious(grace time.Duration) Overlap { return Preempt(grace) }
 
 // String returns the call that makes o, such as "AllowOverlap(2)".
 func (o Overlap) String() string {
@@ -101,10 +111,10 @@ func (o Overlap) String() string {
 		return fmt.Sprintf("DelayIfStillRunning(%s)", o.wait)
 	case overlapAllow:
 		return fmt.Sprintf("AllowOverlap(%d)", o.limit)
-	case overlapBufferOne:
-		return "BufferOne()"
-	case overlapCancel:
-		return fmt.Sprintf("CancelPrevious(%s)", o.wait)
+	case overlapKeepNewest:
+		return "KeepNewest()"
+	case overlapPreempt:
+		return fmt.Sprintf("Preempt(%s)", o.wait)
 	}
 	return "SkipIfStillRunning()"
 }
@@ -226,9 +236,9 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 			return nil, fmt.Errorf("%w: WithOverlap(%s): must allow at least 1 run", ErrInvalid, o)
 		}
 		policy, limit = middleware.Skip(), o.limit
-	case overlapBufferOne:
+	case overlapKeepNewest:
 		policy = middleware.KeepNewest()
-	case overlapCancel:
+	case overlapPreempt:
 		if o.wait < 0 || o.wait > lockkit.MaxTTL {
 			return nil, fmt.Errorf("%w: WithOverlap(%s): the grace must not be negative nor longer than %s", ErrInvalid, o, lockkit.MaxTTL)
 		}

@@ -514,16 +514,17 @@ func TestSettingsComeFromTheLocker(t *testing.T) {
 	require.Contains(t, cronLog.String(), "job failed")
 }
 
-// BufferOne: ticks that fire while an earlier one runs wait; only the latest
+// KeepNewest: ticks that fire while an earlier one runs wait; only the latest
 // of them runs, once the earlier run ends.
-func TestBufferOne(t *testing.T) {
-	onEachFleet(t, testBufferOne)
-	require.Equal(t, "BufferOne()", cronguard.BufferOne().String())
+func TestKeepNewest(t *testing.T) {
+	onEachFleet(t, testKeepNewest)
+	require.Equal(t, "KeepNewest()", cronguard.KeepNewest().String())
+	require.Equal(t, cronguard.KeepNewest(), cronguard.BufferOne(), "the old name")
 }
 
-func testBufferOne(t *testing.T, f *fleet) {
+func testKeepNewest(t *testing.T, f *fleet) {
 	rec := newRecorder()
-	opt := cronguard.WithOverlap(cronguard.BufferOne())
+	opt := cronguard.WithOverlap(cronguard.KeepNewest())
 	a := f.replica(0, "e", "* * * * * *", rec, opt)
 	b := f.replica(1, "e", "* * * * * *", rec, opt)
 	c := f.replica(2, "e", "* * * * * *", rec, opt)
@@ -560,19 +561,20 @@ func testBufferOne(t *testing.T, f *fleet) {
 	require.True(t, t0.Add(2*time.Second).Equal(ran[0]), "tick %s ran", ran[0])
 }
 
-// CancelPrevious: a tick that finds the previous tick running cancels it
+// Preempt: a tick that finds the previous tick running cancels it
 // (cause lockkit.ErrPreempted) and runs once it returns, with a higher
 // fencing token.
-func TestCancelPrevious(t *testing.T) {
-	onEachFleet(t, testCancelPrevious)
-	require.Equal(t, "CancelPrevious(1s)", cronguard.CancelPrevious(time.Second).String())
-	_, err := cronguard.New(newFleet(t).base, cronguard.WithOverlap(cronguard.CancelPrevious(-time.Second)))
+func TestPreempt(t *testing.T) {
+	onEachFleet(t, testPreempt)
+	require.Equal(t, "Preempt(1s)", cronguard.Preempt(time.Second).String())
+	require.Equal(t, cronguard.Preempt(time.Second), cronguard.CancelPrevious(time.Second), "the old name")
+	_, err := cronguard.New(newFleet(t).base, cronguard.WithOverlap(cronguard.Preempt(-time.Second)))
 	require.ErrorIs(t, err, cronguard.ErrInvalid)
 }
 
-func testCancelPrevious(t *testing.T, f *fleet) {
+func testPreempt(t *testing.T, f *fleet) {
 	rec := newRecorder()
-	opt := cronguard.WithOverlap(cronguard.CancelPrevious(0))
+	opt := cronguard.WithOverlap(cronguard.Preempt(0))
 	a := f.replica(0, "e", "* * * * * *", rec, opt)
 	b := f.replica(1, "e", "* * * * * *", rec, opt)
 	started := make(chan int64, 1)
