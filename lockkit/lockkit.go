@@ -479,6 +479,9 @@ type Info struct {
 	// Parked is the number of jobs parked for the key (AcquireOptions.Park)
 	// that no release has started yet.
 	Parked int
+	// ParkedIDs are the ids (AcquireOptions.Park) of the first 20 of them,
+	// oldest first.
+	ParkedIDs []string
 }
 
 // Holder is one live lease on a key.

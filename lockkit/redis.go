@@ -262,7 +262,7 @@ func (l *RedisLocker) Keys(ctx context.Context, pattern string) ([]string, error
 		defer mu.Unlock()
 		for i, k := range found {
 			key := unescape(strings.TrimSuffix(strings.TrimPrefix(k, l.r.prefix+"{"), "}:h"))
-			if vals, err := cmds[i].Slice(); err == nil && len(vals) > 2 && globMatch(pattern, key) {
+			if vals, err := cmds[i].Slice(); err == nil && len(vals) > 3 && globMatch(pattern, key) {
 				out = append(out, key)
 			}
 		}
@@ -420,6 +420,17 @@ func parkEntry(r *request) string {
 		return ""
 	}
 	return strconv.FormatInt(ms(r.parkHold), 10) + ":" + escapeLabel(r.label) + ":" + r.park
+}
+
+// parkedID is the job id of a parked-queue entry (parkEntry): what follows
+// its hold and its escaped label, which holds no ':'.
+func parkedID(entry string) string {
+	if _, rest, ok := strings.Cut(entry, ":"); ok {
+		if _, id, ok := strings.Cut(rest, ":"); ok {
+			return id
+		}
+	}
+	return entry
 }
 
 func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
@@ -958,7 +969,15 @@ func (b *redisBackend) inspect(ctx context.Context, key string) (*Info, error) {
 	if len(vals) > 1 {
 		info.Waiters, info.Parked = int(toInt(vals[0])), int(toInt(vals[1]))
 	}
-	for i := 2; i+1 < len(vals); i += 2 {
+	if len(vals) > 2 {
+		entries, _ := vals[2].([]any)
+		for _, e := range entries {
+			if s, ok := e.(string); ok {
+				info.ParkedIDs = append(info.ParkedIDs, parkedID(s))
+			}
+		}
+	}
+	for i := 3; i+1 < len(vals); i += 2 {
 		m, _ := vals[i].(string)
 		tok, owner, label := parseMember(m)
 		info.Holders = append(info.Holders, Holder{Owner: owner, Label: label, Token: tok, TTL: time.Duration(toInt(vals[i+1])) * time.Millisecond})

@@ -31,6 +31,10 @@ func TestWasParked(t *testing.T) {
 		_, err := l.TryAcquire(ctx, "k", opt(job))
 		require.ErrorIs(t, err, lockkit.ErrNotAcquired)
 	}
+	info, err := l.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, 2, info.Parked)
+	require.Equal(t, []string{"queue/job-2", "queue/job-3"}, info.ParkedIDs, "Inspect names the parked jobs, oldest first")
 	require.NoError(t, first.Release(ctx))
 	require.Equal(t, "queue/job-2", <-started)
 	second, err := l.TryAcquire(ctx, "k", opt("job-2"))

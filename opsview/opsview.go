@@ -174,6 +174,9 @@ type lockView struct {
 	Holders []holderView `json:"holders"`
 	Waiters int          `json:"waiters"`
 	Parked  int          `json:"parked"`
+	// ParkedIDs are the ids of the first 20 parked jobs (lockkit's
+	// Info.ParkedIDs), escaped.
+	ParkedIDs []string `json:"parked_ids"`
 }
 
 type holderView struct {
@@ -279,7 +282,10 @@ func (h *Handler) inspectPage(ctx context.Context, keys []string) ([]*lockView, 
 			if len(info.Holders) == 0 {
 				return
 			}
-			v := &lockView{Key: k, KeyText: lockkit.Printable(k), Waiters: info.Waiters, Parked: info.Parked, Holders: []holderView{}}
+			v := &lockView{Key: k, KeyText: lockkit.Printable(k), Waiters: info.Waiters, Parked: info.Parked, Holders: []holderView{}, ParkedIDs: []string{}}
+			for _, id := range info.ParkedIDs {
+				v.ParkedIDs = append(v.ParkedIDs, lockkit.Printable(id))
+			}
 			for _, hd := range info.Holders {
 				held := int64(0)
 				if hd.Token > 1e15 && hd.Token < now { // a time in microseconds

@@ -96,9 +96,12 @@ func TestOperatorReleasesAStuckKey(t *testing.T) {
 	note, err := chromedp.Run(b, chromedp.Text(`#note`))
 	require.NoError(t, err)
 	require.Contains(t, holders, "worker-7 · task-abc · ")
-	parked, err := cell(`tr[data-key="report:daily"] td.parked`)
+	parked, err := cell(`tr[data-key="report:daily"] td.parked .count`)
 	require.NoError(t, err)
 	require.Equal(t, "1", parked, "one job parked for report:daily")
+	parkedIDs, err := cell(`tr[data-key="report:daily"] td.parked details`)
+	require.NoError(t, err)
+	require.Contains(t, parkedIDs, "task-9", "its id, on expand")
 	require.Contains(t, note, "behind your own authentication")
 
 	// The filter asks the server for matching keys only.

@@ -247,6 +247,8 @@ type keyView struct {
 	Holders []holderView `json:"holders"`
 	Waiters int          `json:"waiters"`
 	Parked  int          `json:"parked"`
+	// ParkedIDs are the ids of the first 20 parked jobs, oldest first.
+	ParkedIDs []string `json:"parked_ids,omitempty"`
 }
 
 type holderView struct {
@@ -257,7 +259,7 @@ type holderView struct {
 }
 
 func view(info *lockkit.Info) keyView {
-	v := keyView{Key: info.Key, Waiters: info.Waiters, Parked: info.Parked, Holders: []holderView{}}
+	v := keyView{Key: info.Key, Waiters: info.Waiters, Parked: info.Parked, ParkedIDs: info.ParkedIDs, Holders: []holderView{}}
 	for _, h := range info.Holders {
 		v.Holders = append(v.Holders, holderView{Owner: h.Owner, Label: h.Label, Token: h.Token, TTLms: h.TTL.Milliseconds()})
 	}
@@ -339,6 +341,9 @@ func (c *cli) inspect(ctx context.Context, key string) int {
 			for _, h := range v.Holders {
 				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", shown(h.Owner), shown(h.Label), h.Token, time.Duration(h.TTLms)*time.Millisecond)
 			}
+		}
+		for _, id := range v.ParkedIDs {
+			fmt.Fprintf(tw, "parked: %s\n", shown(id))
 		}
 		_ = tw.Flush()
 	}

@@ -90,6 +90,7 @@ func TestListInspectRelease(t *testing.T) {
 	out, _, code = jobguard(t, prefix, "", "inspect", "report")
 	require.Zero(t, code)
 	require.Contains(t, out, "key report: 1 holder(s), 0 waiter(s), 1 parked")
+	require.Contains(t, out, "parked: task-9", "the parked job's id")
 	out, _, code = jobguard(t, prefix, "", "ls", "tenant:*", "--json")
 	require.Zero(t, code)
 	var keys []keyView

@@ -3,17 +3,19 @@
 --         (see plain_acquire.lua)
 -- KEYS[2] waiters: ZSET of every waiter, score = deadline (ms)
 -- KEYS[3] parked: ZSET of parked jobs (see acquire.lua)
--- Returns {waiters, parked jobs, member1, ttl1 ms, member2, ttl2 ms, ...}.
+-- Returns {waiters, parked jobs, {the first 20 parked entries, oldest
+-- first}, member1, ttl1 ms, member2, ttl2 ms, ...}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf'), redis.call('ZCARD', KEYS[3])}
+local out = {redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf'), redis.call('ZCARD', KEYS[3]),
+  redis.call('ZRANGE', KEYS[3], 0, 19)}
 local v = redis.pcall('GET', KEYS[1])
 if type(v) ~= 'table' then
   -- The plain form (see plain_acquire.lua): one holder, or none after a
   -- release ("~<token>").
   if v and string.byte(v) ~= 126 then
-    out[3] = v
-    out[4] = redis.call('PTTL', KEYS[1])
+    out[4] = v
+    out[5] = redis.call('PTTL', KEYS[1])
   end
   return out
 end
