@@ -1,0 +1,169 @@
+package middleware
+
+// Follow-ups (Coalesce, KeepNewest, Preempt), parking, the pass-on of a
+// reserved key, debounce generations, and a delivery that waits for its own
+// earlier run.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+// PassOn hands the key on from a parked job that cannot be started (see
+// WithParking): it takes over the key's reservation carrying origin, the
+// job's Origin, and releases it, which reserves the key for the next parked
+// job and resumes that one. It does nothing when the key is held otherwise
+// (a run of that job or of another: that run's end passes the key on),
+// without WithParking, and once the Locker is closed (the reservation ends
+// with its hold). Errors are reported as EventError.
+func (g *Guard) PassOn(ctx context.Context, key, origin string) {
+	p := g.parking
+	if p == nil || key == "" || origin == "" {
+		return
+	}
+	l, err := g.locker.TryAcquire(ctx, key, &lockkit.AcquireOptions{TTL: g.ttl, Label: origin, Adopt: true,
+		OnParked: func(id string) { p.Resume(key, id) }})
+	if err != nil {
+		if !errors.Is(err, lockkit.ErrNotAcquired) && !errors.Is(err, lockkit.ErrClosed) {
+			g.Emit(ctx, Event{Kind: EventError, Job: Job{Key: key, Origin: origin}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
+		}
+		return
+	}
+	if err := l.Release(ctx); err != nil && !errors.Is(err, lockkit.ErrClosed) {
+		g.Emit(ctx, Event{Kind: EventError, Job: Job{Key: key, Origin: origin}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
+	}
+}
+
+// parks reports whether the policy parks a job whose key is held (with
+// WithParking): Requeue's duplicates, and the follow-ups of Coalesce and
+// KeepNewest. A Preempt follow-up waits: it must run as soon as the run it
+// cancelled returns.
+func (g *Guard) parks() bool {
+	switch {
+	case g.policy.Preempt:
+		return false
+	case g.policy.Coalesce, g.policy.KeepNewest:
+		return true
+	}
+	return g.policy.OnConflict == ActionRequeue
+}
+
+// parkFollowUp takes the key for a Coalesce or KeepNewest job under
+// WithParking, or parks the job as the key's follow-up instead of waiting
+// for it: the job is reported with ActionRequeue and DuplicateError.Parked,
+// and the run that frees the key resumes it. A KeepNewest job that takes the
+// place of a parked follow-up resumes that one, which then completes
+// without running (ReasonSuperseded).
+func (g *Guard) parkFollowUp(ctx context.Context, job Job, opt *lockkit.AcquireOptions) (*lockkit.Lease, time.Duration, error) {
+	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)
+	if err == nil {
+		return lease, 0, nil
+	}
+	var ce *lockkit.ConflictError
+	if !errors.As(err, &ce) || ce.Parked < 0 {
+		return nil, 0, g.notAcquired(ctx, job, err, 0)
+	}
+	if ce.Superseded != "" {
+		g.parking.Resume(job.Key, ce.Superseded)
+	}
+	g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionRequeue, Holder: ce.Owner, Err: ce})
+	return nil, 0, &DuplicateError{Job: job, Reason: ReasonHeld, Action: ActionRequeue, Parked: true, Cause: ce}
+}
+
+// markParked sets Parked in err's DuplicateError when the acquire with opt
+// parked the job.
+func markParked(err error, opt *lockkit.AcquireOptions) error {
+	var dup *DuplicateError
+	if opt.Park != "" && errors.As(err, &dup) && dup.Reason == ReasonHeld && dup.Action == ActionRequeue {
+		dup.Parked = true
+	}
+	return err
+}
+
+// followUp takes the key for a Coalesce, KeepNewest or Preempt job in one waiting
+// call, bounded by ctx: the job either gives way (to a run that began after
+// it, or to a newer follow-up) or waits for the key as its follow-up.
+func (g *Guard) followUp(ctx context.Context, job Job, opt *lockkit.AcquireOptions) (*lockkit.Lease, time.Duration, error) {
+	start := time.Now()
+	lease, err := g.locker.Acquire(ctx, job.Key, opt)
+	waited := time.Since(start)
+	switch {
+	case err == nil:
+		return lease, waited, nil // EventAcquired reports the wait
+	case errors.Is(err, lockkit.ErrCovered), errors.Is(err, lockkit.ErrSuperseded), errors.Is(err, lockkit.ErrCompleted), errors.Is(err, lockkit.ErrEpochUsed):
+		return nil, waited, g.notAcquired(ctx, job, err, waited)
+	}
+	err = fmt.Errorf("middleware: %s: waiting for %q: %w", job.label(), job.Key, err)
+	g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
+	return nil, waited, err
+}
+
+// claim lets a job with a request generation run only if it is its key's
+// newest request, or if the newest one's work does not exist.
+func (g *Guard) claim(ctx context.Context, job Job) error {
+	fail := func(err error) error {
+		err = fmt.Errorf("middleware: %s: claim %q: %w", job.label(), job.Key, err)
+		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+		return err
+	}
+	newest, ok, err := g.locker.Claim(ctx, job.Key, job.Gen, false)
+	if err != nil {
+		return fail(err)
+	}
+	if ok {
+		return nil
+	}
+	pending := true
+	if g.pending != nil && !newest.Claimed {
+		if pending, err = g.pending(ctx, job, newest); err != nil {
+			return fail(err)
+		}
+	}
+	if !pending {
+		// The newest request's work does not exist: this job runs instead,
+		// unless that request was claimed meanwhile (it ran and is gone).
+		again, ok, err := g.locker.Claim(ctx, job.Key, job.Gen, true)
+		if err != nil {
+			return fail(err)
+		}
+		if ok {
+			return nil
+		}
+		newest = again
+	}
+	state := "is pending"
+	if newest.Claimed {
+		state = "ran or runs"
+	}
+	cause := fmt.Errorf("a newer request of the key, %q (generation %d), %s", newest.ID, newest.Gen, state)
+	g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Err: cause})
+	return &DuplicateError{Job: job, Reason: ReasonSuperseded, Action: ActionSkip, Cause: cause}
+}
+
+// ownRun reports whether err is a conflict with a run of the same work.
+func ownRun(job Job, err error) bool {
+	var ce *lockkit.ConflictError
+	return job.Origin != "" && errors.As(err, &ce) && ce.Label == job.Origin
+}
+
+// awaitOwnRun waits, bounded by ctx only, for the earlier delivery of the same
+// work to end: a delivery is never skipped as a duplicate of itself.
+func (g *Guard) awaitOwnRun(ctx context.Context, job Job, opt *lockkit.AcquireOptions) (*lockkit.Lease, time.Duration, error) {
+	start := time.Now()
+	lease, err := g.locker.Acquire(ctx, job.Key, opt)
+	waited := time.Since(start)
+	switch {
+	case err == nil:
+		g.Emit(ctx, Event{Kind: EventWaited, Job: job, Wait: waited})
+		return lease, waited, nil
+	case errors.Is(err, lockkit.ErrCompleted):
+		return nil, waited, g.notAcquired(ctx, job, err, waited)
+	}
+	err = fmt.Errorf("middleware: %s: waiting for the earlier delivery of %q: %w", job.label(), job.Origin, err)
+	g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
+	return nil, waited, err
+}

@@ -1,0 +1,136 @@
+package middleware
+
+// The options of a Guard.
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+// Option configures a Guard.
+type Option func(*Guard)
+
+// WithPolicy sets the conflict policy. Defaults to Skip().
+func WithPolicy(p Policy) Option { return func(g *Guard) { g.policy = p } }
+
+// WithLimit sets how many runs of one key may hold it at once (per-key
+// concurrency across every process). Must be at least 1. Defaults to 1.
+func WithLimit(n int) Option { return func(g *Guard) { g.limit = n } }
+
+// WithHoldAtLeast keeps a job's key held for at least d after its run began,
+// even when the run ends sooner (lockkit.AcquireOptions.HoldAtLeast): with
+// Skip, a key runs at most once per d. A run that fails holds nothing back:
+// its retry runs as soon as it comes. Zero means none; at most
+// lockkit.MaxTTL. Defaults to zero.
+func WithHoldAtLeast(d time.Duration) Option { return func(g *Guard) { g.hold = d } }
+
+// WithThrottle allows at most n runs of a key to begin in any window of one
+// period across every process (lockkit's Locker.Throttle), each start dated
+// when its run begins. A job over the budget does not run: Run returns a
+// *DuplicateError with ReasonThrottled, then as its Action (ActionSkip, or
+// ActionRequeue to run it again when the next start opens, RetryAfter), and
+// reports EventDuplicate, whatever holds its key. Before it takes its key a
+// job whose policy does not wait for it (Skip, Requeue, Fail) reserves a
+// start (lockkit's Locker.ReserveStart), so that jobs arriving together past
+// the budget meet the throttle rather than the policy; the reservation
+// counts against the budget until the run begins, when it is taken and
+// dated. Only a run spends a start: a job that does not run after all (a
+// duplicate, a requeued or parked job, one that gives way, or an acquire
+// that failed) gives back its reservation. A job that may wait for its key
+// (Wait, Coalesce, KeepNewest, Preempt, or a redelivery waiting for its own
+// earlier run) holds no start while it waits: it is throttled at once only
+// if n runs began within the period, and otherwise takes its start when it
+// gets the key; if the budget is spent then, it gives the key back without
+// running and is throttled (with ActionRequeue under Coalesce, KeepNewest
+// and Preempt, whatever then is: other jobs folded into it or gave way to
+// it). A delivery that waited for its own earlier run
+// is that run's retry and spends no start. n must be at least 1, period between a millisecond and
+// lockkit.MaxTTL. Defaults to no throttle.
+func WithThrottle(n int, period time.Duration, then Action) Option {
+	return func(g *Guard) { g.throttle = &throttle{n: n, period: period, then: then} }
+}
+
+type throttle struct {
+	n      int
+	period time.Duration
+	then   Action
+}
+
+// Pending tells whether the work of newest, a newer request of job's key
+// (Job.Gen), exists and will run: a queued task, for example.
+type Pending func(ctx context.Context, job Job, newest lockkit.Request) (bool, error)
+
+// WithPending sets how the guard checks that the newest request of a job's
+// key exists before the job gives way to it (Job.Gen). An error fails the
+// job (not a duplicate), so the runtime retries it. Must not be nil.
+// Defaults to trusting that it exists.
+func WithPending(p Pending) Option { return func(g *Guard) { g.pending, g.pendingSet = p, true } }
+
+// WithAsyncRelease makes Run return as soon as the work has: the lease ends
+// then, and its release is sent by the Locker's background releaser
+// (lockkit.AcquireOptions.AsyncRelease), pipelined with other releases, so a
+// job pays one Redis round trip (the acquire) on its own path instead of
+// two. Another process may find the key held for up to about two round
+// trips after the work returned, and apply its policy to it (Skip skips); a
+// later job of this process waits for the release. A crash before the
+// release is sent leaves the key held until its TTL. Defaults to off.
+func WithAsyncRelease() Option { return func(g *Guard) { g.async = true } }
+
+// Parking is how an adapter parks duplicates under ActionRequeue (see
+// WithParking).
+type Parking struct {
+	// ID names a job to start again later (for asynq: its queue and task
+	// ID); ctx is the job's. Must not be nil.
+	ID func(ctx context.Context, job Job) string
+	// Resume starts the parked job id now, for which the key was just
+	// reserved. It runs on a goroutine of its own (lockkit's OnParked),
+	// which the Locker's Close waits for: it should return once the job is
+	// started, or soon after the Locker closes. If the job cannot be
+	// started it should call Guard.PassOn, so that the next parked job gets
+	// the key. It is also called, on the newer job's goroutine, with a
+	// KeepNewest follow-up that a newer job replaced while it was parked:
+	// nothing is reserved for it, and started, it completes without running
+	// (ReasonSuperseded). Must not be nil.
+	Resume func(key, id string)
+	// Hold is how long the key stays reserved for a parked job to start
+	// and take it over. Zero means lockkit.DefaultParkHold.
+	Hold time.Duration
+}
+
+// WithParking makes ActionRequeue park its duplicates, and Coalesce and
+// KeepNewest their follow-ups instead of waiting for the key: a job with an
+// Origin whose key is held is queued for the key (lockkit.AcquireOptions.Park)
+// and reported with ActionRequeue and DuplicateError.Parked (a Coalesce job
+// that a run covers, or that the key's parked follow-up will cover, still
+// completes without running, as does a KeepNewest follow-up that a newer
+// one replaced once it is started again); when a run of the key ends, the key
+// is reserved for the oldest parked job and p.Resume starts it, so the job
+// starts as soon as its key is free instead of after the policy's delay,
+// and jobs that keep arriving meanwhile queue behind it instead of taking
+// the key from it. The job's own requeue after the policy's delay stays:
+// it is the backstop when the process that ran the key dies before it
+// resumes anyone. Jobs are parked only under WithLimit(1) (the default).
+func WithParking(p Parking) Option { return func(g *Guard) { g.parking, g.parkingSet = &p, true } }
+
+// WithTTL overrides, for this guard's leases, the TTL the Locker gives them
+// (lockkit.WithTTL, lockkit.DefaultTTL unless set); the lease is renewed every
+// TTL/3 while the work runs. Zero means the Locker's. Must be zero or between
+// lockkit.MinTTL and lockkit.MaxTTL. Defaults to zero.
+func WithTTL(ttl time.Duration) Option { return func(g *Guard) { g.ttl = ttl } }
+
+// WithLogger overrides, for this guard, the logger the Locker logs through
+// (lockkit.WithLogger): lost leases, errors and jobs that failed at Warn,
+// everything else at Debug. Must not be nil. Defaults to the Locker's.
+func WithLogger(l *slog.Logger) Option {
+	return func(g *Guard) { g.logger, g.loggerSet = l, true }
+}
+
+// WithObserver adds an observer of the guard's events, called synchronously
+// after the event is logged. It may be given more than once; observers are
+// called in order. Must not be nil. Defaults to none.
+func WithObserver(o Observer) Option {
+	return func(g *Guard) { g.observers = append(g.observers, o) }
+}

@@ -1,0 +1,55 @@
+package middleware
+
+// WithShadow: every job runs, and what the policy would have done is
+// reported.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+// WithShadow runs every job: the guard decides as the policy would, and a
+// job that the policy would not run now (its key is held by another run, its
+// epoch claimed, or its Origin completed) runs anyway, without a lease, and
+// is reported as an EventShadowed whose Action is what the policy would have
+// done. A job whose key is free runs under its lease as usual, so that the
+// jobs after it see the key held. It is for rolling the guard out: watch what
+// it would drop on real traffic, then remove the option. The decision is the
+// key's (and the epoch's): a shadowed job does not wait, park, fold into a
+// follow-up or spend a throttle start, so Wait, Coalesce, KeepNewest,
+// Preempt and WithThrottle are reported as their first decision only, and
+// WithThrottle is not applied. Under it a Redis error is an EventError and
+// the job runs. Defaults to off.
+func WithShadow() Option { return func(g *Guard) { g.shadow = true } }
+
+// shadowRun runs job under WithShadow: under its lease when the key is
+// free, and otherwise without one, reporting what the policy would have done.
+func (g *Guard) shadowRun(ctx context.Context, job Job, fn func(context.Context) error) Outcome {
+	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Label: job.Origin,
+		HoldAtLeast: g.hold, AsyncRelease: g.async}
+	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)
+	if err == nil {
+		return Outcome{Ran: true, Err: g.run(ctx, job, lease, 0, fn)}
+	}
+	e := Event{Kind: EventShadowed, Job: job, Action: g.policy.OnConflict, Err: err}
+	var ce *lockkit.ConflictError
+	switch {
+	case errors.As(err, &ce) && job.Origin != "" && ce.Label == job.Origin:
+		e = Event{} // its own earlier delivery: not a duplicate
+	case errors.As(err, &ce):
+		e.Holder = ce.Owner
+	case errors.Is(err, lockkit.ErrEpochUsed):
+		e.Action = ActionSkip
+	case errors.Is(err, lockkit.ErrCompleted):
+		e.Action = ActionSkip
+	default:
+		e.Kind, e.Action, e.Err = EventError, 0, fmt.Errorf("middleware: shadow: %q: %w; the job runs anyway", job.Key, err)
+	}
+	if e.Kind != 0 {
+		g.Emit(ctx, e)
+	}
+	return Outcome{Ran: true, Err: fn(ctx)}
+}

@@ -1,0 +1,117 @@
+package middleware
+
+// WithThrottle: a run's start is reserved or checked before the key is
+// taken, dated when the run begins, and given back when the job does not run.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+// errNotBegun ends the lease of a run that did not begin after all.
+var errNotBegun = errors.New("middleware: the run did not begin")
+
+// reserveStart reserves the run's throttle start before the job takes its
+// key, or returns why the job does not run. A job that may wait for its key
+// (Wait, Coalesce, KeepNewest, Preempt) reserves none: it is throttled now
+// only if n runs began, and otherwise meets the throttle when its run
+// begins.
+func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
+	t := g.throttle
+	a.start = randomID()
+	var wait time.Duration
+	var err error
+	if g.policy.Wait > 0 || g.policy.Coalesce || g.policy.KeepNewest || g.policy.Preempt {
+		wait, err = g.locker.NextStart(ctx, job.Key, t.n, t.period)
+	} else {
+		wait, err = g.locker.ReserveStart(ctx, job.Key, t.n, t.period, a.start)
+		a.reserved = err == nil && wait == 0
+		if err != nil {
+			g.returnStart(ctx, job, a.start) // in case it was reserved
+		}
+	}
+	if err != nil {
+		err = fmt.Errorf("middleware: %s: throttle %q: %w", job.label(), job.Key, err)
+		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+		return err
+	}
+	if wait > 0 {
+		return g.throttled(ctx, job, wait, 0)
+	}
+	return nil
+}
+
+// beginStart takes the run's throttle start as its run begins, dated now:
+// the start it reserved, or a new one if the budget allows. Otherwise it
+// ends lease, taken after waiting for waited, as a run that did nothing
+// (no HoldAtLeast, no success) and returns why the job does not run.
+func (g *Guard) beginStart(ctx context.Context, job Job, lease *lockkit.Lease, a *attempt, waited time.Duration) error {
+	t := g.throttle
+	wait, err := g.locker.ThrottleStart(ctx, job.Key, t.n, t.period, a.start)
+	if err == nil && wait == 0 {
+		a.reserved = false
+		return nil
+	}
+	_ = lease.Run(ctx, func(context.Context) error { return errNotBegun })
+	if err != nil {
+		a.reserved = true // in case it was taken: give it back
+		err = fmt.Errorf("middleware: %s: throttle %q: %w", job.label(), job.Key, err)
+		g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
+		return err
+	}
+	action := t.then
+	if g.policy.Coalesce || g.policy.KeepNewest || g.policy.Preempt {
+		// It got the key as the key's follow-up: other jobs may have folded
+		// into it or given way to it, and their work rests on its run. It is
+		// put back, never skipped.
+		action = ActionRequeue
+	}
+	return g.throttledAs(ctx, job, wait, waited, action)
+}
+
+// throttled reports a job that does not run because its key's budget is
+// spent for wait.
+func (g *Guard) throttled(ctx context.Context, job Job, wait, waited time.Duration) error {
+	return g.throttledAs(ctx, job, wait, waited, g.throttle.then)
+}
+
+// throttledAs is throttled with the action given.
+func (g *Guard) throttledAs(ctx context.Context, job Job, wait, waited time.Duration, action Action) error {
+	t := g.throttle
+	dup := &DuplicateError{Job: job, Reason: ReasonThrottled, Action: action, RetryAfter: wait, Waited: waited,
+		Cause: fmt.Errorf("%d starts per %s spent; the next in %s", t.n, t.period, wait)}
+	g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: action, Delay: wait, Wait: waited, Err: dup.Cause})
+	return dup
+}
+
+// randomID names a throttle start.
+func randomID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// unreserve gives back a's reserved throttle start, if any.
+func (g *Guard) unreserve(ctx context.Context, job Job, a *attempt) {
+	if a.reserved {
+		a.reserved = false
+		g.returnStart(ctx, job, a.start)
+	}
+}
+
+// returnStart gives back the throttle start id of a job that did not run.
+// An error is reported as EventError: the start then counts until it
+// leaves the window.
+func (g *Guard) returnStart(ctx context.Context, job Job, id string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := g.locker.ReturnStart(rctx, job.Key, id); err != nil {
+		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: fmt.Errorf("middleware: %s: return throttle start %q: %w", job.label(), job.Key, err)})
+	}
+}
