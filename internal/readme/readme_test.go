@@ -70,7 +70,8 @@ func normalize(lines []string) []string {
 }
 
 // exampleFiles returns the lines of every example_test.go of the module's
-// packages (bench/ and faults/ are other modules).
+// packages (bench/ and faults/ are other modules), and of the programs in
+// examples/ (a README block may be a whole program).
 func exampleFiles(t *testing.T) map[string][]string {
 	t.Helper()
 	files := map[string][]string{}
@@ -81,7 +82,7 @@ func exampleFiles(t *testing.T) map[string][]string {
 		if d.IsDir() && (d.Name() == "bench" || d.Name() == "faults" || strings.HasPrefix(d.Name(), ".") && path != root) {
 			return filepath.SkipDir
 		}
-		if d.Name() == "example_test.go" {
+		if d.Name() == "example_test.go" || (d.Name() == "main.go" && strings.Contains(path, string(filepath.Separator)+"examples"+string(filepath.Separator))) {
 			b, err := os.ReadFile(path)
 			if err != nil {
 				return err

@@ -1,0 +1,50 @@
+// Command quickstart is the README's complete program: an asynq server
+// whose report tasks run one per tenant at a time, and three tasks for it.
+// It needs a Redis at REDIS_ADDR (default localhost:6379).
+package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/middleware"
+	"github.com/jobguard/jobguard/singleton"
+)
+
+func main() {
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")}) // "": localhost:6379
+	g, err := singleton.New(rdb, singleton.KeyByFields("tenant_id"), singleton.WithPolicy(middleware.Requeue(time.Second)))
+	check(err)
+	defer g.Close(context.Background()) // after the server has stopped
+	client, err := g.Client(asynq.NewClientFromRedisClient(rdb))
+	check(err)
+	for _, tenant := range []string{"acme", "acme", "globex"} {
+		_, err := client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"`+tenant+`"}`)))
+		check(err)
+	}
+	cfg := asynq.Config{Concurrency: 4, DelayedTaskCheckInterval: 100 * time.Millisecond}
+	g.Configure(&cfg) // a requeued duplicate is no failure and comes back after the policy's delay
+	mux := asynq.NewServeMux()
+	mux.Use(g.Middleware) // one report per tenant at a time, across every server
+	mux.HandleFunc("report", func(ctx context.Context, t *asynq.Task) error {
+		fmt.Printf("building the report of %s\n", t.Payload())
+		time.Sleep(300 * time.Millisecond) // acme's second report waits for its first
+		return nil
+	})
+	srv := asynq.NewServerFromRedisClient(rdb, cfg)
+	check(srv.Start(mux))
+	time.Sleep(3 * time.Second)
+	srv.Shutdown()
+}
+
+func check(err error) {
+	if err != nil {
+		log.Fatal(err)
+	}
+}
