@@ -229,8 +229,7 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		if o.wait <= 0 {
 			return nil, fmt.Errorf("%w: WithOverlap(%s): the wait must be positive", ErrInvalid, o)
 		}
-		policy = middleware.Wait(o.wait, middleware.Skip())
-		policy.Fair = true
+		policy = middleware.WaitInOrder(o.wait, middleware.Skip())
 	case overlapAllow:
 		if o.limit < 1 {
 			return nil, fmt.Errorf("%w: WithOverlap(%s): must allow at least 1 run", ErrInvalid, o)

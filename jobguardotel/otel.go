@@ -16,7 +16,7 @@
 // jobguard.action), its cron tick ran elsewhere ("claimed"), or an error
 // kept it from running ("error", span status Error). What happens after,
 // while the job runs, is recorded as events on the span of the context, the
-// task's own: jobguard.lease_lost, jobguard.preempted (Policy.Preempt),
+// task's own: jobguard.lease_lost, jobguard.preempted (middleware.Preempt),
 // jobguard.released, jobguard.requeued, jobguard.duplicate.
 //
 // A child span for the acquire rather than a span per run: asynq users
@@ -116,7 +116,7 @@ func New(opts ...Option) (*Telemetry, error) {
 	errs = append(errs, err)
 	t.lost, err = meter.Int64Counter("jobguard.leases.lost", metric.WithDescription("Runs whose lease was lost while they ran; a preemption is not a loss."))
 	errs = append(errs, err)
-	t.preempted, err = meter.Int64Counter("jobguard.preemptions", metric.WithDescription("Runs that a newer job of their key preempted, as asked (Policy.Preempt)."))
+	t.preempted, err = meter.Int64Counter("jobguard.preemptions", metric.WithDescription("Runs that a newer job of their key preempted, as asked (middleware.Preempt)."))
 	errs = append(errs, err)
 	t.shadowed, err = meter.Int64Counter("jobguard.shadowed", metric.WithDescription("Jobs that ran under WithShadow although the policy would not have run them then, by what it would have done."))
 	errs = append(errs, err)

@@ -206,7 +206,7 @@ func TestKeysAreNotRecorded(t *testing.T) {
 	require.True(t, seen, "the reasons were recorded, with <key> in place of the key")
 }
 
-// A preemption (Policy.Preempt) is asked for: it has its own counter and
+// A preemption (middleware.Preempt) is asked for: it has its own counter and
 // span event, and jobguard.leases.lost, the signal to alert on, counts only
 // real losses such as a key released by an operator.
 func TestPreemptionIsNotALostLease(t *testing.T) {

@@ -233,7 +233,7 @@ func TestHoldBucketsFitLongJobs(t *testing.T) {
 	require.Equal(t, map[float64]uint64{1: 0, 60: 0}, b)
 }
 
-// A preemption (Policy.Preempt) is asked for: it is counted as the run's
+// A preemption (middleware.Preempt) is asked for: it is counted as the run's
 // outcome "preempted", not as a lost lease, which stays the signal to alert
 // on; a key released by an operator is a lost lease.
 func TestPreemptionIsNotALostLease(t *testing.T) {

@@ -37,7 +37,7 @@ const (
 	// panicked, or its release failed.
 	EventError
 	// EventPreempted: a newer job of the key preempted the running one
-	// (Policy.Preempt), as asked; its ctx was cancelled with a cause
+	// (ModePreempt), as asked; its ctx was cancelled with a cause
 	// matching lockkit.ErrPreempted. It is not an EventLost.
 	EventPreempted
 	// EventShadowed: under WithShadow, the job ran without a lease although
@@ -82,7 +82,7 @@ type Observer func(ctx context.Context, e Event)
 
 // logObserver returns an Observer that logs to l: EventLost, EventError and
 // an EventReleased whose job failed at Warn, except a preemption
-// (EventPreempted, lockkit.ErrPreempted, Policy.Preempt), which is asked for
+// (EventPreempted, lockkit.ErrPreempted, ModePreempt), which is asked for
 // and logged at Info; everything else at Debug.
 func logObserver(l *slog.Logger) Observer {
 	return func(ctx context.Context, e Event) {

@@ -44,12 +44,12 @@ func (g *Guard) PassOn(ctx context.Context, key, origin string) {
 // cancelled returns.
 func (g *Guard) parks() bool {
 	switch {
-	case g.policy.Preempt:
+	case g.policy.mode == ModePreempt:
 		return false
-	case g.policy.Coalesce, g.policy.KeepNewest:
+	case g.policy.mode == ModeCoalesce, g.policy.mode == ModeKeepNewest:
 		return true
 	}
-	return g.policy.OnConflict == ActionRequeue
+	return g.policy.Action() == ActionRequeue
 }
 
 // parkFollowUp takes the key for a Coalesce or KeepNewest job under

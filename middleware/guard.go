@@ -155,12 +155,7 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 			o(g)
 		}
 	}
-	if g.policy.OnConflict == 0 {
-		g.policy.OnConflict = ActionSkip
-	}
-	if g.policy.RequeueDelay == 0 {
-		g.policy.RequeueDelay = DefaultRequeueDelay
-	}
+	g.policy.action, g.policy.delay = g.policy.Action(), g.policy.RequeueDelay()
 	if err := g.policy.validate(); err != nil {
 		return nil, err
 	}
@@ -173,13 +168,13 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("%w: WithThrottle: then must be ActionSkip or ActionRequeue, not %s", ErrInvalid, g.throttle.then)
 	case g.hold < 0 || g.hold > lockkit.MaxTTL:
 		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): must not be negative nor longer than %s", ErrInvalid, g.hold, lockkit.MaxTTL)
-	case g.limit > 1 && g.policy.KeepNewest:
+	case g.limit > 1 && g.policy.mode == ModeKeepNewest:
 		return nil, fmt.Errorf("%w: WithLimit(%d): KeepNewest runs one job per key at a time", ErrInvalid, g.limit)
-	case g.limit > 1 && g.policy.Preempt:
+	case g.limit > 1 && g.policy.mode == ModePreempt:
 		return nil, fmt.Errorf("%w: WithLimit(%d): Preempt runs one job per key at a time", ErrInvalid, g.limit)
-	case g.hold > 0 && g.policy.Preempt:
+	case g.hold > 0 && g.policy.mode == ModePreempt:
 		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): Preempt ends runs early, so it cannot keep a key held", ErrInvalid, g.hold)
-	case g.limit > 1 && g.policy.Coalesce:
+	case g.limit > 1 && g.policy.mode == ModeCoalesce:
 		return nil, fmt.Errorf("%w: WithLimit(%d): Coalesce runs one job per key at a time", ErrInvalid, g.limit)
 	case g.ttl != 0 && (g.ttl < lockkit.MinTTL || g.ttl > lockkit.MaxTTL):
 		return nil, fmt.Errorf("%w: WithTTL(%s): must be zero (the Locker's) or between %s and %s", ErrInvalid, g.ttl, lockkit.MinTTL, lockkit.MaxTTL)
@@ -371,7 +366,7 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Leas
 			return nil, 0, err
 		}
 	}
-	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.Fair, Label: job.Origin, HoldAtLeast: g.hold,
+	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.fair, Label: job.Origin, HoldAtLeast: g.hold,
 		AsyncRelease: g.async, Adopt: job.Reserved && job.Origin != ""}
 	if p := g.parking; p != nil && g.limit <= 1 {
 		// Every run resumes the key's oldest parked job when it ends.
@@ -380,7 +375,7 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Leas
 			opt.Park, opt.ParkHold, opt.Adopt = p.ID(ctx, job), p.Hold, true
 		}
 	}
-	if g.policy.Coalesce {
+	if g.policy.mode == ModeCoalesce {
 		opt.Since = job.EnqueuedAt
 		opt.Coalesce, opt.Final = true, job.Final
 		if opt.Park != "" {
@@ -388,9 +383,9 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Leas
 		}
 		return g.followUp(ctx, job, opt)
 	}
-	if g.policy.KeepNewest || g.policy.Preempt {
+	if g.policy.mode == ModeKeepNewest || g.policy.mode == ModePreempt {
 		opt.Supersede, opt.Order = true, job.Order
-		opt.Preempt, opt.PreemptGrace = g.policy.Preempt, g.policy.Grace
+		opt.Preempt, opt.PreemptGrace = g.policy.mode == ModePreempt, g.policy.grace
 		if opt.Park != "" {
 			return g.parkFollowUp(ctx, job, opt)
 		}
@@ -408,7 +403,7 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Leas
 		g.unreserve(ctx, job, a)
 		return g.awaitOwnRun(ctx, job, opt)
 	}
-	if g.policy.Wait > 0 {
+	if g.policy.wait > 0 {
 		lease, waited, err := g.acquireWaiting(ctx, job, opt, a)
 		return lease, waited, markParked(err, opt)
 	}
@@ -418,7 +413,7 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Leas
 // acquireWaiting waits up to the policy's bound.
 func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockkit.AcquireOptions, a *attempt) (*lockkit.Lease, time.Duration, error) {
 	start := time.Now()
-	wctx, cancel := context.WithTimeout(ctx, g.policy.Wait)
+	wctx, cancel := context.WithTimeout(ctx, g.policy.wait)
 	lease, err := g.locker.Acquire(wctx, job.Key, opt)
 	cancel()
 	waited := time.Since(start)
@@ -460,7 +455,7 @@ func (g *Guard) notAcquired(ctx context.Context, job Job, err error, waited time
 		g.Emit(ctx, ev)
 		return &DuplicateError{Job: job, Reason: ReasonCovered, Action: ActionSkip, Waited: waited, Cause: err}
 	case errors.Is(err, lockkit.ErrNotAcquired):
-		dup := &DuplicateError{Job: job, Reason: ReasonHeld, Action: g.policy.OnConflict, Waited: waited, Cause: err}
+		dup := &DuplicateError{Job: job, Reason: ReasonHeld, Action: g.policy.action, Waited: waited, Cause: err}
 		var ce *lockkit.ConflictError
 		if errors.As(err, &ce) {
 			dup.Cause = ce

@@ -346,18 +346,15 @@ func TestNewValidation(t *testing.T) {
 	}{
 		{"limit", []middleware.Option{middleware.WithLimit(0)}, "WithLimit(0): must be at least 1"},
 		{"ttl", []middleware.Option{middleware.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
-		{"keep newest and wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.KeepNewest()))}, "KeepNewest waits for its turn itself"},
+		{"keep newest and wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.KeepNewest()))}, "KeepNewest() waits for its turn itself"},
 		{"throttle n", []middleware.Option{middleware.WithThrottle(0, time.Second, middleware.ActionSkip)}, "WithThrottle(0, 1s): n must be at least 1"},
 		{"throttle then", []middleware.Option{middleware.WithThrottle(1, time.Second, middleware.ActionFail)}, "then must be ActionSkip or ActionRequeue, not fail"},
 		{"negative hold", []middleware.Option{middleware.WithHoldAtLeast(-time.Second)}, "WithHoldAtLeast(-1s): must not be negative"},
-		{"negative wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "Wait -1s is negative"},
-		{"negative delay", []middleware.Option{middleware.WithPolicy(middleware.Requeue(-time.Second))}, "RequeueDelay -1s is negative"},
-		{"fair without wait", []middleware.Option{middleware.WithPolicy(middleware.Policy{Fair: true})}, "Fair needs a positive Wait"},
-		{"unknown action", []middleware.Option{middleware.WithPolicy(middleware.Policy{OnConflict: 9})}, "unknown OnConflict action 9"},
+		{"negative wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "the wait must be positive"},
+		{"negative delay", []middleware.Option{middleware.WithPolicy(middleware.Requeue(-time.Second))}, "the requeue delay is negative"},
 		{"nil pending", []middleware.Option{middleware.WithPending(nil)}, "WithPending(nil)"},
-		{"preempt and wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Preempt(0)))}, "Preempt waits for its turn itself"},
-		{"negative grace", []middleware.Option{middleware.WithPolicy(middleware.Preempt(-time.Second))}, "Grace -1s must not be negative"},
-		{"grace without preempt", []middleware.Option{middleware.WithPolicy(middleware.Policy{Grace: time.Second})}, "Grace applies to Preempt only"},
+		{"preempt and wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Preempt(0)))}, "Preempt(0s) waits for its turn itself"},
+		{"negative grace", []middleware.Option{middleware.WithPolicy(middleware.Preempt(-time.Second))}, "the grace must not be negative"},
 		{"preempt and limit", []middleware.Option{middleware.WithPolicy(middleware.Preempt(0)), middleware.WithLimit(2)}, "Preempt runs one job per key"},
 		{"preempt and hold", []middleware.Option{middleware.WithPolicy(middleware.Preempt(0)), middleware.WithHoldAtLeast(time.Second)}, "Preempt ends runs early"},
 	}
@@ -374,7 +371,10 @@ func TestNewValidation(t *testing.T) {
 
 	g, err := middleware.New(l)
 	require.NoError(t, err)
-	require.Equal(t, middleware.Policy{OnConflict: middleware.ActionSkip, RequeueDelay: middleware.DefaultRequeueDelay}, g.Policy())
+	require.Equal(t, middleware.ModeAction, g.Policy().Mode())
+	require.Equal(t, middleware.ActionSkip, g.Policy().Action())
+	require.Equal(t, middleware.DefaultRequeueDelay, g.Policy().RequeueDelay())
+	require.Zero(t, g.Policy().MaxWait())
 	err = runErr(g, context.Background(), middleware.Job{Name: "report"}, func(context.Context) error { return nil })
 	require.ErrorContains(t, err, "report: empty key")
 }
@@ -587,7 +587,6 @@ func TestCoalescePolicy(t *testing.T) {
 
 	for _, opts := range [][]middleware.Option{
 		{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Coalesce()))},
-		{middleware.WithPolicy(middleware.Policy{Coalesce: true, OnConflict: middleware.ActionRequeue})},
 		{middleware.WithPolicy(middleware.Coalesce()), middleware.WithLimit(2)},
 	} {
 		_, err := middleware.New(l, opts...)
@@ -598,16 +597,15 @@ func TestCoalescePolicy(t *testing.T) {
 
 func TestPolicyString(t *testing.T) {
 	for want, p := range map[string]middleware.Policy{
-		"Skip()":                        middleware.Skip(),
-		"Skip()\x00zero":                {},
-		"Fail()":                        middleware.Fail(),
-		"Requeue(1s)":                   middleware.Requeue(time.Second),
-		"Wait(10s, Fail())":             middleware.Wait(10*time.Second, middleware.Fail()),
-		"Wait(5s, fair, Skip())":        {Wait: 5 * time.Second, Fair: true},
-		"Coalesce()":                    middleware.Coalesce(),
-		"KeepNewest()":                  middleware.KeepNewest(),
-		"Preempt(2s)":                   middleware.Preempt(2 * time.Second),
-		"Policy{OnConflict: Action(9)}": {OnConflict: 9},
+		"Skip()":                  middleware.Skip(),
+		"Skip()\x00zero":          {},
+		"Fail()":                  middleware.Fail(),
+		"Requeue(1s)":             middleware.Requeue(time.Second),
+		"Wait(10s, Fail())":       middleware.Wait(10*time.Second, middleware.Fail()),
+		"WaitInOrder(5s, Skip())": middleware.WaitInOrder(5*time.Second, middleware.Skip()),
+		"Coalesce()":              middleware.Coalesce(),
+		"KeepNewest()":            middleware.KeepNewest(),
+		"Preempt(2s)":             middleware.Preempt(2 * time.Second),
 	} {
 		want, _, _ = strings.Cut(want, "\x00")
 		require.Equal(t, want, p.String())

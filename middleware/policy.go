@@ -35,138 +35,180 @@ func (a Action) String() string {
 
 var actionNames = [...]string{"", "skip", "requeue", "fail"}
 
-// Policy says what happens when a job's key is held by another run.
-type Policy struct {
-	// OnConflict is the action for a duplicate (after waiting, if Wait > 0).
-	// The zero value means ActionSkip.
-	OnConflict Action
-	// RequeueDelay is the base delay of ActionRequeue; up to 50% jitter is
-	// added. Zero means DefaultRequeueDelay.
-	RequeueDelay time.Duration
-	// Wait, when positive, makes a duplicate wait up to Wait for the key
-	// (woken when it is released) before OnConflict applies.
-	Wait time.Duration
-	// Fair makes waiting duplicates acquire in arrival order.
-	Fair bool
-	// Coalesce makes a job give way to a run of its key that began after
-	// the job did (after Run was called: the delivery, which is after the
-	// enqueue): it completes without running (ReasonCovered, ActionSkip)
-	// when such a run succeeded, is running, or is pending as the key's
-	// follow-up. Any other job waits for the key, bounded by its ctx only,
-	// and runs as the key's one follow-up. OnConflict, Wait and Fair do not
-	// apply; a job whose wait ends with its ctx fails with an error that is
-	// not a duplicate, so the runtime retries it. Under WithParking a job
-	// with an Origin parks as that follow-up instead of waiting.
-	Coalesce bool
-	// KeepNewest makes a job whose key is held wait, bounded by its ctx only,
-	// as the key's one follow-up, the newest: a later job takes its place,
-	// and the job it replaces completes without running (ReasonSuperseded,
-	// ActionSkip). "Later" is by Job.Order when both jobs have one, else by
-	// arrival at Redis. OnConflict, Wait, Fair and Coalesce do not apply. Under
+// Mode is what a policy does with a job whose key is held: one of a closed
+// set, chosen by the constructor that made the policy.
+type Mode int
+
+// Modes of a Policy.
+const (
+	// ModeAction: the policy's Action applies (skip, requeue or fail), after
+	// the job waited for the key if the policy waits (Wait, WaitInOrder).
+	ModeAction Mode = iota
+	// ModeCoalesce: the job gives way to a run of its key that began after
+	// it (after Run was called: the delivery, which is after the enqueue):
+	// it completes without running (ReasonCovered, ActionSkip) when such a
+	// run succeeded, is running, or is pending as the key's follow-up. Any
+	// other job waits for the key, bounded by its ctx only, and runs as the
+	// key's one follow-up; a job whose wait ends with its ctx fails with an
+	// error that is not a duplicate, so the runtime retries it. Under
 	// WithParking a job with an Origin parks as that follow-up instead of
 	// waiting.
-	KeepNewest bool
-	// Preempt makes a job cancel the run that holds its key: that run's ctx
+	ModeCoalesce
+	// ModeKeepNewest: a job whose key is held waits, bounded by its ctx
+	// only, as the key's one follow-up, the newest: a later job takes its
+	// place, and the job it replaces completes without running
+	// (ReasonSuperseded, ActionSkip). "Later" is by Job.Order when both jobs
+	// have one, else by arrival at Redis. Under WithParking a job with an
+	// Origin parks as that follow-up instead of waiting.
+	ModeKeepNewest
+	// ModePreempt: a job cancels the run that holds its key: that run's ctx
 	// is cancelled with a cause matching lockkit.ErrPreempted (and
 	// lockkit.ErrLost), its lease is no longer renewed and its fencing token
 	// is superseded by this job's; the run is reported as EventPreempted,
-	// not EventLost. The job waits, bounded by its ctx only, as
-	// the key's one follow-up, the newest (a later job takes its place as
-	// KeepNewest does), and runs once the preempted run has returned, or
-	// after Grace if that comes first. OnConflict, Wait, Fair, Coalesce and
-	// KeepNewest do not apply.
-	Preempt bool
-	// Grace, with Preempt, bounds how long a preempted run may keep the key
-	// after it was told to stop. Zero means until its lease runs out, which
-	// is at most the lease TTL since it is no longer renewed.
-	Grace time.Duration
+	// not EventLost. The job waits, bounded by its ctx only, as the key's
+	// one follow-up, the newest (as under ModeKeepNewest), and runs once the
+	// preempted run has returned, or after the policy's Grace if that comes
+	// first.
+	ModePreempt
+)
+
+// Policy says what happens when a job's key is held by another run. It is
+// built only by its constructors (Skip, Fail, Requeue, Wait, WaitInOrder,
+// Coalesce, KeepNewest, Preempt), so a combination that cannot work cannot be
+// written; its zero value is Skip().
+type Policy struct {
+	mode   Mode
+	action Action
+	delay  time.Duration // ActionRequeue's base delay
+	wait   time.Duration // how long a job waits for the key before action applies
+	fair   bool          // waiting jobs take the key in arrival order
+	grace  time.Duration // ModePreempt's grace
 }
 
+// Mode returns what the policy does with a job whose key is held.
+func (p Policy) Mode() Mode { return p.mode }
+
+// Action returns what happens to a duplicate under ModeAction (after its
+// wait, if any): skip, requeue or fail. Under the other modes a job that does
+// not run completes without running (ActionSkip).
+func (p Policy) Action() Action {
+	if p.action == 0 {
+		return ActionSkip
+	}
+	return p.action
+}
+
+// RequeueDelay returns the base delay of ActionRequeue (up to 50% jitter is
+// added): DefaultRequeueDelay unless Requeue was given another.
+func (p Policy) RequeueDelay() time.Duration {
+	if p.delay == 0 {
+		return DefaultRequeueDelay
+	}
+	return p.delay
+}
+
+// MaxWait returns how long a duplicate waits for the key before its Action
+// applies (Wait, WaitInOrder); zero when it does not wait.
+func (p Policy) MaxWait() time.Duration { return p.wait }
+
+// InOrder reports whether waiting duplicates take the key in arrival order
+// (WaitInOrder).
+func (p Policy) InOrder() bool { return p.fair }
+
+// Grace returns how long a run that ModePreempt cancelled may keep the key
+// after it was told to stop; zero means until its lease runs out.
+func (p Policy) Grace() time.Duration { return p.grace }
+
 // Preempt returns the policy under which a job cancels the run holding its
-// key and runs after it (see Policy.Preempt); grace bounds how long the
-// cancelled run may keep the key, zero meaning its remaining TTL.
+// key and runs after it (ModePreempt); grace bounds how long the cancelled
+// run may keep the key, zero meaning its remaining TTL (it is no longer
+// renewed). grace must be between 0 and lockkit.MaxTTL.
 func Preempt(grace time.Duration) Policy {
-	return Policy{OnConflict: ActionSkip, Preempt: true, Grace: grace}
+	return Policy{mode: ModePreempt, action: ActionSkip, grace: grace}
 }
 
 // KeepNewest returns the policy that keeps one follow-up per key, the newest
-// (see Policy.KeepNewest).
-func KeepNewest() Policy { return Policy{OnConflict: ActionSkip, KeepNewest: true} }
+// (ModeKeepNewest).
+func KeepNewest() Policy { return Policy{mode: ModeKeepNewest, action: ActionSkip} }
 
 // String writes the policy the way it is built: "Skip()", "Requeue(1s)",
-// "Wait(10s, Fail())", "Coalesce()"; a Fair wait reads "Wait(10s, fair, Skip())".
+// "Wait(10s, Fail())", "WaitInOrder(10s, Skip())", "Coalesce()".
 func (p Policy) String() string {
-	if p.Coalesce {
+	switch p.mode {
+	case ModeCoalesce:
 		return "Coalesce()"
-	}
-	if p.KeepNewest {
+	case ModeKeepNewest:
 		return "KeepNewest()"
-	}
-	if p.Preempt {
-		return fmt.Sprintf("Preempt(%s)", p.Grace)
+	case ModePreempt:
+		return fmt.Sprintf("Preempt(%s)", p.grace)
 	}
 	var s string
-	switch p.OnConflict {
+	switch p.action {
 	case 0, ActionSkip:
 		s = "Skip()"
 	case ActionRequeue:
-		s = fmt.Sprintf("Requeue(%s)", p.RequeueDelay)
+		s = fmt.Sprintf("Requeue(%s)", p.delay)
 	case ActionFail:
 		s = "Fail()"
 	default:
-		s = fmt.Sprintf("Policy{OnConflict: %s}", p.OnConflict)
+		s = fmt.Sprintf("Policy(%s)", p.action)
 	}
-	if p.Wait > 0 || p.Fair {
-		fair := ""
-		if p.Fair {
-			fair = "fair, "
-		}
-		s = fmt.Sprintf("Wait(%s, %s%s)", p.Wait, fair, s)
+	switch {
+	case p.fair:
+		s = fmt.Sprintf("WaitInOrder(%s, %s)", p.wait, s)
+	case p.wait != 0:
+		s = fmt.Sprintf("Wait(%s, %s)", p.wait, s)
 	}
 	return s
 }
 
 // Coalesce returns the policy that folds duplicates into a run that began
-// after them (see Policy.Coalesce).
-func Coalesce() Policy { return Policy{OnConflict: ActionSkip, Coalesce: true} }
+// after them (ModeCoalesce).
+func Coalesce() Policy { return Policy{mode: ModeCoalesce, action: ActionSkip} }
 
 // Skip returns the policy that drops duplicates.
-func Skip() Policy { return Policy{OnConflict: ActionSkip} }
+func Skip() Policy { return Policy{action: ActionSkip} }
 
 // Fail returns the policy that fails duplicates with a *DuplicateError.
-func Fail() Policy { return Policy{OnConflict: ActionFail} }
+func Fail() Policy { return Policy{action: ActionFail} }
 
 // Requeue returns the policy that runs duplicates again after delay (plus up
-// to 50% jitter). Zero means DefaultRequeueDelay.
+// to 50% jitter). Zero means DefaultRequeueDelay; it must not be negative.
 func Requeue(delay time.Duration) Policy {
-	return Policy{OnConflict: ActionRequeue, RequeueDelay: delay}
+	return Policy{action: ActionRequeue, delay: delay}
 }
 
-// Wait returns then, made to first wait up to max for the key.
+// Wait returns then (Skip, Requeue or Fail), made to first wait up to max for
+// the key, woken when it is released. max must be positive, and then a
+// ModeAction policy that does not wait already.
 func Wait(max time.Duration, then Policy) Policy {
-	then.Wait = max
+	then.wait = max
+	if then.mode != ModeAction {
+		then.wait = -1 // refused by New: only Skip, Requeue and Fail wait
+	}
 	return then
 }
+
+// WaitInOrder is Wait, with the waiting duplicates taking the key in
+// arrival order.
+func WaitInOrder(max time.Duration, then Policy) Policy {
+	p := Wait(max, then)
+	p.fair = true
+	return p
+}
+
 func (p Policy) validate() error {
 	switch {
-	case p.OnConflict < 0 || int(p.OnConflict) >= len(actionNames):
-		return fmt.Errorf("%w: WithPolicy: unknown OnConflict action %d", ErrInvalid, int(p.OnConflict))
-	case p.RequeueDelay < 0:
-		return fmt.Errorf("%w: WithPolicy: RequeueDelay %s is negative", ErrInvalid, p.RequeueDelay)
-	case p.Wait < 0:
-		return fmt.Errorf("%w: WithPolicy: Wait %s is negative", ErrInvalid, p.Wait)
-	case p.Fair && p.Wait == 0:
-		return fmt.Errorf("%w: WithPolicy: Fair needs a positive Wait", ErrInvalid)
-	case p.Grace < 0 || p.Grace > lockkit.MaxTTL:
-		return fmt.Errorf("%w: WithPolicy: Grace %s must not be negative nor longer than %s", ErrInvalid, p.Grace, lockkit.MaxTTL)
-	case p.Grace > 0 && !p.Preempt:
-		return fmt.Errorf("%w: WithPolicy: Grace applies to Preempt only", ErrInvalid)
-	case p.Preempt && (p.KeepNewest || p.Coalesce || p.Wait > 0 || p.OnConflict != ActionSkip):
-		return fmt.Errorf("%w: WithPolicy: Preempt waits for its turn itself; it takes no Wait, Fair, Coalesce, KeepNewest or OnConflict", ErrInvalid)
-	case p.KeepNewest && (p.Coalesce || p.Wait > 0 || p.OnConflict != ActionSkip):
-		return fmt.Errorf("%w: WithPolicy: KeepNewest waits for its turn itself; it takes no Wait, Fair, Coalesce or OnConflict", ErrInvalid)
-	case p.Coalesce && (p.Wait > 0 || p.OnConflict != ActionSkip):
-		return fmt.Errorf("%w: WithPolicy: Coalesce waits for its follow-up run itself; it takes no Wait, Fair or OnConflict", ErrInvalid)
+	case p.action < 0 || int(p.action) >= len(actionNames):
+		return fmt.Errorf("%w: WithPolicy(%s): unknown action %d", ErrInvalid, p, int(p.action))
+	case p.delay < 0:
+		return fmt.Errorf("%w: WithPolicy(%s): the requeue delay is negative", ErrInvalid, p)
+	case p.wait < 0 && p.mode != ModeAction:
+		return fmt.Errorf("%w: WithPolicy: Wait(..., %s): %s waits for its turn itself; only Skip, Requeue and Fail take a Wait", ErrInvalid, p, p)
+	case p.wait < 0:
+		return fmt.Errorf("%w: WithPolicy(%s): the wait must be positive", ErrInvalid, p)
+	case p.grace < 0 || p.grace > lockkit.MaxTTL:
+		return fmt.Errorf("%w: WithPolicy(%s): the grace must not be negative nor longer than %s", ErrInvalid, p, lockkit.MaxTTL)
 	}
 	return nil
 }
@@ -182,7 +224,7 @@ const (
 	// of work (such as a cron tick) ran elsewhere.
 	ReasonClaimed
 	// ReasonSuperseded means a newer job of the key took this one's place
-	// as its follow-up (Policy.KeepNewest, Policy.Preempt), or that a newer
+	// as its follow-up (ModeKeepNewest, ModePreempt), or that a newer
 	// request of the key is pending (Job.Gen).
 	ReasonSuperseded
 	// ReasonThrottled means the key's starts per period (WithThrottle) were
@@ -190,7 +232,7 @@ const (
 	ReasonThrottled
 	// ReasonCovered means a run of the key that began after the job did
 	// succeeded, is running, or is pending as the key's follow-up
-	// (Policy.Coalesce): it does the job's work.
+	// (ModeCoalesce): it does the job's work.
 	ReasonCovered
 	// ReasonCompleted means an earlier delivery of the same work (same
 	// Job.Origin) completed successfully after the runtime had given up on

@@ -34,7 +34,7 @@ func (g *Guard) shadowRun(ctx context.Context, job Job, fn func(context.Context)
 	if err == nil {
 		return Outcome{Ran: true, Err: g.run(ctx, job, lease, 0, fn)}
 	}
-	e := Event{Kind: EventShadowed, Job: job, Action: g.policy.OnConflict, Err: err}
+	e := Event{Kind: EventShadowed, Job: job, Action: g.policy.action, Err: err}
 	var ce *lockkit.ConflictError
 	switch {
 	case errors.As(err, &ce) && job.Origin != "" && ce.Label == job.Origin:

@@ -27,7 +27,7 @@ func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
 	a.start = randomID()
 	var wait time.Duration
 	var err error
-	if g.policy.Wait > 0 || g.policy.Coalesce || g.policy.KeepNewest || g.policy.Preempt {
+	if g.policy.wait > 0 || g.policy.mode != ModeAction {
 		wait, err = g.locker.NextStart(ctx, job.Key, t.n, t.period)
 	} else {
 		wait, err = g.locker.ReserveStart(ctx, job.Key, t.n, t.period, a.start)
@@ -66,7 +66,7 @@ func (g *Guard) beginStart(ctx context.Context, job Job, lease *lockkit.Lease, a
 		return err
 	}
 	action := t.then
-	if g.policy.Coalesce || g.policy.KeepNewest || g.policy.Preempt {
+	if g.policy.mode != ModeAction {
 		// It got the key as the key's follow-up: other jobs may have folded
 		// into it or given way to it, and their work rests on its run. It is
 		// put back, never skipped.

@@ -38,7 +38,7 @@
 //     headers, Timeout, Deadline and Retention and the remaining retry budget,
 //     and the original is revoked (asynq.RevokeTask), so it is never archived
 //     for being a duplicate.
-//   - Wait (middleware.Wait): the duplicate waits up to a bound, optionally in
+//   - Wait (middleware.Wait, WaitInOrder): the duplicate waits up to a bound, optionally in
 //     arrival order, then falls back to the wrapped policy.
 //   - Fail: the duplicate returns a *middleware.DuplicateError (errors.Is
 //     middleware.ErrDuplicate) and asynq's normal retry applies.

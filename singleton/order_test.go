@@ -137,9 +137,9 @@ func TestNewestMeansNewestEnqueued(t *testing.T) {
 			recv(t, hook.arrived, 10*time.Second) // v1's acquire is held back
 			enqueue("v2")
 			switch {
-			case tc.policy.Preempt && tc.until == "queued":
+			case tc.policy.Mode() == middleware.ModePreempt && tc.until == "queued":
 				e.waiters("asynq:sync", 1) // v2 preempted v0 and waits for it
-			case tc.policy.Preempt:
+			case tc.policy.Mode() == middleware.ModePreempt:
 				close(runs.finish["v0"]) // v2 preempted v0, and runs
 				require.Equal(t, "v2", recv(t, runs.started, 10*time.Second))
 			case tc.until == "queued":
@@ -174,7 +174,7 @@ func TestNewestMeansNewestEnqueued(t *testing.T) {
 			require.Equal(t, []string{"v0", "v2"}, runs.runs(), "the newest task runs last; the older never")
 			runs.mu.Lock()
 			defer runs.mu.Unlock()
-			if tc.policy.Preempt {
+			if tc.policy.Mode() == middleware.ModePreempt {
 				require.NotContains(t, runs.preempted, "v2", "the older task preempts no newer run")
 			}
 		})

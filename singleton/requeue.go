@@ -91,12 +91,12 @@ func RetryDelay(next asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 // copy and revokes the original.
 func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) error {
 	p := m.guard.Policy()
-	d := p.RequeueDelay
+	d := p.RequeueDelay()
 	re := &RequeueError{Duplicate: dup, Delay: d + rand.N(d/2+1)}
 	switch {
 	case dup.Reason == middleware.ReasonThrottled:
 		re.Delay = dup.RetryAfter // when the key's next start opens
-	case dup.Parked && (p.Coalesce || p.KeepNewest):
+	case dup.Parked && (p.Mode() == middleware.ModeCoalesce || p.Mode() == middleware.ModeKeepNewest):
 		// A parked follow-up has no delay of its own: the run that frees
 		// the key starts it, and it comes back by itself only as the
 		// backstop.

@@ -52,7 +52,7 @@ func TestBurstAcrossServers(t *testing.T) {
 		// A minute's delay outlasts the test: only parking (the run that
 		// frees the key starts the oldest parked duplicate) finishes it.
 		{"requeue parks until the key is free", middleware.Requeue(time.Minute), 1, nil},
-		{"wait in order then requeue", middleware.Policy{OnConflict: middleware.ActionRequeue, RequeueDelay: 50 * time.Millisecond, Wait: 100 * time.Millisecond, Fair: true}, 1, nil},
+		{"wait in order then requeue", middleware.WaitInOrder(100*time.Millisecond, middleware.Requeue(50*time.Millisecond)), 1, nil},
 		{"limit 2 then requeue", middleware.Requeue(50 * time.Millisecond), 2, nil},
 		{"coalesce", middleware.Coalesce(), 1, nil},
 		{"coalesce, async release", middleware.Coalesce(), 1, []singleton.Option{singleton.WithAsyncRelease()}},
@@ -157,15 +157,15 @@ func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int, opts .
 	require.Zero(t, qi.FailedTotal, "duplicates are not counted as failures")
 	require.Empty(t, ev.errs(middleware.EventError))
 	switch {
-	case policy.Wait > 0:
+	case policy.MaxWait() > 0:
 		// The waits outlast the work, so the duplicates waited and ran.
 		require.Len(t, completed, tenants*perTenant, "every task ran")
 		require.Positive(t, ev.count(middleware.EventWaited, 0))
-	case policy.OnConflict == middleware.ActionRequeue:
+	case policy.Action() == middleware.ActionRequeue:
 		require.Len(t, completed, tenants*perTenant, "every requeued task ran")
 		require.Positive(t, ev.count(middleware.EventRequeued, 0))
 		require.Positive(t, copiesRan.Load(), "MaxRetry(0) duplicates were re-enqueued as copies and ran")
-	case policy.Coalesce:
+	case policy.Mode() == middleware.ModeCoalesce:
 		// Every task was enqueued before the servers started: a run covers
 		// the tasks delivered after it began, a follow-up those delivered
 		// while it ran. The deliveries spread over a few runs at most.

@@ -368,12 +368,12 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	if c.throttleRequeues && c.rdb == nil {
 		return nil, fmt.Errorf("%w: WithThrottle(..., requeue): requeueing needs WithRedis(client) to re-enqueue tasks that have no retries left", ErrInvalid)
 	}
-	if p := g.Policy(); c.throttled && c.rdb == nil && (p.Coalesce || p.KeepNewest || p.Preempt) {
+	if p := g.Policy(); c.throttled && c.rdb == nil && p.Mode() != middleware.ModeAction {
 		// A follow-up throttled when it gets the key is put back whatever
 		// the throttle's action (other tasks folded into it or gave way).
 		return nil, fmt.Errorf("%w: WithThrottle with WithPolicy(%s): a throttled follow-up is requeued, which needs WithRedis(client) to re-enqueue tasks that have no retries left", ErrInvalid, c.policy)
 	}
-	if g.Policy().OnConflict == middleware.ActionRequeue && c.rdb == nil {
+	if g.Policy().Action() == middleware.ActionRequeue && c.rdb == nil {
 		return nil, fmt.Errorf("%w: WithPolicy(%s): a policy that requeues needs WithRedis(client) to re-enqueue duplicates that have no retries left", ErrInvalid, c.policy)
 	}
 	m.guard, m.limit = g, c.limit

@@ -41,7 +41,7 @@ func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 		{"nil redis", []singleton.Option{singleton.WithRedis(nil)}, "WithRedis(nil): client is nil"},
 		{"limit", []singleton.Option{singleton.WithLimit(0)}, "WithLimit(0): must be at least 1"},
 		{"ttl", []singleton.Option{singleton.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
-		{"negative wait", []singleton.Option{singleton.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "Wait -1s is negative"},
+		{"negative wait", []singleton.Option{singleton.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "Wait(-1s, Skip())): the wait must be positive"},
 		{"requeue without redis", []singleton.Option{singleton.WithPolicy(middleware.Requeue(time.Second))},
 			"WithPolicy(Requeue(1s)): a policy that requeues needs WithRedis(client)"},
 		{"wait then requeue without redis", []singleton.Option{singleton.WithPolicy(middleware.Wait(time.Second, middleware.Requeue(0)))},
@@ -211,7 +211,7 @@ func TestDuplicateOutcomeOutsideAServer(t *testing.T) {
 		}},
 	}
 	for _, c := range cases {
-		t.Run(c.policy.OnConflict.String(), func(t *testing.T) {
+		t.Run(c.policy.Action().String(), func(t *testing.T) {
 			l := lockkittest.New(t)
 			holder, err := l.TryAcquire(context.Background(), "asynq:report", nil)
 			require.NoError(t, err)
