@@ -42,8 +42,9 @@ func rules(vs []Violation) map[string]int {
 	return m
 }
 
-// Workers without the middleware run tasks of one key at once: the
-// checker reports it, naming the runs.
+// Workers without the middleware run tasks of one key at once, and a
+// throttled key's burst all at once: the checker reports both, naming the
+// runs.
 func TestNegativeControlWithoutMiddlewareReportsOverlaps(t *testing.T) {
 	res, err := runSeed(testOptions(t, brokenNone), 2)
 	if err != nil {
@@ -51,8 +52,8 @@ func TestNegativeControlWithoutMiddlewareReportsOverlaps(t *testing.T) {
 	}
 	got := rules(res.violations)
 	t.Logf("%s; per rule %v", res.summary(), got)
-	if got[ruleOverlap] == 0 {
-		t.Fatalf("no overlap reported for workers without the middleware: %v", got)
+	if got[ruleOverlap] == 0 || got[ruleThrottle] == 0 {
+		t.Fatalf("no overlap or no throttle violation reported for workers without the middleware: %v", got)
 	}
 }
 

@@ -15,6 +15,7 @@ const (
 	ruleNewest      = "newest"       // KeepNewest / Preempt, singleton.Client: the last run of a key is of its newest task, and succeeded
 	rulePreempt     = "preempt"      // Preempt: the old run's ctx is cancelled within the bound
 	ruleUnique      = "unique"       // Unique: never two accepted tasks of a key needed at once; a refusal names a task that still needs it
+	ruleThrottle    = "throttle"     // WithThrottle(n, period): never more than n run starts of a key in any window of one period
 	ruleStranded    = "stranded"     // the queue drains once enqueues and faults stop
 	ruleLeak        = "leak"         // no key without a TTL is left behind
 	ruleNewestPlain = "newest-plain" // ruleNewest for tasks of a plain asynq.Client (advisory: placed by arrival)
@@ -83,6 +84,7 @@ type run struct {
 	fam             Family
 	n               int
 	seq             int64
+	deliv           int64 // the delivery the run belongs to: when it began
 	start, end      int64 // end: the end record's time, or the process's death
 	effEnd          int64 // end for the overlap rule: see overlapEnd
 	outcome, cause  string
@@ -171,7 +173,8 @@ func index(w Workload, recs []Record) *history {
 		h.tasks[op.ID] = &taskHist{name: op.ID, fam: f, key: op.Key, n: op.N, maxRetry: op.MaxRetry}
 		h.order = append(h.order, op.ID)
 	}
-	open := map[string]*run{} // proc/seq → run
+	open := map[string]*run{}       // proc/seq → run
+	delivered := map[string]int64{} // proc/asynq ID → its latest delivery
 	stopAt := map[string]int64{}
 	for i := range recs {
 		r := recs[i]
@@ -185,11 +188,16 @@ func index(w Workload, recs []Record) *history {
 			if t != nil {
 				t.delivs = append(t.delivs, r)
 			}
+			delivered[r.Proc+"/"+r.AID] = r.T
 		case evStart:
 			if t == nil {
 				continue
 			}
-			ru := &run{proc: r.Proc, task: r.Task, key: t.fam.Name + "/" + t.key, fam: t.fam, n: t.n, seq: r.Seq, start: r.T, recs: []Record{r}}
+			d, ok := delivered[r.Proc+"/"+r.AID]
+			if !ok {
+				d = r.T
+			}
+			ru := &run{proc: r.Proc, task: r.Task, key: t.fam.Name + "/" + t.key, fam: t.fam, n: t.n, seq: r.Seq, deliv: d, start: r.T, recs: []Record{r}}
 			open[fmt.Sprint(r.Proc, "/", r.Seq)] = ru
 			t.runs = append(t.runs, ru)
 			h.runs = append(h.runs, ru)
@@ -297,6 +305,7 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 	vs = append(vs, h.checkNewest()...)
 	vs = append(vs, h.checkPreempt()...)
 	vs = append(vs, h.checkUnique()...)
+	vs = append(vs, h.checkThrottle()...)
 	if !drained {
 		vs = append(vs, h.violation(ruleStranded, "-", fmt.Sprintf("the queue did not drain within %s of the last enqueue", drainTimeout)))
 	}
@@ -585,4 +594,58 @@ func (h *history) checkUnique() []Violation {
 		}
 	}
 	return vs
+}
+
+// throttleSlack is how much later than the throttle dates a start (on the
+// Redis server's clock, when the run takes its key) the run's start record
+// may be: the checker counts starts in windows that much shorter than the
+// period.
+const throttleSlack = 100 * time.Millisecond
+
+// checkThrottle: under WithThrottle(n, period), no window of one period
+// holds more than n run starts of a key. As docs/rules.md states, a run
+// that waited for its task's own earlier run (a re-delivery while that run
+// went on) is that run's retry and spends no start; and a run whose process
+// was paused between its delivery and its start record is not counted (its
+// record may be any time after the throttle dated it).
+func (h *history) checkThrottle() []Violation {
+	var vs []Violation
+	byKey := map[string][]*run{}
+	for _, ru := range h.runs {
+		if ru.fam.Throttle == 0 || h.ownRetry(ru) || h.paused(ru.proc, ru.deliv, ru.start) {
+			continue
+		}
+		byKey[ru.key] = append(byKey[ru.key], ru)
+	}
+	for key, runs := range byKey {
+		slices.SortFunc(runs, func(a, b *run) int { return cmpInt(a.start, b.start) })
+		f := runs[0].fam
+		window := int64(f.Period - throttleSlack)
+		for i := f.Throttle; i < len(runs); i++ {
+			in := runs[i-f.Throttle : i+1]
+			if runs[i].start-in[0].start >= window {
+				continue
+			}
+			var evs []Record
+			var names []string
+			for _, o := range in {
+				evs = append(evs, o.recs[0])
+				names = append(names, fmt.Sprintf("%s on %s", o.task, o.proc))
+			}
+			vs = append(vs, h.violation(ruleThrottle, runs[i].task, fmt.Sprintf("key %s: %d runs began within %s (throttle %d per %s): %s",
+				key, len(in), time.Duration(runs[i].start-in[0].start).Round(time.Millisecond), f.Throttle, f.Period, strings.Join(names, ", ")), evs...))
+		}
+	}
+	return vs
+}
+
+// ownRetry reports whether ru's delivery began while another run of its
+// task went on: it waited for that run, and is its retry.
+func (h *history) ownRetry(ru *run) bool {
+	for _, o := range h.tasks[ru.task].runs {
+		if o != ru && o.start < ru.deliv && o.end > ru.deliv {
+			return true
+		}
+	}
+	return false
 }

@@ -223,3 +223,27 @@ func TestUniqueAcceptedWhileAnotherNeedsTheKeyIsReported(t *testing.T) {
 		t.Fatalf("want two unique violations, got %v", vs)
 	}
 }
+
+// Under WithThrottle(1, 1s), a second run of the key that began 490ms after
+// the first is reported, naming it; a re-delivery that waited for its own
+// earlier run, and a run a period after it, are not.
+func TestThrottleStartsOverTheBudgetAreReported(t *testing.T) {
+	h := newHist(polSkip)
+	h.w.Families[0].Throttle, h.w.Families[0].Period = 1, time.Second
+	h.enqueue(0, "a")
+	h.enqueue(0, "b")
+	h.enqueue(0, "c")
+	h.run(10, 400, "w1", "a", "error")
+	h.add(300, "w2", evDeliver, "a", nil) // a's re-delivery, waiting for its run
+	s := h.add(400, "w2", evStart, "a", nil)
+	h.add(450, "w2", evEnd, "a", func(r *Record) { r.Outcome, r.Run = "ok", s })
+	h.run(1600, 1700, "w1", "c", "ok")
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
+	h.run(500, 600, "w3", "b", "ok")
+	vs, _ := check(h.w, h.recs, nil, true)
+	if got := rules(vs); got[ruleThrottle] != 1 || vs[0].Task != "b" {
+		t.Fatalf("want one throttle violation of b, got %v", vs)
+	}
+}

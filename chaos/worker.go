@@ -68,6 +68,15 @@ func policyOf(f Family) middleware.Policy {
 	return middleware.Skip()
 }
 
+// throttleAction is what a throttled task of f does: it is put back under
+// Requeue, skipped otherwise.
+func throttleAction(f Family) middleware.Action {
+	if f.Policy == polRequeue {
+		return middleware.ActionRequeue
+	}
+	return middleware.ActionSkip
+}
+
 // Negative controls (-broken): workers that break the rules on purpose.
 const (
 	brokenNone = "none" // no middleware at all
@@ -148,9 +157,13 @@ func workerMain(args []string) error {
 			if *broken == brokenSkip {
 				pol = middleware.Skip()
 			}
-			guard, err := singleton.Middleware(locker, singleton.KeyByFields("k"),
+			opts := []singleton.Option{singleton.KeyByFields("k"),
 				singleton.WithPolicy(pol), singleton.WithLimit(f.Limit), singleton.WithTTL(w.TTL),
-				singleton.WithRedis(rdb), singleton.WithObserver(observe))
+				singleton.WithRedis(rdb), singleton.WithObserver(observe)}
+			if f.Throttle > 0 {
+				opts = append(opts, singleton.WithThrottle(f.Throttle, f.Period, throttleAction(f)))
+			}
+			guard, err := singleton.Middleware(locker, opts...)
 			if err != nil {
 				return err
 			}

@@ -43,6 +43,11 @@ type Family struct {
 	Limit  int    `json:"limit"`
 	Keys   int    `json:"keys"`
 	Client string `json:"client"`
+	// Throttle, when not zero, is WithThrottle's n: at most Throttle runs of
+	// a key begin in any window of Period (ActionSkip under Skip,
+	// ActionRequeue under Requeue).
+	Throttle int           `json:"throttle,omitempty"`
+	Period   time.Duration `json:"period,omitempty"`
 }
 
 // TaskType is the asynq task type of the family's tasks.
@@ -110,10 +115,25 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 	}
 	// Unique at enqueue, under Skip.
 	w.Families = append(w.Families, Family{Name: "f6unique", Policy: polSkip, Limit: 1, Keys: 1 + r.IntN(2), Client: cliUnique})
+	// A throttle, under Skip or Requeue: bursts meet the budget of starts.
+	th := Family{Name: "f7throttle", Policy: polSkip, Limit: 1 + r.IntN(2), Keys: 1 + r.IntN(2), Client: cliPlain,
+		Throttle: 1 + r.IntN(2), Period: time.Duration(500+r.IntN(1500)) * time.Millisecond}
+	if r.IntN(3) > 0 {
+		th.Policy = polRequeue
+	}
+	if r.IntN(2) == 0 {
+		th.Client = cliStamped
+	}
+	w.Families = append(w.Families, th)
 	// About 4 tasks a second, in bursts and streams of one key.
 	budget := int(length.Seconds() * 4)
-	for len(w.Ops) < budget {
-		fi := r.IntN(len(w.Families))
+	// Every family gets a burst or stream, however short the run; the
+	// others fall at random.
+	for b := 0; b < len(w.Families) || len(w.Ops) < budget; b++ {
+		fi := b
+		if b >= len(w.Families) {
+			fi = r.IntN(len(w.Families))
+		}
 		f := w.Families[fi]
 		key := fmt.Sprintf("k%d", r.IntN(f.Keys))
 		at := time.Duration(r.Int64N(int64(length * 9 / 10)))
