@@ -16,6 +16,7 @@ const (
 	rulePreempt     = "preempt"      // Preempt: the old run's ctx is cancelled within the bound
 	ruleUnique      = "unique"       // Unique: never two accepted tasks of a key needed at once; a refusal names a task that still needs it
 	ruleThrottle    = "throttle"     // WithThrottle(n, period): never more than n run starts of a key in any window of one period
+	ruleDebounce    = "debounce"     // Debounce: the last run of a key is of its newest task, and succeeded; an older task that did not run gave way to a newer one that did
 	ruleStranded    = "stranded"     // the queue drains once enqueues and faults stop
 	ruleLeak        = "leak"         // no key without a TTL is left behind
 	ruleNewestPlain = "newest-plain" // ruleNewest for tasks of a plain asynq.Client (advisory: placed by arrival)
@@ -306,6 +307,7 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 	vs = append(vs, h.checkPreempt()...)
 	vs = append(vs, h.checkUnique()...)
 	vs = append(vs, h.checkThrottle()...)
+	vs = append(vs, h.checkDebounce()...)
 	if !drained {
 		vs = append(vs, h.violation(ruleStranded, "-", fmt.Sprintf("the queue did not drain within %s of the last enqueue", drainTimeout)))
 	}
@@ -447,14 +449,26 @@ func (h *history) checkCover() []Violation {
 	return vs
 }
 
-// checkNewest: under KeepNewest and Preempt, the last run of each key is
-// of its newest accepted task, and succeeded.
+// exists reports whether the history shows that task t was enqueued: its
+// enqueue was accepted, or (its reply lost to a fault) it was delivered.
+func (t *taskHist) exists() bool {
+	return t.enq != nil && t.enq.Accepted || len(t.delivs) > 0
+}
+
+// checkNewest: under KeepNewest and Preempt, and for tasks enqueued with
+// Debounce (ruleDebounce), the last run of each key is of its newest
+// accepted task, and succeeded. A Debounce task whose enqueue reply was lost
+// but that was delivered counts as accepted: the middleware found it in the
+// queue.
 func (h *history) checkNewest() []Violation {
 	var vs []Violation
 	newest := map[string]*taskHist{}
 	for _, name := range h.order {
 		t := h.tasks[name]
-		if t.enq == nil || !t.enq.Accepted || (t.fam.Policy != polKeepNewest && t.fam.Policy != polPreempt) {
+		if t.fam.Policy != polKeepNewest && t.fam.Policy != polPreempt {
+			continue
+		}
+		if t.fam.Client == cliDebounce && !t.exists() || t.fam.Client != cliDebounce && (t.enq == nil || !t.enq.Accepted) {
 			continue
 		}
 		k := t.fam.Name + "/" + t.key
@@ -475,8 +489,11 @@ func (h *history) checkNewest() []Violation {
 		// Tasks of a plain asynq.Client have no order: the README places
 		// them by their arrival at Redis, which the history does not see.
 		rule := ruleNewest
-		if t.fam.Client == cliPlain {
+		switch t.fam.Client {
+		case cliPlain:
 			rule = ruleNewestPlain
+		case cliDebounce:
+			rule = ruleDebounce
 		}
 		switch {
 		case last == nil:
@@ -648,4 +665,30 @@ func (h *history) ownRetry(ru *run) bool {
 		}
 	}
 	return false
+}
+
+// checkDebounce: a task enqueued with Debounce that never ran to completion
+// gave way to a newer task of its key (docs/rules.md item 5): one that
+// exists and ran to completion, or that asynq archived when its worker was
+// killed under it with no retries left. The last run of each key is checked
+// by checkNewest.
+func (h *history) checkDebounce() []Violation {
+	var vs []Violation
+	byKey := map[string][]*taskHist{}
+	for _, name := range h.order {
+		if t := h.tasks[name]; t.fam.Client == cliDebounce && t.exists() {
+			byKey[t.fam.Name+"/"+t.key] = append(byKey[t.fam.Name+"/"+t.key], t)
+		}
+	}
+	for _, ts := range byKey {
+		for i, t := range ts {
+			if len(t.oks()) > 0 || t.exempt(h) {
+				continue
+			}
+			if !slices.ContainsFunc(ts[i+1:], func(u *taskHist) bool { return len(u.oks()) > 0 || u.exempt(h) }) {
+				vs = append(vs, h.violation(ruleDebounce, t.name, "never ran to completion, and no newer task of its key did", t.events()...))
+			}
+		}
+	}
+	return vs
 }

@@ -242,8 +242,47 @@ func TestThrottleStartsOverTheBudgetAreReported(t *testing.T) {
 		t.Fatalf("want nothing, got %v", got)
 	}
 	h.run(500, 600, "w3", "b", "ok")
+	h.wantOne(t, ruleThrottle, "b")
+}
+
+// wantOne fails t unless the history breaks exactly one rule, once, and
+// the violation names task.
+func (h *hist) wantOne(t *testing.T, rule, task string) {
+	t.Helper()
 	vs, _ := check(h.w, h.recs, nil, true)
-	if got := rules(vs); got[ruleThrottle] != 1 || vs[0].Task != "b" {
-		t.Fatalf("want one throttle violation of b, got %v", vs)
+	if len(vs) != 1 || vs[0].Rule != rule || vs[0].Task != task {
+		t.Fatalf("want one %s violation of %s, got %v", rule, task, vs)
+	}
+}
+
+// Under Debounce, an older task that gave way to a newer one that never ran
+// is reported, and so is a key whose last run is of an older task.
+func TestDebounceTaskLostOrOlderLastRunIsReported(t *testing.T) {
+	h := newHist(polKeepNewest)
+	h.w.Families[0].Client = cliDebounce
+	h.enqueue(0, "a")
+	h.enqueue(1, "b")
+	h.enqueue(2, "c")
+	h.add(1000, "w1", evDeliver, "a", nil)
+	h.add(1001, "w1", evDecision, "a", func(r *Record) { r.Kind, r.Reason = "duplicate", "superseded" })
+	h.run(1000, 1100, "w2", "c", "ok")
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
+	h.run(1200, 1300, "w1", "b", "ok")
+	h.wantOne(t, ruleDebounce, "c")
+
+	h = newHist(polKeepNewest)
+	h.w.Families[0].Client = cliDebounce
+	h.enqueue(0, "a")
+	h.enqueue(1, "b")
+	h.add(1000, "w1", evDeliver, "a", nil)
+	h.add(1001, "w1", evDecision, "a", func(r *Record) { r.Kind, r.Reason = "duplicate", "superseded" })
+	h.add(1000, "w2", evDeliver, "b", nil)
+	s := h.add(1000, "w2", evStart, "b", nil)
+	h.add(1100, "w2", evEnd, "b", func(r *Record) { r.Outcome, r.Cause, r.Run = "cancelled", "preempted", s })
+	vs, _ := check(h.w, h.recs, nil, true)
+	if got := rules(vs); got[ruleDebounce] != 3 {
+		t.Fatalf("want three debounce violations (a lost, b lost, b's last run not ok), got %v", vs)
 	}
 }

@@ -313,6 +313,14 @@ func (r *seedRun) enqueueAll() error {
 	if err != nil {
 		return err
 	}
+	debounce := map[int]*singleton.Client{}
+	for i, f := range r.w.Families {
+		if f.Client == cliDebounce {
+			if debounce[i], err = singleton.NewClient(plain, r.rdb, singleton.KeyByFields("k"), singleton.Debounce(locker, f.Quiet, f.MaxWait)); err != nil {
+				return err
+			}
+		}
+	}
 	begin := time.Now()
 	for _, op := range r.w.Ops {
 		time.Sleep(time.Until(begin.Add(op.At)))
@@ -333,6 +341,8 @@ func (r *seedRun) enqueueAll() error {
 			info, err = park.Enqueue(task, opts...)
 		case cliUnique:
 			info, err = unique.Enqueue(task, opts...)
+		case cliDebounce:
+			info, err = debounce[op.Fam].Enqueue(task, opts...)
 		default:
 			info, err = plain.Enqueue(task, opts...)
 		}

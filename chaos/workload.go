@@ -19,10 +19,11 @@ const (
 
 // Enqueue modes of a family.
 const (
-	cliPlain   = "plain"   // asynq.Client
-	cliStamped = "stamped" // singleton.NewClient (EnqueuedAtHeader)
-	cliPark    = "park"    // singleton.NewClient with ParkAtEnqueue
-	cliUnique  = "unique"  // singleton.NewClient with Unique(UntilExecuted)
+	cliPlain    = "plain"    // asynq.Client
+	cliStamped  = "stamped"  // singleton.NewClient (EnqueuedAtHeader)
+	cliPark     = "park"     // singleton.NewClient with ParkAtEnqueue
+	cliUnique   = "unique"   // singleton.NewClient with Unique(UntilExecuted)
+	cliDebounce = "debounce" // singleton.NewClient with Debounce(Quiet, MaxWait)
 )
 
 // Fault kinds.
@@ -48,6 +49,9 @@ type Family struct {
 	// ActionRequeue under Requeue).
 	Throttle int           `json:"throttle,omitempty"`
 	Period   time.Duration `json:"period,omitempty"`
+	// Quiet and MaxWait are the Debounce options of a debounce family.
+	Quiet   time.Duration `json:"quiet,omitempty"`
+	MaxWait time.Duration `json:"max_wait,omitempty"`
 }
 
 // TaskType is the asynq task type of the family's tasks.
@@ -125,6 +129,16 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 		th.Client = cliStamped
 	}
 	w.Families = append(w.Families, th)
+	// Debounce at enqueue, under KeepNewest or Preempt (as its doc says).
+	db := Family{Name: "f8debounce", Policy: polKeepNewest, Limit: 1, Keys: 1 + r.IntN(2), Client: cliDebounce,
+		Quiet: time.Duration(100+r.IntN(600)) * time.Millisecond}
+	if r.IntN(2) == 0 {
+		db.Policy = polPreempt
+	}
+	if r.IntN(2) == 0 {
+		db.MaxWait = db.Quiet + time.Duration(r.IntN(2000))*time.Millisecond
+	}
+	w.Families = append(w.Families, db)
 	// About 4 tasks a second, in bursts and streams of one key.
 	budget := int(length.Seconds() * 4)
 	// Every family gets a burst or stream, however short the run; the
