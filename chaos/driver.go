@@ -417,6 +417,8 @@ func (r *seedRun) runFaults() {
 				fmt.Fprintln(os.Stderr, "chaos: restart redis-server:", err)
 			}
 			r.rec.add(Record{Ev: evFault, Fault: "redis-up", Target: "redis"})
+		case faultPubsub:
+			r.cutPubsub()
 		case faultStop:
 			r.rec.add(Record{Ev: evFault, Fault: faultStop, Target: p.name})
 			_ = p.cmd.Process.Signal(syscall.SIGSTOP)
@@ -425,6 +427,17 @@ func (r *seedRun) runFaults() {
 			r.rec.add(Record{Ev: evFault, Fault: "cont", Target: p.name})
 		}
 	}
+}
+
+// cutPubsub closes every pub/sub connection of the run's Redis, and
+// records how many it closed.
+func (r *seedRun) cutPubsub() Record {
+	n, err := r.rdb.ClientKillByFilter(context.Background(), "TYPE", "pubsub").Result()
+	rec := Record{Ev: evFault, Fault: faultPubsub, Target: "redis", Killed: n}
+	if err != nil {
+		rec.Err = err.Error()
+	}
+	return r.rec.add(rec)
 }
 
 func (r *seedRun) replace() {

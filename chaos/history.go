@@ -52,6 +52,7 @@ type Record struct {
 	Err      string `json:"err,omitempty"`
 	Fault    string `json:"fault,omitempty"`
 	Target   string `json:"target,omitempty"` // the process a fault hit
+	Killed   int64  `json:"killed,omitempty"` // a pub/sub cut: how many connections it closed
 	Sent     int64  `json:"sent,omitempty"`   // an enqueue: the wall clock when the call began (T is when it returned)
 	Holder   string `json:"holder,omitempty"` // a refused Unique enqueue: the asynq ID of the task holding the key
 	RedisUS  int64  `json:"redis_us,omitempty"`

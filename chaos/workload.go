@@ -35,6 +35,10 @@ const (
 	// starts it again after Hold: every connection, pub/sub included, is
 	// cut. Only when the run started its redis-server itself.
 	faultRedis = "redis"
+	// faultPubsub cuts every pub/sub connection of the Redis (CLIENT KILL
+	// TYPE pubsub) and nothing else: the Lockers' lease notices and wake-ups
+	// are lost until they reconnect and resubscribe.
+	faultPubsub = "pubsub"
 )
 
 // Family is a group of keys sharing a task type and a middleware setup.
@@ -185,7 +189,7 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 	}
 	if faults {
 		n := 1 + int(length/(8*time.Second))
-		kinds := []string{faultKill, faultTerm, faultStop, faultRedis}
+		kinds := []string{faultKill, faultTerm, faultStop, faultRedis, faultPubsub}
 		first := r.IntN(len(kinds))
 		for i := range n {
 			f := Fault{At: length/10 + time.Duration(r.Int64N(int64(length*8/10))), Kind: kinds[(first+i)%len(kinds)], Target: r.IntN(w.Workers)}
