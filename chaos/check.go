@@ -5,6 +5,10 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/lockkit"
 )
 
 // Rules the checkers enforce, as named in violations.
@@ -18,7 +22,7 @@ const (
 	ruleThrottle    = "throttle"     // WithThrottle(n, period): never more than n run starts of a key in any window of one period
 	ruleDebounce    = "debounce"     // Debounce: the last run of a key is of its newest task, and succeeded; an older task that did not run gave way to a newer one that did
 	ruleStranded    = "stranded"     // the queue drains once enqueues and faults stop
-	ruleLeak        = "leak"         // no key without a TTL is left behind
+	ruleLeak        = "leak"         // once quiet, only documented records are left, none longer than its retention
 	ruleNewestPlain = "newest-plain" // ruleNewest for tasks of a plain asynq.Client (advisory: placed by arrival)
 )
 
@@ -311,11 +315,7 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 	if !drained {
 		vs = append(vs, h.violation(ruleStranded, "-", fmt.Sprintf("the queue did not drain within %s of the last enqueue", drainTimeout)))
 	}
-	for _, k := range keys {
-		if k.TTL < 0 {
-			vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s has no TTL", k.Key)))
-		}
-	}
+	vs = append(vs, h.checkLeak(keys)...)
 	return vs, st
 }
 
@@ -688,6 +688,97 @@ func (h *history) checkDebounce() []Violation {
 			if !slices.ContainsFunc(ts[i+1:], func(u *taskHist) bool { return len(u.oks()) > 0 || u.exempt(h) }) {
 				vs = append(vs, h.violation(ruleDebounce, t.name, "never ran to completion, and no newer task of its key did", t.events()...))
 			}
+		}
+	}
+	return vs
+}
+
+// Retentions of the records a quiet run may leave under the lock key prefix,
+// as lockkit's scripts and docs state them.
+const (
+	// parkKeep: the key's order and epoch (P{K}:m) and its follow-up record
+	// (P{K}:u) are kept 10 minutes after a run with an order or a park.
+	parkKeep = 10 * time.Minute
+	// fenceKeep: the last fencing token (P{K}:f), and the plain form's
+	// record of it ("~<token>" in P{K}:h), are kept for a second.
+	fenceKeep = time.Second
+)
+
+// releasedKeep is how long a released holder is remembered (P{K}:d,
+// P{K}:d:<token>): the client's retry window, (MaxRetries+1) ×
+// (ReadTimeout + MaxRetryBackoff), between a second and a minute (NewRedis),
+// for the go-redis options of every chaos process (the defaults).
+func releasedKeep() time.Duration {
+	c := redis.NewClient(&redis.Options{})
+	defer c.Close()
+	o := c.Options()
+	return min(max(time.Duration(o.MaxRetries+1)*(o.ReadTimeout+o.MaxRetryBackoff), time.Second), time.Minute)
+}
+
+// checkLeak: once the run was quiet for the longest lease TTL and park
+// hold, the state of every key is back to its baseline (nothing: the run
+// began on an empty database). What may remain are records, each for at most
+// its documented retention:
+//   - P{K}:h, the holders, only as records of ended holders (scored
+//     negative: completions, kept lockkit.CompletedRetention, and shorter
+//     ones), no live holder; or in the plain form "~<token>", for fenceKeep;
+//   - P{K}:d and P{K}:d:<token>, released holders, for releasedKeep;
+//   - P{K}:m (last epoch, latest run's order) and P{K}:u (follow-up), for
+//     parkKeep plus a lease TTL;
+//   - P{K}:c, the last Coalesce success, for lockkit.DefaultCoverFor;
+//   - P{K}:b, Debounce's newest request, for lockkit.DebounceRetention
+//     after it was due;
+//   - P{K}:t and P{K}:tr, a throttle's starts and reservations, for its period;
+//   - P{K}:f, the last fencing token, for fenceKeep.
+//
+// Waiters (P{K}:w, P{K}:q) and parked jobs (P{K}:k) are state, not records:
+// none may remain.
+func (h *history) checkLeak(keys []keyTTL) []Violation {
+	var period time.Duration
+	for _, f := range h.w.Families {
+		period = max(period, f.Period)
+	}
+	released := releasedKeep()
+	var vs []Violation
+	for _, k := range keys {
+		kind := ""
+		if i := strings.LastIndex(k.Key, "}:"); i >= 0 {
+			kind = k.Key[i+2:]
+		}
+		if strings.HasPrefix(kind, "d:") {
+			kind = "d"
+		}
+		var keep time.Duration
+		switch kind {
+		case "h":
+			keep = lockkit.CompletedRetention
+			if k.Type == "string" {
+				keep = fenceKeep
+			}
+			if k.Live > 0 {
+				vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s holds %d live holders", k.Key, k.Live)))
+				continue
+			}
+		case "d":
+			keep = released
+		case "m", "u":
+			keep = parkKeep + h.w.TTL
+		case "c":
+			keep = lockkit.DefaultCoverFor
+		case "b":
+			keep = lockkit.DebounceRetention + time.Minute
+		case "t", "tr":
+			keep = period
+		case "f":
+			keep = fenceKeep
+		}
+		switch {
+		case keep == 0:
+			vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s is left (TTL %s): no record of this kind may remain", k.Key, k.TTL)))
+		case k.TTL < 0:
+			vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s has no TTL", k.Key)))
+		case k.TTL > keep:
+			vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s is kept %s more, longer than its retention (%s)", k.Key, k.TTL.Round(time.Second), keep)))
 		}
 	}
 	return vs

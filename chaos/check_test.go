@@ -286,3 +286,34 @@ func TestDebounceTaskLostOrOlderLastRunIsReported(t *testing.T) {
 		t.Fatalf("want three debounce violations (a lost, b lost, b's last run not ok), got %v", vs)
 	}
 }
+
+// Once quiet, records may remain for their documented retention; a live
+// holder, a waiter, a parked job, a record kept longer than its retention
+// and a key without a TTL are reported.
+func TestLeakReportsStateAndOverlongRecords(t *testing.T) {
+	h := newHist(polSkip)
+	ok := []keyTTL{
+		{Key: "p:{k}:h", TTL: 23 * time.Hour, Type: "zset"}, // a completion record
+		{Key: "p:{k}:h", TTL: 500 * time.Millisecond, Type: "string"},
+		{Key: "p:{k}:d:123", TTL: 10 * time.Second, Type: "string"},
+		{Key: "p:{k}:m", TTL: 9 * time.Minute, Type: "hash"},
+		{Key: "p:{k}:c", TTL: 23 * time.Hour, Type: "string"},
+		{Key: "p:{k}:b", TTL: 24 * time.Hour, Type: "hash"},
+	}
+	bad := []keyTTL{
+		{Key: "p:{k}:h", TTL: time.Second, Type: "zset", Live: 1},
+		{Key: "p:{k}:h", TTL: time.Hour, Type: "string"},
+		{Key: "p:{k}:w", TTL: time.Second, Type: "zset"},
+		{Key: "p:{k}:k", TTL: 9 * time.Minute, Type: "zset"},
+		{Key: "p:{k}:d", TTL: releasedKeep() + time.Second, Type: "zset"},
+		{Key: "p:{k}:c", TTL: -1, Type: "string"},
+	}
+	vs, _ := check(h.w, h.recs, ok, true)
+	if len(vs) != 0 {
+		t.Fatalf("want nothing, got %v", vs)
+	}
+	vs, _ = check(h.w, h.recs, append(ok, bad...), true)
+	if got := rules(vs); got[ruleLeak] != len(bad) || len(vs) != len(bad) {
+		t.Fatalf("want %d leak violations, got %v", len(bad), vs)
+	}
+}

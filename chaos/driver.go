@@ -160,7 +160,7 @@ func runSeed(o options, seed uint64) (result, error) {
 	st.keysLeft = len(keys)
 	var kb strings.Builder
 	for _, k := range keys {
-		fmt.Fprintf(&kb, "%s %s\n", k.Key, k.TTL)
+		fmt.Fprintf(&kb, "%s %s %s live=%d\n", k.Key, k.Type, k.TTL, k.Live)
 	}
 	_ = os.WriteFile(filepath.Join(dir, "keys.txt"), []byte(kb.String()), 0o644)
 	res := result{seed: seed, dir: dir, w: w, stats: st, violations: vs}
@@ -530,23 +530,52 @@ func (r *seedRun) drain() bool {
 	return false
 }
 
-// keyTTL is a key left under the run's lock key prefix and its TTL.
+// keyTTL is a key left under the run's lock key prefix, its TTL, its type,
+// and how many members of it (a sorted set) are scored after the Redis
+// server's clock in milliseconds: in a holders key, live holders (a holders
+// key in the plain form, a string, has one unless it is the "~<token>"
+// record).
 type keyTTL struct {
-	Key string
-	TTL time.Duration // -1: none
+	Key  string
+	TTL  time.Duration // -1: none
+	Type string
+	Live int
 }
 
 // keysLeft lists the keys under the run's lock key prefix.
 func (r *seedRun) keysLeft() ([]keyTTL, error) {
 	ctx := context.Background()
+	now, err := r.rdb.Time(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
 	var out []keyTTL
 	iter := r.rdb.Scan(ctx, 0, r.prefix+"*", 200).Iterator()
 	for iter.Next(ctx) {
-		ttl, err := r.rdb.PTTL(ctx, iter.Val()).Result()
-		if err != nil {
+		k := keyTTL{Key: iter.Val()}
+		if k.TTL, err = r.rdb.PTTL(ctx, k.Key).Result(); err != nil {
 			return nil, err
 		}
-		out = append(out, keyTTL{iter.Val(), ttl})
+		if k.Type, err = r.rdb.Type(ctx, k.Key).Result(); err != nil {
+			return nil, err
+		}
+		switch {
+		case k.Type == "zset":
+			live, err := r.rdb.ZCount(ctx, k.Key, fmt.Sprintf("(%d", now.UnixMilli()), "+inf").Result()
+			if err != nil {
+				return nil, err
+			}
+			k.Live = int(live)
+		case k.Type == "string" && strings.HasSuffix(k.Key, ":h"):
+			v, err := r.rdb.Get(ctx, k.Key).Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return nil, err
+			}
+			if err == nil && !strings.HasPrefix(v, "~") {
+				k.Live = 1
+			}
+		}
+		out = append(out, k)
 	}
 	return out, iter.Err()
 }
