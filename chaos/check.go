@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -22,6 +23,7 @@ const (
 	ruleThrottle    = "throttle"     // WithThrottle(n, period): never more than n run starts of a key in any window of one period
 	ruleDebounce    = "debounce"     // Debounce: the last run of a key is of its newest task, and succeeded; an older task that did not run gave way to a newer one that did
 	ruleStranded    = "stranded"     // the queue drains once enqueues and faults stop
+	rulePeriodic    = "periodic"     // a Scheduler's tick is enqueued once: never twice, none missed
 	ruleLeak        = "leak"         // once quiet, only documented records are left, none longer than its retention
 	ruleNewestPlain = "newest-plain" // ruleNewest for tasks of a plain asynq.Client (advisory: placed by arrival)
 )
@@ -143,8 +145,8 @@ func (t *taskHist) events() []Record {
 
 // stats are a run's figures.
 type stats struct {
-	accepted, refused, deliveries, runs, excused, keysLeft int
-	decisions                                              map[string]int
+	accepted, refused, ticks, deliveries, runs, excused, keysLeft int
+	decisions                                                     map[string]int
 }
 
 type interval struct{ from, to int64 }
@@ -184,9 +186,15 @@ func index(w Workload, recs []Record) *history {
 	for i := range recs {
 		r := recs[i]
 		t := h.tasks[r.Task]
+		if t == nil && r.Task != "" && h.fams[r.Fam].Client == cliPeriodic && (r.Ev == evEnqueue || r.Ev == evDeliver) {
+			// A Scheduler's tick, named by its task ID.
+			t = &taskHist{name: r.Task, fam: h.fams[r.Fam], key: r.Key, maxRetry: periodicMaxRetry}
+			h.tasks[r.Task] = t
+			h.order = append(h.order, r.Task)
+		}
 		switch r.Ev {
 		case evEnqueue:
-			if t != nil {
+			if t != nil && (t.enq == nil || !t.enq.Accepted) {
 				t.enq = &recs[i]
 			}
 		case evDeliver:
@@ -287,6 +295,9 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 	h := index(w, recs)
 	st := stats{decisions: map[string]int{}}
 	for _, t := range h.tasks {
+		if t.fam.Client == cliPeriodic {
+			st.ticks++
+		}
 		if t.enq != nil && t.enq.Accepted {
 			st.accepted++
 		} else if t.enq != nil {
@@ -312,6 +323,7 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 	vs = append(vs, h.checkUnique()...)
 	vs = append(vs, h.checkThrottle()...)
 	vs = append(vs, h.checkDebounce()...)
+	vs = append(vs, h.checkPeriodic()...)
 	if !drained {
 		vs = append(vs, h.violation(ruleStranded, "-", fmt.Sprintf("the queue did not drain within %s of the last enqueue", drainTimeout)))
 	}
@@ -394,7 +406,7 @@ func (h *history) checkRuns() []Violation {
 		if t.enq == nil || !t.enq.Accepted {
 			continue
 		}
-		if t.fam.Policy != polRequeue && t.fam.Policy != polWait && t.fam.Client != cliPark {
+		if t.fam.Policy != polRequeue && t.fam.Policy != polWait && t.fam.Client != cliPark && t.fam.Client != cliPeriodic {
 			continue
 		}
 		oks := t.oks()
@@ -779,6 +791,66 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 			vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s has no TTL", k.Key)))
 		case k.TTL > keep:
 			vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s is kept %s more, longer than its retention (%s)", k.Key, k.TTL.Round(time.Second), keep)))
+		}
+	}
+	return vs
+}
+
+// checkPeriodic: the Schedulers of the worker processes, each firing by a
+// clock of its own (Workload.Offsets), enqueue every tick of a periodic
+// family once (periodic's package doc): no two enqueues of one tick (its
+// task ID) are accepted, and no tick between the first and the last is
+// missing (neither an accepted enqueue nor a delivery of it), but those due
+// while Redis was down (from a second before its kill to a second after it
+// was up again: every replica's enqueue failed). That each accepted tick
+// runs to completion once is checkRuns'.
+func (h *history) checkPeriodic() []Violation {
+	var vs []Violation
+	type tick struct {
+		fam string
+		at  int64 // ms
+	}
+	seen := map[tick]bool{}
+	accepted := map[string][]Record{}
+	var down []interval
+	for _, r := range h.records {
+		switch {
+		case r.Ev == evFault && r.Fault == faultRedis:
+			down = append(down, interval{r.T - int64(time.Second), h.lastT})
+		case r.Ev == evFault && r.Fault == "redis-up" && len(down) > 0:
+			down[len(down)-1].to = r.T + int64(time.Second)
+		case (r.Ev == evEnqueue && r.Accepted || r.Ev == evDeliver) && h.fams[r.Fam].Client == cliPeriodic:
+			i := strings.LastIndexByte(r.Task, ':')
+			ms, err := strconv.ParseInt(r.Task[i+1:], 10, 64)
+			if i < 0 || err != nil {
+				vs = append(vs, h.violation(rulePeriodic, r.Task, "a tick's task ID that names no tick", r))
+				continue
+			}
+			seen[tick{r.Fam, ms}] = true
+			if r.Ev == evEnqueue {
+				accepted[r.Task] = append(accepted[r.Task], r)
+			}
+		}
+	}
+	for _, name := range h.order {
+		if a := accepted[name]; len(a) > 1 {
+			vs = append(vs, h.violation(rulePeriodic, name, fmt.Sprintf("enqueued %d times (by %s and %s)", len(a), a[0].Proc, a[1].Proc), a...))
+		}
+	}
+	first, last := map[string]int64{}, map[string]int64{}
+	for t := range seen {
+		if f, ok := first[t.fam]; !ok || t.at < f {
+			first[t.fam] = t.at
+		}
+		last[t.fam] = max(last[t.fam], t.at)
+	}
+	for fam, from := range first {
+		for at := from; at <= last[fam]; at += 1000 {
+			ns := at * int64(time.Millisecond)
+			if seen[tick{fam, at}] || slices.ContainsFunc(down, func(d interval) bool { return d.from <= ns && ns <= d.to }) {
+				continue
+			}
+			vs = append(vs, h.violation(rulePeriodic, fmt.Sprintf("%s@%d", fam, at), fmt.Sprintf("the tick due at +%.3fs was never enqueued", time.Duration(ns-h.base).Seconds())))
 		}
 	}
 	return vs

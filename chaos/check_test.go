@@ -3,6 +3,7 @@ package main
 import (
 	"compress/gzip"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -316,4 +317,34 @@ func TestLeakReportsStateAndOverlongRecords(t *testing.T) {
 	if got := rules(vs); got[ruleLeak] != len(bad) || len(vs) != len(bad) {
 		t.Fatalf("want %d leak violations, got %v", len(bad), vs)
 	}
+}
+
+// A tick two replicas both enqueued, and a tick nobody enqueued while Redis
+// was up, are reported; a tick due while Redis was down is not.
+func TestPeriodicTickEnqueuedTwiceOrMissedIsReported(t *testing.T) {
+	h := newHist(polRequeue)
+	h.w.Families[0].Client = cliPeriodic
+	tick := func(ms int, proc string) {
+		id := fmt.Sprintf("periodic:e:%d", ms)
+		h.add(ms, proc, evEnqueue, id, func(r *Record) { r.Accepted, r.AID = true, id })
+		h.run(ms+10, ms+40, "w1", id, "ok")
+	}
+	tick(1000, "w1")
+	h.add(3900, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = faultRedis, "redis" })
+	h.add(4200, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = "redis-up", "redis" })
+	tick(6000, "w2")
+	for _, ms := range []int{2000, 3000} {
+		tick(ms, "w3")
+	}
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
+	h.add(6005, "w3", evEnqueue, "periodic:e:6000", func(r *Record) { r.Accepted, r.AID = true, "periodic:e:6000" })
+	h.wantOne(t, rulePeriodic, "periodic:e:6000")
+
+	h = newHist(polRequeue)
+	h.w.Families[0].Client = cliPeriodic
+	tick(1000, "w1")
+	tick(3000, "w2")
+	h.wantOne(t, rulePeriodic, "f@2000")
 }

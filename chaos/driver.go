@@ -66,8 +66,8 @@ type result struct {
 
 func (r result) summary() string {
 	n := failing(r.violations)
-	return fmt.Sprintf("seed %d: %d tasks (%d accepted), %d deliveries, %d runs (%d counted short: lease lost or paused), %d faults %v, %d keys left; %d violations, %d advisory",
-		r.seed, len(r.w.Ops), r.stats.accepted, r.stats.deliveries, r.stats.runs, r.stats.excused, len(r.w.Faults), faultKinds(r.w), r.stats.keysLeft, n, len(r.violations)-n)
+	return fmt.Sprintf("seed %d: %d tasks and %d ticks (%d accepted), %d deliveries, %d runs (%d counted short: lease lost or paused), %d faults %v, %d keys left; %d violations, %d advisory",
+		r.seed, len(r.w.Ops), r.stats.ticks, r.stats.accepted, r.stats.deliveries, r.stats.runs, r.stats.excused, len(r.w.Faults), faultKinds(r.w), r.stats.keysLeft, n, len(r.violations)-n)
 }
 
 func (r result) perRule() map[string]int {
@@ -143,6 +143,7 @@ func runSeed(o options, seed uint64) (result, error) {
 		return result{}, err
 	}
 	wg.Wait()
+	r.stopSchedulers()
 	drained := r.drain()
 	// Quiet for the longest TTL a key is held by a lease or a reservation.
 	time.Sleep(max(w.TTL, lockkit.DefaultParkHold) + time.Second)
@@ -222,9 +223,9 @@ func (s *redisServer) stop() { _ = s.cmd.Process.Kill(); _ = s.cmd.Wait() }
 func (r *seedRun) startWorker() error {
 	r.mu.Lock()
 	r.count++
-	name := fmt.Sprintf("w%d", r.count)
+	name, offset := fmt.Sprintf("w%d", r.count), r.w.offset(r.count)
 	r.mu.Unlock()
-	args := []string{"worker", "-id", name, "-addr", r.addr, "-dir", r.dir, "-prefix", r.prefix, "-queue", r.queue}
+	args := []string{"worker", "-id", name, "-addr", r.addr, "-dir", r.dir, "-prefix", r.prefix, "-queue", r.queue, "-offset", offset.String()}
 	if r.o.broken != "" {
 		args = append(args, "-broken", r.o.broken)
 	}
@@ -438,6 +439,16 @@ func (r *seedRun) cutPubsub() Record {
 		rec.Err = err.Error()
 	}
 	return r.rec.add(rec)
+}
+
+// stopSchedulers stops the Schedulers of the live workers (SIGUSR1): no
+// tick is fired once the run is to go quiet.
+func (r *seedRun) stopSchedulers() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.live {
+		_ = p.cmd.Process.Signal(syscall.SIGUSR1)
+	}
 }
 
 func (r *seedRun) replace() {

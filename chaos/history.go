@@ -53,6 +53,7 @@ type Record struct {
 	Fault    string `json:"fault,omitempty"`
 	Target   string `json:"target,omitempty"` // the process a fault hit
 	Killed   int64  `json:"killed,omitempty"` // a pub/sub cut: how many connections it closed
+	Offset   int64  `json:"offset,omitempty"` // a worker's ready record: its Scheduler's clock offset (ns)
 	Sent     int64  `json:"sent,omitempty"`   // an enqueue: the wall clock when the call began (T is when it returned)
 	Holder   string `json:"holder,omitempty"` // a refused Unique enqueue: the asynq ID of the task holding the key
 	RedisUS  int64  `json:"redis_us,omitempty"`

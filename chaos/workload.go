@@ -24,6 +24,7 @@ const (
 	cliPark     = "park"     // singleton.NewClient with ParkAtEnqueue
 	cliUnique   = "unique"   // singleton.NewClient with Unique(UntilExecuted)
 	cliDebounce = "debounce" // singleton.NewClient with Debounce(Quiet, MaxWait)
+	cliPeriodic = "periodic" // a periodic.Scheduler in every worker, "@every 1s"; no enqueue of the driver's
 )
 
 // Fault kinds.
@@ -93,6 +94,18 @@ type Workload struct {
 	Families []Family      `json:"families"`
 	Ops      []Op          `json:"ops"`
 	Faults   []Fault       `json:"faults"`
+	// Offsets are the clocks of the worker processes' Schedulers: the n-th
+	// process started (replacements included) fires by the wall clock plus
+	// Offsets[(n-1) % len(Offsets)].
+	Offsets []time.Duration `json:"offsets"`
+}
+
+// offset is the clock offset of the n-th worker process (from 1).
+func (w Workload) offset(n int) time.Duration {
+	if len(w.Offsets) == 0 {
+		return 0
+	}
+	return w.Offsets[(n-1)%len(w.Offsets)]
 }
 
 // leaseTTL is the lease TTL of every chaos middleware: short, so that a
@@ -143,14 +156,23 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 		db.MaxWait = db.Quiet + time.Duration(r.IntN(2000))*time.Millisecond
 	}
 	w.Families = append(w.Families, db)
+	// Ticks every worker's Scheduler fires, under Requeue (a tick delivered
+	// while the previous one runs is run after it, not skipped).
+	w.Families = append(w.Families, Family{Name: "f9periodic", Policy: polRequeue, Limit: 1, Keys: 1, Client: cliPeriodic})
+	var enqueued []int // the families the driver enqueues
+	for i, f := range w.Families {
+		if f.Client != cliPeriodic {
+			enqueued = append(enqueued, i)
+		}
+	}
 	// About 4 tasks a second, in bursts and streams of one key.
 	budget := int(length.Seconds() * 4)
 	// Every family gets a burst or stream, however short the run; the
 	// others fall at random.
-	for b := 0; b < len(w.Families) || len(w.Ops) < budget; b++ {
-		fi := b
-		if b >= len(w.Families) {
-			fi = r.IntN(len(w.Families))
+	for b := 0; b < len(enqueued) || len(w.Ops) < budget; b++ {
+		fi := enqueued[b%len(enqueued)]
+		if b >= len(enqueued) {
+			fi = enqueued[r.IntN(len(enqueued))]
 		}
 		f := w.Families[fi]
 		key := fmt.Sprintf("k%d", r.IntN(f.Keys))
@@ -202,6 +224,10 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 			w.Faults = append(w.Faults, f)
 		}
 		slices.SortStableFunc(w.Faults, func(a, b Fault) int { return int(a.At - b.At) })
+	}
+	// Clocks up to 400ms apart either way, as replicas' clocks drift.
+	for range 8 {
+		w.Offsets = append(w.Offsets, time.Duration(r.IntN(801)-400)*time.Millisecond)
 	}
 	return w
 }
