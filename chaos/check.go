@@ -272,7 +272,7 @@ func (h *history) overlapEnd(ru *run) int64 {
 			e, ru.excused = ru.cancelAt, "told its lease was lost"
 		}
 	case "preempted":
-		if g := ru.cancelAt + int64(preemptGrace); g < e {
+		if g := h.preemptedAt(ru) + int64(preemptGrace); g < e {
 			e, ru.excused = g, "preempted, past its grace"
 		}
 	}
@@ -282,6 +282,29 @@ func (h *history) overlapEnd(ru *run) int64 {
 		}
 	}
 	return e
+}
+
+// preemptedAt is the earliest time the preemption of ru may have ended its
+// lease's renewals, which the grace counts from: the latest delivery of a
+// newer task of its key before ru was told (the preempting acquire follows
+// its task's delivery, and ru hears of it a little later), or else when ru
+// was told.
+func (h *history) preemptedAt(ru *run) int64 {
+	at := int64(0)
+	for _, t := range h.tasks {
+		if t.fam.Name+"/"+t.key != ru.key || t.n <= ru.n {
+			continue
+		}
+		for _, d := range t.delivs {
+			if d.T >= ru.start && d.T <= ru.cancelAt {
+				at = max(at, d.T)
+			}
+		}
+	}
+	if at == 0 {
+		return ru.cancelAt
+	}
+	return at
 }
 
 func (h *history) violation(rule, task, msg string, events ...Record) Violation {
