@@ -145,6 +145,9 @@ func runSeed(o options, seed uint64) (result, error) {
 	wg.Wait()
 	r.stopSchedulers()
 	drained := r.drain()
+	if !drained {
+		r.recordLeft()
+	}
 	// Quiet for the longest TTL a key is held by a lease or a reservation.
 	time.Sleep(max(w.TTL, lockkit.DefaultParkHold) + time.Second)
 	keys, err := r.keysLeft()
@@ -539,6 +542,27 @@ func (r *seedRun) drain() bool {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return false
+}
+
+// recordLeft records, for the reader of a run that did not drain, every
+// task still in the queue: its state, when it is next due, how often it
+// was retried and its last error.
+func (r *seedRun) recordLeft() {
+	insp := asynq.NewInspectorFromRedisClient(r.rdb)
+	for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){
+		insp.ListPendingTasks, insp.ListActiveTasks, insp.ListScheduledTasks, insp.ListRetryTasks,
+	} {
+		infos, _ := list(r.queue)
+		for _, info := range infos {
+			var p payload
+			_ = json.Unmarshal(info.Payload, &p)
+			rec := Record{Ev: evLeft, Task: p.ID, AID: info.ID, Fam: p.Fam, Key: p.K, N: p.N, Kind: info.State.String(), Retry: info.Retried, Err: info.LastErr}
+			if !info.NextProcessAt.IsZero() {
+				rec.Sent = info.NextProcessAt.UnixNano()
+			}
+			r.rec.add(rec)
+		}
+	}
 }
 
 // keyTTL is a key left under the run's lock key prefix, its TTL, its type,

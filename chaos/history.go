@@ -23,6 +23,7 @@ const (
 	evClock    = "clock"    // the Redis server's clock (RedisUS) at T
 	evExit     = "exit"     // the process is about to exit
 	evReady    = "ready"    // the worker's server started
+	evLeft     = "left"     // a task still in the queue when the run did not drain: Kind (its state), Sent (when it is next due), Retry, Err
 )
 
 // Record is one line of a history. T is the wall clock (Unix ns; every process
