@@ -287,8 +287,8 @@ func (h *history) overlapEnd(ru *run) int64 {
 // preemptedAt is the earliest time the preemption of ru may have ended its
 // lease's renewals, which the grace counts from: the latest delivery of a
 // newer task of its key before ru was told (the preempting acquire follows
-// its task's delivery, and ru hears of it a little later), or else when ru
-// was told.
+// its task's delivery, which may come before ru's start, and ru hears of it
+// a little later), or else when ru was told.
 func (h *history) preemptedAt(ru *run) int64 {
 	at := int64(0)
 	for _, t := range h.tasks {
@@ -296,7 +296,7 @@ func (h *history) preemptedAt(ru *run) int64 {
 			continue
 		}
 		for _, d := range t.delivs {
-			if d.T >= ru.start && d.T <= ru.cancelAt {
+			if d.T <= ru.cancelAt {
 				at = max(at, d.T)
 			}
 		}

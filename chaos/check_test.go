@@ -350,27 +350,27 @@ func TestPeriodicTickEnqueuedTwiceOrMissedIsReported(t *testing.T) {
 }
 
 // A preempted run counts for the overlap rule until the grace after the
-// preempting task's delivery, not after the run heard of it: a newer run
-// that begins when the grace ran out is fine, one that begins before is
-// reported.
+// preempting task's delivery (which may come before the run's start), not
+// after the run heard of it: a newer run that begins when the grace ran out
+// is fine, one that begins before is reported.
 func TestPreemptedRunCountsUntilTheGraceAfterThePreemption(t *testing.T) {
 	grace := int(preemptGrace / time.Millisecond)
 	for _, c := range []struct {
-		start int
-		want  int
-	}{{100 + grace + 2, 0}, {100 + grace - 20, 1}} {
+		deliv, start int
+		want         int
+	}{{100, 100 + grace + 2, 0}, {100, 100 + grace - 20, 1}, {8, 8 + grace + 2, 0}, {8, 8 + grace - 20, 1}} {
 		h := newHist(polPreempt)
 		h.enqueue(0, "a")
 		h.enqueue(1, "b")
 		h.add(10, "w1", evDeliver, "a", nil)
 		s := h.add(10, "w1", evStart, "a", nil)
-		h.add(100, "w2", evDeliver, "b", nil)
+		h.add(c.deliv, "w2", evDeliver, "b", nil)
 		h.add(110, "w1", evCancel, "a", func(r *Record) { r.Cause, r.Run = "preempted", s })
 		h.add(2000, "w1", evEnd, "a", func(r *Record) { r.Outcome, r.Cause, r.Run = "ok", "preempted", s })
 		s2 := h.add(c.start, "w2", evStart, "b", nil)
 		h.add(c.start+50, "w2", evEnd, "b", func(r *Record) { r.Outcome, r.Run = "ok", s2 })
 		if got := h.check(); got[ruleOverlap] != c.want {
-			t.Errorf("b starting %dms after a's preemption: want %d overlaps, got %v", c.start-100, c.want, got)
+			t.Errorf("b delivered at %dms, starting %dms after: want %d overlaps, got %v", c.deliv, c.start-c.deliv, c.want, got)
 		}
 	}
 }
