@@ -692,10 +692,16 @@ func (h *history) checkThrottle() []Violation {
 }
 
 // ownRetry reports whether ru's delivery began while another run of its
-// task went on: it waited for that run, and is its retry.
+// task still held the key (it went on, or its process had died less than a
+// lease TTL before, so its lease had not expired yet): the delivery waited
+// for that run, and is its retry.
 func (h *history) ownRetry(ru *run) bool {
 	for _, o := range h.tasks[ru.task].runs {
-		if o != ru && o.start < ru.deliv && o.end > ru.deliv {
+		held := o.end
+		if o.died {
+			held += int64(h.w.TTL)
+		}
+		if o != ru && o.start < ru.deliv && held > ru.deliv {
 			return true
 		}
 	}

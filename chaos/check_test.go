@@ -374,3 +374,30 @@ func TestPreemptedRunCountsUntilTheGraceAfterThePreemption(t *testing.T) {
 		}
 	}
 }
+
+// A re-delivery of a task whose worker was killed under it, within a lease
+// TTL of the kill, waits for the dead run's lease and is its retry: its run
+// spends no start. One delivered after the lease expired spends one.
+func TestThrottleRetryOfAKilledRunSpendsNoStart(t *testing.T) {
+	ttl := int(leaseTTL / time.Millisecond)
+	for _, c := range []struct {
+		redeliver int
+		want      int
+	}{{300, 0}, {50 + ttl + 100, 1}} {
+		h := newHist(polRequeue)
+		h.w.Families[0].Throttle, h.w.Families[0].Period = 1, time.Second
+		h.enqueue(0, "a")
+		h.enqueue(0, "b")
+		h.add(10, "w1", evDeliver, "a", nil)
+		h.add(10, "w1", evStart, "a", nil)
+		h.add(50, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = faultKill, "w1" })
+		h.add(c.redeliver, "w2", evDeliver, "a", nil)
+		start := max(c.redeliver, 50+ttl) + 10
+		s := h.add(start, "w2", evStart, "a", nil)
+		h.add(start+20, "w2", evEnd, "a", func(r *Record) { r.Outcome, r.Run = "ok", s })
+		h.run(start+150, start+200, "w3", "b", "ok")
+		if got := h.check(); got[ruleThrottle] != c.want || len(got) != c.want {
+			t.Errorf("re-delivered %dms after the kill: want %d throttle violations, got %v", c.redeliver-50, c.want, got)
+		}
+	}
+}
