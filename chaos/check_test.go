@@ -186,12 +186,10 @@ func gunzipDir(t *testing.T, name string) string {
 	return dir
 }
 
-// The history of seed 301 (a worker paused, Redis restarted, the worker
-// shut down): a Wait task that its worker requeued just before Redis went
-// down was resumed and ran to completion on another worker, then was
-// delivered and ran again. The checker names it.
-func TestSeed301HistoryReportsATaskRunTwice(t *testing.T) {
-	dir := gunzipDir(t, "seed-301")
+// checkTestdata runs the checkers on the history kept in testdata/<name>.
+func checkTestdata(t *testing.T, name string) []Violation {
+	t.Helper()
+	dir := gunzipDir(t, name)
 	b, err := os.ReadFile(filepath.Join(dir, "workload.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -205,8 +203,31 @@ func TestSeed301HistoryReportsATaskRunTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	vs, _ := check(w, recs, nil, true)
+	return vs
+}
+
+// The history of seed 301 (a worker paused, Redis restarted, the worker
+// shut down): a Wait task that its worker requeued just before Redis went
+// down was resumed and ran to completion on another worker, then was
+// delivered and ran again. The checker names it.
+func TestSeed301HistoryReportsATaskRunTwice(t *testing.T) {
+	vs := checkTestdata(t, "seed-301")
 	if len(vs) != 1 || vs[0].Rule != ruleRuns || vs[0].Task != "s301-f2wait-k1-28" {
 		t.Fatalf("want one runs violation of s301-f2wait-k1-28, got %v", vs)
+	}
+}
+
+// The history of seed 425 (no fault before it): a throttled Requeue task
+// enqueued with MaxRetry(0) is re-enqueued as a copy on every throttled
+// delivery, the copies alternating between the IDs <id>~a and <id>~b and
+// delivered at once rather than when the next start opens; a copy delivered
+// while the copy that made it was still active could not take that one's
+// ID for its own re-enqueue, returned an error and, with no retries left,
+// was archived: the task never ran. The checker names it.
+func TestSeed425HistoryReportsAThrottledTaskLost(t *testing.T) {
+	vs := checkTestdata(t, "seed-425")
+	if len(vs) != 1 || vs[0].Rule != ruleRuns || vs[0].Task != "s425-f7throttle-k0-4" {
+		t.Fatalf("want one runs violation of s425-f7throttle-k0-4, got %v", vs)
 	}
 }
 
