@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // TestMain runs the worker processes the driver starts from this test
@@ -42,8 +46,9 @@ func rules(vs []Violation) map[string]int {
 	return m
 }
 
-// Workers without the middleware run tasks of one key at once: the
-// checker reports it, naming the runs.
+// Workers without the middleware run tasks of one key at once, and a
+// throttled key's burst all at once: the checker reports both, naming the
+// runs.
 func TestNegativeControlWithoutMiddlewareReportsOverlaps(t *testing.T) {
 	res, err := runSeed(testOptions(t, brokenNone), 2)
 	if err != nil {
@@ -51,8 +56,8 @@ func TestNegativeControlWithoutMiddlewareReportsOverlaps(t *testing.T) {
 	}
 	got := rules(res.violations)
 	t.Logf("%s; per rule %v", res.summary(), got)
-	if got[ruleOverlap] == 0 {
-		t.Fatalf("no overlap reported for workers without the middleware: %v", got)
+	if got[ruleOverlap] == 0 || got[ruleThrottle] == 0 {
+		t.Fatalf("no overlap or no throttle violation reported for workers without the middleware: %v", got)
 	}
 }
 
@@ -70,5 +75,41 @@ func TestNegativeControlSkipEverywhereReportsUncoveredTasks(t *testing.T) {
 	}
 	if got[ruleOverlap] != 0 {
 		t.Fatalf("overlaps reported for workers under the middleware: %v", res.violations)
+	}
+}
+
+// The pub/sub fault closes the subscribers' connections, and only those,
+// and the history records it.
+func TestPubsubCutClosesSubscriptionsAndIsRecorded(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("no redis-server binary")
+	}
+	dir := t.TempDir()
+	srv, err := startRedis(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.stop()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.addr})
+	defer rdb.Close()
+	rec, err := newRecorder(filepath.Join(dir, "driver.jsonl"), "driver")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.close()
+	ctx := context.Background()
+	sub := rdb.Subscribe(ctx, "chaos")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := &seedRun{rdb: rdb, rec: rec}
+	// The fault's own command runs on a plain connection: one cut, no error.
+	if got := r.cutPubsub(); got.Killed != 1 || got.Fault != faultPubsub || got.Err != "" {
+		t.Fatalf("want one pub/sub connection cut, recorded; got %v", got)
+	}
+	recs, err := readHistory(dir)
+	if err != nil || len(recs) != 1 || recs[0].Fault != faultPubsub {
+		t.Fatalf("want the cut in the history, got %v, %v", recs, err)
 	}
 }

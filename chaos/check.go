@@ -3,8 +3,13 @@ package main
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/lockkit"
 )
 
 // Rules the checkers enforce, as named in violations.
@@ -15,8 +20,11 @@ const (
 	ruleNewest      = "newest"       // KeepNewest / Preempt, singleton.Client: the last run of a key is of its newest task, and succeeded
 	rulePreempt     = "preempt"      // Preempt: the old run's ctx is cancelled within the bound
 	ruleUnique      = "unique"       // Unique: never two accepted tasks of a key needed at once; a refusal names a task that still needs it
+	ruleThrottle    = "throttle"     // WithThrottle(n, period): never more than n run starts of a key in any window of one period
+	ruleDebounce    = "debounce"     // Debounce: the last run of a key is of its newest task, and succeeded; an older task that did not run gave way to a newer one that did
 	ruleStranded    = "stranded"     // the queue drains once enqueues and faults stop
-	ruleLeak        = "leak"         // no key without a TTL is left behind
+	rulePeriodic    = "periodic"     // a Scheduler's tick is enqueued once: never twice, none missed
+	ruleLeak        = "leak"         // once quiet, only documented records are left, none longer than its retention
 	ruleNewestPlain = "newest-plain" // ruleNewest for tasks of a plain asynq.Client (advisory: placed by arrival)
 )
 
@@ -83,6 +91,7 @@ type run struct {
 	fam             Family
 	n               int
 	seq             int64
+	deliv           int64 // the delivery the run belongs to: when it began
 	start, end      int64 // end: the end record's time, or the process's death
 	effEnd          int64 // end for the overlap rule: see overlapEnd
 	outcome, cause  string
@@ -136,8 +145,8 @@ func (t *taskHist) events() []Record {
 
 // stats are a run's figures.
 type stats struct {
-	accepted, refused, deliveries, runs, excused, keysLeft int
-	decisions                                              map[string]int
+	accepted, refused, ticks, deliveries, runs, excused, keysLeft int
+	decisions                                                     map[string]int
 }
 
 type interval struct{ from, to int64 }
@@ -171,25 +180,37 @@ func index(w Workload, recs []Record) *history {
 		h.tasks[op.ID] = &taskHist{name: op.ID, fam: f, key: op.Key, n: op.N, maxRetry: op.MaxRetry}
 		h.order = append(h.order, op.ID)
 	}
-	open := map[string]*run{} // proc/seq → run
+	open := map[string]*run{}       // proc/seq → run
+	delivered := map[string]int64{} // proc/asynq ID → its latest delivery
 	stopAt := map[string]int64{}
 	for i := range recs {
 		r := recs[i]
 		t := h.tasks[r.Task]
+		if t == nil && r.Task != "" && h.fams[r.Fam].Client == cliPeriodic && (r.Ev == evEnqueue || r.Ev == evDeliver) {
+			// A Scheduler's tick, named by its task ID.
+			t = &taskHist{name: r.Task, fam: h.fams[r.Fam], key: r.Key, maxRetry: periodicMaxRetry}
+			h.tasks[r.Task] = t
+			h.order = append(h.order, r.Task)
+		}
 		switch r.Ev {
 		case evEnqueue:
-			if t != nil {
+			if t != nil && (t.enq == nil || !t.enq.Accepted) {
 				t.enq = &recs[i]
 			}
 		case evDeliver:
 			if t != nil {
 				t.delivs = append(t.delivs, r)
 			}
+			delivered[r.Proc+"/"+r.AID] = r.T
 		case evStart:
 			if t == nil {
 				continue
 			}
-			ru := &run{proc: r.Proc, task: r.Task, key: t.fam.Name + "/" + t.key, fam: t.fam, n: t.n, seq: r.Seq, start: r.T, recs: []Record{r}}
+			d, ok := delivered[r.Proc+"/"+r.AID]
+			if !ok {
+				d = r.T
+			}
+			ru := &run{proc: r.Proc, task: r.Task, key: t.fam.Name + "/" + t.key, fam: t.fam, n: t.n, seq: r.Seq, deliv: d, start: r.T, recs: []Record{r}}
 			open[fmt.Sprint(r.Proc, "/", r.Seq)] = ru
 			t.runs = append(t.runs, ru)
 			h.runs = append(h.runs, ru)
@@ -251,7 +272,7 @@ func (h *history) overlapEnd(ru *run) int64 {
 			e, ru.excused = ru.cancelAt, "told its lease was lost"
 		}
 	case "preempted":
-		if g := ru.cancelAt + int64(preemptGrace); g < e {
+		if g := h.preemptedAt(ru) + int64(preemptGrace); g < e {
 			e, ru.excused = g, "preempted, past its grace"
 		}
 	}
@@ -261,6 +282,29 @@ func (h *history) overlapEnd(ru *run) int64 {
 		}
 	}
 	return e
+}
+
+// preemptedAt is the earliest time the preemption of ru may have ended its
+// lease's renewals, which the grace counts from: the latest delivery of a
+// newer task of its key before ru was told (the preempting acquire follows
+// its task's delivery, which may come before ru's start, and ru hears of it
+// a little later), or else when ru was told.
+func (h *history) preemptedAt(ru *run) int64 {
+	at := int64(0)
+	for _, t := range h.tasks {
+		if t.fam.Name+"/"+t.key != ru.key || t.n <= ru.n {
+			continue
+		}
+		for _, d := range t.delivs {
+			if d.T <= ru.cancelAt {
+				at = max(at, d.T)
+			}
+		}
+	}
+	if at == 0 {
+		return ru.cancelAt
+	}
+	return at
 }
 
 func (h *history) violation(rule, task, msg string, events ...Record) Violation {
@@ -274,6 +318,9 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 	h := index(w, recs)
 	st := stats{decisions: map[string]int{}}
 	for _, t := range h.tasks {
+		if t.fam.Client == cliPeriodic {
+			st.ticks++
+		}
 		if t.enq != nil && t.enq.Accepted {
 			st.accepted++
 		} else if t.enq != nil {
@@ -297,14 +344,13 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 	vs = append(vs, h.checkNewest()...)
 	vs = append(vs, h.checkPreempt()...)
 	vs = append(vs, h.checkUnique()...)
+	vs = append(vs, h.checkThrottle()...)
+	vs = append(vs, h.checkDebounce()...)
+	vs = append(vs, h.checkPeriodic()...)
 	if !drained {
 		vs = append(vs, h.violation(ruleStranded, "-", fmt.Sprintf("the queue did not drain within %s of the last enqueue", drainTimeout)))
 	}
-	for _, k := range keys {
-		if k.TTL < 0 {
-			vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s has no TTL", k.Key)))
-		}
-	}
+	vs = append(vs, h.checkLeak(keys)...)
 	return vs, st
 }
 
@@ -383,7 +429,7 @@ func (h *history) checkRuns() []Violation {
 		if t.enq == nil || !t.enq.Accepted {
 			continue
 		}
-		if t.fam.Policy != polRequeue && t.fam.Policy != polWait && t.fam.Client != cliPark {
+		if t.fam.Policy != polRequeue && t.fam.Policy != polWait && t.fam.Client != cliPark && t.fam.Client != cliPeriodic {
 			continue
 		}
 		oks := t.oks()
@@ -438,14 +484,26 @@ func (h *history) checkCover() []Violation {
 	return vs
 }
 
-// checkNewest: under KeepNewest and Preempt, the last run of each key is
-// of its newest accepted task, and succeeded.
+// exists reports whether the history shows that task t was enqueued: its
+// enqueue was accepted, or (its reply lost to a fault) it was delivered.
+func (t *taskHist) exists() bool {
+	return t.enq != nil && t.enq.Accepted || len(t.delivs) > 0
+}
+
+// checkNewest: under KeepNewest and Preempt, and for tasks enqueued with
+// Debounce (ruleDebounce), the last run of each key is of its newest
+// accepted task, and succeeded. A Debounce task whose enqueue reply was lost
+// but that was delivered counts as accepted: the middleware found it in the
+// queue.
 func (h *history) checkNewest() []Violation {
 	var vs []Violation
 	newest := map[string]*taskHist{}
 	for _, name := range h.order {
 		t := h.tasks[name]
-		if t.enq == nil || !t.enq.Accepted || (t.fam.Policy != polKeepNewest && t.fam.Policy != polPreempt) {
+		if t.fam.Policy != polKeepNewest && t.fam.Policy != polPreempt {
+			continue
+		}
+		if t.fam.Client == cliDebounce && !t.exists() || t.fam.Client != cliDebounce && (t.enq == nil || !t.enq.Accepted) {
 			continue
 		}
 		k := t.fam.Name + "/" + t.key
@@ -466,8 +524,11 @@ func (h *history) checkNewest() []Violation {
 		// Tasks of a plain asynq.Client have no order: the README places
 		// them by their arrival at Redis, which the history does not see.
 		rule := ruleNewest
-		if t.fam.Client == cliPlain {
+		switch t.fam.Client {
+		case cliPlain:
 			rule = ruleNewestPlain
+		case cliDebounce:
+			rule = ruleDebounce
 		}
 		switch {
 		case last == nil:
@@ -582,6 +643,243 @@ func (h *history) checkUnique() []Violation {
 				vs = append(vs, h.violation(ruleUnique, name, "accepted while "+a.name+" of its key still needed it", evs...))
 				break
 			}
+		}
+	}
+	return vs
+}
+
+// throttleSlack is how much later than the throttle dates a start (on the
+// Redis server's clock, when the run takes its key) the run's start record
+// may be: the checker counts starts in windows that much shorter than the
+// period.
+const throttleSlack = 100 * time.Millisecond
+
+// checkThrottle: under WithThrottle(n, period), no window of one period
+// holds more than n run starts of a key. As docs/rules.md states, a run
+// that waited for its task's own earlier run (a re-delivery while that run
+// went on) is that run's retry and spends no start; and a run whose process
+// was paused between its delivery and its start record is not counted (its
+// record may be any time after the throttle dated it).
+func (h *history) checkThrottle() []Violation {
+	var vs []Violation
+	byKey := map[string][]*run{}
+	for _, ru := range h.runs {
+		if ru.fam.Throttle == 0 || h.ownRetry(ru) || h.paused(ru.proc, ru.deliv, ru.start) {
+			continue
+		}
+		byKey[ru.key] = append(byKey[ru.key], ru)
+	}
+	for key, runs := range byKey {
+		slices.SortFunc(runs, func(a, b *run) int { return cmpInt(a.start, b.start) })
+		f := runs[0].fam
+		window := int64(f.Period - throttleSlack)
+		for i := f.Throttle; i < len(runs); i++ {
+			in := runs[i-f.Throttle : i+1]
+			if runs[i].start-in[0].start >= window {
+				continue
+			}
+			var evs []Record
+			var names []string
+			for _, o := range in {
+				evs = append(evs, o.recs[0])
+				names = append(names, fmt.Sprintf("%s on %s", o.task, o.proc))
+			}
+			vs = append(vs, h.violation(ruleThrottle, runs[i].task, fmt.Sprintf("key %s: %d runs began within %s (throttle %d per %s): %s",
+				key, len(in), time.Duration(runs[i].start-in[0].start).Round(time.Millisecond), f.Throttle, f.Period, strings.Join(names, ", ")), evs...))
+		}
+	}
+	return vs
+}
+
+// ownRetry reports whether ru's delivery began while another run of its
+// task still held the key (it went on, or its process had died less than a
+// lease TTL before, so its lease had not expired yet): the delivery waited
+// for that run, and is its retry.
+func (h *history) ownRetry(ru *run) bool {
+	for _, o := range h.tasks[ru.task].runs {
+		held := o.end
+		if o.died {
+			held += int64(h.w.TTL)
+		}
+		if o != ru && o.start < ru.deliv && held > ru.deliv {
+			return true
+		}
+	}
+	return false
+}
+
+// checkDebounce: a task enqueued with Debounce that never ran to completion
+// gave way to a newer task of its key (docs/rules.md item 5): one that
+// exists and ran to completion, or that asynq archived when its worker was
+// killed under it with no retries left. The last run of each key is checked
+// by checkNewest.
+func (h *history) checkDebounce() []Violation {
+	var vs []Violation
+	byKey := map[string][]*taskHist{}
+	for _, name := range h.order {
+		if t := h.tasks[name]; t.fam.Client == cliDebounce && t.exists() {
+			byKey[t.fam.Name+"/"+t.key] = append(byKey[t.fam.Name+"/"+t.key], t)
+		}
+	}
+	for _, ts := range byKey {
+		for i, t := range ts {
+			if len(t.oks()) > 0 || t.exempt(h) {
+				continue
+			}
+			if !slices.ContainsFunc(ts[i+1:], func(u *taskHist) bool { return len(u.oks()) > 0 || u.exempt(h) }) {
+				vs = append(vs, h.violation(ruleDebounce, t.name, "never ran to completion, and no newer task of its key did", t.events()...))
+			}
+		}
+	}
+	return vs
+}
+
+// Retentions of the records a quiet run may leave under the lock key prefix,
+// as lockkit's scripts and docs state them.
+const (
+	// parkKeep: the key's order and epoch (P{K}:m) and its follow-up record
+	// (P{K}:u) are kept 10 minutes after a run with an order or a park.
+	parkKeep = 10 * time.Minute
+	// fenceKeep: the last fencing token (P{K}:f), and the plain form's
+	// record of it ("~<token>" in P{K}:h), are kept for a second.
+	fenceKeep = time.Second
+)
+
+// releasedKeep is how long a released holder is remembered (P{K}:d,
+// P{K}:d:<token>): the client's retry window, (MaxRetries+1) ×
+// (ReadTimeout + MaxRetryBackoff), between a second and a minute (NewRedis),
+// for the go-redis options of every chaos process (the defaults).
+func releasedKeep() time.Duration {
+	c := redis.NewClient(&redis.Options{})
+	defer c.Close()
+	o := c.Options()
+	return min(max(time.Duration(o.MaxRetries+1)*(o.ReadTimeout+o.MaxRetryBackoff), time.Second), time.Minute)
+}
+
+// checkLeak: once the run was quiet for the longest lease TTL and park
+// hold, the state of every key is back to its baseline (nothing: the run
+// began on an empty database). What may remain are records, each for at most
+// its documented retention:
+//   - P{K}:h, the holders, only as records of ended holders (scored
+//     negative: completions, kept lockkit.CompletedRetention, and shorter
+//     ones), no live holder; or in the plain form "~<token>", for fenceKeep;
+//   - P{K}:d and P{K}:d:<token>, released holders, for releasedKeep;
+//   - P{K}:m (last epoch, latest run's order) and P{K}:u (follow-up), for
+//     parkKeep plus a lease TTL;
+//   - P{K}:c, the last Coalesce success, for lockkit.DefaultCoverFor;
+//   - P{K}:b, Debounce's newest request, for lockkit.DebounceRetention
+//     after it was due;
+//   - P{K}:t and P{K}:tr, a throttle's starts and reservations, for its period;
+//   - P{K}:f, the last fencing token, for fenceKeep.
+//
+// Waiters (P{K}:w, P{K}:q) and parked jobs (P{K}:k) are state, not records:
+// none may remain.
+func (h *history) checkLeak(keys []keyTTL) []Violation {
+	var period time.Duration
+	for _, f := range h.w.Families {
+		period = max(period, f.Period)
+	}
+	released := releasedKeep()
+	var vs []Violation
+	for _, k := range keys {
+		kind := ""
+		if i := strings.LastIndex(k.Key, "}:"); i >= 0 {
+			kind = k.Key[i+2:]
+		}
+		if strings.HasPrefix(kind, "d:") {
+			kind = "d"
+		}
+		var keep time.Duration
+		switch kind {
+		case "h":
+			keep = lockkit.CompletedRetention
+			if k.Type == "string" {
+				keep = fenceKeep
+			}
+			if k.Live > 0 {
+				vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s holds %d live holders", k.Key, k.Live)))
+				continue
+			}
+		case "d":
+			keep = released
+		case "m", "u":
+			keep = parkKeep + h.w.TTL
+		case "c":
+			keep = lockkit.DefaultCoverFor
+		case "b":
+			keep = lockkit.DebounceRetention + time.Minute
+		case "t", "tr":
+			keep = period
+		case "f":
+			keep = fenceKeep
+		}
+		switch {
+		case keep == 0:
+			vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s is left (TTL %s): no record of this kind may remain", k.Key, k.TTL)))
+		case k.TTL < 0:
+			vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s has no TTL", k.Key)))
+		case k.TTL > keep:
+			vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s is kept %s more, longer than its retention (%s)", k.Key, k.TTL.Round(time.Second), keep)))
+		}
+	}
+	return vs
+}
+
+// checkPeriodic: the Schedulers of the worker processes, each firing by a
+// clock of its own (Workload.Offsets), enqueue every tick of a periodic
+// family once (periodic's package doc): no two enqueues of one tick (its
+// task ID) are accepted, and no tick between the first and the last is
+// missing (neither an accepted enqueue nor a delivery of it), but those due
+// while Redis was down (from a second before its kill to a second after it
+// was up again: every replica's enqueue failed). That each accepted tick
+// runs to completion once is checkRuns'.
+func (h *history) checkPeriodic() []Violation {
+	var vs []Violation
+	type tick struct {
+		fam string
+		at  int64 // ms
+	}
+	seen := map[tick]bool{}
+	accepted := map[string][]Record{}
+	var down []interval
+	for _, r := range h.records {
+		switch {
+		case r.Ev == evFault && r.Fault == faultRedis:
+			down = append(down, interval{r.T - int64(time.Second), h.lastT})
+		case r.Ev == evFault && r.Fault == "redis-up" && len(down) > 0:
+			down[len(down)-1].to = r.T + int64(time.Second)
+		case (r.Ev == evEnqueue && r.Accepted || r.Ev == evDeliver) && h.fams[r.Fam].Client == cliPeriodic:
+			i := strings.LastIndexByte(r.Task, ':')
+			ms, err := strconv.ParseInt(r.Task[i+1:], 10, 64)
+			if i < 0 || err != nil {
+				vs = append(vs, h.violation(rulePeriodic, r.Task, "a tick's task ID that names no tick", r))
+				continue
+			}
+			seen[tick{r.Fam, ms}] = true
+			if r.Ev == evEnqueue {
+				accepted[r.Task] = append(accepted[r.Task], r)
+			}
+		}
+	}
+	for _, name := range h.order {
+		if a := accepted[name]; len(a) > 1 {
+			vs = append(vs, h.violation(rulePeriodic, name, fmt.Sprintf("enqueued %d times (by %s and %s)", len(a), a[0].Proc, a[1].Proc), a...))
+		}
+	}
+	first, last := map[string]int64{}, map[string]int64{}
+	for t := range seen {
+		if f, ok := first[t.fam]; !ok || t.at < f {
+			first[t.fam] = t.at
+		}
+		last[t.fam] = max(last[t.fam], t.at)
+	}
+	for fam, from := range first {
+		for at := from; at <= last[fam]; at += 1000 {
+			ns := at * int64(time.Millisecond)
+			if seen[tick{fam, at}] || slices.ContainsFunc(down, func(d interval) bool { return d.from <= ns && ns <= d.to }) {
+				continue
+			}
+			vs = append(vs, h.violation(rulePeriodic, fmt.Sprintf("%s@%d", fam, at), fmt.Sprintf("the tick due at +%.3fs was never enqueued", time.Duration(ns-h.base).Seconds())))
 		}
 	}
 	return vs

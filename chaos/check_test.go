@@ -3,6 +3,7 @@ package main
 import (
 	"compress/gzip"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -185,14 +186,10 @@ func gunzipDir(t *testing.T, name string) string {
 	return dir
 }
 
-// The history of seed 301 (a worker paused, Redis restarted, the worker
-// shut down): a Wait task that its worker requeued just before Redis went
-// down was resumed and ran to completion on another worker, then was
-// delivered and ran again (asynq's retry write, sent again after Redis came
-// back, took the resumed delivery back; singleton now records such a
-// success, TestLateRetryWriteDoesNotRunTheTaskTwice). The checker names it.
-func TestSeed301HistoryReportsATaskRunTwice(t *testing.T) {
-	dir := gunzipDir(t, "seed-301")
+// checkTestdata runs the checkers on the history kept in testdata/<name>.
+func checkTestdata(t *testing.T, name string) []Violation {
+	t.Helper()
+	dir := gunzipDir(t, name)
 	b, err := os.ReadFile(filepath.Join(dir, "workload.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -206,8 +203,33 @@ func TestSeed301HistoryReportsATaskRunTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	vs, _ := check(w, recs, nil, true)
+	return vs
+}
+
+// The history of seed 301 (a worker paused, Redis restarted, the worker
+// shut down): a Wait task that its worker requeued just before Redis went
+// down was resumed and ran to completion on another worker, then was
+// delivered and ran again (asynq's retry write, sent again after Redis came
+// back, took the resumed delivery back; singleton now records such a
+// success, TestLateRetryWriteDoesNotRunTheTaskTwice). The checker names it.
+func TestSeed301HistoryReportsATaskRunTwice(t *testing.T) {
+	vs := checkTestdata(t, "seed-301")
 	if len(vs) != 1 || vs[0].Rule != ruleRuns || vs[0].Task != "s301-f2wait-k1-28" {
 		t.Fatalf("want one runs violation of s301-f2wait-k1-28, got %v", vs)
+	}
+}
+
+// The history of seed 425 (no fault before it): a throttled Requeue task
+// enqueued with MaxRetry(0) is re-enqueued as a copy on every throttled
+// delivery, the copies alternating between the IDs <id>~a and <id>~b and
+// delivered at once rather than when the next start opens; a copy delivered
+// while the copy that made it was still active could not take that one's
+// ID for its own re-enqueue, returned an error and, with no retries left,
+// was archived: the task never ran. The checker names it.
+func TestSeed425HistoryReportsAThrottledTaskLost(t *testing.T) {
+	vs := checkTestdata(t, "seed-425")
+	if len(vs) != 1 || vs[0].Rule != ruleRuns || vs[0].Task != "s425-f7throttle-k0-4" {
+		t.Fatalf("want one runs violation of s425-f7throttle-k0-4, got %v", vs)
 	}
 }
 
@@ -223,5 +245,182 @@ func TestUniqueAcceptedWhileAnotherNeedsTheKeyIsReported(t *testing.T) {
 	vs, _ := check(h.w, h.recs, nil, true)
 	if got := rules(vs); got[ruleUnique] != 2 {
 		t.Fatalf("want two unique violations, got %v", vs)
+	}
+}
+
+// Under WithThrottle(1, 1s), a second run of the key that began 490ms after
+// the first is reported, naming it; a re-delivery that waited for its own
+// earlier run, and a run a period after it, are not.
+func TestThrottleStartsOverTheBudgetAreReported(t *testing.T) {
+	h := newHist(polSkip)
+	h.w.Families[0].Throttle, h.w.Families[0].Period = 1, time.Second
+	h.enqueue(0, "a")
+	h.enqueue(0, "b")
+	h.enqueue(0, "c")
+	h.run(10, 400, "w1", "a", "error")
+	h.add(300, "w2", evDeliver, "a", nil) // a's re-delivery, waiting for its run
+	s := h.add(400, "w2", evStart, "a", nil)
+	h.add(450, "w2", evEnd, "a", func(r *Record) { r.Outcome, r.Run = "ok", s })
+	h.run(1600, 1700, "w1", "c", "ok")
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
+	h.run(500, 600, "w3", "b", "ok")
+	h.wantOne(t, ruleThrottle, "b")
+}
+
+// wantOne fails t unless the history breaks exactly one rule, once, and
+// the violation names task.
+func (h *hist) wantOne(t *testing.T, rule, task string) {
+	t.Helper()
+	vs, _ := check(h.w, h.recs, nil, true)
+	if len(vs) != 1 || vs[0].Rule != rule || vs[0].Task != task {
+		t.Fatalf("want one %s violation of %s, got %v", rule, task, vs)
+	}
+}
+
+// Under Debounce, an older task that gave way to a newer one that never ran
+// is reported, and so is a key whose last run is of an older task.
+func TestDebounceTaskLostOrOlderLastRunIsReported(t *testing.T) {
+	h := newHist(polKeepNewest)
+	h.w.Families[0].Client = cliDebounce
+	h.enqueue(0, "a")
+	h.enqueue(1, "b")
+	h.enqueue(2, "c")
+	h.add(1000, "w1", evDeliver, "a", nil)
+	h.add(1001, "w1", evDecision, "a", func(r *Record) { r.Kind, r.Reason = "duplicate", "superseded" })
+	h.run(1000, 1100, "w2", "c", "ok")
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
+	h.run(1200, 1300, "w1", "b", "ok")
+	h.wantOne(t, ruleDebounce, "c")
+
+	h = newHist(polKeepNewest)
+	h.w.Families[0].Client = cliDebounce
+	h.enqueue(0, "a")
+	h.enqueue(1, "b")
+	h.add(1000, "w1", evDeliver, "a", nil)
+	h.add(1001, "w1", evDecision, "a", func(r *Record) { r.Kind, r.Reason = "duplicate", "superseded" })
+	h.add(1000, "w2", evDeliver, "b", nil)
+	s := h.add(1000, "w2", evStart, "b", nil)
+	h.add(1100, "w2", evEnd, "b", func(r *Record) { r.Outcome, r.Cause, r.Run = "cancelled", "preempted", s })
+	vs, _ := check(h.w, h.recs, nil, true)
+	if got := rules(vs); got[ruleDebounce] != 3 {
+		t.Fatalf("want three debounce violations (a lost, b lost, b's last run not ok), got %v", vs)
+	}
+}
+
+// Once quiet, records may remain for their documented retention; a live
+// holder, a waiter, a parked job, a record kept longer than its retention
+// and a key without a TTL are reported.
+func TestLeakReportsStateAndOverlongRecords(t *testing.T) {
+	h := newHist(polSkip)
+	ok := []keyTTL{
+		{Key: "p:{k}:h", TTL: 23 * time.Hour, Type: "zset"}, // a completion record
+		{Key: "p:{k}:h", TTL: 500 * time.Millisecond, Type: "string"},
+		{Key: "p:{k}:d:123", TTL: 10 * time.Second, Type: "string"},
+		{Key: "p:{k}:m", TTL: 9 * time.Minute, Type: "hash"},
+		{Key: "p:{k}:c", TTL: 23 * time.Hour, Type: "string"},
+		{Key: "p:{k}:b", TTL: 24 * time.Hour, Type: "hash"},
+	}
+	bad := []keyTTL{
+		{Key: "p:{k}:h", TTL: time.Second, Type: "zset", Live: 1},
+		{Key: "p:{k}:h", TTL: time.Hour, Type: "string"},
+		{Key: "p:{k}:w", TTL: time.Second, Type: "zset"},
+		{Key: "p:{k}:k", TTL: 9 * time.Minute, Type: "zset"},
+		{Key: "p:{k}:d", TTL: releasedKeep() + time.Second, Type: "zset"},
+		{Key: "p:{k}:c", TTL: -1, Type: "string"},
+	}
+	vs, _ := check(h.w, h.recs, ok, true)
+	if len(vs) != 0 {
+		t.Fatalf("want nothing, got %v", vs)
+	}
+	vs, _ = check(h.w, h.recs, append(ok, bad...), true)
+	if got := rules(vs); got[ruleLeak] != len(bad) || len(vs) != len(bad) {
+		t.Fatalf("want %d leak violations, got %v", len(bad), vs)
+	}
+}
+
+// A tick two replicas both enqueued, and a tick nobody enqueued while Redis
+// was up, are reported; a tick due while Redis was down is not.
+func TestPeriodicTickEnqueuedTwiceOrMissedIsReported(t *testing.T) {
+	h := newHist(polRequeue)
+	h.w.Families[0].Client = cliPeriodic
+	tick := func(ms int, proc string) {
+		id := fmt.Sprintf("periodic:e:%d", ms)
+		h.add(ms, proc, evEnqueue, id, func(r *Record) { r.Accepted, r.AID = true, id })
+		h.run(ms+10, ms+40, "w1", id, "ok")
+	}
+	tick(1000, "w1")
+	h.add(3900, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = faultRedis, "redis" })
+	h.add(4200, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = "redis-up", "redis" })
+	tick(6000, "w2")
+	for _, ms := range []int{2000, 3000} {
+		tick(ms, "w3")
+	}
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
+	h.add(6005, "w3", evEnqueue, "periodic:e:6000", func(r *Record) { r.Accepted, r.AID = true, "periodic:e:6000" })
+	h.wantOne(t, rulePeriodic, "periodic:e:6000")
+
+	h = newHist(polRequeue)
+	h.w.Families[0].Client = cliPeriodic
+	tick(1000, "w1")
+	tick(3000, "w2")
+	h.wantOne(t, rulePeriodic, "f@2000")
+}
+
+// A preempted run counts for the overlap rule until the grace after the
+// preempting task's delivery (which may come before the run's start), not
+// after the run heard of it: a newer run that begins when the grace ran out
+// is fine, one that begins before is reported.
+func TestPreemptedRunCountsUntilTheGraceAfterThePreemption(t *testing.T) {
+	grace := int(preemptGrace / time.Millisecond)
+	for _, c := range []struct {
+		deliv, start int
+		want         int
+	}{{100, 100 + grace + 2, 0}, {100, 100 + grace - 20, 1}, {8, 8 + grace + 2, 0}, {8, 8 + grace - 20, 1}} {
+		h := newHist(polPreempt)
+		h.enqueue(0, "a")
+		h.enqueue(1, "b")
+		h.add(10, "w1", evDeliver, "a", nil)
+		s := h.add(10, "w1", evStart, "a", nil)
+		h.add(c.deliv, "w2", evDeliver, "b", nil)
+		h.add(110, "w1", evCancel, "a", func(r *Record) { r.Cause, r.Run = "preempted", s })
+		h.add(2000, "w1", evEnd, "a", func(r *Record) { r.Outcome, r.Cause, r.Run = "ok", "preempted", s })
+		s2 := h.add(c.start, "w2", evStart, "b", nil)
+		h.add(c.start+50, "w2", evEnd, "b", func(r *Record) { r.Outcome, r.Run = "ok", s2 })
+		if got := h.check(); got[ruleOverlap] != c.want {
+			t.Errorf("b delivered at %dms, starting %dms after: want %d overlaps, got %v", c.deliv, c.start-c.deliv, c.want, got)
+		}
+	}
+}
+
+// A re-delivery of a task whose worker was killed under it, within a lease
+// TTL of the kill, waits for the dead run's lease and is its retry: its run
+// spends no start. One delivered after the lease expired spends one.
+func TestThrottleRetryOfAKilledRunSpendsNoStart(t *testing.T) {
+	ttl := int(leaseTTL / time.Millisecond)
+	for _, c := range []struct {
+		redeliver int
+		want      int
+	}{{300, 0}, {50 + ttl + 100, 1}} {
+		h := newHist(polRequeue)
+		h.w.Families[0].Throttle, h.w.Families[0].Period = 1, time.Second
+		h.enqueue(0, "a")
+		h.enqueue(0, "b")
+		h.add(10, "w1", evDeliver, "a", nil)
+		h.add(10, "w1", evStart, "a", nil)
+		h.add(50, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = faultKill, "w1" })
+		h.add(c.redeliver, "w2", evDeliver, "a", nil)
+		start := max(c.redeliver, 50+ttl) + 10
+		s := h.add(start, "w2", evStart, "a", nil)
+		h.add(start+20, "w2", evEnd, "a", func(r *Record) { r.Outcome, r.Run = "ok", s })
+		h.run(start+150, start+200, "w3", "b", "ok")
+		if got := h.check(); got[ruleThrottle] != c.want || len(got) != c.want {
+			t.Errorf("re-delivered %dms after the kill: want %d throttle violations, got %v", c.redeliver-50, c.want, got)
+		}
 	}
 }

@@ -66,8 +66,8 @@ type result struct {
 
 func (r result) summary() string {
 	n := failing(r.violations)
-	return fmt.Sprintf("seed %d: %d tasks (%d accepted), %d deliveries, %d runs (%d counted short: lease lost or paused), %d faults %v, %d keys left; %d violations, %d advisory",
-		r.seed, len(r.w.Ops), r.stats.accepted, r.stats.deliveries, r.stats.runs, r.stats.excused, len(r.w.Faults), faultKinds(r.w), r.stats.keysLeft, n, len(r.violations)-n)
+	return fmt.Sprintf("seed %d: %d tasks and %d ticks (%d accepted), %d deliveries, %d runs (%d counted short: lease lost or paused), %d faults %v, %d keys left; %d violations, %d advisory",
+		r.seed, len(r.w.Ops), r.stats.ticks, r.stats.accepted, r.stats.deliveries, r.stats.runs, r.stats.excused, len(r.w.Faults), faultKinds(r.w), r.stats.keysLeft, n, len(r.violations)-n)
 }
 
 func (r result) perRule() map[string]int {
@@ -143,7 +143,11 @@ func runSeed(o options, seed uint64) (result, error) {
 		return result{}, err
 	}
 	wg.Wait()
+	r.stopSchedulers()
 	drained := r.drain()
+	if !drained {
+		r.recordLeft()
+	}
 	// Quiet for the longest TTL a key is held by a lease or a reservation.
 	time.Sleep(max(w.TTL, lockkit.DefaultParkHold) + time.Second)
 	keys, err := r.keysLeft()
@@ -160,7 +164,7 @@ func runSeed(o options, seed uint64) (result, error) {
 	st.keysLeft = len(keys)
 	var kb strings.Builder
 	for _, k := range keys {
-		fmt.Fprintf(&kb, "%s %s\n", k.Key, k.TTL)
+		fmt.Fprintf(&kb, "%s %s %s live=%d\n", k.Key, k.Type, k.TTL, k.Live)
 	}
 	_ = os.WriteFile(filepath.Join(dir, "keys.txt"), []byte(kb.String()), 0o644)
 	res := result{seed: seed, dir: dir, w: w, stats: st, violations: vs}
@@ -222,9 +226,9 @@ func (s *redisServer) stop() { _ = s.cmd.Process.Kill(); _ = s.cmd.Wait() }
 func (r *seedRun) startWorker() error {
 	r.mu.Lock()
 	r.count++
-	name := fmt.Sprintf("w%d", r.count)
+	name, offset := fmt.Sprintf("w%d", r.count), r.w.offset(r.count)
 	r.mu.Unlock()
-	args := []string{"worker", "-id", name, "-addr", r.addr, "-dir", r.dir, "-prefix", r.prefix, "-queue", r.queue}
+	args := []string{"worker", "-id", name, "-addr", r.addr, "-dir", r.dir, "-prefix", r.prefix, "-queue", r.queue, "-offset", offset.String()}
 	if r.o.broken != "" {
 		args = append(args, "-broken", r.o.broken)
 	}
@@ -313,6 +317,14 @@ func (r *seedRun) enqueueAll() error {
 	if err != nil {
 		return err
 	}
+	debounce := map[int]*singleton.Client{}
+	for i, f := range r.w.Families {
+		if f.Client == cliDebounce {
+			if debounce[i], err = singleton.NewClient(plain, r.rdb, singleton.KeyByFields("k"), singleton.Debounce(locker, f.Quiet, f.MaxWait)); err != nil {
+				return err
+			}
+		}
+	}
 	begin := time.Now()
 	for _, op := range r.w.Ops {
 		time.Sleep(time.Until(begin.Add(op.At)))
@@ -333,6 +345,8 @@ func (r *seedRun) enqueueAll() error {
 			info, err = park.Enqueue(task, opts...)
 		case cliUnique:
 			info, err = unique.Enqueue(task, opts...)
+		case cliDebounce:
+			info, err = debounce[op.Fam].Enqueue(task, opts...)
 		default:
 			info, err = plain.Enqueue(task, opts...)
 		}
@@ -407,6 +421,8 @@ func (r *seedRun) runFaults() {
 				fmt.Fprintln(os.Stderr, "chaos: restart redis-server:", err)
 			}
 			r.rec.add(Record{Ev: evFault, Fault: "redis-up", Target: "redis"})
+		case faultPubsub:
+			r.cutPubsub()
 		case faultStop:
 			r.rec.add(Record{Ev: evFault, Fault: faultStop, Target: p.name})
 			_ = p.cmd.Process.Signal(syscall.SIGSTOP)
@@ -414,6 +430,27 @@ func (r *seedRun) runFaults() {
 			_ = p.cmd.Process.Signal(syscall.SIGCONT)
 			r.rec.add(Record{Ev: evFault, Fault: "cont", Target: p.name})
 		}
+	}
+}
+
+// cutPubsub closes every pub/sub connection of the run's Redis, and
+// records how many it closed.
+func (r *seedRun) cutPubsub() Record {
+	n, err := r.rdb.ClientKillByFilter(context.Background(), "TYPE", "pubsub").Result()
+	rec := Record{Ev: evFault, Fault: faultPubsub, Target: "redis", Killed: n}
+	if err != nil {
+		rec.Err = err.Error()
+	}
+	return r.rec.add(rec)
+}
+
+// stopSchedulers stops the Schedulers of the live workers (SIGUSR1): no
+// tick is fired once the run is to go quiet.
+func (r *seedRun) stopSchedulers() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.live {
+		_ = p.cmd.Process.Signal(syscall.SIGUSR1)
 	}
 }
 
@@ -507,23 +544,73 @@ func (r *seedRun) drain() bool {
 	return false
 }
 
-// keyTTL is a key left under the run's lock key prefix and its TTL.
+// recordLeft records, for the reader of a run that did not drain, every
+// task still in the queue: its state, when it is next due, how often it
+// was retried and its last error.
+func (r *seedRun) recordLeft() {
+	insp := asynq.NewInspectorFromRedisClient(r.rdb)
+	for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){
+		insp.ListPendingTasks, insp.ListActiveTasks, insp.ListScheduledTasks, insp.ListRetryTasks,
+	} {
+		infos, _ := list(r.queue)
+		for _, info := range infos {
+			var p payload
+			_ = json.Unmarshal(info.Payload, &p)
+			rec := Record{Ev: evLeft, Task: p.ID, AID: info.ID, Fam: p.Fam, Key: p.K, N: p.N, Kind: info.State.String(), Retry: info.Retried, Err: info.LastErr}
+			if !info.NextProcessAt.IsZero() {
+				rec.Sent = info.NextProcessAt.UnixNano()
+			}
+			r.rec.add(rec)
+		}
+	}
+}
+
+// keyTTL is a key left under the run's lock key prefix, its TTL, its type,
+// and how many members of it (a sorted set) are scored after the Redis
+// server's clock in milliseconds: in a holders key, live holders (a holders
+// key in the plain form, a string, has one unless it is the "~<token>"
+// record).
 type keyTTL struct {
-	Key string
-	TTL time.Duration // -1: none
+	Key  string
+	TTL  time.Duration // -1: none
+	Type string
+	Live int
 }
 
 // keysLeft lists the keys under the run's lock key prefix.
 func (r *seedRun) keysLeft() ([]keyTTL, error) {
 	ctx := context.Background()
+	now, err := r.rdb.Time(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
 	var out []keyTTL
 	iter := r.rdb.Scan(ctx, 0, r.prefix+"*", 200).Iterator()
 	for iter.Next(ctx) {
-		ttl, err := r.rdb.PTTL(ctx, iter.Val()).Result()
-		if err != nil {
+		k := keyTTL{Key: iter.Val()}
+		if k.TTL, err = r.rdb.PTTL(ctx, k.Key).Result(); err != nil {
 			return nil, err
 		}
-		out = append(out, keyTTL{iter.Val(), ttl})
+		if k.Type, err = r.rdb.Type(ctx, k.Key).Result(); err != nil {
+			return nil, err
+		}
+		switch {
+		case k.Type == "zset":
+			live, err := r.rdb.ZCount(ctx, k.Key, fmt.Sprintf("(%d", now.UnixMilli()), "+inf").Result()
+			if err != nil {
+				return nil, err
+			}
+			k.Live = int(live)
+		case k.Type == "string" && strings.HasSuffix(k.Key, ":h"):
+			v, err := r.rdb.Get(ctx, k.Key).Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return nil, err
+			}
+			if err == nil && !strings.HasPrefix(v, "~") {
+				k.Live = 1
+			}
+		}
+		out = append(out, k)
 	}
 	return out, iter.Err()
 }

@@ -23,6 +23,7 @@ const (
 	evClock    = "clock"    // the Redis server's clock (RedisUS) at T
 	evExit     = "exit"     // the process is about to exit
 	evReady    = "ready"    // the worker's server started
+	evLeft     = "left"     // a task still in the queue when the run did not drain: Kind (its state), Sent (when it is next due), Retry, Err
 )
 
 // Record is one line of a history. T is the wall clock (Unix ns; every process
@@ -52,6 +53,8 @@ type Record struct {
 	Err      string `json:"err,omitempty"`
 	Fault    string `json:"fault,omitempty"`
 	Target   string `json:"target,omitempty"` // the process a fault hit
+	Killed   int64  `json:"killed,omitempty"` // a pub/sub cut: how many connections it closed
+	Offset   int64  `json:"offset,omitempty"` // a worker's ready record: its Scheduler's clock offset (ns)
 	Sent     int64  `json:"sent,omitempty"`   // an enqueue: the wall clock when the call began (T is when it returned)
 	Holder   string `json:"holder,omitempty"` // a refused Unique enqueue: the asynq ID of the task holding the key
 	RedisUS  int64  `json:"redis_us,omitempty"`

@@ -19,6 +19,7 @@ import (
 
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
+	"github.com/jobguard/jobguard/periodic"
 	"github.com/jobguard/jobguard/singleton"
 )
 
@@ -68,6 +69,15 @@ func policyOf(f Family) middleware.Policy {
 	return middleware.Skip()
 }
 
+// throttleAction is what a throttled task of f does: it is put back under
+// Requeue, skipped otherwise.
+func throttleAction(f Family) middleware.Action {
+	if f.Policy == polRequeue {
+		return middleware.ActionRequeue
+	}
+	return middleware.ActionSkip
+}
+
 // Negative controls (-broken): workers that break the rules on purpose.
 const (
 	brokenNone = "none" // no middleware at all
@@ -102,6 +112,7 @@ func workerMain(args []string) error {
 	prefix := fs.String("prefix", "", "lock key prefix")
 	queue := fs.String("queue", "", "asynq queue")
 	broken := fs.String("broken", "", "negative control: none (no middleware) or skip (every family under Skip)")
+	offset := fs.Duration("offset", 0, "the offset of the Scheduler's clock from the wall clock")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -148,9 +159,13 @@ func workerMain(args []string) error {
 			if *broken == brokenSkip {
 				pol = middleware.Skip()
 			}
-			guard, err := singleton.Middleware(locker, singleton.KeyByFields("k"),
+			opts := []singleton.Option{singleton.KeyByFields("k"),
 				singleton.WithPolicy(pol), singleton.WithLimit(f.Limit), singleton.WithTTL(w.TTL),
-				singleton.WithRedis(rdb), singleton.WithObserver(observe))
+				singleton.WithRedis(rdb), singleton.WithObserver(observe)}
+			if f.Throttle > 0 {
+				opts = append(opts, singleton.WithThrottle(f.Throttle, f.Period, throttleAction(f)))
+			}
+			guard, err := singleton.Middleware(locker, opts...)
 			if err != nil {
 				return err
 			}
@@ -158,21 +173,34 @@ func workerMain(args []string) error {
 		}
 		mux.Handle(f.TaskType(), deliver(rec, &inflight, h))
 	}
+	// SIGUSR1 stops the Scheduler (the run goes quiet), SIGTERM the process.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, os.Interrupt, syscall.SIGUSR1)
 	srv := asynq.NewServerFromRedisClient(rdb, workerConfig(*queue))
 	if err := srv.Start(mux); err != nil {
 		return err
 	}
-	rec.add(Record{Ev: evReady})
+	sched, err := startScheduler(rec, rdb, w, *prefix, *queue, *offset)
+	if err != nil {
+		return err
+	}
+	rec.add(Record{Ev: evReady, Offset: int64(*offset)})
 	fmt.Println("ready")
 
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
+	firing := true
+	stopScheduler := func() {
+		if firing {
+			firing = false
+			sched.Shutdown()
+		}
+	}
 	tick := time.NewTicker(2 * time.Second)
 	defer tick.Stop()
 	for done := false; !done; {
 		select {
-		case <-sig:
-			done = true
+		case s := <-sig:
+			stopScheduler()
+			done = s != syscall.SIGUSR1
 		case <-tick.C:
 			recordClock(rec, rdb)
 		}
@@ -190,6 +218,43 @@ func workerMain(args []string) error {
 	err = locker.Close(context.Background())
 	rec.add(Record{Ev: evExit})
 	return err
+}
+
+// periodicMaxRetry is the MaxRetry of the ticks' tasks.
+const periodicMaxRetry = 3
+
+// startScheduler starts the process's periodic.Scheduler, whose clock is
+// the wall clock plus offset: it fires the ticks of every periodic family
+// and records each enqueue it made (accepted or failed; one refused because
+// another replica enqueued the tick first is not reported to it). Its marks
+// live under a prefix of their own, outside the lock key prefix.
+func startScheduler(rec *recorder, rdb *redis.Client, w Workload, prefix, queue string, offset time.Duration) (*periodic.Scheduler, error) {
+	var fams []Family
+	for _, f := range w.Families {
+		if f.Client == cliPeriodic {
+			fams = append(fams, f)
+		}
+	}
+	post := func(info *asynq.TaskInfo, err error) {
+		r := Record{Ev: evEnqueue, Accepted: err == nil}
+		if err != nil {
+			r.Err = err.Error()
+		} else {
+			var p payload
+			_ = json.Unmarshal(info.Payload, &p)
+			r.Task, r.AID, r.Fam, r.Key, r.Retry = info.ID, info.ID, p.Fam, p.K, info.MaxRetry
+		}
+		rec.add(r)
+	}
+	s := periodic.NewSchedulerFromRedisClient(rdb, &asynq.SchedulerOpts{PostEnqueueFunc: post},
+		periodic.WithClock(func() time.Time { return time.Now().Add(offset) }), periodic.WithPrefix("periodic:"+prefix))
+	for _, f := range fams {
+		b, _ := json.Marshal(payload{Fam: f.Name, K: "k0", Dur: 30 * time.Millisecond})
+		if _, err := s.Register("@every 1s", asynq.NewTask(f.TaskType(), b), asynq.Queue(queue), asynq.MaxRetry(periodicMaxRetry), asynq.Timeout(time.Minute)); err != nil {
+			return nil, err
+		}
+	}
+	return s, s.Start()
 }
 
 // recordClock records the Redis server's clock.
@@ -211,6 +276,9 @@ func deliver(rec *recorder, inflight *sync.WaitGroup, next asynq.Handler) asynq.
 			return fmt.Errorf("chaos: payload: %w", err)
 		}
 		aid, _ := asynq.GetTaskID(ctx)
+		if p.ID == "" {
+			p.ID = aid // a Scheduler's tick: named by its task ID
+		}
 		retry, _ := asynq.GetRetryCount(ctx)
 		ri := &runInfo{p: p, aid: aid}
 		r := Record{Task: p.ID, AID: aid, Fam: p.Fam, Key: p.K, N: p.N, Retry: retry}

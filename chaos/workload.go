@@ -19,10 +19,12 @@ const (
 
 // Enqueue modes of a family.
 const (
-	cliPlain   = "plain"   // asynq.Client
-	cliStamped = "stamped" // singleton.NewClient (EnqueuedAtHeader)
-	cliPark    = "park"    // singleton.NewClient with ParkAtEnqueue
-	cliUnique  = "unique"  // singleton.NewClient with Unique(UntilExecuted)
+	cliPlain    = "plain"    // asynq.Client
+	cliStamped  = "stamped"  // singleton.NewClient (EnqueuedAtHeader)
+	cliPark     = "park"     // singleton.NewClient with ParkAtEnqueue
+	cliUnique   = "unique"   // singleton.NewClient with Unique(UntilExecuted)
+	cliDebounce = "debounce" // singleton.NewClient with Debounce(Quiet, MaxWait)
+	cliPeriodic = "periodic" // a periodic.Scheduler in every worker, "@every 1s"; no enqueue of the driver's
 )
 
 // Fault kinds.
@@ -34,6 +36,10 @@ const (
 	// starts it again after Hold: every connection, pub/sub included, is
 	// cut. Only when the run started its redis-server itself.
 	faultRedis = "redis"
+	// faultPubsub cuts every pub/sub connection of the Redis (CLIENT KILL
+	// TYPE pubsub) and nothing else: the Lockers' lease notices and wake-ups
+	// are lost until they reconnect and resubscribe.
+	faultPubsub = "pubsub"
 )
 
 // Family is a group of keys sharing a task type and a middleware setup.
@@ -43,6 +49,14 @@ type Family struct {
 	Limit  int    `json:"limit"`
 	Keys   int    `json:"keys"`
 	Client string `json:"client"`
+	// Throttle, when not zero, is WithThrottle's n: at most Throttle runs of
+	// a key begin in any window of Period (ActionSkip under Skip,
+	// ActionRequeue under Requeue).
+	Throttle int           `json:"throttle,omitempty"`
+	Period   time.Duration `json:"period,omitempty"`
+	// Quiet and MaxWait are the Debounce options of a debounce family.
+	Quiet   time.Duration `json:"quiet,omitempty"`
+	MaxWait time.Duration `json:"max_wait,omitempty"`
 }
 
 // TaskType is the asynq task type of the family's tasks.
@@ -80,6 +94,18 @@ type Workload struct {
 	Families []Family      `json:"families"`
 	Ops      []Op          `json:"ops"`
 	Faults   []Fault       `json:"faults"`
+	// Offsets are the clocks of the worker processes' Schedulers: the n-th
+	// process started (replacements included) fires by the wall clock plus
+	// Offsets[(n-1) % len(Offsets)].
+	Offsets []time.Duration `json:"offsets"`
+}
+
+// offset is the clock offset of the n-th worker process (from 1).
+func (w Workload) offset(n int) time.Duration {
+	if len(w.Offsets) == 0 {
+		return 0
+	}
+	return w.Offsets[(n-1)%len(w.Offsets)]
 }
 
 // leaseTTL is the lease TTL of every chaos middleware: short, so that a
@@ -110,10 +136,44 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 	}
 	// Unique at enqueue, under Skip.
 	w.Families = append(w.Families, Family{Name: "f6unique", Policy: polSkip, Limit: 1, Keys: 1 + r.IntN(2), Client: cliUnique})
+	// A throttle, under Skip or Requeue: bursts meet the budget of starts.
+	th := Family{Name: "f7throttle", Policy: polSkip, Limit: 1 + r.IntN(2), Keys: 1 + r.IntN(2), Client: cliPlain,
+		Throttle: 1 + r.IntN(2), Period: time.Duration(500+r.IntN(1500)) * time.Millisecond}
+	if r.IntN(3) > 0 {
+		th.Policy = polRequeue
+	}
+	if r.IntN(2) == 0 {
+		th.Client = cliStamped
+	}
+	w.Families = append(w.Families, th)
+	// Debounce at enqueue, under KeepNewest or Preempt (as its doc says).
+	db := Family{Name: "f8debounce", Policy: polKeepNewest, Limit: 1, Keys: 1 + r.IntN(2), Client: cliDebounce,
+		Quiet: time.Duration(100+r.IntN(600)) * time.Millisecond}
+	if r.IntN(2) == 0 {
+		db.Policy = polPreempt
+	}
+	if r.IntN(2) == 0 {
+		db.MaxWait = db.Quiet + time.Duration(r.IntN(2000))*time.Millisecond
+	}
+	w.Families = append(w.Families, db)
+	// Ticks every worker's Scheduler fires, under Requeue (a tick delivered
+	// while the previous one runs is run after it, not skipped).
+	w.Families = append(w.Families, Family{Name: "f9periodic", Policy: polRequeue, Limit: 1, Keys: 1, Client: cliPeriodic})
+	var enqueued []int // the families the driver enqueues
+	for i, f := range w.Families {
+		if f.Client != cliPeriodic {
+			enqueued = append(enqueued, i)
+		}
+	}
 	// About 4 tasks a second, in bursts and streams of one key.
 	budget := int(length.Seconds() * 4)
-	for len(w.Ops) < budget {
-		fi := r.IntN(len(w.Families))
+	// Every family gets a burst or stream, however short the run; the
+	// others fall at random.
+	for b := 0; b < len(enqueued) || len(w.Ops) < budget; b++ {
+		fi := enqueued[b%len(enqueued)]
+		if b >= len(enqueued) {
+			fi = enqueued[r.IntN(len(enqueued))]
+		}
 		f := w.Families[fi]
 		key := fmt.Sprintf("k%d", r.IntN(f.Keys))
 		at := time.Duration(r.Int64N(int64(length * 9 / 10)))
@@ -151,7 +211,7 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 	}
 	if faults {
 		n := 1 + int(length/(8*time.Second))
-		kinds := []string{faultKill, faultTerm, faultStop, faultRedis}
+		kinds := []string{faultKill, faultTerm, faultStop, faultRedis, faultPubsub}
 		first := r.IntN(len(kinds))
 		for i := range n {
 			f := Fault{At: length/10 + time.Duration(r.Int64N(int64(length*8/10))), Kind: kinds[(first+i)%len(kinds)], Target: r.IntN(w.Workers)}
@@ -164,6 +224,10 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 			w.Faults = append(w.Faults, f)
 		}
 		slices.SortStableFunc(w.Faults, func(a, b Fault) int { return int(a.At - b.At) })
+	}
+	// Clocks up to 400ms apart either way, as replicas' clocks drift.
+	for range 8 {
+		w.Offsets = append(w.Offsets, time.Duration(r.IntN(801)-400)*time.Millisecond)
 	}
 	return w
 }
