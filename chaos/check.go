@@ -445,7 +445,7 @@ func (h *history) checkRuns() []Violation {
 
 // checkCover: under Coalesce, a task that never ran to completion was
 // covered: a decision says so, and a run of its key (another task's) that
-// began after its enqueue (its stamp; its delivery if plain) succeeded.
+// began after its enqueue call began succeeded.
 func (h *history) checkCover() []Violation {
 	var vs []Violation
 	for _, name := range h.order {
@@ -464,10 +464,19 @@ func (h *history) checkCover() []Violation {
 			vs = append(vs, h.violation(ruleCover, name, "neither ran to completion nor was covered", t.events()...))
 			continue
 		}
+		// The run must have begun after the enqueue for sure: after the
+		// moment the enqueue call began (Sent). The stamp is an upper bound
+		// of Redis's clock at the enqueue (the Client's clock reading plus
+		// the time since), so after a slow TIME read, such as one across a
+		// Redis restart, it can be later than the enqueue by that read's
+		// latency: a run that began between the two covers the task.
 		anchor := int64(0)
-		if t.enq.Stamp > 0 {
+		switch {
+		case t.enq.Sent > 0:
+			anchor = t.enq.Sent
+		case t.enq.Stamp > 0:
 			anchor = t.enq.Stamp * 1000
-		} else if len(t.delivs) > 0 {
+		case len(t.delivs) > 0:
 			anchor = t.delivs[0].T
 		}
 		ok := false
