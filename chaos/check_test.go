@@ -225,7 +225,8 @@ func TestSeed301HistoryReportsATaskRunTwice(t *testing.T) {
 // delivered at once rather than when the next start opens; a copy delivered
 // while the copy that made it was still active could not take that one's
 // ID for its own re-enqueue, returned an error and, with no retries left,
-// was archived: the task never ran. The checker names it.
+// was archived: the task never ran (singleton now waits for that copy to go,
+// TestCopyWaitsForTheCopyThatMadeIt). The checker names it.
 func TestSeed425HistoryReportsAThrottledTaskLost(t *testing.T) {
 	vs := checkTestdata(t, "seed-425")
 	if len(vs) != 1 || vs[0].Rule != ruleRuns || vs[0].Task != "s425-f7throttle-k0-4" {

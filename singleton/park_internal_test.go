@@ -97,3 +97,56 @@ func TestResumeLeavesADoneTaskDone(t *testing.T) {
 	require.Zero(t, errs.Load(), "a done task is no error")
 	require.EqualValues(t, 1, runs.Load(), "the completed task ran once")
 }
+
+// A copy whose delivery began before the copy that enqueued it returned
+// finds that copy still active under the ID its own copy needs (copies
+// alternate between two IDs): its copy is enqueued once the creator is
+// gone, instead of the task failing with no retries left (chaos seed 425,
+// a throttled MaxRetry(0) task lost).
+func TestCopyWaitsForTheCopyThatMadeIt(t *testing.T) {
+	ctx := context.Background()
+	rdb := testredis.Client(t)
+	queue := fmt.Sprintf("copy-creator-%d", time.Now().UnixNano())
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	t.Cleanup(func() { _ = insp.DeleteQueue(queue, true) })
+	client := asynq.NewClientFromRedisClient(rdb)
+
+	// The creator, "o~a", runs (active) until released.
+	running, release := make(chan struct{}), make(chan struct{})
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Queues: map[string]int{queue: 1}, TaskCheckInterval: 10 * time.Millisecond,
+		LogLevel: asynq.FatalLevel})
+	require.NoError(t, srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		close(running)
+		<-release
+		return nil
+	})))
+	defer srv.Shutdown()
+	_, err := client.Enqueue(asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", CopyHeader: "first"}),
+		asynq.Queue(queue), asynq.TaskID("o~a"), asynq.MaxRetry(0))
+	require.NoError(t, err)
+	<-running
+	// "o~b", made by it, is delivered meanwhile, and needs its own copy.
+	_, err = client.Enqueue(asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", CopyHeader: "second"}),
+		asynq.Queue(queue), asynq.TaskID("o~b"), asynq.MaxRetry(0), asynq.ProcessIn(time.Hour))
+	require.NoError(t, err)
+
+	l, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(testredis.Prefix(t, rdb)))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	cfg := &config{}
+	WithRedis(rdb).apply(cfg)
+	m, err := cfg.build(l)
+	require.NoError(t, err)
+	waited := false
+	m.onCreatorWait = func() { waited = true; close(release) } // the creator returns while the copy's enqueue waits
+	b := asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", CopyHeader: "second"})
+	id, err := m.enqueueCopy(ctx, b, "o~b", queue, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, "o~a", id)
+	require.True(t, waited, "the enqueue met the creator")
+	info, err := insp.GetTaskInfo(queue, "o~a")
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, info.State, "the new copy waits for its delay")
+	require.Equal(t, "o", info.Headers[OriginHeader])
+	require.NotEqual(t, "first", info.Headers[CopyHeader])
+}

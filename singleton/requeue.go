@@ -141,6 +141,45 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.Du
 	return fmt.Errorf("%w; re-enqueued as task %s (%w)", re, copyID, asynq.RevokeTask)
 }
 
+// creatorWait bounds how long a copy's enqueue waits for the copy that made
+// this delivery (see awaitCreator).
+const creatorWait = 2 * time.Second
+
+// awaitCreator handles a conflict on copyID with the copy of the same work
+// that made this delivery: copies of a task with no retries left alternate
+// between two IDs, and when this delivery began before the copy that
+// enqueued it had returned (a resumed or immediately due copy), that copy is
+// still active under the ID this one's copy needs. It is about to be revoked
+// and deleted, so the enqueue is tried again, with enqueue, once it is gone,
+// for up to creatorWait. Any other conflict (this enqueue's own copy, sent
+// again by go-redis, is the caller's to take), or a creator that stays, is
+// err.
+func (m *guarded) awaitCreator(ctx context.Context, queue, copyID string, headers map[string]string, enqueue func() error, err error) error {
+	deadline := time.Now().Add(creatorWait)
+	pause := time.Millisecond
+	if m.onCreatorWait != nil {
+		m.onCreatorWait()
+	}
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		other, ierr := m.inspector.GetTaskInfo(queue, copyID)
+		switch {
+		case errors.Is(ierr, asynq.ErrTaskNotFound):
+			if err = enqueue(); !errors.Is(err, asynq.ErrTaskIDConflict) {
+				return err
+			}
+		case ierr != nil || other.State != asynq.TaskStateActive || other.Headers[OriginHeader] != headers[OriginHeader] ||
+			other.Headers[CopyHeader] == headers[CopyHeader]: // this enqueue's own copy, sent again: the caller takes it
+			return err
+		}
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+		}
+		pause = min(2*pause, 50*time.Millisecond)
+	}
+	return err
+}
+
 // enqueueCopy enqueues a copy of the active task id to run after delay, with
 // the options that shape its processing. The copy gets a new ID (the original
 // still exists until it is revoked) and no Unique lock (the original's is
@@ -188,7 +227,14 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 		headers[OriginHeader] = id
 	}
 	headers[CopyHeader] = newTaskID()
-	_, err = m.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
+	task := asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers)
+	_, err = m.client.EnqueueContext(ctx, task, opts...)
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		err = m.awaitCreator(ctx, queue, copyID, headers, func() error {
+			_, err := m.client.EnqueueContext(ctx, task, opts...)
+			return err
+		}, err)
+	}
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		other, ierr := m.inspector.GetTaskInfo(queue, copyID)
 		switch {

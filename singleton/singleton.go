@@ -409,6 +409,9 @@ type guarded struct {
 	skips     *skipLog
 	hooks     *hookCheck
 	decisions int // entries of DecisionLog kept; 0: none
+	// onCreatorWait, in tests, is called when a copy's enqueue starts
+	// waiting for the copy that made its delivery (awaitCreator).
+	onCreatorWait func()
 }
 
 func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task) error {
