@@ -49,7 +49,7 @@ Usage:
   jobguard [flags] ls [PATTERN]      keys with a live holder (Redis glob; default *)
   jobguard [flags] inspect KEY       holders (owner, label, token, TTL) and waiters of KEY
   jobguard [flags] release KEY       remove KEY's holders (all, --owner ID's or --token N's); asks first unless --yes
-  jobguard [flags] watch [PATTERN]   show the held keys every --interval until interrupted
+  jobguard [flags] watch [PATTERN]   show the held keys every --interval until interrupted (a Redis error is printed, and watch goes on)
   jobguard [flags] why TASK-ID       why a task completed without running (singleton's decision log)
 
 Examples:
@@ -431,15 +431,16 @@ func (c *cli) watch(ctx context.Context, pattern string) int {
 	defer t.Stop()
 	for {
 		keys, err := c.held(ctx, pattern)
-		if err != nil && ctx.Err() == nil {
-			return c.fail(err)
-		}
 		if ctx.Err() != nil {
 			return exitOK
 		}
-		if c.o.json {
+		switch {
+		case err != nil:
+			// Redis restarts and failovers pass: say so, and look again.
+			fmt.Fprintf(c.errOut, "%s  jobguard watch: %v; trying again in %s\n", time.Now().Format("15:04:05"), err, c.o.interval)
+		case c.o.json:
 			_ = json.NewEncoder(c.out).Encode(map[string]any{"at": time.Now().UTC().Format(time.RFC3339Nano), "keys": keys})
-		} else {
+		default:
 			if f, ok := c.out.(*os.File); ok && isTerminal(f) {
 				fmt.Fprint(c.out, "\033[H\033[2J") // clear the screen
 			}

@@ -297,3 +297,25 @@ func TestReleasePinnedToTheTokensShown(t *testing.T) {
 	require.Zero(t, code)
 	require.Contains(t, o, "released 1 holder(s) of tenant:42")
 }
+
+// watch outlives Redis errors: each failed look is one line on stderr, and
+// it goes on looking until interrupted.
+func TestWatchGoesOnAfterARedisError(t *testing.T) {
+	cmd := exec.Command(bin, "watch", "--interval", "20ms")
+	cmd.Env = append(os.Environ(), "REDIS_ADDR=127.0.0.1:1", "REDIS_CLUSTER_ADDRS=")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	lines := bufio.NewScanner(stderr)
+	for seen := 0; seen < 2; { // go-redis logs lines of its own
+		require.True(t, lines.Scan(), "watch stopped")
+		if strings.Contains(lines.Text(), "jobguard watch: ") {
+			require.Contains(t, lines.Text(), "trying again in 20ms")
+			seen++
+		}
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	for lines.Scan() {
+	}
+	require.NoError(t, cmd.Wait(), "exit 0 on SIGINT")
+}
