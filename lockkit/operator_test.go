@@ -2,9 +2,11 @@ package lockkit_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/internal/testredis"
@@ -17,8 +19,12 @@ import (
 // here), also for a lease that watches nothing (no Preempt). Another lease
 // of the key is left running.
 func TestForceReleaseCancelsTheWorkAtOnce(t *testing.T) {
+	t.Run("standalone", func(t *testing.T) { forceReleaseAtOnce(t, testredis.Client(t)) })
+	t.Run("cluster", func(t *testing.T) { forceReleaseAtOnce(t, testredis.Cluster(t)) })
+}
+
+func forceReleaseAtOnce(t *testing.T, c redis.UniversalClient) {
 	ctx := context.Background()
-	c := testredis.Client(t)
 	prefix := testredis.Prefix(t, c)
 	holder, err := lockkit.NewRedis(c, lockkit.WithPrefix(prefix), lockkit.WithTTL(30*time.Second))
 	require.NoError(t, err)
@@ -35,9 +41,8 @@ func TestForceReleaseCancelsTheWorkAtOnce(t *testing.T) {
 	defer cancel()
 	otherWork, cancelOther := other.Context(ctx)
 	defer cancelOther()
-	require.Eventually(t, func() bool { // the Locker listens on the operators' channel
-		n, err := c.PubSubNumSub(ctx, prefix+"!operators").Result()
-		return err == nil && n[prefix+"!operators"] == 1
+	require.Eventually(t, func() bool { // the Locker listens on the operators' channel (on one node of a Cluster)
+		return subscribers(ctx, c, prefix+"!operators") == 1
 	}, 5*time.Second, 5*time.Millisecond)
 
 	start := time.Now()
@@ -67,4 +72,29 @@ func TestForceReleaseCancelsTheWorkAtOnce(t *testing.T) {
 		t.Fatal("the released work was not cancelled before its renewal")
 	}
 	require.ErrorContains(t, context.Cause(work), "released by an operator")
+}
+
+// subscribers counts the subscribers of channel on every master.
+func subscribers(ctx context.Context, c redis.UniversalClient, channel string) int64 {
+	count := func(ctx context.Context, n *redis.Client) int64 {
+		m, err := n.PubSubNumSub(ctx, channel).Result()
+		if err != nil {
+			return 0
+		}
+		return m[channel]
+	}
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return count(ctx, c.(*redis.Client))
+	}
+	var mu sync.Mutex
+	var total int64
+	_ = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+		k := count(ctx, n)
+		mu.Lock()
+		total += k
+		mu.Unlock()
+		return nil
+	})
+	return total
 }
