@@ -132,6 +132,7 @@ type engine struct {
 	wg       sync.WaitGroup
 	started  bool
 	stopOnce sync.Once
+	opsOnce  sync.Once // the operators' channel is watched (hold)
 }
 
 func newEngine(cfg config, b backend) *engine {
@@ -290,6 +291,9 @@ func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent t
 	if early {
 		e.poke()
 	}
+	// From the first lease on, listen for operators' releases; not under
+	// e.mu, since a subscribe may dial.
+	e.opsOnce.Do(func() { e.b.watchOperators(e.operatorRelease) })
 	if r.preempt != "0" {
 		stop := e.b.watch(l, sent)
 		e.mu.Lock()

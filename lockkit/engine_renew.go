@@ -24,7 +24,6 @@ type orphan struct {
 func (e *engine) startLocked() {
 	if !e.started && !e.closed {
 		e.started = true
-		e.b.watchOperators(e.operatorRelease)
 		e.wg.Add(2)
 		go e.renewLoop()
 		go e.releaseLoop()
