@@ -38,6 +38,8 @@ type Lease struct {
 	plain  bool   // taken in the plain form of its key (see acquireResult)
 	// parkedBefore: the acquire had been parked (WasParked).
 	parkedBefore bool
+	// completeKeep is CompleteOnSuccess's keep; guarded by e.mu.
+	completeKeep time.Duration
 	// renewArgs caches, for RedisLocker's renewals, the lease's holders and
 	// meta keys and its member as a script argument; set and read only by
 	// the renewal of the batch the lease is in.
@@ -283,6 +285,24 @@ func (l *Lease) Detach(ctx context.Context, ttl time.Duration) error {
 	return nil
 }
 
+// CompleteOnSuccess makes Run, when fn returns nil, record the lease's
+// AcquireOptions.Label as completed for keep, as Complete does: the caller
+// learned while fn ran that its runtime will deliver the work again
+// although it is done. It has no effect without a label, outside Run, or
+// after fn failed; zero (the default) records nothing, and keep is capped at
+// MaxTTL.
+func (l *Lease) CompleteOnSuccess(keep time.Duration) {
+	l.e.mu.Lock()
+	l.completeKeep = min(max(keep, 0), MaxTTL)
+	l.e.mu.Unlock()
+}
+
+func (l *Lease) completeFor() time.Duration {
+	l.e.mu.Lock()
+	defer l.e.mu.Unlock()
+	return l.completeKeep
+}
+
 // Complete releases the lease like Release and records its AcquireOptions.Label as
 // completed on the key for keep: until then an acquire of the key with the
 // same label fails with ErrCompleted. Use it when the work is done but the
@@ -465,6 +485,8 @@ func (l *Lease) Run(ctx context.Context, fn func(context.Context) error) (err er
 			end.nohold = true // nothing done that a hold would space out
 		case l.label != "" && ctx.Err() != nil:
 			end = l.success(CompletedRetention)
+		case l.label != "" && l.completeFor() > 0:
+			end = l.success(l.completeFor())
 		default:
 			end = l.success(0)
 		}

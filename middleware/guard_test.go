@@ -20,7 +20,10 @@ import (
 	"github.com/jobguard/jobguard/middleware"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// go-redis v9.17's process-wide clock goroutine is go-redis's, not a leak.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.startGlobalTimeCache.func1"))
+}
 
 // backends returns, per store, a function making Lockers that share state
 // like processes sharing one Redis: miniredis in the process, and the Redis
@@ -350,7 +353,10 @@ func TestNewValidation(t *testing.T) {
 		{"throttle n", []middleware.Option{middleware.WithThrottle(0, time.Second, middleware.ActionSkip)}, "WithThrottle(0, 1s): n must be at least 1"},
 		{"throttle then", []middleware.Option{middleware.WithThrottle(1, time.Second, middleware.ActionFail)}, "then must be ActionSkip or ActionRequeue, not fail"},
 		{"negative hold", []middleware.Option{middleware.WithHoldAtLeast(-time.Second)}, "WithHoldAtLeast(-1s): must not be negative"},
-		{"negative wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "the wait must be positive"},
+		{"negative wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "the wait -1s must be positive"},
+		{"zero wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(0, middleware.Skip()))}, "the wait 0s must be positive"},
+		{"zero wait in order", []middleware.Option{middleware.WithPolicy(middleware.WaitInOrder(0, middleware.Fail()))}, "the wait 0s must be positive"},
+		{"wait around a wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Wait(time.Hour, middleware.Skip())))}, "then waits already: Wait(1h0m0s, Skip())"},
 		{"negative delay", []middleware.Option{middleware.WithPolicy(middleware.Requeue(-time.Second))}, "the requeue delay is negative"},
 		{"nil pending", []middleware.Option{middleware.WithPending(nil)}, "WithPending(nil)"},
 		{"preempt and wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Preempt(0)))}, "Preempt(0s) waits for its turn itself"},

@@ -83,6 +83,7 @@ type Policy struct {
 	wait   time.Duration // how long a job waits for the key before action applies
 	fair   bool          // waiting jobs take the key in arrival order
 	grace  time.Duration // ModePreempt's grace
+	bad    string        // why Wait or WaitInOrder made a policy New refuses
 }
 
 // Mode returns what the policy does with a job whose key is held.
@@ -156,7 +157,7 @@ func (p Policy) String() string {
 	switch {
 	case p.fair:
 		s = fmt.Sprintf("WaitInOrder(%s, %s)", p.wait, s)
-	case p.wait != 0:
+	case p.wait != 0 || p.bad != "":
 		s = fmt.Sprintf("Wait(%s, %s)", p.wait, s)
 	}
 	return s
@@ -182,10 +183,15 @@ func Requeue(delay time.Duration) Policy {
 // the key, woken when it is released. max must be positive, and then a
 // ModeAction policy that does not wait already.
 func Wait(max time.Duration, then Policy) Policy {
-	then.wait = max
-	if then.mode != ModeAction {
-		then.wait = -1 // refused by New: only Skip, Requeue and Fail wait
+	switch {
+	case then.mode != ModeAction:
+		then.bad = "only Skip, Requeue and Fail take a Wait: " + then.String() + " waits for its turn itself"
+	case then.wait != 0:
+		then.bad = "then waits already: " + then.String()
+	case max <= 0:
+		then.bad = fmt.Sprintf("the wait %s must be positive", max)
 	}
+	then.wait = max
 	return then
 }
 
@@ -199,14 +205,12 @@ func WaitInOrder(max time.Duration, then Policy) Policy {
 
 func (p Policy) validate() error {
 	switch {
+	case p.bad != "":
+		return fmt.Errorf("%w: WithPolicy: Wait: %s", ErrInvalid, p.bad)
 	case p.action < 0 || int(p.action) >= len(actionNames):
 		return fmt.Errorf("%w: WithPolicy(%s): unknown action %d", ErrInvalid, p, int(p.action))
 	case p.delay < 0:
 		return fmt.Errorf("%w: WithPolicy(%s): the requeue delay is negative", ErrInvalid, p)
-	case p.wait < 0 && p.mode != ModeAction:
-		return fmt.Errorf("%w: WithPolicy: Wait(..., %s): %s waits for its turn itself; only Skip, Requeue and Fail take a Wait", ErrInvalid, p, p)
-	case p.wait < 0:
-		return fmt.Errorf("%w: WithPolicy(%s): the wait must be positive", ErrInvalid, p)
 	case p.grace < 0 || p.grace > lockkit.MaxTTL:
 		return fmt.Errorf("%w: WithPolicy(%s): the grace must not be negative nor longer than %s", ErrInvalid, p, lockkit.MaxTTL)
 	}

@@ -21,7 +21,10 @@ import (
 	"github.com/jobguard/jobguard/internal/testredis"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// go-redis v9.17's process-wide clock goroutine is go-redis's, not a leak.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.startGlobalTimeCache.func1"))
+}
 
 // deployment makes clients of one Redis deployment, closed when the test ends.
 type deployment func(t *testing.T) redis.UniversalClient

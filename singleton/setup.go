@@ -114,7 +114,7 @@ func (g *Guard) Client(c *asynq.Client, opts ...ClientOption) (*Client, error) {
 	for _, o := range opts {
 		all = append(all, o)
 	}
-	return newClient(c, g.rdb, g.locker, all)
+	return newClient(c, g.m.rdb, g.locker, all) // the Redis the servers use (WithRedis)
 }
 
 // Locker returns the Guard's Locker, for lockkit's own uses (lockkit.Do,

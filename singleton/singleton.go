@@ -444,16 +444,17 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		ctx = withCopyID(ctx, origin)
 	}
 	res := m.startReservation(ctx, t, key, origin)
-	gctx, giveUp := context.WithCancelCause(ctx)
-	defer giveUp(nil)
-	out := m.guard.Run(gctx, job, func(ctx context.Context) error {
+	out := m.guard.Run(ctx, job, func(ctx context.Context) error {
 		m.started(ctx, t, key, origin)
 		err := next.ProcessTask(ctx, t)
-		if err == nil && m.takenBack(ctx, retried) {
-			// asynq will deliver the task again although its work is
-			// done: a run that succeeded after its ctx ended is recorded
-			// as completed (lockkit.CompletedRetention).
-			giveUp(errTakenBack)
+		if err == nil {
+			if keep := m.takenBack(ctx, retried); keep > 0 {
+				// asynq will deliver the task again although its work is
+				// done: its success is recorded until that delivery.
+				if lease, ok := lockkit.LeaseFromContext(ctx); ok {
+					lease.CompleteOnSuccess(keep)
+				}
+			}
 		}
 		return err
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -109,5 +110,34 @@ func lateRetryWrite(t *testing.T, earlier string) {
 			}
 		}
 		require.Equal(t, 1, completed, "x's last delivery completed without running: %v", ev.all())
+
+		// The success is kept until the retry was due plus a minute, not for
+		// lockkit.CompletedRetention: a later task reusing x's ID runs.
+		var keys []string
+		var mu sync.Mutex
+		scan := func(ctx context.Context, c *redis.Client) error {
+			ks, err := c.Keys(ctx, e.Prefix+"*:h").Result()
+			mu.Lock()
+			keys = append(keys, ks...)
+			mu.Unlock()
+			return err
+		}
+		if cc, ok := e.RDB.(*redis.ClusterClient); ok {
+			require.NoError(t, cc.ForEachMaster(context.Background(), scan))
+		} else {
+			require.NoError(t, scan(context.Background(), e.RDB.(*redis.Client)))
+		}
+		found := false
+		for _, k := range keys {
+			score, err := e.RDB.ZScore(context.Background(), k, "done:"+x.ID).Result()
+			if err != nil {
+				continue
+			}
+			found = true
+			left := time.Until(time.UnixMilli(int64(-score)))
+			require.Greater(t, left, 30*time.Second)
+			require.Less(t, left, 2*time.Minute, "kept until the retry was due plus a minute")
+		}
+		require.True(t, found, "x's success is recorded")
 	})
 }

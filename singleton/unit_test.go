@@ -20,7 +20,10 @@ import (
 	"github.com/jobguard/jobguard/singleton"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// go-redis v9.17's process-wide clock goroutine is go-redis's, not a leak.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.startGlobalTimeCache.func1"))
+}
 
 func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
@@ -41,7 +44,7 @@ func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 		{"nil redis", []singleton.Option{singleton.WithRedis(nil)}, "WithRedis(nil): client is nil"},
 		{"limit", []singleton.Option{singleton.WithLimit(0)}, "WithLimit(0): must be at least 1"},
 		{"ttl", []singleton.Option{singleton.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
-		{"negative wait", []singleton.Option{singleton.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "Wait(-1s, Skip())): the wait must be positive"},
+		{"negative wait", []singleton.Option{singleton.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "Wait: the wait -1s must be positive"},
 		{"requeue without redis", []singleton.Option{singleton.WithPolicy(middleware.Requeue(time.Second))},
 			"WithPolicy(Requeue(1s)): a policy that requeues needs WithRedis(client)"},
 		{"wait then requeue without redis", []singleton.Option{singleton.WithPolicy(middleware.Wait(time.Second, middleware.Requeue(0)))},

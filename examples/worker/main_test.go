@@ -16,7 +16,10 @@ import (
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// go-redis v9.17's process-wide clock goroutine is go-redis's, not a leak.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.startGlobalTimeCache.func1"))
+}
 
 // testDB keeps this package's asynq keys (asynq:* is global to a database)
 // away from the other packages' tests running at the same time.

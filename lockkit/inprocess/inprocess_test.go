@@ -14,7 +14,10 @@ import (
 	"github.com/jobguard/jobguard/lockkit/inprocess"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// go-redis v9.17's process-wide clock goroutine is go-redis's, not a leak.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.startGlobalTimeCache.func1"))
+}
 
 func start(t *testing.T) *inprocess.Store {
 	t.Helper()

@@ -13,7 +13,10 @@ import (
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// go-redis v9.17's process-wide clock goroutine is go-redis's, not a leak.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.startGlobalTimeCache.func1"))
+}
 
 // Lockers of one Store share leases; Lockers of New each have their own.
 func TestStoresShareLeasesWithinAndNotAcross(t *testing.T) {
