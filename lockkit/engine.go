@@ -57,6 +57,7 @@ type backend interface {
 	watch(l *Lease, sent time.Time) func()
 	close() error
 }
+
 type acquireResult struct {
 	ok         bool
 	token      int64
@@ -198,11 +199,13 @@ func (e *engine) held() int {
 	defer e.mu.Unlock()
 	return len(e.leases)
 }
+
 func (e *engine) isClosed() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.closed
 }
+
 func (e *engine) tryAcquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error) {
 	r, err := e.cfg.request(key, opt)
 	if err != nil {
@@ -309,6 +312,7 @@ func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent t
 	e.emit(Event{Kind: EventAcquired, Key: l.key, Owner: l.owner, Token: token, Wait: waited})
 	return l, nil
 }
+
 func (e *engine) inspect(ctx context.Context, key string) (*Info, error) {
 	if key == "" {
 		return nil, fmt.Errorf("%w: key is empty", ErrInvalid)

@@ -14,6 +14,7 @@ import (
 func (e *engine) throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
 	return e.throttleCall(ctx, key, n, period, randomID(8), false)
 }
+
 func (e *engine) throttleStart(ctx context.Context, key string, n int, period time.Duration, id string, reserve bool) (time.Duration, error) {
 	if id == "" {
 		op := "ThrottleStart"
@@ -24,9 +25,11 @@ func (e *engine) throttleStart(ctx context.Context, key string, n int, period ti
 	}
 	return e.throttleCall(ctx, key, n, period, id, reserve)
 }
+
 func (e *engine) nextStart(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
 	return e.throttleCall(ctx, key, n, period, "", false)
 }
+
 func (e *engine) returnStart(ctx context.Context, key, id string) error {
 	if key == "" || id == "" {
 		return fmt.Errorf("%w: ReturnStart(%q, %q): key and id must not be empty", ErrInvalid, key, id)
@@ -54,6 +57,7 @@ func (e *engine) throttleCall(ctx context.Context, key string, n int, period tim
 	}
 	return wait, nil
 }
+
 func (e *engine) debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error) {
 	switch {
 	case key == "" || id == "":
@@ -69,6 +73,7 @@ func (e *engine) debounce(ctx context.Context, key, id string, quiet, maxWait ti
 	}
 	return r, nil
 }
+
 func (e *engine) claim(ctx context.Context, key string, gen int64, force bool) (Request, bool, error) {
 	if key == "" || gen <= 0 {
 		return Request{}, false, fmt.Errorf("%w: Claim(%q, %d): key must not be empty and gen must be positive", ErrInvalid, key, gen)
@@ -79,6 +84,7 @@ func (e *engine) claim(ctx context.Context, key string, gen int64, force bool) (
 	}
 	return r, ok, nil
 }
+
 func (e *engine) forceRelease(ctx context.Context, key, owner string) (int, error) {
 	if key == "" {
 		return 0, fmt.Errorf("%w: ForceRelease: key is empty", ErrInvalid)
@@ -89,6 +95,7 @@ func (e *engine) forceRelease(ctx context.Context, key, owner string) (int, erro
 	}
 	return n, nil
 }
+
 func (e *engine) forceReleaseToken(ctx context.Context, key string, token int64) error {
 	if key == "" || token <= 0 {
 		return fmt.Errorf("%w: ForceReleaseToken(%q, %d): key must not be empty and token must be positive", ErrInvalid, key, token)
@@ -112,6 +119,7 @@ func (e *engine) forceReleaseToken(ctx context.Context, key string, token int64)
 	}
 	return fmt.Errorf("%w: force-release %q: the holder of token %d no longer holds it (it ended or was released); %s", ErrNotHeld, key, token, now)
 }
+
 func (e *engine) free(ctx context.Context, key, label string) (bool, error) {
 	if key == "" || label == "" {
 		return false, fmt.Errorf("%w: Free(%q, %q): key and label must not be empty", ErrInvalid, key, label)

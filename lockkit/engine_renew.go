@@ -65,6 +65,7 @@ func (e *engine) renewNow(l *Lease) {
 		e.poke()
 	}
 }
+
 func (e *engine) poke() {
 	select {
 	case e.kick <- struct{}{}:

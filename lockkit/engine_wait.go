@@ -26,6 +26,7 @@ func (e *engine) notAcquired(r *request, res acquireResult) error {
 	e.emit(Event{Kind: EventContended, Key: r.key, Owner: res.conflict.Owner, Token: res.conflict.Token, Err: res.conflict})
 	return res.conflict
 }
+
 func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error) {
 	r, err := e.cfg.request(key, opt)
 	if err != nil {

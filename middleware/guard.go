@@ -310,14 +310,17 @@ func (g *Guard) run(ctx context.Context, job Job, lease *lockkit.Lease, waited t
 	}
 	return g.finish(ctx, job, lease, start, p, err, lost, rerr)
 }
+
 func (g *Guard) emptyKey(ctx context.Context, job Job) error {
 	err := fmt.Errorf("middleware: %s: empty key", job.label())
 	g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
 	return err
 }
+
 func (g *Guard) emitLease(ctx context.Context, kind EventKind, job Job, lease *lockkit.Lease, wait, took time.Duration, err error) {
 	g.Emit(ctx, Event{Kind: kind, Job: job, Token: lease.Token(), Wait: wait, Duration: took, Err: err})
 }
+
 func (g *Guard) reportLost(ctx, wctx context.Context, job Job, lease *lockkit.Lease) {
 	switch cause := context.Cause(wctx); {
 	case errors.Is(cause, lockkit.ErrPreempted):

@@ -18,7 +18,9 @@ import (
 // task's ID of a Requeue copy), type, queue, key, reason (held, claimed,
 // superseded, throttled, covered, completed) and, where known, by_task,
 // by_owner and by_token (the run or task that held, covered or completed
-// the work). Its ID is the Redis server's time of the decision.
+// the work), and call, which names the write (a go-redis resend after a lost
+// reply adds an entry with the same call). Its ID is the Redis server's time
+// of the decision.
 const DecisionLog = "jobguard:decisions"
 
 // DefaultDecisionLogLen is about how many entries DecisionLog keeps (Redis
@@ -41,7 +43,9 @@ func (m *guarded) logDecision(ctx context.Context, t *asynq.Task, dup *middlewar
 	}
 	why := whyOf(dup)
 	_, queue := taskIdentity(ctx)
-	values := []any{"task", dup.Job.ID, "origin", dup.Job.Origin, "type", t.Type(), "queue", queue, "key", why.Key, "reason", why.Reason}
+	// call names this write: go-redis sends an XADD again when its reply
+	// was lost, and the reader (jobguard why) shows one entry per call.
+	values := []any{"call", newTaskID(), "task", dup.Job.ID, "origin", dup.Job.Origin, "type", t.Type(), "queue", queue, "key", why.Key, "reason", why.Reason}
 	if why.ByTask != "" {
 		values = append(values, "by_task", why.ByTask)
 	}

@@ -90,10 +90,14 @@ func TestDecisionLogSaysWhyATaskDidNotRun(t *testing.T) {
 				continue
 			}
 			require.Len(t, found, 1)
-			require.Equal(t, map[string]any{"task": dup.ID, "origin": dup.ID, "type": typ, "queue": e.Queue, "key": "asynq:" + typ,
+			require.NotEmpty(t, found[0]["call"])
+			require.Equal(t, map[string]any{"call": found[0]["call"], "task": dup.ID, "origin": dup.ID, "type": typ, "queue": e.Queue, "key": "asynq:" + typ,
 				"reason": "held", "by_task": first.ID, "by_owner": found[0]["by_owner"]}, found[0])
 		}
 		_, err := singleton.Middleware(e.locker(), singleton.WithRedis(e.RDB), singleton.WithDecisionLog(-1))
 		require.ErrorIs(t, err, singleton.ErrInvalid)
+		_, err = singleton.Middleware(e.locker(), singleton.WithDecisionLog(100))
+		require.ErrorIs(t, err, singleton.ErrInvalid, "a log asked for without WithRedis is refused, not dropped")
+		require.ErrorContains(t, err, "needs WithRedis")
 	})
 }

@@ -379,8 +379,11 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	m.guard, m.limit = g, c.limit
 	m.decisions = DefaultDecisionLogLen
 	if c.decisionsSet {
-		if c.decisions < 0 {
+		switch {
+		case c.decisions < 0:
 			return nil, fmt.Errorf("%w: WithDecisionLog(%d): want 0 (none) or more entries", ErrInvalid, c.decisions)
+		case c.decisions > 0 && c.rdb == nil:
+			return nil, fmt.Errorf("%w: WithDecisionLog(%d): the log is written to the servers' Redis, which needs WithRedis(client)", ErrInvalid, c.decisions)
 		}
 		m.decisions = c.decisions
 	}

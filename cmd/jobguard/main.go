@@ -483,12 +483,15 @@ func (c *cli) why(ctx context.Context, client redis.UniversalClient, id string) 
 		return c.fail(err)
 	}
 	var found []decisionView
+	calls := map[string]bool{}
 	for _, e := range entries {
 		task, _ := e.Values["task"].(string)
 		origin, _ := e.Values["origin"].(string)
-		if task != id && origin != id {
-			continue
+		call, _ := e.Values["call"].(string)
+		if (task != id && origin != id) || (call != "" && calls[call]) {
+			continue // another task's, or a write go-redis sent again
 		}
+		calls[call] = true
 		v := decisionView{Fields: map[string]string{}}
 		if ms, _, ok := strings.Cut(e.ID, "-"); ok {
 			if n, err := strconv.ParseInt(ms, 10, 64); err == nil {

@@ -27,7 +27,8 @@ func TestWhy(t *testing.T) {
 	}
 	add("task", "t-1", "origin", "t-1", "type", "report", "queue", "default", "key", "asynq:report", "reason", "held", "by_task", "t-0", "by_owner", "worker-7")
 	add("task", "other", "origin", "other", "type", "report", "queue", "default", "key", "asynq:report", "reason", "held")
-	add("task", "t-1~a", "origin", "t-1", "type", "report", "queue", "default", "key", "asynq:report\x1b[2J", "reason", "covered", "by_owner", "worker-8", "by_token", "1795650000000000")
+	add("call", "c1", "task", "t-1~a", "origin", "t-1", "type", "report", "queue", "default", "key", "asynq:report\x1b[2J", "reason", "covered", "by_owner", "worker-8", "by_token", "1795650000000000")
+	add("call", "c1", "task", "t-1~a", "origin", "t-1", "type", "report", "queue", "default", "key", "asynq:report\x1b[2J", "reason", "covered", "by_owner", "worker-8", "by_token", "1795650000000000")
 
 	out, _, code := jobguard(t, "p", "", "--decisions", stream, "why", "t-1")
 	require.Equal(t, exitOK, code, out)
@@ -35,6 +36,7 @@ func TestWhy(t *testing.T) {
 	require.Contains(t, out, "task t-1 (report, queue default) completed without running: held, key asynq:report, by task t-0, run by worker-7")
 	require.Less(t, strings.Index(out, "t-1~a"), strings.Index(out, "task t-1 "), "newest first")
 	require.NotContains(t, out, "other")
+	require.Equal(t, 1, strings.Count(out, "t-1~a"), "a write go-redis sent twice is shown once")
 
 	out, _, code = jobguard(t, "p", "", "--decisions", stream, "--json", "why", "t-1")
 	require.Equal(t, exitOK, code)
