@@ -65,6 +65,9 @@ type bench struct {
 	preemptRounds  int
 	streamInterval time.Duration
 	streamWork     time.Duration
+	scaleKeys      []int
+	scaleParked    []int
+	scaleHeld      []int
 
 	runID   string
 	prefix  string
@@ -113,12 +116,24 @@ func main() {
 	flag.DurationVar(&b.streamInterval, "stream-interval", time.Millisecond, "stream: time between two enqueues")
 	flag.DurationVar(&b.streamWork, "stream-work", 20*time.Millisecond, "stream: handler time (one run window)")
 	flag.IntVar(&b.cronTicks, "cron-ticks", 200, "cron: measured ticks")
+	scaleKeys := flag.String("scale-keys", "10000,100000,1000000", "scale: acquire+release cycles on distinct keys, one run per size")
+	scaleParked := flag.String("scale-parked", "100,1000,10000", "scale: parked jobs on one key, one run per size")
+	scaleHeld := flag.String("scale-held", "1000,10000,100000", "scale: held leases listed by Keys, one run per size")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	var err error
 	if b.sections, err = parseSections(*only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
+	}
+	for _, f := range []struct {
+		s   string
+		out *[]int
+	}{{*scaleKeys, &b.scaleKeys}, {*scaleParked, &b.scaleParked}, {*scaleHeld, &b.scaleHeld}} {
+		if *f.out, err = parseSizes(f.s); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(2)
+		}
 	}
 	if b.addr == "" {
 		fmt.Fprintln(os.Stderr, "bench: set REDIS_ADDR or -addr (`make bench` starts a redis-server and sets it)")
@@ -193,6 +208,11 @@ func (b *bench) run(out string) error {
 	if b.runs("renewal") {
 		progress("renewal: %d leases, TTL %s", b.leases, b.leaseTTL)
 		if r.renewalRes, err = b.renewal(ctx); err != nil {
+			return err
+		}
+	}
+	if b.runs("scale") {
+		if r.scaleRes, err = b.scale(ctx); err != nil {
 			return err
 		}
 	}
@@ -275,7 +295,7 @@ func (b *bench) run(out string) error {
 
 // Sections of the report, in order.
 var (
-	lockSections = []string{"uncontended", "handoff", "renewal"}
+	lockSections = []string{"uncontended", "handoff", "renewal", "scale"}
 	e2eSections  = []string{"throughput", "burst", "stream", "flow", "followup", "cron", "profile"}
 	allSections  = append(slices.Clone(lockSections), e2eSections...)
 )

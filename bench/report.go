@@ -28,6 +28,7 @@ type report struct {
 	cronRes     cronResult
 	periodicRes periodicResult
 	profiles    []profile
+	scaleRes    scaleResult
 	elapsed     time.Duration
 	sectionNo   int
 }
@@ -149,6 +150,10 @@ func (r *report) markdown() string {
 	if r.runs("renewal") {
 		r.heading(&w, "Renewal at scale (lockkit)")
 		w.WriteString(r.renewalTable())
+	}
+	if r.runs("scale") {
+		r.heading(&w, "How cost grows: distinct keys, parked jobs, listing (lockkit)")
+		w.WriteString(r.scaleSection())
 	}
 	if r.runs("throughput") {
 		r.heading(&w, "asynq throughput: singleton.Middleware vs the bare handler")
