@@ -133,9 +133,12 @@ func (e *ConflictError) Error() string {
 // Is reports whether target is ErrNotAcquired.
 func (e *ConflictError) Is(target error) bool { return target == ErrNotAcquired }
 
-// Locker hands out leases on keys. The layers above lockkit depend on this
-// interface only. RedisLocker implements it for a fleet of processes sharing a
-// Redis (or one process with an embedded Redis: package lockkit/inprocess).
+// Locker hands out leases on keys. The layers above lockkit take their
+// leases through this interface; what is kept beside leases (a Throttle's
+// budgets, a Debouncer's requests) and the logger they default to come from
+// a *RedisLocker's Redis, prefix and options. RedisLocker implements it for
+// a fleet of processes sharing a Redis (or one process with an embedded
+// Redis: package lockkit/inprocess).
 type Locker interface {
 	// TryAcquire makes one attempt. It returns a held lease, or an error that
 	// matches ErrNotAcquired (a *ConflictError), ErrEpochUsed, ErrInvalid,
