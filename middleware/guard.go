@@ -149,7 +149,9 @@ type Guard struct {
 
 // New returns a Guard that takes leases from locker. It returns an error
 // matching ErrInvalid for a nil locker or an invalid option, naming the option
-// and the value.
+// and the value, and for WithThrottle with a Locker that is not a
+// *lockkit.RedisLocker (whose Redis keeps the budget), naming the Locker's
+// type.
 func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	if locker == nil {
 		return nil, fmt.Errorf("%w: New: locker is nil", ErrInvalid)
