@@ -176,12 +176,12 @@ var faultOps = []faultOp{
 	{"throttle", throttleCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		_, err := l.Throttle(ctx, faultKey, 2, time.Minute)
+		_, err := startsOf(t, l, 2, time.Minute).Take(ctx, faultKey)
 		// However its reply fared, the call took one start: one is left.
-		wait, cerr := other.Throttle(context.Background(), faultKey, 2, time.Minute)
+		wait, cerr := startsOf(t, other, 2, time.Minute).Take(context.Background(), faultKey)
 		require.NoError(t, cerr)
 		require.Zero(t, wait, "a repeated or lost reply took a second start")
-		wait, cerr = other.Throttle(context.Background(), faultKey, 2, time.Minute)
+		wait, cerr = startsOf(t, other, 2, time.Minute).Take(context.Background(), faultKey)
 		require.NoError(t, cerr)
 		require.Positive(t, wait)
 		return err
@@ -189,16 +189,16 @@ var faultOps = []faultOp{
 	{"throttle-reserve", throttleCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		_, err := l.ReserveStart(ctx, faultKey, 2, time.Minute, "s1")
+		_, err := startsOf(t, l, 2, time.Minute).Reserve(ctx, faultKey, "s1")
 		// However its reply fared, the call reserved at most one start, and
 		// taking it spends one.
-		wait, cerr := other.ThrottleStart(context.Background(), faultKey, 2, time.Minute, "s1")
+		wait, cerr := startsOf(t, other, 2, time.Minute).Start(context.Background(), faultKey, "s1")
 		require.NoError(t, cerr)
 		require.Zero(t, wait)
-		wait, cerr = other.Throttle(context.Background(), faultKey, 2, time.Minute)
+		wait, cerr = startsOf(t, other, 2, time.Minute).Take(context.Background(), faultKey)
 		require.NoError(t, cerr)
 		require.Zero(t, wait, "a repeated or lost reply reserved a second start")
-		wait, cerr = other.Throttle(context.Background(), faultKey, 2, time.Minute)
+		wait, cerr = startsOf(t, other, 2, time.Minute).Take(context.Background(), faultKey)
 		require.NoError(t, cerr)
 		require.Positive(t, wait)
 		return err
@@ -211,7 +211,7 @@ var faultOps = []faultOp{
 		hook.Arm(f, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		_, err = l.Free(ctx, faultKey, "q/t1")
+		_, err = l.ForceRelease(ctx, faultKey, lockkit.Select{Label: "q/t1"})
 		return err
 	}},
 	{"acquire-wait", acquireCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
@@ -267,22 +267,22 @@ var faultOps = []faultOp{
 	{"debounce", debounceCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		r, err := l.Debounce(ctx, faultKey, "t1", time.Second, 0)
+		r, err := l.Debouncer().Debounce(ctx, faultKey, "t1", time.Second, 0)
 		// However its reply fared, the call recorded one request: asking
 		// again with the same id is the same request, and a later one is
 		// newer and the only one claimed.
-		again, aerr := other.Debounce(context.Background(), faultKey, "t1", time.Second, 0)
+		again, aerr := other.Debouncer().Debounce(context.Background(), faultKey, "t1", time.Second, 0)
 		require.NoError(t, aerr)
 		if err == nil {
 			require.Equal(t, r.Gen, again.Gen)
 		}
-		newer, nerr := other.Debounce(context.Background(), faultKey, "t2", time.Second, 0)
+		newer, nerr := other.Debouncer().Debounce(context.Background(), faultKey, "t2", time.Second, 0)
 		require.NoError(t, nerr)
 		require.Greater(t, newer.Gen, again.Gen)
-		_, ok, cerr := other.Claim(context.Background(), faultKey, again.Gen, false)
+		_, ok, cerr := other.Debouncer().Claim(context.Background(), faultKey, again.Gen, false)
 		require.NoError(t, cerr)
 		require.False(t, ok)
-		_, ok, cerr = other.Claim(context.Background(), faultKey, newer.Gen, false)
+		_, ok, cerr = other.Debouncer().Claim(context.Background(), faultKey, newer.Gen, false)
 		require.NoError(t, cerr)
 		require.True(t, ok)
 		return err
@@ -290,20 +290,20 @@ var faultOps = []faultOp{
 	{"claim", claimCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
-		older, err := other.Debounce(context.Background(), faultKey, "t1", time.Second, 0)
+		older, err := other.Debouncer().Debounce(context.Background(), faultKey, "t1", time.Second, 0)
 		require.NoError(t, err)
-		newest, err := other.Debounce(context.Background(), faultKey, "t2", time.Second, 0)
+		newest, err := other.Debouncer().Debounce(context.Background(), faultKey, "t2", time.Second, 0)
 		require.NoError(t, err)
 		hook.Arm(f, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		_, ok, err := l.Claim(ctx, faultKey, newest.Gen, false)
+		_, ok, err := l.Debouncer().Claim(ctx, faultKey, newest.Gen, false)
 		if err == nil {
 			require.True(t, ok)
 		}
 		// However its reply fared, the newest request is claimed once, and
 		// the older one gives way to it.
-		n, ok, cerr := other.Claim(context.Background(), faultKey, older.Gen, false)
+		n, ok, cerr := other.Debouncer().Claim(context.Background(), faultKey, older.Gen, false)
 		require.NoError(t, cerr)
 		require.False(t, ok)
 		require.True(t, n.Claimed)
@@ -317,7 +317,7 @@ var faultOps = []faultOp{
 		hook.Arm(f, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		n, err := l.ForceRelease(ctx, faultKey, "")
+		n, err := l.ForceRelease(ctx, faultKey, lockkit.Select{})
 		if err == nil {
 			require.Equal(t, 1, n, "a repeated call reports the first run's count")
 		}
@@ -338,7 +338,7 @@ var faultOps = []faultOp{
 		defer cancel()
 		// A repeated call finds its first run's record: no error that the
 		// holder is gone.
-		err = l.ForceReleaseToken(ctx, faultKey, holder.Token())
+		_, err = l.ForceRelease(ctx, faultKey, lockkit.Select{Token: holder.Token()})
 		require.NotErrorIs(t, err, lockkit.ErrNotHeld)
 		// However its reply fared, the holder is gone and learns why.
 		info, ierr := other.Inspect(context.Background(), faultKey)
@@ -649,4 +649,13 @@ func TestOperationsUnderReplyFaults(t *testing.T) {
 			}
 		}
 	}
+}
+
+// startsOf returns the Throttle of n starts per period on l's Redis and
+// prefix.
+func startsOf(t *testing.T, l *lockkit.RedisLocker, n int, period time.Duration) *lockkit.Throttle {
+	t.Helper()
+	th, err := l.Throttle(n, period)
+	require.NoError(t, err)
+	return th
 }

@@ -88,7 +88,7 @@ func TestSpansAndMetrics(t *testing.T) {
 		}
 		return false
 	}, 10*time.Second, 10*time.Millisecond)
-	n, err := locker.ForceRelease(context.Background(), "asynq:sync", "")
+	n, err := locker.ForceRelease(context.Background(), "asynq:sync", lockkit.Select{})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.ErrorIs(t, <-lost, lockkit.ErrLost)
@@ -246,7 +246,7 @@ func TestPreemptionIsNotALostLease(t *testing.T) {
 	require.Contains(t, events, "jobguard.preempted")
 	require.NotContains(t, events, "jobguard.lease_lost")
 	events = run("released by an operator", func() {
-		_, err := l.ForceRelease(context.Background(), "k", "")
+		_, err := l.ForceRelease(context.Background(), "k", lockkit.Select{})
 		require.NoError(t, err)
 	})
 	require.Contains(t, events, "jobguard.lease_lost")

@@ -97,7 +97,7 @@ func TestDashboardQueriesHaveMetrics(t *testing.T) {
 	<-running
 	require.NotNil(t, g.Run(ctx, job, func(context.Context) error { return nil }).Duplicate)
 	require.True(t, shadow.Run(ctx, job, func(context.Context) error { return nil }).Ran)
-	_, err = locker.ForceRelease(ctx, "k", "")
+	_, err = locker.ForceRelease(ctx, "k", lockkit.Select{})
 	require.NoError(t, err)
 	require.ErrorIs(t, (<-out).Err, lockkit.ErrLost)
 	require.Error(t, g.Run(ctx, middleware.Job{Name: "report"}, func(context.Context) error { return nil }).Err)

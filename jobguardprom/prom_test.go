@@ -265,7 +265,7 @@ func TestPreemptionIsNotALostLease(t *testing.T) {
 	started = make(chan struct{})
 	go func() { done <- g.Run(ctx, job, block(started)) }()
 	<-started
-	n, err := l.ForceRelease(ctx, "k", "")
+	n, err := l.ForceRelease(ctx, "k", lockkit.Select{})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	out := <-done

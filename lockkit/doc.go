@@ -33,6 +33,13 @@
 //     check it.
 //   - AcquireOptions.Limit allows N holders of a key at once; AcquireOptions.Fair serves
 //     waiters in arrival order; AcquireOptions.Epoch claims a unit of work once.
-//   - Inspect and RedisLocker.Keys show holders and waiters.
+//   - Inspect and RedisLocker.Keys show holders and waiters; ForceRelease
+//     removes them (all, one owner's, one fencing token's, or a reservation
+//     by its label: Select).
 //   - Close stops the renewer and releases every lease the Locker holds.
+//
+// Beside leases, on the same Redis but apart from them: a Throttle keeps a
+// budget of starts per key (at most n per period, NewThrottle or
+// RedisLocker.Throttle), a Debouncer the newest request of a burst
+// (NewDebouncer or RedisLocker.Debouncer).
 package lockkit

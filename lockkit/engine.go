@@ -31,14 +31,6 @@ type backend interface {
 	leave(ctx context.Context, key, waiter, aid string) error
 	// detach replaces l's holder by member, a reservation living for ttl.
 	detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error)
-	// throttle takes or reserves the start call from key's budget, or, for
-	// call "", only tells when fewer than n starts began (see
-	// Locker.Throttle and Locker.NextStart).
-	throttle(ctx context.Context, key string, n int, period time.Duration, call string, reserve bool) (time.Duration, error)
-	returnStart(ctx context.Context, key, call string) error
-	// debounce and claim implement Locker.Debounce and Locker.Claim.
-	debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error)
-	claim(ctx context.Context, key string, gen int64, force bool) (Request, bool, error)
 	// evict removes key's live holders, of owner or all ("").
 	evict(ctx context.Context, key, owner string, token int64, call string) (int, error)
 	// free removes the live holder of key that carries label.

@@ -230,15 +230,15 @@ func ExampleAcquireOptions_holdAtLeast() {
 	// again within the minute: true
 }
 
-// Throttle spends a key's budget of starts: here 2 per minute.
-func ExampleLocker_throttle() {
+// A Throttle spends a key's budget of starts: here 2 per minute, shared by
+// every process on the same Redis.
+func ExampleThrottle() {
 	ctx := context.Background()
 	srv, _ := inprocess.Start()
 	defer srv.Close()
-	locker, _ := srv.Locker()
-	defer locker.Close(ctx)
+	throttle, _ := lockkit.NewThrottle(srv.Client(), 2, time.Minute)
 	for i := range 3 {
-		wait, err := locker.Throttle(ctx, "send-digest", 2, time.Minute)
+		wait, err := throttle.Take(ctx, "send-digest")
 		fmt.Println(i+1, err, wait == 0)
 	}
 	// Output:
@@ -276,21 +276,20 @@ func ExampleAcquireOptions_preempt() {
 	// newer token: true
 }
 
-// Debounce records each request of a burst as the key's newest; when the
-// requests come due, only the newest one is claimed and runs.
-func ExampleLocker_debounce() {
+// A Debouncer records each request of a burst as the key's newest; when
+// the requests come due, only the newest one is claimed and runs.
+func ExampleDebouncer() {
 	ctx := context.Background()
 	srv, _ := inprocess.Start()
 	defer srv.Close()
-	locker, _ := srv.Locker()
-	defer locker.Close(ctx)
+	debouncer, _ := lockkit.NewDebouncer(srv.Client())
 	var reqs []lockkit.Request
 	for _, id := range []string{"task-1", "task-2", "task-3"} {
-		r, _ := locker.Debounce(ctx, "reindex:tenant-42", id, time.Second, 10*time.Second)
+		r, _ := debouncer.Debounce(ctx, "reindex:tenant-42", id, time.Second, 10*time.Second)
 		reqs = append(reqs, r)
 	}
 	for _, r := range reqs { // each one, when it comes due
-		newest, claimed, _ := locker.Claim(ctx, "reindex:tenant-42", r.Gen, false)
+		newest, claimed, _ := debouncer.Claim(ctx, "reindex:tenant-42", r.Gen, false)
 		if claimed {
 			fmt.Println(r.ID, "runs")
 		} else {

@@ -260,7 +260,7 @@ func (l *Lease) success(done time.Duration) ending {
 // Detach turns the lease into a reservation (as if acquired with
 // AcquireOptions.Detached) that lives for ttl: it is no longer renewed and
 // its holder stays on the key, with the same token and label, until ttl
-// passes, another acquire Adopts it, or Free ends it. It returns ErrInvalid
+// passes, another acquire Adopts it, or a ForceRelease by its label ends it. It returns ErrInvalid
 // for a ttl outside MinTTL..MaxTTL or a lease without a label, and an error
 // matching ErrNotHeld if the lease was no longer held. After an error other
 // than ErrInvalid the lease is no longer renewed: it ends with its TTL.

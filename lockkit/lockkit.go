@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 )
 
@@ -35,7 +34,7 @@ const (
 	// of 365 days): longer values would not fit Redis' expiry arithmetic. Both
 	// Lockers reject a longer value with ErrInvalid.
 	MaxTTL = 100 * 365 * 24 * time.Hour
-	// DebounceRetention is how long Locker.Debounce remembers a key's newest
+	// DebounceRetention is how long Debouncer.Debounce remembers a key's newest
 	// request after it was due, so that Claim can tell an older request of
 	// the burst from it.
 	DebounceRetention = 24 * time.Hour
@@ -52,7 +51,7 @@ var (
 	ErrNotAcquired = errors.New("lockkit: not acquired")
 	// ErrNotHeld is returned by Release and Extend when the lease is no longer held:
 	// it was released already, it expired, or it was lost. It never deletes another
-	// owner's lock. ForceReleaseToken returns it when the holder it names is gone.
+	// owner's lock. ForceRelease returns it when the Select.Token it names is gone.
 	ErrNotHeld = errors.New("lockkit: lease not held")
 	// ErrLost is the cause of a lease context's cancellation (context.Cause) when the
 	// lease could not be renewed: the key was taken over or deleted, or Redis stayed
@@ -134,9 +133,12 @@ func (e *ConflictError) Error() string {
 // Is reports whether target is ErrNotAcquired.
 func (e *ConflictError) Is(target error) bool { return target == ErrNotAcquired }
 
-// Locker hands out leases on keys. The layers above lockkit depend on this
-// interface only. RedisLocker implements it for a fleet of processes sharing a
-// Redis (or one process with an embedded Redis: package lockkit/inprocess).
+// Locker hands out leases on keys. The layers above lockkit take their
+// leases through this interface; what is kept beside leases (a Throttle's
+// budgets, a Debouncer's requests) and the logger they default to come from
+// a *RedisLocker's Redis, prefix and options. RedisLocker implements it for
+// a fleet of processes sharing a Redis (or one process with an embedded
+// Redis: package lockkit/inprocess).
 type Locker interface {
 	// TryAcquire makes one attempt. It returns a held lease, or an error that
 	// matches ErrNotAcquired (a *ConflictError), ErrEpochUsed, ErrInvalid,
@@ -152,86 +154,31 @@ type Locker interface {
 	// pattern in Redis glob syntax ('*' matches any run of characters, '/'
 	// included; '?' one character; "[a-z]", "[^a]" a class; '\' escapes).
 	Keys(ctx context.Context, pattern string) ([]string, error)
-	// Free removes the live holder of key that carries label, whoever
-	// holds it, and wakes waiters: it ends a reservation (a Detached lease)
-	// from another process. It reports whether such a holder was removed,
-	// and returns ErrInvalid for an empty key or label.
-	Free(ctx context.Context, key, label string) (bool, error)
-	// ForceRelease removes the live holders of key, all of them or only
-	// those of owner when owner is not empty, whoever holds them: an
-	// operator's release of a stuck key. Waiters are woken. A removed holder
-	// can no longer be renewed, and every later acquire of the key gets a
-	// greater fencing token, so a resource that checks tokens refuses the
-	// removed holder's late writes. Its work's ctx is cancelled with a cause
-	// matching ErrLost that says an operator released it, within
-	// milliseconds: every RedisLocker that holds a lease listens on its
-	// prefix's operators' channel (one subscription per Locker). A Locker
-	// that missed the notice (its pub/sub connection was down) learns it at
-	// the lease's next renewal attempt, within its RenewInterval (TTL/3 by
-	// default) plus one round trip. It returns how many holders were removed (a
-	// repeated call, as after a lost reply, returns the first run's count),
-	// and ErrInvalid for an empty key.
-	ForceRelease(ctx context.Context, key, owner string) (int, error)
-	// ForceReleaseToken is ForceRelease of the one holder of key whose
-	// fencing token is token: the holder an operator saw (Inspect), not
-	// whoever holds the key by the time the operator confirms. When that
-	// holder no longer holds the key it removes nothing and returns an
-	// error matching ErrNotHeld that names the key's holders now. It
-	// returns ErrInvalid for an empty key or a token that is not positive.
-	ForceReleaseToken(ctx context.Context, key string, token int64) error
-	// Throttle takes one start from key's budget, shared by every process:
-	// at most n starts in any window of one period. It returns zero when the
-	// start is allowed, or how long until one would be. n must be at least 1 and period at
-	// least a millisecond and at most MaxTTL (ErrInvalid). Throttle keys are
-	// apart from lease keys: the same name may be both.
-	Throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error)
-	// ThrottleStart is Throttle for a start named by id (unique to one
-	// start, such as one delivery of a task): a repeat with the same id, as
-	// after a lost reply, takes no second start, and ReturnStart gives it
-	// back. A start that ReserveStart reserved for id is taken without
-	// counting again, dated now, whatever the budget. Errors are those of
-	// Throttle, and ErrInvalid for an empty id.
-	ThrottleStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error)
-	// ReserveStart reserves a start of key's budget for id, for work about
-	// to begin: the reservation counts against the budget until
-	// ThrottleStart takes it when the work begins (dating the start then),
-	// ReturnStart gives it back, or one period after it was made (a process
-	// that died holding it). It returns zero when the start is reserved (a
-	// repeat with the same id reserves nothing more), or how long until a
-	// start would be allowed. Errors are those of ThrottleStart.
-	ReserveStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error)
-	// NextStart tells how long until fewer than n starts of key began in
-	// the last period (zero: now), and takes none. Reserved starts are not
-	// counted, as their work may not begin, so a start may still be refused
-	// while reservations fill the budget. Errors are those of Throttle.
-	NextStart(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error)
-	// ReturnStart gives back to key's budget the start that ThrottleStart
-	// took or ReserveStart reserved for id, for work that did not start
-	// after all; nothing when there is none. It returns ErrInvalid for an
-	// empty key or id.
-	ReturnStart(ctx context.Context, key, id string) error
-	// Debounce records a request for key's work, named by id (such as a
-	// task ID), as the key's newest (latest wins): a burst of requests is
-	// meant to run the work once, for its newest request, once the key has
-	// been quiet for quiet, and no later than maxWait after the burst's first
-	// request (zero: no such bound). The returned Request's Wait says when
-	// that is for this request. The burst ends when one of its requests is
-	// claimed (Claim). Repeating a call with the same id while it is still
-	// the newest returns the same Request. quiet must be between a
-	// millisecond and MaxTTL, maxWait zero or between quiet and MaxTTL, key
-	// and id not empty (ErrInvalid). Debounce keys are apart from lease keys.
-	Debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error)
-	// Claim tells whether the request of key with generation gen is still
-	// the newest and, if so, ends the key's burst: the next Debounce starts a
-	// new one. Otherwise it returns the newest request and false. force
-	// claims gen even then (the newest request's work is known not to
-	// exist), unless the newest request was claimed meanwhile: its work ran
-	// or runs. A key with no request remembered (see DebounceRetention) is
-	// claimed. gen must be positive (ErrInvalid).
-	Claim(ctx context.Context, key string, gen int64, force bool) (newest Request, claimed bool, err error)
-	// Logger returns the logger set with WithLogger. The layers above lockkit
-	// log through it unless they are given their own.
-	Logger() *slog.Logger
+	// ForceRelease removes the live holders of key that which selects,
+	// whoever holds them, and wakes waiters. It returns how many holders
+	// were removed (a repeated call, as after a lost reply, returns the
+	// first run's count), ErrInvalid for an empty key or an invalid
+	// Select, and ErrNotHeld (naming the key's holders now) when which
+	// names a Token whose holder no longer holds the key.
+	//
+	// Selected by owner or token (or all, the zero Select), it is an
+	// operator's release of a stuck key: a removed holder can no longer be
+	// renewed, and every later acquire of the key gets a greater fencing
+	// token, so a resource that checks tokens refuses the removed holder's
+	// late writes. Its work's ctx is cancelled with a cause matching ErrLost
+	// that says an operator released it, within milliseconds: every
+	// RedisLocker that holds a lease listens on its prefix's operators'
+	// channel (one subscription per Locker). A Locker that missed the
+	// notice (its pub/sub connection was down) learns it at the lease's
+	// next renewal attempt, within its RenewInterval (TTL/3 by default)
+	// plus one round trip.
+	//
+	// Selected by Label, it ends a reservation (a Detached lease) from
+	// another process: the one live holder carrying the label is removed,
+	// nobody is notified (a reservation has no work running), and its own
+	// Release then returns ErrNotHeld. It returns 1 when such a holder was
+	// removed, by this call or an earlier run of it, and 0 otherwise.
+	ForceRelease(ctx context.Context, key string, which Select) (int, error)
 	// Close stops renewal and releases every lease the Locker still holds.
 	// A release that fails (Redis unreachable) leaves its leases to expire
 	// with their TTL; Close still sends the others until ctx ends, and
@@ -370,7 +317,7 @@ type AcquireOptions struct {
 	// Detached makes the lease a reservation: it stands for work that no
 	// process runs yet (a queued task), so it is not renewed, Close does not
 	// release it, and it lasts for TTL unless Release or another process's
-	// Free (by its Label) ends it first. Defaults to false.
+	// ForceRelease by its Label (Select.Label) ends it first. Defaults to false.
 	Detached bool
 	// Adopt, with Label, takes over a reservation (a Detached lease) of the
 	// key that carries Label: it is replaced by this lease, which is renewed
@@ -409,7 +356,22 @@ type AcquireOptions struct {
 	Since time.Time
 }
 
-// Request is a request for a key's work recorded by Locker.Debounce.
+// Select selects the live holders of a key that Locker.ForceRelease
+// removes. The zero Select selects every holder; at most one field may be
+// set (ErrInvalid otherwise).
+type Select struct {
+	// Owner, when not empty, selects the holders of that owner id.
+	Owner string
+	// Token, when not zero, selects the one holder with that fencing token:
+	// the holder an operator saw (Inspect), not whoever holds the key by
+	// the time the operator confirms. Must not be negative.
+	Token int64
+	// Label, when not empty, selects the holder carrying that
+	// AcquireOptions.Label, such as a reservation (see Locker.ForceRelease).
+	Label string
+}
+
+// Request is a request for a key's work recorded by Debouncer.Debounce.
 type Request struct {
 	// Gen orders the requests of a key: a later Debounce call gets a greater
 	// one. It is at least the Redis server's time in microseconds.

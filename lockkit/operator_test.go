@@ -46,7 +46,9 @@ func forceReleaseAtOnce(t *testing.T, c redis.UniversalClient) {
 	}, 5*time.Second, 5*time.Millisecond)
 
 	start := time.Now()
-	require.NoError(t, op.ForceReleaseToken(ctx, "k", stuck.Token()))
+	n, err := op.ForceRelease(ctx, "k", lockkit.Select{Token: stuck.Token()})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
 	select {
 	case <-work.Done():
 	case <-time.After(5 * time.Second):
@@ -63,7 +65,7 @@ func forceReleaseAtOnce(t *testing.T, c redis.UniversalClient) {
 	require.NoError(t, err)
 	work, cancel = again.Context(ctx)
 	defer cancel()
-	n, err := op.ForceRelease(ctx, "j", holder.Owner())
+	n, err = op.ForceRelease(ctx, "j", lockkit.Select{Owner: holder.Owner()})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	select {

@@ -66,7 +66,7 @@ func newConfig(opts []Option) (config, error) {
 		}
 	}
 	if c.owner == "" {
-		c.owner = DefaultOwner()
+		c.owner = defaultOwner()
 	}
 	switch {
 	case c.ttl < MinTTL || c.ttl > MaxTTL:
@@ -82,9 +82,9 @@ func newConfig(opts []Option) (config, error) {
 	return c, nil
 }
 
-// DefaultOwner returns "hostname:pid:random", the owner id used when WithOwner
+// defaultOwner returns "hostname:pid:random", the owner id used when WithOwner
 // is not given. Each call returns a different id.
-func DefaultOwner() string {
+func defaultOwner() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "unknown"

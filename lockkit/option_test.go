@@ -56,7 +56,7 @@ func TestDefaults(t *testing.T) {
 	parts := strings.Split(c.owner, ":")
 	require.Len(t, parts, 3, "owner %q is hostname:pid:random", c.owner)
 	require.Equal(t, host, parts[0])
-	require.NotEqual(t, DefaultOwner(), DefaultOwner())
+	require.NotEqual(t, defaultOwner(), defaultOwner())
 
 	r, err := c.request("k", nil)
 	require.NoError(t, err)

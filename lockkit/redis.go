@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -108,13 +107,7 @@ var _ Locker = (*RedisLocker)(nil)
 // (MaxRetries+1) × (ReadTimeout + MaxRetryBackoff), 14s with go-redis'
 // defaults, so that a release that go-redis sends again reports the same.
 func NewRedis(client redis.UniversalClient, opts ...Option) (*RedisLocker, error) {
-	if client == nil {
-		return nil, fmt.Errorf("%w: NewRedis: client is nil", ErrInvalid)
-	}
-	if v := reflect.ValueOf(client); v.Kind() == reflect.Pointer && v.IsNil() {
-		return nil, fmt.Errorf("%w: NewRedis: client is a nil %T", ErrInvalid, client)
-	}
-	cfg, err := newConfig(opts)
+	cfg, err := clientConfig("NewRedis", client, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -162,61 +155,29 @@ func (l *RedisLocker) Inspect(ctx context.Context, key string) (*Info, error) {
 	return l.e.inspect(ctx, key)
 }
 
-// Throttle implements Locker.
-func (l *RedisLocker) Throttle(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
-	return l.e.throttle(ctx, key, n, period)
-}
-
-// ThrottleStart implements Locker.
-func (l *RedisLocker) ThrottleStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error) {
-	return l.e.throttleStart(ctx, key, n, period, id, false)
-}
-
-// ReserveStart implements Locker.
-func (l *RedisLocker) ReserveStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error) {
-	return l.e.throttleStart(ctx, key, n, period, id, true)
-}
-
-// NextStart implements Locker.
-func (l *RedisLocker) NextStart(ctx context.Context, key string, n int, period time.Duration) (time.Duration, error) {
-	return l.e.nextStart(ctx, key, n, period)
-}
-
-// ReturnStart implements Locker.
-func (l *RedisLocker) ReturnStart(ctx context.Context, key, id string) error {
-	return l.e.returnStart(ctx, key, id)
-}
-
-// Debounce implements Locker.
-func (l *RedisLocker) Debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error) {
-	return l.e.debounce(ctx, key, id, quiet, maxWait)
-}
-
-// Claim implements Locker.
-func (l *RedisLocker) Claim(ctx context.Context, key string, gen int64, force bool) (Request, bool, error) {
-	return l.e.claim(ctx, key, gen, force)
-}
-
 // ForceRelease implements Locker.
-func (l *RedisLocker) ForceRelease(ctx context.Context, key, owner string) (int, error) {
-	return l.e.forceRelease(ctx, key, owner)
+func (l *RedisLocker) ForceRelease(ctx context.Context, key string, which Select) (int, error) {
+	return l.e.forceRelease(ctx, key, which)
 }
 
-// ForceReleaseToken implements Locker.
-func (l *RedisLocker) ForceReleaseToken(ctx context.Context, key string, token int64) error {
-	return l.e.forceReleaseToken(ctx, key, token)
+// Throttle returns a Throttle of n starts per period on the Locker's Redis
+// and prefix, as NewThrottle(client, n, period, WithPrefix(prefix)) does,
+// with its errors.
+func (l *RedisLocker) Throttle(n int, period time.Duration) (*Throttle, error) {
+	return newThrottle(l.r.c, l.r.prefix, n, period)
 }
 
-// Free implements Locker.
-func (l *RedisLocker) Free(ctx context.Context, key, label string) (bool, error) {
-	return l.e.free(ctx, key, label)
-}
+// Debouncer returns a Debouncer on the Locker's Redis and prefix, as
+// NewDebouncer(client, WithPrefix(prefix)) does.
+func (l *RedisLocker) Debouncer() *Debouncer { return &Debouncer{c: l.r.c, prefix: l.r.prefix} }
 
 // Held returns how many leases the Locker holds and renews now (not
 // reservations, which nothing renews).
 func (l *RedisLocker) Held() int { return l.e.held() }
 
-// Logger implements Locker.
+// Logger returns the logger set with WithLogger (slog.Default() without
+// it). The layers above lockkit log through it, when the Locker they are
+// given is a *RedisLocker, unless they are given their own.
 func (l *RedisLocker) Logger() *slog.Logger { return l.e.cfg.logger }
 
 // Close implements Locker. It does not close the Redis client.
@@ -880,62 +841,6 @@ func (b *redisBackend) groups(leases []*Lease) [][]*Lease {
 		out[i] = byNode[a]
 	}
 	return out
-}
-
-// throttleKeys are a throttle's starts and reserved starts (throttle.lua).
-func (b *redisBackend) throttleKeys(key string) []string {
-	base := b.prefix + "{" + escapeKey(key) + "}"
-	return []string{base + ":t", base + ":tr"}
-}
-
-func (b *redisBackend) throttle(ctx context.Context, key string, n int, period time.Duration, call string, reserve bool) (time.Duration, error) {
-	r := "0"
-	if reserve {
-		r = "1"
-	}
-	wait, err := throttleScript.Run(ctx, b.c, b.throttleKeys(key), n, ms(period), call, r).Int64()
-	return time.Duration(wait) * time.Millisecond, err
-}
-
-func (b *redisBackend) returnStart(ctx context.Context, key, id string) error {
-	keys := b.throttleKeys(key)
-	_, err := b.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZRem(ctx, keys[0], id)
-		p.ZRem(ctx, keys[1], id)
-		return nil
-	})
-	return err
-}
-
-func (b *redisBackend) debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error) {
-	k := b.prefix + "{" + escapeKey(key) + "}:b"
-	vals, err := debounceScript.Run(ctx, b.c, []string{k}, ms(quiet), ms(maxWait), id, ms(DebounceRetention)).Slice()
-	if err != nil {
-		return Request{}, err
-	}
-	if len(vals) != 2 {
-		return Request{}, fmt.Errorf("unexpected debounce reply %v", vals)
-	}
-	return Request{Gen: toInt(vals[0]), ID: id, Wait: time.Duration(toInt(vals[1])) * time.Millisecond}, nil
-}
-
-func (b *redisBackend) claim(ctx context.Context, key string, gen int64, force bool) (Request, bool, error) {
-	k := b.prefix + "{" + escapeKey(key) + "}:b"
-	f := "0"
-	if force {
-		f = "1"
-	}
-	vals, err := claimScript.Run(ctx, b.c, []string{k}, gen, f).Slice()
-	switch {
-	case err != nil:
-		return Request{}, false, err
-	case len(vals) == 1 && toInt(vals[0]) == 1:
-		return Request{}, true, nil
-	case len(vals) != 5:
-		return Request{}, false, fmt.Errorf("unexpected claim reply %v", vals)
-	}
-	id, _ := vals[2].(string)
-	return Request{Gen: toInt(vals[1]), ID: id, Wait: time.Duration(toInt(vals[3])) * time.Millisecond, Claimed: toInt(vals[4]) == 1}, false, nil
 }
 
 func (b *redisBackend) detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -158,7 +157,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"DebounceKeepsTheNewestRequest", testDebounce},
 		{"ElectionHasOneLeaderAtATime", testElect},
 		{"ForceReleaseEvictsHolders", testForceRelease},
-		{"ForceReleaseTokenEvictsTheHolderSeen", testForceReleaseToken},
+		{"ForceReleaseByTokenEvictsTheHolderSeen", testForceReleaseToken},
 		{"AsyncReleaseLeavesRunsPath", testAsyncRelease},
 		{"ManyLeasesRenewTogether", testRenewMany},
 		{"HugeTTLsAreRejected", testHugeTTL},
@@ -1045,12 +1044,12 @@ func testReservation(t *testing.T, h *harness) {
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "q/t1", ce.Label)
 
-	ok, err := worker.Free(ctx, "u", "q/other")
+	n, err := worker.ForceRelease(ctx, "u", Select{Label: "q/other"})
 	require.NoError(t, err)
-	require.False(t, ok)
-	ok, err = worker.Free(ctx, "u", "q/t1")
+	require.Zero(t, n)
+	n, err = worker.ForceRelease(ctx, "u", Select{Label: "q/t1"})
 	require.NoError(t, err)
-	require.True(t, ok)
+	require.Equal(t, 1, n)
 	next, err := worker.TryAcquire(ctx, "u", &AcquireOptions{Label: "q/t2", Detached: true, TTL: 200 * time.Millisecond})
 	require.NoError(t, err)
 	require.ErrorIs(t, res.Release(ctx), ErrNotHeld, "the freed reservation is gone")
@@ -1063,8 +1062,8 @@ func testReservation(t *testing.T, h *harness) {
 	}, 5*time.Second, 10*time.Millisecond)
 	require.ErrorIs(t, next.Release(ctx), ErrNotHeld)
 
-	_, err = worker.Free(ctx, "u", "")
-	require.ErrorIs(t, err, ErrInvalid)
+	_, err = worker.ForceRelease(ctx, "u", Select{Label: "q/t1", Owner: "worker"})
+	require.ErrorIs(t, err, ErrInvalid, "one selector at a time")
 
 	// Adopt: a run takes the reservation over and renews it; Detach gives
 	// it back as a reservation.
@@ -1146,63 +1145,6 @@ func testHoldAtLeast(t *testing.T, h *harness) {
 
 	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{HoldAtLeast: -time.Second})
 	require.ErrorIs(t, err, ErrInvalid)
-}
-
-// Throttle: at most n starts in any window of one period, across Lockers.
-func testThrottle(t *testing.T, h *harness) {
-	ctx := ctxT(t)
-	a, b := h.locker(t), h.locker(t)
-	const n, period = 3, 600 * time.Millisecond
-	for i := range n {
-		l := a
-		if i%2 == 1 {
-			l = b
-		}
-		wait, err := l.Throttle(ctx, "api", n, period)
-		require.NoError(t, err)
-		require.Zero(t, wait, "start %d of the burst", i+1)
-	}
-	wait, err := b.Throttle(ctx, "api", n, period)
-	require.NoError(t, err)
-	require.Positive(t, wait, "the budget is spent")
-
-	// A named start: taken once however often it is asked for, and given
-	// back for work that did not start.
-	for range 2 {
-		wait, err = a.ThrottleStart(ctx, "named", 1, time.Minute, "s1")
-		require.NoError(t, err)
-		require.Zero(t, wait, "a repeat of the start takes no second one")
-	}
-	wait, err = b.ThrottleStart(ctx, "named", 1, time.Minute, "s2")
-	require.NoError(t, err)
-	require.Positive(t, wait, "the budget is spent")
-	require.NoError(t, b.ReturnStart(ctx, "named", "s1"))
-	require.NoError(t, b.ReturnStart(ctx, "named", "s1"), "returning again does nothing")
-	wait, err = b.ThrottleStart(ctx, "named", 1, time.Minute, "s2")
-	require.NoError(t, err)
-	require.Zero(t, wait, "the returned start is free again")
-	_, err = a.ThrottleStart(ctx, "named", 1, time.Minute, "")
-	require.ErrorIs(t, err, ErrInvalid)
-	require.ErrorIs(t, a.ReturnStart(ctx, "named", ""), ErrInvalid)
-	require.LessOrEqual(t, wait, period+time.Millisecond, "when the oldest start leaves the window")
-	again, err := a.Throttle(ctx, "api", n, period)
-	require.NoError(t, err)
-	require.Positive(t, again, "a refused start takes nothing: still refused")
-	time.Sleep(again + 5*time.Millisecond) // the next slot opens
-	wait, err = a.Throttle(ctx, "api", n, period)
-	require.NoError(t, err)
-	require.Zero(t, wait)
-	wait, err = a.Throttle(ctx, "other", n, period)
-	require.NoError(t, err)
-	require.Zero(t, wait, "keys have their own budgets")
-
-	for _, bad := range []func() error{
-		func() error { _, err := a.Throttle(ctx, "", 1, time.Second); return err },
-		func() error { _, err := a.Throttle(ctx, "api", 0, time.Second); return err },
-		func() error { _, err := a.Throttle(ctx, "api", 1, 0); return err },
-	} {
-		require.ErrorIs(t, bad(), ErrInvalid)
-	}
 }
 
 // Supersede: while the key is held, the newest waiting follow-up stays; the
@@ -1362,95 +1304,6 @@ func testPreempt(t *testing.T, h *harness) {
 	}
 }
 
-// Debounce: the newest request of a burst is the one Claim accepts, however
-// the requests race across Lockers; maxWait bounds the burst; a claim ends
-// it.
-func testDebounce(t *testing.T, h *harness) {
-	ctx := ctxT(t)
-	a, b := h.locker(t), h.locker(t)
-	r1, err := a.Debounce(ctx, "k", "t1", 200*time.Millisecond, 0)
-	require.NoError(t, err)
-	require.InDelta(t, 200, r1.Wait.Milliseconds(), 20)
-	r2, err := b.Debounce(ctx, "k", "t2", 200*time.Millisecond, 0)
-	require.NoError(t, err)
-	require.Greater(t, r2.Gen, r1.Gen)
-	again, err := b.Debounce(ctx, "k", "t2", 200*time.Millisecond, 0)
-	require.NoError(t, err)
-	require.Equal(t, r2.Gen, again.Gen, "a repeated call is the same request")
-	newest, ok, err := a.Claim(ctx, "k", r1.Gen, false)
-	require.NoError(t, err)
-	require.False(t, ok)
-	require.Equal(t, r2.Gen, newest.Gen)
-	require.Equal(t, "t2", newest.ID)
-	require.False(t, newest.Claimed)
-	_, ok, err = a.Claim(ctx, "k", r2.Gen, false)
-	require.NoError(t, err)
-	require.True(t, ok)
-	_, ok, err = a.Claim(ctx, "k", r2.Gen, false)
-	require.NoError(t, err)
-	require.True(t, ok, "claiming twice is claiming once")
-	newest, ok, err = a.Claim(ctx, "k", r1.Gen, false)
-	require.NoError(t, err)
-	require.False(t, ok)
-	require.True(t, newest.Claimed, "the newest request was claimed")
-	_, ok, err = a.Claim(ctx, "k", r1.Gen, true)
-	require.NoError(t, err)
-	require.False(t, ok, "no force claim once the newest request ran")
-
-	// maxWait bounds a burst from its first request; a claim ends it.
-	r3, err := a.Debounce(ctx, "k", "t3", 300*time.Millisecond, 300*time.Millisecond)
-	require.NoError(t, err)
-	require.LessOrEqual(t, r3.Wait, 300*time.Millisecond)
-	r4, err := b.Debounce(ctx, "k", "t4", 300*time.Millisecond, 300*time.Millisecond)
-	require.NoError(t, err)
-	require.LessOrEqual(t, r4.Wait, r3.Wait, "due no later than maxWait after the burst's first request")
-	_, ok, err = a.Claim(ctx, "k", r3.Gen, true)
-	require.NoError(t, err)
-	require.True(t, ok, "forced")
-	time.Sleep(100 * time.Millisecond) // the old burst's bound would now be ≤ 200ms away
-	r5, err := a.Debounce(ctx, "k", "t5", 300*time.Millisecond, 300*time.Millisecond)
-	require.NoError(t, err)
-	require.Greater(t, r5.Gen, r4.Gen)
-	require.GreaterOrEqual(t, r5.Wait, 290*time.Millisecond, "a new burst")
-
-	// Racing requests: exactly the newest is claimed.
-	var wg sync.WaitGroup
-	gens := make([]int64, 20)
-	for i := range gens {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l := a
-			if i%2 == 1 {
-				l = b
-			}
-			r, err := l.Debounce(ctx, "race", fmt.Sprint("t", i), time.Second, 0)
-			assert.NoError(t, err)
-			gens[i] = r.Gen
-		}()
-	}
-	wg.Wait()
-	claimed := 0
-	for _, g := range gens {
-		_, ok, err := a.Claim(ctx, "race", g, false)
-		require.NoError(t, err)
-		if ok {
-			claimed++
-			require.Equal(t, slices.Max(gens), g)
-		}
-	}
-	require.Equal(t, 1, claimed)
-
-	for _, bad := range []func() error{
-		func() error { _, err := a.Debounce(ctx, "k", "", time.Second, 0); return err },
-		func() error { _, err := a.Debounce(ctx, "k", "t", 0, 0); return err },
-		func() error { _, err := a.Debounce(ctx, "k", "t", time.Second, time.Millisecond); return err },
-		func() error { _, _, err := a.Claim(ctx, "k", 0, false); return err },
-	} {
-		require.ErrorIs(t, bad(), ErrInvalid)
-	}
-}
-
 // Election: one leader at a time; a resigning leader hands over at once
 // (pub/sub), a dead one after its TTL; every term is greater than the last.
 func testElect(t *testing.T, h *harness) {
@@ -1537,7 +1390,7 @@ func testForceRelease(t *testing.T, h *harness) {
 	}()
 	waitWaiters(t, a, "k", 1)
 	start := time.Now()
-	n, err := op.ForceRelease(ctx, "k", "")
+	n, err := op.ForceRelease(ctx, "k", Select{})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	<-work.Done()
@@ -1552,7 +1405,7 @@ func testForceRelease(t *testing.T, h *harness) {
 	plain, err := a.TryAcquire(ctx, "k", &AcquireOptions{TTL: 900 * time.Millisecond})
 	require.NoError(t, err)
 	start = time.Now()
-	n, err = op.ForceRelease(ctx, "k", "")
+	n, err = op.ForceRelease(ctx, "k", Select{})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	select {
@@ -1567,7 +1420,7 @@ func testForceRelease(t *testing.T, h *harness) {
 	// So does an Extend, of a lease released by its token.
 	plain, err = a.TryAcquire(ctx, "k", &AcquireOptions{TTL: 30 * time.Second})
 	require.NoError(t, err)
-	require.NoError(t, op.ForceReleaseToken(ctx, "k", plain.Token()))
+	require.NoError(t, forceToken(ctx, op, "k", plain.Token()))
 	err = plain.Extend(ctx, time.Minute)
 	require.ErrorIs(t, err, ErrNotHeld)
 	require.ErrorContains(t, err, "released by an operator")
@@ -1578,7 +1431,7 @@ func testForceRelease(t *testing.T, h *harness) {
 	require.NoError(t, err)
 	lb, err := b.TryAcquire(ctx, "m", &AcquireOptions{Limit: 2})
 	require.NoError(t, err)
-	n, err = op.ForceRelease(ctx, "m", lb.Owner())
+	n, err = op.ForceRelease(ctx, "m", Select{Owner: lb.Owner()})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	info, err := op.Inspect(ctx, "m")
@@ -1586,14 +1439,14 @@ func testForceRelease(t *testing.T, h *harness) {
 	require.Len(t, info.Holders, 1)
 	require.Equal(t, la.Owner(), info.Holders[0].Owner)
 	require.NoError(t, la.Release(ctx))
-	n, err = op.ForceRelease(ctx, "m", "")
+	n, err = op.ForceRelease(ctx, "m", Select{})
 	require.NoError(t, err)
 	require.Zero(t, n, "nothing left")
-	_, err = op.ForceRelease(ctx, "", "")
+	_, err = op.ForceRelease(ctx, "", Select{})
 	require.ErrorIs(t, err, ErrInvalid)
 }
 
-// ForceReleaseToken: an operator releases the holder they saw, by its
+// ForceRelease by token: an operator releases the holder they saw, by its
 // fencing token; once that holder is gone, nothing is released and the error
 // names the holder now. The evicted work's cause says an operator released it.
 func testForceReleaseToken(t *testing.T, h *harness) {
@@ -1606,15 +1459,15 @@ func testForceReleaseToken(t *testing.T, h *harness) {
 	require.NoError(t, err)
 	work, cancel := now.Context(ctx)
 	defer cancel()
-	err = op.ForceReleaseToken(ctx, "k", seen.Token())
+	err = forceToken(ctx, op, "k", seen.Token())
 	require.ErrorIs(t, err, ErrNotHeld)
 	require.ErrorContains(t, err, fmt.Sprintf("token %d no longer holds it", seen.Token()))
 	require.ErrorContains(t, err, fmt.Sprintf("token %d", now.Token()), "names the holder now")
-	require.NoError(t, op.ForceReleaseToken(ctx, "k", now.Token()))
+	require.NoError(t, forceToken(ctx, op, "k", now.Token()))
 	<-work.Done()
 	require.ErrorIs(t, context.Cause(work), ErrLost)
 	require.ErrorContains(t, context.Cause(work), "released by an operator")
-	require.ErrorContains(t, op.ForceReleaseToken(ctx, "k", now.Token()), "the key has no holder now")
+	require.ErrorContains(t, forceToken(ctx, op, "k", now.Token()), "the key has no holder now")
 
 	// Of two holders, only the one of the token; a watched lease of the
 	// same key and Locker is not told it was released.
@@ -1622,14 +1475,23 @@ func testForceReleaseToken(t *testing.T, h *harness) {
 	require.NoError(t, err)
 	l2, err := b.TryAcquire(ctx, "m", &AcquireOptions{Limit: 2})
 	require.NoError(t, err)
-	require.NoError(t, op.ForceReleaseToken(ctx, "m", l2.Token()))
+	require.NoError(t, forceToken(ctx, op, "m", l2.Token()))
 	info, err := op.Inspect(ctx, "m")
 	require.NoError(t, err)
 	require.Len(t, info.Holders, 1)
 	require.Equal(t, l1.Token(), info.Holders[0].Token)
 	require.NoError(t, l1.Release(ctx))
-	require.ErrorIs(t, op.ForceReleaseToken(ctx, "", 1), ErrInvalid)
-	require.ErrorIs(t, op.ForceReleaseToken(ctx, "m", 0), ErrInvalid)
+	require.ErrorIs(t, forceToken(ctx, op, "", 1), ErrInvalid)
+	require.ErrorIs(t, forceToken(ctx, op, "m", -1), ErrInvalid)
+}
+
+// forceToken is ForceRelease of the holder of token, which it reports removed.
+func forceToken(ctx context.Context, l Locker, key string, token int64) error {
+	n, err := l.ForceRelease(ctx, key, Select{Token: token})
+	if err == nil && n != 1 {
+		return fmt.Errorf("ForceRelease by token removed %d holders", n)
+	}
+	return err
 }
 
 // AsyncRelease: Run returns before the release; the Locker's own next
@@ -2219,26 +2081,6 @@ func testCloseResumesParked(t *testing.T, h *harness) {
 	require.NoError(t, l.Release(ctx))
 }
 
-// testThrottleStaleID: a start id seen again after its start left the
-// window is a new start, counted against the budget.
-func testThrottleStaleID(t *testing.T, h *harness) {
-	ctx := ctxT(t)
-	l := h.locker(t)
-	const period = time.Second
-	take := func(id string) time.Duration {
-		t.Helper()
-		w, err := l.ThrottleStart(ctx, "k", 2, period, id)
-		require.NoError(t, err)
-		return w
-	}
-	require.Zero(t, take("X"))
-	time.Sleep(period / 2)
-	require.Zero(t, take("Y"))
-	time.Sleep(period/2 + 100*time.Millisecond) // X left the window, Y is in it
-	require.Zero(t, take("X"), "X again: a new start")
-	require.Positive(t, take("Z"), "Y and the new X spent the budget")
-}
-
 // Order: a Supersede call older than the key's follow-up gives up at once
 // and takes no newer call's place; one older than the key's latest run gives
 // up while that run holds the key and after it, and preempts no newer run; a
@@ -2357,58 +2199,5 @@ func testOrder(t *testing.T, h *harness) {
 	require.NoError(t, r.l.Release(ctx))
 
 	_, err = a.Acquire(ctx, "v", &AcquireOptions{Supersede: true, Order: -1})
-	require.ErrorIs(t, err, ErrInvalid)
-}
-
-// testThrottleReserve: a reserved start counts against the budget until it
-// is taken, dated when taken, given back, or one period has passed.
-func testThrottleReserve(t *testing.T, h *harness) {
-	ctx := ctxT(t)
-	a, b := h.locker(t), h.locker(t)
-	const period = 600 * time.Millisecond
-	wait := func(d time.Duration, err error) time.Duration {
-		t.Helper()
-		require.NoError(t, err)
-		return d
-	}
-	require.Zero(t, wait(a.ReserveStart(ctx, "k", 2, time.Minute, "r1")))
-	require.Zero(t, wait(a.ReserveStart(ctx, "k", 2, time.Minute, "r1")), "a repeat")
-	require.Zero(t, wait(b.ReserveStart(ctx, "k", 2, time.Minute, "r2")), "the repeat reserved nothing more")
-	require.Positive(t, wait(b.Throttle(ctx, "k", 2, time.Minute)), "reservations count against the budget")
-	require.Positive(t, wait(b.ReserveStart(ctx, "k", 2, time.Minute, "r3")))
-	require.Zero(t, wait(a.NextStart(ctx, "k", 2, time.Minute)), "no start began: reservations may not")
-	for range 2 {
-		require.Zero(t, wait(a.ThrottleStart(ctx, "k", 2, time.Minute, "r1")), "a reserved start is taken, once")
-	}
-	require.Zero(t, wait(a.ReserveStart(ctx, "k", 2, time.Minute, "r1")), "a repeat of the taken start's reservation")
-	require.Zero(t, wait(a.NextStart(ctx, "k", 2, time.Minute)), "one start began")
-	require.NoError(t, b.ReturnStart(ctx, "k", "r2"))
-	require.Zero(t, wait(b.Throttle(ctx, "k", 2, time.Minute)), "a returned reservation is free again")
-	require.Positive(t, wait(b.NextStart(ctx, "k", 2, time.Minute)), "r1 and the last start began: the budget is spent")
-	require.Positive(t, wait(b.ReserveStart(ctx, "k", 2, time.Minute, "r4")))
-
-	// A reserved start taken later is dated then.
-	require.Zero(t, wait(a.ReserveStart(ctx, "dated", 1, period, "x")))
-	time.Sleep(period / 2)
-	require.Zero(t, wait(a.ThrottleStart(ctx, "dated", 1, period, "x")))
-	taken := time.Now()
-	time.Sleep(period/2 + 50*time.Millisecond) // the reservation alone would have lapsed
-	next := wait(b.NextStart(ctx, "dated", 1, period))
-	require.Positive(t, next, "x began less than a period ago")
-	require.LessOrEqual(t, next, time.Until(taken.Add(period))+5*time.Millisecond)
-
-	// A reservation nobody takes lapses after a period; taken after that,
-	// its start is counted against the budget again.
-	require.Zero(t, wait(a.ReserveStart(ctx, "lapse", 1, period, "y")))
-	require.Positive(t, wait(b.Throttle(ctx, "lapse", 1, period)))
-	time.Sleep(period + 50*time.Millisecond)
-	require.Zero(t, wait(b.Throttle(ctx, "lapse", 1, period)), "the lapsed reservation holds nothing")
-	require.Positive(t, wait(a.ThrottleStart(ctx, "lapse", 1, period, "y")), "y is a new start, over the budget")
-
-	_, err := a.ReserveStart(ctx, "k", 1, time.Minute, "")
-	require.ErrorIs(t, err, ErrInvalid)
-	_, err = a.NextStart(ctx, "k", 0, time.Minute)
-	require.ErrorIs(t, err, ErrInvalid)
-	_, err = a.NextStart(ctx, "", 1, time.Minute)
 	require.ErrorIs(t, err, ErrInvalid)
 }

@@ -45,7 +45,7 @@ func TestWasParked(t *testing.T) {
 
 	// job-3 does not take its reservation: it lapses (ForceRelease stands
 	// for its hold ending), and job-3 comes back by itself.
-	_, err = l.ForceRelease(ctx, "k", "")
+	_, err = l.ForceRelease(ctx, "k", lockkit.Select{})
 	require.NoError(t, err)
 	third, err := l.TryAcquire(ctx, "k", opt("job-3"))
 	require.NoError(t, err)
@@ -58,7 +58,7 @@ func TestWasParked(t *testing.T) {
 	require.NoError(t, err)
 	_, err = l.TryAcquire(ctx, "k", opt("job-5"))
 	require.ErrorIs(t, err, lockkit.ErrNotAcquired)
-	_, err = l.ForceRelease(ctx, "k", "")
+	_, err = l.ForceRelease(ctx, "k", lockkit.Select{})
 	require.NoError(t, err)
 	_ = holder.Release(ctx)
 	fifth, err := l.TryAcquire(ctx, "k", opt("job-5"))

@@ -110,7 +110,10 @@ func (g *Guard) claim(ctx context.Context, job Job) error {
 		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
 		return err
 	}
-	newest, ok, err := g.locker.Claim(ctx, job.Key, job.Gen, false)
+	if g.requests == nil {
+		return fail(fmt.Errorf("%w: Job.Gen %d: the requests are kept in the Redis of a *lockkit.RedisLocker, and the Locker is a %T", ErrInvalid, job.Gen, g.locker))
+	}
+	newest, ok, err := g.requests.Claim(ctx, job.Key, job.Gen, false)
 	if err != nil {
 		return fail(err)
 	}
@@ -126,7 +129,7 @@ func (g *Guard) claim(ctx context.Context, job Job) error {
 	if !pending {
 		// The newest request's work does not exist: this job runs instead,
 		// unless that request was claimed meanwhile (it ran and is gone).
-		again, ok, err := g.locker.Claim(ctx, job.Key, job.Gen, true)
+		again, ok, err := g.requests.Claim(ctx, job.Key, job.Gen, true)
 		if err != nil {
 			return fail(err)
 		}

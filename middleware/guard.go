@@ -90,11 +90,14 @@ type Job struct {
 	// Redis. Must not be negative.
 	Order int64
 	// Gen, when positive, is the job's request generation from
-	// lockkit.Locker.Debounce on Key (latest wins): the job runs only if it
-	// is its key's newest request, which ends the key's burst (Locker.Claim).
+	// lockkit.Debouncer.Debounce on Key (latest wins), on the Redis and
+	// prefix of the guard's Locker: the job runs only if it is its key's
+	// newest request, which ends the key's burst (Debouncer.Claim).
 	// Otherwise it does not run (ReasonSuperseded, ActionSkip), unless the
 	// guard's WithPending check says the newest request's work does not
-	// exist (its enqueue failed): then it runs in its place.
+	// exist (its enqueue failed): then it runs in its place. A guard whose
+	// Locker is not a *lockkit.RedisLocker cannot tell: Run fails with an
+	// error matching ErrInvalid.
 	Gen int64
 	// Epoch, when positive, claims the unit of work once: a later run with an
 	// epoch not greater than the last claimed one fails with ReasonClaimed.
@@ -129,6 +132,8 @@ type Guard struct {
 	limit      int
 	hold       time.Duration
 	throttle   *throttle
+	starts     *lockkit.Throttle  // the throttle's budgets
+	requests   *lockkit.Debouncer // Job.Gen's requests; nil without a RedisLocker
 	ttl        time.Duration
 	logger     *slog.Logger
 	loggerSet  bool
@@ -144,7 +149,9 @@ type Guard struct {
 
 // New returns a Guard that takes leases from locker. It returns an error
 // matching ErrInvalid for a nil locker or an invalid option, naming the option
-// and the value.
+// and the value, and for WithThrottle with a Locker that is not a
+// *lockkit.RedisLocker (whose Redis keeps the budget), naming the Locker's
+// type.
 func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	if locker == nil {
 		return nil, fmt.Errorf("%w: New: locker is nil", ErrInvalid)
@@ -193,8 +200,24 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 			return nil, fmt.Errorf("%w: WithObserver #%d is nil", ErrInvalid, i+1)
 		}
 	}
+	rl, _ := locker.(*lockkit.RedisLocker)
+	if g.throttle != nil {
+		if rl == nil {
+			return nil, fmt.Errorf("%w: WithThrottle(%d, %s): the budget is kept in the Redis of a *lockkit.RedisLocker, and the Locker is a %T", ErrInvalid, g.throttle.n, g.throttle.period, locker)
+		}
+		var err error
+		if g.starts, err = rl.Throttle(g.throttle.n, g.throttle.period); err != nil {
+			return nil, fmt.Errorf("%w: WithThrottle: %w", ErrInvalid, err)
+		}
+	}
+	if rl != nil {
+		g.requests = rl.Debouncer()
+	}
 	if g.logger == nil {
-		g.logger = locker.Logger()
+		g.logger = slog.Default()
+		if rl != nil {
+			g.logger = rl.Logger()
+		}
 	}
 	g.log = logObserver(g.logger)
 	return g, nil

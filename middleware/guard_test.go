@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -27,21 +28,36 @@ func TestMain(m *testing.M) {
 
 // backends returns, per store, a function making Lockers that share state
 // like processes sharing one Redis: miniredis in the process, and the Redis
-// at REDIS_ADDR.
-func backends(t *testing.T) map[string]func(t *testing.T) lockkit.Locker {
+// at REDIS_ADDR. A Locker made with hooks has a client of its own that
+// runs them.
+func backends(t *testing.T) map[string]func(t *testing.T, hooks ...redis.Hook) lockkit.Locker {
 	store := lockkittest.NewStore(t)
-	return map[string]func(*testing.T) lockkit.Locker{
-		"miniredis": func(t *testing.T) lockkit.Locker {
-			l := store.Locker()
+	return map[string]func(*testing.T, ...redis.Hook) lockkit.Locker{
+		"miniredis": func(t *testing.T, hooks ...redis.Hook) lockkit.Locker {
+			if len(hooks) == 0 {
+				l := store.Locker()
+				t.Cleanup(func() { _ = l.Close(context.Background()) })
+				return l
+			}
+			c := redis.NewClient(store.Client().Options())
+			t.Cleanup(func() { _ = c.Close() })
+			for _, h := range hooks {
+				c.AddHook(h)
+			}
+			l, err := lockkit.NewRedis(c)
+			require.NoError(t, err)
 			t.Cleanup(func() { _ = l.Close(context.Background()) })
 			return l
 		},
-		"redis": func() func(*testing.T) lockkit.Locker {
+		"redis": func() func(*testing.T, ...redis.Hook) lockkit.Locker {
 			var prefix string
-			return func(t *testing.T) lockkit.Locker {
+			return func(t *testing.T, hooks ...redis.Hook) lockkit.Locker {
 				c := testredis.Client(t)
 				if prefix == "" {
 					prefix = testredis.Prefix(t, c)
+				}
+				for _, h := range hooks {
+					c.AddHook(h)
 				}
 				l, err := lockkit.NewRedis(c, lockkit.WithPrefix(prefix))
 				require.NoError(t, err)
@@ -383,6 +399,37 @@ func TestNewValidation(t *testing.T) {
 	require.Zero(t, g.Policy().MaxWait())
 	err = runErr(g, context.Background(), middleware.Job{Name: "report"}, func(context.Context) error { return nil })
 	require.ErrorContains(t, err, "report: empty key")
+}
+
+// wrapped is a Locker that is not a *lockkit.RedisLocker, such as a user's
+// instrumenting wrapper.
+type wrapped struct{ lockkit.Locker }
+
+// The throttle's budget and a debounced job's requests live in the Redis of
+// a *lockkit.RedisLocker: with another Locker, WithThrottle is refused by
+// New and a job with a Gen fails, naming the Locker's type; other jobs
+// run, and the guard logs through slog.Default().
+func TestGuardOnAnotherLocker(t *testing.T) {
+	l := wrapped{lockkittest.New(t, lockkit.WithLogger(slog.New(slog.DiscardHandler)))}
+	_, err := middleware.New(l, middleware.WithThrottle(1, time.Second, middleware.ActionSkip))
+	require.ErrorIs(t, err, middleware.ErrInvalid)
+	require.ErrorContains(t, err, "WithThrottle(1, 1s): the budget is kept in the Redis of a *lockkit.RedisLocker, and the Locker is a middleware_test.wrapped")
+
+	var logs syncBuffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+	g, err := middleware.New(l, middleware.WithPolicy(middleware.KeepNewest()))
+	require.NoError(t, err)
+	ctx := context.Background()
+	out := g.Run(ctx, middleware.Job{Key: "k", Name: "sync", Gen: 7}, func(context.Context) error { return nil })
+	require.False(t, out.Ran)
+	require.ErrorIs(t, out.Err, middleware.ErrInvalid)
+	require.ErrorContains(t, out.Err, "Job.Gen 7: the requests are kept in the Redis of a *lockkit.RedisLocker")
+	out = g.Run(ctx, middleware.Job{Key: "k", Name: "sync"}, func(context.Context) error { return nil })
+	require.True(t, out.Ran)
+	require.NoError(t, out.Err)
+	require.Contains(t, logs.String(), "sync", "logged through slog.Default()")
 }
 
 // syncBuffer is a log destination safe for concurrent writes.
@@ -727,9 +774,9 @@ func TestLatestRequestWins(t *testing.T) {
 		return exists, nil
 	}))
 	require.NoError(t, err)
-	older, err := l.Debounce(ctx, "k", "t1", time.Second, 0)
+	older, err := l.Debouncer().Debounce(ctx, "k", "t1", time.Second, 0)
 	require.NoError(t, err)
-	newer, err := l.Debounce(ctx, "k", "t2", time.Second, 0)
+	newer, err := l.Debouncer().Debounce(ctx, "k", "t2", time.Second, 0)
 	require.NoError(t, err)
 	run := func(gen int64) middleware.Outcome {
 		return g.Run(ctx, middleware.Job{Key: "k", Name: "sync", Gen: gen}, func(context.Context) error { return nil })
@@ -1142,7 +1189,9 @@ func TestThrottleReservedStartDoesNotDropAWaitingJob(t *testing.T) {
 			l := newLocker(t)
 			held, err := l.TryAcquire(ctx, "k", nil) // not a throttled run
 			require.NoError(t, err)
-			wait, err := l.ReserveStart(ctx, "k", 1, time.Minute, "x") // a job about to take the key
+			starts, err := l.(*lockkit.RedisLocker).Throttle(1, time.Minute)
+			require.NoError(t, err)
+			wait, err := starts.Reserve(ctx, "k", "x") // a job about to take the key
 			require.NoError(t, err)
 			require.Zero(t, wait)
 
@@ -1159,7 +1208,7 @@ func TestThrottleReservedStartDoesNotDropAWaitingJob(t *testing.T) {
 				info, err := l.Inspect(ctx, "k")
 				return err == nil && info.Waiters == 1
 			}, 10*time.Second, time.Millisecond)
-			require.NoError(t, l.ReturnStart(ctx, "k", "x"), "x found the key held and did not run")
+			require.NoError(t, starts.Return(ctx, "k", "x"), "x found the key held and did not run")
 			require.NoError(t, held.Release(ctx))
 			out := <-ran
 			require.True(t, out.Ran, "no run had begun (%v)", out.Err)
@@ -1167,16 +1216,26 @@ func TestThrottleReservedStartDoesNotDropAWaitingJob(t *testing.T) {
 	}
 }
 
-// gatedStart holds ThrottleStart until gate closes: the run that took the key
-// dates its start a moment after its acquire.
-type gatedStart struct {
-	lockkit.Locker
-	gate chan struct{}
+// gatedStart holds a throttle start taken (not reserved, not only looked
+// at: throttle.lua with an id and "0") until gate closes: the run that took
+// the key dates its start a moment after its acquire.
+type gatedStart struct{ gate chan struct{} }
+
+func (gatedStart) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (s gatedStart) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		if name := cmd.Name(); (name == "evalsha" || name == "eval") && len(a) == 9 &&
+			strings.HasSuffix(fmt.Sprint(a[3]), "}:t") && fmt.Sprint(a[7]) != "" && fmt.Sprint(a[8]) == "0" {
+			<-s.gate
+		}
+		return next(ctx, cmd)
+	}
 }
 
-func (s gatedStart) ThrottleStart(ctx context.Context, key string, n int, period time.Duration, id string) (time.Duration, error) {
-	<-s.gate
-	return s.Locker.ThrottleStart(ctx, key, n, period, id)
+func (gatedStart) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // A Coalesce follow-up that others folded into is never dropped by the
@@ -1191,7 +1250,7 @@ func TestThrottledFollowUpIsPutBackNotSkipped(t *testing.T) {
 			opts := []middleware.Option{middleware.WithThrottle(1, time.Minute, middleware.ActionSkip),
 				middleware.WithPolicy(middleware.Coalesce())}
 			gate := make(chan struct{})
-			r, _ := newGuard(t, gatedStart{newLocker(t), gate}, opts...)
+			r, _ := newGuard(t, newLocker(t, gatedStart{gate}), opts...)
 			f, _ := newGuard(t, newLocker(t), opts...)
 			x, _ := newGuard(t, newLocker(t), opts...)
 			l := newLocker(t)

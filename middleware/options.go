@@ -28,13 +28,14 @@ func WithLimit(n int) Option { return func(g *Guard) { g.limit = n } }
 func WithHoldAtLeast(d time.Duration) Option { return func(g *Guard) { g.hold = d } }
 
 // WithThrottle allows at most n runs of a key to begin in any window of one
-// period across every process (lockkit's Locker.Throttle), each start dated
+// period across every process (a lockkit.Throttle on the Redis and prefix
+// of the Locker, which must be a *lockkit.RedisLocker), each start dated
 // when its run begins. A job over the budget does not run: Run returns a
 // *DuplicateError with ReasonThrottled, then as its Action (ActionSkip, or
 // ActionRequeue to run it again when the next start opens, RetryAfter), and
 // reports EventDuplicate, whatever holds its key. Before it takes its key a
 // job whose policy does not wait for it (Skip, Requeue, Fail) reserves a
-// start (lockkit's Locker.ReserveStart), so that jobs arriving together past
+// start (lockkit's Throttle.Reserve), so that jobs arriving together past
 // the budget meet the throttle rather than the policy; the reservation
 // counts against the budget until the run begins, when it is taken and
 // dated. Only a run spends a start: a job that does not run after all (a
@@ -48,7 +49,9 @@ func WithHoldAtLeast(d time.Duration) Option { return func(g *Guard) { g.hold = 
 // and Preempt, whatever then is: other jobs folded into it or gave way to
 // it). A delivery that waited for its own earlier run
 // is that run's retry and spends no start. n must be at least 1, period between a millisecond and
-// lockkit.MaxTTL. Defaults to no throttle.
+// lockkit.MaxTTL. New refuses it (ErrInvalid, naming the Locker's type) when
+// the Locker is not a *lockkit.RedisLocker, which keeps the budget. Defaults
+// to no throttle.
 func WithThrottle(n int, period time.Duration, then Action) Option {
 	return func(g *Guard) { g.throttle = &throttle{n: n, period: period, then: then} }
 }
@@ -121,9 +124,10 @@ func WithParking(p Parking) Option { return func(g *Guard) { g.parking, g.parkin
 // lockkit.MinTTL and lockkit.MaxTTL. Defaults to zero.
 func WithTTL(ttl time.Duration) Option { return func(g *Guard) { g.ttl = ttl } }
 
-// WithLogger overrides, for this guard, the logger the Locker logs through
-// (lockkit.WithLogger): lost leases, errors and jobs that failed at Warn,
-// everything else at Debug. Must not be nil. Defaults to the Locker's.
+// WithLogger sets the guard's logger: lost leases, errors and jobs that
+// failed at Warn, everything else at Debug. Must not be nil. Defaults to the
+// logger of the Locker when it is a *lockkit.RedisLocker (lockkit.WithLogger),
+// slog.Default() otherwise.
 func WithLogger(l *slog.Logger) Option {
 	return func(g *Guard) { g.logger, g.loggerSet = l, true }
 }

@@ -23,14 +23,13 @@ var errNotBegun = errors.New("middleware: the run did not begin")
 // only if n runs began, and otherwise meets the throttle when its run
 // begins.
 func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
-	t := g.throttle
 	a.start = randomID()
 	var wait time.Duration
 	var err error
 	if g.policy.wait > 0 || g.policy.mode != ModeAction {
-		wait, err = g.locker.NextStart(ctx, job.Key, t.n, t.period)
+		wait, err = g.starts.Next(ctx, job.Key)
 	} else {
-		wait, err = g.locker.ReserveStart(ctx, job.Key, t.n, t.period, a.start)
+		wait, err = g.starts.Reserve(ctx, job.Key, a.start)
 		a.reserved = err == nil && wait == 0
 		if err != nil {
 			g.returnStart(ctx, job, a.start) // in case it was reserved
@@ -53,7 +52,7 @@ func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
 // (no HoldAtLeast, no success) and returns why the job does not run.
 func (g *Guard) beginStart(ctx context.Context, job Job, lease *lockkit.Lease, a *attempt, waited time.Duration) error {
 	t := g.throttle
-	wait, err := g.locker.ThrottleStart(ctx, job.Key, t.n, t.period, a.start)
+	wait, err := g.starts.Start(ctx, job.Key, a.start)
 	if err == nil && wait == 0 {
 		a.reserved = false
 		return nil
@@ -111,7 +110,7 @@ func (g *Guard) unreserve(ctx context.Context, job Job, a *attempt) {
 func (g *Guard) returnStart(ctx context.Context, job Job, id string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := g.locker.ReturnStart(rctx, job.Key, id); err != nil {
+	if err := g.starts.Return(rctx, job.Key, id); err != nil {
 		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: fmt.Errorf("middleware: %s: return throttle start %q: %w", job.label(), job.Key, err)})
 	}
 }

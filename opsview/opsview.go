@@ -3,7 +3,7 @@
 // (owner, label, fencing token, TTL), waiters and parked jobs, a filter,
 // auto-refresh, and, only when WithRelease is given, a button that
 // force-releases the holders a row shows, by their fencing tokens (lockkit's
-// Locker.ForceReleaseToken), so a run that took the key since is kept.
+// Locker.ForceRelease with a Select.Token), so a run that took the key since is kept.
 //
 //	h, err := opsview.New(locker, opsview.WithRelease())
 //	http.Handle("/locks/", http.StripPrefix("/locks", requireAdmin(h)))
@@ -75,7 +75,7 @@ func WithFrameAncestors(origins ...string) Option {
 // Handler serves the page at its root and its JSON endpoints: GET api/locks
 // (the held keys; query pattern, a Redis glob) and POST api/release (form
 // key, and either token, repeated, the fencing tokens of the holders to
-// release (lockkit's Locker.ForceReleaseToken; 409 Conflict when one of
+// release (lockkit's Locker.ForceRelease by Select.Token; 409 Conflict when one of
 // them no longer holds the key), or optional owner; needs WithRelease and
 // ReleaseHeader). The page's Confirm sends the tokens it showed.
 type Handler struct {
@@ -128,7 +128,8 @@ func New(locker lockkit.Locker, opts ...Option) (*Handler, error) {
 // authentication sets to the operator's identity (such as
 // "X-Forwarded-User"): every release is logged at Info with it, the key, the
 // fencing tokens asked for, how many holders were removed, and the error, if
-// any, through the Locker's logger. Without it a release is logged too, with
+// any, through the Locker's logger (lockkit.WithLogger; slog.Default() for a
+// Locker that is not a *lockkit.RedisLocker). Without it a release is logged too, with
 // no actor. Defaults to none.
 func WithActorHeader(name string) Option { return func(h *Handler) { h.actor = name } }
 
@@ -304,7 +305,8 @@ func (h *Handler) inspectPage(ctx context.Context, keys []string) ([]*lockView, 
 	return views, errors.Join(errs...)
 }
 
-// audit logs a release at Info through the Locker's logger: who (the
+// audit logs a release at Info through the Locker's logger (slog.Default()
+// for a Locker that is not a *lockkit.RedisLocker): who (the
 // WithActorHeader header), from where, which key and holders, and what came
 // of it.
 func (h *Handler) audit(r *http.Request, key string, tokens []int64, owner string, released int, err error) {
@@ -321,7 +323,11 @@ func (h *Handler) audit(r *http.Request, key string, tokens []int64, owner strin
 	if err != nil {
 		attrs = append(attrs, slog.String("err", err.Error()))
 	}
-	h.l.Logger().LogAttrs(r.Context(), slog.LevelInfo, "opsview: release", attrs...)
+	logger := slog.Default()
+	if rl, ok := h.l.(*lockkit.RedisLocker); ok {
+		logger = rl.Logger()
+	}
+	logger.LogAttrs(r.Context(), slog.LevelInfo, "opsview: release", attrs...)
 }
 
 func (h *Handler) releaseKey(w http.ResponseWriter, r *http.Request) {
@@ -343,7 +349,7 @@ func (h *Handler) releaseKey(w http.ResponseWriter, r *http.Request) {
 	}
 	_ = r.ParseForm()
 	if len(r.Form["token"]) == 0 {
-		n, err := h.l.ForceRelease(r.Context(), key, r.FormValue("owner"))
+		n, err := h.l.ForceRelease(r.Context(), key, lockkit.Select{Owner: r.FormValue("owner")})
 		h.audit(r, key, nil, r.FormValue("owner"), n, err)
 		if err != nil {
 			writeError(w, http.StatusBadGateway, err)
@@ -366,7 +372,7 @@ func (h *Handler) releaseKey(w http.ResponseWriter, r *http.Request) {
 	n := 0
 	var gone []error
 	for _, t := range tokens {
-		err := h.l.ForceReleaseToken(r.Context(), key, t)
+		_, err := h.l.ForceRelease(r.Context(), key, lockkit.Select{Token: t})
 		switch {
 		case err == nil:
 			n++

@@ -115,7 +115,7 @@ func NewClient(c *asynq.Client, rdb redis.UniversalClient, opts ...Option) (*Cli
 
 // newClient is NewClient; locker, when not nil, is the Locker of the
 // Unique, Debounce or ParkAtEnqueue option given a nil one (Guard.Client).
-func newClient(c *asynq.Client, rdb redis.UniversalClient, locker lockkit.Locker, opts []Option) (*Client, error) {
+func newClient(c *asynq.Client, rdb redis.UniversalClient, locker *lockkit.RedisLocker, opts []Option) (*Client, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: NewClient: asynq client is nil", ErrInvalid)
 	}

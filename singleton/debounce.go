@@ -35,12 +35,17 @@ const DebounceGenHeader = "jobguard-debounce-gen"
 // and lockkit.MaxTTL; Debounce excludes Unique. Use it with
 // middleware.KeepNewest or middleware.Preempt, so that the newest task
 // waits for a run of the key still going instead of being skipped.
-func Debounce(locker lockkit.Locker, quiet, maxWait time.Duration) ClientOption {
+//
+// The requests are kept in locker's Redis under its prefix (its
+// lockkit.Debouncer), where the Middleware's Locker, which must be on the
+// same Redis and prefix, claims them; nil is refused (ErrInvalid) by
+// NewClient and means the Guard's Locker under Guard.Client.
+func Debounce(locker *lockkit.RedisLocker, quiet, maxWait time.Duration) ClientOption {
 	return clientOpt(func(c *config) { c.debounce = &debounceSpec{locker: locker, quiet: quiet, maxWait: maxWait} })
 }
 
 type debounceSpec struct {
-	locker         lockkit.Locker
+	locker         *lockkit.RedisLocker
 	quiet, maxWait time.Duration
 }
 
@@ -59,7 +64,7 @@ func (d *debounceSpec) validate() error {
 // debounce records the task with ID id in queue as its key's newest
 // request and returns its generation and when to process it.
 func (d *debounceSpec) debounce(ctx context.Context, key, queue, id string) (int64, time.Time, error) {
-	req, err := d.locker.Debounce(ctx, key, debounceID(queue, id), d.quiet, d.maxWait)
+	req, err := d.locker.Debouncer().Debounce(ctx, key, debounceID(queue, id), d.quiet, d.maxWait)
 	if err != nil {
 		return 0, time.Time{}, err
 	}

@@ -147,7 +147,7 @@ func (m *guarded) refuseParked(ctx context.Context, job middleware.Job) error {
 		ErrInvalid, m.limit, job.Name, job.Key, asynq.SkipRetry)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, ferr := m.guard.Locker().Free(fctx, job.Key, job.Origin); ferr != nil {
+	if _, ferr := m.guard.Locker().ForceRelease(fctx, job.Key, lockkit.Select{Label: job.Origin}); ferr != nil {
 		err = fmt.Errorf("%w; giving back its reservation: %w", err, ferr)
 	}
 	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job, Err: err})

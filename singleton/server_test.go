@@ -1139,7 +1139,7 @@ func TestDebounceRunsTheNewestTask(t *testing.T) {
 // failed), an older task of the burst runs in its place.
 func TestDebounceRunsAnOlderTaskWhenTheNewestIsMissing(t *testing.T) {
 	testDebounceOlderRuns(t, func(t *testing.T, e *env, _ *singleton.Client, locker *lockkit.RedisLocker) {
-		_, err := locker.Debounce(context.Background(), "asynq:sync", "lost-task", 50*time.Millisecond, 0)
+		_, err := locker.Debouncer().Debounce(context.Background(), "asynq:sync", "lost-task", 50*time.Millisecond, 0)
 		require.NoError(t, err)
 	})
 }

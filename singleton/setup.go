@@ -128,7 +128,7 @@ func (g *Guard) Close(ctx context.Context) error { return g.locker.Close(ctx) }
 
 // defaultLocker gives a Unique, Debounce or ParkAtEnqueue option that names
 // no Locker the Guard's.
-func (c *config) defaultLocker(l lockkit.Locker) {
+func (c *config) defaultLocker(l *lockkit.RedisLocker) {
 	if c.unique != nil && c.unique.locker == nil {
 		c.unique.locker = l
 	}

@@ -185,7 +185,8 @@ func WithTTL(ttl time.Duration) ServerOption {
 // every task that completes without running is logged at Info with the
 // reason and, where known, the run or task that covers it: at most one line
 // per key per second, the next one counting the lines left out. Must not be
-// nil. Defaults to the Locker's.
+// nil. Defaults to the Locker's when it is a *lockkit.RedisLocker (New's
+// always is), slog.Default() otherwise.
 func WithLogger(l *slog.Logger) ServerOption {
 	return serverOpt(func(c *config) {
 		c.guardOpts = append(c.guardOpts, middleware.WithLogger(l))
@@ -245,7 +246,9 @@ func PerQueue() ServerOption { return keyOpt(func(c *config) { c.perQueue = true
 //
 // Without options the key is the task type, a duplicate is skipped, one task
 // per key runs at a time, and the lease TTL and the logger are the Locker's
-// (see lockkit.WithTTL and lockkit.WithLogger). Middleware returns
+// (see lockkit.WithTTL and lockkit.WithLogger; slog.Default() for a Locker
+// that is not a *lockkit.RedisLocker). WithThrottle needs a
+// *lockkit.RedisLocker, which keeps the budget. Middleware returns
 // an error matching ErrInvalid, naming the option and the value, for a nil
 // locker or an invalid option; it never panics on options.
 //
@@ -389,7 +392,10 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	}
 	logger := c.logger
 	if logger == nil {
-		logger = locker.Logger()
+		logger = slog.Default()
+		if rl, ok := locker.(*lockkit.RedisLocker); ok {
+			logger = rl.Logger()
+		}
 	}
 	m.skips, m.hooks = newSkipLog(logger), &hookCheck{}
 	if c.rdb != nil {

@@ -199,7 +199,7 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 				// (an earlier enqueue of it) is that task's, and stays.
 				fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				if state, serr := c.taskState(fctx, queue, id); serr == nil && state == "" {
-					_, _ = u.locker.Free(fctx, reservePrefix+key, opt.Label)
+					_, _ = u.locker.ForceRelease(fctx, reservePrefix+key, lockkit.Select{Label: opt.Label})
 				}
 				cancel()
 			}
@@ -237,7 +237,7 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 			return nil, &DuplicateTaskError{Key: key, ID: holderID, Queue: holderQueue, State: state}
 		}
 		// The reserving task is gone: its reservation must not block the key.
-		if _, err := u.locker.Free(ctx, reservePrefix+key, ce.Label); err != nil {
+		if _, err := u.locker.ForceRelease(ctx, reservePrefix+key, lockkit.Select{Label: ce.Label}); err != nil {
 			return nil, fmt.Errorf("singleton: reserving key %q: %w", key, err)
 		}
 	}
@@ -349,7 +349,7 @@ func (m *guarded) endReservation(ctx context.Context, t *asynq.Task, key, origin
 func (m *guarded) freeReservation(ctx context.Context, t *asynq.Task, key, origin, label string) {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, err := m.guard.Locker().Free(fctx, reservePrefix+key, label); err != nil {
+	if _, err := m.guard.Locker().ForceRelease(fctx, reservePrefix+key, lockkit.Select{Label: label}); err != nil {
 		m.reservationError(ctx, t, key, origin, err)
 	}
 }

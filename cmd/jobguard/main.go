@@ -392,7 +392,7 @@ func (c *cli) release(ctx context.Context, key string) int {
 	// Only the holders shown: the key may have changed hands meanwhile.
 	n, gone := 0, false
 	for _, h := range targets {
-		err := c.l.ForceReleaseToken(ctx, key, h.Token)
+		_, err := c.l.ForceRelease(ctx, key, lockkit.Select{Token: h.Token})
 		switch {
 		case err == nil:
 			n++
