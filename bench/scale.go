@@ -349,15 +349,20 @@ func (r *report) scaleSection() string {
 		fmt.Fprintf(&w, "Acquire+release cycles (`TryAcquire` + `Release`, plain lock), each on a key of its own, 8 goroutines on one "+
 			"Locker: what the run leaves in Redis right after it (`DBSIZE` and `used_memory`, after − before), and how long "+
 			"until the key count is back where it began (the Locker's client's retry window is %s with go-redis' defaults; "+
-			"Redis expires keys in sampled sweeps, so the last ones go a little later).\n\n", x.window)
+			"Redis expires keys in sampled sweeps, so the last ones go a little later). A run longer than the window "+
+			"holds at its end the keys of the cycles of the last window: one per cycle, about cycles/s × window, "+
+			"whatever the run's length; their memory is what a steady stream of that many tasks per second keeps.\n\n", x.window)
 		var rows [][]string
 		for _, p := range x.keys {
-			rows = append(rows, []string{fmt.Sprint(p.cycles), fmt.Sprintf("%.0f", float64(p.cycles)/p.wall.Seconds()),
-				us(p.cmdTime), fmt.Sprint(p.keysLeft), fmt.Sprintf("%.2f", float64(p.keysLeft)/float64(p.cycles)),
+			rate := float64(p.cycles) / p.wall.Seconds()
+			rows = append(rows, []string{fmt.Sprint(p.cycles), fmt.Sprintf("%.0f", rate),
+				us(p.cmdTime), fmt.Sprint(p.keysLeft), fmt.Sprintf("%.0f", min(float64(p.cycles), rate*x.window.Seconds())),
+				fmt.Sprintf("%.2f", float64(p.keysLeft)/float64(p.cycles)),
 				fmt.Sprintf("%.1f MB", float64(p.memLeft)/1e6), fmt.Sprintf("%.0f", float64(p.memLeft)/float64(p.cycles)),
 				p.baseline.Round(100 * time.Millisecond).String()})
 		}
-		table(&w, []string{"cycles", "cycles/s", "Redis script time/cycle", "keys left right after", "keys left/cycle",
+		table(&w, []string{"cycles", "cycles/s", "Redis script time/cycle", "keys left right after",
+			"one key per cycle of the last window (cycles/s × window)", "keys left/cycle",
 			"memory left", "bytes left/cycle", "back to the baseline after"}, rows)
 		w.WriteString("\n")
 	}

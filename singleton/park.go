@@ -149,8 +149,14 @@ func (m *guarded) runFirst(ctx context.Context, queue, id string) error {
 // carrying origin is taken over, so a key that is free or held by others
 // is left alone; a key that dup says is held by another run (one holder,
 // under WithLimit(1)) holds no reservation for origin, and costs nothing.
+//
+// A resumed task that was throttled keeps its reservation: it is put back
+// until the key's next start opens, and taking the reservation then runs
+// it. Passing the key on would resume the next parked task only to be
+// throttled too, and the next, each an extra delivery, all put back
+// together.
 func (m *guarded) passOn(ctx context.Context, dup *middleware.DuplicateError, key, origin string) {
-	if m.inspector == nil || origin == "" || m.limit > 1 {
+	if m.inspector == nil || origin == "" || m.limit > 1 || dup.Reason == middleware.ReasonThrottled {
 		return
 	}
 	var ce *lockkit.ConflictError

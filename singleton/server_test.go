@@ -1256,3 +1256,95 @@ func TestRequeueCopyEnqueueRetriedByGoRedis(t *testing.T) {
 	require.Zero(t, qi.Archived, "the original was revoked, not archived")
 	require.Equal(t, 1, qi.Scheduled, "one copy waits to run")
 }
+
+// A parked task that is resumed and then throttled keeps the key's
+// reservation for its own return, when the next start opens: the tasks
+// parked behind it are not resumed at once, one after the other, only to be
+// throttled too (each an extra delivery, and all of them put back together).
+func TestThrottledResumedTaskKeepsTheOthersParked(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		const parked, period = 5, time.Second
+		// Throttled deliveries: task ID and when.
+		type throttle struct {
+			id string
+			at time.Time
+		}
+		var mu sync.Mutex
+		var throttled []throttle
+		var started []string // task IDs, in the order their runs began
+		startedAt := map[string]time.Time{}
+		release := make(chan struct{})
+		l := e.locker()
+		// A long requeue delay: a parked task comes back by itself (its
+		// backstop) only after the test.
+		mw, err := singleton.Middleware(l, singleton.WithPolicy(middleware.Requeue(10*time.Second)),
+			singleton.WithThrottle(2, period, middleware.ActionRequeue), singleton.WithRedis(e.RDB),
+			singleton.WithObserver(func(_ context.Context, x middleware.Event) {
+				// A throttled job's event carries the budget in its error.
+				if x.Kind == middleware.EventDuplicate && x.Err != nil && strings.Contains(x.Err.Error(), " starts per ") {
+					mu.Lock()
+					throttled = append(throttled, throttle{x.Job.ID, time.Now()})
+					mu.Unlock()
+				}
+			}))
+		require.NoError(t, err)
+		e.start(e.config(parked+1), mw(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+			id, _ := asynq.GetTaskID(ctx)
+			mu.Lock()
+			first := len(started) == 0
+			started = append(started, id)
+			startedAt[id] = time.Now()
+			mu.Unlock()
+			if first {
+				<-release
+			}
+			return nil
+		})))
+		e.Enqueue(asynq.NewTask("sync", nil))
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(started) == 1
+		}, 10*time.Second, 5*time.Millisecond)
+		// One at a time: a task reserves the budget's second start while it
+		// tries the key, so tasks that arrive together are throttled.
+		for i := range parked {
+			e.Enqueue(asynq.NewTask("sync", nil))
+			require.Eventually(t, func() bool {
+				info, err := l.Inspect(context.Background(), "asynq:sync")
+				require.NoError(t, err)
+				return info.Parked == i+1
+			}, 10*time.Second, 5*time.Millisecond, "the others park behind the first run")
+		}
+		close(release)
+		// The second start of the period runs the first parked task; the
+		// next parked task is throttled, and put back until the next start.
+		var first throttle
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(throttled) > 0 {
+				first = throttled[0]
+			}
+			return len(throttled) > 0
+		}, 10*time.Second, 5*time.Millisecond)
+		var ran time.Time
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			ran = startedAt[first.id]
+			return !ran.IsZero()
+		}, 10*time.Second, 5*time.Millisecond, "the throttled task runs when the next start opens")
+		mu.Lock()
+		for _, x := range throttled {
+			if x.id != first.id {
+				assert.Falsef(t, x.at.Before(ran), "task %s was resumed and throttled before %s, throttled first, ran", x.id, first.id)
+			}
+		}
+		mu.Unlock()
+		info, err := l.Inspect(context.Background(), "asynq:sync")
+		require.NoError(t, err)
+		require.Greater(t, info.Parked, 0, "the tasks behind it stayed parked")
+	})
+}
