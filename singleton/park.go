@@ -150,13 +150,14 @@ func (m *guarded) runFirst(ctx context.Context, queue, id string) error {
 // is left alone; a key that dup says is held by another run (one holder,
 // under WithLimit(1)) holds no reservation for origin, and costs nothing.
 //
-// A resumed task that was throttled keeps its reservation: it is put back
-// until the key's next start opens, and taking the reservation then runs
-// it. Passing the key on would resume the next parked task only to be
-// throttled too, and the next, each an extra delivery, all put back
-// together.
+// A resumed task that was throttled and put back keeps its reservation: it
+// comes back when the key's next start opens, and taking the reservation
+// then runs it. Passing the key on would resume the next parked task only
+// to be throttled too, and the next, each an extra delivery, all put back
+// together. (One that the throttle skips passes the key on.)
 func (m *guarded) passOn(ctx context.Context, dup *middleware.DuplicateError, key, origin string) {
-	if m.inspector == nil || origin == "" || m.limit > 1 || dup.Reason == middleware.ReasonThrottled {
+	if m.inspector == nil || origin == "" || m.limit > 1 ||
+		(dup.Reason == middleware.ReasonThrottled && dup.Action == middleware.ActionRequeue) {
 		return
 	}
 	var ce *lockkit.ConflictError
