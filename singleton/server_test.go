@@ -1348,3 +1348,42 @@ func TestThrottledResumedTaskKeepsTheOthersParked(t *testing.T) {
 		require.Greater(t, info.Parked, 0, "the tasks behind it stayed parked")
 	})
 }
+
+// A parked task that is resumed and then skipped by the throttle
+// (WithThrottle's ActionSkip) passes the key on at once: the tasks parked
+// behind it do not wait for their backstop.
+func TestThrottleSkippedResumedTaskPassesTheKeyOn(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	const parked = 4
+	ev := &events{}
+	var runs atomic.Int32
+	release := make(chan struct{})
+	l := e.locker()
+	// A long requeue delay: a parked task comes back by itself (its
+	// backstop) only after the test.
+	mw, err := singleton.Middleware(l, singleton.WithPolicy(middleware.Requeue(10*time.Second)),
+		singleton.WithThrottle(2, time.Minute, middleware.ActionSkip), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+	require.NoError(t, err)
+	e.start(e.config(parked+1), mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		if runs.Add(1) == 1 {
+			<-release
+		}
+		return nil
+	})))
+	e.Enqueue(asynq.NewTask("sync", nil))
+	require.Eventually(t, func() bool { return runs.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
+	for i := range parked {
+		e.Enqueue(asynq.NewTask("sync", nil))
+		require.Eventually(t, func() bool {
+			info, err := l.Inspect(context.Background(), "asynq:sync")
+			require.NoError(t, err)
+			return info.Parked == i+1
+		}, 10*time.Second, 5*time.Millisecond)
+	}
+	close(release)
+	// The budget's second start runs one; the others are skipped, each
+	// resumed by the one before it.
+	require.Eventually(t, func() bool {
+		return runs.Load() == 2 && ev.count(middleware.EventDuplicate, middleware.ActionSkip) == parked-1
+	}, 5*time.Second, 5*time.Millisecond, "runs %d", runs.Load())
+}
