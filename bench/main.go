@@ -68,6 +68,7 @@ type bench struct {
 	scaleKeys      []int
 	scaleParked    []int
 	scaleHeld      []int
+	scaleRenewed   []int
 
 	runID   string
 	prefix  string
@@ -119,6 +120,7 @@ func main() {
 	scaleKeys := flag.String("scale-keys", "10000,100000,1000000", "scale: acquire+release cycles on distinct keys, one run per size")
 	scaleParked := flag.String("scale-parked", "100,1000,10000", "scale: parked jobs on one key, one run per size")
 	scaleHeld := flag.String("scale-held", "1000,10000,100000", "scale: held leases listed by Keys, one run per size")
+	scaleRenewed := flag.String("scale-renewed", "1000,10000,100000", "scale: leases renewed by one Locker, one run per size")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	var err error
@@ -129,7 +131,7 @@ func main() {
 	for _, f := range []struct {
 		s   string
 		out *[]int
-	}{{*scaleKeys, &b.scaleKeys}, {*scaleParked, &b.scaleParked}, {*scaleHeld, &b.scaleHeld}} {
+	}{{*scaleKeys, &b.scaleKeys}, {*scaleParked, &b.scaleParked}, {*scaleHeld, &b.scaleHeld}, {*scaleRenewed, &b.scaleRenewed}} {
 		if *f.out, err = parseSizes(f.s); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(2)

@@ -44,10 +44,11 @@ type listPoint struct {
 }
 
 type scaleResult struct {
-	window time.Duration
-	keys   []keysPoint
-	parked []parkPoint
-	lists  []listPoint
+	window  time.Duration
+	renewed []renewalResult
+	keys    []keysPoint
+	parked  []parkPoint
+	lists   []listPoint
 }
 
 // parseSizes parses a comma-separated list of positive sizes.
@@ -82,6 +83,17 @@ func (b *bench) scale(ctx context.Context) (scaleResult, error) {
 			return res, err
 		}
 		res.keys = append(res.keys, p)
+	}
+	for _, n := range b.scaleRenewed {
+		progress("scale: %d leases renewed by one Locker", n)
+		leases := b.leases
+		b.leases = n
+		rr, err := b.renewal(ctx)
+		b.leases = leases
+		if err != nil {
+			return res, err
+		}
+		res.renewed = append(res.renewed, rr)
 	}
 	for _, n := range b.scaleParked {
 		progress("scale: %d parked jobs on one key", n)
@@ -364,6 +376,20 @@ func (r *report) scaleSection() string {
 		table(&w, []string{"cycles", "cycles/s", "Redis script time/cycle", "keys left right after",
 			"one key per cycle of the last window (cycles/s × window)", "keys left/cycle",
 			"memory left", "bytes left/cycle", "back to the baseline after"}, rows)
+		w.WriteString("\n")
+	}
+	if len(x.renewed) > 0 {
+		w.WriteString("Leases held and renewed by one RedisLocker (the renewal section's method at each size: TTL " +
+			"3 s, renewed every second, up to 100 leases per pipeline; the measured ticks' averages).\n\n")
+		var rows [][]string
+		for _, rr := range x.renewed {
+			n := time.Duration(rr.leases)
+			rows = append(rows, []string{fmt.Sprint(rr.leases), fmt.Sprintf("%.1f", rr.rtsPerTick), fmt.Sprintf("%.0f", rr.cmdsPerTick),
+				fmt.Sprintf("%.2f µs", float64(rr.cpuPerTick/n)/1e3), fmt.Sprintf("%.2f µs", float64(rr.redis.cpu/n)/1e3),
+				fmt.Sprint(rr.goroutinesHolding - rr.goroutinesBefore), fmt.Sprint(rr.lost)})
+		}
+		table(&w, []string{"leases", "round trips per tick", "commands per tick", "process CPU per lease per tick",
+			"Redis CPU per lease per tick", "goroutines added", "leases lost"}, rows)
 		w.WriteString("\n")
 	}
 	if len(x.parked) > 0 {
