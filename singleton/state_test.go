@@ -3,6 +3,7 @@ package singleton_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -61,10 +62,14 @@ func prefixKeys(t *testing.T, c redis.UniversalClient, prefix string) map[string
 	case *redis.Client:
 		require.NoError(t, scan(ctx, c))
 	case *redis.ClusterClient:
-		// One master at a time: the map is not shared.
+		// ForEachMaster calls its function on every master at once: collect
+		// them, then scan one at a time.
+		var mu sync.Mutex
 		var masters []*redis.Client
 		require.NoError(t, c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
+			mu.Lock()
 			masters = append(masters, m)
+			mu.Unlock()
 			return nil
 		}))
 		for _, m := range masters {
