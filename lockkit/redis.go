@@ -50,7 +50,7 @@ var (
 	// The scripts that change a holders key start with promote.lua.
 	acquireScript      = redis.NewScript(promoteSrc + acquireSrc)
 	releaseScript      = redis.NewScript(promoteSrc + releaseSrc)
-	plainAcquireScript = redis.NewScript(promoteSrc + plainAcquireSrc)
+	plainAcquireScript = redis.NewScript(plainAcquireSrc)
 	plainReleaseScript = redis.NewScript(plainReleaseSrc)
 	extendScript       = redis.NewScript(extendSrc)
 	leaveScript        = redis.NewScript(promoteSrc + leaveSrc)
@@ -71,9 +71,8 @@ var (
 // Redis layout for key K under prefix P: P{K}:h holds the holders. A plain
 // lock (limit 1, no waiting, queue, epoch, Coalesce, Supersede, Preempt,
 // Adopt or Park) that no other kind of acquire touched keeps its one holder
-// there as a STRING; its release leaves "~" and its token there for the
-// client's retry window (one key per released lock), moved to
-// P{K}:d:<token> for what is left of it when the key is taken again. Any
+// there as a STRING; its release leaves "~" and its token there for a second
+// and records itself in P{K}:d:<token> for the client's retry window. Any
 // other operation first turns the STRING into a sorted set scored by expiry,
 // with records of completed labels and cleaned-up calls, which the key keeps
 // while waiters, a queue or parked jobs may live; its released holders are

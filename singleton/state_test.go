@@ -79,11 +79,11 @@ func prefixKeys(t *testing.T, c redis.UniversalClient, prefix string) map[string
 	return out
 }
 
-// A guarded task that ran leaves at most one key behind in Redis, and that
-// key expires within the Locker's client's retry window: a burst of tasks on
-// distinct keys costs Redis one key per task, not more, and not for longer
-// than a repeated release can arrive.
-func TestGuardedTaskLeavesAtMostOneKey(t *testing.T) {
+// A guarded task that ran leaves one key behind in Redis for the Locker's
+// client's retry window (the record that answers a release go-redis sends
+// again), and at most two more for a second (the last fencing token): a
+// burst of tasks on distinct keys does not pile keys up in Redis.
+func TestGuardedTaskLeavesOneKeyForTheRetryWindow(t *testing.T) {
 	policies := map[string]middleware.Policy{
 		"skip":    middleware.Skip(),
 		"requeue": middleware.Requeue(50 * time.Millisecond),
@@ -111,11 +111,16 @@ func TestGuardedTaskLeavesAtMostOneKey(t *testing.T) {
 				e.Drained(10 * time.Second)
 				require.EqualValues(t, tasks, runs.Load())
 				left := prefixKeys(t, e.RDB, e.Prefix)
-				require.LessOrEqual(t, len(left), tasks, "keys left: %d", len(left))
+				require.LessOrEqual(t, len(left), 3*tasks, "keys left: %d", len(left))
+				long := 0
 				for k, ttl := range left {
 					require.Greater(t, ttl, time.Duration(0), "%s does not expire (of %d keys)", k, len(left))
 					require.LessOrEqual(t, ttl, window, "%s outlives the retry window", k)
+					if ttl > time.Second {
+						long++
+					}
 				}
+				require.LessOrEqual(t, long, tasks, "keys kept longer than a second")
 			})
 		})
 	}

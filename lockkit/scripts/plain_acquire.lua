@@ -2,9 +2,7 @@
 -- in the plain form of its holders key: a STRING holding the one holder,
 -- "<token>:<acquire id>:<owner>:<label>", that expires with it; after a
 -- release (plain_release.lua) the STRING "~<token>" keeps the last token
--- (and answers a repeat of that release) for the client's retry window;
--- taking the key moves the record to a key of its own (keep_release in
--- promote.lua, which runs first). The other scripts turn the
+-- for a second. The other scripts turn the
 -- plain form into the sorted set of acquire.lua first (promote.lua), and
 -- acquire.lua keeps the sorted set while waiters, a queue or parked jobs
 -- live, so the plain form always means: no one else is waiting. Safe to
@@ -29,7 +27,6 @@ if v then
     return {0, v, redis.call('PTTL', KEYS[1]), 1, 0}
   end
   fence = tonumber(string.sub(v, 2))
-  keep_release(KEYS[1], v)
 end
 -- A token is at least the server time in microseconds (as in acquire.lua),
 -- and greater than the last one while its record lives.

@@ -1,12 +1,9 @@
 -- Releases a lease held in the plain form of its holders key (see
--- plain_acquire.lua). Safe to run twice: the holders key keeps "~<token>"
--- for the client's retry window, so a repeat returns 1 as the first run did;
--- when the key is taken again (plain_acquire.lua) or turned into a sorted
--- set (promote) meanwhile, the record moves to a key of its own, KEYS[2],
--- for what is left of it. A released lock thus leaves one key.
+-- plain_acquire.lua). Safe to run twice: the released token is remembered
+-- in a key of its own for the client's retry window, so a repeat returns 1
+-- as the first run did even after the key was taken again.
 -- KEYS[1] holders: STRING in the plain form, else ZSET (see acquire.lua)
 -- KEYS[2] released: STRING, present while this lease's release is remembered
---         after its holders key was taken again
 -- ARGV[1] the lease's member
 -- ARGV[2] grace (ms): how long the release is remembered
 -- ARGV[3] "~" and the lease's token: the record it leaves
@@ -18,9 +15,10 @@ if type(v) == 'table' then
   return -9
 end
 if v == ARGV[1] then
-  -- The record also keeps the token for the next acquire, as the fence key
-  -- of acquire.lua does.
-  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
+  -- The record keeps the token for the next acquire for a second, as the
+  -- fence key of acquire.lua does.
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', 1000)
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
   return 1
 end
 if v == ARGV[3] or redis.call('EXISTS', KEYS[2]) == 1 then

@@ -5,30 +5,15 @@ local function leave_token(h, token)
   redis.call('SET', h, '~' .. token, 'PX', 1000)
 end
 
--- keep_release moves the record "~<token>" (v) that a release left in the
--- holders key h (see plain_release.lua) into a key of its own, h's base and
--- "d:<token>" (in h's hash slot), for what is left of it, before h is taken
--- again: a repeat of that release still finds it there.
-local function keep_release(h, v)
-  local left = redis.call('PTTL', h)
-  if left > 0 then
-    redis.call('SET', string.sub(h, 1, -2) .. 'd:' .. string.sub(v, 2), '1', 'PX', left)
-  end
-end
-
 -- promote turns a holders key in its plain form (see plain_acquire.lua)
 -- into the sorted set the other scripts use: its holder becomes a member
--- scored by its expiry; a release record "~<token>" moves to a key of its
--- own (keep_release). When fence
+-- scored by its expiry; a release record "~<token>" is dropped. When fence
 -- is given, the fence key is raised to the token, so later tokens stay
 -- greater. The scripts that change the holders key call it first.
 local function promote(h, fence)
   local v = redis.pcall('GET', h)
   if type(v) ~= 'string' then
     return
-  end
-  if string.byte(v) == 126 then
-    keep_release(h, v)
   end
   local left = redis.call('PTTL', h)
   redis.call('DEL', h)

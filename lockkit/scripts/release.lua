@@ -174,19 +174,10 @@ local function grant()
 end
 -- settle leaves the last token in a holders key this release left empty,
 -- as plain_release.lua does, so that a plain acquire's token is greater.
--- When that token is the released one and this release is the key's only
--- record, the holders key keeps it as plain_release.lua does, for the retry
--- window, in place of the record and the fence key: a released lock leaves
--- one key.
 local function settle()
   if redis.call('EXISTS', KEYS[1]) == 0 then
     local fence = math.max(tonumber(released), tonumber(redis.call('GET', KEYS[6]) or '0'))
-    if fence == tonumber(released) and redis.call('ZCARD', KEYS[4]) == 1 then
-      redis.call('DEL', KEYS[4], KEYS[6])
-      redis.call('SET', KEYS[1], '~' .. released, 'PX', keep)
-    else
-      leave_token(KEYS[1], string.format('%d', fence))
-    end
+    leave_token(KEYS[1], string.format('%d', fence))
   end
   return 1
 end
