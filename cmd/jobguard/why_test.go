@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -52,4 +54,83 @@ func TestWhy(t *testing.T) {
 	_, errOut, code := jobguard(t, "p", "", "why")
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "one TASK-ID")
+}
+
+// xrevranges counts the XREVRANGE calls and the entries they asked for.
+type xrevranges struct{ calls, asked int64 }
+
+func (h *xrevranges) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *xrevranges) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "xrevrange" {
+			h.calls++
+			args := cmd.Args()
+			n, _ := strconv.ParseInt(fmt.Sprint(args[len(args)-1]), 10, 64)
+			h.asked += n
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *xrevranges) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// why reads the log 1,000 entries at a time, newest first, stops at the
+// read in which it finds the task, and never reads more than --max-entries
+// entries: a task older than that is reported as not found, saying so.
+func TestWhyReadsTheLogInBoundedChunks(t *testing.T) {
+	ctx := context.Background()
+	c := testredis.Client(t)
+	stream := testredis.Prefix(t, c) + "decisions"
+	add := func(p redis.Pipeliner, task string) {
+		p.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"task", task, "origin", task, "type", "report", "queue", "default", "key", "k", "reason", "held"}})
+	}
+	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		add(p, "oldest")
+		for i := range 2500 {
+			add(p, fmt.Sprint("t-", i))
+			if i == 1200 {
+				add(p, "middle")
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	why := func(id string, maxEntries int) (int, string, *xrevranges) {
+		h := &xrevranges{}
+		client := redis.NewClient(c.Options())
+		defer client.Close()
+		client.AddHook(h)
+		var out strings.Builder
+		cl := &cli{o: options{decisions: stream, maxEntries: maxEntries}, out: &out, errOut: &out}
+		return cl.why(ctx, client, id), out.String(), h
+	}
+	code, out, h := why("t-2400", defaultWhyMax)
+	require.Equal(t, exitOK, code, out)
+	require.EqualValues(t, 1, h.calls, "found in the first read")
+	require.EqualValues(t, decisionChunk, h.asked)
+
+	code, out, h = why("middle", defaultWhyMax)
+	require.Equal(t, exitOK, code, out)
+	require.Contains(t, out, "task middle")
+	require.EqualValues(t, 2, h.calls, "1,300 entries from the newest: the second read")
+
+	code, out, h = why("oldest", 2500)
+	require.Equal(t, exitNotHeld, code, out)
+	require.Contains(t, out, "newest 2500 entries looked through (--max-entries)")
+	require.EqualValues(t, 3, h.calls)
+	require.EqualValues(t, 2500, h.asked, "never more than --max-entries")
+
+	code, out, h = why("oldest", defaultWhyMax)
+	require.Equal(t, exitOK, code, out)
+	require.EqualValues(t, 3, h.calls)
+	code, out, _ = why("missing", defaultWhyMax)
+	require.Equal(t, exitNotHeld, code)
+	require.NotContains(t, out, "--max-entries", "the whole log was read")
+
+	_, errOut, code := jobguard(t, "p", "", "--max-entries", "0", "why", "x")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, "--max-entries")
 }
