@@ -234,3 +234,8 @@ func parseScanCursor(s string) (scanCursor, error) {
 	}
 	return c, nil
 }
+
+// Match reports whether key matches pattern in the Redis glob syntax of
+// Keys and ScanKeys: for a view that filters other records of keys (such as
+// a log of decisions) the same way.
+func Match(pattern, key string) bool { return globMatch(pattern, key) }

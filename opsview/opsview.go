@@ -29,6 +29,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/lockkit"
 )
@@ -74,7 +76,10 @@ func WithFrameAncestors(origins ...string) Option {
 }
 
 // Handler serves the page at its root and its JSON endpoints: GET api/locks
-// (the held keys; query pattern, a Redis glob) and POST api/release (form
+// (a page of the held keys; query pattern, a Redis glob, cursor, the next
+// cursor of the page before, and limit), GET api/decisions (with
+// WithDecisionLog: a page of the decision log; query pattern, before and
+// limit) and POST api/release (form
 // key, and either token, repeated, the fencing tokens of the holders to
 // release (lockkit's Locker.ForceRelease by Select.Token; 409 Conflict when one of
 // them no longer holds the key), or optional owner; needs WithRelease and
@@ -93,6 +98,9 @@ type Handler struct {
 	// scanCount and scanCalls are WithScanBudget's; 0 is lockkit's default.
 	scanCount, scanCalls int
 	state                func(ctx context.Context, taskID string) (state, link string) // WithTaskState
+	// decisions and stream are WithDecisionLog's.
+	decisions redis.UniversalClient
+	stream    string
 }
 
 // New returns the handler for locker. It returns an error matching
@@ -200,6 +208,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.locks(w, r)
 	case "api/release":
 		h.releaseKey(w, r)
+	case "api/decisions":
+		h.decisionsPage(w, r)
 	default:
 		http.NotFound(w, r)
 	}
@@ -251,6 +261,9 @@ type locksReply struct {
 	Cursor string `json:"cursor"`
 	Next   string `json:"next"`
 	Limit  int    `json:"limit"`
+	// Decisions says that api/decisions serves the decision log
+	// (WithDecisionLog).
+	Decisions bool `json:"decisions"`
 }
 
 func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
@@ -278,7 +291,7 @@ func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reply := locksReply{Pattern: pattern, Locks: []lockView{}, Release: h.release, RefreshMs: h.refresh.Milliseconds(),
-		At: time.Now().UTC().Format(time.RFC3339), Cursor: cursor, Next: next, Limit: limit}
+		At: time.Now().UTC().Format(time.RFC3339), Cursor: cursor, Next: next, Limit: limit, Decisions: h.decisions != nil}
 	for _, v := range h.inspectPage(r.Context(), keys) {
 		if v != nil {
 			reply.Locks = append(reply.Locks, *v)

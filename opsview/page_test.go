@@ -39,13 +39,19 @@ type pageReply struct {
 // getPage asks h for a page of the held keys.
 func getPage(t *testing.T, h http.Handler, query string) (*httptest.ResponseRecorder, pageReply) {
 	t.Helper()
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/api/locks?"+query, nil))
 	var r pageReply
+	return getJSON(t, h, "/api/locks?"+query, &r), r
+}
+
+// getJSON GETs path from h and decodes a 200 reply into v.
+func getJSON(t *testing.T, h http.Handler, path string, v any) *httptest.ResponseRecorder {
+	t.Helper()
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))
 	if w.Code == http.StatusOK {
-		require.NoError(t, json.Unmarshal(w.Body.Bytes(), &r))
+		require.NoError(t, json.Unmarshal(w.Body.Bytes(), v))
 	}
-	return w, r
+	return w
 }
 
 // allPages follows the pages' cursors from the first and returns every
