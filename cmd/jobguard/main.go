@@ -50,7 +50,7 @@ Usage:
   jobguard [flags] inspect KEY       holders (owner, label, token, TTL) and waiters of KEY
   jobguard [flags] release KEY       remove KEY's holders (all, --owner ID's or --token N's); asks first unless --yes
   jobguard [flags] watch [PATTERN]   show the held keys every --interval until interrupted (a Redis error is printed, and watch goes on)
-  jobguard [flags] why TASK-ID       why a task completed without running (singleton's decision log)
+  jobguard [flags] why TASK-ID       why a task completed without running, or its run ended early (singleton's decision log)
 
 Examples:
   REDIS_ADDR=redis:6379 jobguard ls 'asynq:report:*'
@@ -66,8 +66,10 @@ lockkit.ErrLost (its Locker listens on the operators' channel; at its next
 renewal, TTL/3 by default, if it missed the notice).
 
 why reads the stream the asynq middleware adds to for every task that
-completes without running (singleton.DecisionLog, about the last 10,000):
-the reason, the key, and the run or task that held or covered it. It finds
+completes without running, and every run that a newer task preempted or
+that failed after losing its lease (singleton.DecisionLog, about the last
+10,000): the reason, the key, and the run or task that held, covered or
+took over the key. It finds
 the task by its ID or, for a Requeue copy, by its first task's ID. It reads
 the log newest first, 1,000 entries per read, and stops at the end of the
 read in which it finds the task, or after --max-entries (20,000) entries.
@@ -557,7 +559,14 @@ func (c *cli) printDecisions(found []decisionView) {
 			break
 		}
 		f := v.Fields
-		fmt.Fprintf(c.out, "%s task %s (%s, queue %s) completed without running: %s, key %s", v.At, shown(f["task"]), shown(f["type"]), shown(f["queue"]), shown(f["reason"]), shown(f["key"]))
+		what := "completed without running: " + shown(f["reason"])
+		switch f["reason"] {
+		case "preempted":
+			what = "was preempted while it ran (a newer task of its key cancelled it; not retried)"
+		case "lost":
+			what = "lost its lease while it ran, and failed (asynq retries it while it has retries left)"
+		}
+		fmt.Fprintf(c.out, "%s task %s (%s, queue %s) %s, key %s", v.At, shown(f["task"]), shown(f["type"]), shown(f["queue"]), what, shown(f["key"]))
 		if f["by_task"] != "" {
 			fmt.Fprintf(c.out, ", by task %s", shown(f["by_task"]))
 		}
@@ -566,6 +575,9 @@ func (c *cli) printDecisions(found []decisionView) {
 		}
 		if f["by_token"] != "" {
 			fmt.Fprintf(c.out, " (token %s)", shown(f["by_token"]))
+		}
+		if f["cause"] != "" {
+			fmt.Fprintf(c.out, ": %s", shown(f["cause"]))
 		}
 		fmt.Fprintln(c.out)
 	}

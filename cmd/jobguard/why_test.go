@@ -32,7 +32,20 @@ func TestWhy(t *testing.T) {
 	add("call", "c1", "task", "t-1~a", "origin", "t-1", "type", "report", "queue", "default", "key", "asynq:report\x1b[2J", "reason", "covered", "by_owner", "worker-8", "by_token", "1795650000000000")
 	add("call", "c1", "task", "t-1~a", "origin", "t-1", "type", "report", "queue", "default", "key", "asynq:report\x1b[2J", "reason", "covered", "by_owner", "worker-8", "by_token", "1795650000000000")
 
-	out, _, code := jobguard(t, "p", "", "--decisions", stream, "why", "t-1")
+	add("call", "c2", "task", "t-2", "origin", "t-2", "type", "sync", "queue", "default", "key", "asynq:sync", "reason", "preempted",
+		"by_task", "t-3", "by_owner", "worker-9", "by_token", "1795650000000001", "cause", "lockkit: lease lost: preempted")
+	add("call", "c3", "task", "t-4", "origin", "t-4", "type", "sync", "queue", "default", "key", "asynq:sync", "reason", "lost",
+		"cause", "lockkit: lease lost: \"asynq:sync\": token 1 was released by an operator (ForceRelease)\n")
+
+	out, _, code := jobguard(t, "p", "", "--decisions", stream, "why", "t-2")
+	require.Equal(t, exitOK, code, out)
+	require.Contains(t, out, "task t-2 (sync, queue default) was preempted while it ran (a newer task of its key cancelled it; not retried), key asynq:sync, by task t-3, run by worker-9 (token 1795650000000001): lockkit: lease lost: preempted")
+	out, _, code = jobguard(t, "p", "", "--decisions", stream, "why", "t-4")
+	require.Equal(t, exitOK, code, out)
+	require.Contains(t, out, "task t-4 (sync, queue default) lost its lease while it ran, and failed (asynq retries it while it has retries left), key asynq:sync: ")
+	require.Contains(t, out, `released by an operator (ForceRelease)\n`, "escaped")
+
+	out, _, code = jobguard(t, "p", "", "--decisions", stream, "why", "t-1")
 	require.Equal(t, exitOK, code, out)
 	require.Contains(t, out, "task t-1~a (report, queue default) completed without running: covered, key asynq:report\\x1b[2J, run by worker-8 (token 1795650000000000)")
 	require.Contains(t, out, "task t-1 (report, queue default) completed without running: held, key asynq:report, by task t-0, run by worker-7")
