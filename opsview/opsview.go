@@ -1,9 +1,12 @@
 // Package opsview is an operator's web page for jobguard locks, an
 // http.Handler to mount next to asynqmon: the held keys with their holders
 // (owner, label, fencing token, TTL), waiters and parked jobs, a filter,
-// auto-refresh, and, only when WithRelease is given, a button that
+// auto-refresh, pages of keys whose cost does not grow with the keyspace
+// (WithScanBudget), and, only when WithRelease is given, a button that
 // force-releases the holders a row shows, by their fencing tokens (lockkit's
 // Locker.ForceRelease with a Select.Token), so a run that took the key since is kept.
+// WithDecisionLog adds the tasks that did not run (singleton's decision
+// log), WithTaskState each holder's task state (singleton.TaskState).
 //
 //	h, err := opsview.New(locker, opsview.WithRelease())
 //	http.Handle("/locks/", http.StripPrefix("/locks", requireAdmin(h)))

@@ -260,7 +260,8 @@ func TestPageHoldsRealisticData(t *testing.T) {
 
 // With the decision log (WithDecisionLog) and realistic entries (UUID task
 // IDs, asynq keys of JSON payloads, Kubernetes-style owners, a key with
-// control bytes), the page shows the newest decisions first, 50 a page, with
+// control bytes), and a holder's task state (WithTaskState) linked to
+// asynqmon, the page shows the newest decisions first, 50 a page, with
 // Older and Newer; the key filter narrows them; control bytes show escaped;
 // and nothing scrolls sideways at 1280 or 390 px.
 func TestDecisionLogRendersRealisticData(t *testing.T) {
@@ -283,7 +284,12 @@ func TestDecisionLogRendersRealisticData(t *testing.T) {
 	l := lockkittest.New(t, lockkit.WithOwner("report-worker-7c9d8f6b5-x2kqz:1:3f9a2c7d"))
 	_, err := l.TryAcquire(ctx, "asynq:report:build:tenant_id=org_0001", &lockkit.AcquireOptions{Label: "0c636fe2-2986-4526-941b-fe6074c00001"})
 	require.NoError(t, err)
-	h, err := opsview.New(l, opsview.WithDecisionLog(rdb, stream), opsview.WithRefresh(200*time.Millisecond))
+	// The holder's task state in asynq and its asynqmon page, as
+	// singleton.TaskState gives them.
+	state := func(_ context.Context, id string) (string, string) {
+		return "active", "/asynqmon/queues/critical/tasks/" + id
+	}
+	h, err := opsview.New(l, opsview.WithDecisionLog(rdb, stream), opsview.WithRefresh(200*time.Millisecond), opsview.WithTaskState(state))
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
@@ -323,6 +329,9 @@ func TestDecisionLogRendersRealisticData(t *testing.T) {
 	require.Contains(t, first.Text, "preempted")
 	require.Contains(t, first.Text, "report-worker-7c9d8f6b5-x2kqz:1:3f9a2c7d")
 	require.LessOrEqual(t, first.ScrollWidth, first.ClientWidth, "nothing scrolls sideways at 1280 px")
+	link, err := chromedp.Run(b, chromedp.Evaluate[[]string](`(() => { const a = document.querySelector("#locks a.state"); return a ? [a.textContent, a.getAttribute("href")] : []; })()`))
+	require.NoError(t, err)
+	require.Equal(t, []string{"active", "/asynqmon/queues/critical/tasks/0c636fe2-2986-4526-941b-fe6074c00001"}, link, "the holder's task state, linked to asynqmon")
 
 	_, err = chromedp.Run(b, chromedp.Evaluate[bool](`(() => { document.getElementById("older").click(); return true; })()`))
 	require.NoError(t, err)
