@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -181,8 +182,13 @@ func (l *RedisLocker) scanNodes(ctx context.Context) ([]redis.Cmdable, error) {
 	if !ok {
 		return []redis.Cmdable{l.r.c}, nil
 	}
-	var masters []*redis.Client
+	var (
+		mu      sync.Mutex
+		masters []*redis.Client
+	)
 	err := cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock() // called on every master at once
+		defer mu.Unlock()
 		masters = append(masters, c)
 		return nil
 	})

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/internal/testredis"
@@ -17,8 +18,13 @@ import (
 // ScanKeys pages the held keys with bounded work per call: following the
 // cursors returns every held key matching the pattern, and no released key, whatever the page size and SCAN budget.
 func TestScanKeysPagesEveryHeldKey(t *testing.T) {
+	t.Run("standalone", func(t *testing.T) { testScanKeys(t, testredis.Client(t)) })
+	// On a Cluster the cursor walks its masters one after the other.
+	t.Run("cluster", func(t *testing.T) { testScanKeys(t, testredis.Cluster(t)) })
+}
+
+func testScanKeys(t *testing.T, c redis.UniversalClient) {
 	ctx := context.Background()
-	c := testredis.Client(t)
 	l, err := lockkit.NewRedis(c, lockkit.WithPrefix(testredis.Prefix(t, c)))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(ctx) })
