@@ -35,15 +35,31 @@ const (
 // asynq middleware (the tasks that completed without running: task, key,
 // reason, the run or task that held or covered it, when), newest first and
 // paged, read from stream on rdb (the servers' Redis); the page's key
-// filter applies. stream "" is DefaultDecisionLog. Defaults to none: the
-// page has no decisions section.
+// filter applies. stream "" is DefaultDecisionLog. New returns an error
+// matching ErrInvalid for a nil rdb. Defaults to none: the page has no
+// decisions section.
 func WithDecisionLog(rdb redis.UniversalClient, stream string) Option {
 	return func(h *Handler) {
-		h.decisions, h.stream = rdb, stream
+		h.decisions, h.stream, h.decisionsSet = rdb, stream, true
 		if stream == "" {
 			h.stream = DefaultDecisionLog
 		}
 	}
+}
+
+// nilClient reports whether c is nil, also a typed nil.
+func nilClient(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case nil:
+		return true
+	case *redis.Client:
+		return c == nil
+	case *redis.ClusterClient:
+		return c == nil
+	case *redis.Ring:
+		return c == nil
+	}
+	return false
 }
 
 // decisionView is one entry of the decision log as the page gets it: its

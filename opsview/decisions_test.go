@@ -76,6 +76,11 @@ func TestDecisionLogIsShown(t *testing.T) {
 		code, _ := getDecisions(t, h, bad)
 		require.Equal(t, http.StatusBadRequest, code, bad)
 	}
+	var none *redis.Client
+	for _, rdb := range []redis.UniversalClient{nil, none} {
+		_, err = opsview.New(lockkittest.New(t), opsview.WithDecisionLog(rdb, ""))
+		require.ErrorIs(t, err, opsview.ErrInvalid)
+	}
 	plain, err := opsview.New(lockkittest.New(t))
 	require.NoError(t, err)
 	code, _ = getDecisions(t, plain, "")

@@ -102,8 +102,9 @@ type Handler struct {
 	scanCount, scanCalls int
 	state                func(ctx context.Context, taskID string) (state, link string) // WithTaskState
 	// decisions and stream are WithDecisionLog's.
-	decisions redis.UniversalClient
-	stream    string
+	decisions    redis.UniversalClient
+	stream       string
+	decisionsSet bool
 }
 
 // New returns the handler for locker. It returns an error matching
@@ -123,6 +124,8 @@ func New(locker lockkit.Locker, opts ...Option) (*Handler, error) {
 		return nil, fmt.Errorf("%w: WithRefresh(%s): must be at least 100ms", ErrInvalid, h.refresh)
 	case h.pattern == "":
 		return nil, fmt.Errorf("%w: WithPattern(\"\")", ErrInvalid)
+	case h.decisionsSet && nilClient(h.decisions):
+		return nil, fmt.Errorf("%w: WithDecisionLog: the Redis client is nil", ErrInvalid)
 	case h.scanCount < 0 || h.scanCalls < 0:
 		return nil, fmt.Errorf("%w: WithScanBudget(%d, %d): want 0 (the default) or more", ErrInvalid, h.scanCount, h.scanCalls)
 	}
@@ -153,9 +156,11 @@ func WithActorHeader(name string) Option { return func(h *Handler) { h.actor = n
 // WithScanBudget bounds the work of one listing of the held keys, whatever
 // the size of the keyspace: at most calls SCAN calls of COUNT count each
 // (lockkit's RedisLocker.ScanKeys); a page may then show fewer keys than
-// its size, and Next goes on from where it stopped. Zero means lockkit's
-// default: DefaultScanCount (1000) and DefaultScanCalls (10). A Locker
-// without ScanKeys lists every key (Locker.Keys) on every refresh.
+// its size, and Next goes on from where it stopped. A Locker without
+// ScanKeys lists every key (Locker.Keys) on every refresh. New returns an
+// error matching ErrInvalid for a negative count or calls. Zero means
+// lockkit's default; defaults to lockkit.DefaultScanCount (1000) and
+// lockkit.DefaultScanCalls (10).
 func WithScanBudget(count, calls int) Option {
 	return func(h *Handler) { h.scanCount, h.scanCalls = count, calls }
 }
