@@ -184,16 +184,10 @@ func (l *RedisLocker) Close(ctx context.Context) error { return l.e.close(ctx) }
 
 // Keys implements Locker. It uses SCAN on every master, never KEYS, then
 // checks each key's holders; a key may be missed or reported after it was
-// released, as SCAN guarantees.
+// released, as SCAN guarantees. It walks the whole keyspace: ScanKeys reads
+// one bounded page.
 func (l *RedisLocker) Keys(ctx context.Context, pattern string) ([]string, error) {
-	// The server filters by the pattern when its escaped form means the same
-	// ('?' would not: a '{', '}' or '%' of a key is stored as three bytes);
-	// globMatch decides in every case.
-	tag := "*"
-	if !strings.ContainsAny(pattern, "[?{}%") {
-		tag = pattern
-	}
-	match := globEscape(l.r.prefix) + "{" + tag + "}:h"
+	match := globEscape(l.r.prefix) + "{" + serverGlob(pattern) + "}:h"
 	var (
 		mu  sync.Mutex
 		out []string
@@ -207,26 +201,13 @@ func (l *RedisLocker) Keys(ctx context.Context, pattern string) ([]string, error
 		if err := iter.Err(); err != nil {
 			return err
 		}
-		// A holders key lives as long as its longest record: keep the keys
-		// with a live holder.
-		cmds := make([]*redis.Cmd, len(found))
-		if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, k := range found {
-				base := strings.TrimSuffix(k, ":h")
-				cmds[i] = inspectScript.Eval(ctx, p, []string{k, base + ":w", base + ":k"})
-			}
-			return nil
-		}); err != nil && !errors.Is(err, redis.Nil) {
+		live, err := liveKeys(ctx, c, l.r.prefix, l.matching(found, pattern))
+		if err != nil {
 			return err
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		for i, k := range found {
-			key := unescape(strings.TrimSuffix(strings.TrimPrefix(k, l.r.prefix+"{"), "}:h"))
-			if vals, err := cmds[i].Slice(); err == nil && len(vals) > 3 && globMatch(pattern, key) {
-				out = append(out, key)
-			}
-		}
+		out = append(out, live...)
 		return nil
 	}
 	var err error

@@ -1,9 +1,12 @@
 // Package opsview is an operator's web page for jobguard locks, an
 // http.Handler to mount next to asynqmon: the held keys with their holders
 // (owner, label, fencing token, TTL), waiters and parked jobs, a filter,
-// auto-refresh, and, only when WithRelease is given, a button that
+// auto-refresh, pages of keys whose cost does not grow with the keyspace
+// (WithScanBudget), and, only when WithRelease is given, a button that
 // force-releases the holders a row shows, by their fencing tokens (lockkit's
 // Locker.ForceRelease with a Select.Token), so a run that took the key since is kept.
+// WithDecisionLog adds the tasks that did not run (singleton's decision
+// log), WithTaskState each holder's task state (singleton.TaskState).
 //
 //	h, err := opsview.New(locker, opsview.WithRelease())
 //	http.Handle("/locks/", http.StripPrefix("/locks", requireAdmin(h)))
@@ -23,10 +26,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/lockkit"
@@ -73,7 +79,10 @@ func WithFrameAncestors(origins ...string) Option {
 }
 
 // Handler serves the page at its root and its JSON endpoints: GET api/locks
-// (the held keys; query pattern, a Redis glob) and POST api/release (form
+// (a page of the held keys; query pattern, a Redis glob, cursor, the next
+// cursor of the page before, and limit), GET api/decisions (with
+// WithDecisionLog: a page of the decision log; query pattern, before and
+// limit) and POST api/release (form
 // key, and either token, repeated, the fencing tokens of the holders to
 // release (lockkit's Locker.ForceRelease by Select.Token; 409 Conflict when one of
 // them no longer holds the key), or optional owner; needs WithRelease and
@@ -89,6 +98,13 @@ type Handler struct {
 	frame     string
 	csp       string
 	actor     string // WithActorHeader
+	// scanCount and scanCalls are WithScanBudget's; 0 is lockkit's default.
+	scanCount, scanCalls int
+	state                func(ctx context.Context, taskID string) (state, link string) // WithTaskState
+	// decisions and stream are WithDecisionLog's.
+	decisions    redis.UniversalClient
+	stream       string
+	decisionsSet bool
 }
 
 // New returns the handler for locker. It returns an error matching
@@ -108,6 +124,10 @@ func New(locker lockkit.Locker, opts ...Option) (*Handler, error) {
 		return nil, fmt.Errorf("%w: WithRefresh(%s): must be at least 100ms", ErrInvalid, h.refresh)
 	case h.pattern == "":
 		return nil, fmt.Errorf("%w: WithPattern(\"\")", ErrInvalid)
+	case h.decisionsSet && nilClient(h.decisions):
+		return nil, fmt.Errorf("%w: WithDecisionLog: the Redis client is nil", ErrInvalid)
+	case h.scanCount < 0 || h.scanCalls < 0:
+		return nil, fmt.Errorf("%w: WithScanBudget(%d, %d): want 0 (the default) or more", ErrInvalid, h.scanCount, h.scanCalls)
 	}
 	h.frame, h.csp = "DENY", "frame-ancestors 'none'"
 	if len(h.ancestors) > 0 {
@@ -132,6 +152,41 @@ func New(locker lockkit.Locker, opts ...Option) (*Handler, error) {
 // Locker that is not a *lockkit.RedisLocker). Without it a release is logged too, with
 // no actor. Defaults to none.
 func WithActorHeader(name string) Option { return func(h *Handler) { h.actor = name } }
+
+// WithScanBudget bounds the work of one listing of the held keys, whatever
+// the size of the keyspace: at most calls SCAN calls of COUNT count each
+// (lockkit's RedisLocker.ScanKeys); a page may then show fewer keys than
+// its size, and Next goes on from where it stopped. A Locker without
+// ScanKeys lists every key (Locker.Keys) on every refresh. New returns an
+// error matching ErrInvalid for a negative count or calls. Zero means
+// lockkit's default; defaults to lockkit.DefaultScanCount (1000) and
+// lockkit.DefaultScanCalls (10).
+func WithScanBudget(count, calls int) Option {
+	return func(h *Handler) { h.scanCount, h.scanCalls = count, calls }
+}
+
+// WithTaskState shows, next to each holder whose label is a task ID, the
+// task's state and a link to it, as f returns them for the label: "" for a
+// state or link f does not know (f is called for every holder shown, on
+// every refresh, so it should be quick; singleton.TaskState asks asynq's
+// Inspector and links to asynqmon). A link that is not an http or https URL
+// or an absolute path is not shown. Defaults to none.
+func WithTaskState(f func(ctx context.Context, taskID string) (state, link string)) Option {
+	return func(h *Handler) { h.state = f }
+}
+
+// taskState fills v's task state and link from WithTaskState's function.
+func (h *Handler) taskState(ctx context.Context, v *holderView) {
+	if h.state == nil || v.Label == "" {
+		return
+	}
+	state, link := h.state(ctx, v.Label)
+	v.State = lockkit.Printable(state)
+	if u, err := url.Parse(link); err == nil && link != "" && lockkit.Printable(link) == link &&
+		(u.Scheme == "http" || u.Scheme == "https" || (u.Scheme == "" && u.Host == "" && strings.HasPrefix(link, "/") && !strings.HasPrefix(link, "//"))) {
+		v.Link = link
+	}
+}
 
 // DefaultPageSize is how many held keys one page shows (the page's limit
 // parameter may ask for up to MaxPageSize).
@@ -161,6 +216,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.locks(w, r)
 	case "api/release":
 		h.releaseKey(w, r)
+	case "api/decisions":
+		h.decisionsPage(w, r)
 	default:
 		http.NotFound(w, r)
 	}
@@ -178,6 +235,9 @@ type lockView struct {
 	// ParkedIDs are the ids of the first 20 parked jobs (lockkit's
 	// Info.ParkedIDs), escaped.
 	ParkedIDs []string `json:"parked_ids"`
+	// Error, escaped, is why the key could not be inspected: the row shows
+	// it instead of its holders.
+	Error string `json:"error,omitempty"`
 }
 
 type holderView struct {
@@ -191,6 +251,10 @@ type holderView struct {
 	// token (at least the Redis server's time in microseconds when it was
 	// acquired) and this process's clock; 0 when the token says nothing.
 	HeldMs int64 `json:"held_ms"`
+	// State is the task's state (WithTaskState), escaped; Link a URL of
+	// its page.
+	State string `json:"task_state,omitempty"`
+	Link  string `json:"task_link,omitempty"`
 }
 
 type locksReply struct {
@@ -199,11 +263,15 @@ type locksReply struct {
 	Release   bool       `json:"release"`
 	RefreshMs int64      `json:"refresh_ms"`
 	At        string     `json:"at"`
-	// Total is how many keys matched; Locks holds those from Offset, at
-	// most Limit of them, in key order.
-	Total  int `json:"total"`
-	Offset int `json:"offset"`
-	Limit  int `json:"limit"`
+	// Cursor is the page's cursor (the request's), Next the next page's:
+	// "" after the last page. Limit bounds the keys of a page; a page can
+	// hold fewer while Next is not "" (the SCAN budget ran out first).
+	Cursor string `json:"cursor"`
+	Next   string `json:"next"`
+	Limit  int    `json:"limit"`
+	// Decisions says that api/decisions serves the decision log
+	// (WithDecisionLog).
+	Decisions bool `json:"decisions"`
 }
 
 func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
@@ -215,25 +283,24 @@ func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
 	if pattern == "" {
 		pattern = h.pattern
 	}
-	offset, limit, err := pageOf(r)
+	limit, err := limitOf(r, DefaultPageSize)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
-	keys, err := h.l.Keys(r.Context(), pattern)
+	cursor := r.URL.Query().Get("cursor")
+	keys, next, err := h.page(r.Context(), pattern, cursor, limit)
+	if errors.Is(err, lockkit.ErrInvalid) {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
 	if err != nil {
 		writeError(w, http.StatusBadGateway, err)
 		return
 	}
 	reply := locksReply{Pattern: pattern, Locks: []lockView{}, Release: h.release, RefreshMs: h.refresh.Milliseconds(),
-		At: time.Now().UTC().Format(time.RFC3339), Total: len(keys), Offset: offset, Limit: limit}
-	page := keys[min(offset, len(keys)):min(offset+limit, len(keys))]
-	views, err := h.inspectPage(r.Context(), page)
-	if err != nil {
-		writeError(w, http.StatusBadGateway, err)
-		return
-	}
-	for _, v := range views {
+		At: time.Now().UTC().Format(time.RFC3339), Cursor: cursor, Next: next, Limit: limit, Decisions: h.decisions != nil}
+	for _, v := range h.inspectPage(r.Context(), keys) {
 		if v != nil {
 			reply.Locks = append(reply.Locks, *v)
 		}
@@ -241,21 +308,49 @@ func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, reply)
 }
 
-// pageOf reads the offset and limit parameters: offset 0 and
-// DefaultPageSize when absent.
-func pageOf(r *http.Request) (offset, limit int, err error) {
-	limit = DefaultPageSize
-	if v := r.URL.Query().Get("offset"); v != "" {
-		if offset, err = strconv.Atoi(v); err != nil || offset < 0 {
-			return 0, 0, fmt.Errorf("offset %q: want a number, 0 or more", v)
+// scanner is what a Locker needs for the page to list its keys a bounded
+// page at a time (lockkit's *RedisLocker).
+type scanner interface {
+	ScanKeys(ctx context.Context, pattern, cursor string, opt *lockkit.ScanOptions) ([]string, string, error)
+}
+
+// page returns the keys of the page at cursor and the next page's cursor:
+// one bounded ScanKeys call when the Locker has it; otherwise Keys, whose
+// cursor is an offset in its sorted list.
+func (h *Handler) page(ctx context.Context, pattern, cursor string, limit int) ([]string, string, error) {
+	if s, ok := h.l.(scanner); ok {
+		return s.ScanKeys(ctx, pattern, cursor, &lockkit.ScanOptions{Count: h.scanCount, Calls: h.scanCalls, Limit: limit})
+	}
+	offset := 0
+	if cursor != "" {
+		var err error
+		if offset, err = strconv.Atoi(cursor); err != nil || offset < 0 {
+			return nil, "", fmt.Errorf("%w: cursor %q: not a cursor of this page", ErrInvalid, cursor)
 		}
 	}
-	if v := r.URL.Query().Get("limit"); v != "" {
-		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > MaxPageSize {
-			return 0, 0, fmt.Errorf("limit %q: want a number from 1 to %d", v, MaxPageSize)
-		}
+	keys, err := h.l.Keys(ctx, pattern)
+	if err != nil {
+		return nil, "", err
 	}
-	return offset, limit, nil
+	end := min(offset+limit, len(keys))
+	next := ""
+	if end < len(keys) {
+		next = strconv.Itoa(end)
+	}
+	return keys[min(offset, len(keys)):end], next, nil
+}
+
+// limitOf reads the limit parameter: def when absent.
+func limitOf(r *http.Request, def int) (int, error) {
+	v := r.URL.Query().Get("limit")
+	if v == "" {
+		return def, nil
+	}
+	limit, err := strconv.Atoi(v)
+	if err != nil || limit < 1 || limit > MaxPageSize {
+		return 0, fmt.Errorf("limit %q: want a number from 1 to %d", v, MaxPageSize)
+	}
+	return limit, nil
 }
 
 // inspectWorkers bounds the Inspect calls of one page in flight.
@@ -263,10 +358,10 @@ const inspectWorkers = 8
 
 // inspectPage inspects keys side by side (inspectWorkers at a time): one
 // round trip per key, but a page costs about keys/inspectWorkers round
-// trips of time. A key whose holders left since Keys found it is nil.
-func (h *Handler) inspectPage(ctx context.Context, keys []string) ([]*lockView, error) {
+// trips of time. A key whose holders left since it was listed is nil; a key
+// whose Inspect failed is shown with its error, and the others as usual.
+func (h *Handler) inspectPage(ctx context.Context, keys []string) []*lockView {
 	views := make([]*lockView, len(keys))
-	errs := make([]error, len(keys))
 	now := time.Now().UnixMicro()
 	sem := make(chan struct{}, inspectWorkers)
 	var wg sync.WaitGroup
@@ -275,15 +370,17 @@ func (h *Handler) inspectPage(ctx context.Context, keys []string) ([]*lockView, 
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
+			v := &lockView{Key: k, KeyText: lockkit.Printable(k), Holders: []holderView{}, ParkedIDs: []string{}}
 			info, err := h.l.Inspect(ctx, k)
 			if err != nil {
-				errs[i] = err
+				v.Error = lockkit.Printable(err.Error())
+				views[i] = v
 				return
 			}
 			if len(info.Holders) == 0 {
 				return
 			}
-			v := &lockView{Key: k, KeyText: lockkit.Printable(k), Waiters: info.Waiters, Parked: info.Parked, Holders: []holderView{}, ParkedIDs: []string{}}
+			v.Waiters, v.Parked = info.Waiters, info.Parked
 			for _, id := range info.ParkedIDs {
 				v.ParkedIDs = append(v.ParkedIDs, lockkit.Printable(id))
 			}
@@ -292,17 +389,19 @@ func (h *Handler) inspectPage(ctx context.Context, keys []string) ([]*lockView, 
 				if hd.Token > 1e15 && hd.Token < now { // a time in microseconds
 					held = (now - hd.Token) / 1000
 				}
-				v.Holders = append(v.Holders, holderView{
+				hv := holderView{
 					Owner: hd.Owner, OwnerText: lockkit.Printable(hd.Owner),
 					Label: hd.Label, LabelText: lockkit.Printable(hd.Label),
 					Token: hd.Token, TTLms: hd.TTL.Milliseconds(), HeldMs: held,
-				})
+				}
+				h.taskState(ctx, &hv)
+				v.Holders = append(v.Holders, hv)
 			}
 			views[i] = v
 		}()
 	}
 	wg.Wait()
-	return views, errors.Join(errs...)
+	return views
 }
 
 // audit logs a release at Info through the Locker's logger (slog.Default()

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -218,4 +219,57 @@ func TestReleasePinnedToTheTokenShown(t *testing.T) {
 	w = httptest.NewRecorder()
 	h.ServeHTTP(w, releaseRequest(url.Values{"key": {"tenant:42"}, "token": {"x"}}))
 	require.Equal(t, http.StatusBadRequest, w.Code, w.Body.String())
+}
+
+// WithTaskState shows each holder's task state (escaped) and a link to the
+// task: an http or https URL or an absolute path; any other link is dropped.
+func TestTaskStateOfHolders(t *testing.T) {
+	ctx := context.Background()
+	l := lockkittest.New(t, lockkit.WithOwner("worker-a"))
+	links := map[string]string{
+		"t-web": "https://ops.example.com/asynqmon/queues/default/tasks/t-web", "t-path": "/asynqmon/queues/default/tasks/t-path",
+		"t-js": "javascript:alert(1)", "t-proto": "//evil.example.com/x", "t-ctl": "/a\nb",
+	}
+	for label := range links {
+		_, err := l.TryAcquire(ctx, "key:"+label, &lockkit.AcquireOptions{Label: label})
+		require.NoError(t, err)
+	}
+	_, err := l.TryAcquire(ctx, "key:none", nil)
+	require.NoError(t, err)
+	var asked []string
+	var mu sync.Mutex
+	h, err := opsview.New(l, opsview.WithTaskState(func(_ context.Context, id string) (string, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, id)
+		return "active\x1b[2J", links[id]
+	}))
+	require.NoError(t, err)
+	var reply struct {
+		Locks []struct {
+			Key     string
+			Holders []struct {
+				Label string
+				State string `json:"task_state"`
+				Link  string `json:"task_link"`
+			}
+		}
+	}
+	require.Equal(t, http.StatusOK, getJSON(t, h, "/api/locks", &reply).Code)
+	require.Len(t, reply.Locks, 6)
+	for _, lock := range reply.Locks {
+		hd := lock.Holders[0]
+		if hd.Label == "" {
+			require.Empty(t, hd.State, "no label, no task")
+			continue
+		}
+		require.Equal(t, `active\x1b[2J`, hd.State, "escaped")
+		switch hd.Label {
+		case "t-web", "t-path":
+			require.Equal(t, links[hd.Label], hd.Link)
+		default:
+			require.Empty(t, hd.Link, hd.Label)
+		}
+	}
+	require.Len(t, asked, 5, "asked once per holder with a label")
 }

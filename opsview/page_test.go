@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,67 +21,166 @@ import (
 	"github.com/jobguard/jobguard/opsview"
 )
 
-type pageReply struct {
-	Total, Offset, Limit int
-	Locks                []struct {
-		Key     string
-		Holders []struct {
-			Token  int64
-			HeldMs int64 `json:"held_ms"`
-		}
+type lockReply struct {
+	Key     string
+	Error   string
+	Holders []struct {
+		Token  int64
+		HeldMs int64 `json:"held_ms"`
 	}
 }
 
-// The page's API pages the held keys in key order (100 by default) and
-// inspects only the page's keys; each holder says how long it has held its
-// key. Bad paging parameters are refused with a message naming them.
+type pageReply struct {
+	Cursor, Next string
+	Limit        int
+	Locks        []lockReply
+}
+
+// getPage asks h for a page of the held keys.
+func getPage(t *testing.T, h http.Handler, query string) (*httptest.ResponseRecorder, pageReply) {
+	t.Helper()
+	var r pageReply
+	return getJSON(t, h, "/api/locks?"+query, &r), r
+}
+
+// getJSON GETs path from h and decodes a 200 reply into v.
+func getJSON(t *testing.T, h http.Handler, path string, v any) *httptest.ResponseRecorder {
+	t.Helper()
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))
+	if w.Code == http.StatusOK {
+		require.NoError(t, json.Unmarshal(w.Body.Bytes(), v))
+	}
+	return w
+}
+
+// allPages follows the pages' cursors from the first and returns every
+// key shown, and how many pages it took. On a shared Redis with many keys a
+// page can hold fewer keys than its size.
+func allPages(t *testing.T, h http.Handler, query string) ([]lockReply, int) {
+	t.Helper()
+	var locks []lockReply
+	cursor, pages := "", 0
+	for {
+		w, r := getPage(t, h, query+"&cursor="+url.QueryEscape(cursor))
+		require.Equal(t, http.StatusOK, w.Code, w.Body.String())
+		pages++
+		locks = append(locks, r.Locks...)
+		if r.Next == "" {
+			return locks, pages
+		}
+		require.Less(t, pages, 100_000)
+		cursor = r.Next
+	}
+}
+
+// keysOf returns the keys of locks, sorted, each once (SCAN may return a
+// key twice when Redis resized its table meanwhile).
+func keysOf(locks []lockReply) []string {
+	var keys []string
+	for _, l := range locks {
+		keys = append(keys, l.Key)
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys)
+}
+
+// hidden hides the Locker's ScanKeys: the page lists with Keys.
+type hidden struct{ lockkit.Locker }
+
+// The page's API pages the held keys (100 by default) with a cursor, a
+// bounded SCAN per page whatever the keyspace, and inspects only the page's
+// keys; each holder says how long it has held its key. Following the
+// cursors shows every held key, also with a Locker that has no
+// ScanKeys. Bad parameters are refused with a message naming them.
 func TestLocksArePaged(t *testing.T) {
 	ctx := context.Background()
-	c := testredis.Client(t)
-	l, err := lockkit.NewRedis(c, lockkit.WithPrefix(testredis.Prefix(t, c)))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close(ctx) })
+	l := redisLocker(t)
+	var want []string
 	for i := range 25 {
-		_, err := l.TryAcquire(ctx, fmt.Sprintf("tenant:%02d", i), nil)
+		k := fmt.Sprintf("tenant:%02d", i)
+		_, err := l.TryAcquire(ctx, k, nil)
 		require.NoError(t, err)
+		want = append(want, k)
 	}
+	_, err := l.TryAcquire(ctx, "report", nil)
+	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond) // the holders have held their keys a little while
 	h, err := opsview.New(l)
 	require.NoError(t, err)
-	get := func(query string) (*httptest.ResponseRecorder, pageReply) {
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/api/locks?"+query, nil))
-		var r pageReply
-		if w.Code == http.StatusOK {
-			require.NoError(t, json.Unmarshal(w.Body.Bytes(), &r))
-		}
-		return w, r
-	}
-	w, r := get("pattern=tenant:*")
+	w, r := getPage(t, h, "pattern=tenant:*")
 	require.Equal(t, http.StatusOK, w.Code)
-	require.Equal(t, 25, r.Total)
 	require.Equal(t, opsview.DefaultPageSize, r.Limit)
-	require.Len(t, r.Locks, 25)
-	for _, lock := range r.Locks {
+	locks, _ := allPages(t, h, "pattern=tenant:*")
+	require.Equal(t, want, keysOf(locks))
+	for _, lock := range locks {
 		require.GreaterOrEqual(t, lock.Holders[0].HeldMs, int64(15), lock.Key)
 		require.Less(t, lock.Holders[0].HeldMs, int64(60_000), lock.Key)
 	}
 
-	w, r = get("pattern=tenant:*&offset=20&limit=10")
-	require.Equal(t, http.StatusOK, w.Code)
-	require.Equal(t, 25, r.Total)
-	require.Len(t, r.Locks, 5)
-	require.Equal(t, "tenant:20", r.Locks[0].Key)
-	require.Equal(t, "tenant:24", r.Locks[4].Key)
-	w, r = get("pattern=tenant:*&offset=40")
-	require.Equal(t, http.StatusOK, w.Code)
-	require.Empty(t, r.Locks)
+	small, err := opsview.New(l, opsview.WithScanBudget(5, 2))
+	require.NoError(t, err)
+	for name, h := range map[string]http.Handler{"ScanKeys": small, "Keys": must(opsview.New(hidden{l}))} {
+		got, pages := allPages(t, h, "pattern=tenant:*&limit=10")
+		require.Equal(t, want, keysOf(got), name)
+		require.GreaterOrEqual(t, pages, 3, name)
+	}
 
-	for _, bad := range []string{"offset=-1", "offset=x", "limit=0", "limit=1001"} {
-		w, _ := get(bad)
+	for _, bad := range []string{"limit=0", "limit=x", "limit=1001", "cursor=x", "cursor=7.0"} {
+		w, _ := getPage(t, h, bad)
 		require.Equal(t, http.StatusBadRequest, w.Code, bad)
 		name, _, _ := strings.Cut(bad, "=")
 		require.Contains(t, w.Body.String(), name, bad)
+		w, _ = getPage(t, must(opsview.New(hidden{l})), bad)
+		require.Equal(t, http.StatusBadRequest, w.Code, bad)
+	}
+	_, err = opsview.New(l, opsview.WithScanBudget(-1, 0))
+	require.ErrorIs(t, err, opsview.ErrInvalid)
+}
+
+func must(h *opsview.Handler, err error) *opsview.Handler {
+	if err != nil {
+		panic(err)
+	}
+	return h
+}
+
+// failing fails Inspect for one key.
+type failing struct {
+	*lockkit.RedisLocker
+	bad string
+}
+
+func (f failing) Inspect(ctx context.Context, key string) (*lockkit.Info, error) {
+	if key == f.bad {
+		return nil, fmt.Errorf("inspect %q: connection reset\x1b[2J", key)
+	}
+	return f.RedisLocker.Inspect(ctx, key)
+}
+
+// A key whose Inspect fails is one row showing its error (escaped); the
+// other rows show as usual and the page is no error.
+func TestOneFailedInspectShowsInItsRow(t *testing.T) {
+	ctx := context.Background()
+	l := redisLocker(t)
+	for _, k := range []string{"a", "b\n", "c"} {
+		_, err := l.TryAcquire(ctx, k, nil)
+		require.NoError(t, err)
+	}
+	h, err := opsview.New(failing{l, "b\n"}, opsview.WithRelease())
+	require.NoError(t, err)
+	locks, _ := allPages(t, h, "")
+	require.Equal(t, []string{"a", "b\n", "c"}, keysOf(locks))
+	for _, lock := range locks {
+		if lock.Key == "b\n" {
+			require.Contains(t, lock.Error, "connection reset")
+			require.NotContains(t, lock.Error, "\x1b", "escaped")
+			require.Contains(t, lock.Error, `\x1b[2J`)
+			require.Empty(t, lock.Holders)
+			continue
+		}
+		require.Empty(t, lock.Error, lock.Key)
+		require.Len(t, lock.Holders, 1, lock.Key)
 	}
 }
 
@@ -131,4 +231,14 @@ func TestReleasesAreAudited(t *testing.T) {
 	require.NotContains(t, records[0], "err")
 	require.EqualValues(t, 0, records[1]["released"])
 	require.Contains(t, records[1]["err"], "no longer holds it")
+}
+
+// redisLocker returns a Locker on the test's Redis, under a prefix of the
+// test's own, closed when the test ends.
+func redisLocker(t *testing.T) *lockkit.RedisLocker {
+	c := testredis.Client(t)
+	l, err := lockkit.NewRedis(c, lockkit.WithPrefix(testredis.Prefix(t, c)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l
 }

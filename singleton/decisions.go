@@ -2,25 +2,36 @@ package singleton
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
 
 // DecisionLog is the Redis stream to which a middleware with WithRedis adds
-// one entry for every task that completes without running, so that
-// `jobguard why <task-id>` can say why a task did not run long after asynq
-// deleted it. An entry's fields: task (the task ID), origin (the first
-// task's ID of a Requeue copy), type, queue, key, reason (held, claimed,
-// superseded, throttled, covered, completed) and, where known, by_task,
-// by_owner and by_token (the run or task that held, covered or completed
-// the work), and call, which names the write (a go-redis resend after a lost
-// reply adds an entry with the same call). Its ID is the Redis server's time
-// of the decision.
+// one entry for every task that completes without running, and for every
+// run that ends before its work did, so that `jobguard why <task-id>` can
+// say why a task did not run long after asynq deleted it. An entry's
+// fields: task (the task ID), origin (the first task's ID of a Requeue
+// copy), type, queue, key, reason and, where known, by_task, by_owner and
+// by_token (the run or task that held, covered, completed or took over the
+// work), cause (the error that ended a run), and call, which names the
+// write (a go-redis resend after a lost reply adds an entry with the same
+// call). Its ID is the Redis server's time of the decision. The reasons of a
+// task that completed without running: held, claimed, superseded,
+// throttled, covered, completed. Of a run that ended early: preempted (a
+// newer task of the key cancelled it under middleware.Preempt, and the task
+// is done, neither retried nor archived; by_task is the newer task, found
+// holding the key once the run returned) and lost (its lease was lost while
+// it ran, as when an operator released the key or Redis stayed unreachable
+// past its TTL, and the run failed; cause says which, and asynq retries the
+// task while it has retries left).
 const DecisionLog = "jobguard:decisions"
 
 // DefaultDecisionLogLen is about how many entries DecisionLog keeps (Redis
@@ -46,18 +57,85 @@ func (m *guarded) logDecision(ctx context.Context, t *asynq.Task, dup *middlewar
 	// call names this write: go-redis sends an XADD again when its reply
 	// was lost, and the reader (jobguard why) shows one entry per call.
 	values := []any{"call", newTaskID(), "task", dup.Job.ID, "origin", dup.Job.Origin, "type", t.Type(), "queue", queue, "key", why.Key, "reason", why.Reason}
-	if why.ByTask != "" {
-		values = append(values, "by_task", why.ByTask)
+	m.addDecision(ctx, dup.Job, byFields(values, why.ByTask, why.ByOwner, why.ByToken))
+}
+
+// byFields appends the fields that name who held, covered or took over the
+// work, those that are known.
+func byFields(values []any, task, owner string, token int64) []any {
+	if task != "" {
+		values = append(values, "by_task", task)
 	}
-	if why.ByOwner != "" {
-		values = append(values, "by_owner", why.ByOwner)
+	if owner != "" {
+		values = append(values, "by_owner", owner)
 	}
-	if why.ByToken != 0 {
-		values = append(values, "by_token", strconv.FormatInt(why.ByToken, 10))
+	if token != 0 {
+		values = append(values, "by_token", strconv.FormatInt(token, 10))
 	}
+	return values
+}
+
+// addDecision adds an entry of values to DecisionLog. A failed write is an
+// error event.
+func (m *guarded) addDecision(ctx context.Context, job middleware.Job, values []any) {
 	err := m.rdb.XAdd(ctx, &redis.XAddArgs{Stream: DecisionLog, MaxLen: int64(m.decisions), Approx: true, Values: values}).Err()
 	if err != nil {
-		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: dup.Job,
-			Err: fmt.Errorf("singleton: recording why task %s did not run in %s: %w", dup.Job.ID, DecisionLog, err)})
+		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job,
+			Err: fmt.Errorf("singleton: recording why task %s did not run in %s: %w", job.ID, DecisionLog, err)})
 	}
+}
+
+// Bounds of the look for the task that preempted a run: it takes the key
+// as soon as the preempted run has released it.
+const (
+	preemptLooks     = 10
+	preemptLookEvery = 20 * time.Millisecond
+)
+
+// logCutShort adds to DecisionLog a run of t that ended before its work
+// did (out.Err): preempted by a newer task of the key, or failed after its
+// lease was lost. One XADD, and for a preemption up to preemptLooks
+// Inspects of the key, on the path of a run that was cut short only.
+func (m *guarded) logCutShort(ctx context.Context, t *asynq.Task, job middleware.Job, out middleware.Outcome) {
+	if m.rdb == nil || m.decisions <= 0 || !out.Ran || !errors.Is(out.Err, lockkit.ErrLost) {
+		return
+	}
+	_, queue := taskIdentity(ctx)
+	values := []any{"call", newTaskID(), "task", job.ID, "origin", job.Origin, "type", t.Type(), "queue", queue, "key", job.Key}
+	if !errors.Is(out.Err, lockkit.ErrPreempted) {
+		m.addDecision(ctx, job, append(values, "reason", "lost", "cause", out.Err.Error()))
+		return
+	}
+	values = append(values, "reason", "preempted", "cause", out.Err.Error())
+	if h, ok := m.newerHolder(ctx, job); ok {
+		values = byFields(values, h.Label, h.Owner, h.Token)
+	}
+	m.addDecision(ctx, job, values)
+}
+
+// newerHolder looks for the holder of job's key that is not job's work:
+// the task that preempted it, once it has the key.
+func (m *guarded) newerHolder(ctx context.Context, job middleware.Job) (lockkit.Holder, bool) {
+	if m.onPreempted != nil {
+		m.onPreempted()
+	}
+	for i := range preemptLooks {
+		info, err := m.guard.Locker().Inspect(ctx, job.Key)
+		if err == nil {
+			for _, h := range info.Holders {
+				if h.Label != "" && h.Label != job.Origin {
+					return h, true
+				}
+			}
+		}
+		if i == preemptLooks-1 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return lockkit.Holder{}, false
+		case <-time.After(preemptLookEvery):
+		}
+	}
+	return lockkit.Holder{}, false
 }

@@ -52,9 +52,7 @@ func TestRunFirstPutsTheTaskAtTheHead(t *testing.T) {
 func TestResumeLeavesADoneTaskDone(t *testing.T) {
 	ctx := context.Background()
 	rdb := testredis.Client(t)
-	queue := fmt.Sprintf("resume-done-%d", time.Now().UnixNano())
-	insp := asynq.NewInspectorFromRedisClient(rdb)
-	t.Cleanup(func() { _ = insp.DeleteQueue(queue, true) })
+	queue, insp := testQueue(t, rdb, "resume-done")
 	client := asynq.NewClientFromRedisClient(rdb)
 
 	_, err := client.Enqueue(asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID("done"), asynq.Retention(time.Hour))
@@ -106,9 +104,7 @@ func TestResumeLeavesADoneTaskDone(t *testing.T) {
 func TestCopyWaitsForTheCopyThatMadeIt(t *testing.T) {
 	ctx := context.Background()
 	rdb := testredis.Client(t)
-	queue := fmt.Sprintf("copy-creator-%d", time.Now().UnixNano())
-	insp := asynq.NewInspectorFromRedisClient(rdb)
-	t.Cleanup(func() { _ = insp.DeleteQueue(queue, true) })
+	queue, insp := testQueue(t, rdb, "copy-creator")
 	client := asynq.NewClientFromRedisClient(rdb)
 
 	// The creator, "o~a", runs (active) until released.

@@ -421,6 +421,9 @@ type guarded struct {
 	// onCreatorWait, in tests, is called when a copy's enqueue starts
 	// waiting for the copy that made its delivery (awaitCreator).
 	onCreatorWait func()
+	// onPreempted, in tests, is called before a preempted run's decision
+	// looks for the task that preempted it.
+	onPreempted func()
 }
 
 func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task) error {
@@ -472,6 +475,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		m.passOn(ctx, out.Duplicate, key, origin)
 	}
 	if out.Duplicate == nil {
+		m.logCutShort(ctx, t, job, out)
 		if out.Ran && errors.Is(out.Err, lockkit.ErrPreempted) {
 			// A newer task of the key took over: this one is done, neither
 			// retried nor archived.

@@ -48,16 +48,22 @@ func browser(t *testing.T) context.Context {
 	return ctx
 }
 
+// sharedRedis returns a client of the Redis at REDIS_ADDR, closed when the
+// test ends, and a key prefix of the test's own.
+func sharedRedis(t *testing.T) (*redis.Client, string) {
+	addr := os.Getenv("REDIS_ADDR")
+	require.NotEmpty(t, addr, "REDIS_ADDR: run with make test-browser")
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb, "webtest:" + time.Now().Format("150405.000000") + ":"
+}
+
 // An operator loads the page while a worker holds locks, sees the rows,
 // filters them, releases one key in two clicks, and sees its row go while
 // the holder's work is cancelled.
 func TestOperatorReleasesAStuckKey(t *testing.T) {
-	addr := os.Getenv("REDIS_ADDR")
-	require.NotEmpty(t, addr, "REDIS_ADDR: run with make test-browser")
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
+	rdb, prefix := sharedRedis(t)
 	ctx := context.Background()
-	prefix := "webtest:" + time.Now().Format("150405.000000") + ":"
 	worker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix), lockkit.WithOwner("worker-7"))
 	require.NoError(t, err)
 	defer worker.Close(ctx)
@@ -74,7 +80,9 @@ func TestOperatorReleasesAStuckKey(t *testing.T) {
 	view, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix))
 	require.NoError(t, err)
 	defer view.Close(ctx)
-	h, err := opsview.New(view, opsview.WithRelease(), opsview.WithRefresh(200*time.Millisecond))
+	// A shared Redis may hold many other keys: one page looks through
+	// enough of them to find the test's.
+	h, err := opsview.New(view, opsview.WithRelease(), opsview.WithRefresh(200*time.Millisecond), opsview.WithScanBudget(1000, 1000))
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
@@ -215,8 +223,8 @@ func TestPageHoldsRealisticData(t *testing.T) {
 	}
 	measure := func() layout {
 		got, err := chromedp.Run(b, chromedp.Evaluate[layout](`(() => {
-			const keys = [...document.querySelectorAll("td.key")];
-			const rows = [...document.querySelectorAll("tbody tr")];
+			const keys = [...document.querySelectorAll("#locks td.key")];
+			const rows = [...document.querySelectorAll("#locks tr")];
 			const probe = document.createElement("span");
 			probe.style.fontFamily = getComputedStyle(keys[0]).fontFamily;
 			probe.style.fontSize = getComputedStyle(keys[0]).fontSize;
@@ -248,4 +256,104 @@ func TestPageHoldsRealisticData(t *testing.T) {
 	narrow := measure()
 	require.LessOrEqual(t, narrow.ScrollWidth, narrow.ClientWidth, "nothing scrolls sideways at 390 px")
 	require.GreaterOrEqual(t, float64(narrow.MinKeyWidth), 30*narrow.CharWidth, "a key takes the row's width")
+}
+
+// With the decision log (WithDecisionLog) and realistic entries (UUID task
+// IDs, asynq keys of JSON payloads, Kubernetes-style owners, a key with
+// control bytes), and a holder's task state (WithTaskState) linked to
+// asynqmon, the page shows the newest decisions first, 50 a page, with
+// Older and Newer; the key filter narrows them; control bytes show escaped;
+// and nothing scrolls sideways at 1280 or 390 px.
+func TestDecisionLogRendersRealisticData(t *testing.T) {
+	rdb, prefix := sharedRedis(t)
+	ctx := context.Background()
+	stream := prefix + "decisions"
+	defer rdb.Del(ctx, stream)
+	reasons := []string{"held", "covered", "superseded", "throttled", "completed", "preempted"}
+	for i := range 60 {
+		task := fmt.Sprintf("0c636fe2-2986-4526-941b-fe6074c0%04d", i)
+		key := fmt.Sprintf("asynq:report:build:{\"tenant_id\":\"org_%04d\",\"region\":\"eu-west-1\",\"period\":\"2026-11\"}", i%7)
+		if i == 59 {
+			key = "asynq:report:\x1b[2J\nforged"
+		}
+		values := []any{"call", fmt.Sprint("call-", i), "task", task, "origin", task, "type", "report:build", "queue", "critical",
+			"key", key, "reason", reasons[i%len(reasons)], "by_task", fmt.Sprintf("b225dc71-19be-eb5c-63e9-fd535b4e%04d", i),
+			"by_owner", "report-worker-7c9d8f6b5-x2kqz:1:3f9a2c7d", "by_token", "1795650000000000"}
+		require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: values}).Err())
+	}
+	l := lockkittest.New(t, lockkit.WithOwner("report-worker-7c9d8f6b5-x2kqz:1:3f9a2c7d"))
+	_, err := l.TryAcquire(ctx, "asynq:report:build:tenant_id=org_0001", &lockkit.AcquireOptions{Label: "0c636fe2-2986-4526-941b-fe6074c00001"})
+	require.NoError(t, err)
+	// The holder's task state in asynq and its asynqmon page, as
+	// singleton.TaskState gives them.
+	state := func(_ context.Context, id string) (string, string) {
+		return "active", "/asynqmon/queues/critical/tasks/" + id
+	}
+	h, err := opsview.New(l, opsview.WithDecisionLog(rdb, stream), opsview.WithRefresh(200*time.Millisecond), opsview.WithTaskState(state))
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	b := browser(t)
+	require.NoError(t, chromedp.Do(b,
+		chromedp.EmulateViewport(1280, 800),
+		chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible(`#decisions`),
+		chromedp.WaitVisible(`#decision-rows tr[data-task="0c636fe2-2986-4526-941b-fe6074c00059"]`),
+	))
+	type view struct {
+		Rows, ScrollWidth, ClientWidth int
+		First, Last, Text              string
+		Older, Newer                   bool
+	}
+	look := func() view {
+		got, err := chromedp.Run(b, chromedp.Evaluate[view](`(() => {
+			const rows = [...document.querySelectorAll("#decision-rows tr")];
+			return {
+				Rows: rows.length, First: rows[0].dataset.task || "", Last: rows[rows.length - 1].dataset.task || "",
+				ScrollWidth: document.documentElement.scrollWidth, ClientWidth: document.documentElement.clientWidth,
+				Text: document.getElementById("decisions").innerText,
+				Older: !document.getElementById("older").disabled, Newer: !document.getElementById("newer").disabled,
+			};
+		})()`))
+		require.NoError(t, err)
+		return got
+	}
+	first := look()
+	require.Equal(t, 50, first.Rows, "50 a page")
+	require.Equal(t, "0c636fe2-2986-4526-941b-fe6074c00059", first.First, "newest first")
+	require.Equal(t, "0c636fe2-2986-4526-941b-fe6074c00010", first.Last)
+	require.True(t, first.Older)
+	require.False(t, first.Newer)
+	require.Contains(t, first.Text, `asynq:report:\x1b[2J\nforged`, "control bytes show escaped")
+	require.Contains(t, first.Text, "preempted")
+	require.Contains(t, first.Text, "report-worker-7c9d8f6b5-x2kqz:1:3f9a2c7d")
+	require.LessOrEqual(t, first.ScrollWidth, first.ClientWidth, "nothing scrolls sideways at 1280 px")
+	link, err := chromedp.Run(b, chromedp.Evaluate[[]string](`(() => { const a = document.querySelector("#locks a.state"); return a ? [a.textContent, a.getAttribute("href")] : []; })()`))
+	require.NoError(t, err)
+	require.Equal(t, []string{"active", "/asynqmon/queues/critical/tasks/0c636fe2-2986-4526-941b-fe6074c00001"}, link, "the holder's task state, linked to asynqmon")
+
+	_, err = chromedp.Run(b, chromedp.Evaluate[bool](`(() => { document.getElementById("older").click(); return true; })()`))
+	require.NoError(t, err)
+	require.NoError(t, chromedp.Do(b, chromedp.WaitVisible(`#decision-rows tr[data-task="0c636fe2-2986-4526-941b-fe6074c00000"]`)))
+	older := look()
+	require.Equal(t, 10, older.Rows)
+	require.True(t, older.Newer)
+	require.False(t, older.Older, "the oldest page")
+
+	// The key filter narrows the decisions too.
+	_, err = chromedp.Run(b, chromedp.Evaluate[bool](`(() => {
+		const f = document.getElementById("filter");
+		f.value = "*org_0003*";
+		return f.dispatchEvent(new Event("input"));
+	})()`))
+	require.NoError(t, err)
+	require.NoError(t, chromedp.Do(b, chromedp.WaitVisible(`#decision-rows tr[data-task="0c636fe2-2986-4526-941b-fe6074c00052"]`)))
+	narrowed := look()
+	require.Equal(t, 8, narrowed.Rows, "i % 7 == 3 for 8 of the first 59")
+	require.Equal(t, "0c636fe2-2986-4526-941b-fe6074c00052", narrowed.First)
+
+	require.NoError(t, chromedp.Do(b, chromedp.EmulateViewport(390, 844)))
+	small := look()
+	require.LessOrEqual(t, small.ScrollWidth, small.ClientWidth, "nothing scrolls sideways at 390 px")
 }

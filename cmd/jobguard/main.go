@@ -50,7 +50,7 @@ Usage:
   jobguard [flags] inspect KEY       holders (owner, label, token, TTL) and waiters of KEY
   jobguard [flags] release KEY       remove KEY's holders (all, --owner ID's or --token N's); asks first unless --yes
   jobguard [flags] watch [PATTERN]   show the held keys every --interval until interrupted (a Redis error is printed, and watch goes on)
-  jobguard [flags] why TASK-ID       why a task completed without running (singleton's decision log)
+  jobguard [flags] why TASK-ID       why a task completed without running, or its run ended early (singleton's decision log)
 
 Examples:
   REDIS_ADDR=redis:6379 jobguard ls 'asynq:report:*'
@@ -66,9 +66,13 @@ lockkit.ErrLost (its Locker listens on the operators' channel; at its next
 renewal, TTL/3 by default, if it missed the notice).
 
 why reads the stream the asynq middleware adds to for every task that
-completes without running (singleton.DecisionLog, about the last 10,000):
-the reason, the key, and the run or task that held or covered it. It finds
-the task by its ID or, for a Requeue copy, by its first task's ID.
+completes without running, and every run that a newer task preempted or
+that failed after losing its lease (singleton.DecisionLog, about the last
+10,000): the reason, the key, and the run or task that held, covered or
+took over the key. It finds
+the task by its ID or, for a Requeue copy, by its first task's ID. It reads
+the log newest first, 1,000 entries per read, and stops at the end of the
+read in which it finds the task, or after --max-entries (20,000) entries.
 
 Exit codes: 0 ok, 1 error (Redis unreachable...), 2 bad usage, 3 no holder
 (or, for why, no decision) found, 4 release not confirmed.
@@ -79,7 +83,7 @@ Flags (before or after the command):
 type options struct {
 	addr, cluster, password, prefix, owner, tlsCA string
 	decisions                                     string
-	db                                            int
+	db, maxEntries                                int
 	token                                         int64
 	tls, tlsInsecure, json, yes                   bool
 	interval                                      time.Duration
@@ -111,6 +115,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.yes, "yes", false, "release: do not ask for confirmation")
 	fs.DurationVar(&o.interval, "interval", time.Second, "watch: time between two views")
 	fs.StringVar(&o.decisions, "decisions", decisionLog, "why: the decision log's stream (singleton.DecisionLog)")
+	fs.IntVar(&o.maxEntries, "max-entries", defaultWhyMax, "why: look through at most this many of the log's newest entries, 1,000 per read")
 	pos, err := parseInterleaved(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
@@ -142,6 +147,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 	default:
 		fmt.Fprintf(stderr, "jobguard: unknown command %q; see jobguard -h\n", cmd)
+		return exitUsage
+	}
+	if cmd == "why" && o.maxEntries < 1 {
+		fmt.Fprintf(stderr, "jobguard why: --max-entries %d must be positive\n", o.maxEntries)
 		return exitUsage
 	}
 	if cmd == "watch" && o.interval <= 0 {
@@ -465,8 +474,14 @@ func isTerminal(f *os.File) bool {
 // here so that the command does not link the asynq adapter.
 const decisionLog = "jobguard:decisions"
 
-// decisionScan bounds how many entries of the decision log why reads.
-const decisionScan = 100000
+// why reads the decision log newest first, decisionChunk entries per
+// XREVRANGE, and stops at the end of the chunk in which it finds the task,
+// or after --max-entries entries (defaultWhyMax: twice the log's default
+// length, singleton.DefaultDecisionLogLen).
+const (
+	decisionChunk = 1000
+	defaultWhyMax = 20000
+)
 
 // decisionView is one decision as printed: the stream entry's fields, and
 // when (the entry's ID, the Redis server's time in ms).
@@ -476,14 +491,44 @@ type decisionView struct {
 }
 
 // why prints the decisions recorded for task id (its ID, or the origin of a
-// Requeue copy), newest first.
+// Requeue copy), newest first: those of the first chunk of the log, read
+// newest first, in which it finds one, within --max-entries entries.
 func (c *cli) why(ctx context.Context, client redis.UniversalClient, id string) int {
-	entries, err := client.XRevRangeN(ctx, c.o.decisions, "+", "-", decisionScan).Result()
-	if err != nil {
-		return c.fail(err)
-	}
 	var found []decisionView
 	calls := map[string]bool{}
+	read, from, end := 0, "+", false
+	for len(found) == 0 && read < c.o.maxEntries && !end {
+		n := min(decisionChunk, c.o.maxEntries-read)
+		entries, err := client.XRevRangeN(ctx, c.o.decisions, from, "-", int64(n)).Result()
+		if err != nil {
+			return c.fail(err)
+		}
+		read += len(entries)
+		end = len(entries) < n
+		if len(entries) > 0 {
+			from = "(" + entries[len(entries)-1].ID
+		}
+		found = c.decisionsOf(entries, id, calls, found)
+	}
+	if c.o.json {
+		_ = json.NewEncoder(c.out).Encode(found)
+	} else if len(found) == 0 {
+		fmt.Fprintf(c.out, "no decision recorded for task %s in %s: it ran (or waits to), or its record is older than the log keeps", shown(id), shown(c.o.decisions))
+		if !end {
+			fmt.Fprintf(c.out, " or than the newest %d entries looked through (--max-entries)", read)
+		}
+		fmt.Fprintln(c.out)
+	}
+	c.printDecisions(found)
+	if len(found) == 0 {
+		return exitNotHeld
+	}
+	return exitOK
+}
+
+// decisionsOf appends to found the entries about task id, one per call
+// (calls: the calls seen).
+func (c *cli) decisionsOf(entries []redis.XMessage, id string, calls map[string]bool, found []decisionView) []decisionView {
 	for _, e := range entries {
 		task, _ := e.Values["task"].(string)
 		origin, _ := e.Values["origin"].(string)
@@ -504,17 +549,24 @@ func (c *cli) why(ctx context.Context, client redis.UniversalClient, id string) 
 		}
 		found = append(found, v)
 	}
-	if c.o.json {
-		_ = json.NewEncoder(c.out).Encode(found)
-	} else if len(found) == 0 {
-		fmt.Fprintf(c.out, "no decision recorded for task %s in %s: it ran (or waits to), or its record is older than the log keeps\n", shown(id), shown(c.o.decisions))
-	}
+	return found
+}
+
+// printDecisions prints found as a table does (not with --json).
+func (c *cli) printDecisions(found []decisionView) {
 	for _, v := range found {
 		if c.o.json {
 			break
 		}
 		f := v.Fields
-		fmt.Fprintf(c.out, "%s task %s (%s, queue %s) completed without running: %s, key %s", v.At, shown(f["task"]), shown(f["type"]), shown(f["queue"]), shown(f["reason"]), shown(f["key"]))
+		what := "completed without running: " + shown(f["reason"])
+		switch f["reason"] {
+		case "preempted":
+			what = "was preempted while it ran (a newer task of its key cancelled it; not retried)"
+		case "lost":
+			what = "lost its lease while it ran, and failed (asynq retries it while it has retries left)"
+		}
+		fmt.Fprintf(c.out, "%s task %s (%s, queue %s) %s, key %s", v.At, shown(f["task"]), shown(f["type"]), shown(f["queue"]), what, shown(f["key"]))
 		if f["by_task"] != "" {
 			fmt.Fprintf(c.out, ", by task %s", shown(f["by_task"]))
 		}
@@ -524,10 +576,9 @@ func (c *cli) why(ctx context.Context, client redis.UniversalClient, id string) 
 		if f["by_token"] != "" {
 			fmt.Fprintf(c.out, " (token %s)", shown(f["by_token"]))
 		}
+		if f["cause"] != "" {
+			fmt.Fprintf(c.out, ": %s", shown(f["cause"]))
+		}
 		fmt.Fprintln(c.out)
 	}
-	if len(found) == 0 {
-		return exitNotHeld
-	}
-	return exitOK
 }

@@ -260,14 +260,20 @@ func (d *demo) handler(machine string, work time.Duration) asynq.HandlerFunc {
 
 // serveOpsView serves the operator page (opsview) on a free local port while
 // the demo runs and prints its URL: the keys the two machines hold, with
-// owners, task IDs, fencing tokens and TTLs. It is read-only, as by default;
+// owners, task IDs and their state in asynq, fencing tokens and TTLs, and the
+// tasks that completed without running (singleton's decision log). It is read-only, as by default;
 // opsview.WithRelease adds release buttons.
 func serveOpsView(rdb redis.UniversalClient, w io.Writer, addr string) (func(), error) {
 	view, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(lockPrefix), lockkit.WithOwner("ops-view"))
 	if err != nil {
 		return nil, err
 	}
-	h, err := opsview.New(view, opsview.WithRefresh(500*time.Millisecond))
+	state, err := singleton.TaskState(asynq.NewInspectorFromRedisClient(rdb), "")
+	if err != nil {
+		return nil, err
+	}
+	h, err := opsview.New(view, opsview.WithRefresh(500*time.Millisecond), opsview.WithDecisionLog(rdb, singleton.DecisionLog),
+		opsview.WithTaskState(state))
 	if err != nil {
 		return nil, err
 	}

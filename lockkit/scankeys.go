@@ -1,0 +1,247 @@
+package lockkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of ScanOptions.
+const (
+	// DefaultScanCount is the COUNT of each SCAN call of ScanKeys when
+	// ScanOptions.Count is zero.
+	DefaultScanCount = 1000
+	// DefaultScanCalls is how many SCAN calls one ScanKeys call makes at
+	// most when ScanOptions.Calls is zero.
+	DefaultScanCalls = 10
+	// DefaultScanLimit is how many keys one ScanKeys call returns at most
+	// when ScanOptions.Limit is zero.
+	DefaultScanLimit = 100
+)
+
+// ScanOptions bound one ScanKeys call. A nil *ScanOptions means all
+// defaults.
+type ScanOptions struct {
+	// Count is the COUNT hint of each SCAN call: about how many Redis keys
+	// one call looks at. Zero means DefaultScanCount; must not be negative.
+	Count int
+	// Calls bounds the SCAN calls of one ScanKeys call (on a Cluster, over
+	// all its masters). Zero means DefaultScanCalls; must not be negative.
+	Calls int
+	// Limit bounds the keys returned. Zero means DefaultScanLimit; must not
+	// be negative.
+	Limit int
+}
+
+// ScanKeys returns a page of the keys with a live holder that match
+// pattern (Keys' Redis glob syntax), and the cursor of the next page: ""
+// when the keyspace has been walked to its end. cursor is "" for the first
+// page, then the cursor a call returned. Unlike Keys, its cost does not grow
+// with the keyspace: at most opt's Calls SCAN calls of COUNT opt's Count,
+// and one pipelined liveness check per batch of keys found, so a page can
+// hold fewer keys than Limit (even none) while the cursor is not "". Each
+// page is sorted; the pages together are not. As with SCAN, a key may be
+// reported twice, or after it was released; a key held throughout is
+// reported, except that a page ending inside a SCAN batch while Redis shrinks
+// its table may miss one. It returns ErrInvalid
+// for a negative option or a cursor that no call returned, and wraps Redis
+// errors.
+func (l *RedisLocker) ScanKeys(ctx context.Context, pattern, cursor string, opt *ScanOptions) ([]string, string, error) {
+	var o ScanOptions
+	if opt != nil {
+		o = *opt
+	}
+	if o.Count < 0 || o.Calls < 0 || o.Limit < 0 {
+		return nil, "", fmt.Errorf("%w: ScanOptions{Count: %d, Calls: %d, Limit: %d}: must not be negative", ErrInvalid, o.Count, o.Calls, o.Limit)
+	}
+	o.Count, o.Calls, o.Limit = orDefault(o.Count, DefaultScanCount), orDefault(o.Calls, DefaultScanCalls), orDefault(o.Limit, DefaultScanLimit)
+	at, err := parseScanCursor(cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	nodes, err := l.scanNodes(ctx)
+	if err != nil {
+		return nil, "", fmt.Errorf("lockkit: scan keys %q: %w", pattern, err)
+	}
+	if at.node >= len(nodes) {
+		return nil, "", fmt.Errorf("%w: cursor %q: no such node", ErrInvalid, cursor)
+	}
+	match := globEscape(l.r.prefix) + "{" + serverGlob(pattern) + "}:h"
+	var out []string
+	for calls := 0; calls < o.Calls; calls++ {
+		c := nodes[at.node]
+		found, next, err := c.Scan(ctx, at.scan, match, int64(o.Count)).Result()
+		if err != nil {
+			return nil, "", fmt.Errorf("lockkit: scan keys %q: %w", pattern, err)
+		}
+		cands := l.matching(found, pattern)
+		if at.after != "" {
+			// The batch of this cursor was looked at up to at.after.
+			cands = cands[sort.SearchStrings(cands, at.after+"\x00"):]
+		}
+		// The liveness of as many keys as the page has room for at a time:
+		// a batch of a large keyspace holds more keys than a page.
+		for len(cands) > 0 {
+			chunk := cands[:min(len(cands), o.Limit-len(out))]
+			cands = cands[len(chunk):]
+			live, err := liveKeys(ctx, c, l.r.prefix, chunk)
+			if err != nil {
+				return nil, "", fmt.Errorf("lockkit: scan keys %q: %w", pattern, err)
+			}
+			out = append(out, live...)
+			if len(out) == o.Limit && len(cands) > 0 {
+				// The rest of this batch is the next page's: the same SCAN
+				// cursor, after the last key looked at.
+				sort.Strings(out)
+				return out, scanCursor{node: at.node, scan: at.scan, after: chunk[len(chunk)-1]}.String(), nil
+			}
+		}
+		at = scanCursor{node: at.node, scan: next}
+		if next == 0 {
+			if at.node+1 == len(nodes) {
+				sort.Strings(out)
+				return out, "", nil
+			}
+			at.node++
+		}
+		if len(out) == o.Limit {
+			break
+		}
+	}
+	sort.Strings(out)
+	return out, at.String(), nil
+}
+
+func orDefault(v, d int) int {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+// serverGlob is the part of pattern that SCAN's MATCH can filter by: the
+// pattern itself when its escaped form means the same ('?' would not: a
+// '{', '}' or '%' of a key is stored as three bytes), otherwise "*";
+// globMatch decides in every case.
+func serverGlob(pattern string) string {
+	if strings.ContainsAny(pattern, "[?{}%") {
+		return "*"
+	}
+	return pattern
+}
+
+// matching returns, sorted, the keys of the holders keys found (as SCAN
+// returns them) that match pattern.
+func (l *RedisLocker) matching(found []string, pattern string) []string {
+	var out []string
+	for _, k := range found {
+		if key := unescape(strings.TrimSuffix(strings.TrimPrefix(k, l.r.prefix+"{"), "}:h")); globMatch(pattern, key) {
+			out = append(out, key)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// liveKeys returns the keys that have a live holder, in their order: a
+// holders key lives as long as its longest record. One pipelined round
+// trip.
+func liveKeys(ctx context.Context, c redis.Cmdable, prefix string, keys []string) ([]string, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	cmds := make([]*redis.Cmd, len(keys))
+	if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			base := prefix + "{" + escapeKey(k) + "}"
+			cmds[i] = inspectScript.Eval(ctx, p, []string{base + ":h", base + ":w", base + ":k"})
+		}
+		return nil
+	}); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	var out []string
+	for i, k := range keys {
+		if vals, err := cmds[i].Slice(); err == nil && len(vals) > 3 {
+			out = append(out, k)
+		}
+	}
+	return out, nil
+}
+
+// scanNodes returns the clients that SCAN walks, in a stable order: the
+// Cluster's masters by address, or the one client.
+func (l *RedisLocker) scanNodes(ctx context.Context) ([]redis.Cmdable, error) {
+	cc, ok := l.r.c.(*redis.ClusterClient)
+	if !ok {
+		return []redis.Cmdable{l.r.c}, nil
+	}
+	var (
+		mu      sync.Mutex
+		masters []*redis.Client
+	)
+	err := cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock() // called on every master at once
+		defer mu.Unlock()
+		masters = append(masters, c)
+		return nil
+	})
+	sort.Slice(masters, func(i, j int) bool { return masters[i].Options().Addr < masters[j].Options().Addr })
+	out := make([]redis.Cmdable, len(masters))
+	for i, m := range masters {
+		out[i] = m
+	}
+	return out, err
+}
+
+// scanCursor is where a ScanKeys page ends: the node, the SCAN cursor on
+// it, and the last key shown of that cursor's batch ("" when none was).
+type scanCursor struct {
+	node  int
+	scan  uint64
+	after string
+}
+
+// String returns the cursor as ScanKeys returns it:
+// "<node>.<scan cursor>[.<key after>]", the key escaped as in a URL query.
+func (c scanCursor) String() string {
+	s := strconv.Itoa(c.node) + "." + strconv.FormatUint(c.scan, 10)
+	if c.after != "" {
+		s += "." + escape(c.after, "%.")
+	}
+	return s
+}
+
+func parseScanCursor(s string) (scanCursor, error) {
+	if s == "" {
+		return scanCursor{}, nil
+	}
+	bad := fmt.Errorf("%w: cursor %q: not a cursor that ScanKeys returned", ErrInvalid, s)
+	parts := strings.SplitN(s, ".", 3)
+	if len(parts) < 2 {
+		return scanCursor{}, bad
+	}
+	node, err1 := strconv.Atoi(parts[0])
+	scan, err2 := strconv.ParseUint(parts[1], 10, 64)
+	if err1 != nil || err2 != nil || node < 0 {
+		return scanCursor{}, bad
+	}
+	c := scanCursor{node: node, scan: scan}
+	if len(parts) == 3 {
+		if c.after = unescape(parts[2]); c.after == "" {
+			return scanCursor{}, bad
+		}
+	}
+	return c, nil
+}
+
+// Match reports whether key matches pattern in the Redis glob syntax of
+// Keys and ScanKeys: for a view that filters other records of keys (such as
+// a log of decisions) the same way.
+func Match(pattern, key string) bool { return globMatch(pattern, key) }

@@ -1,0 +1,180 @@
+package opsview
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+// DefaultDecisionLog is the stream WithDecisionLog reads when it names
+// none: singleton.DecisionLog, where the asynq middleware records every task
+// that completed without running.
+const DefaultDecisionLog = "jobguard:decisions"
+
+// Bounds of one read of the decision log (GET api/decisions).
+const (
+	// DefaultDecisionPage is how many decisions a page shows (the limit
+	// parameter may ask for up to MaxPageSize).
+	DefaultDecisionPage = 50
+	// DecisionChunk is the COUNT of each XREVRANGE of a page.
+	DecisionChunk = 200
+	// DecisionReads bounds the XREVRANGE calls of a page: with a filter,
+	// a page looks through at most DecisionChunk*DecisionReads (1,000)
+	// entries, and Older goes on from there.
+	DecisionReads = 5
+)
+
+// WithDecisionLog shows, under the locks, the latest decisions of the
+// asynq middleware (the tasks that completed without running: task, key,
+// reason, the run or task that held or covered it, when), newest first and
+// paged, read from stream on rdb (the servers' Redis); the page's key
+// filter applies. stream "" is DefaultDecisionLog. New returns an error
+// matching ErrInvalid for a nil rdb. Defaults to none: the page has no
+// decisions section.
+func WithDecisionLog(rdb redis.UniversalClient, stream string) Option {
+	return func(h *Handler) {
+		h.decisions, h.stream, h.decisionsSet = rdb, stream, true
+		if stream == "" {
+			h.stream = DefaultDecisionLog
+		}
+	}
+}
+
+// nilClient reports whether c is nil, also a typed nil.
+func nilClient(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case nil:
+		return true
+	case *redis.Client:
+		return c == nil
+	case *redis.ClusterClient:
+		return c == nil
+	case *redis.Ring:
+		return c == nil
+	}
+	return false
+}
+
+// decisionView is one entry of the decision log as the page gets it: its
+// fields escaped (lockkit.Printable).
+type decisionView struct {
+	ID     string            `json:"id"`
+	At     string            `json:"at"`
+	Fields map[string]string `json:"fields"`
+}
+
+type decisionsReply struct {
+	Pattern   string         `json:"pattern"`
+	Decisions []decisionView `json:"decisions"`
+	// Before is the page's cursor (the request's), Next the next (older)
+	// page's: "" when the log's oldest entry was read.
+	Before string `json:"before"`
+	Next   string `json:"next"`
+	// Read is how many entries the page looked through.
+	Read int `json:"read"`
+}
+
+// decisionsPage serves GET api/decisions: query pattern (a Redis glob of
+// the keys), before (the next cursor of the page before) and limit.
+func (h *Handler) decisionsPage(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.Method != http.MethodGet:
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	case h.decisions == nil:
+		http.NotFound(w, r)
+		return
+	}
+	q := r.URL.Query()
+	pattern := q.Get("pattern")
+	if pattern == "" {
+		pattern = h.pattern
+	}
+	limit, err := limitOf(r, DefaultDecisionPage)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	before := q.Get("before")
+	if before != "" && !streamID(before) {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("before %q: want a stream entry ID such as 1795650000000-0", before))
+		return
+	}
+	reply, err := h.readDecisions(r.Context(), pattern, before, limit)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, reply)
+}
+
+// readDecisions reads the log from before (exclusive; "" for its newest
+// entry) towards its oldest, DecisionChunk entries per XREVRANGE and at
+// most DecisionReads of them, until limit entries of keys matching pattern
+// are found.
+func (h *Handler) readDecisions(ctx context.Context, pattern, before string, limit int) (decisionsReply, error) {
+	reply := decisionsReply{Pattern: pattern, Decisions: []decisionView{}, Before: before}
+	from := "+"
+	if before != "" {
+		from = "(" + before
+	}
+	calls := map[string]bool{}
+	for range DecisionReads {
+		entries, err := h.decisions.XRevRangeN(ctx, h.stream, from, "-", DecisionChunk).Result()
+		if err != nil {
+			return reply, err
+		}
+		for i, e := range entries {
+			reply.Read++
+			key, _ := e.Values["key"].(string)
+			call, _ := e.Values["call"].(string)
+			if !lockkit.Match(pattern, key) || (call != "" && calls[call]) {
+				continue // another key's, or a write go-redis sent again
+			}
+			calls[call] = call != ""
+			reply.Decisions = append(reply.Decisions, decisionOf(e))
+			if len(reply.Decisions) == limit {
+				if i < len(entries)-1 || len(entries) == DecisionChunk {
+					reply.Next = e.ID
+				}
+				return reply, nil
+			}
+		}
+		if len(entries) < DecisionChunk {
+			return reply, nil // the oldest entry was read
+		}
+		from = "(" + entries[len(entries)-1].ID
+		reply.Next = entries[len(entries)-1].ID
+	}
+	return reply, nil
+}
+
+// decisionOf is e as the page shows it.
+func decisionOf(e redis.XMessage) decisionView {
+	v := decisionView{ID: e.ID, Fields: make(map[string]string, len(e.Values))}
+	if ms, _, ok := strings.Cut(e.ID, "-"); ok {
+		if n, err := strconv.ParseInt(ms, 10, 64); err == nil {
+			v.At = time.UnixMilli(n).UTC().Format(time.RFC3339Nano)
+		}
+	}
+	for k, x := range e.Values {
+		s, _ := x.(string)
+		v.Fields[lockkit.Printable(k)] = lockkit.Printable(s)
+	}
+	return v
+}
+
+// streamID reports whether s is a stream entry ID, "<ms>-<seq>".
+func streamID(s string) bool {
+	ms, seq, ok := strings.Cut(s, "-")
+	_, err1 := strconv.ParseUint(ms, 10, 64)
+	_, err2 := strconv.ParseUint(seq, 10, 64)
+	return ok && err1 == nil && err2 == nil
+}
