@@ -16,7 +16,7 @@ test:
 
 
 ## test-compat: the go.mod files require the lowest versions of the
-## dependencies the tests pass with (go-redis v9.17.0, Go 1.24, as asynq
+## dependencies the tests pass with (go-redis v9.17.3, Go 1.24, as asynq
 ## v0.26.0), which `make test` runs at; this runs vet and the core and
 ## integration tests at the newest versions, in a temporary copy.
 test-compat:
