@@ -180,10 +180,12 @@ func TestParkAtEnqueueNeverStrandsATask(t *testing.T) {
 			require.NoError(t, err)
 			return info.State
 		}
+		// The last run has released the key (its handler returns first).
+		watcher := e.locker()
 		require.Eventually(t, func() bool {
-			tr.mu.Lock()
-			defer tr.mu.Unlock()
-			return tr.running["k"] == 0
+			info, err := watcher.Inspect(ctx, "k")
+			require.NoError(t, err)
+			return len(info.Holders) == 0
 		}, 5*time.Second, time.Millisecond)
 		require.Equal(t, asynq.TaskStatePending, enqueueSlow(10))
 		_, err = e.locker().TryAcquire(ctx, "k", &lockkit.AcquireOptions{Label: "ghost", Detached: true,
