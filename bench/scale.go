@@ -32,7 +32,7 @@ type parkPoint struct {
 	perPark        time.Duration // Redis time per parking acquire
 	perResume      time.Duration // Redis time per release that reserves + adopt
 	resumeRTs      float64       // round trips per resume (release + adopt)
-	parkedMemBytes int64
+	parkedMemBytes int64         // MEMORY USAGE of the parked queue
 }
 
 // listPoint is Keys over many held leases.
@@ -51,9 +51,12 @@ type scaleResult struct {
 	lists   []listPoint
 }
 
-// parseSizes parses a comma-separated list of positive sizes.
+// parseSizes parses a comma-separated list of positive sizes; "" is none.
 func parseSizes(s string) ([]int, error) {
 	var out []int
+	if s == "" {
+		return nil, nil
+	}
 	for _, f := range strings.Split(s, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
@@ -232,10 +235,6 @@ func (b *bench) scalePark(ctx context.Context, n int) (parkPoint, error) {
 	if err != nil {
 		return p, err
 	}
-	mem0, err := b.usedMemory(ctx)
-	if err != nil {
-		return p, err
-	}
 	t0, err := redisCmdTime(ctx, b.admin, scaleNames)
 	if err != nil {
 		return p, err
@@ -251,11 +250,12 @@ func (b *bench) scalePark(ctx context.Context, n int) (parkPoint, error) {
 	if err != nil {
 		return p, err
 	}
-	mem1, err := b.usedMemory(ctx)
+	// The parked queue's key (see lockkit.RedisLocker's layout).
+	mem, err := b.admin.MemoryUsage(ctx, b.prefix+"scale:{"+key+"}:k").Result()
 	if err != nil {
 		return p, err
 	}
-	p.perPark, p.parkedMemBytes = (t1-t0)/time.Duration(n), mem1-mem0
+	p.perPark, p.parkedMemBytes = (t1-t0)/time.Duration(n), mem
 	c0 := ctr.counts()
 	lease := holder
 	for i := range n {
@@ -403,7 +403,7 @@ func (r *report) scaleSection() string {
 				fmt.Sprintf("%.0f", float64(p.parkedMemBytes)/float64(p.parked))})
 		}
 		table(&w, []string{"parked jobs", "Redis time per park", "Redis time per resume", "round trips per resume",
-			"memory per parked job (bytes)"}, rows)
+			"parked queue's memory per job (bytes)"}, rows)
 		w.WriteString("\n")
 	}
 	if len(x.lists) > 0 {
