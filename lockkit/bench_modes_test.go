@@ -1,0 +1,131 @@
+package lockkit
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/internal/testredis"
+)
+
+// BenchmarkAcquireModes measures one acquire script run per mode on the Redis
+// at REDIS_ADDR, on a free key (the call takes it) and on a held key (the
+// call waits, parks or is told who holds it), and reports the server's own
+// cost of the script: the EVALSHA microseconds per call of INFO
+// commandstats. Each run starts from a clean key: its setup deletes the
+// lock's keys and, for a held key, writes a holder with EVAL, which
+// commandstats counts apart. Run it on a Redis nobody else uses.
+func BenchmarkAcquireModes(b *testing.B) {
+	modes := []struct {
+		name string
+		opt  AcquireOptions
+		wait bool
+	}{
+		{"wait", AcquireOptions{}, true},
+		{"fair", AcquireOptions{Fair: true}, true},
+		{"epoch", AcquireOptions{Epoch: 7}, true},
+		{"coalesce", AcquireOptions{Coalesce: true}, true},
+		{"supersede", AcquireOptions{Supersede: true, Order: 5}, true},
+		{"preempt", AcquireOptions{Preempt: true}, true},
+		{"park", AcquireOptions{Label: "job", Park: "id"}, false},
+	}
+	for _, held := range []bool{false, true} {
+		for _, m := range modes {
+			name := m.name + "/free"
+			if held {
+				name = m.name + "/held"
+			}
+			b.Run(name, func(b *testing.B) { benchAcquireMode(b, m.opt, m.wait, held) })
+		}
+	}
+}
+
+// holdKey writes a live holder into a holders key (KEYS[1]) for ARGV[1] ms.
+const holdKey = `local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), t[1] .. '000000:hold:other:')
+redis.call('PEXPIRE', KEYS[1], ARGV[1])`
+
+func benchAcquireMode(b *testing.B, opt AcquireOptions, wait, held bool) {
+	ctx := context.Background()
+	client := testredis.Client(b)
+	prefix := testredis.Prefix(b, client)
+	l, err := NewRedis(client, WithPrefix(prefix))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = l.Close(ctx) })
+	k := l.r.keys("job")
+	all := []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow}
+	call := func() {
+		r, err := l.e.cfg.request("job", &opt)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if wait {
+			r.waiter = randomID(8)
+			if r.coalesce {
+				r.waiter = "y" + r.waiter
+			}
+			if ttl := handOverTTL(&r); ttl > 0 {
+				r.waiter = handOverID(r.waiter, ttl, &r)
+			}
+		}
+		_, _ = client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			p.Del(ctx, all...)
+			if held {
+				p.Eval(ctx, holdKey, []string{k.holders}, 60000)
+			}
+			return nil
+		})
+		b.StartTimer()
+		res, err := l.r.acquire(ctx, &r)
+		b.StopTimer()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if res.ok == held {
+			b.Fatalf("acquired %v on a held=%v key: %+v", res.ok, held, res)
+		}
+	}
+	call() // caches the script
+	b.StopTimer()
+	calls, usec := evalshaStats(b, client)
+	b.ResetTimer()
+	for range b.N {
+		call()
+	}
+	calls2, usec2 := evalshaStats(b, client)
+	if calls2 > calls {
+		b.ReportMetric(float64(usec2-usec)/float64(calls2-calls), "redis-µs/call")
+	}
+}
+
+// evalshaStats reads the calls and microseconds of EVALSHA from INFO
+// commandstats.
+func evalshaStats(b *testing.B, c redis.UniversalClient) (calls, usec int64) {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for _, f := range strings.Split(rest, ",") {
+			name, v, _ := strings.Cut(f, "=")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch name {
+			case "calls":
+				calls = n
+			case "usec":
+				usec = n
+			}
+		}
+	}
+	return calls, usec
+}
