@@ -14,10 +14,11 @@ import (
 // BenchmarkAcquireModes measures one acquire script run per mode on the Redis
 // at REDIS_ADDR, on a free key (the call takes it) and on a held key (the
 // call waits, parks or is told who holds it), and reports the server's own
-// cost of the script: the EVALSHA microseconds per call of INFO
-// commandstats. Each run starts from a clean key: its setup deletes the
-// lock's keys and, for a held key, writes a holder with EVAL, which
-// commandstats counts apart. Run it on a Redis nobody else uses.
+// cost of the script from INFO commandstats, read before and after each
+// call: the microseconds of EVALSHA per call, and the commands the script
+// ran (redis.call) per call. Each call starts from a clean key: its setup
+// deletes the lock's keys and, for a held key, writes a holder. Run it on a
+// Redis nobody else uses.
 func BenchmarkAcquireModes(b *testing.B) {
 	modes := []struct {
 		name string
@@ -93,39 +94,48 @@ func benchAcquireMode(b *testing.B, opt AcquireOptions, wait, held bool) {
 	}
 	call() // caches the script
 	b.StopTimer()
-	calls, usec := evalshaStats(b, client)
+	var usec, cmds int64
 	b.ResetTimer()
 	for range b.N {
+		calls0, usec0, all0 := commandStats(b, client)
 		call()
+		calls1, usec1, all1 := commandStats(b, client)
+		if calls1 != calls0+1 {
+			b.Fatalf("%d EVALSHA calls, want 1", calls1-calls0)
+		}
+		usec += usec1 - usec0
+		cmds += all1 - all0 - 2 // the first INFO and the EVALSHA
 	}
-	calls2, usec2 := evalshaStats(b, client)
-	if calls2 > calls {
-		b.ReportMetric(float64(usec2-usec)/float64(calls2-calls), "redis-µs/call")
-	}
+	b.ReportMetric(float64(usec)/float64(b.N), "redis-µs/call")
+	b.ReportMetric(float64(cmds)/float64(b.N), "cmds/call")
 }
 
-// evalshaStats reads the calls and microseconds of EVALSHA from INFO
-// commandstats.
-func evalshaStats(b *testing.B, c redis.UniversalClient) (calls, usec int64) {
+// commandStats reads INFO commandstats: the calls and microseconds of
+// EVALSHA, and the calls of every command.
+func commandStats(b *testing.B, c redis.UniversalClient) (calls, usec, all int64) {
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, line := range strings.Split(info, "\n") {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_")
 		if !ok {
 			continue
 		}
+		name, rest, _ := strings.Cut(rest, ":")
 		for _, f := range strings.Split(rest, ",") {
-			name, v, _ := strings.Cut(f, "=")
+			k, v, _ := strings.Cut(f, "=")
 			n, _ := strconv.ParseInt(v, 10, 64)
-			switch name {
-			case "calls":
-				calls = n
-			case "usec":
+			switch {
+			case k == "calls":
+				all += n
+				if name == "evalsha" {
+					calls = n
+				}
+			case k == "usec" && name == "evalsha":
 				usec = n
 			}
 		}
 	}
-	return calls, usec
+	return calls, usec, all
 }
