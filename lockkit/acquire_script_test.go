@@ -11,11 +11,11 @@ import (
 	"github.com/jobguard/jobguard/internal/testredis"
 )
 
-// rawAcquire runs acquire.lua for a limit-1 call with a chosen parked-queue
-// keep (ms).
+// rawAcquire runs the acquire script with every mode for a limit-1 call with
+// a chosen parked-queue keep (ms).
 func rawAcquire(t *testing.T, c redis.UniversalClient, k lockKeys, owner string, ttl int64, aid, label, entry, sup string, keep int64) []any {
 	t.Helper()
-	vals, err := acquireScript.Run(context.Background(), c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
+	vals, err := acquireScripts[modeAll].Run(context.Background(), c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
 		owner, ttl, 1, "", "0", 1000, 0, ttl, aid, label, 0, "1", sup, k.channel, "0", 0, entry, keep).Slice()
 	require.NoError(t, err)
 	return vals
@@ -63,4 +63,14 @@ func TestRunOrderOutlivesItsKeepWhileRenewed(t *testing.T) {
 	_, err = l.Acquire(ctx, "k", &AcquireOptions{Supersede: true, Order: 10})
 	require.ErrorIs(t, err, ErrSuperseded)
 	require.NoError(t, run.Release(ctx))
+}
+
+// acquireSources are the sources of the acquire scripts, one per set of
+// modes.
+func acquireSources() []string {
+	srcs := make([]string, len(acquireScripts))
+	for m := range srcs {
+		srcs[m] = acquireSource(acquireMode(m))
+	}
+	return srcs
 }
