@@ -439,6 +439,31 @@ func parkedID(entry string) string {
 	return entry
 }
 
+// acquireCall is the acquire script of r's modes, with its keys and
+// arguments (see acquire_core.lua and the files of the modes).
+func (b *redisBackend) acquireCall(r *request) (*redis.Script, []string, []any) {
+	k := b.keys(r.key)
+	fair := "0"
+	if r.fair {
+		fair = "1"
+	}
+	since := int64(0)
+	if r.coalesce {
+		since = r.since
+	}
+	adopt := "0"
+	if r.adopt {
+		adopt = "1"
+	}
+	sup := r.supersede
+	if r.waiter == "" && r.park == "" {
+		sup = "0" // only a waiting or parking call is a follow-up
+	}
+	return acquireScripts[acquireModes(r, sup)], []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
+		[]any{r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel, r.preempt, ms(r.grace),
+			parkEntry(r), ms(parkKeep), r.order}
+}
+
 func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
 	if plain(r) && !b.isSorted(r.key) {
 		v, err := plainAcquireScript.Run(ctx, b.c, []string{b.base(r.key) + ":h"},
@@ -465,26 +490,8 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 		// The key's holders are in the sorted set: acquire.lua.
 		b.markSorted(r.key)
 	}
-	k := b.keys(r.key)
-	fair := "0"
-	if r.fair {
-		fair = "1"
-	}
-	since := int64(0)
-	if r.coalesce {
-		since = r.since
-	}
-	adopt := "0"
-	if r.adopt {
-		adopt = "1"
-	}
-	sup := r.supersede
-	if r.waiter == "" && r.park == "" {
-		sup = "0" // only a waiting or parking call is a follow-up
-	}
-	vals, err := acquireScripts[acquireModes(r, sup)].Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
-		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel, r.preempt, ms(r.grace),
-		parkEntry(r), ms(parkKeep), r.order).Slice()
+	script, keys, args := b.acquireCall(r)
+	vals, err := script.Run(ctx, b.c, keys, args...).Slice()
 	if err != nil {
 		return acquireResult{}, err
 	}
