@@ -42,7 +42,7 @@ existed = redis.call('EXISTS', KEYS[1]) == 1
 if existed then
   -- Drop expired holders and forgotten records.
   redis.call('ZREMRANGEBYSCORE', KEYS[1], -now, now)
-  if ARGV[12] == '1' and label ~= '' and not redis.call('ZSCORE', KEYS[1], 'x:' .. aid) then
+  if adopt and label ~= '' and not redis.call('ZSCORE', KEYS[1], 'x:' .. aid) then
     for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
       if string.find(m, '^%d+:r') and string.sub(m, -#label - 1) == ':' .. label then
         redis.call('ZREM', KEYS[1], m)
@@ -107,7 +107,7 @@ if not same and count + ahead < limit then
   -- growing after the fence key expires; the stored one orders acquires
   -- across a small backward step of the clock.
   local token = string.format('%d', math.max(tonumber(redis.call('GET', KEYS[5]) or '0') + 1, nowus))
-  redis.call('ZADD', KEYS[1], now + ttl, token .. ':' .. aid .. ':' .. ARGV[1] .. ':' .. label)
+  redis.call('ZADD', KEYS[1], now + ttl, token .. ':' .. aid .. ':' .. owner .. ':' .. label)
   if existed then
     extend_key(KEYS[1], ttl)
   else
@@ -115,7 +115,7 @@ if not same and count + ahead < limit then
   end
   redis.call('SET', KEYS[5], token, 'PX', 1000)
   if epoch > 0 then
-    kept_until = math.max(kept_until, now + tonumber(ARGV[8]))
+    kept_until = math.max(kept_until, now + epoch_keep)
     redis.call('HSET', KEYS[2], 'e', ARGV[7], 'd', string.format('%d', kept_until), 'a', aid)
     redis.call('PEXPIRE', KEYS[2], math.max(ttl, kept_until - now))
   end

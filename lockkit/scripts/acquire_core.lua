@@ -44,13 +44,17 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local owner = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 local wid = ARGV[4]
+local fair = ARGV[5] == '1'
 local wttl = tonumber(ARGV[6])
 local epoch = tonumber(ARGV[7])
+local epoch_keep = tonumber(ARGV[8])
 local aid = ARGV[9]
 local label = ARGV[10]
+local adopt = ARGV[12] == '1'
 local channel = ARGV[14]
 local entry = ARGV[17]
 local keep = tonumber(ARGV[18])
@@ -126,14 +130,14 @@ local function queued_ahead()
 end
 
 -- wait registers the waiting call for its waiter ttl (unless unseen), in the
--- fair queue too when ARGV[5] is "1".
+-- fair queue too.
 local function wait(unseen)
   if not unseen then
     redis.call('ZADD', KEYS[4], now + wttl, wid)
     extend_key(KEYS[4], wttl)
   end
   keep_sorted(wttl)
-  if ARGV[5] == '1' then
+  if fair then
     redis.call('ZADD', KEYS[3], 'NX', nowus, wid)
     extend_key(KEYS[3], wttl)
     ahead = redis.call('ZRANK', KEYS[3], wid)
