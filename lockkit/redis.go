@@ -95,18 +95,48 @@ func newAcquireScripts() (s [modeAll + 1]*redis.Script) {
 }
 
 // acquireSource is the acquire script of the modes m: promote.lua,
-// acquire_core.lua, the files of the modes and acquire.lua. A mode's code
-// only acts when its arguments ask for it, so a script with more modes than
-// a call has gives the same answer; a plain waiting acquire runs the core
+// acquire_core.lua, what the files of the modes declare, and acquire.lua with
+// their sections at its places (see acquire_core.lua). A mode's code only
+// acts when its arguments ask for it, so a script with more modes than a
+// call has gives the same answer; a plain waiting acquire runs the core
 // alone.
 func acquireSource(m acquireMode) string {
 	src := promoteSrc + acquireCoreSrc
+	places := make(map[string]string)
 	for i, part := range []string{acquireCoalesceSrc, acquireSupersedeSrc, acquirePreemptSrc, acquireParkSrc} {
-		if m&(1<<i) != 0 {
-			src += part
+		if m&(1<<i) == 0 {
+			continue
+		}
+		place := ""
+		for _, line := range strings.SplitAfter(part, "\n") {
+			if name, ok := placeOf(line); ok {
+				place = name
+			}
+			if place == "" {
+				src += line
+			} else {
+				places[place] += line
+			}
 		}
 	}
-	return src + acquireSrc
+	for _, line := range strings.SplitAfter(acquireSrc, "\n") {
+		if name, ok := placeOf(line); ok {
+			line = places[name]
+		}
+		src += line
+	}
+	return src
+}
+
+// placeOf reads a line "-- @<place>" (or "-- @<place>: what goes there") of
+// the acquire scripts.
+func placeOf(line string) (string, bool) {
+	rest, ok := strings.CutPrefix(strings.TrimSpace(line), "-- @")
+	if !ok {
+		return "", false
+	}
+	name, _, _ := strings.Cut(rest, ":")
+	return name, true
 }
 
 // acquireModes is the set of modes whose code r's acquire script needs, with

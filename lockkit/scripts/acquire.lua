@@ -2,8 +2,9 @@
 -- holder slot of a lock, or reports why not. Safe to run twice: a repeat with
 -- the same acquire id returns the lease the first run took. It touches
 -- KEYS[1] holders, KEYS[2] epoch (e, d, a), KEYS[3] queue, KEYS[4] waiters
--- and KEYS[5] fence, and calls the hooks of the call's modes, which touch
--- the rest. The reply's first element says what the others are:
+-- and KEYS[5] fence; the sections of the call's modes, placed at the lines
+-- "-- @<place>", touch the rest. The reply's first element says what the
+-- others are:
 --   1  acquired: {1, token}; {1, token, '0', 1} when the call had been parked
 --      (it adopted its reservation or found its parked entry); {1, token,
 --      ttl left (ms)} when an earlier run of this acquire took it or a
@@ -32,10 +33,7 @@ if epoch > 0 then
   end
 end
 
-local r = cover_by_success and cover_by_success()
-if r then
-  return r
-end
+-- @cover_by_success
 
 -- A free key with nobody queued (the common case) costs one EXISTS.
 existed = redis.call('EXISTS', KEYS[1]) == 1
@@ -66,42 +64,25 @@ if existed then
       holder, holder_exp = m, tonumber(live[i + 1])
     end
   end
-  r = cover_by_run and cover_by_run()
-  if r then
-    return r
-  end
+  -- @cover_by_run
   if label ~= '' and redis.call('ZSCORE', KEYS[1], 'done:' .. label) then
     forget_waiter()
     return {-2}
   end
-  r = park_replaced and park_replaced()
-  if r then
-    return r
-  end
+  -- @park_replaced
 end
-r = give_way and not adopted and give_way()
-if r then
-  return r
-end
+-- @give_way
 if not holder and count > 0 then
   holder, holder_exp = live[1], tonumber(live[2])
 end
-if preempt then
-  preempt()
-end
+-- @preempt
 if redis.call('EXISTS', KEYS[3]) == 1 then
   ahead = queued_ahead()
 end
 
 same = holder and label ~= '' and string.sub(holder, -#label - 1) == ':' .. label
-r = cover_by_follow_up and cover_by_follow_up()
-if r then
-  return r
-end
-r = follow_up and follow_up()
-if r then
-  return r
-end
+-- @cover_by_follow_up
+-- @follow_up
 if not same and count + ahead < limit then
   -- A token is at least the server time in microseconds, so tokens keep
   -- growing after the fence key expires; the stored one orders acquires
@@ -120,26 +101,22 @@ if not same and count + ahead < limit then
     redis.call('PEXPIRE', KEYS[2], math.max(ttl, kept_until - now))
   end
   forget_waiter()
-  if took then
-    took()
-  end
+  -- @took
   -- A call that was parked before (its reservation adopted, or its entry
   -- still queued) says so: its task was put back once, and the runtime's
   -- late write of that may come after this run (see Lease.WasParked).
   local was_parked = adopted
-  if unpark and unpark() then
-    was_parked = true
-  end
+  -- @unpark
   if was_parked then
     return {1, token, '0', 1}
   end
   return {1, token}
 end
 
-if park then
-  park()
-end
-local unseen = coalesce_waits and coalesce_waits()
+-- @park
+-- A call whose waiter is not kept (Coalesce) says so.
+local unseen = false
+-- @coalesce_waits
 if wid ~= '' then
   wait(unseen)
 end

@@ -1,7 +1,7 @@
--- The Coalesce hooks of an acquire script (see acquire_core.lua). A Coalesce
--- call gives way to a run of the key that began after its work was asked
--- for: one that succeeded, one that holds the key, or a follow-up that will
--- run later (a Coalesce call that waits, or parks without waiting).
+-- The Coalesce sections of an acquire script (see acquire_core.lua). A
+-- Coalesce call gives way to a run of the key that began after its work was
+-- asked for: one that succeeded, one that holds the key, or a follow-up that
+-- will run later (a Coalesce call that waits, or parks without waiting).
 -- KEYS[6] cover: STRING, the token (start) of the latest Coalesce run that
 --         succeeded, kept for its CoverFor (release.lua writes it)
 -- KEYS[8] follow-up: HASH, c = the parked-queue entry of the key's parked
@@ -38,41 +38,32 @@ local function covered(kind, tok, member)
   return {-4, kind, string.format('%d', tok), member, string.format('%d', since)}
 end
 
-cover_by_success = function()
-  if since > 0 then
-    after = math.max(since, tonumber(redis.call('HGET', KEYS[8], 'f') or '0'))
-    local c = tonumber(redis.call('GET', KEYS[6]) or '0')
-    if c >= after then
-      return covered(1, c, '')
+-- @cover_by_success: a run that succeeded covers the call
+if since > 0 then
+  after = math.max(since, tonumber(redis.call('HGET', KEYS[8], 'f') or '0'))
+  local c = tonumber(redis.call('GET', KEYS[6]) or '0')
+  if c >= after then
+    return covered(1, c, '')
+  end
+end
+-- @cover_by_run: a run covers calls that began before it, except a delivery
+-- of its own work, which waits for the run's outcome
+if since > 0 then
+  local suffix = ':' .. label
+  for i = 1, #live, 2 do
+    local tok = tonumber(string.match(live[i], '^(%d+):') or '0')
+    if tok >= after and (label == '' or string.sub(live[i], -#suffix) ~= suffix) and
+        not string.find(live[i], '^%d+:z') then
+      return covered(2, tok, live[i])
     end
   end
 end
-
--- A run covers calls that began before it, except a delivery of its own
--- work: that one waits for the run's outcome.
-cover_by_run = function()
-  if since > 0 then
-    local suffix = ':' .. label
-    for i = 1, #live, 2 do
-      local tok = tonumber(string.match(live[i], '^(%d+):') or '0')
-      if tok >= after and (label == '' or string.sub(live[i], -#suffix) ~= suffix) and
-          not string.find(live[i], '^%d+:z') then
-        return covered(2, tok, live[i])
-      end
-    end
-  end
-end
-
--- A Coalesce acquire already waiting (its waiter id starts with "y"), or
--- parked, begins later: it covers this one. Other waiters may give up unrun.
--- A call that adopted its reservation is the key's run: a follow-up behind
--- it covers nothing of it.
-cover_by_follow_up = function()
-  if since <= 0 or same or adopted then
-    return
-  end
-  local ws = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. now, '+inf')
-  for _, w in ipairs(ws) do
+-- @cover_by_follow_up: a Coalesce acquire already waiting (its waiter id
+-- starts with "y"), or parked, begins later: it covers this one. Other
+-- waiters may give up unrun. A call that adopted its reservation is the
+-- key's run: a follow-up behind it covers nothing of it.
+if since > 0 and not same and not adopted then
+  for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. now, '+inf')) do
     if w ~= wid and string.sub(w, 1, 1) == 'y' then
       return covered(3, 0, '')
     end
@@ -97,15 +88,12 @@ cover_by_follow_up = function()
     end
   end
 end
-
--- A call that parked without waiting becomes the key's parked follow-up
--- (c); the folds (f) are kept while a follow-up waits. A call whose own
--- earlier delivery holds the key is not kept as a waiter: it covers no later
--- call, since the run it waits for may complete its label and drop it.
-coalesce_waits = function()
-  if since <= 0 then
-    return false
-  end
+-- @coalesce_waits: a call that parked without waiting becomes the key's
+-- parked follow-up (c); the folds (f) are kept while a follow-up waits. A
+-- call whose own earlier delivery holds the key is not kept as a waiter: it
+-- covers no later call, since the run it waits for may complete its label
+-- and drop it.
+if since > 0 then
   if entry ~= '' and wid == '' and not same and string.sub(aid, 1, 1) ~= 'z' then
     redis.call('HSET', KEYS[8], 'c', entry)
     extend_key(KEYS[8], keep)
@@ -113,5 +101,5 @@ coalesce_waits = function()
   if wid ~= '' then
     extend_key(KEYS[8], keep)
   end
-  return same
+  unseen = same
 end

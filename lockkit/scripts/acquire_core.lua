@@ -3,9 +3,11 @@
 -- acquire_supersede.lua, acquire_preempt.lua, acquire_park.lua, in this
 -- order) and acquire.lua, which takes the key or reports why not: redis.go
 -- builds one script per set of modes, so that a call runs no code of a mode
--- it does not have. This file reads the shared arguments by name, declares
--- what acquire.lua finds (the mode files read it) and the hooks that the
--- mode files set: a hook left nil is a mode the call does not have.
+-- it does not have. A mode file begins with what it declares (before
+-- acquire.lua), then has sections, each after a line "-- @<place>", which
+-- redis.go puts in acquire.lua at the line "-- @<place>": a place of a mode
+-- the call does not have stays empty. This file reads the shared arguments
+-- by name and declares what acquire.lua finds, which the sections read.
 -- Every acquire script takes the same 8 keys and 19 arguments; each file's
 -- header names the ones it reads.
 -- KEYS[1] holders: ZSET. A live holder is "<token>:<acquire id>:<owner>:<label>"
@@ -71,20 +73,6 @@ local adopted, ahead, same = false, 0, false
 -- a parking call (-1 for none) and the parked follow-up it replaced
 -- (Supersede; "" for none).
 local since, parked, replaced = 0, -1, ''
-
--- The hooks, in the order acquire.lua calls them. A hook that returns a
--- reply ends the script with it.
-local cover_by_success   -- Coalesce: a run that succeeded covers the call
-local cover_by_run       -- Coalesce: a live run covers the call
-local park_replaced      -- Park: a parked follow-up that was replaced gives up
-local give_way           -- Supersede: a call older than the key's run or follow-up gives up
-local preempt            -- Preempt: shortens the live holders' leases
-local cover_by_follow_up -- Coalesce: a waiting or parked follow-up covers the call
-local follow_up          -- Supersede: the call becomes the key's one follow-up
-local took               -- Supersede: the run that took the key records its order
-local unpark             -- Park: true when the call that took the key was parked
-local park               -- Park: parks the call that did not take the key
-local coalesce_waits     -- Coalesce: records a follow-up; true when no waiter is kept
 
 local function forget_waiter()
   if wid ~= '' then

@@ -1,4 +1,4 @@
--- The Park hooks of an acquire script (see acquire_core.lua): a call with a
+-- The Park sections of an acquire script (see acquire_core.lua): a call with a
 -- parked-queue entry that finds the key held joins the key's parked queue
 -- (once); it leaves the queue when it takes the key.
 -- KEYS[7] parked: ZSET of parked jobs, "<hold ms>:<label>:<id>" scored by
@@ -12,30 +12,25 @@
 -- ARGV[18] how long the parked queue and the "S:" record are kept (ms)
 -- A replaced call's reply is {-5}; a parked call's conflict reply reports
 -- the number of parked jobs ahead of it.
-park_replaced = function()
-  if redis.call('ZSCORE', KEYS[1], 'S:' .. aid) then
-    return {-5}
-  end
-  if label ~= '' and entry ~= '' and redis.call('ZREM', KEYS[1], 's:' .. label) == 1 then
-    -- A newer follow-up replaced this parked one: it gives up, once.
-    redis.call('ZADD', KEYS[1], -(now + keep), 'S:' .. aid)
-    extend_key(KEYS[1], keep)
-    forget_waiter()
-    return {-5}
-  end
+-- @park_replaced
+if redis.call('ZSCORE', KEYS[1], 'S:' .. aid) then
+  return {-5}
 end
-
--- unpark tells whether the call that took the key was parked (its entry
--- still queued), and removes its entry.
-unpark = function()
-  return entry ~= '' and redis.call('ZREM', KEYS[7], entry) == 1
+if label ~= '' and entry ~= '' and redis.call('ZREM', KEYS[1], 's:' .. label) == 1 then
+  -- A newer follow-up replaced this parked one: it gives up, once.
+  redis.call('ZADD', KEYS[1], -(now + keep), 'S:' .. aid)
+  extend_key(KEYS[1], keep)
+  forget_waiter()
+  return {-5}
 end
-
-park = function()
-  if entry ~= '' then
-    redis.call('ZADD', KEYS[7], 'NX', nowus, entry)
-    redis.call('PEXPIRE', KEYS[7], keep)
-    keep_sorted(keep)
-    parked = redis.call('ZRANK', KEYS[7], entry)
-  end
+-- @unpark: the call that took the key was parked if its entry was queued
+if entry ~= '' and redis.call('ZREM', KEYS[7], entry) == 1 then
+  was_parked = true
+end
+-- @park: the call that did not take the key joins the parked queue
+if entry ~= '' then
+  redis.call('ZADD', KEYS[7], 'NX', nowus, entry)
+  redis.call('PEXPIRE', KEYS[7], keep)
+  keep_sorted(keep)
+  parked = redis.call('ZRANK', KEYS[7], entry)
 end

@@ -1,9 +1,9 @@
--- The Supersede (KeepNewest) hooks of an acquire script (see
+-- The Supersede (KeepNewest) sections of an acquire script (see
 -- acquire_core.lua): a key has one pending follow-up, the newest. A later
 -- Supersede call replaces it (a waiter is woken to give up; a parked one
--- leaves the parked queue and is marked "s:<label>" in KEYS[1], which its
--- next parking acquire consumes: acquire_park.lua), and a call older than
--- the key's latest run or than its live follow-up gives up: {-5}.
+-- leaves the parked queue and is marked "s:<label>" in KEYS[1], which its next
+-- parking acquire consumes: acquire_park.lua), and a call older than the key's
+-- latest run or than its live follow-up gives up: {-5}.
 -- KEYS[2] epoch: HASH, n = the order of the key's latest Supersede run; it
 --         is kept for ARGV[18] after a run with an order took the key, and
 --         while leases that recorded an order are renewed
@@ -60,22 +60,18 @@ local function older()
   return false
 end
 
-give_way = function()
-  if older() then
-    forget_waiter()
-    if entry ~= '' then
-      redis.call('ZREM', KEYS[7], entry)
-    end
-    return {-5}
+-- @give_way
+if not adopted and older() then
+  forget_waiter()
+  if entry ~= '' then
+    redis.call('ZREM', KEYS[7], entry)
   end
+  return {-5}
 end
-
--- A call whose own earlier delivery holds the key (same) is no follow-up: it
--- neither replaces the key's follow-up nor becomes it.
-follow_up = function()
-  if sup == '0' or fid == '' or adopted or (same and sup == '1') then
-    return
-  end
+-- @follow_up: the call becomes the key's one follow-up; a call whose own
+-- earlier delivery holds the key (same) is no follow-up: it neither
+-- replaces the key's follow-up nor becomes it
+if sup ~= '0' and fid ~= '' and not adopted and not (same and sup == '1') then
   local p = redis.call('HGET', KEYS[8], 'p')
   if sup == '1' then
     if p == fid then
@@ -113,12 +109,8 @@ follow_up = function()
     extend_key(KEYS[8], keep)
   end
 end
-
--- The run's order: an older call gives up while it runs and after.
-took = function()
-  if fid == '' or (sup == '0' and order == 0) then
-    return
-  end
+-- @took: the run's order; an older call gives up while it runs and after
+if fid ~= '' and (sup ~= '0' or order > 0) then
   if sup ~= '0' and redis.call('HGET', KEYS[8], 'p') == fid then
     redis.call('HDEL', KEYS[8], 'p', 'r', 'a', 'o')
   end
