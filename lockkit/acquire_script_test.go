@@ -2,20 +2,23 @@ package lockkit
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/internal/testredis"
 )
 
-// rawAcquire runs acquire.lua for a limit-1 call with a chosen parked-queue
-// keep (ms).
+// rawAcquire runs the acquire script with every mode for a limit-1 call with
+// a chosen parked-queue keep (ms).
 func rawAcquire(t *testing.T, c redis.UniversalClient, k lockKeys, owner string, ttl int64, aid, label, entry, sup string, keep int64) []any {
 	t.Helper()
-	vals, err := acquireScript.Run(context.Background(), c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
+	vals, err := acquireScripts[modeAll].Run(context.Background(), c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
 		owner, ttl, 1, "", "0", 1000, 0, ttl, aid, label, 0, "1", sup, k.channel, "0", 0, entry, keep).Slice()
 	require.NoError(t, err)
 	return vals
@@ -63,4 +66,131 @@ func TestRunOrderOutlivesItsKeepWhileRenewed(t *testing.T) {
 	_, err = l.Acquire(ctx, "k", &AcquireOptions{Supersede: true, Order: 10})
 	require.ErrorIs(t, err, ErrSuperseded)
 	require.NoError(t, run.Release(ctx))
+}
+
+// acquireSources are the sources of the acquire scripts, one per set of
+// modes.
+func acquireSources() []string {
+	srcs := make([]string, len(acquireScripts))
+	for m := range srcs {
+		srcs[m] = acquireSource(acquireMode(m))
+	}
+	return srcs
+}
+
+// A call runs the acquire script of its own modes. A mode's code acts only
+// when the call's arguments ask for it, so the script with every mode must
+// answer each call the same and leave the same keys: a sequence of calls of
+// every mode and their later attempts, each sent twice (as go-redis does
+// when a reply is late), on two servers at the same clock.
+func TestAcquireScriptOfTheModesAnswersAsTheOneWithEvery(t *testing.T) {
+	ctx := context.Background()
+	start := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	type server struct {
+		mr *miniredis.Miniredis
+		c  *redis.Client
+		b  *redisBackend
+	}
+	newServer := func() server {
+		mr, c := testredis.Mini(t)
+		mr.SetTime(start)
+		return server{mr, c, &redisBackend{c: c, prefix: "p:"}}
+	}
+	own, every := newServer(), newServer()
+	cfg, err := newConfig(nil)
+	require.NoError(t, err)
+	const ttl = 2 * time.Second
+	steps := []struct {
+		at   time.Duration // since start
+		opt  AcquireOptions
+		wait bool
+		// again, when not zero, is 1 + the index of an earlier step whose
+		// call tries again (opt and wait are then unused).
+		again int
+	}{
+		{0, AcquireOptions{Label: "a", TTL: ttl}, true, 0},
+		{0, AcquireOptions{Label: "a", Supersede: true, Order: 4}, true, 0},
+		{0, AcquireOptions{Label: "b"}, true, 0},
+		{0, AcquireOptions{Label: "b2", Fair: true}, true, 0},
+		{0, AcquireOptions{Label: "e", Epoch: 3}, true, 0},
+		{0, AcquireOptions{Label: "c", Coalesce: true}, true, 0},
+		{0, AcquireOptions{Label: "d", Coalesce: true}, true, 0},
+		{0, AcquireOptions{Label: "d2", Coalesce: true, Final: true}, true, 0},
+		{0, AcquireOptions{Label: "s1", Supersede: true, Order: 5}, true, 0},
+		{0, AcquireOptions{Label: "s0", Supersede: true, Order: 3}, true, 0},
+		{0, AcquireOptions{Label: "s2", Supersede: true, Order: 6, Park: "p2"}, false, 0},
+		{0, AcquireOptions{Label: "s3", Supersede: true, Order: 7, Park: "p3"}, false, 0},
+		{0, AcquireOptions{Label: "s2", Supersede: true, Order: 6, Park: "p2b"}, false, 0},
+		{0, AcquireOptions{Label: "g", Preempt: true, PreemptGrace: 500 * time.Millisecond}, true, 0},
+		{0, AcquireOptions{Label: "h", Coalesce: true, Park: "ph"}, false, 0},
+		{0, AcquireOptions{Label: "a", Supersede: true, Preempt: true, Order: 8}, true, 0},
+		{0, AcquireOptions{}, false, 2}, // step 1 again, older than the follow-up now
+		{3 * time.Second, AcquireOptions{Label: "i", Coalesce: true, Park: "pi", TTL: ttl}, false, 0},
+		{3 * time.Second, AcquireOptions{Label: "a2", Fair: true, TTL: ttl}, true, 0},
+		{3 * time.Second, AcquireOptions{Label: "i", Coalesce: true, Park: "pi2"}, false, 0},
+		{3 * time.Second, AcquireOptions{Label: "c", Coalesce: true}, true, 0},
+		{3 * time.Second, AcquireOptions{Label: "j", Detached: true, TTL: ttl}, false, 0},
+		{6 * time.Second, AcquireOptions{Label: "j", Detached: true, TTL: ttl}, false, 0},
+		{6 * time.Second, AcquireOptions{Label: "j", Adopt: true, Park: "pj"}, true, 0},
+		{6 * time.Second, AcquireOptions{Label: "s3", Supersede: true, Order: 7, Park: "p3"}, false, 0},
+		{6 * time.Second, AcquireOptions{Label: "e", Epoch: 3}, true, 0},
+		{9 * time.Second, AcquireOptions{Label: "s3", Supersede: true, Order: 7, Park: "p3"}, false, 0},
+		{9 * time.Second, AcquireOptions{Label: "k", Coalesce: true, Supersede: true, Order: 9}, true, 0},
+		{9 * time.Second, AcquireOptions{Label: "e", Epoch: 2}, true, 0},
+	}
+	at := time.Duration(0)
+	reqs := make([]*request, len(steps))
+	for i, st := range steps {
+		// A millisecond a step: a call begins after the runs before it.
+		next := st.at + time.Duration(i)*time.Millisecond
+		for _, s := range []server{own, every} {
+			s.mr.SetTime(start.Add(next))
+			s.mr.FastForward(next - at)
+		}
+		at = next
+		if st.again > 0 {
+			reqs[i] = reqs[st.again-1]
+		} else {
+			r, err := cfg.request("k", &st.opt)
+			require.NoError(t, err)
+			if st.wait {
+				r.waiter = fmt.Sprintf("%02d", i)
+				if r.coalesce && !r.final {
+					r.waiter = "y" + r.waiter
+				}
+				if hold := handOverTTL(&r); hold > 0 {
+					r.waiter = handOverID(r.waiter, hold, &r)
+				}
+			}
+			reqs[i] = &r
+		}
+		r := reqs[i]
+		for attempt := range 2 {
+			var got []any
+			for range 2 {
+				script, keys, args := own.b.acquireCall(r)
+				var err error
+				got, err = script.Run(ctx, own.c, keys, args...).Slice()
+				require.NoError(t, err)
+				_, keys, args = every.b.acquireCall(r)
+				want, err := acquireScripts[modeAll].Run(ctx, every.c, keys, args...).Slice()
+				require.NoError(t, err)
+				require.Equal(t, want, got, "step %d %+v, attempt %d", i, st.opt, attempt)
+				require.Equal(t, every.mr.Dump(), own.mr.Dump(), "step %d %+v, attempt %d", i, st.opt, attempt)
+			}
+			// The later attempts of a waiting call (engine_wait.go).
+			if len(got) > 5 && r.coalesce {
+				r.since = toInt(got[5])
+			}
+			if r.supersede == "1" {
+				r.supersede = "2"
+				if len(got) > 1 && toInt(got[0]) == 0 && r.label != "" && strings.HasSuffix(fmt.Sprint(got[1]), ":"+r.label) {
+					r.supersede = "0" // its own earlier delivery holds the key
+				}
+			}
+			if r.preempt == "1" {
+				r.preempt = "2"
+			}
+		}
+	}
 }

@@ -57,7 +57,7 @@ func TestRepeatedAcquireReturnsTheSameLease(t *testing.T) {
 	for _, wait := range []bool{false, true} {
 		t.Run(fmt.Sprintf("wait=%v", wait), func(t *testing.T) {
 			ctx := ctxT(t)
-			l, hook, observer := faultyLocker(t, anyScript(promoteSrc+acquireSrc, plainAcquireSrc))
+			l, hook, observer := faultyLocker(t, anyScript(append(acquireSources(), plainAcquireSrc)...))
 			hook.Arm(testredis.Repeat, 1)
 			var (
 				lease *Lease
@@ -88,7 +88,7 @@ func TestFailedAcquireLeavesNoHolder(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/wait=%v", f, wait), func(t *testing.T) {
 				ctx := ctxT(t)
 				ttl := 3 * time.Second
-				l, hook, observer := faultyLocker(t, anyScript(promoteSrc+acquireSrc, plainAcquireSrc), WithTTL(ttl))
+				l, hook, observer := faultyLocker(t, anyScript(append(acquireSources(), plainAcquireSrc)...), WithTTL(ttl))
 				hook.Arm(f, 1)
 				actx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 				defer cancel()
@@ -141,7 +141,7 @@ func TestFailedReleaseLeavesNoHolder(t *testing.T) {
 // handed out: it would never be renewed.
 func TestAcquireDuringCloseIsReleased(t *testing.T) {
 	ctx := ctxT(t)
-	l, hook, observer := faultyLocker(t, anyScript(promoteSrc+acquireSrc, plainAcquireSrc))
+	l, hook, observer := faultyLocker(t, anyScript(append(acquireSources(), plainAcquireSrc)...))
 	inFlight := make(chan struct{})
 	hook.Before = func(redis.Cmder) {
 		close(inFlight)

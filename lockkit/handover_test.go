@@ -17,7 +17,7 @@ type acquireSignal struct{ replies chan struct{} }
 func (h *acquireSignal) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *acquireSignal) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	isAcquire := anyScript(promoteSrc+acquireSrc, plainAcquireSrc)
+	isAcquire := anyScript(append(acquireSources(), plainAcquireSrc)...)
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		// An EVALSHA that found the script cache empty is followed by EVAL.

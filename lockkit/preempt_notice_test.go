@@ -27,7 +27,7 @@ func (h *afterAcquired) DialHook(next redis.DialHook) redis.DialHook { return ne
 func (h *afterAcquired) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if c, ok := cmd.(*redis.Cmd); ok && err == nil && testredis.IsScript(promoteSrc+acquireSrc)(cmd) {
+		if c, ok := cmd.(*redis.Cmd); ok && err == nil && anyScript(acquireSources()...)(cmd) {
 			if vals, _ := c.Slice(); len(vals) > 1 && toInt(vals[0]) == 1 {
 				h.once.Do(h.fn)
 			}

@@ -16,6 +16,16 @@ import (
 )
 
 var (
+	//go:embed scripts/acquire_core.lua
+	acquireCoreSrc string
+	//go:embed scripts/acquire_coalesce.lua
+	acquireCoalesceSrc string
+	//go:embed scripts/acquire_supersede.lua
+	acquireSupersedeSrc string
+	//go:embed scripts/acquire_preempt.lua
+	acquirePreemptSrc string
+	//go:embed scripts/acquire_park.lua
+	acquireParkSrc string
 	//go:embed scripts/acquire.lua
 	acquireSrc string
 	//go:embed scripts/release.lua
@@ -48,7 +58,7 @@ var (
 	plainReleaseSrc string
 
 	// The scripts that change a holders key start with promote.lua.
-	acquireScript      = redis.NewScript(promoteSrc + acquireSrc)
+	acquireScripts     = newAcquireScripts()
 	releaseScript      = redis.NewScript(promoteSrc + releaseSrc)
 	plainAcquireScript = redis.NewScript(plainAcquireSrc)
 	plainReleaseScript = redis.NewScript(plainReleaseSrc)
@@ -63,6 +73,90 @@ var (
 	evictScript        = redis.NewScript(promoteSrc + evictSrc)
 	renewScript        = redis.NewScript(renewSrc)
 )
+
+// acquireMode is a set of the follow-up modes of an acquire call, each with
+// its own part of the acquire script.
+type acquireMode uint8
+
+const (
+	modeCoalesce  acquireMode = 1 << iota // acquire_coalesce.lua
+	modeSupersede                         // acquire_supersede.lua
+	modePreempt                           // acquire_preempt.lua
+	modePark                              // acquire_park.lua
+	modeAll       = modeCoalesce | modeSupersede | modePreempt | modePark
+)
+
+// newAcquireScripts builds the acquire script of every set of modes.
+func newAcquireScripts() (s [modeAll + 1]*redis.Script) {
+	for m := range s {
+		s[m] = redis.NewScript(acquireSource(acquireMode(m)))
+	}
+	return s
+}
+
+// acquireSource is the acquire script of the modes m: promote.lua,
+// acquire_core.lua, what the files of the modes declare, and acquire.lua with
+// their sections at its places (see acquire_core.lua). A mode's code only
+// acts when its arguments ask for it, so a script with more modes than a
+// call has gives the same answer; a plain waiting acquire runs the core
+// alone.
+func acquireSource(m acquireMode) string {
+	src := promoteSrc + acquireCoreSrc
+	places := make(map[string]string)
+	for i, part := range []string{acquireCoalesceSrc, acquireSupersedeSrc, acquirePreemptSrc, acquireParkSrc} {
+		if m&(1<<i) == 0 {
+			continue
+		}
+		place := ""
+		for _, line := range strings.SplitAfter(part, "\n") {
+			if name, ok := placeOf(line); ok {
+				place = name
+			}
+			if place == "" {
+				src += line
+			} else {
+				places[place] += line
+			}
+		}
+	}
+	for _, line := range strings.SplitAfter(acquireSrc, "\n") {
+		if name, ok := placeOf(line); ok {
+			line = places[name]
+		}
+		src += line
+	}
+	return src
+}
+
+// placeOf reads a line "-- @<place>" (or "-- @<place>: what goes there") of
+// the acquire scripts.
+func placeOf(line string) (string, bool) {
+	rest, ok := strings.CutPrefix(strings.TrimSpace(line), "-- @")
+	if !ok {
+		return "", false
+	}
+	name, _, _ := strings.Cut(rest, ":")
+	return name, true
+}
+
+// acquireModes is the set of modes whose code r's acquire script needs, with
+// sup its Supersede argument: a Preempt call's first attempt only preempts.
+func acquireModes(r *request, sup string) acquireMode {
+	var m acquireMode
+	if r.coalesce {
+		m |= modeCoalesce
+	}
+	if sup != "0" || r.order > 0 {
+		m |= modeSupersede
+	}
+	if r.preempt == "1" && r.waiter != "" {
+		m |= modePreempt
+	}
+	if r.park != "" {
+		m |= modePark
+	}
+	return m
+}
 
 // RedisLocker is a Locker backed by Redis, shared by every process that uses
 // the same Redis and prefix. All keys of one lock share a {hash tag}, so it
@@ -375,6 +469,31 @@ func parkedID(entry string) string {
 	return entry
 }
 
+// acquireCall is the acquire script of r's modes, with its keys and
+// arguments (see acquire_core.lua and the files of the modes).
+func (b *redisBackend) acquireCall(r *request) (*redis.Script, []string, []any) {
+	k := b.keys(r.key)
+	fair := "0"
+	if r.fair {
+		fair = "1"
+	}
+	since := int64(0)
+	if r.coalesce {
+		since = r.since
+	}
+	adopt := "0"
+	if r.adopt {
+		adopt = "1"
+	}
+	sup := r.supersede
+	if r.waiter == "" && r.park == "" {
+		sup = "0" // only a waiting or parking call is a follow-up
+	}
+	return acquireScripts[acquireModes(r, sup)], []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
+		[]any{r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel, r.preempt, ms(r.grace),
+			parkEntry(r), ms(parkKeep), r.order}
+}
+
 func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
 	if plain(r) && !b.isSorted(r.key) {
 		v, err := plainAcquireScript.Run(ctx, b.c, []string{b.base(r.key) + ":h"},
@@ -401,26 +520,8 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 		// The key's holders are in the sorted set: acquire.lua.
 		b.markSorted(r.key)
 	}
-	k := b.keys(r.key)
-	fair := "0"
-	if r.fair {
-		fair = "1"
-	}
-	since := int64(0)
-	if r.coalesce {
-		since = r.since
-	}
-	adopt := "0"
-	if r.adopt {
-		adopt = "1"
-	}
-	sup := r.supersede
-	if r.waiter == "" && r.park == "" {
-		sup = "0" // only a waiting or parking call is a follow-up
-	}
-	vals, err := acquireScript.Run(ctx, b.c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
-		r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel, r.preempt, ms(r.grace),
-		parkEntry(r), ms(parkKeep), r.order).Slice()
+	script, keys, args := b.acquireCall(r)
+	vals, err := script.Run(ctx, b.c, keys, args...).Slice()
 	if err != nil {
 		return acquireResult{}, err
 	}

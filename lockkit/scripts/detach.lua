@@ -1,7 +1,7 @@
 -- Turns a held lease into a reservation (a Detached holder with the same
 -- token and label) that lives for a TTL. Safe to run twice: a repeat finds
 -- the reservation and returns 1 as the first run did.
--- KEYS[1] holders: ZSET (see acquire.lua), after promote.lua
+-- KEYS[1] holders: ZSET (see acquire_core.lua), after promote.lua
 -- ARGV[1] the lease's member
 -- ARGV[2] the reservation's member
 -- ARGV[3] ttl (ms)

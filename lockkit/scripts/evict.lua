@@ -6,9 +6,9 @@
 -- so a repeat returns what the first run removed. Each removed holder leaves
 -- "x:<token>" until its lease would have ended plus the grace period, so that
 -- its renewal (renew.lua, extend.lua) can tell it was released by force.
--- KEYS[1] holders: ZSET (see acquire.lua), after promote.lua
+-- KEYS[1] holders: ZSET (see acquire_core.lua), after promote.lua
 -- KEYS[2] waiters: ZSET of every waiter; nobody is woken when it does not exist
--- KEYS[3] fence: STRING, the last fencing token (see acquire.lua); raised to
+-- KEYS[3] fence: STRING, the last fencing token (see acquire_core.lua); raised to
 --         the greatest token removed, so the next one is greater even after
 --         a backward step of the server clock
 -- ARGV[1] owner, "" for every holder

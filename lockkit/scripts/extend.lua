@@ -7,7 +7,7 @@
 -- ARGV[4] "1" for a renewal, which never shortens the lease (a late renewal
 --         must not undo a longer Extend); "0" for Extend, which sets it
 -- Returns 1 when renewed, 0 when the lease had expired or was gone, 2 when
--- a Preempt acquire preempted it (its score has a fraction, see acquire.lua),
+-- a Preempt acquire preempted it (its score has a fraction, see acquire_preempt.lua),
 -- also after its grace (its "q:<token>" record), 3 when ForceRelease removed
 -- it (its "x:<token>" record, see evict.lua).
 local t = redis.call('TIME')

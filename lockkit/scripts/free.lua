@@ -3,7 +3,7 @@
 -- to run twice: "f:<label>" is remembered for a grace period, so a repeat
 -- returns 1 as the first run did (the holder's own release then finds
 -- nothing: ErrNotHeld).
--- KEYS[1] holders: ZSET (see acquire.lua), after promote.lua
+-- KEYS[1] holders: ZSET (see acquire_core.lua), after promote.lua
 -- KEYS[2] waiters: ZSET of every waiter; nobody is woken when it does not exist
 -- ARGV[1] label (escaped)
 -- ARGV[2] release channel

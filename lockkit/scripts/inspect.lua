@@ -1,8 +1,8 @@
 -- Reads a lock's live holders and waiters without changing anything.
--- KEYS[1] holders: ZSET (see acquire.lua), or STRING in the plain form
+-- KEYS[1] holders: ZSET (see acquire_core.lua), or STRING in the plain form
 --         (see plain_acquire.lua)
 -- KEYS[2] waiters: ZSET of every waiter, score = deadline (ms)
--- KEYS[3] parked: ZSET of parked jobs (see acquire.lua)
+-- KEYS[3] parked: ZSET of parked jobs (see acquire_park.lua)
 -- Returns {waiters, parked jobs, {the first 20 parked entries, oldest
 -- first}, member1, ttl1 ms, member2, ttl2 ms, ...}.
 local t = redis.call('TIME')

@@ -3,7 +3,7 @@
 -- waiter was queued (fair) or the key is given back. Safe to run twice.
 -- KEYS[1] queue: ZSET of fair waiters
 -- KEYS[2] waiters: ZSET of every waiter
--- KEYS[3] holders: ZSET (see acquire.lua), after promote.lua
+-- KEYS[3] holders: ZSET (see acquire_core.lua), after promote.lua
 -- ARGV[1] waiter id
 -- ARGV[2] release channel
 -- ARGV[3] the waiter's acquire id

@@ -7,7 +7,7 @@
 -- acquire.lua keeps the sorted set while waiters, a queue or parked jobs
 -- live, so the plain form always means: no one else is waiting. Safe to
 -- run twice: a repeat finds the holder its first run added.
--- KEYS[1] holders: STRING in the plain form, else ZSET (see acquire.lua)
+-- KEYS[1] holders: STRING in the plain form, else ZSET (see acquire_core.lua)
 -- ARGV[1] the holder's member after its token: ":<acquire id>:<owner>:<label>"
 -- ARGV[2] ttl (ms)
 -- Returns the token when acquired, {1, token, ttl left (ms)} when an earlier

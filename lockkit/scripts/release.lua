@@ -3,14 +3,14 @@
 -- twice: the released holder is remembered for a grace period in a key of
 -- its own, so a repeat returns 1 as the first run did while the holders key
 -- goes away with its last holder (and the next acquire takes the fast path).
--- KEYS[1] holders: ZSET (see acquire.lua)
+-- KEYS[1] holders: ZSET (see acquire_core.lua)
 -- KEYS[2] waiters: ZSET of every waiter; nobody is woken when it does not exist
--- KEYS[3] cover: STRING (see acquire.lua)
+-- KEYS[3] cover: STRING (see acquire_coalesce.lua)
 -- KEYS[4] released: ZSET of released members, scored by when they are
 --         forgotten (ms)
--- KEYS[5] queue: ZSET of fair waiters (see acquire.lua)
--- KEYS[6] fence: STRING, the last fencing token (see acquire.lua)
--- KEYS[7] parked: ZSET of parked jobs (see acquire.lua)
+-- KEYS[5] queue: ZSET of fair waiters (see acquire_core.lua)
+-- KEYS[6] fence: STRING, the last fencing token (see acquire_core.lua)
+-- KEYS[7] parked: ZSET of parked jobs (see acquire_park.lua)
 -- KEYS[8] the lease's record of a plain release (see plain_release.lua)
 -- ARGV[1] the lease's member, or "" to find the live holder by acquire id
 -- ARGV[2] acquire id

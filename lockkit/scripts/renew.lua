@@ -3,14 +3,14 @@
 -- the keys of one call are in one hash slot.
 -- KEYS     per lease, its holders ZSET (or STRING in the plain form, see
 --          plain_acquire.lua), followed by its epoch HASH when it
---          claimed an epoch (see acquire.lua)
+--          claimed an epoch (see acquire_core.lua)
 -- ARGV[1]  the ttl (ms) of every lease that does not state its own
 -- ARGV[2:] per lease, its member (which starts with a digit), preceded by
 --          "!" and its own ttl when it has another, negated when it
 --          claimed an epoch
 -- Returns, per lease, 1 when renewed, 0 when it had expired or was gone, 2
 -- when a Preempt acquire preempted it (also after its grace: its
--- "q:<token>" record, see acquire.lua), 3 when ForceRelease removed it (its
+-- "q:<token>" record, see acquire_preempt.lua), 3 when ForceRelease removed it (its
 -- "x:<token>" record, see evict.lua).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
