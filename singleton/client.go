@@ -78,6 +78,9 @@ type Client struct {
 	debounce *debounceSpec
 	park     *parkSpec
 	keyed    bool // its keys are finer than the type: stamp KeyHeader
+	// decisions: about how many entries of DecisionLog to keep when a
+	// refused enqueue is recorded there; 0 records none.
+	decisions int
 
 	mu     sync.Mutex
 	server time.Time // an upper bound of the server clock at synced
@@ -134,7 +137,7 @@ func newClient(c *asynq.Client, rdb redis.UniversalClient, locker *lockkit.Redis
 	if locker != nil {
 		cfg.defaultLocker(locker)
 	}
-	if len(cfg.guardOpts) > 0 || cfg.rdbSet || cfg.lockerOptsSet || cfg.decisionsSet {
+	if len(cfg.guardOpts) > 0 || cfg.rdbSet || cfg.lockerOptsSet {
 		return nil, fmt.Errorf("%w: NewClient: WithPolicy, WithLimit, WithHoldAtLeast, WithThrottle, WithTTL, WithLogger, WithObserver and WithRedis are Middleware options, WithLockerOptions one of New", ErrInvalid)
 	}
 	keys, err := cfg.buildKeys()
@@ -162,7 +165,14 @@ func newClient(c *asynq.Client, rdb redis.UniversalClient, locker *lockkit.Redis
 			return nil, err
 		}
 	}
-	return &Client{c: c, rdb: rdb, keys: keys, unique: cfg.unique, debounce: cfg.debounce, park: cfg.park,
+	decisions := DefaultDecisionLogLen
+	if cfg.decisionsSet {
+		if cfg.decisions < 0 {
+			return nil, fmt.Errorf("%w: WithDecisionLog(%d): want 0 (none) or more entries", ErrInvalid, cfg.decisions)
+		}
+		decisions = cfg.decisions
+	}
+	return &Client{c: c, rdb: rdb, keys: keys, unique: cfg.unique, debounce: cfg.debounce, park: cfg.park, decisions: decisions,
 		keyed: cfg.perQueue || (len(cfg.keys) > 0 && cfg.keys[0].name != "KeyByType()")}, nil
 }
 
@@ -243,6 +253,10 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 	}
 	res, err := c.reserve(ctx, key, id, queue)
 	if err != nil {
+		var dup *DuplicateTaskError
+		if errors.As(err, &dup) {
+			c.logRefusal(ctx, stamped, id, queue, dup)
+		}
 		return nil, err
 	}
 	stamped.Headers()[OrderHeader] = strconv.FormatInt(res.Token(), 10)

@@ -31,7 +31,10 @@ import (
 // holding the key once the run returned) and lost (its lease was lost while
 // it ran, as when an operator released the key or Redis stayed unreachable
 // past its TTL, and the run failed; cause says which, and asynq retries the
-// task while it has retries left).
+// task while it has retries left). A Client adds one for an enqueue that
+// Unique refused: reason refused, by_task the task that holds the key and
+// by_state its asynq state; task is the ID the refused task would have had
+// (its asynq.TaskID, if given).
 const DecisionLog = "jobguard:decisions"
 
 // DefaultDecisionLogLen is about how many entries DecisionLog keeps (Redis
@@ -40,8 +43,10 @@ const DecisionLog = "jobguard:decisions"
 const DefaultDecisionLogLen = 10000
 
 // WithDecisionLog sets about how many entries of DecisionLog the
-// middleware keeps when it adds one; 0 adds none. It needs WithRedis (New
-// sets it). Defaults to DefaultDecisionLogLen.
+// middleware, or a Client (NewClient takes it too; Guard.Client uses the
+// Guard's), keeps when it adds one; 0 adds none. The middleware's log needs
+// WithRedis (New sets it). Defaults to DefaultDecisionLogLen. A negative n
+// is refused with an error matching ErrInvalid.
 func WithDecisionLog(n int) ServerOption {
 	return serverOpt(func(c *config) { c.decisions, c.decisionsSet = n, true })
 }
@@ -139,4 +144,17 @@ func (m *guarded) newerHolder(ctx context.Context, job middleware.Job) (lockkit.
 		}
 	}
 	return lockkit.Holder{}, false
+}
+
+// logRefusal adds to DecisionLog an enqueue of t (ID id, in queue) that
+// Unique refused: reason "refused", with the task that holds the key and
+// its asynq state. One XADD on the path of a refused enqueue only; a failed
+// write is not the caller's error (the refusal is), and is dropped.
+func (c *Client) logRefusal(ctx context.Context, t *asynq.Task, id, queue string, dup *DuplicateTaskError) {
+	if c.decisions <= 0 {
+		return
+	}
+	values := []any{"call", newTaskID(), "task", id, "origin", id, "type", t.Type(), "queue", queue, "key", dup.Key,
+		"reason", "refused", "by_task", dup.ID, "by_state", dup.State}
+	_ = c.rdb.XAdd(ctx, &redis.XAddArgs{Stream: DecisionLog, MaxLen: int64(c.decisions), Approx: true, Values: values}).Err()
 }

@@ -114,6 +114,7 @@ func (g *Guard) Client(c *asynq.Client, opts ...ClientOption) (*Client, error) {
 	for _, o := range opts {
 		all = append(all, o)
 	}
+	all = append(all, WithDecisionLog(g.m.decisions))
 	return newClient(c, g.m.rdb, g.locker, all) // the Redis the servers use (WithRedis)
 }
 

@@ -259,7 +259,7 @@ func TestUniqueRoundTrips(t *testing.T) {
 	dup := rt.Count()
 	t.Logf("round trips: asynq enqueue %d, unique enqueue %d, refused duplicate %d", plain, unique, dup)
 	require.Equal(t, plain+1, unique)
-	require.Equal(t, int64(2), dup)
+	require.Equal(t, int64(3), dup, "the reservation, the holder's state, the DecisionLog entry")
 }
 
 // Concurrent enqueues of one key: exactly one is accepted, even though a
@@ -402,4 +402,41 @@ func TestUniqueEnqueueWithATaskIDRetriedByGoRedis(t *testing.T) {
 	var dup *singleton.DuplicateTaskError
 	require.ErrorAs(t, err, &dup, "the reservation stayed with the task")
 	require.Equal(t, "acme-1", dup.ID)
+}
+
+// A refused enqueue is recorded in DecisionLog, under the ID the task
+// would have had, with the task that holds its key; WithDecisionLog(0)
+// records none.
+func TestUniqueRefusalIsInTheDecisionLog(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	locker := e.locker()
+	for _, n := range []int{singleton.DefaultDecisionLogLen, 0} {
+		client, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, singleton.KeyByFields("tenant_id"),
+			singleton.Unique(locker, 0, 0), singleton.WithDecisionLog(n))
+		require.NoError(t, err)
+		tenant := fmt.Sprint("acme-", n)
+		task := asynq.NewTask("report", fmt.Appendf(nil, `{"tenant_id":%q}`, tenant))
+		first, err := client.Enqueue(task, asynq.Queue(e.Queue))
+		require.NoError(t, err)
+		id := fmt.Sprint("refused-", n, "-", e.Queue)
+		_, err = client.Enqueue(task, asynq.Queue(e.Queue), asynq.TaskID(id))
+		refused(t, err, first, "pending")
+		entries, err := e.RDB.XRevRangeN(context.Background(), singleton.DecisionLog, "+", "-", 1000).Result()
+		require.NoError(t, err)
+		var found []map[string]any
+		for _, x := range entries {
+			if x.Values["task"] == id {
+				found = append(found, x.Values)
+			}
+		}
+		if n == 0 {
+			require.Empty(t, found, "WithDecisionLog(0) records nothing")
+			continue
+		}
+		require.Len(t, found, 1)
+		require.Equal(t, map[string]any{"call": found[0]["call"], "task": id, "origin": id, "type": "report", "queue": e.Queue,
+			"key": fmt.Sprintf("asynq:report:tenant_id=%q", tenant), "reason": "refused", "by_task": first.ID, "by_state": "pending"}, found[0])
+	}
+	_, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, singleton.WithDecisionLog(-1))
+	require.ErrorIs(t, err, singleton.ErrInvalid)
 }

@@ -565,6 +565,8 @@ func (c *cli) printDecisions(found []decisionView) {
 			what = "was preempted while it ran (a newer task of its key cancelled it; not retried)"
 		case "lost":
 			what = "lost its lease while it ran, and failed (asynq retries it while it has retries left)"
+		case "refused":
+			what = "was refused at enqueue (Unique): its key was reserved"
 		}
 		fmt.Fprintf(c.out, "%s task %s (%s, queue %s) %s, key %s", v.At, shown(f["task"]), shown(f["type"]), shown(f["queue"]), what, shown(f["key"]))
 		if f["by_task"] != "" {
@@ -575,6 +577,9 @@ func (c *cli) printDecisions(found []decisionView) {
 		}
 		if f["by_token"] != "" {
 			fmt.Fprintf(c.out, " (token %s)", shown(f["by_token"]))
+		}
+		if f["by_state"] != "" {
+			fmt.Fprintf(c.out, " (%s)", shown(f["by_state"]))
 		}
 		if f["cause"] != "" {
 			fmt.Fprintf(c.out, ": %s", shown(f["cause"]))
