@@ -26,6 +26,8 @@ const (
 	rulePeriodic    = "periodic"     // a Scheduler's tick is enqueued once: never twice, none missed
 	ruleLeak        = "leak"         // once quiet, only documented records are left, none longer than its retention
 	ruleNewestPlain = "newest-plain" // ruleNewest for tasks of a plain asynq.Client (advisory: placed by arrival)
+	ruleShadow      = "shadow"       // WithShadow: every delivery runs; of two overlapping runs of a key, one was reported shadowed
+	ruleCron        = "cron"         // cronguard: each tick of an entry runs once across the replicas: never twice, none missed unless a fault explains it
 )
 
 // advisory rules are reported but do not fail a seed: behaviour the README
@@ -146,7 +148,9 @@ func (t *taskHist) events() []Record {
 // stats are a run's figures.
 type stats struct {
 	accepted, refused, ticks, deliveries, runs, excused, keysLeft int
+	cronTicks, cronRuns                                           int
 	decisions                                                     map[string]int
+	faults                                                        map[string]int // injected faults by kind, as the history records them
 }
 
 type interval struct{ from, to int64 }
@@ -316,7 +320,18 @@ func (h *history) violation(rule, task, msg string, events ...Record) Violation 
 // drained.
 func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation, stats) {
 	h := index(w, recs)
-	st := stats{decisions: map[string]int{}}
+	st := stats{decisions: map[string]int{}, faults: map[string]int{}}
+	cronTicks := map[string]bool{}
+	for _, r := range recs {
+		switch {
+		case r.Ev == evFault && r.Fault != "exited" && r.Fault != "cont" && r.Fault != "redis-up":
+			st.faults[r.Fault]++
+		case r.Ev == evCronRun:
+			st.cronRuns++
+			cronTicks[r.Task] = true
+		}
+	}
+	st.cronTicks = len(cronTicks)
 	for _, t := range h.tasks {
 		if t.fam.Client == cliPeriodic {
 			st.ticks++
@@ -347,6 +362,8 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 	vs = append(vs, h.checkThrottle()...)
 	vs = append(vs, h.checkDebounce()...)
 	vs = append(vs, h.checkPeriodic()...)
+	vs = append(vs, h.checkCron()...)
+	vs = append(vs, h.checkShadow()...)
 	if !drained {
 		vs = append(vs, h.violation(ruleStranded, "-", fmt.Sprintf("the queue did not drain within %s of the last enqueue", drainTimeout)))
 	}
@@ -361,6 +378,9 @@ func (h *history) checkOverlap() []Violation {
 	byKey := map[string][]*run{}
 	byTask := map[string][]*run{}
 	for _, ru := range h.runs {
+		if ru.fam.Shadow { // every task runs: checkShadow's
+			continue
+		}
 		byKey[ru.key] = append(byKey[ru.key], ru)
 		byTask[ru.task] = append(byTask[ru.task], ru)
 	}
@@ -405,14 +425,39 @@ func (r *run) excusedOr() string {
 	return "running"
 }
 
-// exempt reports why a task need not have run: it had no retries left when
-// its worker was killed under it, so asynq's recoverer archived it (README).
+// exempt reports whether a task need not have run: asynq archived it
+// because a Redis error failed its last delivery (a task is never completed
+// unrun because of a Redis error: it fails, and asynq retries it while it
+// has retries left, docs/rules.md), or because it had no retries left when
+// its worker was killed under it (asynq's recoverer archives it, README).
 func (t *taskHist) exempt(h *history) bool {
+	var last *Record
+	for i, r := range h.records {
+		if r.Task == t.name && (r.Ev == evReturn || r.Ev == evDeliver) {
+			last = &h.records[i]
+		}
+	}
+	if last != nil && last.Ev == evReturn && redisError(last.Err) {
+		return true
+	}
 	if t.maxRetry > 0 {
 		return false
 	}
 	for _, d := range t.delivs {
 		if _, killed := h.kills[d.Proc]; killed {
+			return true
+		}
+	}
+	return false
+}
+
+// redisError reports whether a delivery's error is a Redis error (an
+// injected reply fault, a restarted server or Cluster node), not one of the
+// handler's or of a policy.
+func redisError(err string) bool {
+	for _, m := range []string{"testredis: injected fault", "connection refused", "EOF", "i/o timeout", "connection reset",
+		"broken pipe", "LOADING", "CLUSTERDOWN", "TRYAGAIN", "context deadline exceeded"} {
+		if strings.Contains(err, m) {
 			return true
 		}
 	}
@@ -889,6 +934,138 @@ func (h *history) checkPeriodic() []Violation {
 				continue
 			}
 			vs = append(vs, h.violation(rulePeriodic, fmt.Sprintf("%s@%d", fam, at), fmt.Sprintf("the tick due at +%.3fs was never enqueued", time.Duration(ns-h.base).Seconds())))
+		}
+	}
+	return vs
+}
+
+// checkCron: each tick of a cron entry, which every worker runs under
+// cronguard.Wrap on a clock of its own, runs once across the replicas
+// (cronguard's package doc, docs/cron.md): never twice; and no tick between
+// the entry's first and last run is missing, but one the docs let go
+// unrun: due while a fault hit a process or Redis, from a second before the
+// fault to a lease TTL and a second after it ended (a killed or paused
+// holder blocks later ticks for up to the TTL; a claim whose reply was lost
+// leaves its tick taken and unrun, "at most once"), a reply fault counting
+// only on its entry's key; or one a replica reported an error for.
+func (h *history) checkCron() []Violation {
+	var vs []Violation
+	runs := map[string][]Record{}
+	errs := map[string]bool{}
+	type window struct {
+		interval
+		key string // a reply fault's key; "" for a fault of a process or of Redis
+	}
+	var wins []window
+	open := map[string]int64{}
+	pad, ttl := int64(time.Second), int64(h.w.TTL)
+	for _, r := range h.records {
+		switch r.Ev {
+		case evCronRun:
+			runs[r.Task] = append(runs[r.Task], r)
+		case evDecision:
+			if strings.HasPrefix(r.Task, "cron:") && r.Kind == "error" {
+				errs[r.Task] = true
+			}
+		case evFault:
+			switch r.Fault {
+			case faultKill:
+				wins = append(wins, window{interval{r.T - pad, r.T + ttl + pad}, ""})
+			case faultTerm, faultStop, faultRedis:
+				open[r.Target] = r.T
+			case "exited", "cont", "redis-up":
+				from, ok := open[r.Target]
+				if !ok {
+					from = r.T
+				}
+				delete(open, r.Target)
+				wins = append(wins, window{interval{from - pad, r.T + ttl + pad}, ""})
+			case faultReplyRepeat, faultReplyDrop, faultReplyLate:
+				wins = append(wins, window{interval{r.T - pad - int64(h.w.ReplyDelay), r.T + ttl + pad}, r.Key})
+			}
+		}
+	}
+	for _, from := range open {
+		wins = append(wins, window{interval{from - pad, h.lastT}, ""})
+	}
+	for _, e := range h.w.Crons {
+		first, last := int64(-1), int64(-1)
+		for task, rs := range runs {
+			var at int64
+			if _, err := fmt.Sscanf(task, "cron:"+e.Name+"@%d", &at); err != nil {
+				continue
+			}
+			if first < 0 || at < first {
+				first = at
+			}
+			last = max(last, at)
+			if len(rs) > 1 {
+				var procs []string
+				for _, r := range rs {
+					procs = append(procs, r.Proc)
+				}
+				vs = append(vs, h.violation(ruleCron, task, fmt.Sprintf("the tick ran %d times (on %s)", len(rs), strings.Join(procs, ", ")), rs...))
+			}
+		}
+		if first < 0 {
+			continue
+		}
+		step := e.Every.Milliseconds()
+		for at := first; at <= last; at += step {
+			task := cronTask(e.Name, at)
+			ns := at * int64(time.Millisecond)
+			explained := errs[task] || slices.ContainsFunc(wins, func(w window) bool {
+				return w.from <= ns && ns <= w.to && (w.key == "" || strings.Contains(w.key, "cron:"+e.Name))
+			})
+			if len(runs[task]) == 0 && !explained {
+				vs = append(vs, h.violation(ruleCron, task, fmt.Sprintf("the tick due at +%.3fs ran on no replica", time.Duration(ns-h.base).Seconds())))
+			}
+		}
+	}
+	return vs
+}
+
+// checkShadow: under WithShadow (singleton's doc, docs/operations.md) every
+// delivery runs: a conflict, or a Redis error, is reported and the task runs
+// anyway, unless its process died first; and of two runs of a key that
+// overlap (each counted as checkOverlap counts it), at least one was
+// reported between its delivery and its start: an EventShadowed (what the
+// policy would have done), or an EventError (the decision could not be
+// taken).
+func (h *history) checkShadow() []Violation {
+	var vs []Violation
+	byKey := map[string][]*run{}
+	for _, name := range h.order {
+		t := h.tasks[name]
+		if !t.fam.Shadow {
+			continue
+		}
+		for _, d := range t.delivs {
+			ran := slices.ContainsFunc(t.runs, func(ru *run) bool { return ru.proc == d.Proc && ru.recs[0].AID == d.AID && ru.start >= d.T })
+			if died, ok := h.death[d.Proc]; !ran && (!ok || died < d.T) {
+				vs = append(vs, h.violation(ruleShadow, name, "delivered on "+d.Proc+" but did not run", t.events()...))
+			}
+		}
+		for _, ru := range t.runs {
+			byKey[ru.key] = append(byKey[ru.key], ru)
+		}
+	}
+	reported := func(ru *run) bool {
+		return slices.ContainsFunc(h.tasks[ru.task].decs, func(d Record) bool {
+			return (d.Kind == "shadowed" || d.Kind == "error") && d.Proc == ru.proc && d.AID == ru.recs[0].AID && d.T >= ru.deliv && d.T <= ru.start
+		})
+	}
+	for key, runs := range byKey {
+		slices.SortFunc(runs, func(a, b *run) int { return cmpInt(a.start, b.start) })
+		for j, ru := range runs {
+			for _, o := range runs[:j] {
+				if o.effEnd <= ru.start || reported(o) || reported(ru) {
+					continue
+				}
+				evs := append(slices.Clone(o.recs), ru.recs...)
+				slices.SortStableFunc(evs, func(a, b Record) int { return cmpInt(a.T, b.T) })
+				vs = append(vs, h.violation(ruleShadow, ru.task, fmt.Sprintf("key %s: its run on %s began while %s ran on %s (%s), and neither was reported", key, ru.proc, o.task, o.proc, o.excusedOr()), evs...))
+			}
 		}
 	}
 	return vs

@@ -438,3 +438,66 @@ func TestSeed3072CoveredByAFollowUpThatBeganBeforeTheStamp(t *testing.T) {
 		}
 	}
 }
+
+// A cron tick two replicas ran is reported, and so is a tick no replica ran
+// while nothing hit the fleet; a tick due while a replica was killed (its
+// holder may have blocked it) or that a replica reported an error for is
+// not.
+func TestCronTickRunTwiceOrMissedIsReported(t *testing.T) {
+	newCron := func() *hist {
+		h := newHist(polSkip)
+		h.w.Crons = []CronEntry{{Name: "c", Spec: "* * * * * *", Every: time.Second, Dur: 10 * time.Millisecond}}
+		return h
+	}
+	tick := func(h *hist, ms int, proc string) {
+		h.add(ms, proc, evCronRun, cronTask("c", int64(ms)), func(r *Record) { r.Fam = "cron:c" })
+	}
+	h := newCron()
+	for _, ms := range []int{1000, 2000, 3000} {
+		tick(h, ms, "w1")
+	}
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
+	tick(h, 2000, "w2")
+	h.wantOne(t, ruleCron, cronTask("c", 2000))
+
+	h = newCron()
+	tick(h, 1000, "w1")
+	tick(h, 7000, "w1")
+	h.add(3500, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = faultKill, "w2" })
+	h.add(6000, "w3", evDecision, cronTask("c", 6000), func(r *Record) { r.Kind, r.Fam = "error", "cron:c" })
+	h.wantOne(t, ruleCron, cronTask("c", 2000)) // 3000-5000 are in the kill's window, 6000 reported an error
+}
+
+// Under WithShadow, two overlapping runs of a key neither of which was
+// reported, and a delivery that did not run, are reported; overlapping runs
+// one of which was reported shadowed are fine.
+func TestShadowUnreportedOverlapOrUnrunDeliveryIsReported(t *testing.T) {
+	newShadow := func() *hist {
+		h := newHist(polSkip)
+		h.w.Families[0].Shadow = true
+		h.enqueue(0, "a")
+		h.enqueue(0, "b")
+		return h
+	}
+	h := newShadow()
+	h.run(10, 100, "w1", "a", "ok")
+	h.add(50, "w2", evDeliver, "b", nil)
+	h.add(51, "w2", evDecision, "b", func(r *Record) { r.Kind, r.Action = "shadowed", "skip" })
+	s := h.add(52, "w2", evStart, "b", nil)
+	h.add(150, "w2", evEnd, "b", func(r *Record) { r.Outcome, r.Run = "ok", s })
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
+
+	h = newShadow()
+	h.run(10, 100, "w1", "a", "ok")
+	h.run(50, 150, "w2", "b", "ok")
+	h.wantOne(t, ruleShadow, "b")
+
+	h = newShadow()
+	h.run(10, 100, "w1", "a", "ok")
+	h.add(120, "w2", evDeliver, "b", nil)
+	h.wantOne(t, ruleShadow, "b")
+}
