@@ -100,6 +100,7 @@ type run struct {
 	cancelAt        int64
 	cancelCause     string
 	died            bool   // the process died or exited while the run went on
+	killedBefore    bool   // the process was killed after the run began and before its delivery returned to asynq
 	excused         string // why the run counts only until effEnd
 	recs            []Record
 }
@@ -127,8 +128,12 @@ func (t *taskHist) oks() []*run {
 	return out
 }
 
+// died reports whether a worker died while running t, or was killed after
+// a run of t began and before its delivery returned to asynq (its release
+// in flight, say): asynq's recoverer then delivers t again, and its work
+// may run twice (README: a worker killed mid-task is re-delivered).
 func (t *taskHist) died() bool {
-	return slices.ContainsFunc(t.runs, func(r *run) bool { return r.died })
+	return slices.ContainsFunc(t.runs, func(r *run) bool { return r.died || r.killedBefore })
 }
 
 func (t *taskHist) events() []Record {
@@ -258,6 +263,16 @@ func index(w Workload, recs []Record) *history {
 			}
 		}
 		ru.effEnd = h.overlapEnd(ru)
+	}
+	returned := map[string][]int64{} // proc/asynq ID → when its deliveries returned
+	for _, r := range recs {
+		if r.Ev == evReturn {
+			returned[r.Proc+"/"+r.AID] = append(returned[r.Proc+"/"+r.AID], r.T)
+		}
+	}
+	for _, ru := range h.runs {
+		k, ok := h.kills[ru.proc]
+		ru.killedBefore = ok && k.T > ru.start && !slices.ContainsFunc(returned[ru.proc+"/"+ru.recs[0].AID], func(t int64) bool { return t >= ru.start && t < k.T })
 	}
 	return h
 }

@@ -501,3 +501,14 @@ func TestShadowUnreportedOverlapOrUnrunDeliveryIsReported(t *testing.T) {
 	h.add(120, "w2", evDeliver, "b", nil)
 	h.wantOne(t, ruleShadow, "b")
 }
+
+// The history of seed 102 (Cluster, reply faults): a Wait task ran to
+// completion on w2, whose release was still waiting for its late reply when
+// w2 was SIGKILLed; asynq's recoverer delivered the task again and it ran a
+// second time. A worker killed before its delivery returned is killed
+// mid-task (README): the checker takes it as it takes a death mid-run.
+func TestSeed102KilledBeforeTheDeliveryReturnedMayRunAgain(t *testing.T) {
+	if vs := checkTestdata(t, "seed-102"); len(vs) != 0 {
+		t.Fatalf("want nothing, got %v", vs)
+	}
+}
