@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/singleton"
 )
 
 // Rules the checkers enforce, as named in violations.
@@ -692,6 +693,9 @@ func (h *history) checkUnique() []Violation {
 			}
 			hold := byAID[t.enq.Holder]
 			switch {
+			case hold == nil && h.failedUnique(t.key, t.enq.Sent, strings.Contains(t.enq.Err, "(enqueuing)")):
+				// It names a task whose enqueue failed, its outcome unknown
+				// to the Client: the reservation stays (singleton's giveBack).
 			case hold == nil:
 				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+t.enq.Holder+", which no accepted enqueue returned", *t.enq))
 			case hold.key != t.key:
@@ -715,6 +719,29 @@ func (h *history) checkUnique() []Violation {
 		}
 	}
 	return vs
+}
+
+// enqueueGrace is how long singleton.Client counts a reservation whose task
+// is not found as an enqueue in flight (singleton's enqueueGrace), plus a
+// second of slack between the clocks.
+const enqueueGrace = 6 * time.Second
+
+// failedUnique reports whether an enqueue of a Unique task of key failed
+// before at (not a refusal: Redis failed, so the Client could not tell
+// whether the task was enqueued, and kept its reservation); within
+// enqueueGrace before at if inFlight (the refusal took the task for an
+// enqueue in flight).
+func (h *history) failedUnique(key string, at int64, inFlight bool) bool {
+	for _, name := range h.order {
+		t := h.tasks[name]
+		if t.fam.Client != cliUnique || t.key != key || t.enq == nil || t.enq.Accepted || t.enq.Holder != "" || t.enq.Sent >= at {
+			continue
+		}
+		if !inFlight || at-t.enq.Sent <= int64(enqueueGrace) {
+			return true
+		}
+	}
+	return false
 }
 
 // throttleSlack is how much later than the throttle dates a start (on the
@@ -865,7 +892,12 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 			if k.Type == "string" {
 				keep = fenceKeep
 			}
-			if k.Live > 0 {
+			if k.Live > 0 && h.keptReservation(k.Key) {
+				// A reservation whose enqueue failed, its outcome unknown:
+				// kept for its TTL, or until an enqueue of its key takes it
+				// over (singleton.DefaultReserveTTL).
+				keep = singleton.DefaultReserveTTL
+			} else if k.Live > 0 {
 				vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s holds %d live holders", k.Key, k.Live)))
 				continue
 			}
@@ -1084,4 +1116,21 @@ func (h *history) checkShadow() []Violation {
 		}
 	}
 	return vs
+}
+
+// keptReservation reports whether lock key k is the reservation key of a
+// Unique family's key some enqueue of which failed (failedUnique).
+func (h *history) keptReservation(k string) bool {
+	for _, f := range h.w.Families {
+		if f.Client != cliUnique {
+			continue
+		}
+		for i := range f.Keys {
+			key := fmt.Sprintf("k%d", i)
+			if strings.Contains(k, fmt.Sprintf("{unique:asynq:%s:k=%q}", f.TaskType(), key)) && h.failedUnique(key, h.lastT+1, false) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -17,11 +17,13 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -64,7 +66,7 @@ func driverMain(args []string) int {
 	fs.StringVar(&o.addr, "redis", "", "use the redis-server at this address instead of starting one (its database 0 is flushed)")
 	fs.BoolVar(&o.cluster, "cluster", false, "run against a 3-master Redis Cluster the run starts (one master restarted by a Redis fault)")
 	check := ""
-	fs.StringVar(&check, "check", "", "check the history kept in this directory again (the queue taken as drained, the keys left as none) and print its violations")
+	fs.StringVar(&check, "check", "", "check the history kept in this directory again (the queue taken as drained) and print its violations")
 	fs.BoolVar(&o.keep, "keep", false, "keep the history of passing seeds too")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -158,7 +160,35 @@ func brokenArg(o options) string {
 	return s
 }
 
-// recheck runs the checkers on the history kept in dir.
+// readKeys reads the keys.txt of a kept history (none if it has none).
+func readKeys(name string) ([]keyTTL, error) {
+	b, err := os.ReadFile(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []keyTTL
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 {
+			continue
+		}
+		k := keyTTL{Key: f[0], Type: f[1]}
+		if k.TTL, err = time.ParseDuration(f[2]); err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", name, line, err)
+		}
+		if _, err := fmt.Sscanf(f[3], "live=%d", &k.Live); err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", name, line, err)
+		}
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+// recheck runs the checkers on the history kept in dir (and the keys it
+// left, keys.txt).
 func recheck(dir string) int {
 	b, err := os.ReadFile(filepath.Join(dir, "workload.json"))
 	if err != nil {
@@ -175,7 +205,12 @@ func recheck(dir string) int {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		return 2
 	}
-	vs, _ := check(w, recs, nil, true)
+	keys, err := readKeys(filepath.Join(dir, "keys.txt"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 2
+	}
+	vs, _ := check(w, recs, keys, true)
 	for _, v := range vs {
 		fmt.Println(v.String())
 	}
