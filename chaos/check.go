@@ -892,11 +892,8 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 			if k.Type == "string" {
 				keep = fenceKeep
 			}
-			if k.Live > 0 && h.keptReservation(k.Key) {
-				// A reservation whose enqueue failed, its outcome unknown:
-				// kept for its TTL, or until an enqueue of its key takes it
-				// over (singleton.DefaultReserveTTL).
-				keep = singleton.DefaultReserveTTL
+			if r := h.keptReservation(k.Key); k.Live > 0 && r > 0 {
+				keep = r
 			} else if k.Live > 0 {
 				vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s holds %d live holders", k.Key, k.Live)))
 				continue
@@ -992,9 +989,10 @@ func (h *history) checkPeriodic() []Violation {
 // the entry's first and last run is missing, but one the docs let go
 // unrun: due while a fault hit a process or Redis, from a second before the
 // fault to a lease TTL and a second after it ended (a killed or paused
-// holder blocks later ticks for up to the TTL; a claim whose reply was lost
-// leaves its tick taken and unrun, "at most once"), a reply fault counting
-// only on its entry's key; or one a replica reported an error for.
+// holder blocks later ticks for up to the TTL); a reply fault on the entry's
+// key explains only the tick fired within a second of the faulted call (a
+// claim whose reply was lost leaves its tick taken and unrun, "at most
+// once"); or one a replica reported an error for.
 func (h *history) checkCron() []Violation {
 	var vs []Violation
 	runs := map[string][]Record{}
@@ -1028,7 +1026,10 @@ func (h *history) checkCron() []Violation {
 				delete(open, r.Target)
 				wins = append(wins, window{interval{from - pad, r.T + ttl + pad}, ""})
 			case faultReplyRepeat, faultReplyDrop, faultReplyLate:
-				wins = append(wins, window{interval{r.T - pad - int64(h.w.ReplyDelay), r.T + ttl + pad}, r.Key})
+				// The faulted call ran in Redis: it can only have failed the
+				// claim of the tick being fired, at most ReplyDelay before
+				// the fault was recorded (a release's holder is removed at once).
+				wins = append(wins, window{interval{r.T - pad - int64(h.w.ReplyDelay), r.T + pad}, r.Key})
 			}
 		}
 	}
@@ -1118,19 +1119,30 @@ func (h *history) checkShadow() []Violation {
 	return vs
 }
 
-// keptReservation reports whether lock key k is the reservation key of a
-// Unique family's key some enqueue of which failed (failedUnique).
-func (h *history) keptReservation(k string) bool {
+// keptReservation returns how long a live holder may be left on lock key
+// k, the reservation key of a Unique family's key (0: not at all): the
+// reservation of a task whose enqueue failed, its outcome unknown (see
+// failedUnique), kept for its TTL or until an enqueue of its key takes it
+// over (singleton.DefaultReserveTTL); or one that a task adopted on a worker
+// that was killed while it ran, which frees within the worker Locker's TTL
+// (docs/asynq.md; the chaos workers' Lockers have lockkit.DefaultTTL).
+func (h *history) keptReservation(k string) time.Duration {
 	for _, f := range h.w.Families {
 		if f.Client != cliUnique {
 			continue
 		}
 		for i := range f.Keys {
 			key := fmt.Sprintf("k%d", i)
-			if strings.Contains(k, fmt.Sprintf("{unique:asynq:%s:k=%q}", f.TaskType(), key)) && h.failedUnique(key, h.lastT+1, false) {
-				return true
+			if !strings.Contains(k, fmt.Sprintf("{unique:asynq:%s:k=%q}", f.TaskType(), key)) {
+				continue
+			}
+			if h.failedUnique(key, h.lastT+1, false) {
+				return singleton.DefaultReserveTTL
+			}
+			if slices.ContainsFunc(h.runs, func(ru *run) bool { return ru.key == f.Name+"/"+key && (ru.died || ru.killedBefore) }) {
+				return lockkit.DefaultTTL
 			}
 		}
 	}
-	return false
+	return 0
 }
