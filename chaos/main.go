@@ -130,8 +130,12 @@ func driverMain(args []string) int {
 			if n > 0 {
 				failed = append(failed, seed)
 			}
-			fmt.Printf("FAIL seed %d: %d violations (%d advisory); history kept in %s; replay: make chaos SEED=%d%s\n",
-				seed, n, len(res.violations)-n, res.dir, seed, brokenArg(o))
+			verdict := "FAIL"
+			if n == 0 {
+				verdict = "ADVISORY"
+			}
+			fmt.Printf("%s seed %d: %d violations (%d advisory); history kept in %s; replay: make chaos SEED=%d%s\n",
+				verdict, seed, n, len(res.violations)-n, res.dir, seed, brokenArg(o))
 			for i, v := range res.violations {
 				if i == 20 {
 					fmt.Printf("  ... %d more in %s/violations.txt\n", len(res.violations)-i, res.dir)
