@@ -442,18 +442,21 @@ func (r *run) excusedOr() string {
 }
 
 // exempt reports whether a task need not have run: asynq archived it
-// because a Redis error failed its last delivery (a task is never completed
-// unrun because of a Redis error: it fails, and asynq retries it while it
-// has retries left, docs/rules.md), or because it had no retries left when
-// its worker was killed under it (asynq's recoverer archives it, README).
+// because Redis errors spent its retries (a task is never completed unrun
+// because of a Redis error: it fails, and asynq retries it while it has
+// retries left, docs/rules.md), so that its last delivery failed with no
+// retry left; or because it had no retries left when its worker was killed
+// under it (asynq's recoverer archives it, README).
 func (t *taskHist) exempt(h *history) bool {
 	var last *Record
+	redisFailed := false
 	for i, r := range h.records {
 		if r.Task == t.name && (r.Ev == evReturn || r.Ev == evDeliver) {
 			last = &h.records[i]
+			redisFailed = redisFailed || r.Ev == evReturn && redisError(r.Err)
 		}
 	}
-	if last != nil && last.Ev == evReturn && redisError(last.Err) {
+	if last != nil && last.Ev == evReturn && last.Err != "" && redisFailed {
 		return true
 	}
 	if t.maxRetry > 0 {
@@ -490,8 +493,8 @@ func (h *history) checkRuns() []Violation {
 		if t.enq == nil || !t.enq.Accepted {
 			continue
 		}
-		if t.fam.Policy != polRequeue && t.fam.Policy != polWait && t.fam.Client != cliPark && t.fam.Client != cliPeriodic {
-			continue
+		if t.fam.Policy != polRequeue && t.fam.Policy != polWait && t.fam.Client != cliPark && t.fam.Client != cliPeriodic || t.fam.Shadow {
+			continue // under WithShadow nothing is requeued: checkShadow's
 		}
 		oks := t.oks()
 		switch {
@@ -511,7 +514,7 @@ func (h *history) checkCover() []Violation {
 	var vs []Violation
 	for _, name := range h.order {
 		t := h.tasks[name]
-		if t.enq == nil || !t.enq.Accepted || t.fam.Policy != polCoalesce || len(t.oks()) > 0 || t.exempt(h) {
+		if t.enq == nil || !t.enq.Accepted || t.fam.Policy != polCoalesce || t.fam.Shadow || len(t.oks()) > 0 || t.exempt(h) {
 			continue
 		}
 		var covered *Record
@@ -911,6 +914,11 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 		case "f":
 			keep = fenceKeep
 		}
+		if kind == "k" && h.archivedOn(k.Key) {
+			// The parked id of a task asynq archived (it never took the
+			// key): kept ten minutes after its last park (lockkit's Park).
+			keep = parkKeep + h.w.TTL
+		}
 		switch {
 		case keep == 0:
 			vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s is left (TTL %s): no record of this kind may remain", k.Key, k.TTL)))
@@ -929,7 +937,8 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 // task ID) are accepted, and no tick between the first and the last is
 // missing (neither an accepted enqueue nor a delivery of it), but those due
 // while Redis was down (from a second before its kill to a second after it
-// was up again: every replica's enqueue failed). That each accepted tick
+// was up again, or on a Cluster after the last CLUSTERDOWN error any process
+// saw: every replica's enqueue failed). That each accepted tick
 // runs to completion once is checkRuns'.
 func (h *history) checkPeriodic() []Violation {
 	var vs []Violation
@@ -946,6 +955,10 @@ func (h *history) checkPeriodic() []Violation {
 			down = append(down, interval{r.T - int64(time.Second), h.lastT})
 		case r.Ev == evFault && r.Fault == "redis-up" && len(down) > 0:
 			down[len(down)-1].to = r.T + int64(time.Second)
+		case strings.Contains(r.Err, "CLUSTERDOWN") && len(down) > 0:
+			// A Cluster serves again only once its nodes agree that the
+			// restarted master is back, a while after it is up.
+			down[len(down)-1].to = max(down[len(down)-1].to, r.T+int64(time.Second))
 		case (r.Ev == evEnqueue && r.Accepted || r.Ev == evDeliver) && h.fams[r.Fam].Client == cliPeriodic:
 			i := strings.LastIndexByte(r.Task, ':')
 			ms, err := strconv.ParseInt(r.Task[i+1:], 10, 64)
@@ -1145,4 +1158,16 @@ func (h *history) keptReservation(k string) time.Duration {
 		}
 	}
 	return 0
+}
+
+// archivedOn reports whether a task of the family key whose lock key is k
+// (its parked ids, say) was archived by asynq: exempt, never run.
+func (h *history) archivedOn(k string) bool {
+	for _, name := range h.order {
+		t := h.tasks[name]
+		if strings.Contains(k, fmt.Sprintf("{asynq:%s:k=%q}", t.fam.TaskType(), t.key)) && len(t.oks()) == 0 && t.exempt(h) {
+			return true
+		}
+	}
+	return false
 }

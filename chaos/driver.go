@@ -27,8 +27,9 @@ import (
 const parkBackstop = 5 * time.Second
 
 // drainTimeout bounds the quiet phase: a parked follow-up whose resumer died
-// comes back after singleton.ParkBackstop.
-const drainTimeout = singleton.ParkBackstop + 15*time.Second
+// comes back after singleton.ParkBackstop, and may be parked again behind a
+// reservation whose task never came (archived): twice.
+const drainTimeout = 2*singleton.ParkBackstop + 15*time.Second
 
 // proc is a worker process.
 type proc struct {
