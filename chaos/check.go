@@ -1092,7 +1092,8 @@ func (h *history) checkCron() []Violation {
 // overlap (each counted as checkOverlap counts it), at least one was
 // reported between its delivery and its start: an EventShadowed (what the
 // policy would have done), or an EventError (the decision could not be
-// taken).
+// taken); or is a re-delivery that found its own task's earlier run holding
+// the key, which is no duplicate and is not reported (middleware.WithShadow).
 func (h *history) checkShadow() []Violation {
 	var vs []Violation
 	byKey := map[string][]*run{}
@@ -1112,6 +1113,9 @@ func (h *history) checkShadow() []Violation {
 		}
 	}
 	reported := func(ru *run) bool {
+		if h.ownRetry(ru) {
+			return true // its own task's earlier run held the key: no duplicate, not reported (WithShadow)
+		}
 		return slices.ContainsFunc(h.tasks[ru.task].decs, func(d Record) bool {
 			return (d.Kind == "shadowed" || d.Kind == "error") && d.Proc == ru.proc && d.AID == ru.recs[0].AID && d.T >= ru.deliv && d.T <= ru.start
 		})

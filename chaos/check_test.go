@@ -582,6 +582,10 @@ func TestClusterSeedHistoriesBreakNoRule(t *testing.T) {
 		// another worker while the first run went on: under WithShadow
 		// nothing waits, so it ran twice; shadow tasks are checkShadow's.
 		"seed-3009": "a shadow task run twice",
+		// A WithShadow task re-delivered while its dead worker's lease
+		// held the key ran without a lease and unreported (no duplicate of
+		// itself), and a task of the key that came next took the key.
+		"seed-3017": "a shadow re-delivery of a running task",
 	} {
 		t.Run(name+": "+what, func(t *testing.T) { wantNoViolationWithKeys(t, name) })
 	}
