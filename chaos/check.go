@@ -456,7 +456,10 @@ func (t *taskHist) exempt(h *history) bool {
 			redisFailed = redisFailed || r.Ev == evReturn && redisError(r.Err)
 		}
 	}
-	if last != nil && last.Ev == evReturn && last.Err != "" && redisFailed {
+	// Its last delivery failed (a requeue, or a throttled or parked task put
+	// back, is no failure: asynq retries it whatever its retries).
+	failed := last != nil && last.Ev == evReturn && last.Err != "" && last.Reason == "" && !strings.Contains(last.Err, ", requeue")
+	if failed && redisFailed {
 		return true
 	}
 	if t.maxRetry > 0 {
