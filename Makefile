@@ -54,20 +54,24 @@ test-faults:
 ## faults drawn from a seed, a history checked rule by rule. SEED=n replays
 ## one seed (0: a random one), SEEDS=n runs n seeds from it, DURATION=30m runs
 ## seeds for that long, LENGTH is each seed's enqueue-and-fault phase, ARGS
-## more flags (-broken none|skip: a negative control that must fail). Histories
-## of failing seeds stay in chaos/chaos-out/.
+## more flags (-broken none|skip: a negative control that must fail); CLUSTER=1
+## runs against a 3-master Redis Cluster of the run's own. Histories of failing
+## seeds stay in chaos/chaos-out/.
 SEED ?= 0
 SEEDS ?= 1
 LENGTH ?= 20s
 DURATION ?= 0
+CLUSTER ?=
 chaos:
 	@command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server"; export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q redis-server >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null; }; }
-	cd chaos && $(GO) run . -seed $(SEED) -seeds $(SEEDS) -length $(LENGTH) -duration $(DURATION) $(ARGS)
+	cd chaos && $(GO) run . -seed $(SEED) -seeds $(SEEDS) -length $(LENGTH) -duration $(DURATION) $(if $(CLUSTER),-cluster) $(ARGS)
 
-## chaos-ci: the bounded chaos run of .ci/run: three fixed seeds, then the
-## checkers' own tests (the negative controls must report their rules).
+## chaos-ci: the bounded chaos run of .ci/run: three fixed seeds on standalone
+## Redis and one on the Cluster, then the checkers' own tests (the negative
+## controls must report their rules).
 chaos-ci:
 	$(MAKE) chaos SEED=1 SEEDS=3 LENGTH=15s
+	$(MAKE) chaos SEED=4 SEEDS=1 LENGTH=10s CLUSTER=1
 	cd chaos && $(GO) test -count=1 ./...
 
 ## test-browser: opsview's page in headless chromium (webtest/, a separate

@@ -46,9 +46,10 @@ func rules(vs []Violation) map[string]int {
 	return m
 }
 
-// Workers without the middleware run tasks of one key at once, and a
-// throttled key's burst all at once: the checker reports both, naming the
-// runs.
+// Workers without the middleware run tasks of one key at once, a
+// throttled key's burst all at once, every cron tick on every replica, and
+// the shadow family's overlapping runs unreported: the checker reports all
+// four, naming the runs.
 func TestNegativeControlWithoutMiddlewareReportsOverlaps(t *testing.T) {
 	res, err := runSeed(testOptions(t, brokenNone), 2)
 	if err != nil {
@@ -56,8 +57,8 @@ func TestNegativeControlWithoutMiddlewareReportsOverlaps(t *testing.T) {
 	}
 	got := rules(res.violations)
 	t.Logf("%s; per rule %v", res.summary(), got)
-	if got[ruleOverlap] == 0 || got[ruleThrottle] == 0 {
-		t.Fatalf("no overlap or no throttle violation reported for workers without the middleware: %v", got)
+	if got[ruleOverlap] == 0 || got[ruleThrottle] == 0 || got[ruleCron] == 0 || got[ruleShadow] == 0 {
+		t.Fatalf("no overlap, throttle, cron or shadow violation reported for workers without the middleware: %v", got)
 	}
 }
 
@@ -73,8 +74,8 @@ func TestNegativeControlSkipEverywhereReportsUncoveredTasks(t *testing.T) {
 	if got[ruleCover] == 0 {
 		t.Fatalf("no cover violation reported for workers that skip every duplicate: %v", got)
 	}
-	if got[ruleOverlap] != 0 {
-		t.Fatalf("overlaps reported for workers under the middleware: %v", res.violations)
+	if got[ruleOverlap] != 0 || got[ruleCron] != 0 || got[ruleShadow] != 0 {
+		t.Fatalf("overlaps or cron violations reported for workers under the middleware: %v", res.violations)
 	}
 }
 

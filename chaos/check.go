@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/singleton"
 )
 
 // Rules the checkers enforce, as named in violations.
@@ -26,6 +27,8 @@ const (
 	rulePeriodic    = "periodic"     // a Scheduler's tick is enqueued once: never twice, none missed
 	ruleLeak        = "leak"         // once quiet, only documented records are left, none longer than its retention
 	ruleNewestPlain = "newest-plain" // ruleNewest for tasks of a plain asynq.Client (advisory: placed by arrival)
+	ruleShadow      = "shadow"       // WithShadow: every delivery runs; of two overlapping runs of a key, one was reported shadowed
+	ruleCron        = "cron"         // cronguard: each tick of an entry runs once across the replicas: never twice, none missed unless a fault explains it
 )
 
 // advisory rules are reported but do not fail a seed: behaviour the README
@@ -98,6 +101,7 @@ type run struct {
 	cancelAt        int64
 	cancelCause     string
 	died            bool   // the process died or exited while the run went on
+	killedBefore    bool   // the process was killed after the run began and before its delivery returned to asynq
 	excused         string // why the run counts only until effEnd
 	recs            []Record
 }
@@ -125,8 +129,12 @@ func (t *taskHist) oks() []*run {
 	return out
 }
 
+// died reports whether a worker died while running t, or was killed after
+// a run of t began and before its delivery returned to asynq (its release
+// in flight, say): asynq's recoverer then delivers t again, and its work
+// may run twice (README: a worker killed mid-task is re-delivered).
 func (t *taskHist) died() bool {
-	return slices.ContainsFunc(t.runs, func(r *run) bool { return r.died })
+	return slices.ContainsFunc(t.runs, func(r *run) bool { return r.died || r.killedBefore })
 }
 
 func (t *taskHist) events() []Record {
@@ -146,7 +154,9 @@ func (t *taskHist) events() []Record {
 // stats are a run's figures.
 type stats struct {
 	accepted, refused, ticks, deliveries, runs, excused, keysLeft int
+	cronTicks, cronRuns                                           int
 	decisions                                                     map[string]int
+	faults                                                        map[string]int // injected faults by kind, as the history records them
 }
 
 type interval struct{ from, to int64 }
@@ -255,6 +265,16 @@ func index(w Workload, recs []Record) *history {
 		}
 		ru.effEnd = h.overlapEnd(ru)
 	}
+	returned := map[string][]int64{} // proc/asynq ID → when its deliveries returned
+	for _, r := range recs {
+		if r.Ev == evReturn {
+			returned[r.Proc+"/"+r.AID] = append(returned[r.Proc+"/"+r.AID], r.T)
+		}
+	}
+	for _, ru := range h.runs {
+		k, ok := h.kills[ru.proc]
+		ru.killedBefore = ok && k.T > ru.start && !slices.ContainsFunc(returned[ru.proc+"/"+ru.recs[0].AID], func(t int64) bool { return t >= ru.start && t < k.T })
+	}
 	return h
 }
 
@@ -316,7 +336,18 @@ func (h *history) violation(rule, task, msg string, events ...Record) Violation 
 // drained.
 func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation, stats) {
 	h := index(w, recs)
-	st := stats{decisions: map[string]int{}}
+	st := stats{decisions: map[string]int{}, faults: map[string]int{}}
+	cronTicks := map[string]bool{}
+	for _, r := range recs {
+		switch {
+		case r.Ev == evFault && r.Fault != "exited" && r.Fault != "cont" && r.Fault != "redis-up":
+			st.faults[r.Fault]++
+		case r.Ev == evCronRun:
+			st.cronRuns++
+			cronTicks[r.Task] = true
+		}
+	}
+	st.cronTicks = len(cronTicks)
 	for _, t := range h.tasks {
 		if t.fam.Client == cliPeriodic {
 			st.ticks++
@@ -347,6 +378,8 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 	vs = append(vs, h.checkThrottle()...)
 	vs = append(vs, h.checkDebounce()...)
 	vs = append(vs, h.checkPeriodic()...)
+	vs = append(vs, h.checkCron()...)
+	vs = append(vs, h.checkShadow()...)
 	if !drained {
 		vs = append(vs, h.violation(ruleStranded, "-", fmt.Sprintf("the queue did not drain within %s of the last enqueue", drainTimeout)))
 	}
@@ -361,6 +394,9 @@ func (h *history) checkOverlap() []Violation {
 	byKey := map[string][]*run{}
 	byTask := map[string][]*run{}
 	for _, ru := range h.runs {
+		if ru.fam.Shadow { // every task runs: checkShadow's
+			continue
+		}
 		byKey[ru.key] = append(byKey[ru.key], ru)
 		byTask[ru.task] = append(byTask[ru.task], ru)
 	}
@@ -405,14 +441,45 @@ func (r *run) excusedOr() string {
 	return "running"
 }
 
-// exempt reports why a task need not have run: it had no retries left when
-// its worker was killed under it, so asynq's recoverer archived it (README).
+// exempt reports whether a task need not have run: asynq archived it
+// because Redis errors spent its retries (a task is never completed unrun
+// because of a Redis error: it fails, and asynq retries it while it has
+// retries left, docs/rules.md), so that its last delivery failed with no
+// retry left; or because it had no retries left when its worker was killed
+// under it (asynq's recoverer archives it, README).
 func (t *taskHist) exempt(h *history) bool {
+	var last *Record
+	redisFailed := false
+	for i, r := range h.records {
+		if r.Task == t.name && (r.Ev == evReturn || r.Ev == evDeliver) {
+			last = &h.records[i]
+			redisFailed = redisFailed || r.Ev == evReturn && redisError(r.Err)
+		}
+	}
+	// Its last delivery failed (a requeue, or a throttled or parked task put
+	// back, is no failure: asynq retries it whatever its retries).
+	failed := last != nil && last.Ev == evReturn && last.Err != "" && last.Reason == "" && !strings.Contains(last.Err, ", requeue")
+	if failed && redisFailed {
+		return true
+	}
 	if t.maxRetry > 0 {
 		return false
 	}
 	for _, d := range t.delivs {
 		if _, killed := h.kills[d.Proc]; killed {
+			return true
+		}
+	}
+	return false
+}
+
+// redisError reports whether a delivery's error is a Redis error (an
+// injected reply fault, a restarted server or Cluster node), not one of the
+// handler's or of a policy.
+func redisError(err string) bool {
+	for _, m := range []string{"testredis: injected fault", "connection refused", "EOF", "i/o timeout", "connection reset",
+		"broken pipe", "LOADING", "CLUSTERDOWN", "TRYAGAIN", "context deadline exceeded"} {
+		if strings.Contains(err, m) {
 			return true
 		}
 	}
@@ -429,8 +496,8 @@ func (h *history) checkRuns() []Violation {
 		if t.enq == nil || !t.enq.Accepted {
 			continue
 		}
-		if t.fam.Policy != polRequeue && t.fam.Policy != polWait && t.fam.Client != cliPark && t.fam.Client != cliPeriodic {
-			continue
+		if t.fam.Policy != polRequeue && t.fam.Policy != polWait && t.fam.Client != cliPark && t.fam.Client != cliPeriodic || t.fam.Shadow {
+			continue // under WithShadow nothing is requeued: checkShadow's
 		}
 		oks := t.oks()
 		switch {
@@ -450,7 +517,7 @@ func (h *history) checkCover() []Violation {
 	var vs []Violation
 	for _, name := range h.order {
 		t := h.tasks[name]
-		if t.enq == nil || !t.enq.Accepted || t.fam.Policy != polCoalesce || len(t.oks()) > 0 || t.exempt(h) {
+		if t.enq == nil || !t.enq.Accepted || t.fam.Policy != polCoalesce || t.fam.Shadow || len(t.oks()) > 0 || t.exempt(h) {
 			continue
 		}
 		var covered *Record
@@ -632,6 +699,9 @@ func (h *history) checkUnique() []Violation {
 			}
 			hold := byAID[t.enq.Holder]
 			switch {
+			case hold == nil && h.failedUnique(t.key, t.enq.Sent, strings.Contains(t.enq.Err, "(enqueuing)")):
+				// It names a task whose enqueue failed, its outcome unknown
+				// to the Client: the reservation stays (singleton's giveBack).
 			case hold == nil:
 				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+t.enq.Holder+", which no accepted enqueue returned", *t.enq))
 			case hold.key != t.key:
@@ -655,6 +725,29 @@ func (h *history) checkUnique() []Violation {
 		}
 	}
 	return vs
+}
+
+// enqueueGrace is how long singleton.Client counts a reservation whose task
+// is not found as an enqueue in flight (singleton's enqueueGrace), plus a
+// second of slack between the clocks.
+const enqueueGrace = 6 * time.Second
+
+// failedUnique reports whether an enqueue of a Unique task of key failed
+// before at (not a refusal: Redis failed, so the Client could not tell
+// whether the task was enqueued, and kept its reservation); within
+// enqueueGrace before at if inFlight (the refusal took the task for an
+// enqueue in flight).
+func (h *history) failedUnique(key string, at int64, inFlight bool) bool {
+	for _, name := range h.order {
+		t := h.tasks[name]
+		if t.fam.Client != cliUnique || t.key != key || t.enq == nil || t.enq.Accepted || t.enq.Holder != "" || t.enq.Sent >= at {
+			continue
+		}
+		if !inFlight || at-t.enq.Sent <= int64(enqueueGrace) {
+			return true
+		}
+	}
+	return false
 }
 
 // throttleSlack is how much later than the throttle dates a start (on the
@@ -805,7 +898,9 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 			if k.Type == "string" {
 				keep = fenceKeep
 			}
-			if k.Live > 0 {
+			if r := h.keptReservation(k.Key); k.Live > 0 && r > 0 {
+				keep = r
+			} else if k.Live > 0 {
 				vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s holds %d live holders", k.Key, k.Live)))
 				continue
 			}
@@ -821,6 +916,11 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 			keep = period
 		case "f":
 			keep = fenceKeep
+		}
+		if kind == "k" && h.archivedOn(k.Key) {
+			// The parked id of a task asynq archived (it never took the
+			// key): kept ten minutes after its last park (lockkit's Park).
+			keep = parkKeep + h.w.TTL
 		}
 		switch {
 		case keep == 0:
@@ -840,7 +940,8 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 // task ID) are accepted, and no tick between the first and the last is
 // missing (neither an accepted enqueue nor a delivery of it), but those due
 // while Redis was down (from a second before its kill to a second after it
-// was up again: every replica's enqueue failed). That each accepted tick
+// was up again, or on a Cluster after the last CLUSTERDOWN error any process
+// saw: every replica's enqueue failed). That each accepted tick
 // runs to completion once is checkRuns'.
 func (h *history) checkPeriodic() []Violation {
 	var vs []Violation
@@ -857,6 +958,10 @@ func (h *history) checkPeriodic() []Violation {
 			down = append(down, interval{r.T - int64(time.Second), h.lastT})
 		case r.Ev == evFault && r.Fault == "redis-up" && len(down) > 0:
 			down[len(down)-1].to = r.T + int64(time.Second)
+		case strings.Contains(r.Err, "CLUSTERDOWN") && len(down) > 0:
+			// A Cluster serves again only once its nodes agree that the
+			// restarted master is back, a while after it is up.
+			down[len(down)-1].to = max(down[len(down)-1].to, r.T+int64(time.Second))
 		case (r.Ev == evEnqueue && r.Accepted || r.Ev == evDeliver) && h.fams[r.Fam].Client == cliPeriodic:
 			i := strings.LastIndexByte(r.Task, ':')
 			ms, err := strconv.ParseInt(r.Task[i+1:], 10, 64)
@@ -892,4 +997,184 @@ func (h *history) checkPeriodic() []Violation {
 		}
 	}
 	return vs
+}
+
+// checkCron: each tick of a cron entry, which every worker runs under
+// cronguard.Wrap on a clock of its own, runs once across the replicas
+// (cronguard's package doc, docs/cron.md): never twice; and no tick between
+// the entry's first and last run is missing, but one the docs let go
+// unrun: due while a fault hit a process or Redis, from a second before the
+// fault to a lease TTL and a second after it ended (a killed or paused
+// holder blocks later ticks for up to the TTL); a reply fault on the entry's
+// key explains only the tick fired within a second of the faulted call (a
+// claim whose reply was lost leaves its tick taken and unrun, "at most
+// once"); or one a replica reported an error for.
+func (h *history) checkCron() []Violation {
+	var vs []Violation
+	runs := map[string][]Record{}
+	errs := map[string]bool{}
+	type window struct {
+		interval
+		key string // a reply fault's key; "" for a fault of a process or of Redis
+	}
+	var wins []window
+	open := map[string]int64{}
+	pad, ttl := int64(time.Second), int64(h.w.TTL)
+	for _, r := range h.records {
+		switch r.Ev {
+		case evCronRun:
+			runs[r.Task] = append(runs[r.Task], r)
+		case evDecision:
+			if strings.HasPrefix(r.Task, "cron:") && r.Kind == "error" {
+				errs[r.Task] = true
+			}
+		case evFault:
+			switch r.Fault {
+			case faultKill:
+				wins = append(wins, window{interval{r.T - pad, r.T + ttl + pad}, ""})
+			case faultTerm, faultStop, faultRedis:
+				open[r.Target] = r.T
+			case "exited", "cont", "redis-up":
+				from, ok := open[r.Target]
+				if !ok {
+					from = r.T
+				}
+				delete(open, r.Target)
+				wins = append(wins, window{interval{from - pad, r.T + ttl + pad}, ""})
+			case faultReplyRepeat, faultReplyDrop, faultReplyLate:
+				// The faulted call ran in Redis: it can only have failed the
+				// claim of the tick being fired, at most ReplyDelay before
+				// the fault was recorded (a release's holder is removed at once).
+				wins = append(wins, window{interval{r.T - pad - int64(h.w.ReplyDelay), r.T + pad}, r.Key})
+			}
+		}
+	}
+	for _, from := range open {
+		wins = append(wins, window{interval{from - pad, h.lastT}, ""})
+	}
+	for _, e := range h.w.Crons {
+		first, last := int64(-1), int64(-1)
+		for task, rs := range runs {
+			var at int64
+			if _, err := fmt.Sscanf(task, "cron:"+e.Name+"@%d", &at); err != nil {
+				continue
+			}
+			if first < 0 || at < first {
+				first = at
+			}
+			last = max(last, at)
+			if len(rs) > 1 {
+				var procs []string
+				for _, r := range rs {
+					procs = append(procs, r.Proc)
+				}
+				vs = append(vs, h.violation(ruleCron, task, fmt.Sprintf("the tick ran %d times (on %s)", len(rs), strings.Join(procs, ", ")), rs...))
+			}
+		}
+		if first < 0 {
+			continue
+		}
+		step := e.Every.Milliseconds()
+		for at := first; at <= last; at += step {
+			task := cronTask(e.Name, at)
+			ns := at * int64(time.Millisecond)
+			explained := errs[task] || slices.ContainsFunc(wins, func(w window) bool {
+				return w.from <= ns && ns <= w.to && (w.key == "" || strings.Contains(w.key, "cron:"+e.Name))
+			})
+			if len(runs[task]) == 0 && !explained {
+				vs = append(vs, h.violation(ruleCron, task, fmt.Sprintf("the tick due at +%.3fs ran on no replica", time.Duration(ns-h.base).Seconds())))
+			}
+		}
+	}
+	return vs
+}
+
+// checkShadow: under WithShadow (singleton's doc, docs/operations.md) every
+// delivery runs: a conflict, or a Redis error, is reported and the task runs
+// anyway, unless its process died first; and of two runs of a key that
+// overlap (each counted as checkOverlap counts it), at least one was
+// reported between its delivery and its start: an EventShadowed (what the
+// policy would have done), or an EventError (the decision could not be
+// taken); or is a re-delivery that found its own task's earlier run holding
+// the key, which is no duplicate and is not reported (middleware.WithShadow).
+func (h *history) checkShadow() []Violation {
+	var vs []Violation
+	byKey := map[string][]*run{}
+	for _, name := range h.order {
+		t := h.tasks[name]
+		if !t.fam.Shadow {
+			continue
+		}
+		for _, d := range t.delivs {
+			ran := slices.ContainsFunc(t.runs, func(ru *run) bool { return ru.proc == d.Proc && ru.recs[0].AID == d.AID && ru.start >= d.T })
+			if died, ok := h.death[d.Proc]; !ran && (!ok || died < d.T) {
+				vs = append(vs, h.violation(ruleShadow, name, "delivered on "+d.Proc+" but did not run", t.events()...))
+			}
+		}
+		for _, ru := range t.runs {
+			byKey[ru.key] = append(byKey[ru.key], ru)
+		}
+	}
+	reported := func(ru *run) bool {
+		if h.ownRetry(ru) {
+			return true // its own task's earlier run held the key: no duplicate, not reported (WithShadow)
+		}
+		return slices.ContainsFunc(h.tasks[ru.task].decs, func(d Record) bool {
+			return (d.Kind == "shadowed" || d.Kind == "error") && d.Proc == ru.proc && d.AID == ru.recs[0].AID && d.T >= ru.deliv && d.T <= ru.start
+		})
+	}
+	for key, runs := range byKey {
+		slices.SortFunc(runs, func(a, b *run) int { return cmpInt(a.start, b.start) })
+		for j, ru := range runs {
+			for _, o := range runs[:j] {
+				if o.effEnd <= ru.start || reported(o) || reported(ru) {
+					continue
+				}
+				evs := append(slices.Clone(o.recs), ru.recs...)
+				slices.SortStableFunc(evs, func(a, b Record) int { return cmpInt(a.T, b.T) })
+				vs = append(vs, h.violation(ruleShadow, ru.task, fmt.Sprintf("key %s: its run on %s began while %s ran on %s (%s), and neither was reported", key, ru.proc, o.task, o.proc, o.excusedOr()), evs...))
+			}
+		}
+	}
+	return vs
+}
+
+// keptReservation returns how long a live holder may be left on lock key
+// k, the reservation key of a Unique family's key (0: not at all): the
+// reservation of a task whose enqueue failed, its outcome unknown (see
+// failedUnique), kept for its TTL or until an enqueue of its key takes it
+// over (singleton.DefaultReserveTTL); or one that a task adopted on a worker
+// that was killed while it ran, which frees within the worker Locker's TTL
+// (docs/asynq.md; the chaos workers' Lockers have lockkit.DefaultTTL).
+func (h *history) keptReservation(k string) time.Duration {
+	for _, f := range h.w.Families {
+		if f.Client != cliUnique {
+			continue
+		}
+		for i := range f.Keys {
+			key := fmt.Sprintf("k%d", i)
+			if !strings.Contains(k, fmt.Sprintf("{unique:asynq:%s:k=%q}", f.TaskType(), key)) {
+				continue
+			}
+			if h.failedUnique(key, h.lastT+1, false) {
+				return singleton.DefaultReserveTTL
+			}
+			if slices.ContainsFunc(h.runs, func(ru *run) bool { return ru.key == f.Name+"/"+key && (ru.died || ru.killedBefore) }) {
+				return lockkit.DefaultTTL
+			}
+		}
+	}
+	return 0
+}
+
+// archivedOn reports whether a task of the family key whose lock key is k
+// (its parked ids, say) was archived by asynq: exempt, never run.
+func (h *history) archivedOn(k string) bool {
+	for _, name := range h.order {
+		t := h.tasks[name]
+		if strings.Contains(k, fmt.Sprintf("{asynq:%s:k=%q}", t.fam.TaskType(), t.key)) && len(t.oks()) == 0 && t.exempt(h) {
+			return true
+		}
+	}
+	return false
 }

@@ -189,6 +189,15 @@ func gunzipDir(t *testing.T, name string) string {
 // checkTestdata runs the checkers on the history kept in testdata/<name>.
 func checkTestdata(t *testing.T, name string) []Violation {
 	t.Helper()
+	w, recs, _ := loadTestdata(t, name)
+	vs, _ := check(w, recs, nil, true)
+	return vs
+}
+
+// loadTestdata reads the workload and the history kept in testdata/<name>,
+// and returns them with the directory they were written to.
+func loadTestdata(t *testing.T, name string) (Workload, []Record, string) {
+	t.Helper()
 	dir := gunzipDir(t, name)
 	b, err := os.ReadFile(filepath.Join(dir, "workload.json"))
 	if err != nil {
@@ -202,8 +211,7 @@ func checkTestdata(t *testing.T, name string) []Violation {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vs, _ := check(w, recs, nil, true)
-	return vs
+	return w, recs, dir
 }
 
 // The history of seed 301 (a worker paused, Redis restarted, the worker
@@ -436,5 +444,149 @@ func TestSeed3072CoveredByAFollowUpThatBeganBeforeTheStamp(t *testing.T) {
 		if v.Rule == ruleCover {
 			t.Errorf("unexpected %v", v)
 		}
+	}
+}
+
+// A cron tick two replicas ran is reported, and so is a tick no replica ran
+// while nothing hit the fleet; a tick due while a replica was killed (its
+// holder may have blocked it) or that a replica reported an error for is
+// not.
+func TestCronTickRunTwiceOrMissedIsReported(t *testing.T) {
+	newCron := func() *hist {
+		h := newHist(polSkip)
+		h.w.Crons = []CronEntry{{Name: "c", Spec: "* * * * * *", Every: time.Second, Dur: 10 * time.Millisecond}}
+		return h
+	}
+	tick := func(h *hist, ms int, proc string) {
+		h.add(ms, proc, evCronRun, cronTask("c", int64(ms)), func(r *Record) { r.Fam = "cron:c" })
+	}
+	h := newCron()
+	for _, ms := range []int{1000, 2000, 3000} {
+		tick(h, ms, "w1")
+	}
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
+	tick(h, 2000, "w2")
+	h.wantOne(t, ruleCron, cronTask("c", 2000))
+
+	h = newCron()
+	tick(h, 1000, "w1")
+	tick(h, 7000, "w1")
+	h.add(3500, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = faultKill, "w2" })
+	h.add(6000, "w3", evDecision, cronTask("c", 6000), func(r *Record) { r.Kind, r.Fam = "error", "cron:c" })
+	h.wantOne(t, ruleCron, cronTask("c", 2000)) // 3000-5000 are in the kill's window, 6000 reported an error
+}
+
+// Under WithShadow, two overlapping runs of a key neither of which was
+// reported, and a delivery that did not run, are reported; overlapping runs
+// one of which was reported shadowed are fine.
+func TestShadowUnreportedOverlapOrUnrunDeliveryIsReported(t *testing.T) {
+	newShadow := func() *hist {
+		h := newHist(polSkip)
+		h.w.Families[0].Shadow = true
+		h.enqueue(0, "a")
+		h.enqueue(0, "b")
+		return h
+	}
+	h := newShadow()
+	h.run(10, 100, "w1", "a", "ok")
+	h.add(50, "w2", evDeliver, "b", nil)
+	h.add(51, "w2", evDecision, "b", func(r *Record) { r.Kind, r.Action = "shadowed", "skip" })
+	s := h.add(52, "w2", evStart, "b", nil)
+	h.add(150, "w2", evEnd, "b", func(r *Record) { r.Outcome, r.Run = "ok", s })
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
+
+	h = newShadow()
+	h.run(10, 100, "w1", "a", "ok")
+	h.run(50, 150, "w2", "b", "ok")
+	h.wantOne(t, ruleShadow, "b")
+
+	h = newShadow()
+	h.run(10, 100, "w1", "a", "ok")
+	h.add(120, "w2", evDeliver, "b", nil)
+	h.wantOne(t, ruleShadow, "b")
+}
+
+// The history of seed 102 (Cluster, reply faults): a Wait task ran to
+// completion on w2, whose release was still waiting for its late reply when
+// w2 was SIGKILLed; asynq's recoverer delivered the task again and it ran a
+// second time. A worker killed before its delivery returned is killed
+// mid-task (README): the checker takes it as it takes a death mid-run.
+func TestSeed102KilledBeforeTheDeliveryReturnedMayRunAgain(t *testing.T) {
+	if vs := checkTestdata(t, "seed-102"); len(vs) != 0 {
+		t.Fatalf("want nothing, got %v", vs)
+	}
+}
+
+// The history of seed 3003 (Cluster, a master restarted): the Client
+// reserved a Unique key, and the enqueue that followed failed with
+// CLUSTERDOWN, as did the read of the task's state, so the Client kept the
+// reservation (it could not tell whether the task was enqueued); two
+// enqueues of the key within 5 s were refused naming that task as
+// "enqueuing", and once quiet the reservation was left for its TTL, to be
+// taken over by the next enqueue of the key. Both are as documented: no
+// violation.
+func TestSeed3003ReservationOfAFailedEnqueueIsKept(t *testing.T) {
+	w, keys := wantNoViolationWithKeys(t, "seed-3003")
+	// A live holder of a reservation no failed enqueue explains is a leak.
+	if vs, _ := check(w, nil, keys, true); rules(vs)[ruleLeak] != 1 {
+		t.Fatalf("want one leak, got %v", vs)
+	}
+}
+
+// The history of seed 4000 (standalone): w3 was SIGKILLed while it ran a
+// Unique task (MaxRetry(0): asynq archived it), whose reservation it had
+// adopted; once quiet, the adopted reservation was still held, as it is until
+// the worker Locker's TTL (30 s) runs out (docs/asynq.md): no leak.
+func TestSeed4000ReservationAdoptedByAKilledWorkerLastsTheLockersTTL(t *testing.T) {
+	wantNoViolationWithKeys(t, "seed-4000")
+}
+
+// wantNoViolationWithKeys fails t unless the history kept in
+// testdata/<name>, with the keys it left, breaks no rule; it returns the
+// workload and the keys.
+func wantNoViolationWithKeys(t *testing.T, name string) (Workload, []keyTTL) {
+	t.Helper()
+	w, recs, dir := loadTestdata(t, name)
+	keys, err := readKeys(filepath.Join(dir, "keys.txt"))
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("keys.txt: %v, %v", keys, err)
+	}
+	if vs, _ := check(w, recs, keys, true); failing(vs) != 0 {
+		t.Fatalf("want nothing but advisories, got %v", vs)
+	}
+	return w, keys
+}
+
+// Histories of Cluster seeds whose violations were the checkers' mistakes,
+// each checked again, with the keys it left, breaking no rule.
+func TestClusterSeedHistoriesBreakNoRule(t *testing.T) {
+	for name, what := range map[string]string{
+		// A Wait task whose retries three lost acquire replies spent, then
+		// panicked on its first run: asynq archived it, as it does any task
+		// failing more often than MaxRetry.
+		"seed-3000": "retries spent by Redis errors",
+		// Park tasks archived after CLUSTERDOWN errors spent their retries
+		// (a master restarted) left their parked ids, which lockkit keeps
+		// ten minutes after their last park; a Coalesce follow-up parked
+		// twice behind a reservation whose task never came ran only after
+		// two backstops (the drain timeout now waits for two).
+		"seed-3006": "parked ids of archived tasks",
+		// The Cluster answered CLUSTERDOWN for 1.7 s after the restarted
+		// master was up: a Scheduler tick due then was enqueued nowhere.
+		"seed-3007": "a tick due while the Cluster was still down",
+		// A WithShadow task that asynq put back at shutdown ran again on
+		// another worker while the first run went on: under WithShadow
+		// nothing waits, so it ran twice; shadow tasks are checkShadow's.
+		"seed-3009": "a shadow task run twice",
+		// A WithShadow task re-delivered while its dead worker's lease
+		// held the key ran without a lease and unreported (no duplicate of
+		// itself), and a task of the key that came next took the key.
+		"seed-3017": "a shadow re-delivery of a running task",
+	} {
+		t.Run(name+": "+what, func(t *testing.T) { wantNoViolationWithKeys(t, name) })
 	}
 }

@@ -6,13 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -27,8 +27,9 @@ import (
 const parkBackstop = 5 * time.Second
 
 // drainTimeout bounds the quiet phase: a parked follow-up whose resumer died
-// comes back after singleton.ParkBackstop.
-const drainTimeout = singleton.ParkBackstop + 15*time.Second
+// comes back after singleton.ParkBackstop, and may be parked again behind a
+// reservation whose task never came (archived): twice.
+const drainTimeout = 2*singleton.ParkBackstop + 15*time.Second
 
 // proc is a worker process.
 type proc struct {
@@ -42,12 +43,12 @@ type seedRun struct {
 	o      options
 	w      Workload
 	dir    string
-	addr   string
+	addrs  []string // the Redis's address, or the Cluster's masters'
 	prefix string
 	queue  string
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	rec    *recorder
-	srv    *redisServer // nil when the run uses a Redis it did not start
+	nodes  []*redisServer // the standalone server or the Cluster's masters; none when the run uses a Redis it did not start
 
 	mu    sync.Mutex
 	live  []*proc
@@ -66,8 +67,12 @@ type result struct {
 
 func (r result) summary() string {
 	n := failing(r.violations)
-	return fmt.Sprintf("seed %d: %d tasks and %d ticks (%d accepted), %d deliveries, %d runs (%d counted short: lease lost or paused), %d faults %v, %d keys left; %d violations, %d advisory",
-		r.seed, len(r.w.Ops), r.stats.ticks, r.stats.accepted, r.stats.deliveries, r.stats.runs, r.stats.excused, len(r.w.Faults), faultKinds(r.w), r.stats.keysLeft, n, len(r.violations)-n)
+	mode := "standalone"
+	if r.w.Cluster {
+		mode = "cluster"
+	}
+	return fmt.Sprintf("seed %d (%s): %d tasks and %d ticks (%d accepted), %d deliveries, %d runs (%d counted short: lease lost or paused), %d cron ticks (%d runs), faults %v, %d keys left; %d violations, %d advisory",
+		r.seed, mode, len(r.w.Ops), r.stats.ticks, r.stats.accepted, r.stats.deliveries, r.stats.runs, r.stats.excused, r.stats.cronTicks, r.stats.cronRuns, r.stats.faults, r.stats.keysLeft, n, len(r.violations)-n)
 }
 
 func (r result) perRule() map[string]int {
@@ -78,17 +83,10 @@ func (r result) perRule() map[string]int {
 	return m
 }
 
-func faultKinds(w Workload) []string {
-	var out []string
-	for _, f := range w.Faults {
-		out = append(out, f.Kind)
-	}
-	return out
-}
-
 // runSeed runs one seed end to end and checks its history.
 func runSeed(o options, seed uint64) (result, error) {
 	w := newWorkload(seed, o.length, !o.noFaults)
+	w.Cluster = o.cluster
 	dir := filepath.Join(o.out, fmt.Sprintf("seed-%d", seed))
 	if o.broken != "" {
 		dir += "-broken-" + o.broken
@@ -101,25 +99,41 @@ func runSeed(o options, seed uint64) (result, error) {
 	if err := os.WriteFile(filepath.Join(dir, "workload.json"), b, 0o644); err != nil {
 		return result{}, err
 	}
-	addr := o.addr
-	var srv *redisServer
-	if addr == "" {
-		var err error
-		rdir := filepath.Join(dir, "redis") // its append-only file: not kept
-		if err := os.MkdirAll(rdir, 0o755); err != nil {
+	addrs := []string{o.addr}
+	var nodes []*redisServer
+	if o.addr == "" {
+		rdir := filepath.Join(dir, "redis") // append-only files: not kept
+		if err := mkdir(rdir); err != nil {
 			return result{}, err
 		}
-		if srv, err = startRedis(rdir); err != nil {
-			return result{}, err
+		if w.Cluster {
+			var err error
+			if nodes, err = startCluster(rdir); err != nil {
+				return result{}, err
+			}
+		} else {
+			srv, err := startRedis(rdir)
+			if err != nil {
+				return result{}, err
+			}
+			nodes = []*redisServer{srv}
 		}
-		defer func() { srv.stop(); _ = os.RemoveAll(rdir) }()
-		addr = srv.addr
+		defer func() {
+			for _, n := range nodes {
+				n.stop()
+			}
+			_ = os.RemoveAll(rdir)
+		}()
+		addrs = nil
+		for _, n := range nodes {
+			addrs = append(addrs, n.addr)
+		}
 	}
-	r := &seedRun{o: o, w: w, dir: dir, addr: addr, srv: srv, prefix: fmt.Sprintf("jgc%d:", seed), queue: fmt.Sprintf("chaos-%d", seed)}
-	r.rdb = redis.NewClient(&redis.Options{Addr: addr})
+	r := &seedRun{o: o, w: w, dir: dir, addrs: addrs, nodes: nodes, prefix: fmt.Sprintf("jgc%d:", seed), queue: fmt.Sprintf("chaos-%d", seed)}
+	r.rdb = newClient(addrs, w.Cluster)
 	defer r.rdb.Close()
 	ctx := context.Background()
-	if err := r.rdb.FlushDB(ctx).Err(); err != nil {
+	if err := eachMaster(ctx, r.rdb, func(ctx context.Context, c *redis.Client) error { return c.FlushDB(ctx).Err() }); err != nil {
 		return result{}, err
 	}
 	rec, err := newRecorder(filepath.Join(dir, "driver.jsonl"), "driver")
@@ -179,56 +193,16 @@ func runSeed(o options, seed uint64) (result, error) {
 	return res, nil
 }
 
-// redisServer is a redis-server the run started, with an append-only file
-// fsynced on every write, so that a restart keeps every acknowledged write.
-type redisServer struct {
-	addr, dir string
-	port      int
-	cmd       *exec.Cmd
-}
-
-// startRedis starts a redis-server of the run's own on a free port.
-func startRedis(dir string) (*redisServer, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	s := &redisServer{addr: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, port: port}
-	return s, s.start()
-}
-
-func (s *redisServer) start() error {
-	s.cmd = exec.Command("redis-server", "--port", fmt.Sprint(s.port), "--bind", "127.0.0.1", "--save", "",
-		"--appendonly", "yes", "--appendfsync", "always", "--dir", s.dir)
-	if err := s.cmd.Start(); err != nil {
-		return fmt.Errorf("start redis-server: %w", err)
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: s.addr})
-	defer rdb.Close()
-	for i := 0; ; i++ {
-		if rdb.Ping(context.Background()).Err() == nil {
-			return nil
-		}
-		if i == 100 {
-			s.stop()
-			return errors.New("redis-server did not start")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// stop SIGKILLs the server.
-func (s *redisServer) stop() { _ = s.cmd.Process.Kill(); _ = s.cmd.Wait() }
-
 // startWorker starts a worker process and waits until its server runs.
 func (r *seedRun) startWorker() error {
 	r.mu.Lock()
 	r.count++
 	name, offset := fmt.Sprintf("w%d", r.count), r.w.offset(r.count)
 	r.mu.Unlock()
-	args := []string{"worker", "-id", name, "-addr", r.addr, "-dir", r.dir, "-prefix", r.prefix, "-queue", r.queue, "-offset", offset.String()}
+	args := []string{"worker", "-id", name, "-addr", strings.Join(r.addrs, ","), "-dir", r.dir, "-prefix", r.prefix, "-queue", r.queue, "-offset", offset.String()}
+	if r.w.Cluster {
+		args = append(args, "-cluster")
+	}
 	if r.o.broken != "" {
 		args = append(args, "-broken", r.o.broken)
 	}
@@ -411,16 +385,17 @@ func (r *seedRun) runFaults() {
 			r.rec.add(Record{Ev: evFault, Fault: "exited", Target: p.name})
 			r.replace()
 		case faultRedis:
-			if r.srv == nil {
+			if len(r.nodes) == 0 {
 				continue
 			}
-			r.rec.add(Record{Ev: evFault, Fault: faultRedis, Target: "redis"})
-			r.srv.stop()
+			n := r.nodes[f.Target%len(r.nodes)]
+			r.rec.add(Record{Ev: evFault, Fault: faultRedis, Target: "redis " + n.addr})
+			n.stop()
 			time.Sleep(f.Hold)
-			if err := r.srv.start(); err != nil {
+			if err := n.start(); err != nil {
 				fmt.Fprintln(os.Stderr, "chaos: restart redis-server:", err)
 			}
-			r.rec.add(Record{Ev: evFault, Fault: "redis-up", Target: "redis"})
+			r.rec.add(Record{Ev: evFault, Fault: "redis-up", Target: "redis " + n.addr})
 		case faultPubsub:
 			r.cutPubsub()
 		case faultStop:
@@ -436,8 +411,13 @@ func (r *seedRun) runFaults() {
 // cutPubsub closes every pub/sub connection of the run's Redis, and
 // records how many it closed.
 func (r *seedRun) cutPubsub() Record {
-	n, err := r.rdb.ClientKillByFilter(context.Background(), "TYPE", "pubsub").Result()
-	rec := Record{Ev: evFault, Fault: faultPubsub, Target: "redis", Killed: n}
+	var n atomic.Int64
+	err := eachMaster(context.Background(), r.rdb, func(ctx context.Context, c *redis.Client) error {
+		k, err := c.ClientKillByFilter(ctx, "TYPE", "pubsub").Result()
+		n.Add(k)
+		return err
+	})
+	rec := Record{Ev: evFault, Fault: faultPubsub, Target: "redis", Killed: n.Load()}
 	if err != nil {
 		rec.Err = err.Error()
 	}
@@ -584,35 +564,43 @@ func (r *seedRun) keysLeft() ([]keyTTL, error) {
 	if err != nil {
 		return nil, err
 	}
+	var mu sync.Mutex
 	var out []keyTTL
-	iter := r.rdb.Scan(ctx, 0, r.prefix+"*", 200).Iterator()
-	for iter.Next(ctx) {
-		k := keyTTL{Key: iter.Val()}
-		if k.TTL, err = r.rdb.PTTL(ctx, k.Key).Result(); err != nil {
-			return nil, err
-		}
-		if k.Type, err = r.rdb.Type(ctx, k.Key).Result(); err != nil {
-			return nil, err
-		}
-		switch {
-		case k.Type == "zset":
-			live, err := r.rdb.ZCount(ctx, k.Key, fmt.Sprintf("(%d", now.UnixMilli()), "+inf").Result()
-			if err != nil {
-				return nil, err
+	err = eachMaster(ctx, r.rdb, func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, r.prefix+"*", 200).Iterator()
+		for iter.Next(ctx) {
+			k := keyTTL{Key: iter.Val()}
+			var err error
+			if k.TTL, err = c.PTTL(ctx, k.Key).Result(); err != nil {
+				return err
 			}
-			k.Live = int(live)
-		case k.Type == "string" && strings.HasSuffix(k.Key, ":h"):
-			v, err := r.rdb.Get(ctx, k.Key).Result()
-			if err != nil && !errors.Is(err, redis.Nil) {
-				return nil, err
+			if k.Type, err = c.Type(ctx, k.Key).Result(); err != nil {
+				return err
 			}
-			if err == nil && !strings.HasPrefix(v, "~") {
-				k.Live = 1
+			switch {
+			case k.Type == "zset":
+				live, err := c.ZCount(ctx, k.Key, fmt.Sprintf("(%d", now.UnixMilli()), "+inf").Result()
+				if err != nil {
+					return err
+				}
+				k.Live = int(live)
+			case k.Type == "string" && strings.HasSuffix(k.Key, ":h"):
+				v, err := c.Get(ctx, k.Key).Result()
+				if err != nil && !errors.Is(err, redis.Nil) {
+					return err
+				}
+				if err == nil && !strings.HasPrefix(v, "~") {
+					k.Live = 1
+				}
 			}
+			mu.Lock()
+			out = append(out, k)
+			mu.Unlock()
 		}
-		out = append(out, k)
-	}
-	return out, iter.Err()
+		return iter.Err()
+	})
+	slices.SortFunc(out, func(a, b keyTTL) int { return strings.Compare(a.Key, b.Key) })
+	return out, err
 }
 
 // readFile reads one history file.

@@ -6,6 +6,7 @@
 //	go run . -seed 7                # one seed
 //	go run . -seeds 3 -length 15s   # three seeds from a random one
 //	go run . -duration 30m          # seeds until 30 minutes have passed
+//	go run . -seed 7 -cluster      # against a 3-master Redis Cluster of its own
 //	go run . -seed 7 -broken none   # negative control: workers without the middleware
 //	go run . -seed 7 -broken skip   # negative control: every family under Skip
 //
@@ -15,10 +16,14 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -43,6 +48,7 @@ type options struct {
 	noFaults bool
 	out      string
 	addr     string
+	cluster  bool // a 3-master Redis Cluster of the run's own instead of a standalone server
 	keep     bool
 	self     string // the executable that runs the worker processes
 }
@@ -58,12 +64,22 @@ func driverMain(args []string) int {
 	fs.BoolVar(&o.noFaults, "nofaults", false, "inject no faults")
 	fs.StringVar(&o.out, "out", "chaos-out", "directory for the histories of failing seeds")
 	fs.StringVar(&o.addr, "redis", "", "use the redis-server at this address instead of starting one (its database 0 is flushed)")
+	fs.BoolVar(&o.cluster, "cluster", false, "run against a 3-master Redis Cluster the run starts (one master restarted by a Redis fault)")
+	check := ""
+	fs.StringVar(&check, "check", "", "check the history kept in this directory again (the queue taken as drained) and print its violations")
 	fs.BoolVar(&o.keep, "keep", false, "keep the history of passing seeds too")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	if check != "" {
+		return recheck(check)
+	}
 	if o.broken != "" && o.broken != brokenNone && o.broken != brokenSkip {
 		fmt.Fprintf(os.Stderr, "chaos: -broken %q: want %q or %q\n", o.broken, brokenNone, brokenSkip)
+		return 2
+	}
+	if o.cluster && o.addr != "" {
+		fmt.Fprintln(os.Stderr, "chaos: -cluster starts its own cluster: it takes no -redis")
 		return 2
 	}
 	self, err := os.Executable()
@@ -78,6 +94,9 @@ func driverMain(args []string) int {
 	start := time.Now()
 	var failed []uint64
 	total := map[string]int{}
+	var sum stats
+	sum.faults = map[string]int{}
+	tasks := 0
 	runs := 0
 	for seed := o.seed; ; seed++ {
 		if o.duration > 0 {
@@ -98,12 +117,25 @@ func driverMain(args []string) int {
 		for rule, n := range res.perRule() {
 			total[rule] += n
 		}
+		tasks += len(res.w.Ops)
+		sum.ticks += res.stats.ticks
+		sum.deliveries += res.stats.deliveries
+		sum.runs += res.stats.runs
+		sum.cronTicks += res.stats.cronTicks
+		sum.cronRuns += res.stats.cronRuns
+		for k, n := range res.stats.faults {
+			sum.faults[k] += n
+		}
 		if n := failing(res.violations); n > 0 || (o.keep && len(res.violations) > 0) {
 			if n > 0 {
 				failed = append(failed, seed)
 			}
-			fmt.Printf("FAIL seed %d: %d violations (%d advisory); history kept in %s; replay: make chaos SEED=%d%s\n",
-				seed, n, len(res.violations)-n, res.dir, seed, brokenArg(o))
+			verdict := "FAIL"
+			if n == 0 {
+				verdict = "ADVISORY"
+			}
+			fmt.Printf("%s seed %d: %d violations (%d advisory); history kept in %s; replay: make chaos SEED=%d%s\n",
+				verdict, seed, n, len(res.violations)-n, res.dir, seed, brokenArg(o))
 			for i, v := range res.violations {
 				if i == 20 {
 					fmt.Printf("  ... %d more in %s/violations.txt\n", len(res.violations)-i, res.dir)
@@ -113,7 +145,8 @@ func driverMain(args []string) int {
 			}
 		}
 	}
-	fmt.Printf("chaos: %d seeds in %s, %d failed %v; violations per rule: %v\n", runs, time.Since(start).Round(time.Second), len(failed), failed, total)
+	fmt.Printf("chaos: %d seeds in %s, %d failed %v; %d tasks and %d ticks, %d deliveries, %d runs, %d cron ticks (%d runs); faults %v; violations per rule: %v\n",
+		runs, time.Since(start).Round(time.Second), len(failed), failed, tasks, sum.ticks, sum.deliveries, sum.runs, sum.cronTicks, sum.cronRuns, sum.faults, total)
 	if len(failed) > 0 {
 		return 1
 	}
@@ -122,8 +155,72 @@ func driverMain(args []string) int {
 
 func brokenArg(o options) string {
 	s := fmt.Sprintf(" LENGTH=%s", o.length)
+	if o.cluster {
+		s += " CLUSTER=1"
+	}
 	if o.broken != "" {
 		s += " ARGS='-broken " + o.broken + "'"
 	}
 	return s
+}
+
+// readKeys reads the keys.txt of a kept history (none if it has none).
+func readKeys(name string) ([]keyTTL, error) {
+	b, err := os.ReadFile(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []keyTTL
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 {
+			continue
+		}
+		k := keyTTL{Key: f[0], Type: f[1]}
+		if k.TTL, err = time.ParseDuration(f[2]); err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", name, line, err)
+		}
+		if _, err := fmt.Sscanf(f[3], "live=%d", &k.Live); err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", name, line, err)
+		}
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+// recheck runs the checkers on the history kept in dir (and the keys it
+// left, keys.txt).
+func recheck(dir string) int {
+	b, err := os.ReadFile(filepath.Join(dir, "workload.json"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 2
+	}
+	var w Workload
+	if err := json.Unmarshal(b, &w); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 2
+	}
+	recs, err := readHistory(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 2
+	}
+	keys, err := readKeys(filepath.Join(dir, "keys.txt"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 2
+	}
+	vs, _ := check(w, recs, keys, true)
+	for _, v := range vs {
+		fmt.Println(v.String())
+	}
+	fmt.Printf("chaos: %s: %d violations (%d advisory)\n", dir, len(vs), len(vs)-failing(vs))
+	if failing(vs) > 0 {
+		return 1
+	}
+	return 0
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -107,7 +108,8 @@ func workerConfig(queue string) asynq.Config {
 func workerMain(args []string) error {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	id := fs.String("id", "w1", "process name")
-	addr := fs.String("addr", "", "Redis address")
+	addr := fs.String("addr", "", "Redis address (comma-separated: the Cluster's masters)")
+	cluster := fs.Bool("cluster", false, "the Redis is a Cluster")
 	dir := fs.String("dir", "", "run directory (workload.json, histories)")
 	prefix := fs.String("prefix", "", "lock key prefix")
 	queue := fs.String("queue", "", "asynq queue")
@@ -129,7 +131,7 @@ func workerMain(args []string) error {
 		return err
 	}
 	defer rec.close()
-	rdb := redis.NewClient(&redis.Options{Addr: *addr})
+	rdb := newClient(strings.Split(*addr, ","), *cluster)
 	defer rdb.Close()
 	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(*prefix), lockkit.WithOwner(*id))
 	if err != nil {
@@ -165,6 +167,9 @@ func workerMain(args []string) error {
 			if f.Throttle > 0 {
 				opts = append(opts, singleton.WithThrottle(f.Throttle, f.Period, throttleAction(f)))
 			}
+			if f.Shadow {
+				opts = append(opts, singleton.WithShadow())
+			}
 			guard, err := singleton.Middleware(locker, opts...)
 			if err != nil {
 				return err
@@ -173,7 +178,8 @@ func workerMain(args []string) error {
 		}
 		mux.Handle(f.TaskType(), deliver(rec, &inflight, h))
 	}
-	// SIGUSR1 stops the Scheduler (the run goes quiet), SIGTERM the process.
+	// SIGUSR1 stops the Scheduler and the cron (the run goes quiet), SIGTERM
+	// the process.
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, os.Interrupt, syscall.SIGUSR1)
 	srv := asynq.NewServerFromRedisClient(rdb, workerConfig(*queue))
@@ -184,6 +190,11 @@ func workerMain(args []string) error {
 	if err != nil {
 		return err
 	}
+	crons, err := startCron(rec, locker, w, *offset, *broken)
+	if err != nil {
+		return err
+	}
+	stopFaults := injectReplyFaults(rdb, rec, w, *id, *prefix)
 	rec.add(Record{Ev: evReady, Offset: int64(*offset)})
 	fmt.Println("ready")
 
@@ -192,6 +203,8 @@ func workerMain(args []string) error {
 		if firing {
 			firing = false
 			sched.Shutdown()
+			<-crons.Stop().Done()
+			stopFaults()
 		}
 	}
 	tick := time.NewTicker(2 * time.Second)
@@ -228,7 +241,7 @@ const periodicMaxRetry = 3
 // and records each enqueue it made (accepted or failed; one refused because
 // another replica enqueued the tick first is not reported to it). Its marks
 // live under a prefix of their own, outside the lock key prefix.
-func startScheduler(rec *recorder, rdb *redis.Client, w Workload, prefix, queue string, offset time.Duration) (*periodic.Scheduler, error) {
+func startScheduler(rec *recorder, rdb redis.UniversalClient, w Workload, prefix, queue string, offset time.Duration) (*periodic.Scheduler, error) {
 	var fams []Family
 	for _, f := range w.Families {
 		if f.Client == cliPeriodic {
@@ -258,7 +271,7 @@ func startScheduler(rec *recorder, rdb *redis.Client, w Workload, prefix, queue 
 }
 
 // recordClock records the Redis server's clock.
-func recordClock(rec *recorder, rdb *redis.Client) {
+func recordClock(rec *recorder, rdb redis.UniversalClient) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if t, err := rdb.Time(ctx).Result(); err == nil {
@@ -306,7 +319,7 @@ func deliver(rec *recorder, inflight *sync.WaitGroup, next asynq.Handler) asynq.
 
 // work is the handler: it records its start and end, and does what the
 // payload says (run for Dur, fail or panic on its first run, ignore its ctx).
-func work(rec *recorder, rdb *redis.Client, prefix string) asynq.Handler {
+func work(rec *recorder, rdb redis.UniversalClient, prefix string) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		ri, _ := ctx.Value(runInfoKey{}).(*runInfo)
 		p := ri.p

@@ -36,6 +36,9 @@ const (
 	// starts it again after Hold: every connection, pub/sub included, is
 	// cut. Only when the run started its redis-server itself.
 	faultRedis = "redis"
+	// faultReply* (faults.go): go-redis reply faults the workers inject into
+	// their own lock scripts, recorded by the worker, not planned here.
+	//
 	// faultPubsub cuts every pub/sub connection of the Redis (CLIENT KILL
 	// TYPE pubsub) and nothing else: the Lockers' lease notices and wake-ups
 	// are lost until they reconnect and resubscribe.
@@ -55,6 +58,9 @@ type Family struct {
 	Throttle int           `json:"throttle,omitempty"`
 	Period   time.Duration `json:"period,omitempty"`
 	// Quiet and MaxWait are the Debounce options of a debounce family.
+	// Shadow: the middleware runs under singleton.WithShadow (every task
+	// runs; a conflict is reported, not acted on).
+	Shadow  bool          `json:"shadow,omitempty"`
 	Quiet   time.Duration `json:"quiet,omitempty"`
 	MaxWait time.Duration `json:"max_wait,omitempty"`
 }
@@ -87,17 +93,38 @@ type Fault struct {
 
 // Workload is everything a seed decides: families, enqueues and faults.
 type Workload struct {
-	Seed     uint64        `json:"seed"`
-	TTL      time.Duration `json:"ttl"`     // the lease TTL of every middleware
-	Workers  int           `json:"workers"` // worker processes alive at once
-	Length   time.Duration `json:"length"`  // how long enqueues and faults go on
-	Families []Family      `json:"families"`
-	Ops      []Op          `json:"ops"`
-	Faults   []Fault       `json:"faults"`
+	Seed    uint64        `json:"seed"`
+	TTL     time.Duration `json:"ttl"`     // the lease TTL of every middleware
+	Workers int           `json:"workers"` // worker processes alive at once
+	Length  time.Duration `json:"length"`  // how long enqueues and faults go on
+	// Cluster: the run's Redis is a 3-master Redis Cluster (a Redis fault
+	// restarts one master, Target modulo 3), not a standalone server.
+	Cluster  bool     `json:"cluster,omitempty"`
+	Families []Family `json:"families"`
+	Ops      []Op     `json:"ops"`
+	Faults   []Fault  `json:"faults"`
 	// Offsets are the clocks of the worker processes' Schedulers: the n-th
 	// process started (replacements included) fires by the wall clock plus
 	// Offsets[(n-1) % len(Offsets)].
 	Offsets []time.Duration `json:"offsets"`
+	// ReplyGap, when not zero, is the mean gap between the go-redis reply
+	// faults (faultReply*) each worker injects into its lock scripts, one at
+	// a time; ReplyDelay is how long a late reply keeps the caller waiting
+	// when its ctx has no deadline.
+	ReplyGap   time.Duration `json:"reply_gap,omitempty"`
+	ReplyDelay time.Duration `json:"reply_delay,omitempty"`
+	// Crons are the robfig/cron entries every worker runs under
+	// cronguard.Wrap, on its clock offset.
+	Crons []CronEntry `json:"crons"`
+}
+
+// CronEntry is a cron entry every worker process runs (spec with a seconds
+// field), whose job runs for Dur.
+type CronEntry struct {
+	Name  string        `json:"name"`
+	Spec  string        `json:"spec"`
+	Every time.Duration `json:"every"` // the spec's interval
+	Dur   time.Duration `json:"dur"`
 }
 
 // offset is the clock offset of the n-th worker process (from 1).
@@ -165,15 +192,8 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 			enqueued = append(enqueued, i)
 		}
 	}
-	// About 4 tasks a second, in bursts and streams of one key.
-	budget := int(length.Seconds() * 4)
-	// Every family gets a burst or stream, however short the run; the
-	// others fall at random.
-	for b := 0; b < len(enqueued) || len(w.Ops) < budget; b++ {
-		fi := enqueued[b%len(enqueued)]
-		if b >= len(enqueued) {
-			fi = enqueued[r.IntN(len(enqueued))]
-		}
+	// burst draws a burst or a stream of tasks of one key of family fi.
+	burst := func(fi int) {
 		f := w.Families[fi]
 		key := fmt.Sprintf("k%d", r.IntN(f.Keys))
 		at := time.Duration(r.Int64N(int64(length * 9 / 10)))
@@ -199,15 +219,16 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 			at += gap
 		}
 	}
-	// Numbers within a key follow enqueue order.
-	slices.SortStableFunc(w.Ops, func(a, b Op) int { return int(a.At - b.At) })
-	seen := map[string]int{}
-	for i := range w.Ops {
-		op := &w.Ops[i]
-		name := w.Families[op.Fam].Name + "/" + op.Key
-		seen[name]++
-		op.N = seen[name]
-		op.ID = fmt.Sprintf("s%d-%s-%s-%d", seed, w.Families[op.Fam].Name, op.Key, op.N)
+	// About 4 tasks a second, in bursts and streams of one key.
+	budget := int(length.Seconds() * 4)
+	// Every family gets a burst or stream, however short the run; the
+	// others fall at random.
+	for b := 0; b < len(enqueued) || len(w.Ops) < budget; b++ {
+		fi := enqueued[b%len(enqueued)]
+		if b >= len(enqueued) {
+			fi = enqueued[r.IntN(len(enqueued))]
+		}
+		burst(fi)
 	}
 	if faults {
 		n := 1 + int(length/(8*time.Second))
@@ -228,6 +249,36 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 	// Clocks up to 400ms apart either way, as replicas' clocks drift.
 	for range 8 {
 		w.Offsets = append(w.Offsets, time.Duration(r.IntN(801)-400)*time.Millisecond)
+	}
+	// Drawn after everything else, so that the draws above are those of
+	// seeds run before the cron entries and reply faults came.
+	w.Crons = []CronEntry{
+		{Name: "c0every1s", Spec: "* * * * * *", Every: time.Second, Dur: time.Duration(5+r.IntN(150)) * time.Millisecond},
+		{Name: "c1every2s", Spec: "*/2 * * * * *", Every: 2 * time.Second, Dur: time.Duration(5+r.IntN(600)) * time.Millisecond},
+	}
+	if faults {
+		w.ReplyGap = time.Duration(300+r.IntN(1200)) * time.Millisecond
+		w.ReplyDelay = time.Duration(200+r.IntN(800)) * time.Millisecond
+	}
+	// Shadow mode over Skip, Requeue or Coalesce: every task runs, and each
+	// conflict is reported as the decision the policy would have taken.
+	sh := Family{Name: "f10shadow", Policy: []string{polSkip, polRequeue, polCoalesce}[r.IntN(3)], Limit: 1, Keys: 1 + r.IntN(2), Client: cliPlain, Shadow: true}
+	if r.IntN(2) == 0 {
+		sh.Client = cliStamped
+	}
+	w.Families = append(w.Families, sh)
+	for range 2 + int(length/(10*time.Second)) {
+		burst(len(w.Families) - 1)
+	}
+	// Numbers within a key follow enqueue order.
+	slices.SortStableFunc(w.Ops, func(a, b Op) int { return int(a.At - b.At) })
+	seen := map[string]int{}
+	for i := range w.Ops {
+		op := &w.Ops[i]
+		name := w.Families[op.Fam].Name + "/" + op.Key
+		seen[name]++
+		op.N = seen[name]
+		op.ID = fmt.Sprintf("s%d-%s-%s-%d", seed, w.Families[op.Fam].Name, op.Key, op.N)
 	}
 	return w
 }

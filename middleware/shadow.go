@@ -21,8 +21,11 @@ import (
 // key's (and the epoch's): a shadowed job does not wait, park, fold into a
 // follow-up or spend a throttle start, so Wait, Coalesce, KeepNewest,
 // Preempt and WithThrottle are reported as their first decision only, and
-// WithThrottle is not applied. Under it a Redis error is an EventError and
-// the job runs. Defaults to off.
+// WithThrottle is not applied. A job whose key is held by an earlier run of
+// the same work (its Origin: asynq delivered the task again while that run
+// went on) is no duplicate: it runs at once, without a lease, and is not
+// reported. Under it a Redis error is an EventError and the job runs.
+// Defaults to off.
 func WithShadow() Option { return func(g *Guard) { g.shadow = true } }
 
 // shadowRun runs job under WithShadow: under its lease when the key is

@@ -303,11 +303,45 @@ func (m *guarded) startReservation(ctx context.Context, t *asynq.Task, key, orig
 	_, queue := taskIdentity(ctx)
 	label := reservationLabel(queue, origin)
 	res, err := m.guard.Locker().TryAcquire(ctx, reservePrefix+key, &lockkit.AcquireOptions{Label: label, Adopt: true})
-	if err != nil {
+	var ce *lockkit.ConflictError
+	switch {
+	case err == nil:
+		return res
+	case errors.Is(err, lockkit.ErrNotAcquired) || errors.As(err, &ce):
 		// Gone (its TTL passed) or held by another task: nothing to adopt.
 		return nil
 	}
-	return res
+	// The adopt's outcome is unknown (its reply was lost): the Locker
+	// removes what it may have taken, the reservation with it. The task
+	// still needs the key: reserve it again, as its enqueue did.
+	m.reserveAgain(ctx, t, key, origin, label)
+	return nil
+}
+
+// reserveAgain reserves key for the task labelled label, detached for the
+// reservation's TTL, after an adopt whose outcome is unknown: a holder with
+// the label (the adopted reservation, or the reservation itself if the
+// adopt never ran) is freed first, so that the new reservation is not the
+// one the Locker removes for the failed adopt.
+func (m *guarded) reserveAgain(ctx context.Context, t *asynq.Task, key, origin, label string) {
+	_, ttl := uniqueOf(t)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	opt := &lockkit.AcquireOptions{Label: label, Detached: true, TTL: ttl}
+	var err error
+	for range 2 {
+		if _, err = m.guard.Locker().TryAcquire(fctx, reservePrefix+key, opt); err == nil {
+			return
+		}
+		var ce *lockkit.ConflictError
+		if !errors.As(err, &ce) || ce.Label != label {
+			break // another task took the key meanwhile, or Redis fails
+		}
+		if _, err = m.guard.Locker().ForceRelease(fctx, reservePrefix+key, lockkit.Select{Label: label}); err != nil {
+			break
+		}
+	}
+	m.reservationError(ctx, t, key, origin, err)
 }
 
 // started is called when the task's run starts, holding its key: an

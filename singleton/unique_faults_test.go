@@ -270,3 +270,44 @@ func faultyUniqueClient(t *testing.T, e *env, arg string) (*singleton.Client, *t
 	require.NoError(t, err)
 	return client, hook
 }
+
+// A delivery adopts its UntilExecuted reservation, and the adopt's reply is
+// lost: the Locker removes what the adopt may have taken, the reservation
+// with it. The middleware reserves the key again: while the task runs, a
+// second task of the key is refused, and the key frees when it succeeds.
+func TestUniqueAdoptWhoseReplyWasLostKeepsTheReservation(t *testing.T) {
+	u := newUniqueEnv(t, standalone, singleton.UntilExecuted, 0)
+	rdb := redis.NewClient(u.RDB.(*redis.Client).Options())
+	t.Cleanup(func() { _ = rdb.Close() })
+	onReservation := func(cmd redis.Cmder) bool {
+		if name := strings.ToLower(cmd.Name()); name != "evalsha" && name != "eval" {
+			return false
+		}
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && strings.Contains(s, "unique:") {
+				return true
+			}
+		}
+		return false
+	}
+	hook := &testredis.Faults{Match: onReservation}
+	// Never armed: counts the releases of the reservation's key, the
+	// removal of the failed adopt's holder among them.
+	releases := &testredis.Faults{Match: func(cmd redis.Cmder) bool { return onReservation(cmd) && testredis.ScriptShape(8, 10)(cmd) }}
+	rdb.AddHook(hook)
+	rdb.AddHook(releases)
+	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(u.Prefix))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = locker.Close(context.Background()) })
+
+	a, err := u.enqueue("acme")
+	require.NoError(t, err)
+	u.block = make(chan struct{})
+	hook.Arm(testredis.DropReply, 1)
+	u.serveOn(locker)
+	require.Equal(t, "acme", recv(t, u.started, 10*time.Second))
+	require.EqualValues(t, 1, hook.Hits(), "the adopt's reply was lost")
+	require.Eventually(t, func() bool { return releases.Done() > 0 }, 10*time.Second, 5*time.Millisecond,
+		"the Locker never removed the failed adopt's holder")
+	u.refusedWhileActive(a)
+}

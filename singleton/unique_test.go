@@ -303,13 +303,21 @@ func TestUniqueReservationIsRenewedWhileTheTaskRuns(t *testing.T) {
 		u.serve()
 		require.Equal(t, "acme", recv(t, u.started, 10*time.Second))
 		time.Sleep(ttl + ttl/2) // the reservation's own TTL passes while the task runs
-		_, err = u.enqueue("acme")
-		refused(t, err, a, "active")
-		close(u.block)
-		u.Drained(10 * time.Second)
-		_, err = u.enqueue("acme")
-		require.NoError(t, err, "the key frees when the task succeeds")
+		u.refusedWhileActive(a)
 	})
+}
+
+// refusedWhileActive checks that a task of a's key is refused while a runs
+// (blocked on u.block), then lets a succeed, and checks that the key frees.
+func (u *uniqueEnv) refusedWhileActive(a *asynq.TaskInfo) {
+	t := u.t
+	t.Helper()
+	_, err := u.enqueue("acme")
+	refused(t, err, a, "active")
+	close(u.block)
+	u.Drained(10 * time.Second)
+	_, err = u.enqueue("acme")
+	require.NoError(t, err, "the key frees when the task succeeds")
 }
 
 // waitState waits until task has state.

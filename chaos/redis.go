@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+// redisServer is a redis-server the run started, with an append-only file
+// fsynced on every write, so that a restart keeps every acknowledged write.
+// A Cluster node keeps its cluster config (nodes.conf) in its dir too, so
+// that it comes back as the same master of the same slots.
+type redisServer struct {
+	addr, dir string
+	port      int
+	cluster   bool
+	cmd       *exec.Cmd
+}
+
+// startRedis starts a standalone redis-server of the run's own on a free port.
+func startRedis(dir string) (*redisServer, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	s := &redisServer{addr: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, port: port}
+	return s, s.start()
+}
+
+func (s *redisServer) start() error {
+	args := []string{"--port", fmt.Sprint(s.port), "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "yes", "--appendfsync", "always", "--dir", s.dir}
+	if s.cluster {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+	}
+	s.cmd = exec.Command("redis-server", args...)
+	if err := s.cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr})
+	defer rdb.Close()
+	for i := 0; ; i++ {
+		if rdb.Ping(context.Background()).Err() == nil {
+			return nil
+		}
+		if i == 100 {
+			s.stop()
+			return errors.New("redis-server did not start")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stop SIGKILLs the server.
+func (s *redisServer) stop() { _ = s.cmd.Process.Kill(); _ = s.cmd.Wait() }
+
+// clusterMasters is the number of masters of a chaos Redis Cluster.
+const clusterMasters = 3
+
+// startCluster starts a Redis Cluster of clusterMasters masters, no
+// replicas, each with its append-only file fsynced on every write, in
+// subdirectories of dir, and waits until every node reports it ready.
+func startCluster(dir string) ([]*redisServer, error) {
+	var nodes []*redisServer
+	stopAll := func() {
+		for _, n := range nodes {
+			n.stop()
+		}
+	}
+	for i := range clusterMasters {
+		port, err := clusterPort()
+		if err != nil {
+			stopAll()
+			return nil, err
+		}
+		d := filepath.Join(dir, fmt.Sprint("node", i))
+		if err := mkdir(d); err != nil {
+			stopAll()
+			return nil, err
+		}
+		s := &redisServer{addr: fmt.Sprintf("127.0.0.1:%d", port), dir: d, port: port, cluster: true}
+		if err := s.start(); err != nil {
+			stopAll()
+			return nil, err
+		}
+		nodes = append(nodes, s)
+	}
+	args := []string{"--cluster", "create"}
+	for _, n := range nodes {
+		args = append(args, n.addr)
+	}
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		stopAll()
+		return nil, fmt.Errorf("redis-cli --cluster create: %v: %s", err, out)
+	}
+	if err := clusterReady(nodes); err != nil {
+		stopAll()
+		return nil, err
+	}
+	return nodes, nil
+}
+
+// clusterReady waits until every node says cluster_state:ok.
+func clusterReady(nodes []*redisServer) error {
+	for i := 0; i < 200; i++ {
+		ok := true
+		for _, n := range nodes {
+			c := redis.NewClient(&redis.Options{Addr: n.addr})
+			info, err := c.ClusterInfo(context.Background()).Result()
+			c.Close()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") {
+				ok = false
+			}
+		}
+		if ok {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return errors.New("the Redis Cluster did not become ready")
+}
+
+// clusterPort returns a free loopback port whose cluster bus port (+10000)
+// is free too.
+func clusterPort() (int, error) {
+	for range 200 {
+		p := 20000 + rand.IntN(10000)
+		if free(p) && free(p+10000) {
+			return p, nil
+		}
+	}
+	return 0, errors.New("no free port pair for a cluster node")
+}
+
+func free(port int) bool {
+	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
+}
+
+// newClient returns a client of the Redis at addrs: a ClusterClient when
+// cluster is set (maintenance notifications off: go-redis v9.23 leaves a
+// goroutine of theirs running after Close), else a Client of addrs[0].
+func newClient(addrs []string, cluster bool) redis.UniversalClient {
+	if cluster {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs,
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+	}
+	return redis.NewClient(&redis.Options{Addr: addrs[0]})
+}
+
+// eachMaster runs fn on every master of rdb: the client itself unless it is
+// a ClusterClient.
+func eachMaster(ctx context.Context, rdb redis.UniversalClient, fn func(ctx context.Context, c *redis.Client) error) error {
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, fn)
+	case *redis.Client:
+		return fn(ctx, c)
+	}
+	return fmt.Errorf("chaos: unsupported client %T", rdb)
+}
+
+func mkdir(d string) error { return os.MkdirAll(d, 0o755) }
