@@ -70,12 +70,41 @@ func TestRunOrderOutlivesItsKeepWhileRenewed(t *testing.T) {
 
 // acquireSources are the sources of the acquire scripts, one per set of
 // modes.
-func acquireSources() []string {
-	srcs := make([]string, len(acquireScripts))
+func acquireSources() []string { return scriptSources(modeAll, acquireSource) }
+
+// scriptSources are the sources source(m) of every set m of modes up to all.
+func scriptSources[M ~uint8](all M, source func(M) string) []string {
+	srcs := make([]string, all+1)
 	for m := range srcs {
-		srcs[m] = acquireSource(acquireMode(m))
+		srcs[m] = source(M(m))
 	}
 	return srcs
+}
+
+// scriptServer is a miniredis and a backend on it.
+type scriptServer struct {
+	mr *miniredis.Miniredis
+	c  *redis.Client
+	b  *redisBackend
+}
+
+// twinServers are two miniredis whose clocks start at start; setTime moves
+// both to start plus a later at (their TTLs go down by as much).
+func twinServers(t *testing.T, start time.Time, grace time.Duration) (own, every scriptServer, setTime func(at time.Duration)) {
+	newServer := func() scriptServer {
+		mr, c := testredis.Mini(t)
+		mr.SetTime(start)
+		return scriptServer{mr, c, &redisBackend{c: c, prefix: "p:", grace: grace}}
+	}
+	own, every = newServer(), newServer()
+	last := time.Duration(0)
+	return own, every, func(at time.Duration) {
+		for _, s := range []scriptServer{own, every} {
+			s.mr.SetTime(start.Add(at))
+			s.mr.FastForward(at - last)
+		}
+		last = at
+	}
 }
 
 // A call runs the acquire script of its own modes. A mode's code acts only
@@ -85,18 +114,7 @@ func acquireSources() []string {
 // when a reply is late), on two servers at the same clock.
 func TestAcquireScriptOfTheModesAnswersAsTheOneWithEvery(t *testing.T) {
 	ctx := context.Background()
-	start := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	type server struct {
-		mr *miniredis.Miniredis
-		c  *redis.Client
-		b  *redisBackend
-	}
-	newServer := func() server {
-		mr, c := testredis.Mini(t)
-		mr.SetTime(start)
-		return server{mr, c, &redisBackend{c: c, prefix: "p:"}}
-	}
-	own, every := newServer(), newServer()
+	own, every, setTime := twinServers(t, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), 0)
 	cfg, err := newConfig(nil)
 	require.NoError(t, err)
 	const ttl = 2 * time.Second
@@ -138,16 +156,10 @@ func TestAcquireScriptOfTheModesAnswersAsTheOneWithEvery(t *testing.T) {
 		{9 * time.Second, AcquireOptions{Label: "k", Coalesce: true, Supersede: true, Order: 9}, true, 0},
 		{9 * time.Second, AcquireOptions{Label: "e", Epoch: 2}, true, 0},
 	}
-	at := time.Duration(0)
 	reqs := make([]*request, len(steps))
 	for i, st := range steps {
 		// A millisecond a step: a call begins after the runs before it.
-		next := st.at + time.Duration(i)*time.Millisecond
-		for _, s := range []server{own, every} {
-			s.mr.SetTime(start.Add(next))
-			s.mr.FastForward(next - at)
-		}
-		at = next
+		setTime(st.at + time.Duration(i)*time.Millisecond)
 		if st.again > 0 {
 			reqs[i] = reqs[st.again-1]
 		} else {

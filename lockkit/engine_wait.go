@@ -43,7 +43,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 	}
 	handTTL := handOverTTL(&r)
 	if handTTL > 0 {
-		// A release may hand the key to this call (release.lua): the waiter
+		// A release may hand the key to this call (release_grant.lua): the waiter
 		// id says how.
 		r.waiter = handOverID(r.waiter, handTTL, &r)
 	}
@@ -152,7 +152,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 }
 
 // handOverID is the waiter id of r that lets a release hand it the key for
-// ttl (release.lua).
+// ttl (release_grant.lua).
 func handOverID(id string, ttl time.Duration, r *request) string {
 	return "g" + id + ":" + strconv.FormatInt(ms(ttl), 10) + ":" + r.aid + ":" + escapeLabel(r.label) + ":" + r.owner
 }

@@ -115,7 +115,7 @@ func TestFailedAcquireLeavesNoHolder(t *testing.T) {
 // succeeds: Do reports the job's own result, not ErrNotHeld.
 func TestRepeatedReleaseSucceeds(t *testing.T) {
 	ctx := ctxT(t)
-	l, hook, observer := faultyLocker(t, anyScript(promoteSrc+releaseSrc, plainReleaseSrc))
+	l, hook, observer := faultyLocker(t, anyScript(append(releaseSources(), plainReleaseSrc)...))
 	hook.Arm(testredis.Repeat, 1)
 	ran := false
 	err := Do(ctx, l, "job", nil, func(context.Context) error { ran = true; return nil })
@@ -129,7 +129,7 @@ func TestRepeatedReleaseSucceeds(t *testing.T) {
 // all the same.
 func TestFailedReleaseLeavesNoHolder(t *testing.T) {
 	ctx := ctxT(t)
-	l, hook, observer := faultyLocker(t, anyScript(promoteSrc+releaseSrc, plainReleaseSrc))
+	l, hook, observer := faultyLocker(t, anyScript(append(releaseSources(), plainReleaseSrc)...))
 	lease, err := l.TryAcquire(ctx, "job", nil)
 	require.NoError(t, err)
 	hook.Arm(testredis.DropReply, 1)

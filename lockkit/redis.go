@@ -30,6 +30,16 @@ var (
 	acquireSrc string
 	//go:embed scripts/release.lua
 	releaseSrc string
+	//go:embed scripts/release_grant.lua
+	releaseGrantSrc string
+	//go:embed scripts/release_hold.lua
+	releaseHoldSrc string
+	//go:embed scripts/release_cover.lua
+	releaseCoverSrc string
+	//go:embed scripts/release_done.lua
+	releaseDoneSrc string
+	//go:embed scripts/release_park.lua
+	releaseParkSrc string
 	//go:embed scripts/extend.lua
 	extendSrc string
 	//go:embed scripts/leave.lua
@@ -58,8 +68,8 @@ var (
 	plainReleaseSrc string
 
 	// The scripts that change a holders key start with promote.lua.
-	acquireScripts     = newAcquireScripts()
-	releaseScript      = redis.NewScript(promoteSrc + releaseSrc)
+	acquireScripts     = newScripts(modeAll, acquireSource)
+	releaseScripts     = newScripts(releaseAll, releaseSource)
 	plainAcquireScript = redis.NewScript(plainAcquireSrc)
 	plainReleaseScript = redis.NewScript(plainReleaseSrc)
 	extendScript       = redis.NewScript(extendSrc)
@@ -86,10 +96,12 @@ const (
 	modeAll       = modeCoalesce | modeSupersede | modePreempt | modePark
 )
 
-// newAcquireScripts builds the acquire script of every set of modes.
-func newAcquireScripts() (s [modeAll + 1]*redis.Script) {
+// newScripts builds the script source(m) of every set m of modes up to
+// all, indexed by m.
+func newScripts[M ~uint8](all M, source func(M) string) []*redis.Script {
+	s := make([]*redis.Script, all+1)
 	for m := range s {
-		s[m] = redis.NewScript(acquireSource(acquireMode(m)))
+		s[m] = redis.NewScript(source(M(m)))
 	}
 	return s
 }
@@ -101,9 +113,18 @@ func newAcquireScripts() (s [modeAll + 1]*redis.Script) {
 // call has gives the same answer; a plain waiting acquire runs the core
 // alone.
 func acquireSource(m acquireMode) string {
-	src := promoteSrc + acquireCoreSrc
+	parts := []string{acquireCoalesceSrc, acquireSupersedeSrc, acquirePreemptSrc, acquireParkSrc}
+	return inlineSource(promoteSrc+acquireCoreSrc, acquireSrc, parts, uint(m))
+}
+
+// inlineSource is head, what the parts whose bits are set in m begin with
+// (before their first place), and body with the parts' sections at its
+// places: the lines after a line "-- @<place>" of a part go at the line of
+// the same name in body, and the places of the parts left out stay empty.
+func inlineSource(head, body string, parts []string, m uint) string {
+	src := head
 	places := make(map[string]string)
-	for i, part := range []string{acquireCoalesceSrc, acquireSupersedeSrc, acquirePreemptSrc, acquireParkSrc} {
+	for i, part := range parts {
 		if m&(1<<i) == 0 {
 			continue
 		}
@@ -119,7 +140,7 @@ func acquireSource(m acquireMode) string {
 			}
 		}
 	}
-	for _, line := range strings.SplitAfter(acquireSrc, "\n") {
+	for _, line := range strings.SplitAfter(body, "\n") {
 		if name, ok := placeOf(line); ok {
 			line = places[name]
 		}
@@ -129,7 +150,7 @@ func acquireSource(m acquireMode) string {
 }
 
 // placeOf reads a line "-- @<place>" (or "-- @<place>: what goes there") of
-// the acquire scripts.
+// the acquire and release scripts.
 func placeOf(line string) (string, bool) {
 	rest, ok := strings.CutPrefix(strings.TrimSpace(line), "-- @")
 	if !ok {
@@ -154,6 +175,47 @@ func acquireModes(r *request, sup string) acquireMode {
 	}
 	if r.park != "" {
 		m |= modePark
+	}
+	return m
+}
+
+// releaseMode is the set of the options of a release call that need their
+// own part of the release script.
+type releaseMode uint8
+
+const (
+	releaseHold  releaseMode = 1 << iota // release_hold.lua: HoldAtLeast
+	releaseCover                         // release_cover.lua: a Coalesce run's success
+	releaseDone                          // release_done.lua: a completed label
+	releasePark                          // release_park.lua: reserve the key for a parked job
+	releaseAll   = releaseHold | releaseCover | releaseDone | releasePark
+)
+
+// releaseSource is the release script of the options m: promote.lua and
+// release.lua with the hand-over (release_grant.lua, in every release
+// script) and the sections of the options at its places. A section only
+// acts when its arguments ask for it, so a script with more sections than a
+// call needs gives the same answer.
+func releaseSource(m releaseMode) string {
+	parts := []string{releaseGrantSrc, releaseHoldSrc, releaseCoverSrc, releaseDoneSrc, releaseParkSrc}
+	return inlineSource(promoteSrc, releaseSrc, parts, 1|uint(m)<<1)
+}
+
+// releaseModes is the set of options whose sections the release of l under
+// end needs.
+func releaseModes(l *Lease, end ending) releaseMode {
+	var m releaseMode
+	if l.holdFor(end) > 0 {
+		m |= releaseHold
+	}
+	if end.cover > 0 {
+		m |= releaseCover
+	}
+	if end.done > 0 {
+		m |= releaseDone
+	}
+	if l.onParked != nil {
+		m |= releasePark
 	}
 	return m
 }
@@ -659,21 +721,6 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 	for i, l := range leases {
 		idx[l] = i
 	}
-	args := func(l *Lease) []any {
-		var end ending
-		if ends != nil {
-			end = ends[idx[l]]
-		}
-		label := ""
-		if end.done > 0 {
-			label = escapeLabel(l.label)
-		}
-		resume := "0"
-		if l.onParked != nil {
-			resume = "1"
-		}
-		return []any{l.member, l.aid, b.keys(l.key).channel, ms(b.grace), label, ms(end.done), ms(l.ttlLocked()), ms(end.cover), ms(l.holdFor(end)), resume}
-	}
 	held := make([]bool, len(leases))
 	var errs []error
 	// A lease taken in the plain form is released with plain_release.lua
@@ -714,17 +761,13 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 	if len(full) == 0 {
 		return held, errors.Join(errs...)
 	}
-	cmds := b.run(ctx, releaseScript, full,
-		func(l *Lease) []string {
-			k := b.keys(l.key)
-			// The eighth: the record a plain release of it left (none for
-			// a lease with no member).
-			rec := k.released + ":"
-			if l.member != "" {
-				rec = b.plainKeys(l.key, l.member)[1]
-			}
-			return []string{k.holders, k.waiters, k.cover, k.released, k.queue, k.fence, k.parked, rec}
-		}, args)
+	cmds := b.runEach(ctx, full, func(l *Lease) (*redis.Script, []string, []any) {
+		var end ending
+		if ends != nil {
+			end = ends[idx[l]]
+		}
+		return b.releaseCall(l, end)
+	})
 	for i, c := range cmds {
 		v, err := c.Result()
 		if err != nil {
@@ -753,6 +796,46 @@ func (b *redisBackend) run(ctx context.Context, s *redis.Script, leases []*Lease
 	return b.pipelineEval(ctx, s, len(leases),
 		func(i int) []string { return keys(leases[i]) },
 		func(i int) []any { return args(leases[i]) })
+}
+
+// releaseCall is the release script of l's options under end, with its
+// keys and arguments.
+func (b *redisBackend) releaseCall(l *Lease, end ending) (*redis.Script, []string, []any) {
+	k := b.keys(l.key)
+	// The eighth key: the record a plain release of it left (none for a
+	// lease with no member).
+	rec := k.released + ":"
+	if l.member != "" {
+		rec = b.plainKeys(l.key, l.member)[1]
+	}
+	label := ""
+	if end.done > 0 {
+		label = escapeLabel(l.label)
+	}
+	resume := "0"
+	if l.onParked != nil {
+		resume = "1"
+	}
+	return releaseScripts[releaseModes(l, end)],
+		[]string{k.holders, k.waiters, k.cover, k.released, k.queue, k.fence, k.parked, rec},
+		[]any{l.member, l.aid, k.channel, ms(b.grace), label, ms(end.done), ms(l.ttlLocked()), ms(end.cover), ms(l.holdFor(end)), resume}
+}
+
+// runEach runs the script call(lease) gives once for each lease, with the
+// keys and arguments it gives: one call alone, more in one pipeline (see
+// pipelineScripts).
+func (b *redisBackend) runEach(ctx context.Context, leases []*Lease, call func(*Lease) (*redis.Script, []string, []any)) []*redis.Cmd {
+	if len(leases) == 1 {
+		s, keys, args := call(leases[0])
+		return []*redis.Cmd{s.Run(ctx, b.c, keys, args...)}
+	}
+	return b.pipelineScripts(ctx, len(leases), func(p redis.Pipeliner, i int, eval bool) *redis.Cmd {
+		s, keys, args := call(leases[i])
+		if eval {
+			return s.Eval(ctx, p, keys, args...)
+		}
+		return s.EvalSha(ctx, p, keys, args...)
+	})
 }
 
 // renewArgs are a lease's keys and member argument for renew.lua, built

@@ -16,7 +16,7 @@ import (
 // not charged the one-time NOSCRIPT reply and EVAL fallback.
 func cacheScripts(t *testing.T, c redis.Scripter) {
 	t.Helper()
-	for _, s := range append(acquireScripts[:], releaseScript, extendScript) {
+	for _, s := range append(append(acquireScripts, releaseScripts...), extendScript) {
 		require.NoError(t, s.Load(context.Background(), c).Err())
 	}
 }

@@ -8,7 +8,7 @@
 --   1  acquired: {1, token}; {1, token, '0', 1} when the call had been parked
 --      (it adopted its reservation or found its parked entry); {1, token,
 --      ttl left (ms)} when an earlier run of this acquire took it or a
---      release handed it over (release.lua)
+--      release handed it over (release_grant.lua)
 --   0  held: {0, holder member, its ttl (ms), holders, waiters ahead, since,
 --      parked jobs ahead of a parking call (-1 for none), the parked
 --      follow-up that this Supersede call replaced ("" for none; a repeat of

@@ -3,7 +3,7 @@
 -- asked for: one that succeeded, one that holds the key, or a follow-up that
 -- will run later (a Coalesce call that waits, or parks without waiting).
 -- KEYS[6] cover: STRING, the token (start) of the latest Coalesce run that
---         succeeded, kept for its CoverFor (release.lua writes it)
+--         succeeded, kept for its CoverFor (release_cover.lua writes it)
 -- KEYS[8] follow-up: HASH, c = the parked-queue entry of the key's parked
 --         Coalesce follow-up, f = when a Coalesce call last folded into a
 --         follow-up (us): no run that began before it covers a Coalesce call

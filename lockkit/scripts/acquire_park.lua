@@ -2,7 +2,7 @@
 -- parked-queue entry that finds the key held joins the key's parked queue
 -- (once); it leaves the queue when it takes the key.
 -- KEYS[7] parked: ZSET of parked jobs, "<hold ms>:<label>:<id>" scored by
---         their first park (us); release.lua reserves the key for the oldest
+--         their first park (us); release_park.lua reserves the key for the oldest
 -- KEYS[1] holders: "s:<label>" marks a parked Supersede follow-up that a
 --         newer one replaced (acquire_supersede.lua): its next parking
 --         acquire gives up and consumes it (other calls carrying the label,

@@ -1,5 +1,5 @@
 -- Removes a waiter that gave up, and gives back the key if a release handed
--- it to this waiter meanwhile (release.lua); wakes the others when the
+-- it to this waiter meanwhile (release_grant.lua); wakes the others when the
 -- waiter was queued (fair) or the key is given back. Safe to run twice.
 -- KEYS[1] queue: ZSET of fair waiters
 -- KEYS[2] waiters: ZSET of every waiter

@@ -1,0 +1,40 @@
+-- The hand-over section of every release script (see release.lua): when the
+-- release left the key without a live holder, the next waiter (the head of
+-- the fair queue, or else the waiter seen longest ago) is handed the key if
+-- it can be: its waiter id is "g<random>:<ttl ms>:<acquire id>:<label>:<owner>"
+-- (a plain acquire: limit 1, no epoch or other option), and its label, if
+-- any, was not completed. It becomes the holder for that TTL (short: its
+-- Locker renews it at once) and is told on the channel with
+-- "g<token>:<waiter id>".
+-- KEYS[1] holders: the waiter's holder added; read for its "x:" and "done:"
+--         records
+-- KEYS[2] waiters: the waiter removed
+-- KEYS[5] queue: the waiter removed
+-- KEYS[6] fence: raised to the waiter's token
+-- ARGV[3] release channel
+-- Returns 1 when it handed the key over; otherwise the release goes on to
+-- wake the waiters.
+-- @grant
+if unheld then
+  local wid, seen
+  if redis.call('EXISTS', KEYS[5]) == 1 then
+    wid = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
+    seen = wid and redis.call('ZSCORE', KEYS[2], wid)
+    seen = seen and tonumber(seen) > now
+  else
+    wid = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf', 'LIMIT', 0, 1)[1]
+    seen = true
+  end
+  local gttl, gaid, glabel, gowner
+  if seen and wid then
+    gttl, gaid, glabel, gowner = string.match(wid, '^g[^:]*:(%d+):([^:]+):([^:]*):(.*)$')
+  end
+  if gttl and not redis.call('ZSCORE', KEYS[1], 'x:' .. gaid) and
+      not (glabel ~= '' and redis.call('ZSCORE', KEYS[1], 'done:' .. glabel)) then
+    local token = take(gaid, gowner, glabel, tonumber(gttl))
+    redis.call('ZREM', KEYS[2], wid)
+    redis.call('ZREM', KEYS[5], wid)
+    redis.call('PUBLISH', channel, 'g' .. token .. ':' .. wid)
+    return 1
+  end
+end

@@ -1,0 +1,40 @@
+-- The parked-job section of a release script (see release.lua): a release
+-- that leaves the key without a holder, and hands it to no waiter, reserves
+-- it for the oldest parked job whose label was not completed meanwhile
+-- (acquire_park.lua): a reservation holder for the job's hold, with acquire
+-- id "r" and the released lease's token, owner "parked:<id>" and the job's
+-- label, so that a repeat of this release (while it lives) reports the same
+-- id.
+-- KEYS[1] holders: the reservation added; read for "done:" records
+-- KEYS[6] fence: raised to the reservation's token
+-- KEYS[7] parked: ZSET of parked jobs "<hold ms>:<label>:<id>"; the jobs
+--         before the one taken (their labels completed) removed with it
+-- ARGV[10] "1" to reserve the key for the oldest parked job when it is left
+--          without a holder and no waiter is handed it
+-- Returns {1, id} when the key was reserved for the parked job id, now or by
+-- an earlier run of this release.
+-- @released_again
+if ARGV[10] == '1' then
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+    local id = string.match(m, '^%d+:r' .. released .. ':parked:(.*):[^:]*$')
+    if id then
+      return {1, id}
+    end
+  end
+end
+-- @parking
+parking = ARGV[10] == '1' and redis.call('EXISTS', KEYS[7]) == 1
+-- @reserve
+if parking and unheld then
+  while true do
+    local p = redis.call('ZPOPMIN', KEYS[7])[1]
+    if not p then
+      break
+    end
+    local hold, plabel, id = string.match(p, '^(%d+):([^:]*):(.*)$')
+    if hold and not (plabel ~= '' and redis.call('ZSCORE', KEYS[1], 'done:' .. plabel)) then
+      take('r' .. released, 'parked:' .. id, plabel, tonumber(hold))
+      return {1, id}
+    end
+  end
+end
