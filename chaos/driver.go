@@ -28,8 +28,19 @@ const parkBackstop = 5 * time.Second
 
 // drainTimeout bounds the quiet phase: a parked follow-up whose resumer died
 // comes back after singleton.ParkBackstop, and may be parked again behind a
-// reservation whose task never came (archived): twice.
-const drainTimeout = 2*singleton.ParkBackstop + 15*time.Second
+// reservation whose task never came (archived): twice. And a task that
+// asynq moved to active as Redis was killed (the dequeue's reply lost) or
+// as its worker was, stays active, with no worker, until its 30 s lease
+// runs out and asynq's recoverer, once a minute, gives it back: up to 90 s
+// (seeds 4027, 5112).
+const drainTimeout = max(2*singleton.ParkBackstop, asynqLease+asynqRecoverEvery) + 15*time.Second
+
+// asynq's worker lease of an active task and its recoverer's interval
+// (fixed in asynq v0.26).
+const (
+	asynqLease        = 30 * time.Second
+	asynqRecoverEvery = time.Minute
+)
 
 // proc is a worker process.
 type proc struct {
