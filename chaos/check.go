@@ -917,9 +917,11 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 		case "f":
 			keep = fenceKeep
 		}
-		if kind == "k" && h.archivedOn(k.Key) {
+		if kind == "k" && (h.archivedOn(k.Key) || h.refusedOn(k.Key)) {
 			// The parked id of a task asynq archived (it never took the
-			// key): kept ten minutes after its last park (lockkit's Park).
+			// key), or of a task parked at enqueue whose enqueue asynq
+			// then refused (ParkAtEnqueue: "a parked entry stays"): kept
+			// ten minutes after its last park (lockkit's Park).
 			keep = parkKeep + h.w.TTL
 		}
 		switch {
@@ -1165,6 +1167,20 @@ func (h *history) keptReservation(k string) time.Duration {
 		}
 	}
 	return 0
+}
+
+// refusedOn reports whether a task of parked-queue key k was enqueued with
+// ParkAtEnqueue and refused: its parking acquire may have parked it before
+// asynq refused the enqueue (seed 6115: a Cluster master restarting).
+func (h *history) refusedOn(k string) bool {
+	for _, name := range h.order {
+		t := h.tasks[name]
+		if t.fam.Client == cliPark && t.enq != nil && !t.enq.Accepted && t.enq.Err != "" &&
+			strings.Contains(k, fmt.Sprintf("{asynq:%s:k=%q}", t.fam.TaskType(), t.key)) {
+			return true
+		}
+	}
+	return false
 }
 
 // archivedOn reports whether a task of the family key whose lock key is k
