@@ -114,32 +114,19 @@ func (e *asynqEnv) enqueueWith(ctx context.Context, c enqueuer, q string, n int,
 // refused as a duplicate (asynq.ErrDuplicateTask) is not an error.
 func (e *asynqEnv) enqueueCounting(ctx context.Context, c enqueuer, q string, n int, task func(i int) *asynq.Task, opts ...asynq.Option) (time.Duration, int64, error) {
 	var accepted atomic.Int64
-	const workers = 8
 	start := time.Now()
-	var next atomic.Int64
-	errs := make([]error, workers)
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= n {
-					return
-				}
-				_, err := c.EnqueueContext(ctx, task(i), append([]asynq.Option{asynq.Queue(q)}, opts...)...)
-				switch {
-				case err == nil:
-					accepted.Add(1)
-				case errors.Is(err, asynq.ErrDuplicateTask):
-				default:
-					errs[w] = err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return time.Since(start), accepted.Load(), errors.Join(errs...)
+	err := inParallel(n, func(i int) error {
+		_, err := c.EnqueueContext(ctx, task(i), append([]asynq.Option{asynq.Queue(q)}, opts...)...)
+		switch {
+		case err == nil:
+			accepted.Add(1)
+		case errors.Is(err, asynq.ErrDuplicateTask):
+		default:
+			return err
+		}
+		return nil
+	})
+	return time.Since(start), accepted.Load(), err
 }
 
 // tally counts tasks as they are accounted for and notes when the count

@@ -67,6 +67,29 @@ func parseSizes(s string) ([]int, error) {
 	return out, nil
 }
 
+// inParallel calls fn(0) … fn(n-1) on 8 goroutines and returns the first
+// error; a goroutine stops at its first error.
+func inParallel(n int, fn func(i int) error) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				if err := fn(i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
 // scaleNames are the commands the Locker's scripts run as, for commandstats.
 var scaleNames = []string{"evalsha", "eval"}
 
@@ -151,34 +174,16 @@ func (b *bench) scaleDistinct(ctx context.Context, n int, window time.Duration) 
 		return p, err
 	}
 	run := fmt.Sprintf("d%d:", n)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
 	start := time.Now()
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1)
-				if i > int64(n) {
-					return
-				}
-				lease, err := l.TryAcquire(ctx, run+strconv.FormatInt(i, 10), &lockkit.AcquireOptions{NoRenew: true})
-				if err == nil {
-					err = lease.Release(ctx)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	err = inParallel(n, func(i int) error {
+		lease, err := l.TryAcquire(ctx, run+strconv.Itoa(i), &lockkit.AcquireOptions{NoRenew: true})
+		if err == nil {
+			err = lease.Release(ctx)
+		}
+		return err
+	})
 	p.wall = time.Since(start)
-	close(errs)
-	if err := <-errs; err != nil {
+	if err != nil {
 		return p, err
 	}
 	t1, err := redisCmdTime(ctx, b.admin, scaleNames)
@@ -294,28 +299,10 @@ func (b *bench) scaleList(ctx context.Context, n int) (listPoint, error) {
 		return p, err
 	}
 	defer l.Close(ctx)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1)
-				if i > int64(n) {
-					return
-				}
-				if _, err := l.TryAcquire(ctx, "held-"+strconv.FormatInt(i, 10), &lockkit.AcquireOptions{TTL: 10 * time.Minute, NoRenew: true}); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	if err := inParallel(n, func(i int) error {
+		_, err := l.TryAcquire(ctx, "held-"+strconv.Itoa(i), &lockkit.AcquireOptions{TTL: 10 * time.Minute, NoRenew: true})
+		return err
+	}); err != nil {
 		return p, err
 	}
 	lc, ctr := b.client()

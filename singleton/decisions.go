@@ -84,8 +84,7 @@ func byFields(values []any, task, owner string, token int64) []any {
 // addDecision adds an entry of values to DecisionLog. A failed write is an
 // error event.
 func (m *guarded) addDecision(ctx context.Context, job middleware.Job, values []any) {
-	err := m.rdb.XAdd(ctx, &redis.XAddArgs{Stream: DecisionLog, MaxLen: int64(m.decisions), Approx: true, Values: values}).Err()
-	if err != nil {
+	if err := addEntry(ctx, m.rdb, m.decisions, values); err != nil {
 		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job,
 			Err: fmt.Errorf("singleton: recording why task %s did not run in %s: %w", job.ID, DecisionLog, err)})
 	}
@@ -156,5 +155,10 @@ func (c *Client) logRefusal(ctx context.Context, t *asynq.Task, id, queue string
 	}
 	values := []any{"call", newTaskID(), "task", id, "origin", id, "type", t.Type(), "queue", queue, "key", dup.Key,
 		"reason", "refused", "by_task", dup.ID, "by_state", dup.State}
-	_ = c.rdb.XAdd(ctx, &redis.XAddArgs{Stream: DecisionLog, MaxLen: int64(c.decisions), Approx: true, Values: values}).Err()
+	_ = addEntry(ctx, c.rdb, c.decisions, values)
+}
+
+// addEntry adds an entry of values to DecisionLog, which keeps about n.
+func addEntry(ctx context.Context, rdb redis.UniversalClient, n int, values []any) error {
+	return rdb.XAdd(ctx, &redis.XAddArgs{Stream: DecisionLog, MaxLen: int64(n), Approx: true, Values: values}).Err()
 }
