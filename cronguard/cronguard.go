@@ -94,16 +94,6 @@ func Preempt(grace time.Duration) Overlap {
 	return Overlap{mode: overlapPreempt, wait: grace}
 }
 
-// BufferOne is KeepNewest.
-//
-// Deprecated: use KeepNewest, the name the middleware's policy has.
-func BufferOne() Overlap { return KeepNewest() }
-
-// CancelPrevious is Preempt.
-//
-// Deprecated: use Preempt, the name the middleware's policy has.
-func CancelPrevious(grace time.Duration) Overlap { return Preempt(grace) }
-
 // String returns the call that makes o, such as "AllowOverlap(2)".
 func (o Overlap) String() string {
 	switch o.mode {

@@ -519,7 +519,6 @@ func TestSettingsComeFromTheLocker(t *testing.T) {
 func TestKeepNewest(t *testing.T) {
 	onEachFleet(t, testKeepNewest)
 	require.Equal(t, "KeepNewest()", cronguard.KeepNewest().String())
-	require.Equal(t, cronguard.KeepNewest(), cronguard.BufferOne(), "the old name")
 }
 
 func testKeepNewest(t *testing.T, f *fleet) {
@@ -567,7 +566,6 @@ func testKeepNewest(t *testing.T, f *fleet) {
 func TestPreempt(t *testing.T) {
 	onEachFleet(t, testPreempt)
 	require.Equal(t, "Preempt(1s)", cronguard.Preempt(time.Second).String())
-	require.Equal(t, cronguard.Preempt(time.Second), cronguard.CancelPrevious(time.Second), "the old name")
 	_, err := cronguard.New(newFleet(t).base, cronguard.WithOverlap(cronguard.Preempt(-time.Second)))
 	require.ErrorIs(t, err, cronguard.ErrInvalid)
 }

@@ -76,7 +76,7 @@
 // Tick(ctx) available to them: EventAcquired and EventReleased (ran; its Err
 // is the job's error), EventClaimed (skipped: the tick ran on another
 // replica), EventDuplicate (skipped: overlap), EventWaited, EventLost,
-// EventPreempted (CancelPrevious) and
+// EventPreempted (Preempt) and
 // EventError (Redis errors, panics, a run not matched to a tick). The logger
 // (WithLogger, a cron.Logger) gets errors at Error and the rest at Info.
 //

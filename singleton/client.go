@@ -224,10 +224,10 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 		queue = "default"
 	}
 	if c.unique != nil {
-		headers[UniqueHeader] = uniqueHeader(c.unique.life, c.unique.ttl)
+		headers[uniqueHeaderName] = uniqueHeader(c.unique.life, c.unique.ttl)
 	}
 	if park {
-		headers[ParkedHeader] = "1"
+		headers[parkedHeader] = "1"
 	}
 	stamped := asynq.NewTaskWithHeaders(task.Type(), task.Payload(), headers, built...)
 	key, err := deriveKey(context.WithValue(ctx, identityKey{}, identity{id: id, queue: queue}), stamped, c.keys.key, c.keys.perQueue)

@@ -117,12 +117,12 @@ func TestCopyWaitsForTheCopyThatMadeIt(t *testing.T) {
 		return nil
 	})))
 	defer srv.Shutdown()
-	_, err := client.Enqueue(asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", CopyHeader: "first"}),
+	_, err := client.Enqueue(asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", copyHeader: "first"}),
 		asynq.Queue(queue), asynq.TaskID("o~a"), asynq.MaxRetry(0))
 	require.NoError(t, err)
 	<-running
 	// "o~b", made by it, is delivered meanwhile, and needs its own copy.
-	_, err = client.Enqueue(asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", CopyHeader: "second"}),
+	_, err = client.Enqueue(asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", copyHeader: "second"}),
 		asynq.Queue(queue), asynq.TaskID("o~b"), asynq.MaxRetry(0), asynq.ProcessIn(time.Hour))
 	require.NoError(t, err)
 
@@ -135,7 +135,7 @@ func TestCopyWaitsForTheCopyThatMadeIt(t *testing.T) {
 	require.NoError(t, err)
 	waited := false
 	m.onCreatorWait = func() { waited = true; close(release) } // the creator returns while the copy's enqueue waits
-	b := asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", CopyHeader: "second"})
+	b := asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", copyHeader: "second"})
 	id, err := m.enqueueCopy(ctx, b, "o~b", queue, time.Hour)
 	require.NoError(t, err)
 	require.Equal(t, "o~a", id)
@@ -144,5 +144,5 @@ func TestCopyWaitsForTheCopyThatMadeIt(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, asynq.TaskStateScheduled, info.State, "the new copy waits for its delay")
 	require.Equal(t, "o", info.Headers[OriginHeader])
-	require.NotEqual(t, "first", info.Headers[CopyHeader])
+	require.NotEqual(t, "first", info.Headers[copyHeader])
 }

@@ -14,16 +14,16 @@ import (
 	"github.com/jobguard/jobguard/middleware"
 )
 
-// ParkedHeader is the task header ("1") of a task that a Client with
+// parkedHeader is the task header ("1") of a task that a Client with
 // ParkAtEnqueue queued for its key: Middleware takes over the reservation
 // made for it (middleware.Job.Reserved), whatever its policy.
-const ParkedHeader = "jobguard-parked"
+const parkedHeader = "jobguard-parked"
 
 // ParkAtEnqueue makes Client queue each task for its key when it enqueues
 // it, so that tasks of one key run one at a time, in the order they were
 // enqueued, each delivered once. The key is derived by the key options, as
 // the middleware derives it, on locker (use the middleware's Locker
-// settings: the same Redis and prefix). The task carries ParkedHeader.
+// settings: the same Redis and prefix). The task carries parkedHeader.
 //
 //   - A task whose key is free reserves it (a Detached lease carrying the
 //     task's ID, for backstop) and is enqueued as asked; the middleware takes

@@ -89,7 +89,7 @@ func TestParkAtEnqueueRunsEachTaskOnceInOrder(t *testing.T) {
 					task := asynq.NewTask("report", fmt.Appendf(nil, `{"tenant_id":"t%d","n":%d}`, n%tenants, n))
 					info, err := client.Enqueue(task, asynq.Queue(e.Queue))
 					require.NoError(t, err)
-					require.Equal(t, "1", info.Headers[singleton.ParkedHeader])
+					require.Equal(t, "1", info.Headers["jobguard-parked"])
 					if n < tenants {
 						require.Equal(t, asynq.TaskStatePending, info.State, "task %d reserved its key", n)
 					} else {
@@ -150,7 +150,7 @@ func TestParkAtEnqueueNeverStrandsATask(t *testing.T) {
 
 		later := enqueue(99, asynq.ProcessIn(time.Hour))
 		require.Equal(t, asynq.TaskStateScheduled, later.State)
-		require.Empty(t, later.Headers[singleton.ParkedHeader], "a scheduled task is not parked")
+		require.Empty(t, later.Headers["jobguard-parked"], "a scheduled task is not parked")
 		info, err := e.locker().Inspect(ctx, "k")
 		require.NoError(t, err)
 		require.Empty(t, info.Holders, "nor does it reserve its key")

@@ -168,7 +168,7 @@ func (m *guarded) awaitCreator(ctx context.Context, queue, copyID string, header
 				return err
 			}
 		case ierr != nil || other.State != asynq.TaskStateActive || other.Headers[OriginHeader] != headers[OriginHeader] ||
-			other.Headers[CopyHeader] == headers[CopyHeader]: // this enqueue's own copy, sent again: the caller takes it
+			other.Headers[copyHeader] == headers[copyHeader]: // this enqueue's own copy, sent again: the caller takes it
 			return err
 		}
 		select {
@@ -184,7 +184,7 @@ func (m *guarded) awaitCreator(ctx context.Context, queue, copyID string, header
 // the options that shape its processing. The copy gets a new ID (the original
 // still exists until it is revoked) and no Unique lock (the original's is
 // released when it is revoked); its headers carry OriginHeader and
-// CopyHeader.
+// copyHeader.
 func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue string, delay time.Duration) (string, error) {
 	info, err := m.inspector.GetTaskInfo(queue, id)
 	if err != nil {
@@ -198,7 +198,7 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 	// The copy's ID is chosen here (or is the one it was parked under), so
 	// that a conflict on it can be an earlier run of this enqueue that
 	// go-redis sent again after a lost reply: the copy is there. It is
-	// taken for one only if it carries this enqueue's CopyHeader: a caller
+	// taken for one only if it carries this enqueue's copyHeader: a caller
 	// that reuses its task ID may find the ID taken by the copy of an
 	// earlier task with that ID (completed, kept by Retention, or archived).
 	copyID, ok := ctx.Value(copyIDKey{}).(string)
@@ -226,7 +226,7 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 	if headers[OriginHeader] == "" {
 		headers[OriginHeader] = id
 	}
-	headers[CopyHeader] = newTaskID()
+	headers[copyHeader] = newTaskID()
 	task := asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers)
 	_, err = m.client.EnqueueContext(ctx, task, opts...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
@@ -238,7 +238,7 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		other, ierr := m.inspector.GetTaskInfo(queue, copyID)
 		switch {
-		case ierr == nil && other.Headers[CopyHeader] == headers[CopyHeader]:
+		case ierr == nil && other.Headers[copyHeader] == headers[copyHeader]:
 			err = nil
 		case ierr == nil:
 			err = fmt.Errorf("the copy's ID %s is taken by another task (%s), made by an earlier task with ID %s: %w", copyID, other.State, other.Headers[OriginHeader], err)

@@ -21,11 +21,11 @@ import (
 // uses it, so a copy keeps its original's key.
 const OriginHeader = "jobguard-origin-id"
 
-// CopyHeader is the task header that a copy enqueued by Requeue carries: an
+// copyHeader is the task header that a copy enqueued by Requeue carries: an
 // ID of the enqueue that made it. A conflict on the copy's task ID is taken
 // for that enqueue's own earlier run (go-redis sends a script again after a
 // lost reply) only when the task there carries the same value.
-const CopyHeader = "jobguard-copy"
+const copyHeader = "jobguard-copy"
 
 // Errors returned by the middleware. Compare with errors.Is.
 var (
@@ -438,7 +438,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	retried, _ := asynq.GetRetryCount(ctx)
 	maxRetry, ok := asynq.GetMaxRetry(ctx)
 	job := middleware.Job{Name: t.Type(), ID: id, Origin: origin, EnqueuedAt: enqueuedAt(t), Order: taskOrder(t), Gen: debounceGen(t),
-		Reserved: t.Headers()[ParkedHeader] != "", Final: ok && retried >= maxRetry}
+		Reserved: t.Headers()[parkedHeader] != "", Final: ok && retried >= maxRetry}
 	key, err := m.keyOf(ctx, t)
 	if err != nil {
 		err = fmt.Errorf("%w: task %q: %w (%w)", ErrKey, t.Type(), err, asynq.SkipRetry)

@@ -11,9 +11,9 @@ import (
 	"github.com/hibiken/asynq"
 )
 
-// TaskStateQueuesFor is how long the function TaskState returns keeps the
+// taskStateQueuesFor is how long the function TaskState returns keeps the
 // list of queues it looks for tasks in.
-const TaskStateQueuesFor = 10 * time.Second
+const taskStateQueuesFor = 10 * time.Second
 
 // TaskState returns a function for opsview.WithTaskState: for a holder's
 // label (the asynq task ID, or for a Requeue copy its first task's ID), the
@@ -22,7 +22,7 @@ const TaskStateQueuesFor = 10 * time.Second
 // stands for it ("<ID>~a" or "<ID>~b") when the first task is gone, and,
 // when asynqmonURL is not "", a link to the task's page in asynqmon
 // (asynqmonURL + "/queues/<queue>/tasks/<id>"). It looks for the task in
-// every queue insp lists (the list is kept for TaskStateQueuesFor): up to
+// every queue insp lists (the list is kept for 10 s): up to
 // three GetTaskInfo calls per queue for a label that is no asynq task (a
 // cron tick), for which it returns "" and "". It returns an error matching
 // ErrInvalid for a nil insp or an asynqmonURL that is neither an http or
@@ -75,11 +75,11 @@ func (s *taskStates) state(ctx context.Context, label string) (string, string) {
 	return "", ""
 }
 
-// queueList returns asynq's queues, listed at most every TaskStateQueuesFor.
+// queueList returns asynq's queues, listed at most every taskStateQueuesFor.
 func (s *taskStates) queueList() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.queues == nil || time.Since(s.listed) > TaskStateQueuesFor {
+	if s.queues == nil || time.Since(s.listed) > taskStateQueuesFor {
 		if qs, err := s.insp.Queues(); err == nil {
 			s.queues, s.listed = qs, time.Now()
 		}

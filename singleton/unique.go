@@ -51,10 +51,10 @@ func lifetimeOf(s string) Lifetime {
 	return 0
 }
 
-// UniqueHeader is the task header in which Client records the Lifetime and
+// uniqueHeaderName is the task header in which Client records the Lifetime and
 // the TTL (ms) of a task's reservation, such as "until-executed 86400000";
 // the middleware adopts and ends the reservation by it.
-const UniqueHeader = "jobguard-unique"
+const uniqueHeaderName = "jobguard-unique"
 
 // DefaultReserveTTL bounds a reservation when Unique is given no TTL: a
 // reservation whose task is never processed ends after it.
@@ -275,10 +275,10 @@ func (c *Client) taskState(ctx context.Context, queue, id string) (string, error
 	return state, nil
 }
 
-// uniqueOf reads t's UniqueHeader: the reservation's Lifetime and TTL, or
+// uniqueOf reads t's uniqueHeaderName: the reservation's Lifetime and TTL, or
 // zero when the task was not enqueued with Unique.
 func uniqueOf(t *asynq.Task) (Lifetime, time.Duration) {
-	life, ttl, _ := strings.Cut(t.Headers()[UniqueHeader], " ")
+	life, ttl, _ := strings.Cut(t.Headers()[uniqueHeaderName], " ")
 	ms, err := strconv.ParseInt(ttl, 10, 64)
 	d := time.Duration(ms) * time.Millisecond
 	if err != nil || d < lockkit.MinTTL || d > lockkit.MaxTTL {
@@ -287,7 +287,7 @@ func uniqueOf(t *asynq.Task) (Lifetime, time.Duration) {
 	return lifetimeOf(life), d
 }
 
-// uniqueHeader is the UniqueHeader value for life and ttl.
+// uniqueHeader is the uniqueHeaderName value for life and ttl.
 func uniqueHeader(life Lifetime, ttl time.Duration) string {
 	return life.String() + " " + strconv.FormatInt(ttl.Milliseconds(), 10)
 }
