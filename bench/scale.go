@@ -234,7 +234,7 @@ func (b *bench) scalePark(ctx context.Context, n int) (parkPoint, error) {
 	ids := make(chan string, 1)
 	onParked := func(id string) { ids <- id }
 	opt := func(label, park string, adopt bool) *lockkit.AcquireOptions {
-		return &lockkit.AcquireOptions{Label: label, Park: park, Adopt: adopt, OnParked: onParked, NoRenew: true}
+		return &lockkit.AcquireOptions{Label: label, Adopt: adopt, Park: &lockkit.Parking{ID: park, OnParked: onParked}, NoRenew: true}
 	}
 	holder, err := l.TryAcquire(ctx, key, opt("holder", "holder", false))
 	if err != nil {

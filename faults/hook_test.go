@@ -97,7 +97,7 @@ const faultKey = "job"
 var faultOps = []faultOp{
 	{"acquire", plainAcquireCmd, acquireOp(nil)},
 	{"acquire-limit", acquireCmd, acquireOp(&lockkit.AcquireOptions{Limit: 2})},
-	{"acquire-coalesce", acquireCmd, acquireOp(&lockkit.AcquireOptions{Coalesce: true})},
+	{"acquire-coalesce", acquireCmd, acquireOp(&lockkit.AcquireOptions{FollowUp: lockkit.Coalesce{}})},
 	{"acquire-park", acquireCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
@@ -107,7 +107,7 @@ var faultOps = []faultOp{
 		defer cancel()
 		// As singleton.ParkAtEnqueue parks a task: a reservation if the key
 		// is free, else a place in its parked queue.
-		_, err := l.TryAcquire(ctx, faultKey, &lockkit.AcquireOptions{Label: "j1", Detached: true, Park: "p1"})
+		_, err := l.TryAcquire(ctx, faultKey, &lockkit.AcquireOptions{Label: "j1", Detached: true, Park: &lockkit.Parking{ID: "p1"}})
 		var ce *lockkit.ConflictError
 		if errors.As(err, &ce) {
 			require.Zero(t, ce.Parked, "parked first")
@@ -115,7 +115,7 @@ var faultOps = []faultOp{
 		}
 		// However its reply fared, the call parked once: one job is ahead
 		// of the next.
-		_, perr := other.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "j2", Detached: true, Park: "p2"})
+		_, perr := other.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "j2", Detached: true, Park: &lockkit.Parking{ID: "p2"}})
 		require.ErrorAs(t, perr, &ce)
 		require.Equal(t, 1, ce.Parked, "p1 is parked exactly once")
 		return err
@@ -125,7 +125,7 @@ var faultOps = []faultOp{
 		hook.Disarm()
 		got.add(must(other.TryAcquire(context.Background(), faultKey, nil)))
 		follow := func(label string) *lockkit.AcquireOptions {
-			return &lockkit.AcquireOptions{Label: label, Park: "p-" + label, Supersede: true, Adopt: true}
+			return &lockkit.AcquireOptions{Label: label, FollowUp: lockkit.KeepNewest{}, Adopt: true, Park: &lockkit.Parking{ID: "p-" + label}}
 		}
 		var ce *lockkit.ConflictError
 		_, err := other.TryAcquire(context.Background(), faultKey, follow("j1"))
@@ -156,7 +156,7 @@ var faultOps = []faultOp{
 		hook.Disarm()
 		got.add(must(other.TryAcquire(context.Background(), faultKey, nil)))
 		follow := func(label string) *lockkit.AcquireOptions {
-			return &lockkit.AcquireOptions{Label: label, Park: "p-" + label, Supersede: true, Adopt: true}
+			return &lockkit.AcquireOptions{Label: label, FollowUp: lockkit.KeepNewest{}, Adopt: true, Park: &lockkit.Parking{ID: "p-" + label}}
 		}
 		for _, j := range []string{"j1", "j2"} {
 			_, err := other.TryAcquire(context.Background(), faultKey, follow(j))
@@ -244,7 +244,7 @@ var faultOps = []faultOp{
 	{"acquire-preempt", acquireCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
-		pre := &lockkit.AcquireOptions{Preempt: true, Supersede: true}
+		pre := &lockkit.AcquireOptions{FollowUp: lockkit.Preempt{}}
 		holder, err := other.TryAcquire(context.Background(), faultKey, pre)
 		require.NoError(t, err)
 		ran := make(chan error, 1)
@@ -397,14 +397,14 @@ var faultOps = []faultOp{
 		hook.Disarm()
 		var mu sync.Mutex
 		var resumed []string
-		lease, err := l.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "j0", OnParked: func(id string) {
+		lease, err := l.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "j0", Park: &lockkit.Parking{OnParked: func(id string) {
 			mu.Lock()
 			resumed = append(resumed, id)
 			mu.Unlock()
-		}})
+		}}})
 		require.NoError(t, err)
 		for _, j := range []string{"1", "2"} {
-			_, err := other.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "j" + j, Detached: true, Park: "p" + j})
+			_, err := other.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "j" + j, Detached: true, Park: &lockkit.Parking{ID: "p" + j}})
 			require.ErrorIs(t, err, lockkit.ErrNotAcquired)
 		}
 		hook.Arm(f, 1)

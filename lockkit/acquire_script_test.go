@@ -46,7 +46,7 @@ func TestSupersededRecordKeepsTheHoldersKey(t *testing.T) {
 	require.Equal(t, first, rawAcquire(t, c, k, "b", 1000, "ax2", "lx", "60000:lx:idx", "1", keep), "a repeat gives up too")
 }
 
-// A run's order (AcquireOptions.Order) is kept while its lease is renewed,
+// A run's order (KeepNewest.Order) is kept while its lease is renewed,
 // however long past the ten minutes it is kept for anyway: a renewal keeps
 // the hash it lives in for a TTL more, so an older call still gives up.
 func TestRunOrderOutlivesItsKeepWhileRenewed(t *testing.T) {
@@ -56,14 +56,14 @@ func TestRunOrderOutlivesItsKeepWhileRenewed(t *testing.T) {
 	l, err := NewRedis(c, WithPrefix(testredis.Prefix(t, c)))
 	require.NoError(t, err)
 	defer l.Close(ctx)
-	run, err := l.Acquire(ctx, "k", &AcquireOptions{Supersede: true, Order: 20, TTL: 5 * time.Second})
+	run, err := l.Acquire(ctx, "k", &AcquireOptions{FollowUp: KeepNewest{Order: 20}, TTL: 5 * time.Second})
 	require.NoError(t, err)
 	meta := l.r.keys("k").meta
 	require.Greater(t, c.PTTL(ctx, meta).Val(), 9*time.Minute, "kept ten minutes after the run took the key")
 	require.NoError(t, c.PExpire(ctx, meta, 50*time.Millisecond).Err()) // the ten minutes are over
 	require.NoError(t, run.Extend(ctx, 5*time.Second))
 	require.Greater(t, c.PTTL(ctx, meta).Val(), 4*time.Second, "kept while the run is renewed")
-	_, err = l.Acquire(ctx, "k", &AcquireOptions{Supersede: true, Order: 10})
+	_, err = l.Acquire(ctx, "k", &AcquireOptions{FollowUp: KeepNewest{Order: 10}})
 	require.ErrorIs(t, err, ErrSuperseded)
 	require.NoError(t, run.Release(ctx))
 }
@@ -127,33 +127,33 @@ func TestAcquireScriptOfTheModesAnswersAsTheOneWithEvery(t *testing.T) {
 		again int
 	}{
 		{0, AcquireOptions{Label: "a", TTL: ttl}, true, 0},
-		{0, AcquireOptions{Label: "a", Supersede: true, Order: 4}, true, 0},
+		{0, AcquireOptions{Label: "a", FollowUp: KeepNewest{Order: 4}}, true, 0},
 		{0, AcquireOptions{Label: "b"}, true, 0},
 		{0, AcquireOptions{Label: "b2", Fair: true}, true, 0},
 		{0, AcquireOptions{Label: "e", Epoch: 3}, true, 0},
-		{0, AcquireOptions{Label: "c", Coalesce: true}, true, 0},
-		{0, AcquireOptions{Label: "d", Coalesce: true}, true, 0},
-		{0, AcquireOptions{Label: "d2", Coalesce: true, Final: true}, true, 0},
-		{0, AcquireOptions{Label: "s1", Supersede: true, Order: 5}, true, 0},
-		{0, AcquireOptions{Label: "s0", Supersede: true, Order: 3}, true, 0},
-		{0, AcquireOptions{Label: "s2", Supersede: true, Order: 6, Park: "p2"}, false, 0},
-		{0, AcquireOptions{Label: "s3", Supersede: true, Order: 7, Park: "p3"}, false, 0},
-		{0, AcquireOptions{Label: "s2", Supersede: true, Order: 6, Park: "p2b"}, false, 0},
-		{0, AcquireOptions{Label: "g", Preempt: true, PreemptGrace: 500 * time.Millisecond}, true, 0},
-		{0, AcquireOptions{Label: "h", Coalesce: true, Park: "ph"}, false, 0},
-		{0, AcquireOptions{Label: "a", Supersede: true, Preempt: true, Order: 8}, true, 0},
+		{0, AcquireOptions{Label: "c", FollowUp: Coalesce{}}, true, 0},
+		{0, AcquireOptions{Label: "d", FollowUp: Coalesce{}}, true, 0},
+		{0, AcquireOptions{Label: "d2", FollowUp: Coalesce{Final: true}}, true, 0},
+		{0, AcquireOptions{Label: "s1", FollowUp: KeepNewest{Order: 5}}, true, 0},
+		{0, AcquireOptions{Label: "s0", FollowUp: KeepNewest{Order: 3}}, true, 0},
+		{0, AcquireOptions{Label: "s2", FollowUp: KeepNewest{Order: 6}, Park: &Parking{ID: "p2"}}, false, 0},
+		{0, AcquireOptions{Label: "s3", FollowUp: KeepNewest{Order: 7}, Park: &Parking{ID: "p3"}}, false, 0},
+		{0, AcquireOptions{Label: "s2", FollowUp: KeepNewest{Order: 6}, Park: &Parking{ID: "p2b"}}, false, 0},
+		{0, AcquireOptions{Label: "g", FollowUp: Preempt{Grace: 500 * time.Millisecond}}, true, 0},
+		{0, AcquireOptions{Label: "h", FollowUp: Coalesce{}, Park: &Parking{ID: "ph"}}, false, 0},
+		{0, AcquireOptions{Label: "a", FollowUp: Preempt{Order: 8}}, true, 0},
 		{0, AcquireOptions{}, false, 2}, // step 1 again, older than the follow-up now
-		{3 * time.Second, AcquireOptions{Label: "i", Coalesce: true, Park: "pi", TTL: ttl}, false, 0},
+		{3 * time.Second, AcquireOptions{Label: "i", FollowUp: Coalesce{}, Park: &Parking{ID: "pi"}, TTL: ttl}, false, 0},
 		{3 * time.Second, AcquireOptions{Label: "a2", Fair: true, TTL: ttl}, true, 0},
-		{3 * time.Second, AcquireOptions{Label: "i", Coalesce: true, Park: "pi2"}, false, 0},
-		{3 * time.Second, AcquireOptions{Label: "c", Coalesce: true}, true, 0},
+		{3 * time.Second, AcquireOptions{Label: "i", FollowUp: Coalesce{}, Park: &Parking{ID: "pi2"}}, false, 0},
+		{3 * time.Second, AcquireOptions{Label: "c", FollowUp: Coalesce{}}, true, 0},
 		{3 * time.Second, AcquireOptions{Label: "j", Detached: true, TTL: ttl}, false, 0},
 		{6 * time.Second, AcquireOptions{Label: "j", Detached: true, TTL: ttl}, false, 0},
-		{6 * time.Second, AcquireOptions{Label: "j", Adopt: true, Park: "pj"}, true, 0},
-		{6 * time.Second, AcquireOptions{Label: "s3", Supersede: true, Order: 7, Park: "p3"}, false, 0},
+		{6 * time.Second, AcquireOptions{Label: "j", Adopt: true, Park: &Parking{ID: "pj"}}, true, 0},
+		{6 * time.Second, AcquireOptions{Label: "s3", FollowUp: KeepNewest{Order: 7}, Park: &Parking{ID: "p3"}}, false, 0},
 		{6 * time.Second, AcquireOptions{Label: "e", Epoch: 3}, true, 0},
-		{9 * time.Second, AcquireOptions{Label: "s3", Supersede: true, Order: 7, Park: "p3"}, false, 0},
-		{9 * time.Second, AcquireOptions{Label: "k", Coalesce: true, Supersede: true, Order: 9}, true, 0},
+		{9 * time.Second, AcquireOptions{Label: "s3", FollowUp: KeepNewest{Order: 7}, Park: &Parking{ID: "p3"}}, false, 0},
+		{9 * time.Second, AcquireOptions{Label: "k", FollowUp: KeepNewest{Order: 9}}, true, 0},
 		{9 * time.Second, AcquireOptions{Label: "e", Epoch: 2}, true, 0},
 	}
 	reqs := make([]*request, len(steps))

@@ -34,10 +34,10 @@ func BenchmarkAcquireModes(b *testing.B) {
 		{"wait", AcquireOptions{}, true},
 		{"fair", AcquireOptions{Fair: true}, true},
 		{"epoch", AcquireOptions{Epoch: 7}, true},
-		{"coalesce", AcquireOptions{Coalesce: true}, true},
-		{"supersede", AcquireOptions{Supersede: true, Order: 5}, true},
-		{"preempt", AcquireOptions{Preempt: true}, true},
-		{"park", AcquireOptions{Label: "job", Park: "id"}, false},
+		{"coalesce", AcquireOptions{FollowUp: Coalesce{}}, true},
+		{"supersede", AcquireOptions{FollowUp: KeepNewest{Order: 5}}, true},
+		{"preempt", AcquireOptions{FollowUp: Preempt{}}, true},
+		{"park", AcquireOptions{Label: "job", Park: &Parking{ID: "id"}}, false},
 	}
 	for _, held := range []bool{false, true} {
 		for _, m := range modes {

@@ -33,6 +33,10 @@
 //     check it.
 //   - AcquireOptions.Limit allows N holders of a key at once; AcquireOptions.Fair serves
 //     waiters in arrival order; AcquireOptions.Epoch claims a unit of work once.
+//   - AcquireOptions.FollowUp says what an acquire does about the key's other
+//     runs: give way to a later run (Coalesce), keep only the newest pending
+//     call (KeepNewest), or end the running one (Preempt).
+//     AcquireOptions.Park queues jobs for a held key (Parking).
 //   - Inspect and RedisLocker.Keys show holders and waiters; ForceRelease
 //     removes them (all, one owner's, one fencing token's, or a reservation
 //     by its label: Select).

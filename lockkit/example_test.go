@@ -250,13 +250,13 @@ func ExampleThrottle() {
 // Preempt: a newer acquire cancels the work holding the key (its ctx cause
 // matches ErrPreempted and ErrLost) and gets the key once that work returns,
 // with a higher fencing token.
-func ExampleAcquireOptions_preempt() {
+func ExamplePreempt() {
 	ctx := context.Background()
 	srv, _ := inprocess.Start()
 	defer srv.Close()
 	locker, _ := srv.Locker()
 	defer locker.Close(ctx)
-	opt := &lockkit.AcquireOptions{Preempt: true}
+	opt := &lockkit.AcquireOptions{FollowUp: lockkit.Preempt{}}
 
 	old, _ := locker.Acquire(ctx, "rebuild-index", opt)
 	done := make(chan error)
@@ -302,10 +302,10 @@ func ExampleDebouncer() {
 	// task-3 runs
 }
 
-// Park queues jobs for a held key: the release of the lease that frees it
-// reserves the key for the oldest parked job and hands its id to OnParked,
-// whose job then adopts the reservation by its label.
-func ExampleAcquireOptions_park() {
+// Parking queues jobs for a held key: the release of the lease that frees
+// it reserves the key for the oldest parked job and hands its id to
+// OnParked, whose job then adopts the reservation by its label.
+func ExampleParking() {
 	ctx := context.Background()
 	srv, _ := inprocess.Start()
 	defer srv.Close()
@@ -314,14 +314,14 @@ func ExampleAcquireOptions_park() {
 	// OnParked runs on a goroutine of its own; here it hands the id over.
 	started := make(chan string, 1)
 	start := func(id string) { started <- id } // e.g. move a queued task to pending
-	running, _ := locker.TryAcquire(ctx, "tenant:7", &lockkit.AcquireOptions{Label: "job-1", OnParked: start})
+	running, _ := locker.TryAcquire(ctx, "tenant:7", &lockkit.AcquireOptions{Label: "job-1", Park: &lockkit.Parking{OnParked: start}})
 	for _, job := range []string{"job-2", "job-3"} {
-		_, err := locker.TryAcquire(ctx, "tenant:7", &lockkit.AcquireOptions{Label: job, Park: "queue/" + job})
+		_, err := locker.TryAcquire(ctx, "tenant:7", &lockkit.AcquireOptions{Label: job, Park: &lockkit.Parking{ID: "queue/" + job}})
 		fmt.Println(job, "parked:", errors.Is(err, lockkit.ErrNotAcquired))
 	}
 	_ = running.Release(ctx) // reserves the key for job-2 and calls start
 	fmt.Println("start", <-started)
-	next, err := locker.TryAcquire(ctx, "tenant:7", &lockkit.AcquireOptions{Label: "job-2", Adopt: true, Park: "queue/job-2", OnParked: start})
+	next, err := locker.TryAcquire(ctx, "tenant:7", &lockkit.AcquireOptions{Label: "job-2", Adopt: true, Park: &lockkit.Parking{ID: "queue/job-2", OnParked: start}})
 	fmt.Println("job-2 runs:", err == nil)
 	_ = next.Release(ctx) // job-3 is next
 	fmt.Println("start", <-started)

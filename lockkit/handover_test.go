@@ -213,7 +213,7 @@ func TestHandOverSteps(t *testing.T) {
 		// reply) reports the parked job it reserved the key for again.
 		parker := take("g")
 		parker.onParked = func(string) {}
-		pr, err := l.e.cfg.request("g", &AcquireOptions{Label: "job-7", Park: "queue/7"})
+		pr, err := l.e.cfg.request("g", &AcquireOptions{Label: "job-7", Park: &Parking{ID: "queue/7"}})
 		require.NoError(t, err)
 		res, err = b.acquire(ctx, &pr)
 		require.NoError(t, err)

@@ -51,7 +51,7 @@ type Lease struct {
 	coverFor time.Duration
 	hold     time.Duration // AcquireOptions.HoldAtLeast
 	async    bool          // AcquireOptions.AsyncRelease: Run releases in the background
-	onParked func(string)  // AcquireOptions.OnParked
+	onParked func(string)  // Parking.OnParked
 	// parked is the id of the parked job the lease's release reserved the
 	// key for; set by the store's release and taken once by resumeParked,
 	// possibly on another goroutine (a Close beside the lease's own release).
@@ -110,7 +110,7 @@ func (l *Lease) Owner() string { return l.owner }
 func (l *Lease) Token() int64 { return l.token }
 
 // WasParked reports whether the lease's acquire had been parked before
-// (AcquireOptions.Park): it took over the reservation a release made for its
+// (Parking.ID): it took over the reservation a release made for its
 // label, or found its entry still in the key's parked queue. Its job was put
 // back once already, so a runtime's late write of that (asynq's retry, sent
 // again after a lost reply) may still arrive while this lease's work runs.
@@ -242,7 +242,7 @@ func (l *Lease) markLost(cause error) {
 func (l *Lease) Release(ctx context.Context) error { return l.release(ctx, ending{}) }
 
 // Succeed releases the lease like Release and, for a lease acquired with
-// AcquireOptions.Coalesce, records that its run succeeded: until CoverFor
+// a Coalesce FollowUp, records that its run succeeded: until its CoverFor
 // has passed, a Coalesce acquire of the key that began before this lease was
 // acquired fails with a *CoveredError. Run calls it when fn succeeds.
 func (l *Lease) Succeed(ctx context.Context) error { return l.release(ctx, l.success(0)) }

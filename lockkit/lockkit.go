@@ -17,10 +17,10 @@ const (
 	// labeled lease succeeded after its caller had given up on it.
 	CompletedRetention = 24 * time.Hour
 	// DefaultCoverFor is how long a Coalesce lease's success is remembered
-	// when AcquireOptions.CoverFor is zero.
+	// when Coalesce.CoverFor is zero.
 	DefaultCoverFor = 24 * time.Hour
 	// DefaultParkHold is how long the key is reserved for a parked job
-	// when AcquireOptions.ParkHold is zero.
+	// when Parking.Hold is zero.
 	DefaultParkHold = 5 * time.Second
 	// DefaultPollInterval bounds how long a waiter sleeps between attempts when no
 	// release notification reaches it (a missed wake-up or a holder that died).
@@ -70,15 +70,16 @@ var (
 	// completed on the key by Lease.Complete, while that record lasts: the work
 	// it names is done.
 	ErrCompleted = errors.New("lockkit: already completed")
-	// ErrSuperseded is returned by an Acquire with AcquireOptions.Supersede
-	// that a later one of the key replaced as its pending follow-up.
+	// ErrSuperseded is returned by a KeepNewest or Preempt acquire (see
+	// AcquireOptions.FollowUp) that a later one of the key replaced as its
+	// pending follow-up, or that is older than the key's follow-up or run.
 	ErrSuperseded = errors.New("lockkit: superseded by a newer follow-up")
-	// ErrCovered is matched by the *CoveredError of an AcquireOptions.Coalesce
-	// acquire whose work a run of the key that began after it already covers.
+	// ErrCovered is matched by the *CoveredError of a Coalesce acquire
+	// whose work a run of the key that began after it already covers.
 	ErrCovered = errors.New("lockkit: covered by another run")
 	// ErrPreempted is the cause (context.Cause) of the cancellation of a
-	// lease's contexts when an AcquireOptions.Preempt acquire of its key
-	// took over: the lease is lost, so it also matches ErrLost.
+	// lease's contexts when a Preempt acquire of its key took over: the
+	// lease is lost, so it also matches ErrLost.
 	ErrPreempted = fmt.Errorf("%w: preempted", ErrLost)
 	// ErrUnsupported is returned by the first call of a RedisLocker on a Redis
 	// server older than MinRedisVersion; the message names the version found.
@@ -104,13 +105,13 @@ type ConflictError struct {
 	Holders int
 	// Ahead is the number of live fair waiters queued before the caller.
 	Ahead int
-	// Parked, for an acquire with AcquireOptions.Park, is the number of
+	// Parked, for an acquire with a Parking.ID, is the number of
 	// parked jobs ahead of the caller's in the key's parked queue; -1 when
 	// the caller did not park.
 	Parked int
-	// Superseded, for an acquire with AcquireOptions.Park and Supersede, is
-	// the Park id of the parked follow-up that this call replaced; empty
-	// when it replaced none (a later call with the same Park id, such as
+	// Superseded, for a KeepNewest or Preempt acquire with a Parking.ID, is
+	// the Parking.ID of the parked follow-up that this call replaced; empty
+	// when it replaced none (a later call with the same Parking.ID, such as
 	// the job delivered again, replaced no one). That job's next acquire
 	// with Park carrying its Label fails with ErrSuperseded: start it, so
 	// that it completes.
@@ -221,76 +222,11 @@ type AcquireOptions struct {
 	// below Limit. An acquire whose label was recorded by Lease.Complete fails
 	// with ErrCompleted.
 	Label string
-	// Coalesce makes the acquire give way to a run of the key that began
-	// after the call's first attempt reached Redis (server time), or after
-	// Since if that is earlier: it fails
-	// with a *CoveredError (matching ErrCovered) when such a run succeeded
-	// (Lease.Run or Lease.Succeed on a Coalesce lease, remembered for
-	// CoverFor), holds the key now, or when another Coalesce Acquire already
-	// waits for the key (it will begin later; a waiter without Coalesce may
-	// give up, so it covers nothing) or another Coalesce acquire with Park
-	// is parked for it. Otherwise the key is taken as usual; Acquire waits
-	// for it and is then the one follow-up that others fold into, and a
-	// TryAcquire with Park that finds the key held parks as that follow-up
-	// (it covers later calls while it stays in the parked queue; one that
-	// adopted its reservation is the key's run, which no follow-up covers).
-	// A call whose Label a holder carries (a delivery of the running work)
-	// is not covered by that run and becomes no follow-up: it covers
-	// nothing, and its parked entry replaces the parked follow-up carrying
-	// its own Label. Defaults to false.
-	Coalesce bool
-	// Final, with Coalesce, says that the caller's work is not tried again
-	// if this call's run fails (a task with no retries left): the call
-	// covers no other Coalesce call, neither while its run holds the key
-	// nor while it waits or is parked for it, so that a failure loses no
-	// other call's work. Its own run's success still covers as usual.
-	// Defaults to false.
-	Final bool
-	// CoverFor is how long the success of a Coalesce lease's run is
-	// remembered. Zero means DefaultCoverFor; at most MaxTTL.
-	CoverFor time.Duration
-	// Supersede, for Acquire, makes the call the key's one pending
-	// follow-up while it waits: a later Supersede acquire of the key takes
-	// its place, and this one fails at once with ErrSuperseded (the newest
-	// follow-up runs, older ones give up). With Park, a TryAcquire that
-	// finds the key held parks as the key's follow-up instead: a later
-	// Supersede acquire of the key takes its place and removes it from the
-	// parked queue (ConflictError.Superseded names it), and the replaced
-	// job's next acquire with Park carrying its Label fails with
-	// ErrSuperseded, once (it is remembered for ten minutes; an acquire
-	// without Park, such as a pass-on's adopt, leaves the mark). A parked follow-up that a release
-	// reserved the key for is the key's next run: Adopt takes it over and
-	// replaces no one. A call whose Label a holder carries (a delivery of
-	// the running work) neither replaces the follow-up nor becomes it, for
-	// the whole of an Acquire; one whose Label the parked follow-up carries
-	// (the same job parked under a new Park id) takes its place without
-	// marking it. TryAcquire without Park ignores it. Defaults to false.
-	Supersede bool
-	// Order, with Supersede, is the call's place in its key's order (a
-	// task's place taken when it was enqueued, such as a per-key sequence):
-	// a call with a lower order than the key's live follow-up, or than the
-	// latest Supersede run that took the key with an order (remembered for
-	// ten minutes after that run took the key, and while it is renewed),
-	// fails at once with ErrSuperseded: it neither takes a newer call's place
-	// nor, with Preempt, preempts a newer run. Calls with the same order
-	// (deliveries of one task) are not older than each other. Zero means
-	// none: the call, and a comparison with a run or follow-up without one,
-	// goes by arrival at Redis. Must not be negative.
-	Order int64
-	// Preempt, for Acquire, ends the runs that hold the key so that this
-	// call gets it: their leases are lost with a cause matching ErrPreempted
-	// (and ErrLost) and are no longer renewed, so their fencing tokens are
-	// superseded by this call's. A holder acquired with Preempt learns it
-	// within milliseconds (pub/sub), any other at its next renewal attempt.
-	// The call then waits for them to release, at most PreemptGrace. Needs a
-	// Limit of 1, no Fair, no Coalesce; TryAcquire ignores it. Defaults to
-	// false.
-	Preempt bool
-	// PreemptGrace bounds how long a Preempt acquire waits for the runs it
-	// preempted to release: after it, their holders are removed and the call
-	// takes the key. Zero means their remaining TTL (at most TTL, as they are
-	// no longer renewed). At most MaxTTL.
-	PreemptGrace time.Duration
+	// FollowUp says what the acquire does about the key's other runs: give
+	// way to a later run (Coalesce), keep only the newest pending call
+	// (KeepNewest), or end the running ones (Preempt). Nil means none: a
+	// plain lease.
+	FollowUp FollowUp
 	// AsyncRelease makes Lease.Run return without waiting for Redis: the
 	// lease ends when fn returns (it is no longer renewed, its contexts are
 	// cancelled), and its release, with what Run records on success, is
@@ -321,39 +257,14 @@ type AcquireOptions struct {
 	Detached bool
 	// Adopt, with Label, takes over a reservation (a Detached lease) of the
 	// key that carries Label: it is replaced by this lease, which is renewed
-	// like any other; Lease.Detach turns it back into a reservation.
-	// Defaults to false.
+	// like any other; Lease.Detach turns it back into a reservation. It
+	// needs a Label and excludes Detached (ErrInvalid otherwise). Defaults
+	// to false.
 	Adopt bool
-	// Park, when not empty, queues the caller for the key if it is held:
-	// an acquire that finds the key held records Park, an id of the job to
-	// start later (a queued task's queue and ID, say), in the key's parked
-	// queue, once (a later park of the same id keeps its place). When a
-	// lease acquired with OnParked is released and leaves the key with no
-	// holder and no waiter it is handed to, the release reserves the key
-	// for the oldest parked job, as a reservation (see Detached) carrying
-	// that job's Label, owned by "parked:" and its id, for ParkHold, and
-	// Run or Release then passes the
-	// job's id to OnParked, which should start the job: its acquire with
-	// Adopt and the same Label takes the reservation over. A job that takes
-	// the key itself leaves the queue. Park needs a Label and Limit 1; a
-	// parked id is kept for ten minutes after its last park. A release
-	// whose reply was lost and that go-redis sent again reports the same id
-	// while the reservation lives.
-	Park string
-	// ParkHold is how long the reservation for a parked job lasts before it
-	// is adopted (see Park). Zero means DefaultParkHold; at most MaxTTL.
-	ParkHold time.Duration
-	// OnParked, when set, is called with the id of the parked job for which
-	// this lease's release reserved the key (see Park), on a goroutine of
-	// its own once the release returned: it should start the job, and
-	// return soon, as Close waits for it. A release without OnParked leaves
-	// parked jobs queued.
-	OnParked func(id string)
-	// Since, for Coalesce, is when the work to be covered was asked for (an
-	// enqueue), on the Redis server's clock: only a run that began after it
-	// covers the call. Zero, or a time after the call's first attempt
-	// reached Redis, means that first attempt. Before 1970 is an error.
-	Since time.Time
+	// Park queues the caller's job for the key while it is held, and lets
+	// the lease's release hand the key to the jobs so queued (see Parking).
+	// Nil means neither.
+	Park *Parking
 }
 
 // Select selects the live holders of a key that Locker.ForceRelease
@@ -438,10 +349,10 @@ type Info struct {
 	Holders []Holder
 	// Waiters is the number of live callers waiting in Acquire.
 	Waiters int
-	// Parked is the number of jobs parked for the key (AcquireOptions.Park)
+	// Parked is the number of jobs parked for the key (Parking.ID)
 	// that no release has started yet.
 	Parked int
-	// ParkedIDs are the ids (AcquireOptions.Park) of the first 20 of them,
+	// ParkedIDs are the ids (Parking.ID) of the first 20 of them,
 	// oldest first.
 	ParkedIDs []string
 }

@@ -128,11 +128,11 @@ type request struct {
 	supersede string
 	// preempt: "1" on a Preempt Acquire's first attempt, "2" after, "0" off.
 	preempt string
-	order   int64 // AcquireOptions.Order
+	order   int64 // the Order of a KeepNewest or Preempt FollowUp
 	async   bool  // AcquireOptions.AsyncRelease
 	grace   time.Duration
-	// park is AcquireOptions.Park, parkHold its ParkHold, onParked its
-	// OnParked.
+	// park, parkHold and onParked are AcquireOptions.Park's ID, Hold
+	// (DefaultParkHold when zero) and OnParked.
 	park     string
 	parkHold time.Duration
 	onParked func(id string)
@@ -143,7 +143,7 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 		o = &AcquireOptions{}
 	}
 	r := request{key: key, owner: c.owner, label: o.Label, ttl: o.TTL, limit: o.Limit, fair: o.Fair, epoch: o.Epoch, epochTTL: o.EpochTTL,
-		coalesce: o.Coalesce, since: -1, coverFor: o.CoverFor, detached: o.Detached}
+		since: -1, coverFor: DefaultCoverFor, detached: o.Detached, supersede: "0", preempt: "0"}
 	if key == "" {
 		return r, fmt.Errorf("%w: key is empty", ErrInvalid)
 	}
@@ -180,30 +180,15 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	if r.epochTTL == 0 {
 		r.epochTTL = r.ttl
 	}
-	if !o.Since.IsZero() {
-		if o.Since.UnixMicro() <= 0 {
-			return r, fmt.Errorf("%w: key %q: Since %s is not after 1970", ErrInvalid, key, o.Since.Format(time.RFC3339Nano))
-		}
-		r.since = o.Since.UnixMicro()
-	}
-	if r.coverFor < 0 || r.coverFor > MaxTTL {
-		return r, fmt.Errorf("%w: key %q: CoverFor %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, r.coverFor, MaxTTL)
-	}
-	if r.coverFor == 0 {
-		r.coverFor = DefaultCoverFor
-	}
-	if o.Final && !r.coalesce {
-		return r, fmt.Errorf("%w: key %q: Final needs Coalesce", ErrInvalid, key)
-	}
-	if r.coalesce && (r.fair || r.limit > 1) {
-		return r, fmt.Errorf("%w: key %q: Coalesce works with one holder and no Fair queue", ErrInvalid, key)
+	if err := r.followUp(o.FollowUp); err != nil {
+		return r, err
 	}
 	r.waiterTTL = 4 * c.poll
 	r.aid = randomID(8)
 	if r.detached {
 		r.aid = "r" + r.aid // marks a reservation, which Adopt may replace
-	} else if o.Final && r.coalesce {
-		r.final = true
+		r.final = false     // a reservation's id does not mark a final call
+	} else if r.final {
 		r.aid = "z" + r.aid // marks a final Coalesce call, which covers no other
 	}
 	if o.Adopt && r.label == "" {
@@ -217,37 +202,92 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 		return r, fmt.Errorf("%w: key %q: HoldAtLeast %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, o.HoldAtLeast, MaxTTL)
 	}
 	r.hold = o.HoldAtLeast
-	r.supersede = "0"
-	if o.Supersede {
-		r.supersede = "1"
-	}
-	r.preempt = "0"
-	if o.Preempt {
-		r.preempt = "1"
-		if r.limit > 1 || r.fair || r.coalesce {
-			return r, fmt.Errorf("%w: key %q: Preempt works with one holder, no Fair queue and no Coalesce", ErrInvalid, key)
+	r.async = o.AsyncRelease
+	r.parkHold = DefaultParkHold
+	if p := o.Park; p != nil {
+		r.park, r.onParked = p.ID, p.OnParked
+		if r.park != "" && (r.label == "" || r.limit > 1) {
+			return r, fmt.Errorf("%w: key %q: Park.ID %q needs a Label and Limit 1 (Label %q, Limit %d)", ErrInvalid, key, r.park, r.label, r.limit)
+		}
+		if p.Hold < 0 || p.Hold > MaxTTL {
+			return r, fmt.Errorf("%w: key %q: Park.Hold %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, p.Hold, MaxTTL)
+		}
+		if p.Hold > 0 {
+			r.parkHold = p.Hold
 		}
 	}
-	if o.PreemptGrace < 0 || o.PreemptGrace > MaxTTL {
-		return r, fmt.Errorf("%w: key %q: PreemptGrace %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, o.PreemptGrace, MaxTTL)
-	}
-	r.grace = o.PreemptGrace
-	if o.Order < 0 {
-		return r, fmt.Errorf("%w: key %q: Order %d must not be negative", ErrInvalid, key, o.Order)
-	}
-	if o.Supersede {
-		r.order = o.Order
-	}
-	r.async = o.AsyncRelease
-	r.park, r.parkHold, r.onParked = o.Park, o.ParkHold, o.OnParked
-	if r.park != "" && (r.label == "" || r.limit > 1) {
-		return r, fmt.Errorf("%w: key %q: Park needs a Label and Limit 1", ErrInvalid, key)
-	}
-	if r.parkHold < 0 || r.parkHold > MaxTTL {
-		return r, fmt.Errorf("%w: key %q: ParkHold %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, r.parkHold, MaxTTL)
-	}
-	if r.parkHold == 0 {
-		r.parkHold = DefaultParkHold
-	}
 	return r, nil
+}
+
+// followUp fills r's follow-up fields from f, an AcquireOptions.FollowUp,
+// after r's limit and fair are set. A pointer to one of the three types
+// stands for its value.
+func (r *request) followUp(f FollowUp) error {
+	switch p := f.(type) {
+	case *Coalesce:
+		if p != nil {
+			f = *p
+		}
+	case *KeepNewest:
+		if p != nil {
+			f = *p
+		}
+	case *Preempt:
+		if p != nil {
+			f = *p
+		}
+	}
+	switch f := f.(type) {
+	case nil:
+		return nil
+	case Coalesce:
+		if err := r.oneHolder("Coalesce"); err != nil {
+			return err
+		}
+		if !f.Since.IsZero() {
+			if f.Since.UnixMicro() <= 0 {
+				return fmt.Errorf("%w: key %q: Coalesce.Since %s is not after 1970", ErrInvalid, r.key, f.Since.Format(time.RFC3339Nano))
+			}
+			r.since = f.Since.UnixMicro()
+		}
+		if f.CoverFor < 0 || f.CoverFor > MaxTTL {
+			return fmt.Errorf("%w: key %q: Coalesce.CoverFor %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, r.key, f.CoverFor, MaxTTL)
+		}
+		if f.CoverFor > 0 {
+			r.coverFor = f.CoverFor
+		}
+		r.coalesce, r.final = true, f.Final
+		return nil
+	case KeepNewest:
+		return r.keepNewest("KeepNewest", f.Order)
+	case Preempt:
+		if err := r.oneHolder("Preempt"); err != nil {
+			return err
+		}
+		if f.Grace < 0 || f.Grace > MaxTTL {
+			return fmt.Errorf("%w: key %q: Preempt.Grace %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, r.key, f.Grace, MaxTTL)
+		}
+		r.preempt, r.grace = "1", f.Grace
+		return r.keepNewest("Preempt", f.Order)
+	}
+	return fmt.Errorf("%w: key %q: FollowUp %T is not a Coalesce, KeepNewest or Preempt value", ErrInvalid, r.key, f)
+}
+
+// oneHolder checks that r, with the follow-up named mode, has a Limit of 1
+// and no Fair.
+func (r *request) oneHolder(mode string) error {
+	if r.limit > 1 || r.fair {
+		return fmt.Errorf("%w: key %q: %s works with one holder and no Fair queue (Limit %d, Fair %t)", ErrInvalid, r.key, mode, r.limit, r.fair)
+	}
+	return nil
+}
+
+// keepNewest makes r the key's pending follow-up with order, the Order of
+// the follow-up named mode.
+func (r *request) keepNewest(mode string, order int64) error {
+	if order < 0 {
+		return fmt.Errorf("%w: key %q: %s.Order %d must not be negative", ErrInvalid, r.key, mode, order)
+	}
+	r.supersede, r.order = "1", order
+	return nil
 }

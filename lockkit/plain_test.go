@@ -212,12 +212,12 @@ func TestCloseWaitsForOnParked(t *testing.T) {
 	l := miniLocker(t)
 	called := make(chan string, 1)
 	unblock := make(chan struct{})
-	holder, err := l.TryAcquire(ctx, "k", &AcquireOptions{Label: "first", OnParked: func(id string) {
+	holder, err := l.TryAcquire(ctx, "k", &AcquireOptions{Label: "first", Park: &Parking{OnParked: func(id string) {
 		called <- id
 		<-unblock
-	}})
+	}}})
 	require.NoError(t, err)
-	_, err = l.TryAcquire(ctx, "k", &AcquireOptions{Label: "second", Park: "job-2"})
+	_, err = l.TryAcquire(ctx, "k", &AcquireOptions{Label: "second", Park: &Parking{ID: "job-2"}})
 	require.ErrorIs(t, err, ErrNotAcquired)
 	require.NoError(t, holder.Release(ctx), "the release does not wait for OnParked")
 	require.Equal(t, "job-2", <-called)

@@ -86,7 +86,7 @@ func TestPreemptNoticeBeforeTheLeaseListens(t *testing.T) {
 			<-wake
 		}
 		go func() {
-			l, err := b.Acquire(bctx, "k", &AcquireOptions{Preempt: true})
+			l, err := b.Acquire(bctx, "k", &AcquireOptions{FollowUp: Preempt{}})
 			if err == nil {
 				err = l.Release(context.Background())
 			}
@@ -100,7 +100,7 @@ func TestPreemptNoticeBeforeTheLeaseListens(t *testing.T) {
 		require.NoError(t, clean.Publish(ctx, channel, "1").Err())
 		require.Eventually(t, func() bool { return len(wake) > 0 }, 5*time.Second, time.Millisecond)
 	}
-	l, err := a.Acquire(ctx, "k", &AcquireOptions{Preempt: true, PreemptGrace: 50 * time.Millisecond, TTL: 30 * time.Second})
+	l, err := a.Acquire(ctx, "k", &AcquireOptions{FollowUp: Preempt{Grace: 50 * time.Millisecond}, TTL: 30 * time.Second})
 	require.NoError(t, err)
 	preemptedWithin(t, l, 3*time.Second)
 	require.ErrorIs(t, l.Release(ctx), ErrNotHeld)
@@ -136,7 +136,7 @@ func TestPreemptNoticeAfterAPubSubReconnect(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close(context.Background()) })
 
-	l, err := a.TryAcquire(ctx, "k", &AcquireOptions{Preempt: true, TTL: 30 * time.Second})
+	l, err := a.TryAcquire(ctx, "k", &AcquireOptions{FollowUp: Preempt{}, TTL: 30 * time.Second})
 	require.NoError(t, err)
 	be := engineOf(a).b.(*redisBackend)
 	be.mu.Lock()
@@ -161,7 +161,7 @@ func TestPreemptNoticeAfterAPubSubReconnect(t *testing.T) {
 
 	newer := make(chan error, 1)
 	go func() {
-		n, err := b.Acquire(ctx, "k", &AcquireOptions{Preempt: true, PreemptGrace: 5 * time.Second})
+		n, err := b.Acquire(ctx, "k", &AcquireOptions{FollowUp: Preempt{Grace: 5 * time.Second}})
 		if err == nil {
 			err = n.Release(context.Background())
 		}

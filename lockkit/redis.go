@@ -233,7 +233,7 @@ func releaseModes(l *Lease, end ending) releaseMode {
 // with records of completed labels and cleaned-up calls, which the key keeps
 // while waiters, a queue or parked jobs may live; its released holders are
 // then kept in P{K}:d for the retry window. P{K}:b holds the newest request
-// recorded by Debounce, P{K}:k the parked jobs (AcquireOptions.Park), P{K}:c
+// recorded by Debounce, P{K}:k the parked jobs (Parking.ID), P{K}:c
 // the start of the last Coalesce run that succeeded, P{K}:f the last fencing
 // token (for a second), P{K}:m the last epoch and the order of the latest Supersede run, P{K}:q and P{K}:w the
 // waiters; releases are published on P{K}:r. In P and K, the characters

@@ -119,7 +119,7 @@ func TestReleaseScriptOfTheOptionsAnswersAsTheOneWithEvery(t *testing.T) {
 		doneWaiter := acquire(k, AcquireOptions{Label: "a", TTL: ttl}, true)
 		require.Empty(t, fair.member+waiter.member+doneWaiter.member)
 		for _, p := range []string{"p1", "a", "p2"} {
-			require.Empty(t, acquire(k, AcquireOptions{Label: p, Park: "id-" + p}, false).member)
+			require.Empty(t, acquire(k, AcquireOptions{Label: p, Park: &Parking{ID: "id-" + p}}, false).member)
 		}
 		note := func(what string, v any) {
 			seen[fmt.Sprint(what, v)] = true
@@ -147,7 +147,7 @@ func TestReleaseScriptOfTheOptionsAnswersAsTheOneWithEvery(t *testing.T) {
 		advance(10 * time.Second)
 		c := acquire(k, AcquireOptions{Label: "c", TTL: ttl, HoldAtLeast: hold / 8}, false)
 		require.NotEmpty(t, c.member)
-		require.Empty(t, acquire(k, AcquireOptions{Label: "p3", Park: "id-p3"}, false).member)
+		require.Empty(t, acquire(k, AcquireOptions{Label: "p3", Park: &Parking{ID: "id-p3"}}, false).member)
 		advance(3 * time.Second)
 		note("expired", release(c, m, end))
 		advance(10 * time.Second)

@@ -915,7 +915,7 @@ func testRunCompletes(t *testing.T, h *harness) {
 func testCoalesce(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	a, b := h.locker(t), h.locker(t)
-	co := &AcquireOptions{Coalesce: true}
+	co := &AcquireOptions{FollowUp: Coalesce{}}
 
 	first, err := a.TryAcquire(ctx, "k", co)
 	require.NoError(t, err, "a free key is taken")
@@ -995,7 +995,7 @@ func testCoalesce(t *testing.T, h *harness) {
 	// in the future means the call's first attempt.
 	held, err := a.TryAcquire(ctx, "s", co)
 	require.NoError(t, err)
-	asked := &AcquireOptions{Coalesce: true, Since: time.UnixMicro(held.Token() - 1)}
+	asked := &AcquireOptions{FollowUp: Coalesce{Since: time.UnixMicro(held.Token() - 1)}}
 	_, err = b.TryAcquire(ctx, "s", asked)
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, CoveredByRun, ce.By)
@@ -1003,7 +1003,7 @@ func testCoalesce(t *testing.T, h *harness) {
 	_, err = b.TryAcquire(ctx, "s", asked)
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, CoveredBySuccess, ce.By)
-	late, err := b.TryAcquire(ctx, "s", &AcquireOptions{Coalesce: true, Since: time.Now().Add(time.Hour)})
+	late, err := b.TryAcquire(ctx, "s", &AcquireOptions{FollowUp: Coalesce{Since: time.Now().Add(time.Hour)}})
 	require.NoError(t, err, "a future Since counts from the call")
 	require.NoError(t, late.Release(ctx))
 
@@ -1029,13 +1029,11 @@ func testCoalesce(t *testing.T, h *harness) {
 	require.NoError(t, blocker.Release(ctx))
 
 	// Bad options.
-	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Coalesce: true, Since: time.Unix(-1, 0)})
+	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{FollowUp: Coalesce{Since: time.Unix(-1, 0)}})
 	require.ErrorIs(t, err, ErrInvalid)
-	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Coalesce: true, Limit: 2})
+	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{FollowUp: Coalesce{}, Limit: 2})
 	require.ErrorIs(t, err, ErrInvalid)
-	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Final: true})
-	require.ErrorIs(t, err, ErrInvalid)
-	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{Coalesce: true, CoverFor: -time.Second})
+	_, err = a.TryAcquire(ctx, "k", &AcquireOptions{FollowUp: Coalesce{CoverFor: -time.Second}})
 	require.ErrorIs(t, err, ErrInvalid)
 }
 
@@ -1162,14 +1160,14 @@ func testHoldAtLeast(t *testing.T, h *harness) {
 	require.ErrorIs(t, err, ErrInvalid)
 }
 
-// Supersede: while the key is held, the newest waiting follow-up stays; the
+// KeepNewest: while the key is held, the newest waiting follow-up stays; the
 // one it replaces gives up at once.
 func testSupersede(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	a, b := h.locker(t), h.locker(t)
 	holder, err := a.TryAcquire(ctx, "k", nil)
 	require.NoError(t, err)
-	sup := &AcquireOptions{Supersede: true}
+	sup := &AcquireOptions{FollowUp: KeepNewest{}}
 	type res struct {
 		l   *Lease
 		err error
@@ -1219,7 +1217,7 @@ func testSupersede(t *testing.T, h *harness) {
 func testPreempt(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	a, b := h.locker(t), h.locker(t)
-	pre := &AcquireOptions{Preempt: true, TTL: 30 * time.Second}
+	pre := &AcquireOptions{FollowUp: Preempt{}, TTL: 30 * time.Second}
 	old, err := a.TryAcquire(ctx, "k", pre)
 	require.NoError(t, err)
 	work, cancel := old.Context(ctx)
@@ -1279,7 +1277,7 @@ func testPreempt(t *testing.T, h *harness) {
 	// lease still learns that it was preempted, not that it expired.
 	deaf, err := a.TryAcquire(ctx, "k", &AcquireOptions{TTL: 900 * time.Millisecond})
 	require.NoError(t, err)
-	r = <-acquire(b, &AcquireOptions{Preempt: true, PreemptGrace: 50 * time.Millisecond})
+	r = <-acquire(b, &AcquireOptions{FollowUp: Preempt{Grace: 50 * time.Millisecond}})
 	require.NoError(t, r.err, "the grace ended the old lease")
 	select {
 	case <-deaf.Lost():
@@ -1293,7 +1291,7 @@ func testPreempt(t *testing.T, h *harness) {
 	stuck, err := a.TryAcquire(ctx, "k", pre)
 	require.NoError(t, err)
 	start = time.Now()
-	r = <-acquire(b, &AcquireOptions{Preempt: true, PreemptGrace: 300 * time.Millisecond})
+	r = <-acquire(b, &AcquireOptions{FollowUp: Preempt{Grace: 300 * time.Millisecond}})
 	require.NoError(t, r.err)
 	require.GreaterOrEqual(t, time.Since(start), 250*time.Millisecond)
 	require.Less(t, time.Since(start), 5*time.Second)
@@ -1310,9 +1308,9 @@ func testPreempt(t *testing.T, h *harness) {
 	require.NoError(t, r.err)
 	require.NoError(t, r.l.Release(ctx))
 	for _, bad := range []*AcquireOptions{
-		{Preempt: true, Limit: 2},
-		{Preempt: true, Coalesce: true},
-		{PreemptGrace: -time.Second},
+		{FollowUp: Preempt{}, Limit: 2},
+		{FollowUp: Preempt{}, Fair: true},
+		{FollowUp: Preempt{Grace: -time.Second}},
 	} {
 		_, err := a.Acquire(ctx, "k", bad)
 		require.ErrorIs(t, err, ErrInvalid)
@@ -1393,7 +1391,7 @@ func testElect(t *testing.T, h *harness) {
 func testForceRelease(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	a, b, op := h.locker(t), h.locker(t), h.locker(t)
-	watched, err := a.TryAcquire(ctx, "k", &AcquireOptions{Preempt: true, TTL: 30 * time.Second})
+	watched, err := a.TryAcquire(ctx, "k", &AcquireOptions{FollowUp: Preempt{}, TTL: 30 * time.Second})
 	require.NoError(t, err)
 	work, cancel := watched.Context(ctx)
 	defer cancel()
@@ -1467,10 +1465,10 @@ func testForceRelease(t *testing.T, h *harness) {
 func testForceReleaseToken(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	a, b, op := h.locker(t), h.locker(t), h.locker(t)
-	seen, err := a.TryAcquire(ctx, "k", &AcquireOptions{Preempt: true, TTL: 30 * time.Second})
+	seen, err := a.TryAcquire(ctx, "k", &AcquireOptions{FollowUp: Preempt{}, TTL: 30 * time.Second})
 	require.NoError(t, err)
 	require.NoError(t, seen.Release(ctx))
-	now, err := a.TryAcquire(ctx, "k", &AcquireOptions{Preempt: true, TTL: 30 * time.Second})
+	now, err := a.TryAcquire(ctx, "k", &AcquireOptions{FollowUp: Preempt{}, TTL: 30 * time.Second})
 	require.NoError(t, err)
 	work, cancel := now.Context(ctx)
 	defer cancel()
@@ -1547,11 +1545,11 @@ func testAsyncRelease(t *testing.T, h *harness) {
 	require.Less(t, time.Since(start), time.Second, "woken, not polled")
 
 	// What Run records on success is written too.
-	c, err := a.TryAcquire(ctx, "cover", &AcquireOptions{Coalesce: true, AsyncRelease: true})
+	c, err := a.TryAcquire(ctx, "cover", &AcquireOptions{FollowUp: Coalesce{}, AsyncRelease: true})
 	require.NoError(t, err)
 	before := time.UnixMicro(c.Token() - 1)
 	require.NoError(t, c.Run(ctx, func(context.Context) error { return nil }))
-	_, err = a.TryAcquire(ctx, "cover", &AcquireOptions{Coalesce: true, Since: before})
+	_, err = a.TryAcquire(ctx, "cover", &AcquireOptions{FollowUp: Coalesce{Since: before}})
 	require.ErrorIs(t, err, ErrCovered)
 
 	// Close sends the queued releases.
@@ -1665,9 +1663,9 @@ func testPark(t *testing.T, h *harness) {
 		}
 	}
 	park := func(label, id string) *AcquireOptions {
-		return &AcquireOptions{Label: label, Park: id, ParkHold: time.Minute, Adopt: true, OnParked: onParked}
+		return &AcquireOptions{Label: label, Adopt: true, Park: &Parking{ID: id, Hold: time.Minute, OnParked: onParked}}
 	}
-	holder, err := a.TryAcquire(ctx, "p", &AcquireOptions{OnParked: onParked})
+	holder, err := a.TryAcquire(ctx, "p", &AcquireOptions{Park: &Parking{OnParked: onParked}})
 	require.NoError(t, err)
 	for i, j := range []string{"j1", "j2", "j1"} {
 		_, err := b.TryAcquire(ctx, "p", park(j, "id-"+j))
@@ -1693,7 +1691,7 @@ func testPark(t *testing.T, h *harness) {
 	require.Equal(t, "parked:id-j1", info.Holders[0].Owner)
 	require.Equal(t, "j1", info.Holders[0].Label)
 	require.Greater(t, info.Holders[0].Token, holder.Token())
-	require.Greater(t, info.Holders[0].TTL, 30*time.Second, "reserved for ParkHold")
+	require.Greater(t, info.Holders[0].TTL, 30*time.Second, "reserved for Parking.Hold")
 
 	// The reservation refuses other jobs; the parked job adopts it.
 	_, err = b.TryAcquire(ctx, "p", &AcquireOptions{Label: "other"})
@@ -1728,7 +1726,7 @@ func testPark(t *testing.T, h *harness) {
 	require.Equal(t, []string{"id-j1", "id-j2", "id-j4"}, resumed)
 
 	// A parked job whose label was completed meanwhile is passed over.
-	first, err := a.TryAcquire(ctx, "r", &AcquireOptions{Label: "j5", OnParked: onParked})
+	first, err := a.TryAcquire(ctx, "r", &AcquireOptions{Label: "j5", Park: &Parking{OnParked: onParked}})
 	require.NoError(t, err)
 	_, err = b.TryAcquire(ctx, "r", park("j5", "id-j5"))
 	require.ErrorIs(t, err, ErrNotAcquired)
@@ -1738,13 +1736,13 @@ func testPark(t *testing.T, h *harness) {
 	settle(1)
 	require.Equal(t, []string{"id-j1", "id-j2", "id-j4", "id-j6"}, resumed)
 
-	_, err = a.TryAcquire(ctx, "v", &AcquireOptions{Park: "x"})
+	_, err = a.TryAcquire(ctx, "v", &AcquireOptions{Park: &Parking{ID: "x"}})
 	require.ErrorIs(t, err, ErrInvalid, "Park needs a Label")
-	_, err = a.TryAcquire(ctx, "v", &AcquireOptions{Park: "x", Label: "l", Limit: 2})
+	_, err = a.TryAcquire(ctx, "v", &AcquireOptions{Park: &Parking{ID: "x"}, Label: "l", Limit: 2})
 	require.ErrorIs(t, err, ErrInvalid, "Park needs Limit 1")
 }
 
-// A parked Supersede follow-up is replaced by a newer one, waiting or
+// A parked KeepNewest follow-up is replaced by a newer one, waiting or
 // parked, and its next acquire gives up once; a parked Coalesce follow-up
 // covers later Coalesce calls while it stays parked.
 func testParkFollowUp(t *testing.T, h *harness) {
@@ -1754,7 +1752,7 @@ func testParkFollowUp(t *testing.T, h *harness) {
 	calls := make(chan string, 16)
 	onParked := func(id string) { calls <- id }
 	follow := func(label string) *AcquireOptions {
-		return &AcquireOptions{Label: label, Park: "id-" + label, ParkHold: time.Minute, Adopt: true, Supersede: true, OnParked: onParked}
+		return &AcquireOptions{Label: label, Adopt: true, FollowUp: KeepNewest{}, Park: &Parking{ID: "id-" + label, Hold: time.Minute, OnParked: onParked}}
 	}
 	// parks tries label as a follow-up and returns whom it replaced.
 	parks := func(key, label string) string {
@@ -1780,7 +1778,7 @@ func testParkFollowUp(t *testing.T, h *harness) {
 			t.Fatal("OnParked not called")
 		}
 	}
-	holder, err := a.TryAcquire(ctx, "s", &AcquireOptions{OnParked: onParked})
+	holder, err := a.TryAcquire(ctx, "s", &AcquireOptions{Park: &Parking{OnParked: onParked}})
 	require.NoError(t, err)
 	require.Empty(t, parks("s", "j1"))
 	require.Equal(t, "id-j1", parks("s", "j2"), "the newer follow-up replaces the parked one")
@@ -1798,7 +1796,7 @@ func testParkFollowUp(t *testing.T, h *harness) {
 	// A waiting follow-up replaces a parked one, and a parked one a waiting one.
 	waited := make(chan error, 1)
 	go func() {
-		l, err := a.Acquire(ctx, "s", &AcquireOptions{Supersede: true})
+		l, err := a.Acquire(ctx, "s", &AcquireOptions{FollowUp: KeepNewest{}})
 		if err == nil {
 			err = l.Release(ctx)
 		}
@@ -1822,9 +1820,9 @@ func testParkFollowUp(t *testing.T, h *harness) {
 
 	// Coalesce: the first parked call is the follow-up that covers later ones.
 	coalesce := func(label string) *AcquireOptions {
-		return &AcquireOptions{Label: label, Park: "id-" + label, ParkHold: time.Minute, Adopt: true, Coalesce: true, OnParked: onParked}
+		return &AcquireOptions{Label: label, Adopt: true, FollowUp: Coalesce{}, Park: &Parking{ID: "id-" + label, Hold: time.Minute, OnParked: onParked}}
 	}
-	holder, err = a.TryAcquire(ctx, "c", &AcquireOptions{OnParked: onParked})
+	holder, err = a.TryAcquire(ctx, "c", &AcquireOptions{Park: &Parking{OnParked: onParked}})
 	require.NoError(t, err)
 	_, err = b.TryAcquire(ctx, "c", coalesce("c1"))
 	require.ErrorIs(t, err, ErrNotAcquired, "c1 parks")
@@ -1850,15 +1848,15 @@ func testParkFollowUp(t *testing.T, h *harness) {
 	// A follow-up that a later call folded into is not covered by a run that
 	// began before that call: here a plain waiter handed the key between
 	// the follow-up's park and the fold.
-	holder, err = a.TryAcquire(ctx, "f", &AcquireOptions{OnParked: onParked})
+	holder, err = a.TryAcquire(ctx, "f", &AcquireOptions{Park: &Parking{OnParked: onParked}})
 	require.NoError(t, err)
 	f1 := coalesce("f1")
-	f1.Since = time.Now() // as a delivery of the same task asks again
+	f1.FollowUp = Coalesce{Since: time.Now()} // as a delivery of the same task asks again
 	_, err = b.TryAcquire(ctx, "f", f1)
 	require.ErrorIs(t, err, ErrNotAcquired, "f1 parks")
 	handed := make(chan *Lease, 1)
 	go func() {
-		l, err := a.Acquire(ctx, "f", &AcquireOptions{OnParked: onParked})
+		l, err := a.Acquire(ctx, "f", &AcquireOptions{Park: &Parking{OnParked: onParked}})
 		assert.NoError(t, err)
 		handed <- l
 	}()
@@ -1877,12 +1875,12 @@ func testParkFollowUp(t *testing.T, h *harness) {
 	// neither its run nor its parked entry.
 	final := func(label string) *AcquireOptions {
 		o := coalesce(label)
-		o.Final = true
+		o.FollowUp = Coalesce{Final: true}
 		return o
 	}
 	z1, err := b.TryAcquire(ctx, "z", final("z1"))
 	require.NoError(t, err)
-	_, err = b.TryAcquire(ctx, "z", &AcquireOptions{Coalesce: true, Since: time.UnixMicro(z1.Token() - 1)})
+	_, err = b.TryAcquire(ctx, "z", &AcquireOptions{FollowUp: Coalesce{Since: time.UnixMicro(z1.Token() - 1)}})
 	require.ErrorIs(t, err, ErrNotAcquired, "the Final run does not cover a call that began before it")
 	_, err = b.TryAcquire(ctx, "z", final("z2"))
 	require.ErrorIs(t, err, ErrNotAcquired, "z2 parks")
@@ -1918,8 +1916,11 @@ func testRedelivery(t *testing.T, h *harness) {
 		}
 	}
 	opts := func(label string, supersede bool) *AcquireOptions {
-		return &AcquireOptions{Label: label, Park: "id-" + label, ParkHold: time.Minute, Adopt: true,
-			Supersede: supersede, Coalesce: !supersede, OnParked: onParked}
+		var mode FollowUp = Coalesce{}
+		if supersede {
+			mode = KeepNewest{}
+		}
+		return &AcquireOptions{Label: label, Adopt: true, FollowUp: mode, Park: &Parking{ID: "id-" + label, Hold: time.Minute, OnParked: onParked}}
 	}
 	conflict := func(key, label string, supersede bool) *ConflictError {
 		t.Helper()
@@ -1959,11 +1960,11 @@ func testRedelivery(t *testing.T, h *harness) {
 	// A follow-up delivered again under another parked id (a copy of the
 	// task) takes its own earlier entry's place: it neither replaces nor is
 	// covered by itself.
-	holder, err := a.TryAcquire(ctx, "p", &AcquireOptions{OnParked: onParked})
+	holder, err := a.TryAcquire(ctx, "p", &AcquireOptions{Park: &Parking{OnParked: onParked}})
 	require.NoError(t, err)
 	copyOf := func(label, id string, supersede bool) *AcquireOptions {
 		o := opts(label, supersede)
-		o.Park = id
+		o.Park.ID = id
 		return o
 	}
 	_, err = b.TryAcquire(ctx, "p", copyOf("x", "id-x", true))
@@ -1991,12 +1992,12 @@ func testRedelivery(t *testing.T, h *harness) {
 	// Coalesce: a run covers calls asked before it began, but not a
 	// delivery of its own work, which waits for the run's outcome.
 	before := time.Now().Add(-time.Second)
-	run, err := a.TryAcquire(ctx, "o", &AcquireOptions{Label: "o1", Coalesce: true, Since: before})
+	run, err := a.TryAcquire(ctx, "o", &AcquireOptions{Label: "o1", FollowUp: Coalesce{Since: before}})
 	require.NoError(t, err)
-	_, err = b.TryAcquire(ctx, "o", &AcquireOptions{Label: "o1", Coalesce: true, Since: before})
+	_, err = b.TryAcquire(ctx, "o", &AcquireOptions{Label: "o1", FollowUp: Coalesce{Since: before}})
 	require.ErrorIs(t, err, ErrNotAcquired)
 	require.NotErrorIs(t, err, ErrCovered)
-	_, err = b.TryAcquire(ctx, "o", &AcquireOptions{Label: "o2", Coalesce: true, Since: before})
+	_, err = b.TryAcquire(ctx, "o", &AcquireOptions{Label: "o2", FollowUp: Coalesce{Since: before}})
 	require.ErrorIs(t, err, ErrCovered, "another call is covered")
 	require.NoError(t, run.Release(ctx))
 
@@ -2008,7 +2009,7 @@ func testRedelivery(t *testing.T, h *harness) {
 			done := make(chan error, 1)
 			go func() {
 				o := opts(label, supersede)
-				o.Park, o.ParkHold, o.Adopt = "", 0, false
+				o.Park, o.Adopt = &Parking{OnParked: onParked}, false
 				l, err := b.Acquire(ctx, key, o)
 				if err == nil {
 					err = l.Release(ctx)
@@ -2023,7 +2024,7 @@ func testRedelivery(t *testing.T, h *harness) {
 			return done
 		}
 		o := opts("r1", supersede)
-		o.Park, o.ParkHold, o.Adopt = "", 0, false
+		o.Park, o.Adopt = &Parking{OnParked: onParked}, false
 		r1, err := a.TryAcquire(ctx, key, o)
 		require.NoError(t, err)
 		var follow <-chan error
@@ -2033,7 +2034,7 @@ func testRedelivery(t *testing.T, h *harness) {
 		again := wait("r1")
 		if !supersede {
 			// A later Coalesce call is not covered by the redelivery.
-			_, err := b.TryAcquire(ctx, key, &AcquireOptions{Label: "f2", Coalesce: true})
+			_, err := b.TryAcquire(ctx, key, &AcquireOptions{Label: "f2", FollowUp: Coalesce{}})
 			require.ErrorIs(t, err, ErrNotAcquired)
 			require.NotErrorIs(t, err, ErrCovered)
 		}
@@ -2053,9 +2054,9 @@ func testHandOverBeforeParked(t *testing.T, h *harness) {
 	b := h.locker(t, WithOwner("b"))
 	c := h.locker(t, WithOwner("c"))
 	calls := make(chan string, 4)
-	holder, err := a.TryAcquire(ctx, "k", &AcquireOptions{OnParked: func(id string) { calls <- id }})
+	holder, err := a.TryAcquire(ctx, "k", &AcquireOptions{Park: &Parking{OnParked: func(id string) { calls <- id }}})
 	require.NoError(t, err)
-	_, err = b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", Park: "id-j1", ParkHold: time.Minute, Adopt: true})
+	_, err = b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", Adopt: true, Park: &Parking{ID: "id-j1", Hold: time.Minute}})
 	require.ErrorIs(t, err, ErrNotAcquired)
 	got := make(chan *Lease, 1)
 	go func() {
@@ -2084,19 +2085,19 @@ func testCloseResumesParked(t *testing.T, h *harness) {
 	a := h.locker(t, WithOwner("a"))
 	b := h.locker(t, WithOwner("b"))
 	calls := make(chan string, 4)
-	_, err := a.TryAcquire(ctx, "k", &AcquireOptions{OnParked: func(id string) { calls <- id }})
+	_, err := a.TryAcquire(ctx, "k", &AcquireOptions{Park: &Parking{OnParked: func(id string) { calls <- id }}})
 	require.NoError(t, err)
-	_, err = b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", Park: "id-j1", ParkHold: time.Minute, Adopt: true})
+	_, err = b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", Adopt: true, Park: &Parking{ID: "id-j1", Hold: time.Minute}})
 	require.ErrorIs(t, err, ErrNotAcquired)
 	require.NoError(t, a.Close(ctx))
 	require.Len(t, calls, 1, "Close returns after OnParked")
 	require.Equal(t, "id-j1", <-calls)
-	l, err := b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", Park: "id-j1", ParkHold: time.Minute, Adopt: true})
+	l, err := b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", Adopt: true, Park: &Parking{ID: "id-j1", Hold: time.Minute}})
 	require.NoError(t, err, "the parked job adopts its reservation")
 	require.NoError(t, l.Release(ctx))
 }
 
-// Order: a Supersede call older than the key's follow-up gives up at once
+// Order: a KeepNewest call older than the key's follow-up gives up at once
 // and takes no newer call's place; one older than the key's latest run gives
 // up while that run holds the key and after it, and preempts no newer run; a
 // delivery of the same task (the same order) is not older; a call without an
@@ -2124,7 +2125,7 @@ func testOrder(t *testing.T, h *harness) {
 			return info.Waiters == n
 		}, 5*time.Second, time.Millisecond)
 	}
-	sup := func(order int64) *AcquireOptions { return &AcquireOptions{Supersede: true, Order: order} }
+	sup := func(order int64) *AcquireOptions { return &AcquireOptions{FollowUp: KeepNewest{Order: order}} }
 
 	// KeepNewest: the older call reaches the store last and gives up.
 	holder, err := a.TryAcquire(ctx, "k", nil)
@@ -2149,10 +2150,10 @@ func testOrder(t *testing.T, h *harness) {
 
 	// Parked follow-ups: the older gives up, the newer's entry stays.
 	resumed := make(chan string, 1)
-	holder, err = a.TryAcquire(ctx, "q", &AcquireOptions{OnParked: func(id string) { resumed <- id }})
+	holder, err = a.TryAcquire(ctx, "q", &AcquireOptions{Park: &Parking{OnParked: func(id string) { resumed <- id }}})
 	require.NoError(t, err)
 	park := func(label string, order int64) error {
-		l, err := b.TryAcquire(ctx, "q", &AcquireOptions{Label: label, Park: "id-" + label, Adopt: true, Supersede: true, Order: order})
+		l, err := b.TryAcquire(ctx, "q", &AcquireOptions{Label: label, Adopt: true, FollowUp: KeepNewest{Order: order}, Park: &Parking{ID: "id-" + label}})
 		if err == nil {
 			err = l.Release(ctx)
 		}
@@ -2173,7 +2174,7 @@ func testOrder(t *testing.T, h *harness) {
 
 	// Preempt: an older call preempts no newer run.
 	pre := func(order int64) *AcquireOptions {
-		return &AcquireOptions{Supersede: true, Preempt: true, TTL: 30 * time.Second, Order: order}
+		return &AcquireOptions{FollowUp: Preempt{Order: order}, TTL: 30 * time.Second}
 	}
 	r = <-acquire(a, "p", pre(20))
 	require.NoError(t, r.err)
@@ -2213,6 +2214,6 @@ func testOrder(t *testing.T, h *harness) {
 	require.NoError(t, r.err, "after an unordered run, arrival")
 	require.NoError(t, r.l.Release(ctx))
 
-	_, err = a.Acquire(ctx, "v", &AcquireOptions{Supersede: true, Order: -1})
+	_, err = a.Acquire(ctx, "v", &AcquireOptions{FollowUp: KeepNewest{Order: -1}})
 	require.ErrorIs(t, err, ErrInvalid)
 }

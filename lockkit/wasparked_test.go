@@ -21,7 +21,7 @@ func TestWasParked(t *testing.T) {
 	t.Cleanup(func() { _ = l.Close(ctx) })
 	started := make(chan string, 1)
 	opt := func(label string) *lockkit.AcquireOptions {
-		return &lockkit.AcquireOptions{Label: label, Park: "queue/" + label, Adopt: true, OnParked: func(id string) { started <- id }}
+		return &lockkit.AcquireOptions{Label: label, Adopt: true, Park: &lockkit.Parking{ID: "queue/" + label, OnParked: func(id string) { started <- id }}}
 	}
 
 	first, err := l.TryAcquire(ctx, "k", opt("job-1"))

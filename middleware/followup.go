@@ -26,7 +26,7 @@ func (g *Guard) PassOn(ctx context.Context, key, origin string) {
 		return
 	}
 	l, err := g.locker.TryAcquire(ctx, key, &lockkit.AcquireOptions{TTL: g.ttl, Label: origin, Adopt: true,
-		OnParked: func(id string) { p.Resume(key, id) }})
+		Park: &lockkit.Parking{OnParked: func(id string) { p.Resume(key, id) }}})
 	if err != nil {
 		if !errors.Is(err, lockkit.ErrNotAcquired) && !errors.Is(err, lockkit.ErrClosed) {
 			g.Emit(ctx, Event{Kind: EventError, Job: Job{Key: key, Origin: origin}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
@@ -74,11 +74,14 @@ func (g *Guard) parkFollowUp(ctx context.Context, job Job, opt *lockkit.AcquireO
 	return nil, 0, &DuplicateError{Job: job, Reason: ReasonHeld, Action: ActionRequeue, Parked: true, Cause: ce}
 }
 
+// parked reports whether opt parks the job when its key is held.
+func parked(opt *lockkit.AcquireOptions) bool { return opt.Park != nil && opt.Park.ID != "" }
+
 // markParked sets Parked in err's DuplicateError when the acquire with opt
 // parked the job.
 func markParked(err error, opt *lockkit.AcquireOptions) error {
 	var dup *DuplicateError
-	if opt.Park != "" && errors.As(err, &dup) && dup.Reason == ReasonHeld && dup.Action == ActionRequeue {
+	if parked(opt) && errors.As(err, &dup) && dup.Reason == ReasonHeld && dup.Action == ActionRequeue {
 		dup.Parked = true
 	}
 	return err

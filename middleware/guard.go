@@ -112,7 +112,7 @@ type Job struct {
 	Reserved bool
 	// Final says that the runtime does not run the job again if this run
 	// fails (an asynq task with no retries left). Under Coalesce such a job
-	// covers no other (lockkit.AcquireOptions.Final): a failure of its run
+	// covers no other (lockkit.Coalesce.Final): a failure of its run
 	// loses no other job's work. Defaults to false.
 	Final bool
 }
@@ -396,23 +396,21 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Leas
 		AsyncRelease: g.async, Adopt: job.Reserved && job.Origin != ""}
 	if p := g.parking; p != nil && g.limit <= 1 {
 		// Every run resumes the key's oldest parked job when it ends.
-		opt.OnParked = func(id string) { p.Resume(job.Key, id) }
+		opt.Park = &lockkit.Parking{OnParked: func(id string) { p.Resume(job.Key, id) }}
 		if g.parks() && job.Origin != "" {
-			opt.Park, opt.ParkHold, opt.Adopt = p.ID(ctx, job), p.Hold, true
+			opt.Park.ID, opt.Park.Hold, opt.Adopt = p.ID(ctx, job), p.Hold, true
 		}
 	}
-	if g.policy.mode == ModeCoalesce {
-		opt.Since = job.EnqueuedAt
-		opt.Coalesce, opt.Final = true, job.Final
-		if opt.Park != "" {
-			return g.parkFollowUp(ctx, job, opt)
-		}
-		return g.followUp(ctx, job, opt)
+	switch g.policy.mode {
+	case ModeCoalesce:
+		opt.FollowUp = lockkit.Coalesce{Since: job.EnqueuedAt, Final: job.Final}
+	case ModeKeepNewest:
+		opt.FollowUp = lockkit.KeepNewest{Order: job.Order}
+	case ModePreempt:
+		opt.FollowUp = lockkit.Preempt{Order: job.Order, Grace: g.policy.grace}
 	}
-	if g.policy.mode == ModeKeepNewest || g.policy.mode == ModePreempt {
-		opt.Supersede, opt.Order = true, job.Order
-		opt.Preempt, opt.PreemptGrace = g.policy.mode == ModePreempt, g.policy.grace
-		if opt.Park != "" {
+	if opt.FollowUp != nil {
+		if parked(opt) {
 			return g.parkFollowUp(ctx, job, opt)
 		}
 		return g.followUp(ctx, job, opt)

@@ -105,7 +105,7 @@ type Parking struct {
 
 // WithParking makes ActionRequeue park its duplicates, and Coalesce and
 // KeepNewest their follow-ups instead of waiting for the key: a job with an
-// Origin whose key is held is queued for the key (lockkit.AcquireOptions.Park)
+// Origin whose key is held is queued for the key (lockkit.Parking)
 // and reported with ActionRequeue and DuplicateError.Parked (a Coalesce job
 // that a run covers, or that the key's parked follow-up will cover, still
 // completes without running, as does a KeepNewest follow-up that a newer

@@ -26,7 +26,7 @@ func TestEndpoints(t *testing.T) {
 	require.NoError(t, err)
 	_, err = l.TryAcquire(ctx, "report", nil)
 	require.NoError(t, err)
-	_, err = l.TryAcquire(ctx, "tenant:42", &lockkit.AcquireOptions{Label: "task-2", Detached: true, Park: "task-2"})
+	_, err = l.TryAcquire(ctx, "tenant:42", &lockkit.AcquireOptions{Label: "task-2", Detached: true, Park: &lockkit.Parking{ID: "task-2"}})
 	require.ErrorIs(t, err, lockkit.ErrNotAcquired) // parked for the key
 
 	ro, err := opsview.New(l)

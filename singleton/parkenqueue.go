@@ -29,7 +29,7 @@ const parkedHeader = "jobguard-parked"
 //     task's ID, for backstop) and is enqueued as asked; the middleware takes
 //     the reservation over when the task starts.
 //   - A task whose key is held or reserved is parked for it
-//     (lockkit.AcquireOptions.Park) and enqueued to be processed backstop
+//     (lockkit.Parking) and enqueued to be processed backstop
 //     from now (asynq.ProcessIn; the TaskInfo says "scheduled"). The run
 //     that frees the key, in a Middleware with WithRedis, reserves it for
 //     the oldest parked task and moves that task to the head of its
@@ -121,8 +121,8 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 		}
 	}
 	res, err := p.locker.TryAcquire(ctx, key, &lockkit.AcquireOptions{TTL: p.backstop, Label: id, Detached: true,
-		Park: parkEntry(queue, id, id), ParkHold: ParkBackstop,
-		OnParked: func(id string) { p.resumer.resume(key, id) }}) // when given back
+		Park: &lockkit.Parking{ID: parkEntry(queue, id, id), Hold: ParkBackstop,
+			OnParked: func(id string) { p.resumer.resume(key, id) }}}) // when given back
 	var ce *lockkit.ConflictError
 	switch {
 	case err == nil:

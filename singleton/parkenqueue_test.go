@@ -189,7 +189,7 @@ func TestParkAtEnqueueNeverStrandsATask(t *testing.T) {
 		}, 5*time.Second, time.Millisecond)
 		require.Equal(t, asynq.TaskStatePending, enqueueSlow(10))
 		_, err = e.locker().TryAcquire(ctx, "k", &lockkit.AcquireOptions{Label: "ghost", Detached: true,
-			Park: e.Queue + "\nghost\nghost", ParkHold: singleton.ParkBackstop})
+			Park: &lockkit.Parking{ID: e.Queue + "\nghost\nghost", Hold: singleton.ParkBackstop}})
 		require.ErrorIs(t, err, lockkit.ErrNotAcquired)
 		require.Equal(t, asynq.TaskStateScheduled, enqueueSlow(11))
 		require.Eventually(t, func() bool { return log.runs() == 5 }, 10*time.Second, 5*time.Millisecond, "the ghost was passed over")

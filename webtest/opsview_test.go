@@ -74,7 +74,7 @@ func TestOperatorReleasesAStuckKey(t *testing.T) {
 	other, err := worker.TryAcquire(ctx, "report:daily", nil)
 	require.NoError(t, err)
 	defer other.Release(ctx)
-	_, err = worker.TryAcquire(ctx, "report:daily", &lockkit.AcquireOptions{Label: "task-9", Detached: true, Park: "task-9"})
+	_, err = worker.TryAcquire(ctx, "report:daily", &lockkit.AcquireOptions{Label: "task-9", Detached: true, Park: &lockkit.Parking{ID: "task-9"}})
 	require.ErrorIs(t, err, lockkit.ErrNotAcquired) // parked for the key
 
 	view, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix))
@@ -199,9 +199,9 @@ func TestPageHoldsRealisticData(t *testing.T) {
 	}
 	// The release of the long key reserves it for the job parked for it:
 	// the reservation's owner is "parked:" and the job's id, newlines and all.
-	first, err := l.TryAcquire(ctx, long, &lockkit.AcquireOptions{Label: "b225dc7119beeb5c63e9fd535b4ee120", OnParked: func(string) {}})
+	first, err := l.TryAcquire(ctx, long, &lockkit.AcquireOptions{Label: "b225dc7119beeb5c63e9fd535b4ee120", Park: &lockkit.Parking{OnParked: func(string) {}}})
 	require.NoError(t, err)
-	_, err = l.TryAcquire(ctx, long, &lockkit.AcquireOptions{Label: "parked\nlabel", Detached: true, Park: "default\nid-1\nid-1"})
+	_, err = l.TryAcquire(ctx, long, &lockkit.AcquireOptions{Label: "parked\nlabel", Detached: true, Park: &lockkit.Parking{ID: "default\nid-1\nid-1"}})
 	require.ErrorIs(t, err, lockkit.ErrNotAcquired)
 	require.NoError(t, first.Release(ctx))
 	h, err := opsview.New(l, opsview.WithRelease())
