@@ -1,8 +1,8 @@
 package middleware
 
 // Follow-ups (Coalesce, KeepNewest, Preempt), parking, the pass-on of a
-// reserved key, debounce generations, and a delivery that waits for its own
-// earlier run.
+// reserved key, the runtime's own check (WithAdmit), and a delivery that
+// waits for its own earlier run.
 
 import (
 	"context"
@@ -105,49 +105,21 @@ func (g *Guard) followUp(ctx context.Context, job Job, opt *lockkit.AcquireOptio
 	return nil, waited, err
 }
 
-// claim lets a job with a request generation run only if it is its key's
-// newest request, or if the newest one's work does not exist.
-func (g *Guard) claim(ctx context.Context, job Job) error {
-	fail := func(err error) error {
-		err = fmt.Errorf("middleware: %s: claim %q: %w", job.label(), job.Key, err)
-		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
-		return err
-	}
-	if g.requests == nil {
-		return fail(fmt.Errorf("%w: Job.Gen %d: the requests are kept in the Redis of a *lockkit.RedisLocker, and the Locker is a %T", ErrInvalid, job.Gen, g.locker))
-	}
-	newest, ok, err := g.requests.Claim(ctx, job.Key, job.Gen, false)
-	if err != nil {
-		return fail(err)
-	}
-	if ok {
+// admitJob makes the runtime's check of job (WithAdmit).
+func (g *Guard) admitJob(ctx context.Context, job Job) error {
+	err := g.admit(ctx, job)
+	if err == nil {
 		return nil
 	}
-	pending := true
-	if g.pending != nil && !newest.Claimed {
-		if pending, err = g.pending(ctx, job, newest); err != nil {
-			return fail(err)
-		}
+	var dup *DuplicateError
+	if errors.As(err, &dup) {
+		dup.Job = job
+		g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: dup.Action, Err: dup.Cause})
+		return dup
 	}
-	if !pending {
-		// The newest request's work does not exist: this job runs instead,
-		// unless that request was claimed meanwhile (it ran and is gone).
-		again, ok, err := g.requests.Claim(ctx, job.Key, job.Gen, true)
-		if err != nil {
-			return fail(err)
-		}
-		if ok {
-			return nil
-		}
-		newest = again
-	}
-	state := "is pending"
-	if newest.Claimed {
-		state = "ran or runs"
-	}
-	cause := fmt.Errorf("a newer request of the key, %q (generation %d), %s", newest.ID, newest.Gen, state)
-	g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Err: cause})
-	return &DuplicateError{Job: job, Reason: ReasonSuperseded, Action: ActionSkip, Cause: cause}
+	err = fmt.Errorf("middleware: %s: %w", job.label(), err)
+	g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+	return err
 }
 
 // ownRun reports whether err is a conflict with a run of the same work.

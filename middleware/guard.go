@@ -89,16 +89,6 @@ type Job struct {
 	// share its order. Zero means none: the job is placed by its arrival at
 	// Redis. Must not be negative.
 	Order int64
-	// Gen, when positive, is the job's request generation from
-	// lockkit.Debouncer.Debounce on Key (latest wins), on the Redis and
-	// prefix of the guard's Locker: the job runs only if it is its key's
-	// newest request, which ends the key's burst (Debouncer.Claim).
-	// Otherwise it does not run (ReasonSuperseded, ActionSkip), unless the
-	// guard's WithPending check says the newest request's work does not
-	// exist (its enqueue failed): then it runs in its place. A guard whose
-	// Locker is not a *lockkit.RedisLocker cannot tell: Run fails with an
-	// error matching ErrInvalid.
-	Gen int64
 	// Epoch, when positive, claims the unit of work once: a later run with an
 	// epoch not greater than the last claimed one fails with ReasonClaimed.
 	Epoch int64
@@ -132,15 +122,14 @@ type Guard struct {
 	limit      int
 	hold       time.Duration
 	throttle   *throttle
-	starts     *lockkit.Throttle  // the throttle's budgets
-	requests   *lockkit.Debouncer // Job.Gen's requests; nil without a RedisLocker
+	starts     *lockkit.Throttle // the throttle's budgets
 	ttl        time.Duration
 	logger     *slog.Logger
 	loggerSet  bool
 	log        Observer
 	observers  []Observer
-	pending    Pending
-	pendingSet bool
+	admit      Admit
+	admitSet   bool
 	parking    *Parking
 	parkingSet bool
 	async      bool
@@ -187,8 +176,8 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("%w: WithTTL(%s): must be zero (the Locker's) or between %s and %s", ErrInvalid, g.ttl, lockkit.MinTTL, lockkit.MaxTTL)
 	case g.loggerSet && g.logger == nil:
 		return nil, fmt.Errorf("%w: WithLogger(nil)", ErrInvalid)
-	case g.pendingSet && g.pending == nil:
-		return nil, fmt.Errorf("%w: WithPending(nil)", ErrInvalid)
+	case g.admitSet && g.admit == nil:
+		return nil, fmt.Errorf("%w: WithAdmit(nil)", ErrInvalid)
 	case g.parkingSet && (g.parking.ID == nil || g.parking.Resume == nil):
 		return nil, fmt.Errorf("%w: WithParking: ID and Resume must not be nil", ErrInvalid)
 	case g.parkingSet && (g.parking.Hold < 0 || g.parking.Hold > lockkit.MaxTTL):
@@ -209,9 +198,6 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		if g.starts, err = rl.Throttle(g.throttle.n, g.throttle.period); err != nil {
 			return nil, fmt.Errorf("%w: WithThrottle: %w", ErrInvalid, err)
 		}
-	}
-	if rl != nil {
-		g.requests = rl.Debouncer()
 	}
 	if g.logger == nil {
 		g.logger = slog.Default()
@@ -387,8 +373,8 @@ type attempt struct {
 // acquire takes job's key under the policy. A job about to wait for the
 // key gives back its reserved throttle start first.
 func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Lease, time.Duration, error) {
-	if job.Gen > 0 {
-		if err := g.claim(ctx, job); err != nil {
+	if g.admit != nil {
+		if err := g.admitJob(ctx, job); err != nil {
 			return nil, 0, err
 		}
 	}

@@ -374,7 +374,7 @@ func TestNewValidation(t *testing.T) {
 		{"zero wait in order", []middleware.Option{middleware.WithPolicy(middleware.WaitInOrder(0, middleware.Fail()))}, "the wait 0s must be positive"},
 		{"wait around a wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Wait(time.Hour, middleware.Skip())))}, "then waits already: Wait(1h0m0s, Skip())"},
 		{"negative delay", []middleware.Option{middleware.WithPolicy(middleware.Requeue(-time.Second))}, "the requeue delay is negative"},
-		{"nil pending", []middleware.Option{middleware.WithPending(nil)}, "WithPending(nil)"},
+		{"nil admit", []middleware.Option{middleware.WithAdmit(nil)}, "WithAdmit(nil)"},
 		{"preempt and wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Preempt(0)))}, "Preempt(0s) waits for its turn itself"},
 		{"negative grace", []middleware.Option{middleware.WithPolicy(middleware.Preempt(-time.Second))}, "the grace must not be negative"},
 		{"preempt and limit", []middleware.Option{middleware.WithPolicy(middleware.Preempt(0)), middleware.WithLimit(2)}, "Preempt runs one job per key"},
@@ -405,10 +405,9 @@ func TestNewValidation(t *testing.T) {
 // instrumenting wrapper.
 type wrapped struct{ lockkit.Locker }
 
-// The throttle's budget and a debounced job's requests live in the Redis of
-// a *lockkit.RedisLocker: with another Locker, WithThrottle is refused by
-// New and a job with a Gen fails, naming the Locker's type; other jobs
-// run, and the guard logs through slog.Default().
+// The throttle's budget lives in the Redis of a *lockkit.RedisLocker: with
+// another Locker, WithThrottle is refused by New, naming the Locker's type;
+// jobs run, and the guard logs through slog.Default().
 func TestGuardOnAnotherLocker(t *testing.T) {
 	l := wrapped{lockkittest.New(t, lockkit.WithLogger(slog.New(slog.DiscardHandler)))}
 	_, err := middleware.New(l, middleware.WithThrottle(1, time.Second, middleware.ActionSkip))
@@ -422,11 +421,7 @@ func TestGuardOnAnotherLocker(t *testing.T) {
 	g, err := middleware.New(l, middleware.WithPolicy(middleware.KeepNewest()))
 	require.NoError(t, err)
 	ctx := context.Background()
-	out := g.Run(ctx, middleware.Job{Key: "k", Name: "sync", Gen: 7}, func(context.Context) error { return nil })
-	require.False(t, out.Ran)
-	require.ErrorIs(t, out.Err, middleware.ErrInvalid)
-	require.ErrorContains(t, out.Err, "Job.Gen 7: the requests are kept in the Redis of a *lockkit.RedisLocker")
-	out = g.Run(ctx, middleware.Job{Key: "k", Name: "sync"}, func(context.Context) error { return nil })
+	out := g.Run(ctx, middleware.Job{Key: "k", Name: "sync"}, func(context.Context) error { return nil })
 	require.True(t, out.Ran)
 	require.NoError(t, out.Err)
 	require.Contains(t, logs.String(), "sync", "logged through slog.Default()")
@@ -762,43 +757,58 @@ func TestOlderJobGivesWayToNewerOrder(t *testing.T) {
 	}
 }
 
-// Job.Gen: only the newest request of a key runs; an older one gives way to
-// it unless its work does not exist.
-func TestLatestRequestWins(t *testing.T) {
+// WithAdmit: the runtime's check is made before the job takes its key. A
+// *DuplicateError completes the job without running (EventDuplicate with its
+// Action and Cause, the Duplicate naming the job); another error fails it
+// (EventError); nil lets it run. WithShadow runs every job without asking.
+func TestAdmit(t *testing.T) {
 	l := lockkittest.New(t)
 	ctx := context.Background()
-	exists := true
+	var verdict error
 	var asked []string
-	g, err := middleware.New(l, middleware.WithPending(func(_ context.Context, _ middleware.Job, newest lockkit.Request) (bool, error) {
-		asked = append(asked, newest.ID)
-		return exists, nil
-	}))
+	ev := &recorder{}
+	admit := middleware.WithAdmit(func(_ context.Context, job middleware.Job) error {
+		asked = append(asked, job.ID)
+		return verdict
+	})
+	g, err := middleware.New(l, admit, middleware.WithObserver(ev.observe))
 	require.NoError(t, err)
-	older, err := l.Debouncer().Debounce(ctx, "k", "t1", time.Second, 0)
-	require.NoError(t, err)
-	newer, err := l.Debouncer().Debounce(ctx, "k", "t2", time.Second, 0)
-	require.NoError(t, err)
-	run := func(gen int64) middleware.Outcome {
-		return g.Run(ctx, middleware.Job{Key: "k", Name: "sync", Gen: gen}, func(context.Context) error { return nil })
+	run := func(g *middleware.Guard, id string) middleware.Outcome {
+		return g.Run(ctx, middleware.Job{Key: "k", Name: "sync", ID: id}, func(context.Context) error { return nil })
 	}
 
-	out := run(older.Gen)
+	cause := errors.New(`a newer request of the key, "t2", is pending`)
+	verdict = &middleware.DuplicateError{Reason: middleware.ReasonSuperseded, Action: middleware.ActionSkip, Cause: cause}
+	out := run(g, "t1")
 	require.False(t, out.Ran)
 	require.NotNil(t, out.Duplicate)
 	require.Equal(t, middleware.ReasonSuperseded, out.Duplicate.Reason)
-	require.Equal(t, middleware.ActionSkip, out.Duplicate.Action)
-	require.ErrorContains(t, out.Err, `a newer request of the key, "t2"`)
-	require.Equal(t, []string{"t2"}, asked)
+	require.Equal(t, "t1", out.Duplicate.Job.ID, "Run names the job")
+	require.ErrorIs(t, out.Err, middleware.ErrDuplicate)
+	require.ErrorIs(t, out.Err, cause)
+	dup, ok := ev.find(middleware.EventDuplicate)
+	require.True(t, ok)
+	require.Equal(t, middleware.ActionSkip, dup.Action)
+	require.ErrorIs(t, dup.Err, cause)
 
-	exists = false // t2's enqueue failed: t1 runs instead
-	require.True(t, run(older.Gen).Ran)
-
-	require.True(t, run(newer.Gen).Ran)
-	asked = nil
-	out = run(older.Gen) // a late delivery of t1 after t2 ran
+	verdict = errors.New("asynq unreachable")
+	out = run(g, "t2")
 	require.False(t, out.Ran)
-	require.ErrorContains(t, out.Err, "ran or runs")
-	require.Empty(t, asked, "a claimed newest request needs no check")
+	require.Nil(t, out.Duplicate)
+	require.ErrorIs(t, out.Err, verdict)
+	require.ErrorContains(t, out.Err, "middleware: sync: asynq unreachable")
+	_, ok = ev.find(middleware.EventError)
+	require.True(t, ok)
+
+	verdict = nil
+	require.True(t, run(g, "t3").Ran)
+	require.Equal(t, []string{"t1", "t2", "t3"}, asked)
+
+	verdict = errors.New("not asked")
+	shadow, err := middleware.New(l, admit, middleware.WithShadow())
+	require.NoError(t, err)
+	require.True(t, run(shadow, "t4").Ran)
+	require.Equal(t, []string{"t1", "t2", "t3"}, asked, "not asked under WithShadow")
 }
 
 // Under WithParking a requeued duplicate is parked: the run that frees its

@@ -6,8 +6,6 @@ import (
 	"context"
 	"log/slog"
 	"time"
-
-	"github.com/jobguard/jobguard/lockkit"
 )
 
 // Option configures a Guard.
@@ -62,15 +60,19 @@ type throttle struct {
 	then   Action
 }
 
-// Pending tells whether the work of newest, a newer request of job's key
-// (Job.Gen), exists and will run: a queued task, for example.
-type Pending func(ctx context.Context, job Job, newest lockkit.Request) (bool, error)
+// Admit is a runtime's own check of whether a job may run, made by Run
+// before the job takes its key (singleton uses it for a debounced task: only
+// the newest request of a key runs). It returns nil to let the job go on, a
+// *DuplicateError to complete the job without running (reported as an
+// EventDuplicate with the error's Action and Cause; Run fills in its Job),
+// or another error to fail the job (reported as an EventError), so that the
+// runtime tries it again.
+type Admit func(ctx context.Context, job Job) error
 
-// WithPending sets how the guard checks that the newest request of a job's
-// key exists before the job gives way to it (Job.Gen). An error fails the
-// job (not a duplicate), so the runtime retries it. Must not be nil.
-// Defaults to trusting that it exists.
-func WithPending(p Pending) Option { return func(g *Guard) { g.pending, g.pendingSet = p, true } }
+// WithAdmit sets the check Run makes before a job takes its key (see
+// Admit). It is not made under WithShadow. Must not be nil. Defaults to
+// none: every job goes on to take its key.
+func WithAdmit(a Admit) Option { return func(g *Guard) { g.admit, g.admitSet = a, true } }
 
 // WithAsyncRelease makes Run return as soon as the work has: the lease ends
 // then, and its release is sent by the Locker's background releaser

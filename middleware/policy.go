@@ -228,8 +228,8 @@ const (
 	// of work (such as a cron tick) ran elsewhere.
 	ReasonClaimed
 	// ReasonSuperseded means a newer job of the key took this one's place
-	// as its follow-up (ModeKeepNewest, ModePreempt), or that a newer
-	// request of the key is pending (Job.Gen).
+	// as its follow-up (ModeKeepNewest, ModePreempt), or that the runtime's
+	// check (WithAdmit) found a newer request of the key.
 	ReasonSuperseded
 	// ReasonThrottled means the key's starts per period (WithThrottle) were
 	// spent; DuplicateError.RetryAfter says when the next one opens.

@@ -16,8 +16,8 @@ import (
 
 // DebounceGenHeader is the task header in which a Client with Debounce
 // records the task's request generation (lockkit.Request.Gen). Middleware
-// runs such a task only if it is the newest request of its key
-// (middleware.Job.Gen).
+// runs such a task only if it is the newest request of its key, or if the
+// newest request's task does not exist.
 const DebounceGenHeader = "jobguard-debounce-gen"
 
 // Debounce makes a Client enqueue each task as the newest request of its key
@@ -88,10 +88,64 @@ func debounceGen(t *asynq.Task) int64 {
 // key's tasks may be in several queues.
 func debounceID(queue, id string) string { return queue + "\n" + id }
 
-// newestPending tells whether the task of newest, a newer request of job's
-// key, exists in its queue (the task's own, for a request named by a task
-// ID alone) with that request's generation.
-func (m *guarded) newestPending(ctx context.Context, _ middleware.Job, newest lockkit.Request) (bool, error) {
+// genKey is the context key of a debounced task's generation (see
+// debounceGen), which admitNewest reads.
+type genKey struct{}
+
+// admitNewest is the guard's check (middleware.WithAdmit) of a debounced
+// task, whose generation process put in ctx: the task runs only if it is its
+// key's newest request, which ends the key's burst (lockkit.Debouncer.Claim),
+// or if the newest request's task does not exist (its enqueue failed, or it
+// was archived before it started): then it runs in its place. Otherwise it
+// completes without running (ReasonSuperseded, ActionSkip). A Middleware
+// whose Locker is not a *lockkit.RedisLocker cannot tell: the task fails with
+// an error matching ErrInvalid.
+func (m *guarded) admitNewest(ctx context.Context, job middleware.Job) error {
+	gen, _ := ctx.Value(genKey{}).(int64)
+	if gen <= 0 {
+		return nil
+	}
+	fail := func(err error) error { return fmt.Errorf("claim %q: %w", job.Key, err) }
+	if m.requests == nil {
+		return fail(fmt.Errorf("%w: generation %d: the requests are kept in the Redis of a *lockkit.RedisLocker, and the Locker is a %T", ErrInvalid, gen, m.guard.Locker()))
+	}
+	newest, ok, err := m.requests.Claim(ctx, job.Key, gen, false)
+	if err != nil {
+		return fail(err)
+	}
+	if ok {
+		return nil
+	}
+	pending := true
+	if m.inspector != nil && !newest.Claimed {
+		if pending, err = m.newestPending(ctx, newest); err != nil {
+			return fail(err)
+		}
+	}
+	if !pending {
+		// The newest request's work does not exist: this task runs instead,
+		// unless that request was claimed meanwhile (it ran and is gone).
+		again, ok, err := m.requests.Claim(ctx, job.Key, gen, true)
+		if err != nil {
+			return fail(err)
+		}
+		if ok {
+			return nil
+		}
+		newest = again
+	}
+	state := "is pending"
+	if newest.Claimed {
+		state = "ran or runs"
+	}
+	cause := fmt.Errorf("a newer request of the key, %q (generation %d), %s", newest.ID, newest.Gen, state)
+	return &middleware.DuplicateError{Reason: middleware.ReasonSuperseded, Action: middleware.ActionSkip, Cause: cause}
+}
+
+// newestPending tells whether the task of newest, a newer request of the
+// task's key, exists in its queue (the task's own, for a request named by a
+// task ID alone) with that request's generation.
+func (m *guarded) newestPending(ctx context.Context, newest lockkit.Request) (bool, error) {
 	queue, id, ok := strings.Cut(newest.ID, "\n")
 	if !ok {
 		queue, _ = asynq.GetQueueName(ctx)

@@ -1079,7 +1079,8 @@ func TestDebounceRunsTheNewestTask(t *testing.T) {
 			e.start(e.config(4), mux)
 		}
 		var wg sync.WaitGroup
-		var last atomic.Int64 // when the last enqueue returned (unix ns)
+		var last atomic.Int64      // when the last enqueue returned (unix ns)
+		gens := map[string]int64{} // task ID → generation
 		for c := range 3 {
 			cl, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, singleton.KeyByFields("k"),
 				singleton.Debounce(e.locker(), quiet, 0))
@@ -1089,8 +1090,15 @@ func TestDebounceRunsTheNewestTask(t *testing.T) {
 				defer wg.Done()
 				for i := range 20 {
 					task := asynq.NewTask("sync", fmt.Appendf(nil, `{"k":"tenant-%d","n":%d}`, i%3, c*100+i))
-					_, err := cl.Enqueue(task, asynq.Queue(e.Queue))
+					info, err := cl.Enqueue(task, asynq.Queue(e.Queue))
+					if !assert.NoError(t, err) {
+						continue
+					}
+					gen, err := strconv.ParseInt(info.Headers[singleton.DebounceGenHeader], 10, 64)
 					assert.NoError(t, err)
+					mu.Lock()
+					gens[info.ID] = gen
+					mu.Unlock()
 					last.Store(time.Now().UnixNano())
 				}
 			}()
@@ -1111,7 +1119,7 @@ func TestDebounceRunsTheNewestTask(t *testing.T) {
 		for _, x := range ev.all() {
 			if x.Kind == middleware.EventDuplicate {
 				require.Contains(t, x.Err.Error(), "a newer request of the key")
-				skipped[x.Job.Key] = append(skipped[x.Job.Key], x.Job.Gen)
+				skipped[x.Job.Key] = append(skipped[x.Job.Key], gens[x.Job.ID])
 			}
 		}
 		mu.Lock()

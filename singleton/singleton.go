@@ -359,11 +359,14 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	if c.rdb != nil {
 		m.inspector = asynq.NewInspectorFromRedisClient(c.rdb)
 		m.rdb = c.rdb
-		opts = append(opts[:len(opts):len(opts)], middleware.WithPending(m.newestPending))
 	}
 	if c.rdb != nil {
 		opts = append(opts[:len(opts):len(opts)], middleware.WithParking(m.parking()))
 	}
+	if rl, ok := locker.(*lockkit.RedisLocker); ok {
+		m.requests = rl.Debouncer()
+	}
+	opts = append(opts[:len(opts):len(opts)], middleware.WithAdmit(m.admitNewest))
 	g, err := middleware.New(locker, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -413,6 +416,7 @@ type guarded struct {
 	types     map[string]bool // nil: every type
 	client    *asynq.Client
 	inspector *asynq.Inspector
+	requests  *lockkit.Debouncer    // debounced tasks' requests; nil without a RedisLocker
 	rdb       redis.UniversalClient // asynq's Redis, with WithRedis
 	limit     int                   // the WithLimit value; 0 when not given
 	skips     *skipLog
@@ -437,7 +441,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	}
 	retried, _ := asynq.GetRetryCount(ctx)
 	maxRetry, ok := asynq.GetMaxRetry(ctx)
-	job := middleware.Job{Name: t.Type(), ID: id, Origin: origin, EnqueuedAt: enqueuedAt(t), Order: taskOrder(t), Gen: debounceGen(t),
+	job := middleware.Job{Name: t.Type(), ID: id, Origin: origin, EnqueuedAt: enqueuedAt(t), Order: taskOrder(t),
 		Reserved: t.Headers()[parkedHeader] != "", Final: ok && retried >= maxRetry}
 	key, err := m.keyOf(ctx, t)
 	if err != nil {
@@ -451,6 +455,9 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	}
 	if job.Reserved && m.limit > 1 {
 		return m.refuseParked(ctx, job)
+	}
+	if gen := debounceGen(t); gen > 0 {
+		ctx = context.WithValue(ctx, genKey{}, gen)
 	}
 	if m.inspector != nil { // parks duplicates (see parking)
 		ctx = withCopyID(ctx, origin)

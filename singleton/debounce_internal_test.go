@@ -1,0 +1,73 @@
+package singleton
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/internal/testredis"
+	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
+)
+
+// A debounced task runs only if it is its key's newest request; an older one
+// gives way to it unless the newest request's task does not exist in asynq,
+// and a late delivery of an older task after the newest ran gives way
+// without asking asynq.
+func TestLatestRequestWins(t *testing.T) {
+	ctx := context.Background()
+	rdb := testredis.Client(t)
+	queue, insp := testQueue(t, rdb, "latest")
+	l, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(queue+":"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	m := &guarded{requests: l.Debouncer()}
+	older, err := m.requests.Debounce(ctx, "k", debounceID(queue, "t1"), time.Second, 0)
+	require.NoError(t, err)
+	newer, err := m.requests.Debounce(ctx, "k", debounceID(queue, "t2"), time.Second, 0)
+	require.NoError(t, err)
+	admit := func(gen int64) error {
+		return m.admitNewest(context.WithValue(ctx, genKey{}, gen), middleware.Job{Key: "k", Name: "sync"})
+	}
+
+	err = admit(older.Gen) // without an Inspector the newest is trusted to exist
+	var dup *middleware.DuplicateError
+	require.ErrorAs(t, err, &dup)
+	require.Equal(t, middleware.ReasonSuperseded, dup.Reason)
+	require.Equal(t, middleware.ActionSkip, dup.Action)
+	require.ErrorContains(t, err, `a newer request of the key, "`+queue+`\nt2" (generation `)
+	require.ErrorContains(t, err, "is pending")
+
+	m.inspector = insp // t2 is no task in the queue: its enqueue failed, so t1 runs instead
+	require.NoError(t, admit(older.Gen))
+	require.NoError(t, admit(newer.Gen))
+	m.inspector = nil
+	err = admit(older.Gen) // a late delivery of t1 after t2 ran
+	require.ErrorAs(t, err, &dup)
+	require.ErrorContains(t, err, "ran or runs")
+	require.NoError(t, m.admitNewest(ctx, middleware.Job{Key: "k"}), "a task that is not debounced is not asked about")
+}
+
+// The requests live in the Redis of a *lockkit.RedisLocker: with another
+// Locker a debounced task fails with an error naming the Locker's type, and
+// other tasks run.
+func TestDebouncedTaskOnAnotherLocker(t *testing.T) {
+	rdb := testredis.Client(t)
+	l, err := lockkit.NewRedis(rdb)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	var c config
+	m, err := c.build(otherLocker{l})
+	require.NoError(t, err)
+	err = m.admitNewest(context.WithValue(context.Background(), genKey{}, int64(7)), middleware.Job{Key: "k"})
+	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorContains(t, err, "generation 7: the requests are kept in the Redis of a *lockkit.RedisLocker, and the Locker is a singleton.otherLocker")
+	require.False(t, errors.As(err, new(*middleware.DuplicateError)))
+	require.NoError(t, m.admitNewest(context.Background(), middleware.Job{Key: "k"}))
+}
+
+// otherLocker is a Locker that is not a *lockkit.RedisLocker.
+type otherLocker struct{ lockkit.Locker }
