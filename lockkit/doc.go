@@ -41,5 +41,6 @@
 // Beside leases, on the same Redis but apart from them: a Throttle keeps a
 // budget of starts per key (at most n per period, NewThrottle or
 // RedisLocker.Throttle), a Debouncer the newest request of a burst
-// (NewDebouncer or RedisLocker.Debouncer).
+// (NewDebouncer or RedisLocker.Debouncer). Package lockkit/elect elects a
+// leader on any Locker.
 package lockkit
