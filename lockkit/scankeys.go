@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/glob"
+	"github.com/jobguard/jobguard/internal/rediskey"
 )
 
 // Defaults of ScanOptions.
@@ -215,7 +216,7 @@ type scanCursor struct {
 func (c scanCursor) String() string {
 	s := strconv.Itoa(c.node) + "." + strconv.FormatUint(c.scan, 10)
 	if c.after != "" {
-		s += "." + escape(c.after, "%.")
+		s += "." + rediskey.Escape(c.after, "%.")
 	}
 	return s
 }

@@ -150,11 +150,9 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"CoalesceGivesWayToLaterRuns", testCoalesce},
 		{"ReservationsAreDetachedAndFreedByLabel", testReservation},
 		{"HoldAtLeastKeepsAFastRunsKey", testHoldAtLeast},
-		{"ThrottleSpreadsStarts", testThrottle},
 		{"SupersedeKeepsTheNewestFollowUp", testSupersede},
 		{"PreemptCancelsTheRunningHolder", testPreempt},
 		{"OrderedFollowUpsKeepTheNewestEnqueued", testOrder},
-		{"DebounceKeepsTheNewestRequest", testDebounce},
 		{"ForceReleaseEvictsHolders", testForceRelease},
 		{"ForceReleaseByTokenEvictsTheHolderSeen", testForceReleaseToken},
 		{"AsyncReleaseLeavesRunsPath", testAsyncRelease},
@@ -166,8 +164,6 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"RedeliveryIsNoFollowUp", testRedelivery},
 		{"HandOverComesBeforeParkedJobs", testHandOverBeforeParked},
 		{"CloseResumesTheParkedJob", testCloseResumesParked},
-		{"ThrottleCountsAStaleIDAgain", testThrottleStaleID},
-		{"ThrottleReservesStartsAndDatesThemWhenTaken", testThrottleReserve},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

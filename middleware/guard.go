@@ -38,6 +38,8 @@ import (
 
 	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/debounce"
+	"github.com/jobguard/jobguard/lockkit/throttle"
 )
 
 // Defaults of a Guard.
@@ -90,7 +92,7 @@ type Job struct {
 	// Redis. Must not be negative.
 	Order int64
 	// Gen, when positive, is the job's request generation from
-	// lockkit.Debouncer.Debounce on Key (latest wins), on the Redis and
+	// debounce.Debouncer.Debounce on Key (latest wins), on the Redis and
 	// prefix of the guard's Locker: the job runs only if it is its key's
 	// newest request, which ends the key's burst (Debouncer.Claim).
 	// Otherwise it does not run (ReasonSuperseded, ActionSkip), unless the
@@ -131,9 +133,9 @@ type Guard struct {
 	policy     Policy
 	limit      int
 	hold       time.Duration
-	throttle   *throttle
-	starts     *lockkit.Throttle  // the throttle's budgets
-	requests   *lockkit.Debouncer // Job.Gen's requests; nil without a RedisLocker
+	throttle   *throttleSpec
+	starts     *throttle.Throttle  // the throttle's budgets
+	requests   *debounce.Debouncer // Job.Gen's requests; nil without a RedisLocker
 	ttl        time.Duration
 	logger     *slog.Logger
 	loggerSet  bool
@@ -205,13 +207,15 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		if rl == nil {
 			return nil, fmt.Errorf("%w: WithThrottle(%d, %s): the budget is kept in the Redis of a *lockkit.RedisLocker, and the Locker is a %T", ErrInvalid, g.throttle.n, g.throttle.period, locker)
 		}
+		client, prefix := rl.Redis()
 		var err error
-		if g.starts, err = rl.Throttle(g.throttle.n, g.throttle.period); err != nil {
+		if g.starts, err = throttle.New(client, g.throttle.n, g.throttle.period, throttle.WithPrefix(prefix)); err != nil {
 			return nil, fmt.Errorf("%w: WithThrottle: %w", ErrInvalid, err)
 		}
 	}
 	if rl != nil {
-		g.requests = rl.Debouncer()
+		client, prefix := rl.Redis()
+		g.requests, _ = debounce.New(client, debounce.WithPrefix(prefix)) // a Locker's client is not nil
 	}
 	if g.logger == nil {
 		g.logger = slog.Default()

@@ -17,7 +17,9 @@ import (
 
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
+	"github.com/jobguard/jobguard/lockkit/throttle"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -769,14 +771,17 @@ func TestLatestRequestWins(t *testing.T) {
 	ctx := context.Background()
 	exists := true
 	var asked []string
-	g, err := middleware.New(l, middleware.WithPending(func(_ context.Context, _ middleware.Job, newest lockkit.Request) (bool, error) {
+	g, err := middleware.New(l, middleware.WithPending(func(_ context.Context, _ middleware.Job, newest debounce.Request) (bool, error) {
 		asked = append(asked, newest.ID)
 		return exists, nil
 	}))
 	require.NoError(t, err)
-	older, err := l.Debouncer().Debounce(ctx, "k", "t1", time.Second, 0)
+	client, prefix := l.Redis()
+	requests, err := debounce.New(client, debounce.WithPrefix(prefix))
 	require.NoError(t, err)
-	newer, err := l.Debouncer().Debounce(ctx, "k", "t2", time.Second, 0)
+	older, err := requests.Debounce(ctx, "k", "t1", time.Second, 0)
+	require.NoError(t, err)
+	newer, err := requests.Debounce(ctx, "k", "t2", time.Second, 0)
 	require.NoError(t, err)
 	run := func(gen int64) middleware.Outcome {
 		return g.Run(ctx, middleware.Job{Key: "k", Name: "sync", Gen: gen}, func(context.Context) error { return nil })
@@ -1189,7 +1194,8 @@ func TestThrottleReservedStartDoesNotDropAWaitingJob(t *testing.T) {
 			l := newLocker(t)
 			held, err := l.TryAcquire(ctx, "k", nil) // not a throttled run
 			require.NoError(t, err)
-			starts, err := l.(*lockkit.RedisLocker).Throttle(1, time.Minute)
+			client, prefix := l.(*lockkit.RedisLocker).Redis()
+			starts, err := throttle.New(client, 1, time.Minute, throttle.WithPrefix(prefix))
 			require.NoError(t, err)
 			wait, err := starts.Reserve(ctx, "k", "x") // a job about to take the key
 			require.NoError(t, err)
