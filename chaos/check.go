@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/singleton"
 )
 
@@ -869,7 +870,7 @@ func releasedKeep() time.Duration {
 //   - P{K}:m (last epoch, latest run's order) and P{K}:u (follow-up), for
 //     parkKeep plus a lease TTL;
 //   - P{K}:c, the last Coalesce success, for lockkit.DefaultCoverFor;
-//   - P{K}:b, Debounce's newest request, for lockkit.DebounceRetention
+//   - P{K}:b, Debounce's newest request, for debounce.Retention
 //     after it was due;
 //   - P{K}:t and P{K}:tr, a throttle's starts and reservations, for its period;
 //   - P{K}:f, the last fencing token, for fenceKeep.
@@ -911,7 +912,7 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 		case "c":
 			keep = lockkit.DefaultCoverFor
 		case "b":
-			keep = lockkit.DebounceRetention + time.Minute
+			keep = debounce.Retention + time.Minute
 		case "t", "tr":
 			keep = period
 		case "f":

@@ -15,6 +15,8 @@ import (
 
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/debounce"
+	"github.com/jobguard/jobguard/lockkit/throttle"
 )
 
 // leaseSet is the leases a Locker handed out in one scenario.
@@ -267,22 +269,22 @@ var faultOps = []faultOp{
 	{"debounce", debounceCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		r, err := l.Debouncer().Debounce(ctx, faultKey, "t1", time.Second, 0)
+		r, err := requestsOf(t, l).Debounce(ctx, faultKey, "t1", time.Second, 0)
 		// However its reply fared, the call recorded one request: asking
 		// again with the same id is the same request, and a later one is
 		// newer and the only one claimed.
-		again, aerr := other.Debouncer().Debounce(context.Background(), faultKey, "t1", time.Second, 0)
+		again, aerr := requestsOf(t, other).Debounce(context.Background(), faultKey, "t1", time.Second, 0)
 		require.NoError(t, aerr)
 		if err == nil {
 			require.Equal(t, r.Gen, again.Gen)
 		}
-		newer, nerr := other.Debouncer().Debounce(context.Background(), faultKey, "t2", time.Second, 0)
+		newer, nerr := requestsOf(t, other).Debounce(context.Background(), faultKey, "t2", time.Second, 0)
 		require.NoError(t, nerr)
 		require.Greater(t, newer.Gen, again.Gen)
-		_, ok, cerr := other.Debouncer().Claim(context.Background(), faultKey, again.Gen, false)
+		_, ok, cerr := requestsOf(t, other).Claim(context.Background(), faultKey, again.Gen, false)
 		require.NoError(t, cerr)
 		require.False(t, ok)
-		_, ok, cerr = other.Debouncer().Claim(context.Background(), faultKey, newer.Gen, false)
+		_, ok, cerr = requestsOf(t, other).Claim(context.Background(), faultKey, newer.Gen, false)
 		require.NoError(t, cerr)
 		require.True(t, ok)
 		return err
@@ -290,20 +292,20 @@ var faultOps = []faultOp{
 	{"claim", claimCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
-		older, err := other.Debouncer().Debounce(context.Background(), faultKey, "t1", time.Second, 0)
+		older, err := requestsOf(t, other).Debounce(context.Background(), faultKey, "t1", time.Second, 0)
 		require.NoError(t, err)
-		newest, err := other.Debouncer().Debounce(context.Background(), faultKey, "t2", time.Second, 0)
+		newest, err := requestsOf(t, other).Debounce(context.Background(), faultKey, "t2", time.Second, 0)
 		require.NoError(t, err)
 		hook.Arm(f, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		_, ok, err := l.Debouncer().Claim(ctx, faultKey, newest.Gen, false)
+		_, ok, err := requestsOf(t, l).Claim(ctx, faultKey, newest.Gen, false)
 		if err == nil {
 			require.True(t, ok)
 		}
 		// However its reply fared, the newest request is claimed once, and
 		// the older one gives way to it.
-		n, ok, cerr := other.Debouncer().Claim(context.Background(), faultKey, older.Gen, false)
+		n, ok, cerr := requestsOf(t, other).Claim(context.Background(), faultKey, older.Gen, false)
 		require.NoError(t, cerr)
 		require.False(t, ok)
 		require.True(t, n.Claimed)
@@ -653,9 +655,19 @@ func TestOperationsUnderReplyFaults(t *testing.T) {
 
 // startsOf returns the Throttle of n starts per period on l's Redis and
 // prefix.
-func startsOf(t *testing.T, l *lockkit.RedisLocker, n int, period time.Duration) *lockkit.Throttle {
+func startsOf(t *testing.T, l *lockkit.RedisLocker, n int, period time.Duration) *throttle.Throttle {
 	t.Helper()
-	th, err := l.Throttle(n, period)
+	client, prefix := l.Redis()
+	th, err := throttle.New(client, n, period, throttle.WithPrefix(prefix))
 	require.NoError(t, err)
 	return th
+}
+
+// requestsOf returns the Debouncer on l's Redis and prefix.
+func requestsOf(t *testing.T, l *lockkit.RedisLocker) *debounce.Debouncer {
+	t.Helper()
+	client, prefix := l.Redis()
+	d, err := debounce.New(client, debounce.WithPrefix(prefix))
+	require.NoError(t, err)
+	return d
 }

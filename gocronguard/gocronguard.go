@@ -42,6 +42,7 @@ import (
 	"github.com/jobguard/jobguard/internal/every"
 	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/elect"
 )
 
 // Defaults of a Locker.
@@ -201,7 +202,7 @@ type lock struct{ lease *lockkit.Lease }
 // Unlock implements gocron.Lock.
 func (k lock) Unlock(ctx context.Context) error { return k.lease.Release(ctx) }
 
-// Elector is a gocron.Elector on a lockkit.Campaign: the scheduler holding
+// Elector is a gocron.Elector on an elect.Campaign: the scheduler holding
 // the key is the leader, renewed while it lives; the lease's fencing token
 // is the term. Losing leadership is reported by the next IsLeader.
 //
@@ -213,7 +214,7 @@ func (k lock) Unlock(ctx context.Context) error { return k.lease.Release(ctx) }
 // CronJob runs at most once across a leader change; the activations that
 // fall within the handover run on no scheduler. The first leader waits too.
 type Elector struct {
-	c        *lockkit.Campaign
+	c        *elect.Campaign
 	handover time.Duration
 }
 
@@ -241,7 +242,7 @@ func NewElector(l lockkit.Locker, key string, opt *lockkit.AcquireOptions, opts 
 	if e.handover <= 0 {
 		return nil, fmt.Errorf("%w: WithHandover(%s): must be positive", ErrInvalid, e.handover)
 	}
-	c, err := lockkit.NewCampaign(l, key, opt)
+	c, err := elect.New(l, key, opt)
 	if err != nil {
 		return nil, err
 	}
@@ -250,15 +251,15 @@ func NewElector(l lockkit.Locker, key string, opt *lockkit.AcquireOptions, opts 
 }
 
 // IsLeader implements gocron.Elector: nil while this scheduler leads and
-// the handover has passed, an error matching lockkit.ErrNotLeader
+// the handover has passed, an error matching elect.ErrNotLeader
 // otherwise.
 func (e *Elector) IsLeader(context.Context) error {
 	_, since, ok := e.c.LeaderSince()
 	if !ok {
-		return lockkit.ErrNotLeader
+		return elect.ErrNotLeader
 	}
 	if left := e.handover - time.Since(since); left > 0 {
-		return fmt.Errorf("%w: the handover ends in %s", lockkit.ErrNotLeader, left)
+		return fmt.Errorf("%w: the handover ends in %s", elect.ErrNotLeader, left)
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jobguard/jobguard/gocronguard"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/elect"
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
 )
 
@@ -146,7 +147,7 @@ func TestElectorRunsJobsOnTheLeaderOnly(t *testing.T) {
 	mu.Unlock()
 
 	require.NoError(t, electors[first].Close(context.Background()))
-	require.ErrorIs(t, electors[first].IsLeader(context.Background()), lockkit.ErrNotLeader)
+	require.ErrorIs(t, electors[first].IsLeader(context.Background()), elect.ErrNotLeader)
 	var next int
 	require.Eventually(t, func() bool { next = leader(); return next >= 0 }, 5*time.Second, 5*time.Millisecond)
 	require.NotEqual(t, first, next)

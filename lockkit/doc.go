@@ -42,8 +42,8 @@
 //     by its label: Select).
 //   - Close stops the renewer and releases every lease the Locker holds.
 //
-// Beside leases, on the same Redis but apart from them: a Throttle keeps a
-// budget of starts per key (at most n per period, NewThrottle or
-// RedisLocker.Throttle), a Debouncer the newest request of a burst
-// (NewDebouncer or RedisLocker.Debouncer).
+// Beside leases, on the same Redis and prefix (RedisLocker.Redis) but
+// apart from them: package lockkit/throttle keeps a budget of starts per
+// key, lockkit/debounce the newest request of a burst. Package
+// lockkit/elect elects a leader on any Locker.
 package lockkit

@@ -230,23 +230,6 @@ func ExampleAcquireOptions_holdAtLeast() {
 	// again within the minute: true
 }
 
-// A Throttle spends a key's budget of starts: here 2 per minute, shared by
-// every process on the same Redis.
-func ExampleThrottle() {
-	ctx := context.Background()
-	srv, _ := inprocess.Start()
-	defer srv.Close()
-	throttle, _ := lockkit.NewThrottle(srv.Client(), 2, time.Minute)
-	for i := range 3 {
-		wait, err := throttle.Take(ctx, "send-digest")
-		fmt.Println(i+1, err, wait == 0)
-	}
-	// Output:
-	// 1 <nil> true
-	// 2 <nil> true
-	// 3 <nil> false
-}
-
 // Preempt: a newer acquire cancels the work holding the key (its ctx cause
 // matches ErrPreempted and ErrLost) and gets the key once that work returns,
 // with a higher fencing token.
@@ -274,32 +257,6 @@ func ExamplePreempt() {
 	// Output:
 	// old run: true true
 	// newer token: true
-}
-
-// A Debouncer records each request of a burst as the key's newest; when
-// the requests come due, only the newest one is claimed and runs.
-func ExampleDebouncer() {
-	ctx := context.Background()
-	srv, _ := inprocess.Start()
-	defer srv.Close()
-	debouncer, _ := lockkit.NewDebouncer(srv.Client())
-	var reqs []lockkit.Request
-	for _, id := range []string{"task-1", "task-2", "task-3"} {
-		r, _ := debouncer.Debounce(ctx, "reindex:tenant-42", id, time.Second, 10*time.Second)
-		reqs = append(reqs, r)
-	}
-	for _, r := range reqs { // each one, when it comes due
-		newest, claimed, _ := debouncer.Claim(ctx, "reindex:tenant-42", r.Gen, false)
-		if claimed {
-			fmt.Println(r.ID, "runs")
-		} else {
-			fmt.Println(r.ID, "gives way to", newest.ID)
-		}
-	}
-	// Output:
-	// task-1 gives way to task-3
-	// task-2 gives way to task-3
-	// task-3 runs
 }
 
 // Parking queues jobs for a held key: the release of the lease that frees

@@ -61,18 +61,3 @@ func TestReleasedLocksLeaveNoLongLivedKeys(t *testing.T) {
 		require.LessOrEqual(t, ttl, time.Second, "%s outlives its lock", k)
 	}
 }
-
-func TestPrintable(t *testing.T) {
-	for in, want := range map[string]string{
-		"":                              "",
-		"tenant:42":                     "tenant:42",
-		`asynq:sync:{"tenant":"é"}`:     `asynq:sync:{"tenant":"é"}`,
-		"parked:default\nid-1\nid-2":    `parked:default\nid-1\nid-2`,
-		"a\x1b[2Jb\tc\r\x00\x7f":        `a\x1b[2Jb\tc\r\x00\x7f`,
-		"evil\u202etxt.exe\u0085\u00a0": `evil\u202etxt.exe\u0085\u00a0`,
-		"bad\xffutf8":                   `bad\xffutf8`,
-		`back\slash`:                    `back\\slash`,
-	} {
-		require.Equal(t, want, Printable(in), "%q", in)
-	}
-}

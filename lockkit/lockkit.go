@@ -34,10 +34,6 @@ const (
 	// of 365 days): longer values would not fit Redis' expiry arithmetic. Both
 	// Lockers reject a longer value with ErrInvalid.
 	MaxTTL = 100 * 365 * 24 * time.Hour
-	// DebounceRetention is how long Debouncer.Debounce remembers a key's newest
-	// request after it was due, so that Claim can tell an older request of
-	// the burst from it.
-	DebounceRetention = 24 * time.Hour
 	// MinRedisVersion is the oldest Redis server RedisLocker works with: its
 	// scripts renew with ZADD GT (6.2), and asynq needs 6.2 as well.
 	MinRedisVersion = "6.2.0"
@@ -135,9 +131,9 @@ func (e *ConflictError) Error() string {
 func (e *ConflictError) Is(target error) bool { return target == ErrNotAcquired }
 
 // Locker hands out leases on keys. The layers above lockkit take their
-// leases through this interface; what is kept beside leases (a Throttle's
-// budgets, a Debouncer's requests) and the logger they default to come from
-// a *RedisLocker's Redis, prefix and options. RedisLocker implements it for
+// leases through this interface; what is kept beside leases (lockkit/throttle's
+// budgets, lockkit/debounce's requests) and the logger they default to come
+// from a *RedisLocker's Redis, prefix (RedisLocker.Redis) and options. RedisLocker implements it for
 // a fleet of processes sharing a Redis (or one process with an embedded
 // Redis: package lockkit/inprocess).
 type Locker interface {
@@ -280,22 +276,6 @@ type Select struct {
 	// Label, when not empty, selects the holder carrying that
 	// AcquireOptions.Label, such as a reservation (see Locker.ForceRelease).
 	Label string
-}
-
-// Request is a request for a key's work recorded by Debouncer.Debounce.
-type Request struct {
-	// Gen orders the requests of a key: a later Debounce call gets a greater
-	// one. It is at least the Redis server's time in microseconds.
-	Gen int64
-	// ID is the id given to Debounce.
-	ID string
-	// Wait is how long after the call the request is due: quiet, cut so
-	// that it is due no later than maxWait after the burst's first request.
-	// For Claim's newest request: how long until it is due, zero if it is.
-	Wait time.Duration
-	// Claimed, for Claim's newest request, tells that it was claimed
-	// already: its work ran or runs.
-	Claimed bool
 }
 
 // Coverage says how a Coalesce acquire's work is covered.

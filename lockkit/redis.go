@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/internal/rediskey"
 )
 
 var (
@@ -50,12 +53,6 @@ var (
 	freeSrc string
 	//go:embed scripts/detach.lua
 	detachSrc string
-	//go:embed scripts/throttle.lua
-	throttleSrc string
-	//go:embed scripts/debounce.lua
-	debounceSrc string
-	//go:embed scripts/claim.lua
-	claimSrc string
 	//go:embed scripts/evict.lua
 	evictSrc string
 	//go:embed scripts/renew.lua
@@ -77,9 +74,6 @@ var (
 	inspectScript      = redis.NewScript(inspectSrc)
 	freeScript         = redis.NewScript(promoteSrc + freeSrc)
 	detachScript       = redis.NewScript(promoteSrc + detachSrc)
-	throttleScript     = redis.NewScript(throttleSrc)
-	debounceScript     = redis.NewScript(debounceSrc)
-	claimScript        = redis.NewScript(claimSrc)
 	evictScript        = redis.NewScript(promoteSrc + evictSrc)
 	renewScript        = redis.NewScript(renewSrc)
 )
@@ -270,6 +264,18 @@ func NewRedis(client redis.UniversalClient, opts ...Option) (*RedisLocker, error
 	return &RedisLocker{e: newEngine(cfg, b), r: b}, nil
 }
 
+// clientConfig is the config of opts for op on client: it refuses a nil
+// client, also a typed nil, and an invalid option.
+func clientConfig(op string, client redis.UniversalClient, opts []Option) (config, error) {
+	if client == nil {
+		return config{}, fmt.Errorf("%w: %s: client is nil", ErrInvalid, op)
+	}
+	if v := reflect.ValueOf(client); v.Kind() == reflect.Pointer && v.IsNil() {
+		return config{}, fmt.Errorf("%w: %s: client is a nil %T", ErrInvalid, op, client)
+	}
+	return newConfig(opts)
+}
+
 // retryWindow is how long after a command's first run go-redis may run it
 // again: every retry waits for a read timeout and a backoff.
 func retryWindow(client redis.UniversalClient) time.Duration {
@@ -315,16 +321,14 @@ func (l *RedisLocker) ForceRelease(ctx context.Context, key string, which Select
 	return l.e.forceRelease(ctx, key, which)
 }
 
-// Throttle returns a Throttle of n starts per period on the Locker's Redis
-// and prefix, as NewThrottle(client, n, period, WithPrefix(prefix)) does,
-// with its errors.
-func (l *RedisLocker) Throttle(n int, period time.Duration) (*Throttle, error) {
-	return newThrottle(l.r.c, l.r.prefix, n, period)
+// Redis returns the client the Locker was built on and its key prefix
+// (WithPrefix; DefaultPrefix without it), for what keeps its own state
+// beside the Locker's leases on the same Redis and prefix: a
+// throttle.Throttle or a debounce.Debouncer built with them shares the
+// budgets and requests of every process on that Redis and prefix.
+func (l *RedisLocker) Redis() (client redis.UniversalClient, prefix string) {
+	return l.r.c, l.e.cfg.prefix
 }
-
-// Debouncer returns a Debouncer on the Locker's Redis and prefix, as
-// NewDebouncer(client, WithPrefix(prefix)) does.
-func (l *RedisLocker) Debouncer() *Debouncer { return &Debouncer{c: l.r.c, prefix: l.r.prefix} }
 
 // Held returns how many leases the Locker holds and renews now (not
 // reservations, which nothing renews).
@@ -448,7 +452,7 @@ func (b *redisBackend) keys(key string) lockKeys {
 }
 
 // base is the prefix of every key of key's lock: "<prefix>{<key>}".
-func (b *redisBackend) base(key string) string { return b.prefix + "{" + escapeKey(key) + "}" }
+func (b *redisBackend) base(key string) string { return rediskey.Base(b.prefix, key) }
 
 // plainKeys are the keys of plain_release.lua for the lease with member
 // "<token>:...": its holders key and the key that records its release,

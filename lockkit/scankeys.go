@@ -10,6 +10,9 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/internal/glob"
+	"github.com/jobguard/jobguard/internal/rediskey"
 )
 
 // Defaults of ScanOptions.
@@ -128,7 +131,7 @@ func orDefault(v, d int) int {
 // serverGlob is the part of pattern that SCAN's MATCH can filter by: the
 // pattern itself when its escaped form means the same ('?' would not: a
 // '{', '}' or '%' of a key is stored as three bytes), otherwise "*";
-// globMatch decides in every case.
+// glob.Match decides in every case.
 func serverGlob(pattern string) string {
 	if strings.ContainsAny(pattern, "[?{}%") {
 		return "*"
@@ -141,7 +144,7 @@ func serverGlob(pattern string) string {
 func (l *RedisLocker) matching(found []string, pattern string) []string {
 	var out []string
 	for _, k := range found {
-		if key := unescape(strings.TrimSuffix(strings.TrimPrefix(k, l.r.prefix+"{"), "}:h")); globMatch(pattern, key) {
+		if key := unescape(strings.TrimSuffix(strings.TrimPrefix(k, l.r.prefix+"{"), "}:h")); glob.Match(pattern, key) {
 			out = append(out, key)
 		}
 	}
@@ -213,7 +216,7 @@ type scanCursor struct {
 func (c scanCursor) String() string {
 	s := strconv.Itoa(c.node) + "." + strconv.FormatUint(c.scan, 10)
 	if c.after != "" {
-		s += "." + escape(c.after, "%.")
+		s += "." + rediskey.Escape(c.after, "%.")
 	}
 	return s
 }
@@ -240,8 +243,3 @@ func parseScanCursor(s string) (scanCursor, error) {
 	}
 	return c, nil
 }
-
-// Match reports whether key matches pattern in the Redis glob syntax of
-// Keys and ScanKeys: for a view that filters other records of keys (such as
-// a log of decisions) the same way.
-func Match(pattern, key string) bool { return globMatch(pattern, key) }

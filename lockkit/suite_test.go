@@ -150,12 +150,9 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"CoalesceGivesWayToLaterRuns", testCoalesce},
 		{"ReservationsAreDetachedAndFreedByLabel", testReservation},
 		{"HoldAtLeastKeepsAFastRunsKey", testHoldAtLeast},
-		{"ThrottleSpreadsStarts", testThrottle},
 		{"SupersedeKeepsTheNewestFollowUp", testSupersede},
 		{"PreemptCancelsTheRunningHolder", testPreempt},
 		{"OrderedFollowUpsKeepTheNewestEnqueued", testOrder},
-		{"DebounceKeepsTheNewestRequest", testDebounce},
-		{"ElectionHasOneLeaderAtATime", testElect},
 		{"ForceReleaseEvictsHolders", testForceRelease},
 		{"ForceReleaseByTokenEvictsTheHolderSeen", testForceReleaseToken},
 		{"AsyncReleaseLeavesRunsPath", testAsyncRelease},
@@ -167,8 +164,6 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"RedeliveryIsNoFollowUp", testRedelivery},
 		{"HandOverComesBeforeParkedJobs", testHandOverBeforeParked},
 		{"CloseResumesTheParkedJob", testCloseResumesParked},
-		{"ThrottleCountsAStaleIDAgain", testThrottleStaleID},
-		{"ThrottleReservesStartsAndDatesThemWhenTaken", testThrottleReserve},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1315,73 +1310,6 @@ func testPreempt(t *testing.T, h *harness) {
 		_, err := a.Acquire(ctx, "k", bad)
 		require.ErrorIs(t, err, ErrInvalid)
 	}
-}
-
-// Election: one leader at a time; a resigning leader hands over at once
-// (pub/sub), a dead one after its TTL; every term is greater than the last.
-func testElect(t *testing.T, h *harness) {
-	ctx := ctxT(t)
-	a := h.locker(t)
-	dead, kill := h.killable(t)
-	opt := &AcquireOptions{TTL: 600 * time.Millisecond}
-	ca, err := NewCampaign(a, "leader", opt)
-	require.NoError(t, err)
-	var term int64
-	require.Eventually(t, func() bool { term, _ = ca.Leader(); return term > 0 }, 5*time.Second, time.Millisecond)
-	cd, err := NewCampaign(dead, "leader", opt)
-	require.NoError(t, err)
-	_, lead := cd.Leader()
-	require.False(t, lead, "one leader at a time")
-
-	start := time.Now()
-	require.NoError(t, ca.Stop(ctx))
-	_, lead = ca.Leader()
-	require.False(t, lead)
-	var next int64
-	require.Eventually(t, func() bool { next, _ = cd.Leader(); return next > 0 }, 5*time.Second, time.Millisecond)
-	require.Less(t, time.Since(start), 200*time.Millisecond, "woken by the resignation, not a poll")
-	require.Greater(t, next, term)
-
-	// A leader whose process froze loses the key after its TTL; its own
-	// Campaign stops claiming leadership by then.
-	cb, err := NewCampaign(h.locker(t), "leader", opt)
-	require.NoError(t, err)
-	defer cb.Stop(ctx)
-	kill()
-	require.Eventually(t, func() bool { _, ok := cd.Leader(); return !ok }, 5*time.Second, time.Millisecond)
-	var last int64
-	require.Eventually(t, func() bool { last, _ = cb.Leader(); return last > 0 }, 5*time.Second, time.Millisecond)
-	require.Greater(t, last, next)
-	stopCtx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	_ = cd.Stop(stopCtx)
-
-	// Elect: lead runs while leader, with the term, and resigns on return.
-	done := make(chan int64)
-	go func() {
-		_ = Elect(ctx, h.locker(t), "elect", nil, func(ctx context.Context, term int64) error {
-			done <- term
-			<-done
-			return nil
-		})
-	}()
-	first := <-done
-	got := make(chan int64, 1)
-	go func() {
-		_ = Elect(ctx, h.locker(t), "elect", nil, func(ctx context.Context, term int64) error {
-			got <- term
-			return nil
-		})
-	}()
-	select {
-	case <-got:
-		t.Fatal("two leaders")
-	case <-time.After(50 * time.Millisecond):
-	}
-	done <- 0
-	require.Greater(t, <-got, first)
-	_, err = NewCampaign(nil, "k", nil)
-	require.ErrorIs(t, err, ErrInvalid)
 }
 
 // ForceRelease: an operator removes a key's holders; a waiter gets the key

@@ -38,6 +38,7 @@ import (
 
 	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/throttle"
 )
 
 // Defaults of a Guard.
@@ -121,8 +122,8 @@ type Guard struct {
 	policy     Policy
 	limit      int
 	hold       time.Duration
-	throttle   *throttle
-	starts     *lockkit.Throttle // the throttle's budgets
+	throttle   *throttleSpec
+	starts     *throttle.Throttle // the throttle's budgets
 	ttl        time.Duration
 	logger     *slog.Logger
 	loggerSet  bool
@@ -194,8 +195,9 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		if rl == nil {
 			return nil, fmt.Errorf("%w: WithThrottle(%d, %s): the budget is kept in the Redis of a *lockkit.RedisLocker, and the Locker is a %T", ErrInvalid, g.throttle.n, g.throttle.period, locker)
 		}
+		client, prefix := rl.Redis()
 		var err error
-		if g.starts, err = rl.Throttle(g.throttle.n, g.throttle.period); err != nil {
+		if g.starts, err = throttle.New(client, g.throttle.n, g.throttle.period, throttle.WithPrefix(prefix)); err != nil {
 			return nil, fmt.Errorf("%w: WithThrottle: %w", ErrInvalid, err)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
+	"github.com/jobguard/jobguard/lockkit/throttle"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -1199,7 +1200,8 @@ func TestThrottleReservedStartDoesNotDropAWaitingJob(t *testing.T) {
 			l := newLocker(t)
 			held, err := l.TryAcquire(ctx, "k", nil) // not a throttled run
 			require.NoError(t, err)
-			starts, err := l.(*lockkit.RedisLocker).Throttle(1, time.Minute)
+			client, prefix := l.(*lockkit.RedisLocker).Redis()
+			starts, err := throttle.New(client, 1, time.Minute, throttle.WithPrefix(prefix))
 			require.NoError(t, err)
 			wait, err := starts.Reserve(ctx, "k", "x") // a job about to take the key
 			require.NoError(t, err)

@@ -26,14 +26,14 @@ func WithLimit(n int) Option { return func(g *Guard) { g.limit = n } }
 func WithHoldAtLeast(d time.Duration) Option { return func(g *Guard) { g.hold = d } }
 
 // WithThrottle allows at most n runs of a key to begin in any window of one
-// period across every process (a lockkit.Throttle on the Redis and prefix
+// period across every process (a throttle.Throttle on the Redis and prefix
 // of the Locker, which must be a *lockkit.RedisLocker), each start dated
 // when its run begins. A job over the budget does not run: Run returns a
 // *DuplicateError with ReasonThrottled, then as its Action (ActionSkip, or
 // ActionRequeue to run it again when the next start opens, RetryAfter), and
 // reports EventDuplicate, whatever holds its key. Before it takes its key a
 // job whose policy does not wait for it (Skip, Requeue, Fail) reserves a
-// start (lockkit's Throttle.Reserve), so that jobs arriving together past
+// start (throttle.Throttle.Reserve), so that jobs arriving together past
 // the budget meet the throttle rather than the policy; the reservation
 // counts against the budget until the run begins, when it is taken and
 // dated. Only a run spends a start: a job that does not run after all (a
@@ -51,10 +51,10 @@ func WithHoldAtLeast(d time.Duration) Option { return func(g *Guard) { g.hold = 
 // the Locker is not a *lockkit.RedisLocker, which keeps the budget. Defaults
 // to no throttle.
 func WithThrottle(n int, period time.Duration, then Action) Option {
-	return func(g *Guard) { g.throttle = &throttle{n: n, period: period, then: then} }
+	return func(g *Guard) { g.throttle = &throttleSpec{n: n, period: period, then: then} }
 }
 
-type throttle struct {
+type throttleSpec struct {
 	n      int
 	period time.Duration
 	then   Action

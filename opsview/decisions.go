@@ -10,7 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/glob"
+	"github.com/jobguard/jobguard/internal/printable"
 )
 
 // DefaultDecisionLog is the stream WithDecisionLog reads when it names
@@ -63,7 +64,7 @@ func nilClient(c redis.UniversalClient) bool {
 }
 
 // decisionView is one entry of the decision log as the page gets it: its
-// fields escaped (lockkit.Printable).
+// fields escaped (printable.String).
 type decisionView struct {
 	ID     string            `json:"id"`
 	At     string            `json:"at"`
@@ -135,7 +136,7 @@ func (h *Handler) readDecisions(ctx context.Context, pattern, before string, lim
 			reply.Read++
 			key, _ := e.Values["key"].(string)
 			call, _ := e.Values["call"].(string)
-			if !lockkit.Match(pattern, key) || (call != "" && calls[call]) {
+			if !glob.Match(pattern, key) || (call != "" && calls[call]) {
 				continue // another key's, or a write go-redis sent again
 			}
 			calls[call] = call != ""
@@ -166,7 +167,7 @@ func decisionOf(e redis.XMessage) decisionView {
 	}
 	for k, x := range e.Values {
 		s, _ := x.(string)
-		v.Fields[lockkit.Printable(k)] = lockkit.Printable(s)
+		v.Fields[printable.String(k)] = printable.String(s)
 	}
 	return v
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/invalid"
+	"github.com/jobguard/jobguard/internal/printable"
 	"github.com/jobguard/jobguard/lockkit"
 )
 
@@ -181,8 +182,8 @@ func (h *Handler) taskState(ctx context.Context, v *holderView) {
 		return
 	}
 	state, link := h.state(ctx, v.Label)
-	v.State = lockkit.Printable(state)
-	if u, err := url.Parse(link); err == nil && link != "" && lockkit.Printable(link) == link &&
+	v.State = printable.String(state)
+	if u, err := url.Parse(link); err == nil && link != "" && printable.String(link) == link &&
 		(u.Scheme == "http" || u.Scheme == "https" || (u.Scheme == "" && u.Host == "" && strings.HasPrefix(link, "/") && !strings.HasPrefix(link, "//"))) {
 		v.Link = link
 	}
@@ -225,7 +226,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // lockView is one held key as the page gets it.
 // The *_text fields are what the page shows: the value with its control
-// bytes escaped (lockkit.Printable).
+// bytes escaped (printable.String).
 type lockView struct {
 	Key     string       `json:"key"`
 	KeyText string       `json:"key_text"`
@@ -370,10 +371,10 @@ func (h *Handler) inspectPage(ctx context.Context, keys []string) []*lockView {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			v := &lockView{Key: k, KeyText: lockkit.Printable(k), Holders: []holderView{}, ParkedIDs: []string{}}
+			v := &lockView{Key: k, KeyText: printable.String(k), Holders: []holderView{}, ParkedIDs: []string{}}
 			info, err := h.l.Inspect(ctx, k)
 			if err != nil {
-				v.Error = lockkit.Printable(err.Error())
+				v.Error = printable.String(err.Error())
 				views[i] = v
 				return
 			}
@@ -382,7 +383,7 @@ func (h *Handler) inspectPage(ctx context.Context, keys []string) []*lockView {
 			}
 			v.Waiters, v.Parked = info.Waiters, info.Parked
 			for _, id := range info.ParkedIDs {
-				v.ParkedIDs = append(v.ParkedIDs, lockkit.Printable(id))
+				v.ParkedIDs = append(v.ParkedIDs, printable.String(id))
 			}
 			for _, hd := range info.Holders {
 				held := int64(0)
@@ -390,8 +391,8 @@ func (h *Handler) inspectPage(ctx context.Context, keys []string) []*lockView {
 					held = (now - hd.Token) / 1000
 				}
 				hv := holderView{
-					Owner: hd.Owner, OwnerText: lockkit.Printable(hd.Owner),
-					Label: hd.Label, LabelText: lockkit.Printable(hd.Label),
+					Owner: hd.Owner, OwnerText: printable.String(hd.Owner),
+					Label: hd.Label, LabelText: printable.String(hd.Label),
 					Token: hd.Token, TTLms: hd.TTL.Milliseconds(), HeldMs: held,
 				}
 				h.taskState(ctx, &hv)
@@ -409,7 +410,7 @@ func (h *Handler) inspectPage(ctx context.Context, keys []string) []*lockView {
 // WithActorHeader header), from where, which key and holders, and what came
 // of it.
 func (h *Handler) audit(r *http.Request, key string, tokens []int64, owner string, released int, err error) {
-	attrs := []slog.Attr{slog.String("key", lockkit.Printable(key)), slog.Int("released", released),
+	attrs := []slog.Attr{slog.String("key", printable.String(key)), slog.Int("released", released),
 		slog.String("remote", r.RemoteAddr)}
 	if h.actor != "" {
 		attrs = append(attrs, slog.String("actor", r.Header.Get(h.actor)))
@@ -417,7 +418,7 @@ func (h *Handler) audit(r *http.Request, key string, tokens []int64, owner strin
 	if len(tokens) > 0 {
 		attrs = append(attrs, slog.Any("tokens", tokens))
 	} else {
-		attrs = append(attrs, slog.String("owner", lockkit.Printable(owner)))
+		attrs = append(attrs, slog.String("owner", printable.String(owner)))
 	}
 	if err != nil {
 		attrs = append(attrs, slog.String("err", err.Error()))

@@ -144,7 +144,7 @@ func releaseRequest(form url.Values) *http.Request {
 }
 
 // Keys, owners and labels come from task IDs: the page shows them with their
-// control bytes escaped (lockkit.Printable), so a parked holder such as
+// control bytes escaped (printable.String), so a parked holder such as
 // "parked:default\n<id>" cannot break a row, while the key the page sends
 // back to release stays the key.
 func TestControlBytesShownEscaped(t *testing.T) {

@@ -11,11 +11,12 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/middleware"
 )
 
 // DebounceGenHeader is the task header in which a Client with Debounce
-// records the task's request generation (lockkit.Request.Gen). Middleware
+// records the task's request generation (debounce.Request.Gen). Middleware
 // runs such a task only if it is the newest request of its key, or if the
 // newest request's task does not exist.
 const DebounceGenHeader = "jobguard-debounce-gen"
@@ -36,10 +37,11 @@ const DebounceGenHeader = "jobguard-debounce-gen"
 // middleware.KeepNewest or middleware.Preempt, so that the newest task
 // waits for a run of the key still going instead of being skipped.
 //
-// The requests are kept in locker's Redis under its prefix (its
-// lockkit.Debouncer), where the Middleware's Locker, which must be on the
-// same Redis and prefix, claims them; nil is refused (ErrInvalid) by
-// NewClient and means the Guard's Locker under Guard.Client.
+// The requests are kept in locker's Redis under its prefix (a
+// debounce.Debouncer on locker.Redis()), where the Middleware's Locker,
+// which must be on the same Redis and prefix, claims them; nil is refused
+// (ErrInvalid) by NewClient and means the Guard's Locker under
+// Guard.Client.
 func Debounce(locker *lockkit.RedisLocker, quiet, maxWait time.Duration) ClientOption {
 	return clientOpt(func(c *config) { c.debounce = &debounceSpec{locker: locker, quiet: quiet, maxWait: maxWait} })
 }
@@ -64,7 +66,12 @@ func (d *debounceSpec) validate() error {
 // debounce records the task with ID id in queue as its key's newest
 // request and returns its generation and when to process it.
 func (d *debounceSpec) debounce(ctx context.Context, key, queue, id string) (int64, time.Time, error) {
-	req, err := d.locker.Debouncer().Debounce(ctx, key, debounceID(queue, id), d.quiet, d.maxWait)
+	client, prefix := d.locker.Redis()
+	requests, err := debounce.New(client, debounce.WithPrefix(prefix))
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	req, err := requests.Debounce(ctx, key, debounceID(queue, id), d.quiet, d.maxWait)
 	if err != nil {
 		return 0, time.Time{}, err
 	}
@@ -94,7 +101,7 @@ type genKey struct{}
 
 // admitNewest is the guard's check (middleware.WithAdmit) of a debounced
 // task, whose generation process put in ctx: the task runs only if it is its
-// key's newest request, which ends the key's burst (lockkit.Debouncer.Claim),
+// key's newest request, which ends the key's burst (debounce.Debouncer.Claim),
 // or if the newest request's task does not exist (its enqueue failed, or it
 // was archived before it started): then it runs in its place. Otherwise it
 // completes without running (ReasonSuperseded, ActionSkip). A Middleware
@@ -145,7 +152,7 @@ func (m *guarded) admitNewest(ctx context.Context, job middleware.Job) error {
 // newestPending tells whether the task of newest, a newer request of the
 // task's key, exists in its queue (the task's own, for a request named by a
 // task ID alone) with that request's generation.
-func (m *guarded) newestPending(ctx context.Context, newest lockkit.Request) (bool, error) {
+func (m *guarded) newestPending(ctx context.Context, newest debounce.Request) (bool, error) {
 	queue, id, ok := strings.Cut(newest.ID, "\n")
 	if !ok {
 		queue, _ = asynq.GetQueueName(ctx)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -21,10 +22,9 @@ func TestLatestRequestWins(t *testing.T) {
 	ctx := context.Background()
 	rdb := testredis.Client(t)
 	queue, insp := testQueue(t, rdb, "latest")
-	l, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(queue+":"))
+	requests, err := debounce.New(rdb, debounce.WithPrefix(queue+":"))
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close(context.Background()) })
-	m := &guarded{requests: l.Debouncer()}
+	m := &guarded{requests: requests}
 	older, err := m.requests.Debounce(ctx, "k", debounceID(queue, "t1"), time.Second, 0)
 	require.NoError(t, err)
 	newer, err := m.requests.Debounce(ctx, "k", debounceID(queue, "t2"), time.Second, 0)

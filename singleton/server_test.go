@@ -19,6 +19,7 @@ import (
 
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -1147,7 +1148,10 @@ func TestDebounceRunsTheNewestTask(t *testing.T) {
 // failed), an older task of the burst runs in its place.
 func TestDebounceRunsAnOlderTaskWhenTheNewestIsMissing(t *testing.T) {
 	testDebounceOlderRuns(t, func(t *testing.T, e *env, _ *singleton.Client, locker *lockkit.RedisLocker) {
-		_, err := locker.Debouncer().Debounce(context.Background(), "asynq:sync", "lost-task", 50*time.Millisecond, 0)
+		client, prefix := locker.Redis()
+		requests, err := debounce.New(client, debounce.WithPrefix(prefix))
+		require.NoError(t, err)
+		_, err = requests.Debounce(context.Background(), "asynq:sync", "lost-task", 50*time.Millisecond, 0)
 		require.NoError(t, err)
 	})
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -364,7 +365,8 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 		opts = append(opts[:len(opts):len(opts)], middleware.WithParking(m.parking()))
 	}
 	if rl, ok := locker.(*lockkit.RedisLocker); ok {
-		m.requests = rl.Debouncer()
+		client, prefix := rl.Redis()
+		m.requests, _ = debounce.New(client, debounce.WithPrefix(prefix)) // a Locker's client is not nil
 	}
 	opts = append(opts[:len(opts):len(opts)], middleware.WithAdmit(m.admitNewest))
 	g, err := middleware.New(locker, opts...)
@@ -416,7 +418,7 @@ type guarded struct {
 	types     map[string]bool // nil: every type
 	client    *asynq.Client
 	inspector *asynq.Inspector
-	requests  *lockkit.Debouncer    // debounced tasks' requests; nil without a RedisLocker
+	requests  *debounce.Debouncer   // debounced tasks' requests; nil without a RedisLocker
 	rdb       redis.UniversalClient // asynq's Redis, with WithRedis
 	limit     int                   // the WithLimit value; 0 when not given
 	skips     *skipLog

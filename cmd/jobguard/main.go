@@ -31,6 +31,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/printable"
 	"github.com/jobguard/jobguard/lockkit"
 )
 
@@ -424,9 +425,9 @@ func (c *cli) release(ctx context.Context, key string) int {
 }
 
 // shown is s as a table prints it: keys, owners and labels come from task
-// IDs and payloads, so their control bytes are escaped (lockkit.Printable)
+// IDs and payloads, so their control bytes are escaped (printable.String)
 // and never reach the terminal nor break a row.
-func shown(s string) string { return lockkit.Printable(s) }
+func shown(s string) string { return printable.String(s) }
 
 func ownerNote(owner string) string {
 	if owner == "" {

@@ -145,3 +145,20 @@ func (c *Counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 }
 
 var _ redis.Hook = (*Counter)(nil)
+
+// Each runs fn as subtests on every Redis a test can have: "Miniredis" (an
+// embedded miniredis whose keys expire as real time passes), "Redis" (at
+// Addr) and "RedisCluster" (at ClusterAddrs), the last two skipped as Addr
+// and ClusterAddrs skip. Each subtest has a client of its own, closed when
+// it ends; give its keys a prefix of their own with Prefix. The subtests
+// run in parallel.
+func Each(t *testing.T, fn func(t *testing.T, client redis.UniversalClient)) {
+	t.Run("Miniredis", func(t *testing.T) {
+		t.Parallel()
+		mr, c := Mini(t)
+		mr.ClockTTL(true)
+		fn(t, c)
+	})
+	t.Run("Redis", func(t *testing.T) { t.Parallel(); fn(t, Client(t)) })
+	t.Run("RedisCluster", func(t *testing.T) { t.Parallel(); fn(t, Cluster(t)) })
+}

@@ -1,4 +1,4 @@
-package lockkit
+package glob
 
 import (
 	"math/rand/v2"
@@ -10,7 +10,7 @@ import (
 )
 
 // globReference is the plain recursive reading of Redis glob syntax, which
-// globMatch must agree with.
+// Match must agree with.
 func globReference(pattern, s string) bool {
 	if pattern == "" {
 		return s == ""
@@ -30,7 +30,7 @@ func globReference(pattern, s string) bool {
 	return ok && globReference(pattern[next:], s[1:])
 }
 
-func TestGlobMatch(t *testing.T) {
+func TestMatch(t *testing.T) {
 	for _, c := range []struct {
 		pattern, s string
 		want       bool
@@ -48,7 +48,7 @@ func TestGlobMatch(t *testing.T) {
 		{"*", "", true},
 		{"?", "", false},
 	} {
-		require.Equal(t, c.want, globMatch(c.pattern, c.s), "%q ~ %q", c.pattern, c.s)
+		require.Equal(t, c.want, Match(c.pattern, c.s), "%q ~ %q", c.pattern, c.s)
 	}
 	// Random patterns and keys over a small alphabet agree with the
 	// reference.
@@ -63,20 +63,20 @@ func TestGlobMatch(t *testing.T) {
 	for range 20000 {
 		p := pick([]string{"a", "b", "*", "?", "[ab]", "[^a]", `\*`, "*"}, 6)
 		s := pick([]string{"a", "b", "*"}, 8)
-		require.Equal(t, globReference(p, s), globMatch(p, s), "%q ~ %q", p, s)
+		require.Equal(t, globReference(p, s), Match(p, s), "%q ~ %q", p, s)
 	}
 }
 
 // A pattern an operator types matches a long key in linear time: the
 // recursive matcher took exponential time on many stars (the operator page
 // and the CLI hung).
-func TestGlobMatchManyStars(t *testing.T) {
+func TestMatchManyStars(t *testing.T) {
 	done := make(chan bool, 1)
-	go func() { done <- globMatch(strings.Repeat("*a", 16)+"*b", strings.Repeat("a", 200)) }()
+	go func() { done <- Match(strings.Repeat("*a", 16)+"*b", strings.Repeat("a", 200)) }()
 	select {
 	case got := <-done:
 		require.False(t, got)
 	case <-time.After(10 * time.Second):
-		t.Fatal("globMatch did not return")
+		t.Fatal("Match did not return")
 	}
 }

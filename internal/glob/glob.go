@@ -1,10 +1,13 @@
-package lockkit
+// Package glob matches strings against Redis glob patterns, the syntax of
+// lockkit's Keys and ScanKeys (and of SCAN MATCH), for a view that filters
+// other records of keys (such as a log of decisions) the same way.
+package glob
 
-// globMatch reports whether s matches pattern in Redis glob syntax, the
-// syntax of Keys on every Locker: '*' matches any run of bytes (also '/'),
-// '?' any one byte, "[abc]", "[^abc]" and "[a-z]" one byte of (or not of) a
-// set, and '\' makes the next byte literal.
-func globMatch(pattern, s string) bool {
+// Match reports whether s matches pattern in Redis glob syntax: '*'
+// matches any run of bytes (also '/'), '?' any one byte, "[abc]", "[^abc]"
+// and "[a-z]" one byte of (or not of) a set, and '\' makes the next byte
+// literal.
+func Match(pattern, s string) bool {
 	// One pass with one backtrack point: each token but '*' matches one
 	// byte, so on a mismatch the last '*' takes one byte more. Linear in
 	// practice, and never exponential whatever the pattern.

@@ -1,0 +1,174 @@
+// Package throttle keeps, per key, a budget of starts shared by every
+// process on one Redis: at most n starts in any window of one period.
+//
+//	starts, err := throttle.New(rdb, 2, time.Minute)
+//	if err != nil { ... }
+//	wait, err := starts.Take(ctx, "send-digest")
+//	if err != nil { ... }
+//	if wait > 0 {
+//		// the budget is spent: a start opens in wait
+//	}
+//
+// Budgets live under lockkit's key prefix (WithPrefix, lockkit.DefaultPrefix
+// by default) beside the leases of a lockkit.RedisLocker, and apart from
+// them; a Throttle on a Locker's Redis and prefix comes from
+// RedisLocker.Redis:
+//
+//	client, prefix := locker.Redis()
+//	starts, err := throttle.New(client, n, period, throttle.WithPrefix(prefix))
+package throttle
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"fmt"
+	"reflect"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/internal/rediskey"
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+//go:embed throttle.lua
+var script string
+
+var throttleScript = redis.NewScript(script)
+
+// Throttle keeps, per key, a budget of starts shared by every process that
+// uses the same Redis and prefix: at most n starts in any window of one
+// period (a sliding log of the starts, throttle.lua). It is apart from
+// leases, and not atomic with them: the same name may be a throttle key and
+// a lease key. Every call is one script, safe to run twice as go-redis does
+// after a lost reply: a start or reservation is logged under its id, so a
+// repeat takes nothing more. A Throttle holds no goroutine and needs no
+// closing. Build it with New.
+type Throttle struct {
+	c      redis.UniversalClient
+	prefix string // escaped
+	n      int
+	period time.Duration
+}
+
+// Option configures a Throttle.
+type Option func(*Throttle)
+
+// WithPrefix sets the prefix of the Throttle's Redis keys: Throttles on the
+// same Redis and prefix share their budgets. Defaults to
+// lockkit.DefaultPrefix, the prefix of a RedisLocker built without
+// lockkit.WithPrefix.
+func WithPrefix(prefix string) Option {
+	return func(t *Throttle) { t.prefix = rediskey.Key(prefix) }
+}
+
+// New returns a Throttle of n starts per period on client, which it does
+// not close. It returns an error matching lockkit.ErrInvalid for a nil
+// client (also a typed nil), n below 1, or a period shorter than a
+// millisecond or longer than lockkit.MaxTTL.
+func New(client redis.UniversalClient, n int, period time.Duration, opts ...Option) (*Throttle, error) {
+	if v := reflect.ValueOf(client); client == nil || v.Kind() == reflect.Pointer && v.IsNil() {
+		return nil, fmt.Errorf("%w: throttle.New: client is nil", lockkit.ErrInvalid)
+	}
+	switch {
+	case n < 1:
+		return nil, fmt.Errorf("%w: throttle.New: n %d must be at least 1", lockkit.ErrInvalid, n)
+	case period < time.Millisecond || period > lockkit.MaxTTL:
+		return nil, fmt.Errorf("%w: throttle.New: period %s must be between 1ms and %s", lockkit.ErrInvalid, period, lockkit.MaxTTL)
+	}
+	t := &Throttle{c: client, prefix: rediskey.Key(lockkit.DefaultPrefix), n: n, period: period}
+	for _, o := range opts {
+		if o != nil {
+			o(t)
+		}
+	}
+	return t, nil
+}
+
+// Take takes one start from key's budget. It returns zero when the start
+// is allowed, or how long until one would be. It returns
+// lockkit.ErrInvalid for an empty key, and a Redis error wrapped.
+func (t *Throttle) Take(ctx context.Context, key string) (time.Duration, error) {
+	id := make([]byte, 8)
+	_, _ = rand.Read(id) // crypto/rand.Read never fails on supported platforms
+	return t.call(ctx, "Take", key, hex.EncodeToString(id), false)
+}
+
+// Start is Take for a start named by id (unique to one start, such as one
+// delivery of a task): a repeat with the same id, as after a lost reply,
+// takes no second start, and Return gives it back. A start that Reserve
+// reserved for id is taken without counting again, dated now, whatever the
+// budget. Errors are those of Take, and lockkit.ErrInvalid for an empty id.
+func (t *Throttle) Start(ctx context.Context, key, id string) (time.Duration, error) {
+	if id == "" {
+		return 0, fmt.Errorf("%w: Throttle.Start(%q): id is empty", lockkit.ErrInvalid, key)
+	}
+	return t.call(ctx, "Start", key, id, false)
+}
+
+// Reserve reserves a start of key's budget for id, for work about to
+// begin: the reservation counts against the budget until Start takes it
+// when the work begins (dating the start then), Return gives it back, or
+// one period after it was made (a process that died holding it). It
+// returns zero when the start is reserved (a repeat with the same id
+// reserves nothing more), or how long until a start would be allowed.
+// Errors are those of Start.
+func (t *Throttle) Reserve(ctx context.Context, key, id string) (time.Duration, error) {
+	if id == "" {
+		return 0, fmt.Errorf("%w: Throttle.Reserve(%q): id is empty", lockkit.ErrInvalid, key)
+	}
+	return t.call(ctx, "Reserve", key, id, true)
+}
+
+// Next tells how long until fewer than n starts of key began in the last
+// period (zero: now), and takes none. Reserved starts are not counted, as
+// their work may not begin, so a start may still be refused while
+// reservations fill the budget. Errors are those of Take.
+func (t *Throttle) Next(ctx context.Context, key string) (time.Duration, error) {
+	return t.call(ctx, "Next", key, "", false)
+}
+
+// Return gives back to key's budget the start that Start took or Reserve
+// reserved for id, for work that did not start after all; nothing when
+// there is none. It returns lockkit.ErrInvalid for an empty key or id, and
+// a Redis error wrapped.
+func (t *Throttle) Return(ctx context.Context, key, id string) error {
+	if key == "" || id == "" {
+		return fmt.Errorf("%w: Throttle.Return(%q, %q): key and id must not be empty", lockkit.ErrInvalid, key, id)
+	}
+	keys := t.keys(key)
+	if _, err := t.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZRem(ctx, keys[0], id)
+		p.ZRem(ctx, keys[1], id)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("throttle: return start %q: %w", key, err)
+	}
+	return nil
+}
+
+// keys are a throttle's starts and reserved starts (throttle.lua).
+func (t *Throttle) keys(key string) []string {
+	base := rediskey.Base(t.prefix, key)
+	return []string{base + ":t", base + ":tr"}
+}
+
+// call takes or reserves a start logged as id, or only tells when fewer
+// than n starts began for id "".
+func (t *Throttle) call(ctx context.Context, op, key, id string, reserve bool) (time.Duration, error) {
+	if key == "" {
+		return 0, fmt.Errorf("%w: Throttle.%s: key is empty", lockkit.ErrInvalid, op)
+	}
+	r := "0"
+	if reserve {
+		r = "1"
+	}
+	period := (t.period + time.Millisecond - 1) / time.Millisecond // rounded up
+	wait, err := throttleScript.Run(ctx, t.c, t.keys(key), t.n, int64(period), id, r).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("throttle: %q: %w", key, err)
+	}
+	return time.Duration(wait) * time.Millisecond, nil
+}
