@@ -122,12 +122,19 @@ func (l *Lease) WasParked() bool { return l.parkedBefore }
 func (l *Lease) Lost() <-chan struct{} { return l.lost }
 
 // Err returns nil while the lease is held or after a normal release, and the
-// loss cause (matching ErrLost) once it is lost.
+// loss cause (matching ErrLost) once it is lost, or once its validity ran
+// out (its last TTL, less a safety margin, counted from when the command
+// that set it was sent) even before the Locker has marked it lost: a
+// reservation (AcquireOptions.Detached), which nothing renews, reports
+// ErrLost from then on.
 func (l *Lease) Err() error {
 	l.e.mu.Lock()
 	defer l.e.mu.Unlock()
-	if l.state == stateLost {
+	switch {
+	case l.state == stateLost:
 		return l.cause
+	case l.state == stateHeld && !time.Now().Before(l.validUntil):
+		return fmt.Errorf("%w: %q: validity ran out", ErrLost, l.key)
 	}
 	return nil
 }

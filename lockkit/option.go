@@ -225,17 +225,20 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 func (r *request) followUp(f FollowUp) error {
 	switch p := f.(type) {
 	case *Coalesce:
-		if p != nil {
-			f = *p
+		if p == nil {
+			return fmt.Errorf("%w: key %q: FollowUp is a nil *lockkit.Coalesce", ErrInvalid, r.key)
 		}
+		f = *p
 	case *KeepNewest:
-		if p != nil {
-			f = *p
+		if p == nil {
+			return fmt.Errorf("%w: key %q: FollowUp is a nil *lockkit.KeepNewest", ErrInvalid, r.key)
 		}
+		f = *p
 	case *Preempt:
-		if p != nil {
-			f = *p
+		if p == nil {
+			return fmt.Errorf("%w: key %q: FollowUp is a nil *lockkit.Preempt", ErrInvalid, r.key)
 		}
+		f = *p
 	}
 	switch f := f.(type) {
 	case nil:

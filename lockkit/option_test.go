@@ -94,7 +94,7 @@ func TestFollowUpAndParkValidation(t *testing.T) {
 		{"preempt with limit 2", AcquireOptions{FollowUp: Preempt{}, Limit: 2}, "Preempt works with one holder and no Fair queue (Limit 2, Fair false)"},
 		{"negative preempt order", AcquireOptions{FollowUp: Preempt{Order: -2}}, "Preempt.Order -2 must not be negative"},
 		{"negative grace", AcquireOptions{FollowUp: Preempt{Grace: -time.Second}}, "Preempt.Grace -1s must not be negative"},
-		{"nil pointer", AcquireOptions{FollowUp: (*Preempt)(nil)}, "FollowUp *lockkit.Preempt is not a Coalesce, KeepNewest or Preempt value"},
+		{"nil pointer", AcquireOptions{FollowUp: (*Preempt)(nil)}, "FollowUp is a nil *lockkit.Preempt"},
 		{"other type", AcquireOptions{FollowUp: embedded{}}, "FollowUp lockkit.embedded is not a Coalesce, KeepNewest or Preempt value"},
 		{"park without label", AcquireOptions{Park: &Parking{ID: "x"}}, `Park.ID "x" needs a Label and Limit 1 (Label "", Limit 1)`},
 		{"park with limit 2", AcquireOptions{Park: &Parking{ID: "x"}, Label: "l", Limit: 2}, `Park.ID "x" needs a Label and Limit 1 (Label "l", Limit 2)`},

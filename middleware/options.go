@@ -63,7 +63,8 @@ type throttleSpec struct {
 // Admit is a runtime's own check of whether a job may run, made by Run
 // before the job takes its key (singleton uses it for a debounced task: only
 // the newest request of a key runs). It returns nil to let the job go on, a
-// *DuplicateError to complete the job without running (reported as an
+// *DuplicateError (found with errors.As; Run returns it unwrapped) to
+// complete the job without running (reported as an
 // EventDuplicate with the error's Action and Cause; Run fills in its Job),
 // or another error to fail the job (reported as an EventError), so that the
 // runtime tries it again.

@@ -49,6 +49,7 @@ func Debounce(locker *lockkit.RedisLocker, quiet, maxWait time.Duration) ClientO
 type debounceSpec struct {
 	locker         *lockkit.RedisLocker
 	quiet, maxWait time.Duration
+	requests       *debounce.Debouncer // on locker's Redis and prefix, made by validate
 }
 
 func (d *debounceSpec) validate() error {
@@ -60,18 +61,16 @@ func (d *debounceSpec) validate() error {
 	case d.maxWait != 0 && (d.maxWait < d.quiet || d.maxWait > lockkit.MaxTTL):
 		return fmt.Errorf("%w: Debounce: maxWait %s must be zero or between quiet (%s) and %s", ErrInvalid, d.maxWait, d.quiet, lockkit.MaxTTL)
 	}
-	return nil
+	client, prefix := d.locker.Redis()
+	var err error
+	d.requests, err = debounce.New(client, debounce.WithPrefix(prefix))
+	return err
 }
 
 // debounce records the task with ID id in queue as its key's newest
 // request and returns its generation and when to process it.
 func (d *debounceSpec) debounce(ctx context.Context, key, queue, id string) (int64, time.Time, error) {
-	client, prefix := d.locker.Redis()
-	requests, err := debounce.New(client, debounce.WithPrefix(prefix))
-	if err != nil {
-		return 0, time.Time{}, err
-	}
-	req, err := requests.Debounce(ctx, key, debounceID(queue, id), d.quiet, d.maxWait)
+	req, err := d.requests.Debounce(ctx, key, debounceID(queue, id), d.quiet, d.maxWait)
 	if err != nil {
 		return 0, time.Time{}, err
 	}

@@ -27,10 +27,10 @@ done
 # Standalone Redis only: the Cluster variants skip (CI=true would make a
 # missing cluster a failure; make test runs them).
 export CI= JOBGUARD_NO_CLUSTER=1
-# The core that speaks to Redis through go-redis: lockkit and its packages
-# (middleware and singleton use it through lockkit and asynq, whose newest
-# is its floor, v0.26.0).
-"$go" test -count=1 -timeout 5m ./lockkit/...
+# What calls go-redis itself: lockkit and its packages, and singleton (its
+# own commands, and asynq, whose newest is its floor v0.26.0, on the newest
+# go-redis). middleware reaches Redis only through lockkit.
+"$go" test -count=1 -timeout 5m ./lockkit/... ./singleton/
 for m in gocronguard jobguardprom jobguardotel; do
 	(cd "$m" && "$go" vet ./... && "$go" test -count=1 -timeout 5m ./...)
 done

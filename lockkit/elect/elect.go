@@ -46,8 +46,12 @@ const resignTimeout = 5 * time.Second
 // than every earlier term of the key. When lead returns, Elect resigns
 // (releases the key) and returns lead's error; or the error of the campaign
 // if ctx ended first (wrapping ctx.Err()). opt is as for Locker.Acquire
-// (nil: defaults).
+// (nil: defaults), except that a reservation (Detached), which nothing
+// renews, is refused with an error matching lockkit.ErrInvalid.
 func Elect(ctx context.Context, l lockkit.Locker, key string, opt *lockkit.AcquireOptions, lead func(ctx context.Context, term int64) error) error {
+	if opt != nil && opt.Detached {
+		return fmt.Errorf("%w: elect.Elect(%q): a Detached lease is not renewed, so it cannot lead", lockkit.ErrInvalid, key)
+	}
 	lease, err := l.Acquire(ctx, key, opt)
 	if err != nil {
 		return err
@@ -74,13 +78,16 @@ type Campaign struct {
 
 // New starts campaigning for key on l with opt (nil: defaults; it must not
 // wait forever, so its TTL bounds how long a dead leader blocks the
-// others). It returns an error matching lockkit.ErrInvalid for a nil l or
-// an empty key. A Locker that fails an acquire (Redis unreachable, an
+// others). It returns an error matching lockkit.ErrInvalid for a nil l, an
+// empty key, or a Detached opt (a reservation, which nothing renews). A Locker that fails an acquire (Redis unreachable, an
 // invalid opt) is tried again with a backoff of up to 5s; a closed one
 // (lockkit.ErrClosed) ends the campaign.
 func New(l lockkit.Locker, key string, opt *lockkit.AcquireOptions) (*Campaign, error) {
 	if l == nil || key == "" {
 		return nil, fmt.Errorf("%w: elect.New(%v, %q): locker and key are required", lockkit.ErrInvalid, l, key)
+	}
+	if opt != nil && opt.Detached {
+		return nil, fmt.Errorf("%w: elect.New(%q): a Detached lease is not renewed, so it cannot lead", lockkit.ErrInvalid, key)
 	}
 	c := &Campaign{l: l, key: key, done: make(chan struct{})}
 	if opt != nil {
@@ -133,7 +140,7 @@ func (c *Campaign) run(ctx context.Context) {
 // Leader reports whether the Campaign holds its key now, and the term (the
 // fencing token of its lease). A lost lease is reported as soon as the
 // Locker detects it: at once through its renewal, or when its validity
-// runs out (the Locker marks it lost then, even while a renewal hangs).
+// runs out (Lease.Err reports it then, even while a renewal hangs).
 func (c *Campaign) Leader() (term int64, ok bool) {
 	term, _, ok = c.LeaderSince()
 	return term, ok
