@@ -87,7 +87,7 @@ var (
 	extendCmd       = testredis.ScriptShape(2, 4)
 	inspectCmd      = testredis.ScriptShape(3, 0)
 	freeCmd         = testredis.ScriptShape(2, 3)
-	throttleCmd     = testredis.ScriptShape(2, 4) // as extend's: no op calls both
+	throttleCmd     = testredis.ScriptShape(3, 6)
 	detachCmd       = testredis.ScriptShape(1, 3)
 	debounceCmd     = testredis.ScriptShape(1, 4)
 	claimCmd        = testredis.ScriptShape(1, 2)
@@ -203,6 +203,31 @@ var faultOps = []faultOp{
 		wait, cerr = startsOf(t, other, 2, time.Minute).Take(context.Background(), faultKey)
 		require.NoError(t, cerr)
 		require.Positive(t, wait)
+		return err
+	}},
+	{"throttle-turn", throttleCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		_, err := startsOf(t, l, 1, time.Minute).Start(context.Background(), faultKey, "s0")
+		require.NoError(t, err)
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		_, err = startsOf(t, l, 1, time.Minute).ReserveInTurn(ctx, faultKey, "s1", "T")
+		// However its reply fared, the call booked the turn once and
+		// reserved nothing: the start is spent, and once it is given back
+		// the turn is ahead of newcomers and gets it.
+		starts := startsOf(t, other, 1, time.Minute)
+		require.NoError(t, starts.Return(context.Background(), faultKey, "s0"))
+		wait, cerr := starts.Take(context.Background(), faultKey)
+		require.NoError(t, cerr)
+		require.Positive(t, wait, "the turn is booked")
+		wait, cerr = starts.ReserveInTurn(context.Background(), faultKey, "s2", "T")
+		require.NoError(t, cerr)
+		require.Zero(t, wait, "the turn's next try reserves the start")
+		wait, cerr = starts.Take(context.Background(), faultKey)
+		require.NoError(t, cerr)
+		require.Positive(t, wait, "a repeated or lost reply reserved a second start")
 		return err
 	}},
 	{"free", freeCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {

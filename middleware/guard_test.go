@@ -1187,6 +1187,39 @@ func TestThrottleDatesTheStartWhenTheRunBegins(t *testing.T) {
 	}
 }
 
+// Jobs put back when throttled (ActionRequeue) are told to come back in
+// turns of their Origin: each when a start opens for it, one period after
+// the one before; a job back in its turn runs before a newcomer.
+func TestThrottleRequeueTellsTurns(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			if name == "redis" {
+				testredis.Addr(t)
+			}
+			ctx := context.Background()
+			const period = 300 * time.Millisecond
+			g, _ := newGuard(t, newLocker(t), middleware.WithThrottle(1, period, middleware.ActionRequeue), middleware.WithLimit(10))
+			work := func(context.Context) error { return nil }
+			require.True(t, g.Run(ctx, middleware.Job{Key: "k", Name: "a", Origin: "a"}, work).Ran)
+			var waits []time.Duration
+			for _, origin := range []string{"b", "c", "d"} {
+				out := g.Run(ctx, middleware.Job{Key: "k", Name: origin, Origin: origin}, work)
+				require.False(t, out.Ran)
+				require.Equal(t, middleware.ReasonThrottled, out.Duplicate.Reason)
+				require.Equal(t, middleware.ActionRequeue, out.Duplicate.Action)
+				waits = append(waits, out.Duplicate.RetryAfter)
+			}
+			require.InDelta(t, period, waits[0], float64(50*time.Millisecond))
+			require.InDelta(t, waits[0]+period, waits[1], float64(50*time.Millisecond), "c's turn is after b's")
+			require.InDelta(t, waits[1]+period, waits[2], float64(50*time.Millisecond), "d's turn is after c's")
+			time.Sleep(waits[0])
+			out := g.Run(ctx, middleware.Job{Key: "k", Name: "e"}, work)
+			require.False(t, out.Ran, "a newcomer without an Origin is behind the turns")
+			require.True(t, g.Run(ctx, middleware.Job{Key: "k", Name: "b", Origin: "b"}, work).Ran, "b back in its turn runs")
+		})
+	}
+}
+
 // A job that would wait for its key is throttled at once only if n runs
 // began: a start reserved by a job that may not run does not drop it. It
 // waits, and runs if that job did not.
@@ -1238,8 +1271,8 @@ func (gatedStart) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (s gatedStart) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		a := cmd.Args()
-		if name := cmd.Name(); (name == "evalsha" || name == "eval") && len(a) == 9 &&
-			strings.HasSuffix(fmt.Sprint(a[3]), "}:t") && fmt.Sprint(a[7]) != "" && fmt.Sprint(a[8]) == "0" {
+		if name := cmd.Name(); (name == "evalsha" || name == "eval") && len(a) == 12 &&
+			strings.HasSuffix(fmt.Sprint(a[3]), "}:t") && fmt.Sprint(a[8]) != "" && fmt.Sprint(a[9]) == "0" {
 			<-s.gate
 		}
 		return next(ctx, cmd)

@@ -18,7 +18,9 @@ import (
 var errNotBegun = errors.New("middleware: the run did not begin")
 
 // reserveStart reserves the run's throttle start before the job takes its
-// key, or returns why the job does not run. A job that may wait for its key
+// key, or returns why the job does not run. A job that is put back when
+// throttled (ActionRequeue) and has an Origin reserves in the turn of its
+// Origin (throttle.Throttle.ReserveInTurn). A job that may wait for its key
 // (Wait, Coalesce, KeepNewest, Preempt) reserves none: it is throttled now
 // only if n runs began, and otherwise meets the throttle when its run
 // begins.
@@ -29,7 +31,11 @@ func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
 	if g.policy.wait > 0 || g.policy.mode != ModeAction {
 		wait, err = g.starts.Next(ctx, job.Key)
 	} else {
-		wait, err = g.starts.Reserve(ctx, job.Key, a.start)
+		if g.throttle.then == ActionRequeue && job.Origin != "" {
+			wait, err = g.reserveInTurn(ctx, job, a.start)
+		} else {
+			wait, err = g.starts.Reserve(ctx, job.Key, a.start)
+		}
 		a.reserved = err == nil && wait == 0
 		if err != nil {
 			g.returnStart(ctx, job, a.start) // in case it was reserved
@@ -44,6 +50,33 @@ func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
 		return g.throttled(ctx, job, wait, 0)
 	}
 	return nil
+}
+
+// turnWait bounds how long a job reserving in its turn waits for the start
+// instead of being put back: a runtime that schedules in whole seconds and
+// polls for due work (asynq) brings it back a second or more later, after
+// the turns behind it. Refusals that short come from deliveries of one
+// moment racing by milliseconds.
+const turnWait = 250 * time.Millisecond
+
+// reserveInTurn reserves the start of a job that is put back when
+// throttled in the turn of its Origin: the deliveries of a burst refused
+// together are told distinct turns, each when its own start opens. A start
+// opening within turnWait is waited for.
+func (g *Guard) reserveInTurn(ctx context.Context, job Job, id string) (time.Duration, error) {
+	for tries := 0; ; tries++ {
+		wait, err := g.starts.ReserveInTurn(ctx, job.Key, id, job.Origin)
+		if err != nil || wait == 0 || wait > turnWait || tries == 3 {
+			return wait, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return wait, nil
+		}
+	}
 }
 
 // beginStart takes the run's throttle start as its run begins, dated now:

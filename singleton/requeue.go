@@ -44,7 +44,9 @@ func IsFailure(next func(error) bool) func(error) bool {
 type RequeueError struct {
 	Duplicate *middleware.DuplicateError
 	// Delay is the policy's RequeueDelay plus up to 50% jitter, so that
-	// duplicates put back together do not all come back at once.
+	// duplicates put back together do not all come back at once. For a
+	// throttled task it is the wait for its turn's start, rounded up to a
+	// whole second of the clock.
 	Delay time.Duration
 
 	hooks *hookCheck // of the middleware that returned it, told when a hook sees it
@@ -95,7 +97,7 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.Du
 	re := &RequeueError{Duplicate: dup, Delay: d + rand.N(d/2+1)}
 	switch {
 	case dup.Reason == middleware.ReasonThrottled:
-		re.Delay = dup.RetryAfter // when the key's next start opens
+		re.Delay = wholeSeconds(dup.RetryAfter) // when the key's next start opens
 	case dup.Parked && (p.Mode() == middleware.ModeCoalesce || p.Mode() == middleware.ModeKeepNewest):
 		// A parked follow-up has no delay of its own: the run that frees
 		// the key starts it, and it comes back by itself only as the
@@ -139,6 +141,20 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.Du
 	}
 	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventRequeued, Job: dup.Job, Delay: re.Delay})
 	return fmt.Errorf("%w; re-enqueued as task %s (%w)", re, copyID, asynq.RevokeTask)
+}
+
+// wholeSeconds returns d, from now, rounded up to the next whole second of
+// the clock: asynq dates a retry or a scheduled task in whole seconds,
+// rounded down, so a task put back for d would otherwise come back up to a
+// second early, before the throttle start it waits for opens, and be put
+// back again.
+func wholeSeconds(d time.Duration) time.Duration {
+	now := time.Now()
+	due := now.Add(d)
+	if s := due.Truncate(time.Second); s.Before(due) {
+		due = s.Add(time.Second)
+	}
+	return due.Sub(now)
 }
 
 // creatorWait bounds how long a copy's enqueue waits for the copy that made

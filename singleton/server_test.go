@@ -951,6 +951,47 @@ func TestThrottle(t *testing.T) {
 	})
 }
 
+// A burst of tasks of one key over WithThrottle's budget, put back
+// (ActionRequeue): each comes back about when a start opens for it, not all
+// at the first opening, so every task runs once after about two deliveries.
+func TestThrottledBurstComesBackInTurn(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	const n, tasks, period = 2, 16, 1000 * time.Millisecond
+	var deliveries, runs atomic.Int64
+	ran := make(map[string]int)
+	var mu sync.Mutex
+	mw, err := singleton.Middleware(e.locker(), singleton.WithThrottle(n, period, middleware.ActionRequeue), singleton.WithLimit(tasks),
+		singleton.WithRedis(e.RDB))
+	require.NoError(t, err)
+	mux := asynq.NewServeMux()
+	mux.Use(func(h asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			deliveries.Add(1)
+			return h.ProcessTask(ctx, t)
+		})
+	}, mw)
+	mux.HandleFunc("sync", func(_ context.Context, t *asynq.Task) error {
+		mu.Lock()
+		ran[string(t.Payload())]++
+		mu.Unlock()
+		runs.Add(1)
+		return nil
+	})
+	for i := range tasks {
+		e.Enqueue(asynq.NewTask("sync", []byte(strconv.Itoa(i))))
+	}
+	e.start(e.config(tasks), mux)
+	require.Eventually(t, func() bool { return runs.Load() == tasks }, 20*time.Second, 10*time.Millisecond, "every task ran in the end")
+	e.Drained(10 * time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range tasks {
+		require.Equal(t, 1, ran[strconv.Itoa(i)], "task %d ran once", i)
+	}
+	t.Logf("%d tasks, %d deliveries", tasks, deliveries.Load())
+	require.LessOrEqual(t, deliveries.Load(), int64(tasks*5/2), "about two deliveries a task")
+}
+
 // KeepNewest: while a run holds the key, one follow-up waits, the newest; the
 // one it replaces completes without running. Temporal's BufferOne.
 func TestKeepNewestRunsTheLatestFollowUp(t *testing.T) {

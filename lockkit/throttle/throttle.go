@@ -9,6 +9,11 @@
 //		// the budget is spent: a start opens in wait
 //	}
 //
+// Work that comes back when told (a task put back to its queue) reserves
+// its start with ReserveInTurn, naming its turn: work refused together is
+// booked distinct slots, so that it comes back spread over the periods,
+// each try about when its own start opens, not all at the first opening.
+//
 // Budgets live under lockkit's key prefix (WithPrefix, lockkit.DefaultPrefix
 // by default) beside the leases of a lockkit.RedisLocker, and apart from
 // them; a Throttle on a Locker's Redis and prefix comes from
@@ -43,15 +48,21 @@ var throttleScript = redis.NewScript(script)
 // period (a sliding log of the starts, throttle.lua). It is apart from
 // leases, and not atomic with them: the same name may be a throttle key and
 // a lease key. Every call is one script, safe to run twice as go-redis does
-// after a lost reply: a start or reservation is logged under its id, so a
-// repeat takes nothing more. A Throttle holds no goroutine and needs no
-// closing. Build it with New.
+// after a lost reply: a start or reservation is logged under its id and a
+// booking under its turn, so a repeat takes nothing more. A Throttle
+// holds no goroutine and needs no closing. Build it with New.
 type Throttle struct {
 	c      redis.UniversalClient
 	prefix string // escaped
 	n      int
 	period time.Duration
 }
+
+// TurnKept is how long a turn that ReserveInTurn booked is still known
+// after its booking lapsed: work back that late, as when its runtime
+// schedules in whole seconds or polls for due work, still reserves before
+// newcomers instead of booking a new turn behind them.
+const TurnKept = time.Minute
 
 // Option configures a Throttle.
 type Option func(*Throttle)
@@ -88,12 +99,14 @@ func New(client redis.UniversalClient, n int, period time.Duration, opts ...Opti
 }
 
 // Take takes one start from key's budget. It returns zero when the start
-// is allowed, or how long until one would be. It returns
+// is allowed, or how long until one would be. Turns booked by
+// ReserveInTurn are ahead of it: each counts against the budget, dated at
+// its slot, until it is claimed or lapses. It returns
 // lockkit.ErrInvalid for an empty key, and a Redis error wrapped.
 func (t *Throttle) Take(ctx context.Context, key string) (time.Duration, error) {
 	id := make([]byte, 8)
 	_, _ = rand.Read(id) // crypto/rand.Read never fails on supported platforms
-	return t.call(ctx, "Take", key, hex.EncodeToString(id), false)
+	return t.call(ctx, "Take", key, hex.EncodeToString(id), false, "")
 }
 
 // Start is Take for a start named by id (unique to one start, such as one
@@ -105,7 +118,7 @@ func (t *Throttle) Start(ctx context.Context, key, id string) (time.Duration, er
 	if id == "" {
 		return 0, fmt.Errorf("%w: Throttle.Start(%q): id is empty", lockkit.ErrInvalid, key)
 	}
-	return t.call(ctx, "Start", key, id, false)
+	return t.call(ctx, "Start", key, id, false, "")
 }
 
 // Reserve reserves a start of key's budget for id, for work about to
@@ -119,15 +132,41 @@ func (t *Throttle) Reserve(ctx context.Context, key, id string) (time.Duration, 
 	if id == "" {
 		return 0, fmt.Errorf("%w: Throttle.Reserve(%q): id is empty", lockkit.ErrInvalid, key)
 	}
-	return t.call(ctx, "Reserve", key, id, true)
+	return t.call(ctx, "Reserve", key, id, true, "")
+}
+
+// ReserveInTurn is Reserve for work that comes back when told, with turn
+// naming the work across its tries (such as a task's first ID; unlike id,
+// the same for every try). When the budget is spent it books turn a slot
+// of its own, the next free one after the starts, reservations and
+// bookings before it, and returns how long until that slot: work refused
+// together is told distinct waits and comes back spread out, not all at
+// the first opening. A call whose turn is booked reserves the start when
+// the starts and reservations of the window leave room (the bookings, which
+// it is one of, do not count against it), ending its booking; otherwise
+// its booking stays and it returns how long until a start opens (until
+// its slot, if that is later). A booking nobody claims lapses one period
+// after its slot, when newcomers stop counting it; its turn is still known
+// for TurnKept. A repeat of a call that booked the turn, as after a lost
+// reply, is its claimant. Errors are those of Reserve, and
+// lockkit.ErrInvalid for an empty turn.
+func (t *Throttle) ReserveInTurn(ctx context.Context, key, id, turn string) (time.Duration, error) {
+	switch {
+	case id == "":
+		return 0, fmt.Errorf("%w: Throttle.ReserveInTurn(%q): id is empty", lockkit.ErrInvalid, key)
+	case turn == "":
+		return 0, fmt.Errorf("%w: Throttle.ReserveInTurn(%q): turn is empty", lockkit.ErrInvalid, key)
+	}
+	return t.call(ctx, "ReserveInTurn", key, id, true, turn)
 }
 
 // Next tells how long until fewer than n starts of key began in the last
-// period (zero: now), and takes none. Reserved starts are not counted, as
-// their work may not begin, so a start may still be refused while
-// reservations fill the budget. Errors are those of Take.
+// period or are booked by ReserveInTurn (zero: now), and takes none.
+// Reserved starts are not counted, as their work may not begin, so a start
+// may still be refused while reservations fill the budget. Errors are
+// those of Take.
 func (t *Throttle) Next(ctx context.Context, key string) (time.Duration, error) {
-	return t.call(ctx, "Next", key, "", false)
+	return t.call(ctx, "Next", key, "", false, "")
 }
 
 // Return gives back to key's budget the start that Start took or Reserve
@@ -149,15 +188,16 @@ func (t *Throttle) Return(ctx context.Context, key, id string) error {
 	return nil
 }
 
-// keys are a throttle's starts and reserved starts (throttle.lua).
+// keys are a throttle's starts, reserved starts and booked turns
+// (throttle.lua).
 func (t *Throttle) keys(key string) []string {
 	base := rediskey.Base(t.prefix, key)
-	return []string{base + ":t", base + ":tr"}
+	return []string{base + ":t", base + ":tr", base + ":tq"}
 }
 
-// call takes or reserves a start logged as id, or only tells when fewer
-// than n starts began for id "".
-func (t *Throttle) call(ctx context.Context, op, key, id string, reserve bool) (time.Duration, error) {
+// call takes or reserves a start logged as id, in turn if turn is not "",
+// or only tells when one would be allowed for id "".
+func (t *Throttle) call(ctx context.Context, op, key, id string, reserve bool, turn string) (time.Duration, error) {
 	if key == "" {
 		return 0, fmt.Errorf("%w: Throttle.%s: key is empty", lockkit.ErrInvalid, op)
 	}
@@ -166,7 +206,7 @@ func (t *Throttle) call(ctx context.Context, op, key, id string, reserve bool) (
 		r = "1"
 	}
 	period := (t.period + time.Millisecond - 1) / time.Millisecond // rounded up
-	wait, err := throttleScript.Run(ctx, t.c, t.keys(key), t.n, int64(period), id, r).Int64()
+	wait, err := throttleScript.Run(ctx, t.c, t.keys(key), t.n, int64(period), id, r, turn, int64(TurnKept/time.Millisecond)).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("throttle: %q: %w", key, err)
 	}

@@ -2,6 +2,7 @@ package throttle_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -211,4 +212,189 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// Work refused together books distinct turns: each is told to come back
+// when a start opens for it, one period after the start it waits behind,
+// not all at the first opening.
+func TestReserveInTurnBooksDistinctTurns(t *testing.T) {
+	testredis.Each(t, func(t *testing.T, client redis.UniversalClient) {
+		ctx := ctxT(t)
+		const period = 300 * time.Millisecond
+		newThrottle := on(t, client)
+		for _, n := range []int{1, 3} {
+			th := newThrottle(n, period)
+			key := fmt.Sprintf("burst%d", n)
+			for i := range n {
+				require.Zero(t, must(th.ReserveInTurn(ctx, key, fmt.Sprint("s", i), fmt.Sprint("t", i))), "within the budget")
+			}
+			var waits []time.Duration
+			for i := n; i < 4*n; i++ {
+				w := must(th.ReserveInTurn(ctx, key, fmt.Sprint("s", i), fmt.Sprint("t", i)))
+				require.Positive(t, w)
+				waits = append(waits, w)
+			}
+			for i, w := range waits {
+				// The i-th refused turn waits behind the (i/n+1)-th period's
+				// starts: distinct turns, n per period.
+				due := time.Duration(i/n+1) * period
+				require.InDelta(t, due, w, float64(50*time.Millisecond), "n %d: turn %d told %s", n, i, w)
+				if i >= n {
+					require.GreaterOrEqual(t, w, waits[i-n]+period-20*time.Millisecond, "n %d: turn %d one period after turn %d", n, i, i-n)
+				}
+			}
+		}
+	})
+}
+
+// A booked turn is ahead of every newcomer: a newcomer is refused while the
+// booking is live though no start is in the window, and the turn's claimant
+// takes the start when it comes back, before the newcomer that came first.
+func TestReserveInTurnClaimantGoesFirst(t *testing.T) {
+	testredis.Each(t, func(t *testing.T, client redis.UniversalClient) {
+		ctx := ctxT(t)
+		const period = 200 * time.Millisecond
+		th := on(t, client)(1, period)
+		require.Zero(t, must(th.Reserve(ctx, "k", "first")))
+		w := must(th.ReserveInTurn(ctx, "k", "a1", "A"))
+		require.Positive(t, w)
+		require.Positive(t, must(th.Next(ctx, "k")), "the booking is ahead of a start now")
+		time.Sleep(w + 10*time.Millisecond) // the first reservation lapsed; A's slot came
+		require.Positive(t, must(th.Take(ctx, "k")), "A's booking is ahead of a newcomer")
+		require.Positive(t, must(th.ReserveInTurn(ctx, "k", "b1", "B")), "and of a newcomer with a turn")
+		require.Zero(t, must(th.ReserveInTurn(ctx, "k", "a2", "A")), "A's next try takes its start")
+		require.Zero(t, must(th.Start(ctx, "k", "a2")))
+		require.Positive(t, must(th.Take(ctx, "k")), "the budget is spent")
+
+		// A claimant back before its slot, with no start in the window, is
+		// not held back by the bookings: the others wait for their slots.
+		require.Zero(t, must(th.Reserve(ctx, "early", "e0")))
+		wc := must(th.ReserveInTurn(ctx, "early", "c1", "C"))
+		wd := must(th.ReserveInTurn(ctx, "early", "d1", "D"))
+		require.Greater(t, wd, wc)
+		require.NoError(t, th.Return(ctx, "early", "e0"))
+		require.Zero(t, must(th.ReserveInTurn(ctx, "early", "d2", "D")), "D back early: the window has room")
+		wc2 := must(th.ReserveInTurn(ctx, "early", "c2", "C"))
+		require.Positive(t, wc2, "C: D's start fills the window")
+		require.LessOrEqual(t, wc2, period+5*time.Millisecond)
+
+		_, err := th.ReserveInTurn(ctx, "k", "x", "")
+		require.ErrorIs(t, err, lockkit.ErrInvalid)
+		_, err = th.ReserveInTurn(ctx, "k", "", "X")
+		require.ErrorIs(t, err, lockkit.ErrInvalid)
+	})
+}
+
+// A call that books a turn, sent again (as go-redis does after a lost
+// reply), is the turn's claimant: it reserves one start at most, and its
+// reply is one the caller can act on.
+func TestReserveInTurnRepeated(t *testing.T) {
+	testredis.Each(t, func(t *testing.T, client redis.UniversalClient) {
+		ctx := ctxT(t)
+		th := on(t, client)(2, time.Minute)
+		require.Zero(t, must(th.Reserve(ctx, "k", "r1")))
+		require.Zero(t, must(th.Reserve(ctx, "k", "r2")))
+		w := must(th.ReserveInTurn(ctx, "k", "x", "X"))
+		require.Positive(t, w)
+		again := must(th.ReserveInTurn(ctx, "k", "x", "X"))
+		require.InDelta(t, w, again, float64(20*time.Millisecond), "still booked: told its slot again")
+		require.NoError(t, th.Return(ctx, "k", "r2"))
+		require.Positive(t, must(th.Take(ctx, "k")), "X's booking fills the room r2 left")
+		require.Zero(t, must(th.ReserveInTurn(ctx, "k", "x", "X")), "X's claimant takes the room")
+		require.Zero(t, must(th.ReserveInTurn(ctx, "k", "x", "X")), "a repeat finds the reservation")
+		require.Positive(t, must(th.Take(ctx, "k")), "one start was reserved for X")
+		require.Zero(t, must(th.Start(ctx, "k", "x")))
+		require.Zero(t, must(th.Start(ctx, "k", "r1")))
+		require.Positive(t, must(th.Take(ctx, "k")))
+	})
+}
+
+// A booking nobody claims lapses one period after its slot: newcomers stop
+// counting it, and its turn is still known.
+func TestReserveInTurnBookingLapses(t *testing.T) {
+	testredis.Each(t, func(t *testing.T, client redis.UniversalClient) {
+		ctx := ctxT(t)
+		const period = 200 * time.Millisecond
+		th := on(t, client)(1, period)
+		require.Zero(t, must(th.Reserve(ctx, "k", "r")))
+		w := must(th.ReserveInTurn(ctx, "k", "x", "X"))
+		booked := time.Now()
+		require.Positive(t, w)
+		time.Sleep(time.Until(booked.Add(w + period/2)))
+		require.Positive(t, must(th.Next(ctx, "k")), "half a period after its slot, the booking holds the start")
+		time.Sleep(time.Until(booked.Add(w + period + 20*time.Millisecond)))
+		require.Zero(t, must(th.Take(ctx, "k")), "a period after its slot, it lapsed")
+
+		// Its turn, back late, is still known (TurnKept): not booked behind
+		// the turns booked since, it waits only for the start in the window.
+		wy := must(th.ReserveInTurn(ctx, "k", "y", "Y"))
+		require.Greater(t, wy, period/2)
+		wx := must(th.ReserveInTurn(ctx, "k", "x2", "X"))
+		require.LessOrEqual(t, wx, wy)
+		require.Greater(t, must(th.ReserveInTurn(ctx, "k", "z", "Z")), wy+period/2, "a newcomer is booked behind Y")
+	})
+}
+
+// However claimants, newcomers and repeats interleave, no window of one
+// period holds more than n starts, and every turn starts once in the end.
+func TestReserveInTurnKeepsTheBudget(t *testing.T) {
+	testredis.Each(t, func(t *testing.T, client redis.UniversalClient) {
+		ctx := ctxT(t)
+		const n, turns, period = 2, 8, 200 * time.Millisecond
+		th := on(t, client)(n, period)
+		var starts []time.Time
+		start := func(id string) {
+			t.Helper()
+			before := time.Now()
+			require.Zero(t, must(th.Start(ctx, "k", id)), "a reserved start is taken")
+			starts = append(starts, before)
+		}
+		due := make([]time.Time, turns) // when turn i comes back; zero: started
+		tries := make([]int, turns)
+		for i := range due {
+			due[i] = time.Now()
+		}
+		begin := time.Now()
+		for left := turns; left > 0; {
+			i := 0
+			for j := range due {
+				if !due[j].IsZero() && (due[i].IsZero() || due[j].Before(due[i])) {
+					i = j
+				}
+			}
+			time.Sleep(min(time.Until(due[i]), period))
+			if time.Now().Before(due[i]) {
+				continue
+			}
+			if tries[i]%3 == 1 { // a newcomer takes a start between tries
+				if must(th.Take(ctx, "k")) == 0 {
+					starts = append(starts, time.Now())
+				}
+			}
+			id := fmt.Sprintf("%d.%d", i, tries[i])
+			tries[i]++
+			w := must(th.ReserveInTurn(ctx, "k", id, fmt.Sprint("turn", i)))
+			if i%2 == 0 { // sent again, as after a lost reply
+				w = must(th.ReserveInTurn(ctx, "k", id, fmt.Sprint("turn", i)))
+			}
+			if w == 0 {
+				start(id)
+				due[i], left = time.Time{}, left-1
+				continue
+			}
+			if i%3 == 0 && tries[i] == 2 {
+				w /= 2 // back early
+			}
+			due[i] = time.Now().Add(w)
+		}
+		require.Less(t, time.Since(begin), 10*period, "every turn started")
+		for i := n; i < len(starts); i++ {
+			// Taken on the client just before the server dated them: a few ms
+			// of slack.
+			require.GreaterOrEqual(t, starts[i].Sub(starts[i-n]), period-10*time.Millisecond, "start %d and %d are in one window", i-n, i)
+		}
+		for i, k := range tries {
+			require.LessOrEqual(t, k, 4, "turn %d tried %d times", i, k)
+		}
+	})
 }
