@@ -17,8 +17,9 @@ test:
 
 ## test-compat: the go.mod files require the lowest versions of the
 ## dependencies the tests pass with (go-redis v9.17.3, Go 1.24, as asynq
-## v0.26.0), which `make test` runs at; this runs vet, lockkit's, singleton's and the
-## integration tests at the newest versions, in a temporary copy.
+## v0.26.0), which `make test` runs at; this runs vet, lockkit's tests,
+## singleton's that call go-redis, and the integration tests at the newest
+## versions, in a temporary copy.
 test-compat:
 	@JOBGUARD_NO_CLUSTER=1 tools/with-redis.sh tools/compat.sh
 
