@@ -113,6 +113,9 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 		work := cmp.Or(v.work, b.burstWork)
 		progress("  %s: %d tasks over %d keys, %s handler", v.name, tasks, b.burstKeys, work)
 		q := env.queue(fmt.Sprintf("%s-%d", section, i))
+		// Each variant's locks live under a prefix of their own: what a run
+		// cut off by the timeout leaves behind is no later variant's.
+		prefix := fmt.Sprintf("%se2e:%s-%d:", b.prefix, section, i)
 		rng := rand.New(rand.NewPCG(1, 2))
 		keys := make([]int, tasks)
 		for j := range keys {
@@ -127,7 +130,7 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 			opts = append(opts, asynq.Unique(time.Hour))
 		case v.unique == "jobguard" || v.unique == "debounce" || v.unique == "park":
 			var err error
-			if reserver, err = lockkit.NewRedis(env.enqRedis, lockkit.WithPrefix(b.prefix+"e2e:")); err != nil {
+			if reserver, err = lockkit.NewRedis(env.enqRedis, lockkit.WithPrefix(prefix)); err != nil {
 				return nil, enq, err
 			}
 			opt := singleton.Unique(reserver, singleton.UntilExecuted, 0)
@@ -208,7 +211,7 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 		var locker *lockkit.RedisLocker
 		if v.p != nil {
 			var err error
-			locker, err = lockkit.NewRedis(lockClient, lockkit.WithPrefix(b.prefix+"e2e:"))
+			locker, err = lockkit.NewRedis(lockClient, lockkit.WithPrefix(prefix))
 			if err != nil {
 				return nil, enq, err
 			}
