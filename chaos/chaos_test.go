@@ -51,6 +51,7 @@ func rules(vs []Violation) map[string]int {
 // the shadow family's overlapping runs unreported: the checker reports all
 // four, naming the runs.
 func TestNegativeControlWithoutMiddlewareReportsOverlaps(t *testing.T) {
+	t.Parallel() // each run has its own redis-server and workers
 	res, err := runSeed(testOptions(t, brokenNone), 2)
 	if err != nil {
 		t.Fatal(err)
@@ -65,6 +66,7 @@ func TestNegativeControlWithoutMiddlewareReportsOverlaps(t *testing.T) {
 // Workers that skip every duplicate, whatever the family's policy, lose
 // Coalesce tasks that no later run covered: the checker reports them.
 func TestNegativeControlSkipEverywhereReportsUncoveredTasks(t *testing.T) {
+	t.Parallel() // each run has its own redis-server and workers
 	res, err := runSeed(testOptions(t, brokenSkip), 2)
 	if err != nil {
 		t.Fatal(err)
