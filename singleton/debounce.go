@@ -74,11 +74,7 @@ func (d *debounceSpec) debounce(ctx context.Context, key, queue, id string) (int
 	if err != nil {
 		return 0, time.Time{}, err
 	}
-	at := time.Now().Add(req.Wait)
-	if r := at.Truncate(time.Second); r.Before(at) {
-		at = r.Add(time.Second) // asynq would run it up to a second early
-	}
-	return req.Gen, at, nil
+	return req.Gen, wholeSecond(time.Now().Add(req.Wait)), nil
 }
 
 // debounceGen returns the generation in t's DebounceGenHeader, or zero.

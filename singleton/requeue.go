@@ -144,17 +144,22 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.Du
 }
 
 // wholeSeconds returns d, from now, rounded up to the next whole second of
-// the clock: asynq dates a retry or a scheduled task in whole seconds,
-// rounded down, so a task put back for d would otherwise come back up to a
-// second early, before the throttle start it waits for opens, and be put
-// back again.
+// the clock (see wholeSecond): a throttled task put back for d would
+// otherwise come back before the start it waits for opens, and be put back
+// again.
 func wholeSeconds(d time.Duration) time.Duration {
 	now := time.Now()
-	due := now.Add(d)
-	if s := due.Truncate(time.Second); s.Before(due) {
-		due = s.Add(time.Second)
+	return wholeSecond(now.Add(d)).Sub(now)
+}
+
+// wholeSecond returns t rounded up to a whole second of the clock: asynq
+// dates a retry or a scheduled task in whole seconds, rounded down, so a
+// task due at t would otherwise run up to a second early.
+func wholeSecond(t time.Time) time.Time {
+	if s := t.Truncate(time.Second); s.Before(t) {
+		return s.Add(time.Second)
 	}
-	return due.Sub(now)
+	return t
 }
 
 // creatorWait bounds how long a copy's enqueue waits for the copy that made
