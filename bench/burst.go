@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,6 +111,9 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 	var out []burstRun
 	var enq counts
 	for i, v := range variants {
+		if section == "burst" && !strings.Contains(strings.ToLower(v.name), strings.ToLower(b.burstVariants)) {
+			continue
+		}
 		work := cmp.Or(v.work, b.burstWork)
 		progress("  %s: %d tasks over %d keys, %s handler", v.name, tasks, b.burstKeys, work)
 		q := env.queue(fmt.Sprintf("%s-%d", section, i))

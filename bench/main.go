@@ -58,6 +58,7 @@ type bench struct {
 	burstWork      time.Duration
 	requeueDelay   time.Duration
 	burstTimeout   time.Duration
+	burstVariants  string // a substring of the burst variants to run; empty runs every one
 	cronTicks      int
 	streamTasks    int
 	flowTasks      int
@@ -109,6 +110,7 @@ func main() {
 	flag.IntVar(&b.burstKeys, "burst-keys", 10, "burst: distinct keys")
 	flag.DurationVar(&b.burstWork, "burst-work", time.Millisecond, "burst: handler time")
 	flag.DurationVar(&b.requeueDelay, "requeue-delay", 50*time.Millisecond, "burst: the Requeue policy's delay")
+	flag.StringVar(&b.burstVariants, "burst-variants", "", "burst: run only the variants whose name contains this (case-insensitive), such as \"parked at enqueue\"")
 	flag.DurationVar(&b.burstTimeout, "burst-timeout", 60*time.Second, "burst: the most one policy's run may take; a run cut off is reported as such")
 	flag.IntVar(&b.flowTasks, "flow-tasks", 1000, "flow: tasks of the flow-control burst (and of followup)")
 	flag.DurationVar(&b.followWork, "followup-work", 20*time.Millisecond, "followup: handler time")

@@ -29,9 +29,10 @@
 //
 //   - Skip: the duplicate completes without running the handler.
 //   - Requeue: the duplicate is parked for its key and runs as soon as the
-//     run holding the key ends (that run's worker moves it to pending), or
-//     after the policy's delay plus jitter (times one more than the tasks
-//     parked ahead of it, at most ParkBackstop) by itself. While it has retries left it is returned to asynq as a retry that
+//     run holding the key ends (that run's worker moves it to pending); by
+//     itself it comes back only as a backstop: the next in line the
+//     policy's delay after the holder's lease would run out unrenewed, the
+//     others after ParkBackstop. While it has retries left it is returned to asynq as a retry that
 //     IsFailure reports as no failure (Retried is not incremented and no
 //     failure is counted). With no retries left (MaxRetry(0), or a budget used
 //     up by real failures) a copy is enqueued with the same queue, payload,

@@ -297,3 +297,53 @@ func TestSlowErrorHandlerDoesNotIdleTheKey(t *testing.T) {
 	require.Equal(t, []string{"holder", "b", "a"}, runs.payloads())
 	require.Empty(t, ev.errs(middleware.EventError), "a slow ErrorHandler is no error of the resume")
 }
+
+// A parked Requeue duplicate comes back by itself only as a backstop: the
+// next in line the policy's delay after the holder's lease would run out
+// unrenewed, the others after ParkBackstop. Each is then delivered once
+// more, by the run that frees the key, in the order they parked.
+func TestParkedDuplicatesComeBackOnlyAsABackstop(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	ev := &events{}
+	const ttl, delay = 2 * time.Second, 50 * time.Millisecond
+	keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
+	mw, err := singleton.Middleware(e.locker(), keyOf, singleton.WithTTL(ttl),
+		singleton.WithPolicy(middleware.Requeue(delay)), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+	require.NoError(t, err)
+	mux, runs, release := blockingMux(mw, "sync")
+	e.start(e.config(1), mux)
+	e.Enqueue(asynq.NewTask("sync", []byte("v0")))
+	require.Eventually(t, func() bool { return len(runs.payloads()) == 1 }, 10*time.Second, 5*time.Millisecond)
+	// Concurrency 1 is busy with v0: the duplicates are delivered on a
+	// second server, one at a time, so that they park in order.
+	mw2, err := singleton.Middleware(e.locker(), keyOf, singleton.WithTTL(ttl),
+		singleton.WithPolicy(middleware.Requeue(delay)), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+	require.NoError(t, err)
+	srv := asynq.NewServerFromRedisClient(e.RDB, e.config(1))
+	require.NoError(t, srv.Start(mw2(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		t.Error("a parked duplicate ran while the key was held")
+		return nil
+	}))))
+	for i, v := range []string{"v1", "v2", "v3"} {
+		e.Enqueue(asynq.NewTask("sync", []byte(v)))
+		ev.waitRequeued(t, i+1)
+	}
+	srv.Shutdown()
+	var delays []time.Duration
+	for _, x := range ev.all() {
+		if x.Kind == middleware.EventRequeued {
+			delays = append(delays, x.Delay)
+		}
+	}
+	require.Len(t, delays, 3)
+	// v1, next in line: the lease had between two thirds of its TTL (it is
+	// renewed every TTL/3) and all of it left, plus the delay and its jitter.
+	require.GreaterOrEqual(t, delays[0], ttl*2/3-100*time.Millisecond, "next in line: when the holder's lease would run out")
+	require.LessOrEqual(t, delays[0], ttl+delay*3/2+time.Millisecond)
+	require.Equal(t, []time.Duration{singleton.ParkBackstop, singleton.ParkBackstop}, delays[1:], "the others: the backstop")
+
+	close(release)
+	e.Drained(10 * time.Second)
+	require.Equal(t, []string{"v0", "v1", "v2", "v3"}, runs.payloads())
+	require.Equal(t, 3, ev.count(middleware.EventRequeued, 0), "each delivered once more, by the run before it")
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -58,7 +59,9 @@ func TestRequeueWithoutHooksIsReported(t *testing.T) {
 	}{{"missing", false}, {"ServerConfig", true}} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newEnvOn(t, standalone)
-			lease, err := e.locker().TryAcquire(context.Background(), "asynq:report", nil)
+			// A parked duplicate comes back by itself when the holder's
+			// lease would run out unrenewed: a short one, renewed.
+			lease, err := e.locker().TryAcquire(context.Background(), "asynq:report", &lockkit.AcquireOptions{TTL: time.Second})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = lease.Release(context.Background()) })
 			ev := &events{}

@@ -25,10 +25,11 @@ const (
 	// ParkBackstop bounds the requeue delay of a parked duplicate. The run
 	// that frees its key starts it (unless that run's process dies, or the
 	// holder's lease expires without a release), so the delay is only a
-	// backstop: the policy's delay times one more than the number of parked
-	// tasks ahead of it, at most ParkBackstop (and at least the policy's
-	// delay). The key stays reserved for a resumed task for up to
-	// ParkBackstop, however many tasks are ahead of it in its asynq queue.
+	// backstop: for the next in line, the policy's delay after the holder's
+	// lease would run out unrenewed (at most ParkBackstop), for the others
+	// ParkBackstop (and at least the policy's delay). The key stays
+	// reserved for a resumed task for up to ParkBackstop, however many tasks
+	// are ahead of it in its asynq queue.
 	ParkBackstop = 30 * time.Second
 )
 

@@ -50,7 +50,11 @@ const parkedHeader = "jobguard-parked"
 // second (asynq schedules in seconds) and lockkit.MaxTTL.
 //
 // It queues work and folds none: every task parked at enqueue runs in its
-// turn, whatever the middleware's policy. For KeepNewest or Coalesce,
+// turn, whatever the middleware's policy. Each is delivered once if it
+// starts within backstop of its enqueue; one still parked then is
+// delivered once more and parked again in its place (see ParkBackstop),
+// so for bursts deeper than a backstop's worth of runs give a longer
+// backstop. For KeepNewest or Coalesce,
 // enqueue without it: with WithRedis the middleware parks their one
 // follow-up per key on delivery.
 //

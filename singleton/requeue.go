@@ -105,11 +105,8 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.Du
 		re.Delay = ParkBackstop
 	}
 	var ce *lockkit.ConflictError
-	if dup.Parked && errors.As(dup.Cause, &ce) && ce.Parked > 0 {
-		// The run that frees the key starts the parked task: only the next
-		// in line comes back after the policy's delay by itself (in case the
-		// holder never does), the others later the further back they are.
-		re.Delay = max(re.Delay, min(re.Delay*time.Duration(ce.Parked+1), ParkBackstop))
+	if dup.Parked && errors.As(dup.Cause, &ce) {
+		re.Delay = parkedDelay(re.Delay, ce)
 	}
 	retried, ok := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
@@ -269,4 +266,21 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 		return "", err
 	}
 	return copyID, nil
+}
+
+// parkedDelay is when a parked duplicate of a Requeue policy whose delay
+// (with jitter) is d comes back by itself: the run that frees the key
+// starts it, so coming back is only the backstop for a run that ended
+// without its release (its process died). The next in line comes back d
+// after the holder's lease runs out unless renewed, the first moment it
+// could find the key free (at most ParkBackstop); the others after
+// ParkBackstop: should the holder die, the next in line takes the key and
+// its release resumes them. A task that came back every d instead would be
+// delivered once more for each d it waits: with many tasks parked per key,
+// those deliveries, each put back, take the workers from the runs.
+func parkedDelay(d time.Duration, ce *lockkit.ConflictError) time.Duration {
+	if ce.Parked > 0 {
+		return max(d, ParkBackstop)
+	}
+	return max(d, min(ce.TTL+d, ParkBackstop))
 }
