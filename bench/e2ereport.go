@@ -79,6 +79,7 @@ func (r *report) throughputSection() string {
 	}
 	table(&w, []string{"handler", "round", "run", "tasks/s", "wall", "process CPU/task", "Redis CPU/task",
 		"round trips/task (server + Locker)", "guarded ÷ bare (round)", "queue after"}, rows)
+	w.WriteString(r.floorText())
 	return w.String()
 }
 

@@ -228,6 +228,10 @@ func (b *bench) run(out string) error {
 			if r.tputRes, r.renewRun, err = b.throughput(ctx, env); err != nil {
 				return err
 			}
+			progress("round-trip floor: %d PINGs and %d no-op scripts", floorCalls, floorCalls)
+			if r.floor, err = b.roundTripFloor(ctx); err != nil {
+				return err
+			}
 		}
 		if b.runs("burst") {
 			progress("asynq duplicate burst: %d tasks over %d keys", b.burstTasks, b.burstKeys)

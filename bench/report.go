@@ -18,6 +18,7 @@ type report struct {
 	handoffRes  []handoffResult
 	renewalRes  renewalResult
 	tputRes     []tputResult
+	floor       rtFloor
 	renewRun    renewRun
 	burstRes    []burstRun
 	burstEnq    counts // the enqueue of one burst
