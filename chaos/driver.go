@@ -74,6 +74,31 @@ type result struct {
 	w          Workload
 	stats      stats
 	violations []Violation
+	phases     []phase // where the run's wall time went
+}
+
+// phase is a part of a seed's run and its wall time.
+type phase struct {
+	name string
+	d    time.Duration
+	note string // what the phase waited for, if anything is known
+}
+
+// phaseTimes formats the run's phases: "redis 0.1s, workers 0.9s, ...".
+func (r result) phaseTimes() string {
+	var b strings.Builder
+	var total time.Duration
+	for i, p := range r.phases {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %.1fs", p.name, p.d.Seconds())
+		if p.note != "" {
+			fmt.Fprintf(&b, " (last held: %s)", p.note)
+		}
+		total += p.d
+	}
+	return fmt.Sprintf("seed %d phases: %s (total %.1fs)", r.seed, b.String(), total.Seconds())
 }
 
 func (r result) summary() string {
@@ -96,6 +121,13 @@ func (r result) perRule() map[string]int {
 
 // runSeed runs one seed end to end and checks its history.
 func runSeed(o options, seed uint64) (result, error) {
+	var phases []phase
+	mark := time.Now()
+	lap := func(name string) {
+		now := time.Now()
+		phases = append(phases, phase{name: name, d: now.Sub(mark)})
+		mark = now
+	}
 	w := newWorkload(seed, o.length, !o.noFaults)
 	w.Cluster = o.cluster
 	dir := filepath.Join(o.out, fmt.Sprintf("seed-%d", seed))
@@ -140,6 +172,7 @@ func runSeed(o options, seed uint64) (result, error) {
 			addrs = append(addrs, n.addr)
 		}
 	}
+	lap("redis")
 	r := &seedRun{o: o, w: w, dir: dir, addrs: addrs, nodes: nodes, prefix: fmt.Sprintf("jgc%d:", seed), queue: fmt.Sprintf("chaos-%d", seed)}
 	r.rdb = newClient(addrs, w.Cluster)
 	defer r.rdb.Close()
@@ -161,6 +194,7 @@ func runSeed(o options, seed uint64) (result, error) {
 			return result{}, err
 		}
 	}
+	lap("workers")
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); r.runFaults() }()
@@ -168,10 +202,15 @@ func runSeed(o options, seed uint64) (result, error) {
 		return result{}, err
 	}
 	wg.Wait()
+	lap("enqueue+faults")
 	r.stopSchedulers()
-	drained := r.drain()
+	drained, held := r.drain()
 	if !drained {
 		r.recordLeft()
+	}
+	lap("drain")
+	if held != "" {
+		phases[len(phases)-1].note = held
 	}
 	// Quiet for the longest TTL a key is held by a lease or a reservation.
 	time.Sleep(max(w.TTL, lockkit.DefaultParkHold) + time.Second)
@@ -179,8 +218,10 @@ func runSeed(o options, seed uint64) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
+	lap("quiet")
 	r.stopAll()
 	rec.close()
+	lap("stop")
 	recs, err := readHistory(dir)
 	if err != nil {
 		return result{}, err
@@ -192,7 +233,8 @@ func runSeed(o options, seed uint64) (result, error) {
 		fmt.Fprintf(&kb, "%s %s %s live=%d\n", k.Key, k.Type, k.TTL, k.Live)
 	}
 	_ = os.WriteFile(filepath.Join(dir, "keys.txt"), []byte(kb.String()), 0o644)
-	res := result{seed: seed, dir: dir, w: w, stats: st, violations: vs}
+	lap("check")
+	res := result{seed: seed, dir: dir, w: w, stats: st, violations: vs, phases: phases}
 	var sb strings.Builder
 	for _, v := range vs {
 		sb.WriteString(v.String() + "\n")
@@ -515,24 +557,30 @@ func (r *seedRun) openDeliveries(p *proc) map[string]bool {
 }
 
 // drain waits until the queue holds no pending, active, scheduled or retry
-// task; it reports false if it never does within drainTimeout.
-func (r *seedRun) drain() bool {
+// task; it reports false if it never does within drainTimeout, and what the
+// queue held last, when it held any: "active 1 at 21.3s".
+func (r *seedRun) drain() (bool, string) {
 	insp := asynq.NewInspectorFromRedisClient(r.rdb)
-	deadline := time.Now().Add(drainTimeout)
+	start := time.Now()
+	deadline := start.Add(drainTimeout)
 	quiet := 0
+	last := ""
 	for time.Now().Before(deadline) {
 		qi, err := insp.GetQueueInfo(r.queue)
 		if err == nil && qi.Pending+qi.Active+qi.Scheduled+qi.Retry == 0 {
 			quiet++
 			if quiet == 5 {
-				return true
+				return true, last
 			}
 		} else {
 			quiet = 0
+			if err == nil {
+				last = fmt.Sprintf("pending %d active %d scheduled %d retry %d at %.1fs", qi.Pending, qi.Active, qi.Scheduled, qi.Retry, time.Since(start).Seconds())
+			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return false
+	return false, last
 }
 
 // recordLeft records, for the reader of a run that did not drain, every

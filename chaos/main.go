@@ -114,6 +114,7 @@ func driverMain(args []string) int {
 			continue
 		}
 		fmt.Println(res.summary())
+		fmt.Println(res.phaseTimes())
 		for rule, n := range res.perRule() {
 			total[rule] += n
 		}

@@ -27,16 +27,24 @@ type redisServer struct {
 	cmd       *exec.Cmd
 }
 
-// startRedis starts a standalone redis-server of the run's own on a free port.
+// startRedis starts a standalone redis-server of the run's own on a free
+// port (another one if a process that runs beside it, such as another chaos
+// run, took that port before the server bound it).
 func startRedis(dir string) (*redisServer, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
+	var err error
+	for range 3 {
+		var l net.Listener
+		if l, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			return nil, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		s := &redisServer{addr: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, port: port}
+		if err = s.start(); err == nil {
+			return s, nil
+		}
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	s := &redisServer{addr: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, port: port}
-	return s, s.start()
+	return nil, err
 }
 
 func (s *redisServer) start() error {
@@ -52,7 +60,13 @@ func (s *redisServer) start() error {
 	rdb := redis.NewClient(&redis.Options{Addr: s.addr})
 	defer rdb.Close()
 	for i := 0; ; i++ {
-		if rdb.Ping(context.Background()).Err() == nil {
+		// The server that answers must be this one, not one of another
+		// run's that holds the port.
+		if info, err := rdb.Info(context.Background(), "server").Result(); err == nil {
+			if pid := fmt.Sprintf("process_id:%d\r\n", s.cmd.Process.Pid); !strings.Contains(info, pid) {
+				s.stop()
+				return fmt.Errorf("redis-server on %s: the port is another server's", s.addr)
+			}
 			return nil
 		}
 		if i == 100 {
@@ -80,22 +94,30 @@ func startCluster(dir string) ([]*redisServer, error) {
 		}
 	}
 	for i := range clusterMasters {
-		port, err := clusterPort()
+		d := filepath.Join(dir, fmt.Sprint("node", i))
+		// Another port pair (and a fresh dir: no nodes.conf of the failed
+		// server) if a process beside the run took the pair before the
+		// server bound it.
+		var err error
+		for range 3 {
+			_ = os.RemoveAll(d)
+			if err = mkdir(d); err != nil {
+				break
+			}
+			var port int
+			if port, err = clusterPort(); err != nil {
+				break
+			}
+			s := &redisServer{addr: fmt.Sprintf("127.0.0.1:%d", port), dir: d, port: port, cluster: true}
+			if err = s.start(); err == nil {
+				nodes = append(nodes, s)
+				break
+			}
+		}
 		if err != nil {
 			stopAll()
 			return nil, err
 		}
-		d := filepath.Join(dir, fmt.Sprint("node", i))
-		if err := mkdir(d); err != nil {
-			stopAll()
-			return nil, err
-		}
-		s := &redisServer{addr: fmt.Sprintf("127.0.0.1:%d", port), dir: d, port: port, cluster: true}
-		if err := s.start(); err != nil {
-			stopAll()
-			return nil, err
-		}
-		nodes = append(nodes, s)
 	}
 	args := []string{"--cluster", "create"}
 	for _, n := range nodes {
