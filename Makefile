@@ -10,9 +10,13 @@ MODULES := gocronguard jobguardprom jobguardotel
 .PHONY: test test-compat test-faults test-browser chaos chaos-ci bench lint run-demo run-worker run-scheduler
 
 ## test: every test with the race detector, against a real redis-server: the
-## core module, then the integration modules ($(MODULES)).
+## core module, and beside it the integration modules ($(MODULES), whose
+## tests mostly wait for cron ticks); each one's output is printed whole when
+## both have ended (tools/together.sh).
 test:
-	@tools/with-redis.sh sh -c '$(GO) test -race -count=1 -timeout 10m $(PKGS) && for m in $(MODULES); do (cd $$m && $(GO) test -race -count=1 -timeout 5m ./...) || exit 1; done'
+	@tools/with-redis.sh tools/together.sh test \
+		'core module' '$(GO) test -race -count=1 -timeout 10m $(PKGS)' \
+		'integration modules' 'for m in $(MODULES); do (cd $$m && $(GO) test -race -count=1 -timeout 5m ./...) || exit 1; done'
 
 
 ## test-compat: the go.mod files require the lowest versions of the

@@ -32,8 +32,10 @@ export CI= JOBGUARD_NO_CLUSTER=1
 # Client's TIME, ParkAtEnqueue's reads of asynq's keys) with asynq, whose
 # newest is its floor v0.26.0, on the newest go-redis. middleware reaches
 # Redis only through lockkit. make test runs all of singleton.
-"$go" test -count=1 -timeout 5m ./lockkit/...
-"$go" test -count=1 -timeout 5m -run 'DecisionLog|LateRetryWrite|ParkAtEnqueue|ClientStamp|OneKeyForTheRetryWindow|Debounce' ./singleton/
+# The integration modules' tests (mostly waiting for cron ticks) run beside.
 for m in gocronguard jobguardprom jobguardotel; do
-	(cd "$m" && "$go" vet ./... && "$go" test -count=1 -timeout 5m ./...)
+	(cd "$m" && "$go" vet ./...)
 done
+GO=$go "$root/tools/together.sh" test-compat \
+	'core' '$GO test -count=1 -timeout 5m ./lockkit/... && $GO test -count=1 -timeout 5m -run "DecisionLog|LateRetryWrite|ParkAtEnqueue|ClientStamp|OneKeyForTheRetryWindow|Debounce" ./singleton/' \
+	'integration modules' 'for m in gocronguard jobguardprom jobguardotel; do (cd $m && $GO test -count=1 -timeout 5m ./...) || exit 1; done'
