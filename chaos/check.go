@@ -11,6 +11,7 @@ import (
 
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/debounce"
+	"github.com/jobguard/jobguard/lockkit/throttle"
 	"github.com/jobguard/jobguard/singleton"
 )
 
@@ -873,6 +874,8 @@ func releasedKeep() time.Duration {
 //   - P{K}:b, Debounce's newest request, for debounce.Retention
 //     after it was due;
 //   - P{K}:t and P{K}:tr, a throttle's starts and reservations, for its period;
+//   - P{K}:tq, a throttle's booked turns, for throttle.TurnKept past the
+//     last booked slot (a period after the run went quiet at most);
 //   - P{K}:f, the last fencing token, for fenceKeep.
 //
 // Waiters (P{K}:w, P{K}:q) and parked jobs (P{K}:k) are state, not records:
@@ -915,6 +918,8 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 			keep = debounce.Retention + time.Minute
 		case "t", "tr":
 			keep = period
+		case "tq":
+			keep = throttle.TurnKept + period
 		case "f":
 			keep = fenceKeep
 		}

@@ -332,8 +332,10 @@ func TestLeakReportsStateAndOverlongRecords(t *testing.T) {
 		{Key: "p:{k}:m", TTL: 9 * time.Minute, Type: "hash"},
 		{Key: "p:{k}:c", TTL: 23 * time.Hour, Type: "string"},
 		{Key: "p:{k}:b", TTL: 24 * time.Hour, Type: "hash"},
+		{Key: "p:{k}:tq", TTL: 54 * time.Second, Type: "zset"}, // booked turns (seed 12)
 	}
 	bad := []keyTTL{
+		{Key: "p:{k}:tq", TTL: 2 * time.Minute, Type: "zset"},
 		{Key: "p:{k}:h", TTL: time.Second, Type: "zset", Live: 1},
 		{Key: "p:{k}:h", TTL: time.Hour, Type: "string"},
 		{Key: "p:{k}:w", TTL: time.Second, Type: "zset"},
