@@ -52,9 +52,11 @@ const parkedHeader = "jobguard-parked"
 // It queues work and folds none: every task parked at enqueue runs in its
 // turn, whatever the middleware's policy. Each is delivered once if it
 // starts within backstop of its enqueue; one still parked then is
-// delivered once more and parked again in its place (see ParkBackstop),
-// so for bursts deeper than a backstop's worth of runs give a longer
-// backstop. For KeepNewest or Coalesce,
+// delivered again, and parked again (in its place while it has retries
+// left; with none left its copy joins the end of the key's queue), every
+// ParkBackstop until it starts (see ParkBackstop), so for bursts deeper
+// than a backstop's worth of runs give a longer backstop (which also
+// lengthens the wait when a reservation lapses). For KeepNewest or Coalesce,
 // enqueue without it: with WithRedis the middleware parks their one
 // follow-up per key on delivery.
 //

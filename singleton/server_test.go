@@ -654,7 +654,7 @@ func TestRequeueWithoutIsFailureStillNeverArchives(t *testing.T) {
 		// Two retries counted as failures, then a copy (the third).
 		require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) >= 3 }, 20*time.Second, 5*time.Millisecond,
 			"two retries counted as failures, then a copy")
-		close(release) // the holder's run ends, and its release resumes the copy
+		close(release) // the holder's run ends: its release passes the original's stale entry over and resumes the copy
 		require.Eventually(t, func() bool { return len(runs.payloads()) == 2 }, 10*time.Second, 5*time.Millisecond)
 		e.Drained(10 * time.Second)
 		qi := e.QueueInfo()
