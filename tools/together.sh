@@ -6,6 +6,13 @@
 # that spend most of their time waiting (a chaos seed's drain, cron ticks,
 # asynq's polls), so that together they take about as long as the longest.
 set -uo pipefail
+# Job control: each command runs in a process group of its own, so that an
+# interrupted run stops the commands' children too.
+set -m
+if [ $# -lt 3 ] || [ $(($# % 2)) -ne 1 ]; then
+	echo "usage: together.sh LABEL NAME 'COMMAND' [NAME 'COMMAND']..." >&2
+	exit 2
+fi
 label=$1
 shift
 tmp=$(mktemp -d)
@@ -13,7 +20,7 @@ names=()
 cmds=()
 pids=()
 cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+	for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null; done
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
