@@ -179,9 +179,12 @@ func (r *report) roundTripSection() string {
 
 func (r *report) burstSection() string {
 	var w strings.Builder
+	plain := fmt.Sprintf("%d commands on the enqueuer's client for a plain enqueue: one script per task, plus connection set-up", r.burstEnq.cmds)
+	if r.burstEnq.cmds == 0 {
+		plain = "a plain enqueue's commands are counted when the bare variant runs; `-burst-variants` left it out"
+	}
 	fmt.Fprintf(&w, "%d tasks of one type whose payload field `k` takes one of %d values, drawn uniformly at "+
-		"random (a fixed seed: every policy gets the same sequence), enqueued at once (%d commands on the "+
-		"enqueuer's client for a plain enqueue: one script per task, plus connection set-up), then one server with `Concurrency: %d` and a %s handler "+
+		"random (a fixed seed: every policy gets the same sequence), enqueued at once (%s), then one server with `Concurrency: %d` and a %s handler "+
 		"(`time.Sleep`). Guarded: `singleton.Middleware(locker, singleton.KeyByFields(\"k\"), "+
 		"singleton.WithPolicy(p), singleton.WithRedis(srvClient))`. The tasks have asynq's default MaxRetry (25), "+
 		"so a requeued duplicate goes back as a retry that `IsFailure` reports as no failure (it never uses up "+
@@ -196,7 +199,7 @@ func (r *report) burstSection() string {
 		"and `singleton.Unique`: their refused enqueues are not tasks. Wall time is from `srv.Start` to the moment every "+
 		"enqueued task is accounted for: it ran, or completed without running. Redis counts are the server's and the "+
 		"Locker's clients over that time. Each run is bounded by %s (`-burst-timeout`).\n\n",
-		r.burstTasks, r.burstKeys, r.burstEnq.cmds, r.concurrency, r.burstWork, r.burstTimeout)
+		r.burstTasks, r.burstKeys, plain, r.concurrency, r.burstWork, r.burstTimeout)
 	w.WriteString(r.runsTable(r.burstRes, r.burstTasks))
 	return w.String()
 }
