@@ -36,46 +36,32 @@ const (
 )
 
 // parking is the middleware.Parking of a requeueing middleware: a parked
-// duplicate is named by its queue, task ID and origin, and resumed by moving
-// it from asynq's retry set (or, parked at enqueue, its scheduled set) to the
-// head of pending (runFirst).
+// duplicate is named by its queue and the work it delivers (its origin), and
+// resumed by moving whichever delivery of that work is waiting from asynq's
+// retry set (or, parked at enqueue, its scheduled set) to the head of
+// pending (runFirst).
 func (m *guarded) parking() middleware.Parking {
 	return middleware.Parking{ID: parkID, Resume: m.resume, Hold: ParkBackstop}
 }
 
-// parkID is "<queue>\n<task ID>\n<origin>": the task's own ID, or, when
-// it has no retries left (so that Requeue puts a copy back in its place),
-// the ID its copy will get.
+// parkID is "<queue>\n<origin>\n<origin>" (parkEntry; ParkAtEnqueue parks
+// a task under the same entry): every delivery of one work, the task and
+// the copies that replace it when it has no retries left (copyIDOf), is
+// parked under one entry, so a delivery parked again keeps the place of the
+// first (lockkit parks an entry once). resume finds the delivery that is
+// waiting.
 func parkID(ctx context.Context, job middleware.Job) string {
-	id, queue := taskIdentity(ctx)
-	if c, ok := ctx.Value(copyIDKey{}).(string); ok {
-		id = c
-	}
-	return parkEntry(queue, id, job.Origin)
-}
-
-// copyIDKey is the context key of the ID a requeued copy of the task gets.
-type copyIDKey struct{}
-
-// withCopyID gives a task that has no retries left the ID its requeued
-// copy would get (copyIDOf), so that the copy can be parked before it
-// exists.
-func withCopyID(ctx context.Context, origin string) context.Context {
-	retried, ok := asynq.GetRetryCount(ctx)
-	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
-	if !ok || !ok2 || retried < maxRetry {
-		return ctx
-	}
-	id, _ := asynq.GetTaskID(ctx)
-	return context.WithValue(ctx, copyIDKey{}, copyIDOf(id, origin))
+	_, queue := taskIdentity(ctx)
+	return parkEntry(queue, job.Origin, job.Origin)
 }
 
 // copyIDOf is the ID of the requeued copy of task id, a delivery of the
 // work first enqueued as origin: "<origin>~a", or "<origin>~b" for a copy of
 // "<origin>~a". A task is revoked once its copy is enqueued, so at most one
-// of origin and its two copy IDs is in the queue at a time, and an enqueue
-// that finds origin gone can find its copy (Unique's reservations, which
-// are named by origin).
+// of origin and its two copy IDs is in the queue at a time (but for a
+// creator still active until it returns), and an enqueue that finds origin
+// gone can find its copy (Unique's reservations, which are named by origin),
+// as a resume finds the delivery of a parked work that is waiting.
 func copyIDOf(id, origin string) string {
 	if id == origin+"~a" {
 		return origin + "~b"
@@ -83,36 +69,58 @@ func copyIDOf(id, origin string) string {
 	return origin + "~a"
 }
 
-// runFirstCmd is asynq's RunTask script (v0.26) with two changes. The task
+// deliveriesOf are the IDs a delivery of the work first enqueued as origin
+// can have: origin and its copies' (copyIDOf).
+func deliveriesOf(origin string) []string {
+	return []string{origin, origin + "~a", origin + "~b"}
+}
+
+// runFirstCmd is asynq's RunTask script (v0.26) with three changes. The task
 // goes to the head of the pending list (RPUSH; asynq dequeues with
 // RPOPLPUSH), as asynq itself puts back a task that a shutdown
 // interrupted, instead of behind every task already pending: a resumed task
-// was delivered once already, and its key is reserved for it. And only a
+// was delivered once already, and its key is reserved for it. Only a
 // task waiting to run (scheduled, or waiting to retry) is moved: one that
 // completed (kept by asynq.Retention) or was archived is done, and a
-// resume must not run it again.
-// KEYS[1] the task's hash, KEYS[2] the pending list; ARGV[1] the task ID,
-// ARGV[2] the queue's key prefix. Returns 1 when moved, 0 when the task
-// does not exist, -1 when it is active, -2 when it is pending already, -3
-// when it is in another state.
+// resume must not run it again. And it is given the IDs of every delivery
+// of one work (deliveriesOf) and moves the one waiting, reading them all at
+// once: a copy enqueued and its creator revoked between two reads would
+// otherwise be seen neither.
+// KEYS[1..n] the tasks' hashes, KEYS[n+1] the pending list; ARGV[1] the
+// queue's key prefix, ARGV[2..n+1] the task IDs. Returns {code, i}: 1 and
+// the task moved (i, 1-based), else the first state found of, in this
+// order, -2 pending already, -1 active, -3 another (done), with the first
+// task in it, or 0 when none of the tasks exists.
 var runFirstCmd = redis.NewScript(`
-if redis.call("EXISTS", KEYS[1]) == 0 then
-	return 0
+local n = #KEYS - 1
+local code, at, rank = 0, 1, 0
+local ranks = {[-2] = 3, [-1] = 2, [-3] = 1}
+for i = 1, n do
+	local c = 0
+	if redis.call("EXISTS", KEYS[i]) == 1 then
+		local state = redis.call("HGET", KEYS[i], "state")
+		if state == "scheduled" or state == "retry" then
+			local id = ARGV[i + 1]
+			if redis.call("ZREM", ARGV[1] .. state, id) == 0 then
+				return redis.error_reply("task " .. id .. " not found in " .. ARGV[1] .. state)
+			end
+			redis.call("RPUSH", KEYS[n + 1], id)
+			redis.call("HSET", KEYS[i], "state", "pending")
+			return {1, i}
+		elseif state == "active" then
+			c = -1
+		elseif state == "pending" then
+			c = -2
+		else
+			c = -3
+		end
+	end
+	local r = ranks[c] or 0
+	if r > rank then
+		code, at, rank = c, i, r
+	end
 end
-local state = redis.call("HGET", KEYS[1], "state")
-if state == "active" then
-	return -1
-elseif state == "pending" then
-	return -2
-elseif state ~= "scheduled" and state ~= "retry" then
-	return -3
-end
-if redis.call("ZREM", ARGV[2] .. state, ARGV[1]) == 0 then
-	return redis.error_reply("task " .. ARGV[1] .. " not found in " .. ARGV[2] .. state)
-end
-redis.call("RPUSH", KEYS[2], ARGV[1])
-redis.call("HSET", KEYS[1], "state", "pending")
-return 1
+return {code, at}
 `)
 
 // errNotWaiting is runFirst's error for a task that is done: completed or
@@ -123,23 +131,36 @@ var errNotWaiting = errors.New("task is not waiting to run")
 // "asynq:{<queue>}:"), which runFirst, Unique and ParkAtEnqueue read.
 func asynqKeys(queue string) string { return "asynq:{" + queue + "}:" }
 
-// runFirst moves task id of queue to the head of its pending list
-// (runFirstCmd), with the errors of asynq's Inspector.RunTask (one matching
-// asynq.ErrTaskNotFound, or one saying the task is already running or
-// already in pending state), and errNotWaiting.
-func (m *guarded) runFirst(ctx context.Context, queue, id string) error {
+// runFirst moves the one of tasks ids of queue that is waiting to run to the
+// head of its pending list (runFirstCmd), or reports, with the errors of
+// asynq's Inspector.RunTask, the first it finds of: one already in pending
+// state, one already running, one done (errNotWaiting), and
+// asynq.ErrTaskNotFound when none exists. It is safe to send again (go-redis
+// does after a lost reply): the moved task is pending then.
+func (m *guarded) runFirst(ctx context.Context, queue string, ids ...string) error {
 	prefix := asynqKeys(queue)
-	n, err := runFirstCmd.Run(ctx, m.rdb, []string{prefix + "t:" + id, prefix + "pending"}, id, prefix).Int64()
-	switch {
-	case err != nil:
+	keys := make([]string, 0, len(ids)+1)
+	args := make([]any, 0, len(ids)+1)
+	args = append(args, prefix)
+	for _, id := range ids {
+		keys, args = append(keys, prefix+"t:"+id), append(args, id)
+	}
+	vals, err := runFirstCmd.Run(ctx, m.rdb, append(keys, prefix+"pending"), args...).Int64Slice()
+	if err == nil && (len(vals) != 2 || vals[1] < 1 || int(vals[1]) > len(ids)) {
+		err = fmt.Errorf("unexpected reply %v", vals)
+	}
+	if err != nil {
 		return err
-	case n == 0:
-		return fmt.Errorf("%w: %s in queue %q", asynq.ErrTaskNotFound, id, queue)
-	case n == -1:
-		return errors.New("task is already running")
-	case n == -2:
-		return errors.New("task is already in pending state")
-	case n == -3:
+	}
+	id := ids[vals[1]-1]
+	switch vals[0] {
+	case 0:
+		return fmt.Errorf("%w: %s in queue %q", asynq.ErrTaskNotFound, strings.Join(ids, ", "), queue)
+	case -1:
+		return fmt.Errorf("task %s is already running", id)
+	case -2:
+		return fmt.Errorf("task %s is already in pending state", id)
+	case -3:
 		return fmt.Errorf("%w: %s in queue %q", errNotWaiting, id, queue)
 	}
 	return nil
@@ -177,31 +198,38 @@ func (m *guarded) passOn(ctx context.Context, dup *middleware.DuplicateError, ke
 	m.guard.PassOn(pctx, key, origin)
 }
 
-// resume runs the parked task id now; it is called on a goroutine of its
-// own (lockkit's OnParked), which the Locker's Close waits for. asynq puts a
-// duplicate back (to its retry set) only after the middleware returned, and
-// a copy that replaces a task with no retries left is enqueued after it, so
-// a task still active is tried again, with a growing pause, for up to
-// resumeTimeout, and a task not found for up to resumeMissing. A task that
-// cannot be run (gone, done: completed or archived, or its queue deleted)
-// passes the key on: the
-// reservation is adopted and released, which resumes the next parked task.
-// So does a task still active after resumeTimeout: its duplicate delivery
-// has not ended (asynq calls Config.ErrorHandler before it puts the task
-// back, and a slow one delays that), and the task comes back at its
-// backstop; a task that is running its own run holds the key, which
-// passing on leaves alone.
-func (m *guarded) resume(key, id string) {
-	parts := strings.SplitN(id, "\n", 3)
+// resume runs the parked work entry (parkEntry) now: whichever of its
+// deliveries (deliveriesOf: the task, or the copy that replaced it) is
+// waiting. It is called on a goroutine of its own (lockkit's OnParked),
+// which the Locker's Close waits for. asynq puts a duplicate back (to its
+// retry set) only after the middleware returned, and a copy that replaces a
+// task with no retries left is enqueued while that task is active, so while
+// a delivery is active and none is waiting the move is tried again, with a
+// growing pause, for up to resumeTimeout; while none is found (a task parked
+// at enqueue before its enqueue) for up to resumeMissing, but not when one
+// is found done and none active: no copy is coming then (a copy is enqueued
+// while its creator is active). When none can be run (gone, done: completed
+// or archived, or its queue deleted) the key is passed on: the reservation
+// is adopted and released, which resumes the next parked task. So is it when a delivery is still active after
+// resumeTimeout: its duplicate delivery has not ended (asynq calls
+// Config.ErrorHandler before it puts the task back, and a slow one delays
+// that), and the task comes back at its backstop; a task that is running
+// its own run holds the key, which passing on leaves alone.
+func (m *guarded) resume(key, entry string) {
+	parts := strings.SplitN(entry, "\n", 3)
 	if len(parts) != 3 {
 		return
 	}
 	queue, taskID, origin := parts[0], parts[1], parts[2]
+	ids := deliveriesOf(origin)
+	if !slices.Contains(ids, taskID) {
+		ids = append(ids, taskID)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), resumeTimeout)
 	defer cancel()
 	start, pause, active := time.Now(), 200*time.Microsecond, false
 	for {
-		err := m.runFirst(ctx, queue, taskID)
+		err := m.runFirst(ctx, queue, ids...)
 		switch {
 		case err == nil, strings.Contains(err.Error(), "already in pending state"), strings.Contains(err.Error(), redis.ErrClosed.Error()):
 			return

@@ -96,6 +96,54 @@ func TestResumeLeavesADoneTaskDone(t *testing.T) {
 	require.EqualValues(t, 1, runs.Load(), "the completed task ran once")
 }
 
+// Every delivery of one work is parked under one entry, named by its
+// origin: a resume starts whichever is waiting, the task or the copy that
+// replaced it (a task with no retries left), and leaves the others as they
+// are, a done one done. An entry parked under a copy's ID (as before) is
+// resumed the same way.
+func TestResumeStartsTheDeliveryThatIsWaiting(t *testing.T) {
+	ctx := context.Background()
+	rdb := testredis.Client(t)
+	queue, insp := testQueue(t, rdb, "resume-copy")
+	client := asynq.NewClientFromRedisClient(rdb)
+	for _, id := range []string{"o", "o~a", "p~a", "p~b"} {
+		_, err := client.Enqueue(asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID(id), asynq.ProcessIn(time.Hour))
+		require.NoError(t, err)
+	}
+	require.NoError(t, insp.ArchiveTask(queue, "o")) // its copy o~a replaced it; a process died before it was revoked
+	require.NoError(t, insp.ArchiveTask(queue, "p~a"))
+
+	l, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(testredis.Prefix(t, rdb)))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	var errs atomic.Int32
+	cfg := &config{}
+	for _, o := range []Option{WithRedis(rdb), WithObserver(func(_ context.Context, e middleware.Event) {
+		if e.Kind == middleware.EventError {
+			errs.Add(1)
+		}
+	})} {
+		o.apply(cfg)
+	}
+	m, err := cfg.build(l)
+	require.NoError(t, err)
+
+	m.resume("k", parkEntry(queue, "o", "o"))
+	m.resume("k", parkEntry(queue, "p~b", "p"))
+	for id, state := range map[string]asynq.TaskState{"o": asynq.TaskStateArchived, "o~a": asynq.TaskStatePending,
+		"p~a": asynq.TaskStateArchived, "p~b": asynq.TaskStatePending} {
+		info, err := insp.GetTaskInfo(queue, id)
+		require.NoError(t, err)
+		require.Equal(t, state, info.State, "task %s", id)
+	}
+	pending, err := rdb.LRange(ctx, asynqKeys(queue)+"pending", 0, -1).Result()
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"o~a", "p~b"}, pending)
+	// Sent again (go-redis after a lost reply), the move finds it pending.
+	require.ErrorContains(t, m.runFirst(ctx, queue, deliveriesOf("o")...), "task o~a is already in pending state")
+	require.Zero(t, errs.Load())
+}
+
 // A copy whose delivery began before the copy that enqueued it returned
 // finds that copy still active under the ID its own copy needs (copies
 // alternate between two IDs): its copy is enqueued once the creator is

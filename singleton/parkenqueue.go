@@ -52,13 +52,12 @@ const parkedHeader = "jobguard-parked"
 // It queues work and folds none: every task parked at enqueue runs in its
 // turn, whatever the middleware's policy. Each is delivered once if it
 // starts within backstop of its enqueue; one still parked then is
-// delivered again, and parked again (in its place while it has retries
-// left; with none left its copy joins the end of the key's queue), every
-// ParkBackstop until it starts (see ParkBackstop), so for bursts deeper
-// than a backstop's worth of runs give a longer backstop (which also
-// lengthens the wait when a reservation lapses). For KeepNewest or Coalesce,
-// enqueue without it: with WithRedis the middleware parks their one
-// follow-up per key on delivery.
+// delivered again, and parked again in its place (with no retries left its
+// copy takes the place), every ParkBackstop until it starts (see
+// ParkBackstop), so for bursts deeper than a backstop's worth of runs give
+// a longer backstop (which also lengthens the wait when a reservation
+// lapses). For KeepNewest or Coalesce, enqueue without it: with WithRedis
+// the middleware parks their one follow-up per key on delivery.
 //
 // A task enqueued with asynq.ProcessAt, asynq.ProcessIn or asynq.Group is
 // enqueued as asked, neither reserved nor parked. When asynq refuses the
@@ -107,7 +106,10 @@ func deferred(opts []asynq.Option) bool {
 	})
 }
 
-// parkEntry names a parked task in its key's parked queue (see parkID).
+// parkEntry names a parked task in its key's parked queue: its queue, its
+// ID and its origin; both are the origin in the entries parked now, which
+// name the work (see parkID), and resume also reads an older entry that
+// named a copy's ID.
 func parkEntry(queue, id, origin string) string { return queue + "\n" + id + "\n" + origin }
 
 // enqueueParked reserves key for task (ID id), or parks the task for it,

@@ -128,6 +128,45 @@ func TestParkAtEnqueueRunsEachTaskOnceInOrder(t *testing.T) {
 	})
 }
 
+// A task parked at enqueue that is still parked at its backstop is
+// delivered, finds its key held and is parked again in its place, whether
+// it has retries left (it is put back) or none (MaxRetry(0): a copy replaces
+// it, parked as the same work), so the key's tasks still run in enqueue
+// order.
+func TestParkAtEnqueueTaskDeliveredAgainKeepsItsPlace(t *testing.T) {
+	for _, maxRetry := range []int{25, 0} {
+		t.Run(fmt.Sprint("MaxRetry", maxRetry), func(t *testing.T) {
+			e := newEnvOn(t, standalone)
+			keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
+			client, err := singleton.NewClient(e.Client, e.RDB, keyOf, singleton.ParkAtEnqueue(e.locker(), time.Second))
+			require.NoError(t, err)
+			ev := &events{}
+			mw, err := singleton.Middleware(e.locker(), keyOf, singleton.WithPolicy(middleware.Requeue(50*time.Millisecond)),
+				singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+			require.NoError(t, err)
+			mux, runs, release := blockingMux(mw, "sync")
+			e.start(e.config(2), mux)
+			_, err = client.Enqueue(asynq.NewTask("sync", []byte("holder")), asynq.Queue(e.Queue))
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return len(runs.payloads()) == 1 }, 10*time.Second, 5*time.Millisecond)
+			want := []string{"holder"}
+			for n := range 6 {
+				v := fmt.Sprint("v", n)
+				want = append(want, v)
+				_, err := client.Enqueue(asynq.NewTask("sync", []byte(v)), asynq.Queue(e.Queue), asynq.MaxRetry(maxRetry))
+				require.NoError(t, err)
+			}
+			require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) == 6 }, 10*time.Second, 5*time.Millisecond,
+				"each delivered at its 1 s backstop and parked again")
+			close(release)
+			e.Drained(60 * time.Second)
+			require.Equal(t, want, runs.payloads(), "in enqueue order")
+			require.Empty(t, ev.errs(middleware.EventError))
+			require.Zero(t, e.QueueInfo().Archived)
+		})
+	}
+}
+
 // What could strand a parked task does not: a task parked behind a holder
 // that never resumes anyone (a plain lease, as a process that died would
 // leave) is delivered at its backstop and runs; a parked entry whose task

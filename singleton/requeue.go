@@ -213,20 +213,17 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 		asynq.MaxRetry(max(info.MaxRetry-info.Retried, 0)),
 		asynq.ProcessIn(delay),
 	}
-	// The copy's ID is chosen here (or is the one it was parked under), so
-	// that a conflict on it can be an earlier run of this enqueue that
-	// go-redis sent again after a lost reply: the copy is there. It is
-	// taken for one only if it carries this enqueue's copyHeader: a caller
-	// that reuses its task ID may find the ID taken by the copy of an
-	// earlier task with that ID (completed, kept by Retention, or archived).
-	copyID, ok := ctx.Value(copyIDKey{}).(string)
-	if !ok {
-		origin := t.Headers()[OriginHeader]
-		if origin == "" {
-			origin = id
-		}
-		copyID = copyIDOf(id, origin)
+	// The copy's ID is chosen here, so that a conflict on it can be an
+	// earlier run of this enqueue that go-redis sent again after a lost
+	// reply: the copy is there. It is taken for one only if it carries this
+	// enqueue's copyHeader: a caller that reuses its task ID may find the ID
+	// taken by the copy of an earlier task with that ID (completed, kept by
+	// Retention, or archived).
+	origin := t.Headers()[OriginHeader]
+	if origin == "" {
+		origin = id
 	}
+	copyID := copyIDOf(id, origin)
 	opts = append(opts, asynq.TaskID(copyID))
 	if info.Timeout > 0 {
 		opts = append(opts, asynq.Timeout(info.Timeout))

@@ -466,9 +466,6 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	if gen := debounceGen(t); gen > 0 {
 		ctx = context.WithValue(ctx, genKey{}, gen)
 	}
-	if m.inspector != nil { // parks duplicates (see parking)
-		ctx = withCopyID(ctx, origin)
-	}
 	res := m.startReservation(ctx, t, key, origin)
 	out := m.guard.Run(ctx, job, func(ctx context.Context) error {
 		m.started(ctx, t, key, origin)
