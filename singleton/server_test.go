@@ -651,10 +651,11 @@ func TestRequeueWithoutIsFailureStillNeverArchives(t *testing.T) {
 		require.Eventually(t, func() bool { return len(runs.payloads()) == 1 }, 10*time.Second, 5*time.Millisecond)
 		e.Enqueue(asynq.NewTask("report", []byte("dup")), asynq.MaxRetry(2))
 
-		// Two retries counted as failures, then a copy (the third).
-		require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) >= 3 }, 20*time.Second, 5*time.Millisecond,
-			"two retries counted as failures, then a copy")
-		close(release) // the holder's run ends: its release passes the original's stale entry over and resumes the copy
+		// Two retries counted as failures, then copies (the third and the
+		// fourth), parked in the original's place.
+		require.Eventually(t, func() bool { return ev.count(middleware.EventRequeued, 0) >= 4 }, 20*time.Second, 5*time.Millisecond,
+			"two retries counted as failures, then copies")
+		close(release) // the holder's run ends, and its release resumes the copy
 		require.Eventually(t, func() bool { return len(runs.payloads()) == 2 }, 10*time.Second, 5*time.Millisecond)
 		e.Drained(10 * time.Second)
 		qi := e.QueueInfo()
