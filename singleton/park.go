@@ -58,8 +58,8 @@ func parkID(ctx context.Context, job middleware.Job) string {
 // copyIDOf is the ID of the requeued copy of task id, a delivery of the
 // work first enqueued as origin: "<origin>~a", or "<origin>~b" for a copy of
 // "<origin>~a". A task is revoked once its copy is enqueued, so at most one
-// of origin and its two copy IDs is in the queue at a time (but for a
-// creator still active until it returns), and an enqueue that finds origin
+// of origin and its two copy IDs is waiting or running at a time (but for a
+// creator still active until it returns; an archived one stays), and an enqueue that finds origin
 // gone can find its copy (Unique's reservations, which are named by origin),
 // as a resume finds the delivery of a parked work that is waiting.
 func copyIDOf(id, origin string) string {
@@ -124,8 +124,17 @@ return {code, at}
 `)
 
 // errNotWaiting is runFirst's error for a task that is done: completed or
-// archived.
+// archived (a *notWaitingError matches it).
 var errNotWaiting = errors.New("task is not waiting to run")
+
+// notWaitingError names the task runFirst found done.
+type notWaitingError struct{ id, queue string }
+
+func (e *notWaitingError) Error() string {
+	return fmt.Sprintf("%s: %s in queue %q", errNotWaiting, e.id, e.queue)
+}
+
+func (e *notWaitingError) Is(target error) bool { return target == errNotWaiting }
 
 // asynqKeys is the prefix of asynq's keys of queue (v0.26's layout,
 // "asynq:{<queue>}:"), which runFirst, Unique and ParkAtEnqueue read.
@@ -161,7 +170,7 @@ func (m *guarded) runFirst(ctx context.Context, queue string, ids ...string) err
 	case -2:
 		return fmt.Errorf("task %s is already in pending state", id)
 	case -3:
-		return fmt.Errorf("%w: %s in queue %q", errNotWaiting, id, queue)
+		return &notWaitingError{id: id, queue: queue}
 	}
 	return nil
 }
@@ -206,15 +215,17 @@ func (m *guarded) passOn(ctx context.Context, dup *middleware.DuplicateError, ke
 // task with no retries left is enqueued while that task is active, so while
 // a delivery is active and none is waiting the move is tried again, with a
 // growing pause, for up to resumeTimeout; while none is found (a task parked
-// at enqueue before its enqueue) for up to resumeMissing, but not when one
-// is found done and none active: no copy is coming then (a copy is enqueued
-// while its creator is active). When none can be run (gone, done: completed
-// or archived, or its queue deleted) the key is passed on: the reservation
-// is adopted and released, which resumes the next parked task. So is it when a delivery is still active after
-// resumeTimeout: its duplicate delivery has not ended (asynq calls
-// Config.ErrorHandler before it puts the task back, and a slow one delays
-// that), and the task comes back at its backstop; a task that is running
-// its own run holds the key, which passing on leaves alone.
+// at enqueue before its enqueue), or only a done copy ID (an earlier work's
+// with the same task ID), for up to resumeMissing; not when the origin's own
+// task is found done and none active: no copy is coming then (a copy is
+// enqueued while its creator is active). When none can be run (gone, done:
+// completed or archived, or its queue deleted) the key is passed on: the
+// reservation is adopted and released, which resumes the next parked task.
+// So is it when a delivery is still active after resumeTimeout: its
+// duplicate delivery has not ended (asynq calls Config.ErrorHandler before
+// it puts the task back, and a slow one delays that), and the task comes
+// back at its backstop; a task that is running its own run holds the key,
+// which passing on leaves alone.
 func (m *guarded) resume(key, entry string) {
 	parts := strings.SplitN(entry, "\n", 3)
 	if len(parts) != 3 {
@@ -230,12 +241,21 @@ func (m *guarded) resume(key, entry string) {
 	start, pause, active := time.Now(), 200*time.Microsecond, false
 	for {
 		err := m.runFirst(ctx, queue, ids...)
+		var done *notWaitingError
 		switch {
 		case err == nil, strings.Contains(err.Error(), "already in pending state"), strings.Contains(err.Error(), redis.ErrClosed.Error()):
 			return
 		case strings.Contains(err.Error(), "already running") && ctx.Err() == nil,
-			errors.Is(err, asynq.ErrTaskNotFound) && time.Since(start) < resumeMissing:
+			errors.Is(err, asynq.ErrTaskNotFound) && time.Since(start) < resumeMissing,
+			// A done copy ID may be an earlier work's (kept by Retention,
+			// or archived) while this work's task is not enqueued yet
+			// (ParkAtEnqueue parks before it enqueues): only the origin's
+			// own task found done says that the work is done.
+			errors.As(err, &done) && done.id != origin && time.Since(start) < resumeMissing:
 			active = strings.Contains(err.Error(), "already running")
+			if m.onResumeWait != nil {
+				m.onResumeWait()
+			}
 			select {
 			case <-time.After(pause):
 			case <-ctx.Done():

@@ -3,6 +3,7 @@ package singleton
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -142,6 +143,42 @@ func TestResumeStartsTheDeliveryThatIsWaiting(t *testing.T) {
 	// Sent again (go-redis after a lost reply), the move finds it pending.
 	require.ErrorContains(t, m.runFirst(ctx, queue, deliveriesOf("o")...), "task o~a is already in pending state")
 	require.Zero(t, errs.Load())
+}
+
+// A done task under a copy's ID (an earlier work's, enqueued with the same
+// task ID and archived) does not say that the parked work is done: the
+// resume of a task parked at enqueue, whose enqueue is still on its way,
+// waits for it as for a task not found, and starts it.
+func TestResumeWaitsForAParkedTaskPastADoneCopyID(t *testing.T) {
+	ctx := context.Background()
+	rdb := testredis.Client(t)
+	queue, insp := testQueue(t, rdb, "resume-done-copy")
+	client := asynq.NewClientFromRedisClient(rdb)
+	_, err := client.Enqueue(asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID("x~a"), asynq.ProcessIn(time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, insp.ArchiveTask(queue, "x~a"))
+
+	l, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(testredis.Prefix(t, rdb)))
+	require.NoError(t, err)
+	defer l.Close(ctx)
+	cfg := &config{}
+	WithRedis(rdb).apply(cfg)
+	m, err := cfg.build(l)
+	require.NoError(t, err)
+	var once sync.Once
+	m.onResumeWait = func() {
+		once.Do(func() { // the enqueue lands while the resume waits
+			_, err := client.Enqueue(asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID("x"), asynq.ProcessIn(time.Hour))
+			require.NoError(t, err)
+		})
+	}
+	m.resume("k", parkEntry(queue, "x", "x"))
+	info, err := insp.GetTaskInfo(queue, "x")
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStatePending, info.State, "x was started")
+	info, err = insp.GetTaskInfo(queue, "x~a")
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateArchived, info.State)
 }
 
 // A copy whose delivery began before the copy that enqueued it returned

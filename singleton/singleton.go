@@ -435,6 +435,9 @@ type guarded struct {
 	// onPreempted, in tests, is called before a preempted run's decision
 	// looks for the task that preempted it.
 	onPreempted func()
+	// onResumeWait, in tests, is called each time a resume waits for the
+	// parked task to be put back or enqueued.
+	onResumeWait func()
 }
 
 func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task) error {
