@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/internal/testredis"
@@ -71,20 +72,7 @@ func TestResumeLeavesADoneTaskDone(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, insp.ArchiveTask(queue, "archived"))
 
-	l, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(testredis.Prefix(t, rdb)))
-	require.NoError(t, err)
-	defer l.Close(ctx)
-	var errs atomic.Int32
-	cfg := &config{}
-	for _, o := range []Option{WithRedis(rdb), WithObserver(func(_ context.Context, e middleware.Event) {
-		if e.Kind == middleware.EventError {
-			errs.Add(1)
-		}
-	})} {
-		o.apply(cfg)
-	}
-	m, err := cfg.build(l)
-	require.NoError(t, err)
+	m, errs := parkedGuard(t, rdb)
 
 	for id, state := range map[string]asynq.TaskState{"done": asynq.TaskStateCompleted, "archived": asynq.TaskStateArchived} {
 		require.ErrorIs(t, m.runFirst(ctx, queue, id), errNotWaiting)
@@ -114,20 +102,7 @@ func TestResumeStartsTheDeliveryThatIsWaiting(t *testing.T) {
 	require.NoError(t, insp.ArchiveTask(queue, "o")) // its copy o~a replaced it; a process died before it was revoked
 	require.NoError(t, insp.ArchiveTask(queue, "p~a"))
 
-	l, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(testredis.Prefix(t, rdb)))
-	require.NoError(t, err)
-	defer l.Close(ctx)
-	var errs atomic.Int32
-	cfg := &config{}
-	for _, o := range []Option{WithRedis(rdb), WithObserver(func(_ context.Context, e middleware.Event) {
-		if e.Kind == middleware.EventError {
-			errs.Add(1)
-		}
-	})} {
-		o.apply(cfg)
-	}
-	m, err := cfg.build(l)
-	require.NoError(t, err)
+	m, errs := parkedGuard(t, rdb)
 
 	m.resume("k", parkEntry(queue, "o", "o"))
 	m.resume("k", parkEntry(queue, "p~b", "p"))
@@ -150,7 +125,6 @@ func TestResumeStartsTheDeliveryThatIsWaiting(t *testing.T) {
 // resume of a task parked at enqueue, whose enqueue is still on its way,
 // waits for it as for a task not found, and starts it.
 func TestResumeWaitsForAParkedTaskPastADoneCopyID(t *testing.T) {
-	ctx := context.Background()
 	rdb := testredis.Client(t)
 	queue, insp := testQueue(t, rdb, "resume-done-copy")
 	client := asynq.NewClientFromRedisClient(rdb)
@@ -158,13 +132,7 @@ func TestResumeWaitsForAParkedTaskPastADoneCopyID(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, insp.ArchiveTask(queue, "x~a"))
 
-	l, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(testredis.Prefix(t, rdb)))
-	require.NoError(t, err)
-	defer l.Close(ctx)
-	cfg := &config{}
-	WithRedis(rdb).apply(cfg)
-	m, err := cfg.build(l)
-	require.NoError(t, err)
+	m, _ := parkedGuard(t, rdb)
 	var once sync.Once
 	m.onResumeWait = func() {
 		once.Do(func() { // the enqueue lands while the resume waits
@@ -211,13 +179,7 @@ func TestCopyWaitsForTheCopyThatMadeIt(t *testing.T) {
 		asynq.Queue(queue), asynq.TaskID("o~b"), asynq.MaxRetry(0), asynq.ProcessIn(time.Hour))
 	require.NoError(t, err)
 
-	l, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(testredis.Prefix(t, rdb)))
-	require.NoError(t, err)
-	defer l.Close(ctx)
-	cfg := &config{}
-	WithRedis(rdb).apply(cfg)
-	m, err := cfg.build(l)
-	require.NoError(t, err)
+	m, _ := parkedGuard(t, rdb)
 	waited := false
 	m.onCreatorWait = func() { waited = true; close(release) } // the creator returns while the copy's enqueue waits
 	b := asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", copyHeader: "second"})
@@ -230,4 +192,26 @@ func TestCopyWaitsForTheCopyThatMadeIt(t *testing.T) {
 	require.Equal(t, asynq.TaskStateScheduled, info.State, "the new copy waits for its delay")
 	require.Equal(t, "o", info.Headers[OriginHeader])
 	require.NotEqual(t, "first", info.Headers[copyHeader])
+}
+
+// parkedGuard is a middleware with WithRedis(rdb) on a Locker of its own
+// prefix, closed at the end of the test, and the count of the error events
+// it reported.
+func parkedGuard(t *testing.T, rdb redis.UniversalClient) (*guarded, *atomic.Int32) {
+	t.Helper()
+	l, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(testredis.Prefix(t, rdb)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	var errs atomic.Int32
+	cfg := &config{}
+	for _, o := range []Option{WithRedis(rdb), WithObserver(func(_ context.Context, e middleware.Event) {
+		if e.Kind == middleware.EventError {
+			errs.Add(1)
+		}
+	})} {
+		o.apply(cfg)
+	}
+	m, err := cfg.build(l)
+	require.NoError(t, err)
+	return m, &errs
 }
