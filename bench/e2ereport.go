@@ -157,9 +157,10 @@ func (r *report) roundTripSection() string {
 	if len(los) > 0 {
 		w.WriteString("What stays in Redis under the Locker's prefix right after a guarded run, with every lease " +
 			"released (the harness then deletes it, so that runs start alike):\n\n- " + strings.Join(los, "\n- ") +
-			"\n\nA plain lock's release leaves two strings: the holders key (`{key}:h`) keeps the released token, " +
-			"`~<token>`, for a second, so that the next acquire's token is greater; and `{key}:d:<token>` records the " +
-			"release for the client's retry window, so that a release that go-redis sends again gives the same answer. " +
+			"\n\nA plain lock's release leaves one string: the holders key (`{key}:h`) keeps `~<token>.` for the " +
+			"client's retry window: the released token, so that the next acquire's token is greater, and the record " +
+			"of the release, so that a release that go-redis sends again gives the same answer (an acquire that takes " +
+			"the key again within the window moves the record to `{key}:d:<token>`). " +
 			"A release from the sorted-set form of the holders key (waiters, limits, parked jobs) leaves `{key}:d`, a sorted " +
 			"set of released holders, and `{key}:f`, its last fencing token, instead.\n\n")
 	}

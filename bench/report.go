@@ -135,8 +135,8 @@ func (r *report) markdown() string {
 			"Redis (again after a restart or SCRIPT FLUSH). The rows above exclude it.\n\n", strings.Join(cold, "; "))
 		w.WriteString("A plain lock (limit 1, no waiting, queue, epoch or other option) that no other kind of acquire " +
 			"touched is one STRING key: the acquire script writes it once; the release script leaves the last token in it " +
-			"for a second and records the release in a key of its own for go-redis' retry window, so that a release " +
-			"that go-redis sends again reports the same. redislock's release deletes its key and keeps no record; " +
+			"for go-redis' retry window, as the record of the release, so that a release that go-redis sends again " +
+			"reports the same (an acquire that takes the key again within the window moves the record into a key of its own). redislock's release deletes its key and keeps no record; " +
 			"redsync's likewise. Neither has fencing tokens.\n\n")
 	}
 

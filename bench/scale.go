@@ -348,9 +348,9 @@ func (r *report) scaleSection() string {
 		fmt.Fprintf(&w, "Acquire+release cycles (`TryAcquire` + `Release`, plain lock), each on a key of its own, 8 goroutines on one "+
 			"Locker: what the run leaves in Redis right after it (`DBSIZE` and `used_memory`, after − before), and how long "+
 			"until the key count is back where it began (the Locker's client's retry window is %s with go-redis' defaults; "+
-			"Redis expires keys in sampled sweeps, so the last ones go a little later). A released lock leaves the record of "+
-			"its release for the window and its last token for a second: a run longer than the window holds at its end "+
-			"about one key per cycle of the last window (cycles/s × window), whatever the run's length; their memory is "+
+			"Redis expires keys in sampled sweeps, so the last ones go a little later). A released lock leaves one key, its "+
+			"holders key with its last token and the record of its release, for the window: a run longer than the window "+
+			"holds at its end about one key per cycle of the last window (cycles/s × window), whatever the run's length; their memory is "+
 			"what a steady stream of that many tasks per second keeps.\n\n", x.window)
 		var rows [][]string
 		for _, p := range x.keys {

@@ -845,12 +845,13 @@ const (
 	// (P{K}:u) are kept 10 minutes after a run with an order or a park.
 	parkKeep = 10 * time.Minute
 	// fenceKeep: the last fencing token (P{K}:f), and the plain form's
-	// record of it ("~<token>" in P{K}:h), are kept for a second.
+	// record of it after a release in the sorted set ("~<token>" in P{K}:h),
+	// are kept for a second.
 	fenceKeep = time.Second
 )
 
 // releasedKeep is how long a released holder is remembered (P{K}:d,
-// P{K}:d:<token>): the client's retry window, (MaxRetries+1) ×
+// P{K}:d:<token>, the plain form's "~<token>." in P{K}:h): the client's retry window, (MaxRetries+1) ×
 // (ReadTimeout + MaxRetryBackoff), between a second and a minute (NewRedis),
 // for the go-redis options of every chaos process (the defaults).
 func releasedKeep() time.Duration {
@@ -866,7 +867,8 @@ func releasedKeep() time.Duration {
 // its documented retention:
 //   - P{K}:h, the holders, only as records of ended holders (scored
 //     negative: completions, kept lockkit.CompletedRetention, and shorter
-//     ones), no live holder; or in the plain form "~<token>", for fenceKeep;
+//     ones), no live holder; or in the plain form "~<token>", for fenceKeep,
+//     and "~<token>." (a plain release's record), for releasedKeep;
 //   - P{K}:d and P{K}:d:<token>, released holders, for releasedKeep;
 //   - P{K}:m (last epoch, latest run's order) and P{K}:u (follow-up), for
 //     parkKeep plus a lease TTL;
@@ -901,6 +903,9 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 			keep = lockkit.CompletedRetention
 			if k.Type == "string" {
 				keep = fenceKeep
+			}
+			if k.Released {
+				keep = released
 			}
 			if r := h.keptReservation(k.Key); k.Live > 0 && r > 0 {
 				keep = r

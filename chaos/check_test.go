@@ -328,6 +328,7 @@ func TestLeakReportsStateAndOverlongRecords(t *testing.T) {
 	ok := []keyTTL{
 		{Key: "p:{k}:h", TTL: 23 * time.Hour, Type: "zset"}, // a completion record
 		{Key: "p:{k}:h", TTL: 500 * time.Millisecond, Type: "string"},
+		{Key: "p:{k}:h", TTL: 10 * time.Second, Type: "string", Released: true}, // "~<token>."
 		{Key: "p:{k}:d:123", TTL: 10 * time.Second, Type: "string"},
 		{Key: "p:{k}:m", TTL: 9 * time.Minute, Type: "hash"},
 		{Key: "p:{k}:c", TTL: 23 * time.Hour, Type: "string"},
@@ -338,6 +339,8 @@ func TestLeakReportsStateAndOverlongRecords(t *testing.T) {
 		{Key: "p:{k}:tq", TTL: 2 * time.Minute, Type: "zset"},
 		{Key: "p:{k}:h", TTL: time.Second, Type: "zset", Live: 1},
 		{Key: "p:{k}:h", TTL: time.Hour, Type: "string"},
+		{Key: "p:{k}:h", TTL: 10 * time.Second, Type: "string"}, // "~<token>": a second
+		{Key: "p:{k}:h", TTL: releasedKeep() + time.Second, Type: "string", Released: true},
 		{Key: "p:{k}:w", TTL: time.Second, Type: "zset"},
 		{Key: "p:{k}:k", TTL: 9 * time.Minute, Type: "zset"},
 		{Key: "p:{k}:d", TTL: releasedKeep() + time.Second, Type: "zset"},

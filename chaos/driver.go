@@ -230,7 +230,11 @@ func runSeed(o options, seed uint64) (result, error) {
 	st.keysLeft = len(keys)
 	var kb strings.Builder
 	for _, k := range keys {
-		fmt.Fprintf(&kb, "%s %s %s live=%d\n", k.Key, k.Type, k.TTL, k.Live)
+		fmt.Fprintf(&kb, "%s %s %s live=%d", k.Key, k.Type, k.TTL, k.Live)
+		if k.Released {
+			kb.WriteString(" released")
+		}
+		kb.WriteString("\n")
 	}
 	_ = os.WriteFile(filepath.Join(dir, "keys.txt"), []byte(kb.String()), 0o644)
 	lap("check")
@@ -607,13 +611,16 @@ func (r *seedRun) recordLeft() {
 // keyTTL is a key left under the run's lock key prefix, its TTL, its type,
 // and how many members of it (a sorted set) are scored after the Redis
 // server's clock in milliseconds: in a holders key, live holders (a holders
-// key in the plain form, a string, has one unless it is the "~<token>"
-// record).
+// key in the plain form, a string, has one unless it is a record of
+// the last token, "~<token>" or "~<token>.").
 type keyTTL struct {
 	Key  string
 	TTL  time.Duration // -1: none
 	Type string
 	Live int
+	// Released: a holders key in the plain form holding a plain release's
+	// record, "~<token>.", kept for the client's retry window.
+	Released bool
 }
 
 // keysLeft lists the keys under the run's lock key prefix.
@@ -651,6 +658,7 @@ func (r *seedRun) keysLeft() ([]keyTTL, error) {
 				if err == nil && !strings.HasPrefix(v, "~") {
 					k.Live = 1
 				}
+				k.Released = err == nil && strings.HasPrefix(v, "~") && strings.HasSuffix(v, ".")
 			}
 			mu.Lock()
 			out = append(out, k)

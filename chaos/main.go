@@ -177,10 +177,10 @@ func readKeys(name string) ([]keyTTL, error) {
 	var out []keyTTL
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 		f := strings.Fields(line)
-		if len(f) != 4 {
+		if len(f) != 4 && (len(f) != 5 || f[4] != "released") {
 			continue
 		}
-		k := keyTTL{Key: f[0], Type: f[1]}
+		k := keyTTL{Key: f[0], Type: f[1], Released: len(f) == 5}
 		if k.TTL, err = time.ParseDuration(f[2]); err != nil {
 			return nil, fmt.Errorf("%s: %q: %w", name, line, err)
 		}

@@ -231,3 +231,55 @@ func TestCloseWaitsForOnParked(t *testing.T) {
 	close(unblock)
 	require.NoError(t, <-closed)
 }
+
+// A plain lease's release leaves one key, the holders key's record
+// "~<token>.", for the client's retry window; a Locker that takes the key
+// again within it moves the record into P{K}:d:<token> for the rest of the
+// window, so a repeat of the release still reports it.
+func TestPlainReleaseLeavesOneKey(t *testing.T) {
+	handoverClients(t, func(t *testing.T, newClient func() redis.UniversalClient) {
+		ctx := ctxT(t)
+		c := newClient()
+		l, take, release := repeatSetup(t, c)
+		b := l.r
+		k := b.keys("a")
+		all := []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.channel, k.cover, k.released, k.parked, k.follow}
+		// left returns the lock's keys that exist and their TTLs.
+		left := func(extra ...string) map[string]time.Duration {
+			t.Helper()
+			out := map[string]time.Duration{}
+			for _, key := range append(all, extra...) {
+				d, err := c.PTTL(ctx, key).Result()
+				require.NoError(t, err)
+				if d != -2*time.Nanosecond && d != -2*time.Millisecond {
+					out[key] = d
+				}
+			}
+			return out
+		}
+
+		first, err := take("a", nil)
+		require.NoError(t, err)
+		require.True(t, first.plain)
+		require.True(t, release(first))
+		moved := b.plainKeys("a", first.member)[1]
+		keys := left(moved)
+		require.Len(t, keys, 1, "a plain release leaves one key: %v", keys)
+		require.Greater(t, keys[k.holders], time.Second, "kept past a second")
+		require.LessOrEqual(t, keys[k.holders], b.grace, "kept no longer than the retry window")
+		v, err := c.Get(ctx, k.holders).Result()
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprint("~", first.token, "."), v)
+
+		second, err := take("a", nil)
+		require.NoError(t, err)
+		require.Greater(t, second.token, first.token)
+		keys = left(moved)
+		require.Len(t, keys, 2, "the holder and the moved record: %v", keys)
+		require.Greater(t, keys[moved], time.Second)
+		require.LessOrEqual(t, keys[moved], b.grace)
+		require.True(t, release(first), "a repeat of the release reports it after the key was taken again")
+		_, err = take("a", nil)
+		require.ErrorIs(t, err, ErrNotAcquired, "the repeat did not release the new holder")
+	})
+}

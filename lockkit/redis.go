@@ -60,7 +60,9 @@ var (
 	//go:embed scripts/promote.lua
 	promoteSrc string
 	//go:embed scripts/plain_acquire.lua
-	plainAcquireSrc string
+	plainAcquireFile string
+	// plainAcquireSrc calls keep_release of promote.lua.
+	plainAcquireSrc = promoteSrc + plainAcquireFile
 	//go:embed scripts/plain_release.lua
 	plainReleaseSrc string
 
@@ -221,8 +223,9 @@ func releaseModes(l *Lease, end ending) releaseMode {
 // Redis layout for key K under prefix P: P{K}:h holds the holders. A plain
 // lock (limit 1, no waiting, queue, epoch, Coalesce, Supersede, Preempt,
 // Adopt or Park) that no other kind of acquire touched keeps its one holder
-// there as a STRING; its release leaves "~" and its token there for a second
-// and records itself in P{K}:d:<token> for the client's retry window. Any
+// there as a STRING; its release leaves "~<token>." there for the client's
+// retry window: the last token and the record of the release, moved into
+// P{K}:d:<token> when the key is taken again within the window. Any
 // other operation first turns the STRING into a sorted set scored by expiry,
 // with records of completed labels and cleaned-up calls, which the key keeps
 // while waiters, a queue or parked jobs may live; its released holders are
@@ -455,8 +458,8 @@ func (b *redisBackend) keys(key string) lockKeys {
 func (b *redisBackend) base(key string) string { return rediskey.Base(b.prefix, key) }
 
 // plainKeys are the keys of plain_release.lua for the lease with member
-// "<token>:...": its holders key and the key that records its release,
-// "<released>:<token>".
+// "<token>:...": its holders key and the key its release's record moves to
+// when the key is taken again, "<released>:<token>".
 func (b *redisBackend) plainKeys(key, member string) []string {
 	base := b.base(key)
 	return []string{base + ":h", base + ":d:" + member[:strings.IndexByte(member, ':')]}
@@ -747,7 +750,7 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 		cmds := b.run(ctx, plainReleaseScript, plains,
 			func(l *Lease) []string { return b.plainKeys(l.key, l.member) },
 			func(l *Lease) []any {
-				return []any{l.member, ms(b.grace), "~" + l.member[:strings.IndexByte(l.member, ':')]}
+				return []any{l.member, ms(b.grace), "~" + l.member[:strings.IndexByte(l.member, ':')] + "."}
 			})
 		for i, c := range cmds {
 			n, err := c.Int64()

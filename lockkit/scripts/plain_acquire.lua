@@ -1,13 +1,16 @@
 -- Acquires a plain lock (limit 1, no waiting, queue, epoch or other option)
 -- in the plain form of its holders key: a STRING holding the one holder,
 -- "<token>:<acquire id>:<owner>:<label>", that expires with it; after a
--- release (plain_release.lua) the STRING "~<token>" keeps the last token
--- for a second. The other scripts turn the
+-- release it holds the last token: "~<token>." for the client's retry
+-- window after a plain release (plain_release.lua), "~<token>" for a second
+-- after a release in the sorted set (promote.lua). The other scripts turn the
 -- plain form into the sorted set of acquire.lua first (promote.lua), and
 -- acquire.lua keeps the sorted set while waiters, a queue or parked jobs
 -- live, so the plain form always means: no one else is waiting. Safe to
 -- run twice: a repeat finds the holder its first run added.
 -- KEYS[1] holders: STRING in the plain form, else ZSET (see acquire_core.lua)
+-- and, taking the key over a plain release's record, P{K}:d:<token> (the
+-- record moved; same hash slot, named after KEYS[1])
 -- ARGV[1] the holder's member after its token: ":<acquire id>:<owner>:<label>"
 -- ARGV[2] ttl (ms)
 -- Returns the token when acquired, {1, token, ttl left (ms)} when an earlier
@@ -26,7 +29,8 @@ if v then
     end
     return {0, v, redis.call('PTTL', KEYS[1]), 1, 0}
   end
-  fence = tonumber(string.sub(v, 2))
+  fence = tonumber(string.match(v, '%d+'))
+  keep_release(KEYS[1], v)
 end
 -- A token is at least the server time in microseconds (as in acquire.lua),
 -- and greater than the last one while its record lives.
