@@ -38,10 +38,9 @@ func TestReleasedLocksLeaveNoLongLivedKeys(t *testing.T) {
 
 	keys, err := c.Keys(ctx, prefix+"*").Result()
 	require.NoError(t, err)
-	require.Len(t, keys, 54, "one key per plain lock, its holders key; tick's four")
-	// (A plain lock's holders key keeps "~<token>.", its last token and the
-	// record of its release; tick, with an epoch, keeps its holders key's
-	// last token, its fence key, its released holders and its epoch.)
+	require.Len(t, keys, 52, "one key per lock, its holders key; and tick's epoch")
+	// (A released lock's holders key keeps "~<token>.", its last token and
+	// the record of its release; tick, with an epoch, also keeps the epoch.)
 	for _, k := range keys {
 		ttl, err := c.PTTL(ctx, k).Result()
 		require.NoError(t, err)

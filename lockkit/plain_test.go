@@ -88,14 +88,15 @@ func TestPlainFormSteps(t *testing.T) {
 		require.True(t, release(second))
 
 		// A release in the sorted set that leaves the key empty leaves the
-		// last token there as well, for the next plain acquire.
+		// last token there as well, with the record of the release, for the
+		// next plain acquire.
 		lim, err := take("d", &AcquireOptions{Limit: 2})
 		require.NoError(t, err)
 		require.False(t, lim.plain)
 		require.True(t, release(lim))
 		v, err := c.Get(ctx, b.keys("d").holders).Result()
 		require.NoError(t, err)
-		require.Equal(t, fmt.Sprint("~", lim.token), v)
+		require.Equal(t, fmt.Sprint("~", lim.token, "."), v)
 		next, err := take("d", nil)
 		require.NoError(t, err)
 		require.True(t, next.plain)
@@ -232,54 +233,69 @@ func TestCloseWaitsForOnParked(t *testing.T) {
 	require.NoError(t, <-closed)
 }
 
-// A plain lease's release leaves one key, the holders key's record
-// "~<token>.", for the client's retry window; a Locker that takes the key
-// again within it moves the record into P{K}:d:<token> for the rest of the
-// window, so a repeat of the release still reports it.
-func TestPlainReleaseLeavesOneKey(t *testing.T) {
+// A release leaves one key, the holders key's record "~<token>.", for the
+// client's retry window: a plain lease's, and a lease's in the sorted set
+// (a limit, a parking job's) that left the key empty; a Locker that takes
+// the key again within the window moves the record into P{K}:d:<token> for
+// the rest of the window, so a repeat of the release still reports it.
+func TestReleaseLeavesOneKey(t *testing.T) {
+	forms := []struct {
+		name string
+		opt  *AcquireOptions
+	}{
+		{"plain", nil},
+		{"limit", &AcquireOptions{Limit: 2}},
+		{"park", &AcquireOptions{Label: "job", Park: &Parking{ID: "id"}, Adopt: true}},
+	}
 	handoverClients(t, func(t *testing.T, newClient func() redis.UniversalClient) {
-		ctx := ctxT(t)
-		c := newClient()
-		l, take, release := repeatSetup(t, c)
-		b := l.r
-		k := b.keys("a")
-		all := []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.channel, k.cover, k.released, k.parked, k.follow}
-		// left returns the lock's keys that exist and their TTLs.
-		left := func(extra ...string) map[string]time.Duration {
-			t.Helper()
-			out := map[string]time.Duration{}
-			for _, key := range append(all, extra...) {
-				d, err := c.PTTL(ctx, key).Result()
-				require.NoError(t, err)
-				if d != -2*time.Nanosecond && d != -2*time.Millisecond {
-					out[key] = d
+		for _, f := range forms {
+			t.Run(f.name, func(t *testing.T) {
+				ctx := ctxT(t)
+				c := newClient()
+				l, take, release := repeatSetup(t, c)
+				b := l.r
+				k := b.keys("a")
+				all := []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.channel, k.cover, k.released, k.parked, k.follow}
+				// left returns the lock's keys that exist and their TTLs.
+				left := func(extra ...string) map[string]time.Duration {
+					t.Helper()
+					out := map[string]time.Duration{}
+					for _, key := range append(all, extra...) {
+						d, err := c.PTTL(ctx, key).Result()
+						require.NoError(t, err)
+						if d != -2*time.Nanosecond && d != -2*time.Millisecond {
+							out[key] = d
+						}
+					}
+					return out
 				}
-			}
-			return out
+
+				first, err := take("a", f.opt)
+				require.NoError(t, err)
+				require.Equal(t, f.opt == nil, first.plain)
+				require.True(t, release(first))
+				moved := b.plainKeys("a", first.member)[1]
+				keys := left(moved)
+				require.Len(t, keys, 1, "a release leaves one key: %v", keys)
+				require.Greater(t, keys[k.holders], time.Second, "kept past a second")
+				require.LessOrEqual(t, keys[k.holders], b.grace, "kept no longer than the retry window")
+				v, err := c.Get(ctx, k.holders).Result()
+				require.NoError(t, err)
+				require.Equal(t, fmt.Sprint("~", first.token, "."), v)
+
+				second, err := take("a", f.opt)
+				require.NoError(t, err)
+				require.Greater(t, second.token, first.token)
+				keys = left(moved)
+				if f.opt == nil {
+					require.Len(t, keys, 2, "the holder and the moved record: %v", keys)
+				}
+				require.Greater(t, keys[moved], time.Second, "the record moved: %v", keys)
+				require.LessOrEqual(t, keys[moved], b.grace)
+				require.True(t, release(first), "a repeat of the release reports it after the key was taken again")
+				_, err = take("a", nil)
+				require.ErrorIs(t, err, ErrNotAcquired, "the repeat did not release the new holder")
+			})
 		}
-
-		first, err := take("a", nil)
-		require.NoError(t, err)
-		require.True(t, first.plain)
-		require.True(t, release(first))
-		moved := b.plainKeys("a", first.member)[1]
-		keys := left(moved)
-		require.Len(t, keys, 1, "a plain release leaves one key: %v", keys)
-		require.Greater(t, keys[k.holders], time.Second, "kept past a second")
-		require.LessOrEqual(t, keys[k.holders], b.grace, "kept no longer than the retry window")
-		v, err := c.Get(ctx, k.holders).Result()
-		require.NoError(t, err)
-		require.Equal(t, fmt.Sprint("~", first.token, "."), v)
-
-		second, err := take("a", nil)
-		require.NoError(t, err)
-		require.Greater(t, second.token, first.token)
-		keys = left(moved)
-		require.Len(t, keys, 2, "the holder and the moved record: %v", keys)
-		require.Greater(t, keys[moved], time.Second)
-		require.LessOrEqual(t, keys[moved], b.grace)
-		require.True(t, release(first), "a repeat of the release reports it after the key was taken again")
-		_, err = take("a", nil)
-		require.ErrorIs(t, err, ErrNotAcquired, "the repeat did not release the new holder")
 	})
 }

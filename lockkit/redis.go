@@ -229,7 +229,8 @@ func releaseModes(l *Lease, end ending) releaseMode {
 // other operation first turns the STRING into a sorted set scored by expiry,
 // with records of completed labels and cleaned-up calls, which the key keeps
 // while waiters, a queue or parked jobs may live; its released holders are
-// then kept in P{K}:d for the retry window. P{K}:b holds the newest request
+// then kept in P{K}:d for the retry window, or, by a release that leaves the
+// key empty, in P{K}:h as a plain release leaves it. P{K}:b holds the newest request
 // recorded by Debounce, P{K}:k the parked jobs (Parking.ID), P{K}:c
 // the start of the last Coalesce run that succeeded, P{K}:f the last fencing
 // token (for a second), P{K}:m the last epoch and the order of the latest Supersede run, P{K}:q and P{K}:w the
@@ -1015,13 +1016,14 @@ func (b *redisBackend) groups(leases []*Lease) [][]*Lease {
 }
 
 func (b *redisBackend) detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error) {
-	n, err := detachScript.Run(ctx, b.c, []string{b.keys(l.key).holders}, l.member, member, ms(ttl)).Int64()
+	k := b.keys(l.key)
+	n, err := detachScript.Run(ctx, b.c, []string{k.holders, k.fence}, l.member, member, ms(ttl)).Int64()
 	return n == 1, err
 }
 
 func (b *redisBackend) free(ctx context.Context, key, label string) (bool, error) {
 	k := b.keys(key)
-	n, err := freeScript.Run(ctx, b.c, []string{k.holders, k.waiters}, escapeLabel(label), k.channel, ms(b.grace)).Int64()
+	n, err := freeScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence}, escapeLabel(label), k.channel, ms(b.grace)).Int64()
 	return n == 1, err
 }
 
@@ -1033,7 +1035,7 @@ func (b *redisBackend) evict(ctx context.Context, key, owner string, token int64
 
 func (b *redisBackend) leave(ctx context.Context, key, waiter, aid string) error {
 	k := b.keys(key)
-	return leaveScript.Run(ctx, b.c, []string{k.queue, k.waiters, k.holders}, waiter, k.channel, aid).Err()
+	return leaveScript.Run(ctx, b.c, []string{k.queue, k.waiters, k.holders, k.fence}, waiter, k.channel, aid).Err()
 }
 
 func (b *redisBackend) inspect(ctx context.Context, key string) (*Info, error) {

@@ -5,6 +5,7 @@
 -- nothing: ErrNotHeld).
 -- KEYS[1] holders: ZSET (see acquire_core.lua), after promote.lua
 -- KEYS[2] waiters: ZSET of every waiter; nobody is woken when it does not exist
+-- KEYS[3] fence: STRING, the last fencing token (see promote.lua)
 -- ARGV[1] label (escaped)
 -- ARGV[2] release channel
 -- ARGV[3] grace (ms)
@@ -12,7 +13,7 @@
 -- run), 0 when none was live.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-promote(KEYS[1])
+promote(KEYS[1], KEYS[3])
 local rec = 'f:' .. ARGV[1]
 local suffix = ':' .. ARGV[1]
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')

@@ -4,10 +4,11 @@
 -- KEYS[1] queue: ZSET of fair waiters
 -- KEYS[2] waiters: ZSET of every waiter
 -- KEYS[3] holders: ZSET (see acquire_core.lua), after promote.lua
+-- KEYS[4] fence: STRING, the last fencing token (see promote.lua)
 -- ARGV[1] waiter id
 -- ARGV[2] release channel
 -- ARGV[3] the waiter's acquire id
-promote(KEYS[3])
+promote(KEYS[3], KEYS[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
 local wake = redis.call('ZREM', KEYS[1], ARGV[1]) == 1
 if string.sub(ARGV[1], 1, 1) == 'g' and redis.call('EXISTS', KEYS[3]) == 1 then

@@ -23,9 +23,9 @@ end
 -- promote turns a holders key in its plain form (see plain_acquire.lua)
 -- into the sorted set the other scripts use: its holder becomes a member
 -- scored by its expiry; a record of the last token is dropped, a plain
--- release's kept (keep_release). When fence is given, the fence key is
--- raised to the token, so later tokens stay greater. The scripts that
--- change the holders key call it first.
+-- release's kept (keep_release). The fence key is raised to the token, so
+-- later tokens stay greater. The scripts that change the holders key call
+-- it first.
 local function promote(h, fence)
   local v = redis.pcall('GET', h)
   if type(v) ~= 'string' then
@@ -35,7 +35,7 @@ local function promote(h, fence)
   keep_release(h, v)
   redis.call('DEL', h)
   local token = string.match(v, '^~?(%d+)')
-  if fence and token and tonumber(redis.call('GET', fence) or '0') < tonumber(token) then
+  if token and tonumber(redis.call('GET', fence) or '0') < tonumber(token) then
     redis.call('SET', fence, token, 'PX', 1000)
   end
   if string.byte(v) ~= 126 and left > 0 then

@@ -3,9 +3,10 @@
 -- release's options (release_hold.lua, release_cover.lua, release_done.lua,
 -- release_park.lua), placed at the
 -- lines "-- @<place>", do the rest (see releaseSource). Safe to run twice:
--- the released holder is remembered for a grace period in a key of its own,
--- so a repeat returns 1 as the first run did while the holders key goes away
--- with its last holder (and the next acquire takes the fast path).
+-- the released holder is remembered for a grace period, in the released set
+-- or, when the release left the key empty, in the holders key as a plain
+-- release leaves it, so a repeat returns 1 as the first run did (and the
+-- next acquire takes the fast path).
 -- KEYS[1] holders: ZSET (see acquire_core.lua)
 -- KEYS[2] waiters: ZSET of every waiter; nobody is woken when it does not exist
 -- KEYS[3] cover: STRING (release_cover.lua)
@@ -14,7 +15,8 @@
 -- KEYS[5] queue: ZSET of fair waiters (see acquire_core.lua)
 -- KEYS[6] fence: STRING, the last fencing token (see acquire_core.lua)
 -- KEYS[7] parked: ZSET of parked jobs (release_park.lua)
--- KEYS[8] the lease's record of a plain release (see plain_release.lua)
+-- KEYS[8] P{K}:d:<token>: the record of this lease's release once moved out
+--         of the holders key (see plain_release.lua)
 -- ARGV[1] the lease's member, or "" to find the live holder by acquire id
 -- ARGV[2] acquire id
 -- ARGV[3] release channel
@@ -77,10 +79,16 @@ local hold_until = 0
 if hold_until == 0 then
   redis.call('ZREM', KEYS[1], member)
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-redis.call('ZADD', KEYS[4], now + keep, member)
-if redis.call('PTTL', KEYS[4]) < keep then
-  redis.call('PEXPIRE', KEYS[4], keep)
+-- remember keeps this release in the released set for keep, so that a
+-- repeat returns 1; every return of a release that leaves the key held
+-- calls it (a release that leaves the key empty keeps its record in the
+-- holders key instead, below).
+local function remember()
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  redis.call('ZADD', KEYS[4], now + keep, member)
+  if redis.call('PTTL', KEYS[4]) < keep then
+    redis.call('PEXPIRE', KEYS[4], keep)
+  end
 end
 -- @cover
 local done = 0
@@ -97,6 +105,7 @@ if #top > 0 then
   end
 end
 if hold_until > 0 then
+  remember()
   return 1
 end
 
@@ -122,10 +131,20 @@ if waiting or parking then
   end
   -- @reserve
 end
--- Leave the last token in a holders key this release left empty, as
--- plain_release.lua does, so that a plain acquire's token is greater.
+-- A holders key this release left empty keeps the last token, so that a
+-- plain acquire's token is greater. When the last token is this lease's,
+-- the key keeps "~<token>." for keep, as plain_release.lua leaves it: the
+-- last token and the record of this release in one key, which promote.lua
+-- and plain_acquire.lua move into P{K}:d:<token> should the key be taken
+-- again meanwhile (and the fence key, raised from it by promote, goes).
 if redis.call('EXISTS', KEYS[1]) == 0 then
   local fence = math.max(tonumber(released), tonumber(redis.call('GET', KEYS[6]) or '0'))
+  if fence == tonumber(released) then
+    redis.call('SET', KEYS[1], '~' .. released .. '.', 'PX', keep)
+    redis.call('DEL', KEYS[6])
+    return 1
+  end
   leave_token(KEYS[1], string.format('%d', fence))
 end
+remember()
 return 1

@@ -35,6 +35,7 @@ if unheld then
     redis.call('ZREM', KEYS[2], wid)
     redis.call('ZREM', KEYS[5], wid)
     redis.call('PUBLISH', channel, 'g' .. token .. ':' .. wid)
+    remember()
     return 1
   end
 end

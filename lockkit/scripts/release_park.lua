@@ -34,6 +34,7 @@ if parking and unheld then
     local hold, plabel, id = string.match(p, '^(%d+):([^:]*):(.*)$')
     if hold and not (plabel ~= '' and redis.call('ZSCORE', KEYS[1], 'done:' .. plabel)) then
       take('r' .. released, 'parked:' .. id, plabel, tonumber(hold))
+      remember()
       return {1, id}
     end
   end
