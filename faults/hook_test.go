@@ -86,9 +86,9 @@ var (
 	plainReleaseCmd = testredis.ScriptShape(2, 3)
 	extendCmd       = testredis.ScriptShape(2, 4)
 	inspectCmd      = testredis.ScriptShape(3, 0)
-	freeCmd         = testredis.ScriptShape(2, 3)
+	freeCmd         = testredis.ScriptShape(3, 3)
 	throttleCmd     = testredis.ScriptShape(3, 6)
-	detachCmd       = testredis.ScriptShape(1, 3)
+	detachCmd       = testredis.ScriptShape(2, 3) // as the plain release's: no op calls both
 	debounceCmd     = testredis.ScriptShape(1, 4)
 	claimCmd        = testredis.ScriptShape(1, 2)
 	evictCmd        = testredis.ScriptShape(3, 7)
