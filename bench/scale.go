@@ -18,6 +18,7 @@ import (
 
 // keysPoint is one run of cycles on distinct keys.
 type keysPoint struct {
+	lease    string // the lease's kind: "plain", or "parking" (Requeue's)
 	cycles   int
 	wall     time.Duration
 	cmdTime  time.Duration // Redis time in the scripts, per cycle
@@ -102,13 +103,15 @@ func (b *bench) scale(ctx context.Context) (scaleResult, error) {
 		read = 3 * time.Second
 	}
 	res.window = time.Duration(max(o.MaxRetries, 0)+1) * (read + max(o.MaxRetryBackoff, 0))
-	for _, n := range b.scaleKeys {
-		progress("scale: %d cycles on distinct keys", n)
-		p, err := b.scaleDistinct(ctx, n, res.window)
-		if err != nil {
-			return res, err
+	for _, lease := range []string{"plain", "parking"} {
+		for _, n := range b.scaleKeys {
+			progress("scale: %d cycles of %s leases on distinct keys", n, lease)
+			p, err := b.scaleDistinct(ctx, n, lease, res.window)
+			if err != nil {
+				return res, err
+			}
+			res.keys = append(res.keys, p)
 		}
-		res.keys = append(res.keys, p)
 	}
 	for _, n := range b.scaleRenewed {
 		progress("scale: %d leases renewed by one Locker", n)
@@ -153,8 +156,18 @@ func (b *bench) usedMemory(ctx context.Context) (int64, error) {
 
 // scaleDistinct runs n acquire+release cycles, each on a key of its own, on
 // 8 goroutines, then waits for the keys to expire.
-func (b *bench) scaleDistinct(ctx context.Context, n int, window time.Duration) (keysPoint, error) {
-	p := keysPoint{cycles: n}
+func (b *bench) scaleDistinct(ctx context.Context, n int, lease string, window time.Duration) (keysPoint, error) {
+	p := keysPoint{lease: lease, cycles: n}
+	opt := func(int) *lockkit.AcquireOptions { return &lockkit.AcquireOptions{NoRenew: true} }
+	if lease == "parking" {
+		// As singleton's Requeue takes a task's key: the lease parks
+		// duplicates (its own id), so it lives in the sorted set.
+		opt = func(i int) *lockkit.AcquireOptions {
+			id := "task-" + strconv.Itoa(i)
+			return &lockkit.AcquireOptions{NoRenew: true, Label: id, Adopt: true,
+				Park: &lockkit.Parking{ID: id, OnParked: func(string) {}}}
+		}
+	}
 	c, _ := b.client()
 	l, err := lockkit.NewRedis(c, lockkit.WithPrefix(b.prefix+"scale:"))
 	if err != nil {
@@ -173,10 +186,10 @@ func (b *bench) scaleDistinct(ctx context.Context, n int, window time.Duration) 
 	if err != nil {
 		return p, err
 	}
-	run := fmt.Sprintf("d%d:", n)
+	run := fmt.Sprintf("d%s%d:", lease, n)
 	start := time.Now()
 	err = inParallel(n, func(i int) error {
-		lease, err := l.TryAcquire(ctx, run+strconv.Itoa(i), &lockkit.AcquireOptions{NoRenew: true})
+		lease, err := l.TryAcquire(ctx, run+strconv.Itoa(i), opt(i))
 		if err == nil {
 			err = lease.Release(ctx)
 		}
@@ -345,23 +358,24 @@ func (r *report) scaleSection() string {
 	var w strings.Builder
 	x := r.scaleRes
 	if len(x.keys) > 0 {
-		fmt.Fprintf(&w, "Acquire+release cycles (`TryAcquire` + `Release`, plain lock), each on a key of its own, 8 goroutines on one "+
+		fmt.Fprintf(&w, "Acquire+release cycles (`TryAcquire` + `Release`), each on a key of its own, 8 goroutines on one "+
 			"Locker: what the run leaves in Redis right after it (`DBSIZE` and `used_memory`, after − before), and how long "+
 			"until the key count is back where it began (the Locker's client's retry window is %s with go-redis' defaults; "+
 			"Redis expires keys in sampled sweeps, so the last ones go a little later). A released lock leaves one key, its "+
 			"holders key with its last token and the record of its release, for the window: a run longer than the window "+
 			"holds at its end about one key per cycle of the last window (cycles/s × window), whatever the run's length; their memory is "+
-			"what a steady stream of that many tasks per second keeps.\n\n", x.window)
+			"what a steady stream of that many tasks per second keeps. Lease: a plain lock (what the default Skip policy takes), "+
+			"or a parking one (`Label`, `Park`, `Adopt`: what Requeue takes), which lives in the sorted-set form.\n\n", x.window)
 		var rows [][]string
 		for _, p := range x.keys {
 			rate := float64(p.cycles) / p.wall.Seconds()
-			rows = append(rows, []string{fmt.Sprint(p.cycles), fmt.Sprintf("%.0f", rate),
+			rows = append(rows, []string{p.lease, fmt.Sprint(p.cycles), fmt.Sprintf("%.0f", rate),
 				us(p.cmdTime), fmt.Sprint(p.keysLeft), fmt.Sprintf("%.0f", min(float64(p.cycles), rate*x.window.Seconds())),
 				fmt.Sprintf("%.2f", float64(p.keysLeft)/float64(p.cycles)),
 				fmt.Sprintf("%.1f MB", float64(p.memLeft)/1e6), fmt.Sprintf("%.0f", float64(p.memLeft)/float64(p.cycles)),
 				p.baseline.Round(100 * time.Millisecond).String()})
 		}
-		table(&w, []string{"cycles", "cycles/s", "Redis script time/cycle", "keys left right after",
+		table(&w, []string{"lease", "cycles", "cycles/s", "Redis script time/cycle", "keys left right after",
 			"one key per cycle of the last window (cycles/s × window)", "keys left/cycle",
 			"memory left", "bytes left/cycle", "back to the baseline after"}, rows)
 		w.WriteString("\n")
