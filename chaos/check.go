@@ -851,9 +851,11 @@ const (
 )
 
 // releasedKeep is how long a released holder is remembered (P{K}:d,
-// P{K}:d:<token>, the plain form's "~<token>." in P{K}:h): the client's retry window, (MaxRetries+1) ×
-// (ReadTimeout + MaxRetryBackoff), between a second and a minute (NewRedis),
-// for the go-redis options of every chaos process (the defaults).
+// P{K}:d:<token>, the plain form's "~<token>." in P{K}:h): the client's
+// retry window, (MaxRetries+1) × (ReadTimeout + MaxRetryBackoff), between a
+// second and a minute (NewRedis), for the go-redis options of every chaos
+// process (the defaults; a Cluster client's MaxRedirects+1 attempts are as
+// many).
 func releasedKeep() time.Duration {
 	c := redis.NewClient(&redis.Options{})
 	defer c.Close()

@@ -65,3 +65,30 @@ func TestReleasedLocksLeaveNoLongLivedKeys(t *testing.T) {
 		require.LessOrEqual(t, ttl, time.Second, "%s outlives its lock", k)
 	}
 }
+
+// The retry window spans every attempt go-redis makes of one command: a
+// Client's and a Ring's 1 + MaxRetries; a ClusterClient's 1 + MaxRedirects,
+// each on a node client that makes 1 + MaxRetries (none by default).
+func TestRetryWindowSpansEveryAttempt(t *testing.T) {
+	client := redis.NewClient(&redis.Options{})
+	defer client.Close()
+	o := client.Options() // go-redis' defaults, which differ between its versions
+	require.Equal(t, 3, o.MaxRetries)
+	require.Equal(t, min(4*(o.ReadTimeout+o.MaxRetryBackoff), time.Minute), retryWindow(client), "MaxRetries 3 by default")
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer cluster.Close()
+	co := cluster.Options()
+	require.Equal(t, min(4*(co.ReadTimeout+co.MaxRetryBackoff), time.Minute), retryWindow(cluster),
+		"MaxRedirects 3 by default, no node retries")
+	retrying := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, MaxRedirects: 1, MaxRetries: 2,
+		ReadTimeout: time.Second, MaxRetryBackoff: 100 * time.Millisecond})
+	defer retrying.Close()
+	require.Equal(t, 6*(time.Second+100*time.Millisecond), retryWindow(retrying), "2 redirect attempts × 3 node attempts")
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}, ReadTimeout: time.Second,
+		MaxRetryBackoff: 100 * time.Millisecond})
+	defer ring.Close()
+	require.Equal(t, 4*(time.Second+100*time.Millisecond), retryWindow(ring), "MaxRetries 3 by default")
+	none := redis.NewClient(&redis.Options{MaxRetries: -1, ReadTimeout: 200 * time.Millisecond})
+	defer none.Close()
+	require.Equal(t, time.Second, retryWindow(none), "at least a second")
+}

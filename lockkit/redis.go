@@ -257,8 +257,10 @@ var _ Locker = (*RedisLocker)(nil)
 // server's version and fails with ErrUnsupported below MinRedisVersion.
 //
 // A released lock's holders key is kept for the client's retry window,
-// (MaxRetries+1) × (ReadTimeout + MaxRetryBackoff), 14s with go-redis'
-// defaults, so that a release that go-redis sends again reports the same.
+// (MaxRetries+1) × (ReadTimeout + MaxRetryBackoff) (a ClusterClient:
+// (MaxRedirects+1) × (MaxRetries+1) attempts), between a second and a
+// minute: 14s with go-redis v9.17's defaults, 24s with v9.23's; so that a
+// release that go-redis sends again reports the same.
 func NewRedis(client redis.UniversalClient, opts ...Option) (*RedisLocker, error) {
 	cfg, err := clientConfig("NewRedis", client, opts)
 	if err != nil {
@@ -281,24 +283,27 @@ func clientConfig(op string, client redis.UniversalClient, opts []Option) (confi
 }
 
 // retryWindow is how long after a command's first run go-redis may run it
-// again: every retry waits for a read timeout and a backoff.
+// again: every attempt waits for a read timeout and a backoff. A Client and
+// a Ring make 1 + MaxRetries attempts; a ClusterClient makes 1 +
+// MaxRedirects (default 3) attempts, on a node whose client makes 1 +
+// MaxRetries each (MaxRetries defaults to none for a cluster).
 func retryWindow(client redis.UniversalClient) time.Duration {
-	retries, read, backoff := 3, 3*time.Second, 512*time.Millisecond
+	attempts, read, backoff := 4, 3*time.Second, 512*time.Millisecond
 	switch c := client.(type) {
 	case *redis.Client:
 		o := c.Options()
-		retries, read, backoff = o.MaxRetries, o.ReadTimeout, o.MaxRetryBackoff
+		attempts, read, backoff = max(o.MaxRetries, 0)+1, o.ReadTimeout, o.MaxRetryBackoff
 	case *redis.ClusterClient:
 		o := c.Options()
-		retries, read, backoff = o.MaxRetries, o.ReadTimeout, o.MaxRetryBackoff
+		attempts, read, backoff = (max(o.MaxRedirects, 0)+1)*(max(o.MaxRetries, 0)+1), o.ReadTimeout, o.MaxRetryBackoff
 	case *redis.Ring:
 		o := c.Options()
-		retries, read, backoff = o.MaxRetries, o.ReadTimeout, o.MaxRetryBackoff
+		attempts, read, backoff = max(o.MaxRetries, 0)+1, o.ReadTimeout, o.MaxRetryBackoff
 	}
 	if read <= 0 {
 		read = 3 * time.Second
 	}
-	w := time.Duration(max(retries, 0)+1) * (read + max(backoff, 0))
+	w := time.Duration(attempts) * (read + max(backoff, 0))
 	return min(max(w, time.Second), time.Minute)
 }
 
