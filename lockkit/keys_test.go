@@ -88,7 +88,7 @@ func TestRetryWindowSpansEveryAttempt(t *testing.T) {
 		MaxRetryBackoff: 100 * time.Millisecond})
 	defer ring.Close()
 	require.Equal(t, 4*(time.Second+100*time.Millisecond), retryWindow(ring), "MaxRetries 3 by default")
-	none := redis.NewClient(&redis.Options{MaxRetries: -1, ReadTimeout: 200 * time.Millisecond})
+	none := redis.NewClient(&redis.Options{MaxRetries: -1, ReadTimeout: 200 * time.Millisecond, MaxRetryBackoff: 100 * time.Millisecond})
 	defer none.Close()
 	require.Equal(t, time.Second, retryWindow(none), "at least a second")
 }
