@@ -32,11 +32,13 @@ func shortRetries(t *testing.T, c redis.UniversalClient) (_ redis.UniversalClien
 		t.Cleanup(func() { _ = n.Close() })
 		return n, window
 	case *redis.ClusterClient:
+		// A cluster client makes 1 + MaxRedirects attempts of a command,
+		// each on a node client that makes 1 + MaxRetries.
 		o := *c.Options()
-		o.MaxRetries, o.ReadTimeout, o.MaxRetryBackoff = retries, read, backoff
+		o.MaxRetries, o.MaxRedirects, o.ReadTimeout, o.MaxRetryBackoff = retries, 1, read, backoff
 		n := redis.NewClusterClient(&o)
 		t.Cleanup(func() { _ = n.Close() })
-		return n, window
+		return n, 2 * window
 	}
 	t.Fatalf("unexpected client %T", c)
 	return nil, 0
@@ -79,10 +81,10 @@ func prefixKeys(t *testing.T, c redis.UniversalClient, prefix string) map[string
 	return out
 }
 
-// A guarded task that ran leaves one key behind in Redis for the Locker's
-// client's retry window (the record that answers a release go-redis sends
-// again), and at most two more for a second (the last fencing token): a
-// burst of tasks on distinct keys does not pile keys up in Redis.
+// A guarded task that ran leaves one key behind in Redis, for the Locker's
+// client's retry window: its holders key with the last fencing token and
+// the record that answers a release go-redis sends again. A burst of tasks
+// on distinct keys does not pile keys up in Redis.
 func TestGuardedTaskLeavesOneKeyForTheRetryWindow(t *testing.T) {
 	policies := map[string]middleware.Policy{
 		"skip":    middleware.Skip(),
@@ -111,16 +113,11 @@ func TestGuardedTaskLeavesOneKeyForTheRetryWindow(t *testing.T) {
 				e.Drained(10 * time.Second)
 				require.EqualValues(t, tasks, runs.Load())
 				left := prefixKeys(t, e.RDB, e.Prefix)
-				require.LessOrEqual(t, len(left), 3*tasks, "keys left: %d", len(left))
-				long := 0
+				require.LessOrEqual(t, len(left), tasks, "keys left: %v", left)
 				for k, ttl := range left {
 					require.Greater(t, ttl, time.Duration(0), "%s does not expire (of %d keys)", k, len(left))
 					require.LessOrEqual(t, ttl, window, "%s outlives the retry window", k)
-					if ttl > time.Second {
-						long++
-					}
 				}
-				require.LessOrEqual(t, long, tasks, "keys kept longer than a second")
 			})
 		})
 	}
