@@ -80,7 +80,7 @@ type faultOp struct {
 
 var (
 	acquireCmd = testredis.ScriptShape(8, 19)
-	releaseCmd = testredis.ScriptShape(8, 10)
+	releaseCmd = testredis.ScriptShape(8, 11)
 	// A plain acquire and its release use the plain form of the key.
 	plainAcquireCmd = testredis.ScriptShape(1, 2) // as claim's: no op calls both
 	plainReleaseCmd = testredis.ScriptShape(2, 3)

@@ -75,6 +75,9 @@ type acquireResult struct {
 type ending struct {
 	done, cover time.Duration
 	nohold      bool // a failed run: released without its HoldAtLeast hold
+	// handOver: the hand-over a held release left for its hold's end
+	// (release_park.lua), sent then by the renewer.
+	handOver bool
 }
 
 var (
@@ -94,7 +97,10 @@ type engine struct {
 	// orphans are holders that an acquire or release call may have left in
 	// the store when it failed: the renewer removes them by acquire id.
 	orphans []*orphan
-	closed  bool
+	// handOvers are held releases' hand-overs, each due at its hold's end:
+	// the renewer sends them (handOverAt).
+	handOvers []handOver
+	closed    bool
 	// calls counts acquire calls in progress; Close waits for them, so that
 	// no lease is handed out after Close started.
 	calls sync.WaitGroup
@@ -326,6 +332,7 @@ func (e *engine) close(ctx context.Context) error {
 		return nil
 	}
 	e.closed = true
+	e.handOvers = nil // their parked jobs are left to their backstops
 	e.mu.Unlock()
 	e.stopOnce.Do(func() { close(e.stop) })
 	e.calls.Wait()

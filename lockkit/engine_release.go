@@ -168,3 +168,78 @@ func (e *engine) awaitOwnRelease(ctx context.Context, key string) {
 		}
 	}
 }
+
+// handOver is a held release's hand-over, due at its hold's end.
+type handOver struct {
+	l  *Lease
+	at time.Time
+}
+
+// handOverAt has the renewer hand l's key over at the end of its release's
+// hold: a release held at least a while (HoldAtLeast) frees the key then,
+// and the key's oldest job parked by then (release_park.lua) is reserved it
+// and passed to OnParked, as by a release that frees the key at once. A
+// hand-over early by the server's clock is told the time left and sent
+// again then. After Close, no hand-over is sent: the parked jobs are left
+// to their own backstop.
+func (e *engine) handOverAt(l *Lease, at time.Time) {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return
+	}
+	for i := range e.handOvers {
+		if e.handOvers[i].l == l { // one hand-over per lease
+			e.handOvers[i].at = at
+			e.mu.Unlock()
+			e.poke()
+			return
+		}
+	}
+	e.handOvers = append(e.handOvers, handOver{l: l, at: at})
+	e.startLocked()
+	e.mu.Unlock()
+	e.poke()
+}
+
+// dueHandOvers takes the hand-overs due at now, and lowers *next to the
+// next one's time.
+func (e *engine) dueHandOvers(now time.Time, next *time.Time) []handOver {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var due []handOver
+	left := e.handOvers[:0]
+	for _, h := range e.handOvers {
+		if !now.Before(h.at) {
+			due = append(due, h)
+			continue
+		}
+		if h.at.Before(*next) {
+			*next = h.at
+		}
+		left = append(left, h)
+	}
+	clear(e.handOvers[len(left):])
+	e.handOvers = left
+	return due
+}
+
+// sendHandOvers sends the hand-overs hs (release_park.lua) and passes the
+// parked jobs they reserved the keys for to OnParked.
+func (e *engine) sendHandOvers(hs []handOver) {
+	defer e.wg.Done()
+	leases := make([]*Lease, len(hs))
+	ends := make([]ending, len(hs))
+	for i, h := range hs {
+		leases[i], ends[i] = h.l, ending{nohold: true, handOver: true}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	_, err := e.b.release(ctx, leases, ends)
+	for _, l := range leases {
+		l.resumeParked()
+	}
+	if err != nil {
+		e.cfg.logger.Warn("lockkit: hand-over at a hold's end", "count", len(leases), "err", err)
+	}
+}

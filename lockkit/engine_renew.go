@@ -30,9 +30,6 @@ func (e *engine) startLocked() {
 	}
 }
 
-// orphan makes the renewer remove the holder that acquire call aid on key may
-// have left, until it succeeds or until, when the holder would have expired
-// anyway. After Close it is attempted once by Close.
 // orphan makes the renewer remove, in the background, the holder that the
 // acquire call aid may have left on key; hold is the HoldAtLeast of a lease
 // whose run happened (its release failed), zero otherwise.
@@ -100,6 +97,10 @@ func (e *engine) renewLoop() {
 			if len(orphans) > 0 {
 				e.wg.Add(1)
 				go e.releaseOrphans(orphans)
+			}
+			if hs := e.dueHandOvers(time.Now(), &next); len(hs) > 0 {
+				e.wg.Add(1)
+				go e.sendHandOvers(hs)
 			}
 		}
 		if !timer.Stop() {

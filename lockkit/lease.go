@@ -56,6 +56,10 @@ type Lease struct {
 	// key for; set by the store's release and taken once by resumeParked,
 	// possibly on another goroutine (a Close beside the lease's own release).
 	parked atomic.Pointer[string]
+	// holdLeft (ns), set by the store's release, is how long a release held
+	// at least a while (HoldAtLeast) keeps the key: resumeParked has the
+	// renewer hand the key over then.
+	holdLeft atomic.Int64
 
 	// extendMu orders the Extend calls of one lease, so that the TTL the
 	// holder believes in is the one Redis applied last.
@@ -377,6 +381,9 @@ func (l *Lease) release(ctx context.Context, end ending) error {
 // for, if any, to OnParked, on a goroutine of its own that Close waits for.
 func (l *Lease) resumeParked() {
 	fn := l.onParked
+	if left := l.holdLeft.Swap(0); left != 0 && fn != nil {
+		l.e.handOverAt(l, time.Now().Add(time.Duration(left)))
+	}
 	p := l.parked.Swap(nil)
 	if p == nil || *p == "" || fn == nil {
 		return

@@ -241,7 +241,9 @@ type AcquireOptions struct {
 	AsyncRelease bool
 	// HoldAtLeast keeps the key held for at least this long after the
 	// lease was acquired, even when it is released sooner: a release before
-	// then leaves the holder in place, no longer renewed, until then. It
+	// then leaves the holder in place, no longer renewed, until then (with
+	// Park.OnParked, the Locker reserves the key for the oldest parked job
+	// when the hold ends, as a release that frees the key at once does). It
 	// makes "at most one run per period" of a fast job. A Lease.Run whose
 	// fn fails or panics releases at once: failed work holds nothing back,
 	// such as its own retry. Zero means none; at most MaxTTL.

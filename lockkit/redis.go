@@ -746,7 +746,7 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 		if ends != nil {
 			end = ends[i]
 		}
-		if l.plain && l.member != "" && end.done <= 0 && end.cover <= 0 && l.holdFor(end) <= 0 && !b.isSorted(l.key) {
+		if l.plain && l.member != "" && end.done <= 0 && end.cover <= 0 && l.holdFor(end) <= 0 && !end.handOver && !b.isSorted(l.key) {
 			plains = append(plains, l)
 		} else {
 			full = append(full, l)
@@ -787,11 +787,16 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 			errs = append(errs, err)
 			continue
 		}
-		// 1 or 0, or {1, id of the parked job the key was reserved for}.
+		// 1 or 0, {1, id of the parked job the key was reserved for}, or
+		// {2, ms the release is held for} (with OnParked).
 		if vals, ok := v.([]any); ok && len(vals) == 2 {
 			v = vals[0]
 			if id, _ := vals[1].(string); id != "" {
 				full[i].parked.Store(&id)
+			}
+			if toInt(v) == 2 {
+				full[i].holdLeft.Store(int64(time.Duration(max(toInt(vals[1]), 1)) * time.Millisecond))
+				v = int64(1)
 			}
 		}
 		held[idx[full[i]]] = toInt(v) == 1
@@ -825,13 +830,16 @@ func (b *redisBackend) releaseCall(l *Lease, end ending) (*redis.Script, []strin
 	if end.done > 0 {
 		label = escapeLabel(l.label)
 	}
-	resume := "0"
+	resume, handOver := "0", "0"
 	if l.onParked != nil {
 		resume = "1"
 	}
+	if end.handOver {
+		handOver = "1"
+	}
 	return releaseScripts[releaseModes(l, end)],
 		[]string{k.holders, k.waiters, k.cover, k.released, k.queue, k.fence, k.parked, rec},
-		[]any{l.member, l.aid, k.channel, ms(b.grace), label, ms(end.done), ms(l.ttlLocked()), ms(end.cover), ms(l.holdFor(end)), resume}
+		[]any{l.member, l.aid, k.channel, ms(b.grace), label, ms(end.done), ms(l.ttlLocked()), ms(end.cover), ms(l.holdFor(end)), resume, handOver}
 }
 
 // runEach runs the script call(lease) gives once for each lease, with the

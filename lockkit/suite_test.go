@@ -150,6 +150,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"CoalesceGivesWayToLaterRuns", testCoalesce},
 		{"ReservationsAreDetachedAndFreedByLabel", testReservation},
 		{"HoldAtLeastKeepsAFastRunsKey", testHoldAtLeast},
+		{"HeldReleaseHandsTheKeyToAParkedJobAtItsEnd", testHoldHandOver},
 		{"SupersedeKeepsTheNewestFollowUp", testSupersede},
 		{"PreemptCancelsTheRunningHolder", testPreempt},
 		{"OrderedFollowUpsKeepTheNewestEnqueued", testOrder},
@@ -2144,4 +2145,60 @@ func testOrder(t *testing.T, h *harness) {
 
 	_, err = a.Acquire(ctx, "v", &AcquireOptions{FollowUp: KeepNewest{Order: -1}})
 	require.ErrorIs(t, err, ErrInvalid)
+}
+
+// A release held at least a while (HoldAtLeast) with jobs parked on its key
+// frees the key at the hold's end and reserves it then for the oldest parked
+// job, which is passed to OnParked, as a release that frees the key at once
+// does; nothing is resumed before the hold ends.
+func testHoldHandOver(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a := h.locker(t, WithOwner("a"))
+	b := h.locker(t, WithOwner("b"))
+	calls := make(chan string, 4)
+	onParked := func(id string) { calls <- id }
+	const hold = 300 * time.Millisecond
+	start := time.Now()
+	holder, err := a.TryAcquire(ctx, "p", &AcquireOptions{HoldAtLeast: hold, Park: &Parking{OnParked: onParked}})
+	require.NoError(t, err)
+	for _, j := range []string{"j1", "j2"} {
+		_, err := b.TryAcquire(ctx, "p", &AcquireOptions{Label: j, Adopt: true, Park: &Parking{ID: "id-" + j, Hold: time.Minute, OnParked: onParked}})
+		require.ErrorIs(t, err, ErrNotAcquired)
+	}
+	require.NoError(t, holder.Release(ctx), "a run shorter than its hold")
+	// A hand-over sent early (a client clock ahead of the server's) leaves
+	// the holder until the hold's end, and is sent again then.
+	rl, ok := a.(*RedisLocker)
+	require.True(t, ok)
+	held, err := rl.r.release(ctx, []*Lease{holder}, []ending{{nohold: true, handOver: true}})
+	require.NoError(t, err)
+	require.True(t, held[0])
+	info, err := b.Inspect(ctx, "p")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.Equal(t, "a", info.Holders[0].Owner, "still held by the released lease")
+	require.Greater(t, holder.holdLeft.Load(), int64(0), "told the hold left")
+	holder.resumeParked()
+	select {
+	case id := <-calls:
+		require.Equal(t, "id-j1", id, "the oldest parked job")
+		require.GreaterOrEqual(t, time.Since(start), hold-10*time.Millisecond, "not before the hold's end")
+	case <-ctx.Done():
+		t.Fatal("OnParked not called after the hold")
+	}
+	info, err = b.Inspect(ctx, "p")
+	require.NoError(t, err)
+	require.Equal(t, 1, info.Parked, "j2 is still parked")
+	require.Len(t, info.Holders, 1)
+	require.Equal(t, "parked:id-j1", info.Holders[0].Owner, "reserved for j1")
+	require.Greater(t, info.Holders[0].Token, holder.Token())
+	select {
+	case id := <-calls:
+		t.Fatalf("OnParked called once more, with %s", id)
+	case <-time.After(20 * time.Millisecond):
+	}
+	j1, err := b.TryAcquire(ctx, "p", &AcquireOptions{Label: "j1", Adopt: true, Park: &Parking{ID: "id-j1", OnParked: onParked}})
+	require.NoError(t, err, "j1 adopts its reservation")
+	require.NoError(t, j1.Release(ctx))
+	require.Equal(t, "id-j2", <-calls)
 }

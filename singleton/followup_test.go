@@ -350,9 +350,8 @@ func TestParkedDuplicatesComeBackOnlyAsABackstop(t *testing.T) {
 }
 
 // Under WithHoldAtLeast a run shorter than the hold ends in a held release,
-// which frees the key at the hold's end and resumes no one: the parked
-// duplicates behind it come back by themselves every policy delay times one
-// more than their place, not at the backstop.
+// which frees the key at the hold's end: its Locker then resumes the next
+// parked duplicate, so the ones behind it do not wait for their backstop.
 func TestParkedDuplicatesOfAHeldKeyComeBackSoon(t *testing.T) {
 	e := newEnvOn(t, standalone)
 	ev := &events{}
@@ -369,9 +368,8 @@ func TestParkedDuplicatesOfAHeldKeyComeBackSoon(t *testing.T) {
 	l := e.locker()
 	for i, v := range []string{"v1", "v2", "v3"} {
 		e.Enqueue(asynq.NewTask("sync", []byte(v)))
-		// Parked: each parked task also comes back every 100 ms times one
-		// more than its place, and is put back in it, so the requeues
-		// counted may run ahead of the tasks parked.
+		// Parked (a parked task that comes back by itself is put back in
+		// its place, so the requeues counted may run ahead of the tasks).
 		require.Eventually(t, func() bool {
 			info, err := l.Inspect(context.Background(), "k")
 			require.NoError(t, err)
@@ -379,7 +377,8 @@ func TestParkedDuplicatesOfAHeldKeyComeBackSoon(t *testing.T) {
 		}, 10*time.Second, 5*time.Millisecond, "%s parks behind v0's run", v)
 	}
 	// v0 runs past its hold, so its release resumes v1; v1's run, shorter
-	// than the hold, ends in a held release that resumes no one.
+	// than the hold, ends in a held release, which resumes v2 at the hold's
+	// end, and v2's resumes v3 at its own.
 	time.Sleep(time.Until(started.Add(hold + 100*time.Millisecond)))
 	close(release)
 	ended := time.Now()

@@ -27,9 +27,9 @@ const (
 	// holder's lease expires without a release), so the delay is only a
 	// backstop: for the next in line, the policy's delay after the holder's
 	// lease would run out unrenewed (at most ParkBackstop), for the others
-	// ParkBackstop (and at least the policy's delay); under WithHoldAtLeast,
-	// whose runs shorter than the hold free the key without resuming anyone,
-	// the policy's delay times one more than its place. The key stays
+	// ParkBackstop (and at least the policy's delay); under WithHoldAtLeast
+	// a run shorter than the hold resumes the next in line at the hold's
+	// end, when it frees the key. The key stays
 	// reserved for a resumed task for up to ParkBackstop, however many tasks
 	// are ahead of it in its asynq queue.
 	ParkBackstop = 30 * time.Second

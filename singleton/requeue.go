@@ -106,7 +106,7 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.Du
 	}
 	var ce *lockkit.ConflictError
 	if dup.Parked && errors.As(dup.Cause, &ce) {
-		re.Delay = parkedDelay(re.Delay, ce, m.hold)
+		re.Delay = parkedDelay(re.Delay, ce)
 	}
 	retried, ok := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
@@ -275,15 +275,10 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 // its release resumes them. A task that came back every d instead would be
 // delivered once more for each d it waits: with many tasks parked per key,
 // those deliveries, each put back, take the workers from the runs.
-//
-// Under WithHoldAtLeast (hold) a run shorter than the hold ends in a held
-// release, which frees the key at the hold's end and resumes no one: there
-// every parked task comes back after d times one more than its place, at
-// most ParkBackstop, to find the key free.
-func parkedDelay(d time.Duration, ce *lockkit.ConflictError, hold bool) time.Duration {
-	if hold {
-		return max(d, min(d*time.Duration(ce.Parked+1), ParkBackstop))
-	}
+// Under WithHoldAtLeast a run shorter than the hold ends in a held release,
+// which frees the key at the hold's end: its Locker resumes the next in line
+// then, and the holder's TTL the conflict reports is the hold left.
+func parkedDelay(d time.Duration, ce *lockkit.ConflictError) time.Duration {
 	if ce.Parked > 0 {
 		return max(d, ParkBackstop)
 	}

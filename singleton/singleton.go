@@ -98,7 +98,6 @@ type config struct {
 	guardOpts []middleware.Option
 	policy    string // the WithPolicy value as written, for errors
 	limit     int    // the WithLimit value; 0 when not given
-	hold      bool   // WithHoldAtLeast was given a positive duration
 	rdb       redis.UniversalClient
 	rdbSet    bool
 	unique    *uniqueSpec // a Client option
@@ -161,7 +160,6 @@ func WithThrottle(n int, period time.Duration, then middleware.Action) ServerOpt
 func WithHoldAtLeast(d time.Duration) ServerOption {
 	return serverOpt(func(c *config) {
 		c.guardOpts = append(c.guardOpts, middleware.WithHoldAtLeast(d))
-		c.hold = d > 0
 	})
 }
 
@@ -388,7 +386,7 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	if g.Policy().Action() == middleware.ActionRequeue && c.rdb == nil {
 		return nil, fmt.Errorf("%w: WithPolicy(%s): a policy that requeues needs WithRedis(client) to re-enqueue duplicates that have no retries left", ErrInvalid, c.policy)
 	}
-	m.guard, m.limit, m.hold = g, c.limit, c.hold
+	m.guard, m.limit = g, c.limit
 	m.decisions = DefaultDecisionLogLen
 	if c.decisionsSet {
 		switch {
@@ -425,7 +423,6 @@ type guarded struct {
 	requests  *debounce.Debouncer   // debounced tasks' requests; nil without a RedisLocker
 	rdb       redis.UniversalClient // asynq's Redis, with WithRedis
 	limit     int                   // the WithLimit value; 0 when not given
-	hold      bool                  // WithHoldAtLeast: a run may end without resuming a parked task
 	skips     *skipLog
 	hooks     *hookCheck
 	decisions int // entries of DecisionLog kept; 0: none

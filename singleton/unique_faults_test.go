@@ -293,7 +293,7 @@ func TestUniqueAdoptWhoseReplyWasLostKeepsTheReservation(t *testing.T) {
 	hook := &testredis.Faults{Match: onReservation}
 	// Never armed: counts the releases of the reservation's key, the
 	// removal of the failed adopt's holder among them.
-	releases := &testredis.Faults{Match: func(cmd redis.Cmder) bool { return onReservation(cmd) && testredis.ScriptShape(8, 10)(cmd) }}
+	releases := &testredis.Faults{Match: func(cmd redis.Cmder) bool { return onReservation(cmd) && testredis.ScriptShape(8, 11)(cmd) }}
 	rdb.AddHook(hook)
 	rdb.AddHook(releases)
 	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(u.Prefix))

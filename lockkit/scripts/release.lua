@@ -27,13 +27,18 @@
 -- ARGV[8] the Coalesce success record (release_cover.lua)
 -- ARGV[9] HoldAtLeast (release_hold.lua)
 -- ARGV[10] the parked-job reservation (release_park.lua)
+-- ARGV[11] "1": the hand-over a held release left for its hold's end
+--          (release_park.lua), "0" otherwise
 -- When the key is left without a live holder, the next waiter is handed it
 -- if it can be (release_grant.lua, in every release script); otherwise "1"
 -- on the channel wakes the waiters to try.
 -- Returns 1 when released (now or by an earlier run of this release), 0 when
 -- the lease had expired or was gone, {1, id} when released and the key was
--- reserved for a parked job (release_park.lua).
+-- reserved for a parked job, {2, ms} when held for ms more (release_park.lua).
 local member, aid, channel, grace = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+-- after_hold: this call is the hand-over of a release held until now
+-- (release_park.lua): it goes on as the release would have then.
+local after_hold = false
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 promote(KEYS[1], KEYS[6])
@@ -59,17 +64,24 @@ local score = redis.call('ZSCORE', KEYS[1], member)
 if score and tonumber(score) < -now then
   return 1
 end
+if ARGV[11] == '1' and score and tonumber(score) > now then
+  -- A hand-over (release_park.lua) before the hold's end by this server's
+  -- clock: the holder stays until then.
+  return {2, tonumber(score) - now}
+end
 if not score or tonumber(score) <= now then
   if score then
     redis.call('ZREM', KEYS[1], member)
   end
   local gone = redis.call('ZSCORE', KEYS[4], member)
-  if (gone and tonumber(gone) > now) or redis.call('EXISTS', KEYS[8]) == 1 then
-    -- A repeat of a release that ran.
-    -- @released_again
+  if not ((gone and tonumber(gone) > now) or redis.call('EXISTS', KEYS[8]) == 1) then
+    return 0
+  end
+  -- A repeat of a release that ran, or the hand-over of a held one.
+  -- @released_again
+  if not after_hold then
     return 1
   end
-  return 0
 end
 local keep = grace
 -- hold_until, when not 0, is when a holder held at least until then stops
@@ -106,6 +118,7 @@ if #top > 0 then
 end
 if hold_until > 0 then
   remember()
+  -- @held
   return 1
 end
 

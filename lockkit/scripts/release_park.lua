@@ -11,8 +11,16 @@
 --         before the one taken (their labels completed) removed with it
 -- ARGV[10] "1" to reserve the key for the oldest parked job when it is left
 --          without a holder and no waiter is handed it
+-- A release held at least a while (release_hold.lua) frees the key at the
+-- hold's end, not now: it tells its Locker so, which then hands the key
+-- over (ARGV[11] "1"): the release's call again, going on from its record
+-- as the release would have then (reserving the key for the oldest job
+-- parked by then); one sent before the hold's end by this server's clock is
+-- told the time left again (release.lua).
+-- ARGV[11] "1": the hand-over of a held release
 -- Returns {1, id} when the key was reserved for the parked job id, now or by
--- an earlier run of this release.
+-- an earlier run of this release or hand-over; {2, ms} when the release is
+-- held ms more.
 -- @released_again
 if ARGV[10] == '1' then
   for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
@@ -21,6 +29,11 @@ if ARGV[10] == '1' then
       return {1, id}
     end
   end
+  after_hold = ARGV[11] == '1'
+end
+-- @held
+if ARGV[10] == '1' then
+  return {2, hold_until - now}
 end
 -- @parking
 parking = ARGV[10] == '1' and redis.call('EXISTS', KEYS[7]) == 1
