@@ -47,9 +47,9 @@ func rules(vs []Violation) map[string]int {
 }
 
 // Workers without the middleware run tasks of one key at once, a
-// throttled key's burst all at once, every cron tick on every replica, and
-// the shadow family's overlapping runs unreported: the checker reports all
-// four, naming the runs.
+// throttled key's burst all at once, a held key's tasks within its hold,
+// every cron tick on every replica, and the shadow family's overlapping runs
+// unreported: the checker reports all five, naming the runs.
 func TestNegativeControlWithoutMiddlewareReportsOverlaps(t *testing.T) {
 	t.Parallel() // each run has its own redis-server and workers
 	res, err := runSeed(testOptions(t, brokenNone), 2)
@@ -58,8 +58,8 @@ func TestNegativeControlWithoutMiddlewareReportsOverlaps(t *testing.T) {
 	}
 	got := rules(res.violations)
 	t.Logf("%s; per rule %v", res.summary(), got)
-	if got[ruleOverlap] == 0 || got[ruleThrottle] == 0 || got[ruleCron] == 0 || got[ruleShadow] == 0 {
-		t.Fatalf("no overlap, throttle, cron or shadow violation reported for workers without the middleware: %v", got)
+	if got[ruleOverlap] == 0 || got[ruleThrottle] == 0 || got[ruleHold] == 0 || got[ruleCron] == 0 || got[ruleShadow] == 0 {
+		t.Fatalf("no overlap, throttle, hold, cron or shadow violation reported for workers without the middleware: %v", got)
 	}
 }
 

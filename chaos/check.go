@@ -24,6 +24,7 @@ const (
 	rulePreempt     = "preempt"      // Preempt: the old run's ctx is cancelled within the bound
 	ruleUnique      = "unique"       // Unique: never two accepted tasks of a key needed at once; a refusal names a task that still needs it
 	ruleThrottle    = "throttle"     // WithThrottle(n, period): never more than n run starts of a key in any window of one period
+	ruleHold        = "hold"         // WithHoldAtLeast(d): a run that succeeded keeps its key d after its start
 	ruleDebounce    = "debounce"     // Debounce: the last run of a key is of its newest task, and succeeded; an older task that did not run gave way to a newer one that did
 	ruleStranded    = "stranded"     // the queue drains once enqueues and faults stop
 	rulePeriodic    = "periodic"     // a Scheduler's tick is enqueued once: never twice, none missed
@@ -378,6 +379,7 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 	vs = append(vs, h.checkPreempt()...)
 	vs = append(vs, h.checkUnique()...)
 	vs = append(vs, h.checkThrottle()...)
+	vs = append(vs, h.checkHold()...)
 	vs = append(vs, h.checkDebounce()...)
 	vs = append(vs, h.checkPeriodic()...)
 	vs = append(vs, h.checkCron()...)
@@ -790,6 +792,36 @@ func (h *history) checkThrottle() []Violation {
 			}
 			vs = append(vs, h.violation(ruleThrottle, runs[i].task, fmt.Sprintf("key %s: %d runs began within %s (throttle %d per %s): %s",
 				key, len(in), time.Duration(runs[i].start-in[0].start).Round(time.Millisecond), f.Throttle, f.Period, strings.Join(names, ", ")), evs...))
+		}
+	}
+	return vs
+}
+
+// checkHold: under WithHoldAtLeast(d) a run that succeeded keeps its key
+// for d after it began (docs/rules.md item 1): the next run of the key
+// starts d after it at the earliest (less throttleSlack: a start record
+// comes a little after the acquire that dates the hold). A run that failed
+// holds nothing back; one that lost its lease (its process paused or dead,
+// its renewals failing: counted short) holds it no longer.
+func (h *history) checkHold() []Violation {
+	var vs []Violation
+	byKey := map[string][]*run{}
+	for _, ru := range h.runs {
+		if ru.fam.HoldAtLeast > 0 {
+			byKey[ru.key] = append(byKey[ru.key], ru)
+		}
+	}
+	for key, runs := range byKey {
+		slices.SortFunc(runs, func(a, b *run) int { return cmpInt(a.start, b.start) })
+		for i := 1; i < len(runs); i++ {
+			a, b := runs[i-1], runs[i]
+			if a.outcome != "ok" || a.excused != "" || a.died || h.paused(a.proc, a.start, a.end) {
+				continue
+			}
+			if gap := time.Duration(b.start - a.start); gap < a.fam.HoldAtLeast-throttleSlack {
+				vs = append(vs, h.violation(ruleHold, b.task, fmt.Sprintf("key %s: %s on %s began %s after %s on %s, which succeeded (hold at least %s)",
+					key, b.task, b.proc, gap.Round(time.Millisecond), a.task, a.proc, a.fam.HoldAtLeast), a.recs[0], b.recs[0]))
+			}
 		}
 	}
 	return vs

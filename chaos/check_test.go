@@ -278,6 +278,26 @@ func TestThrottleStartsOverTheBudgetAreReported(t *testing.T) {
 	h.wantOne(t, ruleThrottle, "b")
 }
 
+// Under WithHoldAtLeast(500ms), a run that began 300ms after the start of
+// one that succeeded is reported, naming it; runs after a failed run, and a
+// hold's length after a run that succeeded, are not.
+func TestRunsWithinAHoldAreReported(t *testing.T) {
+	h := newHist(polSkip)
+	h.w.Families[0].HoldAtLeast = 500 * time.Millisecond
+	h.w.Ops = append(h.w.Ops, Op{Fam: 0, Key: "k0", ID: "d", N: 4, MaxRetry: 3})
+	for _, task := range []string{"a", "b", "c", "d"} {
+		h.enqueue(0, task)
+	}
+	h.run(10, 50, "w1", "a", "error") // failed: holds nothing back
+	h.run(60, 100, "w2", "b", "ok")
+	h.run(600, 650, "w1", "c", "ok") // 540ms after b's start
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
+	h.run(900, 950, "w3", "d", "ok") // 300ms after c's start
+	h.wantOne(t, ruleHold, "d")
+}
+
 // wantOne fails t unless the history breaks exactly one rule, once, and
 // the violation names task.
 func (h *hist) wantOne(t *testing.T, rule, task string) {

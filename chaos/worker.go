@@ -170,6 +170,9 @@ func workerMain(args []string) error {
 			if f.Shadow {
 				opts = append(opts, singleton.WithShadow())
 			}
+			if f.HoldAtLeast > 0 {
+				opts = append(opts, singleton.WithHoldAtLeast(f.HoldAtLeast))
+			}
 			guard, err := singleton.Middleware(locker, opts...)
 			if err != nil {
 				return err

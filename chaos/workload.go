@@ -63,6 +63,9 @@ type Family struct {
 	Shadow  bool          `json:"shadow,omitempty"`
 	Quiet   time.Duration `json:"quiet,omitempty"`
 	MaxWait time.Duration `json:"max_wait,omitempty"`
+	// HoldAtLeast, when not zero, is WithHoldAtLeast's: a run that
+	// succeeded keeps its key that long after its start.
+	HoldAtLeast time.Duration `json:"hold_at_least,omitempty"`
 }
 
 // TaskType is the asynq task type of the family's tasks.
@@ -267,6 +270,20 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 		sh.Client = cliStamped
 	}
 	w.Families = append(w.Families, sh)
+	for range 2 + int(length/(10*time.Second)) {
+		burst(len(w.Families) - 1)
+	}
+	// Hold at least, under Skip or Requeue (duplicates parked behind a held
+	// key, plainly or at enqueue): runs of a key start at most once per hold.
+	hold := Family{Name: "f11hold", Policy: polRequeue, Limit: 1, Keys: 1 + r.IntN(2), Client: cliPlain,
+		HoldAtLeast: time.Duration(200+r.IntN(500)) * time.Millisecond}
+	switch r.IntN(3) {
+	case 0:
+		hold.Policy = polSkip
+	case 1:
+		hold.Client = cliPark
+	}
+	w.Families = append(w.Families, hold)
 	for range 2 + int(length/(10*time.Second)) {
 		burst(len(w.Families) - 1)
 	}
