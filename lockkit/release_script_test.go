@@ -127,7 +127,10 @@ func TestReleaseScriptOfTheOptionsAnswersAsTheOneWithEvery(t *testing.T) {
 		note("first", release(a, m, end))  // hands the key to the fair waiter, or holds it
 		note("repeat", release(a, m, end)) // a repeat of the release
 		if m&releaseHold != 0 {
-			advance(4 * time.Second) // the hold is over, the lease too
+			// The hold is over, the lease too: a held release sent again
+			// (its reply lost, so no hand-over came) hands the key over,
+			// to the oldest parked job.
+			advance(4 * time.Second)
 			note("expired", release(a, m, end))
 		}
 		// The holders a release handed the key, found by acquire id.
@@ -153,9 +156,10 @@ func TestReleaseScriptOfTheOptionsAnswersAsTheOneWithEvery(t *testing.T) {
 		advance(10 * time.Second)
 	}
 	// The paths the releases took: a hand-over, a repeat, a lease found by
-	// acquire id, an expired one, and a reservation for a parked job and its
-	// repeat.
-	for _, path := range []string{"first[1 1]", "repeat[1 1]", "by aid[1 0]", "by aid[0 0]", "expired[0 0]", "hold over[[1 id-p1] [1 id-p1]]"} {
+	// acquire id, an expired one, a held one (and its repeat), and a
+	// reservation for a parked job.
+	for _, path := range []string{"first[1 1]", "repeat[1 1]", "by aid[1 0]", "by aid[0 0]", "expired[0 0]",
+		"expired[[1 id-p1] [1 id-p1]]", "hold over[1 1]"} {
 		require.True(t, seen[path], "%s in %v", path, seen)
 	}
 }

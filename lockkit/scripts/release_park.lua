@@ -16,7 +16,9 @@
 -- over (ARGV[11] "1"): the release's call again, going on from its record
 -- as the release would have then (reserving the key for the oldest job
 -- parked by then); one sent before the hold's end by this server's clock is
--- told the time left again (release.lua).
+-- told the time left again (release.lua). A held release that go-redis sent
+-- again after the hold's end (its reply lost, so no hand-over will come)
+-- goes on the same way.
 -- ARGV[11] "1": the hand-over of a held release
 -- Returns {1, id} when the key was reserved for the parked job id, now or by
 -- an earlier run of this release or hand-over; {2, ms} when the release is
@@ -29,7 +31,7 @@ if ARGV[10] == '1' then
       return {1, id}
     end
   end
-  after_hold = ARGV[11] == '1'
+  after_hold = ARGV[11] == '1' or tonumber(ARGV[9]) > 0
 end
 -- @held
 if ARGV[10] == '1' then
