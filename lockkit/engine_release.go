@@ -171,9 +171,14 @@ func (e *engine) awaitOwnRelease(ctx context.Context, key string) {
 
 // handOver is a held release's hand-over, due at its hold's end.
 type handOver struct {
-	l  *Lease
-	at time.Time
+	l     *Lease
+	at    time.Time
+	tries int // sent before, each failed
 }
+
+// handOverTries is how many times a hand-over is sent when sending it
+// fails (it is safe to send again: a repeat finds its reservation).
+const handOverTries = 4
 
 // handOverAt has the renewer hand l's key over at the end of its release's
 // hold: a release held at least a while (HoldAtLeast) frees the key then,
@@ -183,6 +188,12 @@ type handOver struct {
 // again then. After Close, no hand-over is sent: the parked jobs are left
 // to their own backstop.
 func (e *engine) handOverAt(l *Lease, at time.Time) {
+	e.queueHandOver(handOver{l: l, at: at})
+}
+
+// queueHandOver queues h, replacing the lease's queued one.
+func (e *engine) queueHandOver(h handOver) {
+	l := h.l
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -190,13 +201,13 @@ func (e *engine) handOverAt(l *Lease, at time.Time) {
 	}
 	for i := range e.handOvers {
 		if e.handOvers[i].l == l { // one hand-over per lease
-			e.handOvers[i].at = at
+			e.handOvers[i] = h
 			e.mu.Unlock()
 			e.poke()
 			return
 		}
 	}
-	e.handOvers = append(e.handOvers, handOver{l: l, at: at})
+	e.handOvers = append(e.handOvers, h)
 	e.startLocked()
 	e.mu.Unlock()
 	e.poke()
@@ -225,7 +236,8 @@ func (e *engine) dueHandOvers(now time.Time, next *time.Time) []handOver {
 }
 
 // sendHandOvers sends the hand-overs hs (release_park.lua) and passes the
-// parked jobs they reserved the keys for to OnParked.
+// parked jobs they reserved the keys for to OnParked. One whose call failed
+// (the reply lost, say) is sent again, up to handOverTries times.
 func (e *engine) sendHandOvers(hs []handOver) {
 	defer e.wg.Done()
 	leases := make([]*Lease, len(hs))
@@ -235,8 +247,14 @@ func (e *engine) sendHandOvers(hs []handOver) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	_, err := e.b.release(ctx, leases, ends)
-	for _, l := range leases {
+	held, err := e.b.release(ctx, leases, ends)
+	for i, l := range leases {
+		// Without an error, a hand-over not held answered 0 (the record
+		// of the release is gone), which sending again does not change.
+		if err != nil && (i >= len(held) || !held[i]) && hs[i].tries+1 < handOverTries {
+			e.queueHandOver(handOver{l: l, at: time.Now().Add(time.Duration(hs[i].tries+1) * 250 * time.Millisecond), tries: hs[i].tries + 1})
+			continue
+		}
 		l.resumeParked()
 	}
 	if err != nil {

@@ -329,3 +329,38 @@ func (h *meetHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *meetHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
+
+// The hand-over of a held release (HoldAtLeast) whose reply was lost is sent
+// again: the repeat finds the reservation its first run made, and the
+// parked job is passed to OnParked once.
+func TestHandOverWhoseReplyWasLostIsSentAgain(t *testing.T) {
+	ctx := ctxT(t)
+	isHandOver := func(cmd redis.Cmder) bool {
+		a := cmd.Args()
+		return testredis.ScriptShape(8, 11)(cmd) && fmt.Sprint(a[len(a)-1]) == "1"
+	}
+	l, hook, observer := faultyLocker(t, isHandOver)
+	calls := make(chan string, 4)
+	onParked := func(id string) { calls <- id }
+	holder, err := l.TryAcquire(ctx, "job", &AcquireOptions{HoldAtLeast: 200 * time.Millisecond, Park: &Parking{OnParked: onParked}})
+	require.NoError(t, err)
+	_, err = observer.TryAcquire(ctx, "job", &AcquireOptions{Label: "j1", Adopt: true, Park: &Parking{ID: "id-j1", OnParked: onParked}})
+	require.ErrorIs(t, err, ErrNotAcquired)
+	hook.Arm(testredis.DropReply, 1)
+	require.NoError(t, holder.Release(ctx))
+	select {
+	case id := <-calls:
+		require.Equal(t, "id-j1", id)
+	case <-ctx.Done():
+		t.Fatal("OnParked not called")
+	}
+	require.EqualValues(t, 1, hook.Hits(), "the first hand-over's reply was dropped")
+	hs := holders(t, observer, "job")
+	require.Len(t, hs, 1)
+	require.Equal(t, "parked:id-j1", hs[0].Owner)
+	select {
+	case id := <-calls:
+		t.Fatalf("OnParked called once more, with %s", id)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
