@@ -359,6 +359,7 @@ func TestReserveInTurnKeepsTheBudget(t *testing.T) {
 			due[i] = time.Now()
 		}
 		begin := time.Now()
+		lateTries, lateBy := 0, time.Duration(0)
 		for left := turns; left > 0; {
 			i := 0
 			for j := range due {
@@ -369,6 +370,12 @@ func TestReserveInTurnKeepsTheBudget(t *testing.T) {
 			time.Sleep(min(time.Until(due[i]), period))
 			if time.Now().Before(due[i]) {
 				continue
+			}
+			// A comeback this late (the machine stalled the test) may let
+			// another turn take the opening it was told of: each grants
+			// every turn one try more, and the run its lateness.
+			if late := time.Since(due[i]); late > period/10 {
+				lateTries, lateBy = lateTries+1, lateBy+late
 			}
 			if tries[i]%3 == 1 { // a newcomer takes a start between tries
 				before := time.Now()
@@ -392,14 +399,14 @@ func TestReserveInTurnKeepsTheBudget(t *testing.T) {
 			}
 			due[i] = time.Now().Add(w)
 		}
-		require.Less(t, time.Since(begin), 10*period, "every turn started")
+		require.Less(t, time.Since(begin), 10*period+lateBy, "every turn started")
 		for i := n; i < len(began); i++ {
 			// At least as far apart as the server dated starts i-n and i
 			// (a ms of slack for its clock's rounding).
 			require.GreaterOrEqual(t, ended[i].Sub(began[i-n]), period-time.Millisecond, "start %d and %d are in one window", i-n, i)
 		}
 		for i, k := range tries {
-			require.LessOrEqual(t, k, 4, "turn %d tried %d times", i, k)
+			require.LessOrEqual(t, k, 4+lateTries, "turn %d tried %d times (%d comebacks late)", i, k, lateTries)
 		}
 	})
 }
