@@ -127,17 +127,6 @@ local parking = false
 -- @parking
 if waiting or parking then
   local unheld = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') == 0
-  -- take adds a holder (as acquire.lua does) and returns its token.
-  local function take(aid, owner, label, ttl)
-    local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    local token = string.format('%d', math.max(tonumber(redis.call('GET', KEYS[6]) or '0') + 1, nowus))
-    redis.call('ZADD', KEYS[1], now + ttl, token .. ':' .. aid .. ':' .. owner .. ':' .. label)
-    if redis.call('PTTL', KEYS[1]) < ttl then
-      redis.call('PEXPIRE', KEYS[1], ttl)
-    end
-    redis.call('SET', KEYS[6], token, 'PX', 1000)
-    return token
-  end
   if waiting then
     -- @grant
     redis.call('PUBLISH', channel, '1')

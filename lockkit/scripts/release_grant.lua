@@ -14,6 +14,21 @@
 -- ARGV[3] release channel
 -- Returns 1 when it handed the key over; otherwise the release goes on to
 -- wake the waiters.
+
+-- take adds a holder to KEYS[1] (as acquire.lua does) at the server time t,
+-- raises the fence KEYS[6] to its token, and returns the token; the grant
+-- and the parked-job reservation (release_park.lua) take the key with it.
+local function take(t, aid, owner, label, ttl)
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local token = string.format('%d', math.max(tonumber(redis.call('GET', KEYS[6]) or '0') + 1, nowus))
+  redis.call('ZADD', KEYS[1], now + ttl, token .. ':' .. aid .. ':' .. owner .. ':' .. label)
+  if redis.call('PTTL', KEYS[1]) < ttl then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
+  redis.call('SET', KEYS[6], token, 'PX', 1000)
+  return token
+end
 -- @grant
 if unheld then
   local wid, seen
@@ -31,7 +46,7 @@ if unheld then
   end
   if gttl and not redis.call('ZSCORE', KEYS[1], 'x:' .. gaid) and
       not (glabel ~= '' and redis.call('ZSCORE', KEYS[1], 'done:' .. glabel)) then
-    local token = take(gaid, gowner, glabel, tonumber(gttl))
+    local token = take(t, gaid, gowner, glabel, tonumber(gttl))
     redis.call('ZREM', KEYS[2], wid)
     redis.call('ZREM', KEYS[5], wid)
     redis.call('PUBLISH', channel, 'g' .. token .. ':' .. wid)

@@ -48,7 +48,7 @@ if parking and unheld then
     end
     local hold, plabel, id = string.match(p, '^(%d+):([^:]*):(.*)$')
     if hold and not (plabel ~= '' and redis.call('ZSCORE', KEYS[1], 'done:' .. plabel)) then
-      take('r' .. released, 'parked:' .. id, plabel, tonumber(hold))
+      take(t, 'r' .. released, 'parked:' .. id, plabel, tonumber(hold))
       remember()
       return {1, id}
     end
