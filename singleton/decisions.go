@@ -52,18 +52,26 @@ func WithDecisionLog(n int) ServerOption {
 }
 
 // logDecision adds the decision not to run t to DecisionLog: one XADD on the
-// path of a task that does not run. A failed write is an error event; the
-// task still completes.
+// path of a task that does not run (pipelined with its result by
+// recordSkip). A failed write is an error event; the task still completes.
 func (m *guarded) logDecision(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) {
-	if m.rdb == nil || m.decisions <= 0 {
+	if !m.logsDecisions() {
 		return
 	}
+	m.addDecision(ctx, dup.Job, decisionValues(ctx, t, dup))
+}
+
+// logsDecisions tells whether the middleware adds entries to DecisionLog.
+func (m *guarded) logsDecisions() bool { return m.rdb != nil && m.decisions > 0 }
+
+// decisionValues is the DecisionLog entry of the decision not to run t.
+func decisionValues(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) []any {
 	why := whyOf(dup)
 	_, queue := taskIdentity(ctx)
 	// call names this write: go-redis sends an XADD again when its reply
 	// was lost, and the reader (jobguard why) shows one entry per call.
 	values := []any{"call", newTaskID(), "task", dup.Job.ID, "origin", dup.Job.Origin, "type", t.Type(), "queue", queue, "key", why.Key, "reason", why.Reason}
-	m.addDecision(ctx, dup.Job, byFields(values, why.ByTask, why.ByOwner, why.ByToken))
+	return byFields(values, why.ByTask, why.ByOwner, why.ByToken)
 }
 
 // byFields appends the fields that name who held, covered or took over the
@@ -84,7 +92,13 @@ func byFields(values []any, task, owner string, token int64) []any {
 // addDecision adds an entry of values to DecisionLog. A failed write is an
 // error event.
 func (m *guarded) addDecision(ctx context.Context, job middleware.Job, values []any) {
-	if err := addEntry(ctx, m.rdb, m.decisions, values); err != nil {
+	m.decisionWritten(ctx, job, addEntry(ctx, m.rdb, m.decisions, values))
+}
+
+// decisionWritten reports a failed write of job's DecisionLog entry as an
+// error event.
+func (m *guarded) decisionWritten(ctx context.Context, job middleware.Job, err error) {
+	if err != nil {
 		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job,
 			Err: fmt.Errorf("singleton: recording why task %s did not run in %s: %w", job.ID, DecisionLog, err)})
 	}
@@ -159,6 +173,12 @@ func (c *Client) logRefusal(ctx context.Context, t *asynq.Task, id, queue string
 }
 
 // addEntry adds an entry of values to DecisionLog, which keeps about n.
-func addEntry(ctx context.Context, rdb redis.UniversalClient, n int, values []any) error {
-	return rdb.XAdd(ctx, &redis.XAddArgs{Stream: DecisionLog, MaxLen: int64(n), Approx: true, Values: values}).Err()
+func addEntry(ctx context.Context, rdb redis.Cmdable, n int, values []any) error {
+	return rdb.XAdd(ctx, entryArgs(n, values)).Err()
+}
+
+// entryArgs is the XADD of an entry of values to DecisionLog, which keeps
+// about n.
+func entryArgs(n int, values []any) *redis.XAddArgs {
+	return &redis.XAddArgs{Stream: DecisionLog, MaxLen: int64(n), Approx: true, Values: values}
 }

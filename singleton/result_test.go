@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/singleton"
@@ -100,4 +102,87 @@ func TestDecisionLogSaysWhyATaskDidNotRun(t *testing.T) {
 		require.ErrorIs(t, err, singleton.ErrInvalid, "a log asked for without WithRedis is refused, not dropped")
 		require.ErrorContains(t, err, "needs WithRedis")
 	})
+}
+
+// sentHook records the commands of each round trip of a client.
+type sentHook struct {
+	mu   sync.Mutex
+	sent [][]string
+}
+
+func (h *sentHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *sentHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.add(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *sentHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.add(cmds...)
+		return next(ctx, cmds)
+	}
+}
+
+func (h *sentHook) add(cmds ...redis.Cmder) {
+	var names []string
+	for _, c := range cmds {
+		names = append(names, c.Name())
+	}
+	h.mu.Lock()
+	h.sent = append(h.sent, names)
+	h.mu.Unlock()
+}
+
+func (h *sentHook) take() [][]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.sent
+	h.sent = nil
+	return s
+}
+
+// A skipped task's two records, its result and its DecisionLog entry, cost
+// its path one round trip on the Redis of WithRedis: one pipeline.
+func TestSkippedTaskRecordsWhyInOneRoundTrip(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	hook := &sentHook{}
+	rdb := standalone(t)
+	rdb.AddHook(hook)
+	mw, err := singleton.Middleware(e.locker(), singleton.WithRedis(rdb))
+	require.NoError(t, err)
+	started, release := make(chan string, 1), make(chan struct{})
+	e.start(e.config(2), mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		started <- id
+		<-release
+		return nil
+	})))
+	defer close(release)
+	first := e.Enqueue(asynq.NewTask("report", nil))
+	require.Equal(t, first.ID, <-started)
+	hook.take()
+	dup := e.Enqueue(asynq.NewTask("report", nil), asynq.Retention(time.Hour))
+	var info *asynq.TaskInfo
+	require.Eventually(t, func() bool {
+		info, err = e.Inspector.GetTaskInfo(e.Queue, dup.ID)
+		return err == nil && info.State == asynq.TaskStateCompleted
+	}, 10*time.Second, 5*time.Millisecond, "the duplicate completes without running")
+	require.Equal(t, [][]string{{"hset", "xadd"}}, hook.take(), "the result and the entry in one pipeline")
+	var why map[string]any
+	require.NoError(t, json.Unmarshal(info.Result, &why), "%s", info.Result)
+	require.Equal(t, "held", why["reason"])
+	require.Equal(t, first.ID, why["by_task"])
+	entries, err := e.RDB.XRevRangeN(context.Background(), singleton.DecisionLog, "+", "-", 1000).Result()
+	require.NoError(t, err)
+	n := 0
+	for _, x := range entries {
+		if x.Values["task"] == dup.ID {
+			n++
+			require.Equal(t, "held", x.Values["reason"])
+		}
+	}
+	require.Equal(t, 1, n, "one entry for the duplicate")
 }

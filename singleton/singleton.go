@@ -497,8 +497,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	switch out.Duplicate.Action {
 	case middleware.ActionSkip:
 		m.skips.log(ctx, out.Duplicate)
-		m.writeResult(ctx, t, out.Duplicate)
-		m.logDecision(ctx, t, out.Duplicate)
+		m.recordSkip(ctx, t, out.Duplicate)
 		return nil
 	case middleware.ActionRequeue:
 		return m.requeue(ctx, t, out.Duplicate)

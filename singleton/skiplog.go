@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
@@ -133,8 +134,45 @@ func (m *guarded) writeResult(ctx context.Context, t *asynq.Task, dup *middlewar
 	if err == nil {
 		_, err = w.Write(b)
 	}
+	m.resultWritten(ctx, dup.Job, err)
+}
+
+// resultWritten reports a failed write of why job did not run, as its
+// result, as an error event.
+func (m *guarded) resultWritten(ctx context.Context, job middleware.Job, err error) {
 	if err != nil {
-		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: dup.Job,
-			Err: fmt.Errorf("singleton: writing why task %s did not run as its result: %w", dup.Job.ID, err)})
+		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job,
+			Err: fmt.Errorf("singleton: writing why task %s did not run as its result: %w", job.ID, err)})
 	}
+}
+
+// recordSkip writes why t completed without running as its result
+// (writeResult) and adds the decision to DecisionLog (logDecision): both in
+// one pipeline on the Redis of WithRedis, which is the servers', when both
+// are written (the result is the HSET asynq's ResultWriter makes), each a
+// round trip of its own otherwise. Both writes are safe to send twice. A
+// failed write is an error event, and the task still completes.
+func (m *guarded) recordSkip(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) {
+	w := t.ResultWriter()
+	queue, _ := asynq.GetQueueName(ctx)
+	if w == nil || queue == "" || !m.logsDecisions() {
+		m.writeResult(ctx, t, dup)
+		m.logDecision(ctx, t, dup)
+		return
+	}
+	result, err := json.Marshal(whyOf(dup))
+	if err != nil {
+		m.resultWritten(ctx, dup.Job, err)
+		m.logDecision(ctx, t, dup)
+		return
+	}
+	var hset *redis.IntCmd
+	var xadd *redis.StringCmd
+	_, _ = m.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		hset = p.HSet(ctx, asynqKeys(queue)+"t:"+w.TaskID(), "result", result)
+		xadd = p.XAdd(ctx, entryArgs(m.decisions, decisionValues(ctx, t, dup)))
+		return nil
+	})
+	m.resultWritten(ctx, dup.Job, hset.Err())
+	m.decisionWritten(ctx, dup.Job, xadd.Err())
 }
