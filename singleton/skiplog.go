@@ -149,8 +149,9 @@ func (m *guarded) resultWritten(ctx context.Context, job middleware.Job, err err
 // recordSkip writes why t completed without running as its result
 // (writeResult) and adds the decision to DecisionLog (logDecision): both in
 // one pipeline on the Redis of WithRedis, which is the servers', when both
-// are written (the result is the HSET asynq's ResultWriter makes), each a
-// round trip of its own otherwise. Both writes are safe to send twice. A
+// are written (the result is the HSET asynq's ResultWriter makes; on a
+// Cluster, one pipeline per node that holds one of the keys, sent at once),
+// each a round trip of its own otherwise. Both writes are safe to send twice. A
 // failed write is an error event, and the task still completes.
 func (m *guarded) recordSkip(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) {
 	w := t.ResultWriter()
