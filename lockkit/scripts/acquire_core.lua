@@ -1,11 +1,11 @@
 -- The first part of every acquire script. An acquire script is promote.lua,
 -- this file, the files of the call's modes (acquire_coalesce.lua,
 -- acquire_supersede.lua, acquire_preempt.lua, acquire_park.lua, in this
--- order) and acquire.lua, which takes the key or reports why not: redis.go
+-- order) and acquire.lua, which takes the key or reports why not: scripts.go
 -- builds one script per set of modes, so that a call runs no code of a mode
 -- it does not have. A mode file begins with what it declares (before
 -- acquire.lua), then has sections, each after a line "-- @<place>", which
--- redis.go puts in acquire.lua at the line "-- @<place>": a place of a mode
+-- scripts.go puts in acquire.lua at the line "-- @<place>": a place of a mode
 -- the call does not have stays empty. This file reads the shared arguments
 -- by name and declares what acquire.lua finds, which the sections read.
 -- Every acquire script takes the same 8 keys and 19 arguments; each file's
