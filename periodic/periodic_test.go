@@ -310,6 +310,31 @@ func TestValidation(t *testing.T) {
 	require.ErrorIs(t, s.Unregister(id), ErrNotFound)
 }
 
+// A Scheduler that was shut down does not start again: Start returns an
+// error, whether it had started before or not, and a second Shutdown
+// returns (a loop started after the first would keep it waiting).
+func TestShutDownSchedulerDoesNotStart(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer c.Close()
+	for _, startedBefore := range []bool{false, true} {
+		s := NewSchedulerFromRedisClient(c, nil)
+		if startedBefore {
+			require.NoError(t, s.Start())
+		}
+		s.Shutdown()
+		_, err := s.Register("@every 1s", asynq.NewTask("a", nil))
+		require.NoError(t, err)
+		require.Error(t, s.Start(), "started before: %v", startedBefore)
+		done := make(chan struct{})
+		go func() { s.Shutdown(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the second Shutdown did not return (started before: %v)", startedBefore)
+		}
+	}
+}
+
 // stepClock is a clock that moves only when told.
 type stepClock struct {
 	mu sync.Mutex

@@ -254,6 +254,9 @@ func (s *Scheduler) Start() error {
 	if s.started {
 		return errors.New("periodic: the Scheduler was started already")
 	}
+	if s.stopped {
+		return errors.New("periodic: the Scheduler was shut down")
+	}
 	s.started = true
 	for _, e := range s.entries {
 		s.runLocked(e)
