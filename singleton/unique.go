@@ -135,8 +135,17 @@ func (u *uniqueSpec) validate() error {
 }
 
 // reservationLabel names a task's reservation: its queue and the ID of the
-// first task of its chain (a Requeue copy ends its original's reservation).
-func reservationLabel(queue, origin string) string { return queue + "/" + origin }
+// first task of its chain (a Requeue copy ends its original's reservation),
+// "<queue>/<id>" with '%' and '/' in the queue written %25 and %2F, so that
+// the first '/' ends the queue whatever the ID holds (splitLabel).
+func reservationLabel(queue, origin string) string { return labelQueue.Replace(queue) + "/" + origin }
+
+// labelQueue and labelQueueBack write and read the queue of a reservation
+// label.
+var (
+	labelQueue     = strings.NewReplacer("%", "%25", "/", "%2F")
+	labelQueueBack = strings.NewReplacer("%2F", "/", "%25", "%")
+)
 
 // identity is the task ID and queue of a task being enqueued, given to the
 // key functions through the context.
@@ -206,14 +215,16 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 			return nil, fmt.Errorf("singleton: reserving key %q: %w", key, err)
 		}
 		holderQueue, holderID := splitLabel(ce.Label)
-		state, err := c.taskState(ctx, holderQueue, holderID)
-		for _, id := range []string{copyIDOf(holderID, holderID), copyIDOf(holderID+"~a", holderID)} {
-			if err != nil || state != "" {
+		// The task may live on as its requeued copy (copyIDOf), which a
+		// copy of it replaces in turn: the three are read at once, so that
+		// a replacement between two reads cannot hide them all.
+		ids := deliveriesOf(holderID)
+		states, err := c.taskStates(ctx, holderQueue, ids)
+		state := ""
+		for i, s := range states {
+			if s != "" {
+				state, holderID = s, ids[i]
 				break
-			}
-			// The task may live on as its requeued copy (copyIDOf).
-			if state, err = c.taskState(ctx, holderQueue, id); state != "" {
-				holderID = id
 			}
 		}
 		if err != nil {
@@ -243,14 +254,14 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 	}
 }
 
-// splitLabel splits a reservation label into queue and task ID.
+// splitLabel splits a reservation label (reservationLabel) into queue and
+// task ID.
 func splitLabel(label string) (queue, id string) {
-	for i := len(label) - 1; i >= 0; i-- {
-		if label[i] == '/' {
-			return label[:i], label[i+1:]
-		}
+	q, id, ok := strings.Cut(label, "/")
+	if !ok {
+		return "", label
 	}
-	return "", label
+	return labelQueueBack.Replace(q), id
 }
 
 // taskState returns the asynq state of a task that still needs its
@@ -261,18 +272,38 @@ func splitLabel(label string) (queue, id string) {
 // Inspector.GetTaskInfo takes two and ignores ctx. The uniqueness tests
 // check the states it reads against real asynq servers.
 func (c *Client) taskState(ctx context.Context, queue, id string) (string, error) {
-	state, err := c.rdb.HGet(ctx, asynqKeys(queue)+"t:"+id, "state").Result()
-	if errors.Is(err, redis.Nil) {
-		return "", nil
-	}
+	states, err := c.taskStates(ctx, queue, []string{id})
 	if err != nil {
 		return "", err
 	}
-	switch state {
-	case "archived", "completed":
-		return "", nil
+	return states[0], nil
+}
+
+// taskStates is taskState of each of ids in queue, read at once (MULTI: the
+// tasks' keys share the queue's hash tag).
+func (c *Client) taskStates(ctx context.Context, queue string, ids []string) ([]string, error) {
+	cmds := make([]*redis.StringCmd, len(ids))
+	_, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range ids {
+			cmds[i] = p.HGet(ctx, asynqKeys(queue)+"t:"+id, "state")
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
 	}
-	return state, nil
+	states := make([]string, len(ids))
+	for i, cmd := range cmds {
+		state, err := cmd.Result()
+		switch {
+		case errors.Is(err, redis.Nil), state == "archived", state == "completed":
+		case err != nil:
+			return nil, err
+		default:
+			states[i] = state
+		}
+	}
+	return states, nil
 }
 
 // uniqueOf reads t's uniqueHeaderName: the reservation's Lifetime and TTL, or
@@ -359,6 +390,13 @@ func (m *guarded) started(ctx context.Context, t *asynq.Task, key, origin string
 // asynq will not run the task again, and otherwise stays for its TTL.
 func (m *guarded) endReservation(ctx context.Context, t *asynq.Task, key, origin string, res *lockkit.Lease, out middleware.Outcome) {
 	life, ttl := uniqueOf(t)
+	if life == UntilStarted && !out.Ran && m.doneWith(ctx, out) {
+		// It never started and never will (it completed without running):
+		// its reservation ends now, as a start would have ended it.
+		_, queue := taskIdentity(ctx)
+		m.freeReservation(ctx, t, key, origin, reservationLabel(queue, origin))
+		return
+	}
 	if life != UntilExecuted {
 		return
 	}

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -447,4 +449,123 @@ func TestUniqueRefusalIsInTheDecisionLog(t *testing.T) {
 	}
 	_, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, singleton.WithDecisionLog(-1))
 	require.ErrorIs(t, err, singleton.ErrInvalid)
+}
+
+// A task ID may hold '/' (tenant/42): the reservation still names its task,
+// so a duplicate is refused naming it, in its state.
+func TestUniqueTaskIDWithSlashHoldsItsKey(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		u := newUniqueEnv(t, r, singleton.UntilExecuted, 0)
+		a, err := u.enqueue("acme", asynq.TaskID("report/acme/1"))
+		require.NoError(t, err)
+		_, err = u.enqueue("acme")
+		refused(t, err, a, "pending")
+	})
+}
+
+// afterRead runs fn once after the first round trip (a command or a
+// pipeline) that read the key ending in suffix.
+type afterRead struct {
+	suffix string
+	once   sync.Once
+	fn     func()
+}
+
+func (h *afterRead) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *afterRead) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.after(cmd)
+		return err
+	}
+}
+
+func (h *afterRead) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.after(cmds...)
+		return err
+	}
+}
+
+func (h *afterRead) after(cmds ...redis.Cmder) {
+	for _, c := range cmds {
+		if c.Name() == "hget" && len(c.Args()) > 1 {
+			if k, _ := c.Args()[1].(string); strings.HasSuffix(k, h.suffix) {
+				h.once.Do(h.fn)
+				return
+			}
+		}
+	}
+}
+
+// A reservation's task may live on as a Requeue copy, which a copy of it
+// replaces in turn (H~b by H~a): an enqueue that looks for the task while
+// that happens still finds one of them and is refused. (Read one after the
+// other, H~a was read before it was enqueued and H~b after it was gone.)
+func TestUniqueFindsTheCopyThatReplacesAnotherWhileItLooks(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	rdb := standalone(t)
+	hook := &afterRead{suffix: ":t:H~a"}
+	rdb.AddHook(hook)
+	locker := e.locker()
+	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(rdb), rdb,
+		singleton.KeyByFields("tenant_id"), singleton.Unique(locker, singleton.UntilExecuted, 400*time.Millisecond)) // grace 100ms
+	require.NoError(t, err)
+	key := `asynq:report:tenant_id="acme"`
+	_, err = locker.TryAcquire(context.Background(), "unique:"+key, &lockkit.AcquireOptions{Label: e.Queue + "/H", Detached: true, TTL: 20 * time.Second})
+	require.NoError(t, err)
+	copyOf := func(id string) *asynq.TaskInfo {
+		task := asynq.NewTaskWithHeaders("report", []byte(`{"tenant_id":"acme","n":1}`), map[string]string{singleton.OriginHeader: "H"})
+		info, err := e.Client.Enqueue(task, asynq.Queue(e.Queue), asynq.TaskID(id), asynq.ProcessIn(time.Hour))
+		require.NoError(t, err)
+		return info
+	}
+	copyOf("H~b")
+	time.Sleep(200 * time.Millisecond) // the reservation is past its enqueue grace
+	var ha *asynq.TaskInfo
+	hook.fn = func() {
+		// H~b, delivered again with no retries left, is requeued: its copy
+		// H~a is enqueued, then H~b revoked (deleted).
+		ha = copyOf("H~a")
+		require.NoError(t, e.Inspector.DeleteTask(e.Queue, "H~b"))
+	}
+	_, err = client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":2}`)), asynq.Queue(e.Queue))
+	require.NotNil(t, ha, "the copy replaced the other while the enqueue looked")
+	var dup *singleton.DuplicateTaskError
+	require.ErrorAs(t, err, &dup, "refused: H~b or H~a holds the key")
+	require.Contains(t, []string{"H~a", "H~b"}, dup.ID)
+}
+
+// An UntilStarted task that completes without running (Skip: a task that did
+// not take a reservation held the key) will never start: its reservation
+// ends, and the next enqueue of the key is accepted.
+func TestUntilStartedTaskThatDoesNotRunFreesItsKey(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB,
+		singleton.KeyByFields("tenant_id"), singleton.Unique(e.locker(), singleton.UntilStarted, 0))
+	require.NoError(t, err)
+	mw, err := singleton.Middleware(e.locker(), singleton.KeyByFields("tenant_id"), singleton.WithRedis(e.RDB))
+	require.NoError(t, err)
+	release := make(chan struct{})
+	started := make(chan string, 8)
+	e.start(e.config(4), mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		started <- id
+		<-release
+		return nil
+	})))
+	defer close(release)
+	a, err := e.Client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":0}`)), asynq.Queue(e.Queue))
+	require.NoError(t, err)
+	require.Equal(t, a.ID, recv(t, started, 10*time.Second))
+	b, err := client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":1}`)), asynq.Queue(e.Queue))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, err := e.Inspector.GetTaskInfo(e.Queue, b.ID)
+		return errors.Is(err, asynq.ErrTaskNotFound)
+	}, 10*time.Second, 5*time.Millisecond, "B completes without running, and asynq deletes it")
+	_, err = client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":2}`)), asynq.Queue(e.Queue))
+	require.NoError(t, err, "B is gone and never starts: nothing holds the key")
 }
