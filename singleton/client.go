@@ -334,12 +334,22 @@ func (c *Client) now(ctx context.Context) (time.Time, error) {
 			return time.Time{}, fmt.Errorf("singleton: reading the Redis clock: %w", err)
 		}
 		// Each server read its clock after we sent: server + time since sent
-		// bounds its clock from above. A millisecond covers drift until the
-		// next read.
+		// bounds its clock from above, less the drift between the clocks
+		// since: a millisecond, and clockDrift of the time since.
 		c.server, c.synced = server.Add(time.Millisecond), sent
 	}
-	return c.server.Add(time.Since(c.synced)), nil
+	since := time.Since(c.synced)
+	return c.server.Add(since + since/clockDrift), nil
 }
+
+// clockDrift bounds how fast a Redis server's clock may run against this
+// host's monotonic clock between two reads (clockSync apart): 1/clockDrift
+// of the time since the last read, 500 ppm (15 ms after 30 s), several times
+// what unsynchronised hardware clocks drift. A stamp later than the
+// server's clock only makes a run that began just after the enqueue not
+// cover the task (it runs again); an earlier one could let a run that began
+// before the enqueue cover it.
+const clockDrift = 2000
 
 // serverClock returns the latest of the clocks of rdb's masters.
 func serverClock(ctx context.Context, rdb redis.UniversalClient) (time.Time, error) {
