@@ -15,8 +15,8 @@ import (
 )
 
 // periodicReplica is one periodic.Scheduler replica's round trips, each
-// counted for the tick it names: the tick's mark key (".../tick:<ms>", read
-// before the enqueue and set after it) or its task ID ("periodic:<entry
+// counted for the tick it names: the tick's mark key (".../tick:<ms>",
+// claimed before the enqueue and set after it) or its task ID ("periodic:<entry
 // id>:<ms>", in asynq's enqueue). Round trips that name no tick (asynq's
 // queue registration, a script load) are counted apart.
 type periodicReplica struct {
@@ -198,10 +198,11 @@ func (r *report) periodicTable() string {
 	fmt.Fprintf(&w, "`periodic.Scheduler` (the drop-in for asynq's Scheduler) on three replicas, each with its own client, "+
 		"one entry `@every 100ms`, for about %d ticks; the replicas' clocks are 0, 150 and 400 ms behind. Every replica "+
 		"tries to enqueue every tick; asynq refuses all but the first (the task ID is the entry's and the tick's). "+
-		"A replica reads the tick's mark before it enqueues (a tick enqueued, or revoked, on another replica is "+
+		"A replica claims the tick in its mark before it enqueues (a tick enqueued, or revoked, on another replica is "+
 		"not enqueued again), enqueues, and marks the tick (with the last tick enqueued, one pipeline): 3 round "+
-		"trips for a tick it enqueues (2 before the mark read, which keeps a revoked tick from being enqueued "+
-		"again, so the goal of 2 is not met); a replica that finds the mark stops there, 1 round trip. Each round trip counts for the tick it "+
+		"trips for a tick it enqueues (2 before the claim, which keeps a revoked tick from being enqueued "+
+		"again, so the goal of 2 is not met); a replica that finds the mark stops there, 1 round trip (one more "+
+		"each 25 ms it finds the tick claimed by another). Each round trip counts for the tick it "+
 		"names (the tick's mark key, or its task ID in asynq's enqueue); those that name none (asynq's queue "+
 		"registration) are counted apart. A tick is the replica's \"enqueued\" when asynq accepted its task, "+
 		"\"not enqueued\" otherwise (the mark found, or asynq refused the task ID). Replicas behind the others "+

@@ -16,10 +16,13 @@
 // replica whose clock is behind fires later and is refused; replicas must
 // fire each tick within the window (WithWindow, DefaultWindow). A task that
 // ends without completing (asynq.RevokeTask, as a Preempt or Requeue policy
-// returns) is deleted at once, so the replica that enqueued a tick also
-// marks it in Redis, for the window plus the retention, and a replica that
-// fires a marked tick does not enqueue it. Replicas must share the prefix
-// (WithPrefix) of these marks.
+// returns) is deleted at once, so each tick also has a mark in Redis: a
+// replica claims the tick in it (for 5 s), enqueues it, and marks it
+// enqueued, for the window plus the retention; a replica that fires a
+// marked tick does not enqueue it, and one that finds it claimed waits until
+// it is marked or the claim lapses (its claimant died) and it claims it
+// itself. A claimant sends no enqueue more than 4 s after its claim.
+// Replicas must share the prefix (WithPrefix) of these marks.
 //
 // An entry's identity is derived from its config: the spec, the time zone,
 // the task's type, payload and headers and the enqueue options. Replicas

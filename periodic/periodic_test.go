@@ -87,6 +87,7 @@ func TestThreeReplicasEnqueueEachTickOnce(t *testing.T) {
 		const period = 100 * time.Millisecond
 		var (
 			fired, raced, won [3]atomic.Int64
+			waited            [3]atomic.Int64
 			rts               [3]*testredis.Counter
 			scheds            []*Scheduler
 		)
@@ -110,6 +111,7 @@ func TestThreeReplicasEnqueueEachTickOnce(t *testing.T) {
 					}
 				},
 			}, WithClock(clock), WithPrefix(prefix))
+			s.cfg.onClaimWait = func() { waited[i].Add(1) }
 			s.cfg.beforeEnqueue = func(_ string, tick time.Time) hookResult {
 				if tick.Before(start) || !tick.Before(end) {
 					return hookSkip // outside the measured ticks
@@ -138,13 +140,14 @@ func TestThreeReplicasEnqueueEachTickOnce(t *testing.T) {
 		var total int64
 		for i := range 3 {
 			total += won[i].Load()
-			// One round trip per tick fired, two more per tick that had
-			// no mark yet; a client's first enqueue may also load asynq's
-			// script (NOSCRIPT, EVAL) and register the queue (SADD), and
-			// its first pipeline open a second connection (HELLO, and
-			// its setup pipeline).
-			require.LessOrEqual(t, rts[i].Count(), fired[i].Load()+2*raced[i].Load()+4, "replica %d", i)
-			t.Logf("replica %d: fired %d ticks, found %d unmarked, enqueued %d, %d round trips", i, fired[i].Load(), raced[i].Load(), won[i].Load(), rts[i].Count())
+			// One round trip per tick fired, one more each time another
+			// replica's claim of the tick was found (replicas 0 and 1 fire
+			// at once), two more per tick claimed; a client's first
+			// enqueue may also load asynq's script (NOSCRIPT, EVAL) and
+			// register the queue (SADD), and its first pipeline open a
+			// second connection (HELLO, and its setup pipeline).
+			require.LessOrEqual(t, rts[i].Count(), fired[i].Load()+waited[i].Load()+2*raced[i].Load()+4, "replica %d", i)
+			t.Logf("replica %d: fired %d ticks, waited for a claim %d times, claimed %d, enqueued %d, %d round trips", i, fired[i].Load(), waited[i].Load(), raced[i].Load(), won[i].Load(), rts[i].Count())
 		}
 		require.EqualValues(t, ticks, total)
 		require.Less(t, fired[1].Load(), int64(ticks), "replica 1 died")
@@ -447,15 +450,7 @@ func TestRevokedTickIsNotEnqueuedAgain(t *testing.T) {
 	prefix := testredis.Prefix(t, c)
 	const period = 200 * time.Millisecond
 	tick := time.Now().Truncate(period).Add(3 * period)
-	var runs atomic.Int64
-	revoked := make(chan struct{})
-	srv := asynq.NewServerFromRedisClient(c, asynq.Config{Queues: map[string]int{q: 1}, LogLevel: asynq.FatalLevel})
-	require.NoError(t, srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-		if runs.Add(1) == 1 {
-			close(revoked)
-		}
-		return fmt.Errorf("preempted: %w", asynq.RevokeTask)
-	})))
+	srv, runs, revoked := revokingServer(t, c, q)
 	serverUp := true
 	defer func() {
 		if serverUp {
@@ -692,4 +687,106 @@ func TestUnreadableMarkDoesNotDropTheTick(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return ticksIn(t, clean, q)[tick.UnixMilli()] == 1 }, 5*time.Second, 5*time.Millisecond,
 		"the tick is enqueued though its mark could not be read")
+}
+
+// revokingServer starts an asynq server on q whose handler revokes every
+// task (asynq.RevokeTask, as Preempt does): it counts the runs, and closes
+// revoked at the first.
+func revokingServer(t *testing.T, c redis.UniversalClient, q string) (srv *asynq.Server, runs *atomic.Int64, revoked chan struct{}) {
+	runs, revoked = &atomic.Int64{}, make(chan struct{})
+	srv = asynq.NewServerFromRedisClient(c, asynq.Config{Queues: map[string]int{q: 1}, LogLevel: asynq.FatalLevel})
+	require.NoError(t, srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		if runs.Add(1) == 1 {
+			close(revoked)
+		}
+		return fmt.Errorf("preempted: %w", asynq.RevokeTask)
+	})))
+	return srv, runs, revoked
+}
+
+// claimReplicas starts two replicas of one "@every 200ms" entry on c whose
+// claims live 300ms, the first with its clock 400ms ahead (it fires each tick
+// first); only tick is fired (enqueued by a replica that claims it), and
+// ahead's afterClaim hook is ahead's own. It returns the replicas.
+func claimReplicas(t *testing.T, c redis.UniversalClient, q string, tick time.Time, ahead func(time.Time) hookResult) (a, b *Scheduler) {
+	prefix := testredis.Prefix(t, c)
+	newSched := func(skew time.Duration) *Scheduler {
+		s := NewSchedulerFromRedisClient(c, nil, WithClock(func() time.Time { return time.Now().Add(skew) }), WithPrefix(prefix))
+		s.cfg.claimTTL = 300 * time.Millisecond
+		s.cfg.beforeEnqueue = func(_ string, at time.Time) hookResult {
+			if at.Equal(tick) {
+				return hookEnqueue
+			}
+			return hookSkip
+		}
+		_, err := s.Register("@every 200ms", asynq.NewTask("report", nil), asynq.Queue(q), asynq.MaxRetry(0))
+		require.NoError(t, err)
+		return s
+	}
+	a, b = newSched(400*time.Millisecond), newSched(0)
+	a.cfg.afterClaim = ahead
+	require.NoError(t, a.Start())
+	t.Cleanup(a.Shutdown)
+	require.NoError(t, b.Start())
+	t.Cleanup(b.Shutdown)
+	return a, b
+}
+
+// A replica that claimed a tick and stalled until its claim lapsed (a GC
+// pause, a slow PreEnqueueFunc) does not enqueue it: the other replica
+// claimed and enqueued it meanwhile, and its task, revoked, is gone; an
+// enqueue that late would run the tick twice.
+func TestClaimantStalledPastItsClaimDoesNotEnqueueTheTick(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	q := queueName(t, c)
+	tick := time.Now().Truncate(200 * time.Millisecond).Add(5 * 200 * time.Millisecond)
+	srv, runs, revoked := revokingServer(t, c, q)
+	t.Cleanup(srv.Shutdown)
+	stalled, release, resumed := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	a, _ := claimReplicas(t, c, q, tick, func(time.Time) hookResult {
+		close(stalled)
+		<-release // until the other replica enqueued the tick and its task was revoked
+		defer close(resumed)
+		return hookEnqueue
+	})
+	wait := func(ch chan struct{}, what string) {
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("timed out waiting: %s", what)
+		}
+	}
+	wait(stalled, "the replica ahead to claim the tick")
+	wait(revoked, "the other replica to enqueue the tick once the claim lapsed, and its task to run")
+	require.Eventually(t, func() bool {
+		_, err := asynq.NewInspectorFromRedisClient(c).GetTaskInfo(q, taskID(firstID(a), tick))
+		return errors.Is(err, asynq.ErrTaskNotFound)
+	}, 5*time.Second, 5*time.Millisecond, "asynq deletes a revoked task")
+	close(release)
+	wait(resumed, "the stalled replica to go on")
+	a.Shutdown() // its fire of the tick has returned
+	require.Zero(t, ticksIn(t, c, q)[tick.UnixMilli()], "the stalled replica enqueued the tick again")
+	require.EqualValues(t, 1, runs.Load())
+}
+
+// A replica that claimed a tick and died before enqueueing it leaves the
+// tick to another: once the claim lapses, the other claims and enqueues it.
+func TestClaimantThatDiesLeavesTheTickToAnother(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	q := queueName(t, c)
+	tick := time.Now().Truncate(200 * time.Millisecond).Add(5 * 200 * time.Millisecond)
+	died := make(chan struct{})
+	claimReplicas(t, c, q, tick, func(time.Time) hookResult {
+		close(died)
+		return hookDie
+	})
+	select {
+	case <-died:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the replica ahead did not claim the tick")
+	}
+	require.Eventually(t, func() bool { return ticksIn(t, c, q)[tick.UnixMilli()] == 1 }, 5*time.Second, 5*time.Millisecond,
+		"the other replica enqueues the tick once the claim lapsed")
 }

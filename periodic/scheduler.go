@@ -2,6 +2,7 @@ package periodic
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"os/signal"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -62,6 +64,14 @@ type config struct {
 	prefix  string
 	// beforeEnqueue, when set, is called before each enqueue (tests).
 	beforeEnqueue func(entryID string, tick time.Time) hookResult
+	// afterClaim, when set, is called once this replica claimed a tick,
+	// before it enqueues it (tests).
+	afterClaim func(tick time.Time) hookResult
+	// claimTTL is how long a claim lives (claimFor; tests shorten it).
+	claimTTL time.Duration
+	// onClaimWait, when set, is called each time a replica waits for
+	// another's claim of a tick (tests).
+	onClaimWait func()
 }
 
 // hookResult is what config.beforeEnqueue makes of a tick.
@@ -114,7 +124,8 @@ type Scheduler struct {
 	client *asynq.Client
 	opts   asynq.SchedulerOpts
 	cfg    config
-	err    error // a construction error, returned by Register and Start
+	err    error  // a construction error, returned by Register and Start
+	owner  string // "c:<random>": this replica's claims of ticks (claimTick)
 
 	mu      sync.Mutex
 	entries map[string]*entry
@@ -163,7 +174,8 @@ func NewSchedulerFromRedisClient(c redis.UniversalClient, opts *asynq.SchedulerO
 	if s.opts.Location == nil {
 		s.opts.Location = time.UTC
 	}
-	s.cfg = config{window: DefaultWindow, clock: time.Now, logger: slog.Default(), prefix: "jobguard:"}
+	s.cfg = config{window: DefaultWindow, clock: time.Now, logger: slog.Default(), prefix: "jobguard:", claimTTL: claimFor}
+	s.owner = "c:" + newOwner()
 	for _, o := range options {
 		if o != nil {
 			o(&s.cfg)
@@ -381,10 +393,15 @@ func (s *Scheduler) catchUp(e *entry) (time.Time, bool) {
 // fire enqueues e's task of tick; false when the entry stops on this replica.
 //
 // The tick's task ID refuses a second enqueue while the task exists, but a
-// revoked task (asynq.RevokeTask) is deleted at once: the replica that
-// enqueued the tick (or found it enqueued) also marks it, for the task's
-// retention plus the window, and a replica that fires a marked tick does
-// not enqueue it.
+// revoked task (asynq.RevokeTask) is deleted at once, so the tick's mark
+// decides: a replica claims the tick in it (claimTick: "c:<replica>" for
+// claimFor), enqueues the task, and marks the tick enqueued ("1", for the
+// task's retention plus the window, with the last tick enqueued); a replica
+// that finds the tick marked does not enqueue it, and one that finds it
+// claimed waits until it is marked, or until the claim lapses (its claimant
+// died, or its enqueue failed) and it claims the tick itself. An enqueue is
+// not sent after its claim's claimMargin: a claimant stalled until its claim
+// lapsed cannot enqueue a tick another replica enqueued meanwhile.
 func (s *Scheduler) fire(e *entry, tick time.Time) bool {
 	if s.cfg.beforeEnqueue != nil {
 		switch s.cfg.beforeEnqueue(e.id, tick) {
@@ -397,14 +414,20 @@ func (s *Scheduler) fire(e *entry, tick time.Time) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	mark := s.markKey(e, tick)
+	claimed := time.Now()
 	// A mark that cannot be read does not stop the enqueue: the tick's task
 	// ID still refuses a second one while that task exists.
-	n, err := s.rdb.Exists(ctx, mark).Result()
-	if err != nil {
-		s.cfg.logger.Warn("periodic: reading the tick's mark; enqueueing all the same", "entry", e.id, "spec", e.spec, "tick", tick, "err", err)
-	} else if n > 0 {
+	switch ok, err := s.claimTick(ctx, e, mark); {
+	case err != nil:
+		s.cfg.logger.Warn("periodic: claiming the tick; enqueueing all the same", "entry", e.id, "spec", e.spec, "tick", tick, "err", err)
+	case !ok:
 		s.cfg.logger.Debug("periodic: tick enqueued by another replica", "entry", e.id, "spec", e.spec, "tick", tick)
 		return true
+	default:
+		claimed = time.Now() // the claim lives claimTTL from about now
+	}
+	if s.cfg.afterClaim != nil && s.cfg.afterClaim(tick) == hookDie {
+		return false
 	}
 	opts := append(slices.Clone(e.opts), asynq.TaskID(taskID(e.id, tick)), asynq.Retention(e.keep))
 	if f := s.opts.PreEnqueueFunc; f != nil {
@@ -414,9 +437,12 @@ func (s *Scheduler) fire(e *entry, tick time.Time) bool {
 	// could be accepted a second time: it is not sent (nor retried) after
 	// tick + retention on this replica's clock; the mark lasts a window
 	// longer than the retention, for the skew and the enqueue's own trip.
-	left := tick.Add(e.keep).Sub(s.cfg.clock())
+	// Nor after the claim's margin, once another replica may have claimed
+	// the tick.
+	left := min(tick.Add(e.keep).Sub(s.cfg.clock()), time.Until(claimed.Add(s.cfg.claimTTL-s.cfg.claimTTL/claimMargin)))
 	if left <= 0 {
-		s.cfg.logger.Warn("periodic: tick not enqueued: its retention passed before the enqueue", "entry", e.id, "spec", e.spec, "tick", tick)
+		s.cfg.logger.Warn("periodic: tick not enqueued: its retention or its claim passed before the enqueue", "entry", e.id, "spec", e.spec, "tick", tick)
+		s.unclaim(ctx, mark)
 		return true
 	}
 	ectx, ecancel := context.WithTimeout(ctx, left)
@@ -431,6 +457,7 @@ func (s *Scheduler) fire(e *entry, tick time.Time) bool {
 		}
 		if err != nil {
 			s.cfg.logger.Warn("periodic: enqueue failed", "entry", e.id, "spec", e.spec, "tick", tick, "err", err)
+			s.unclaim(ctx, mark)
 			return true
 		}
 	}
@@ -449,6 +476,85 @@ func (s *Scheduler) fire(e *entry, tick time.Time) bool {
 		s.cfg.logger.Warn("periodic: marking the tick", "entry", e.id, "tick", tick, "err", err)
 	}
 	return true
+}
+
+// claimFor is how long a replica's claim of a tick lives unless it marks
+// the tick enqueued first; claimMargin: its enqueue is not sent after
+// claimFor less a claimMargin-th of it (4 s).
+const (
+	claimFor    = 5 * time.Second
+	claimMargin = 5
+)
+
+// claimPoll is how often a replica that found a tick claimed by another
+// looks at its mark again.
+const claimPoll = 25 * time.Millisecond
+
+// claimScript claims a tick's mark KEYS[1] for ARGV[1] ("c:<replica>") for
+// ARGV[2] ms, unless it is claimed or marked already: it returns
+// "claimed", or the mark's value ("1" when marked enqueued, "c:<replica>"
+// while claimed). Run twice (go-redis sending it again after a lost
+// reply), the second finds this replica's claim, which is its own.
+var claimScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
+  return 'claimed'
+end
+if v then
+  return v
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 'claimed'
+`)
+
+// unclaimScript drops this replica's claim of a tick (KEYS[1], ARGV[1]),
+// so that a replica waiting for it claims the tick at once.
+var unclaimScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+`)
+
+// claimTick claims tick's mark for this replica (true) or finds it marked
+// enqueued (false), waiting while another replica's claim lives. It gives
+// up (false) when the entry stops.
+func (s *Scheduler) claimTick(ctx context.Context, e *entry, mark string) (bool, error) {
+	for {
+		v, err := claimScript.Run(ctx, s.rdb, []string{mark}, s.owner, s.cfg.claimTTL.Milliseconds()).Text()
+		switch {
+		case err != nil:
+			return true, err
+		case v == "claimed":
+			return true, nil
+		case !strings.HasPrefix(v, "c:"):
+			return false, nil
+		}
+		if s.cfg.onClaimWait != nil {
+			s.cfg.onClaimWait()
+		}
+		select {
+		case <-time.After(claimPoll):
+		case <-e.stop:
+			return false, nil
+		case <-ctx.Done():
+			return true, ctx.Err()
+		}
+	}
+}
+
+// unclaim drops this replica's claim of a tick it did not enqueue.
+func (s *Scheduler) unclaim(ctx context.Context, mark string) {
+	if err := unclaimScript.Run(ctx, s.rdb, []string{mark}, s.owner).Err(); err != nil {
+		s.cfg.logger.Warn("periodic: dropping the claim of a tick", "mark", mark, "err", err)
+	}
+}
+
+// newOwner returns a random name for this replica's claims.
+func newOwner() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 func (s *Scheduler) lastKey(e *entry) string { return s.cfg.prefix + "periodic:{" + e.id + "}:last" }
