@@ -17,11 +17,12 @@
 // fire each tick within the window (WithWindow, DefaultWindow). A task that
 // ends without completing (asynq.RevokeTask, as a Preempt or Requeue policy
 // returns) is deleted at once, so each tick also has a mark in Redis: a
-// replica claims the tick in it (for 5 s), enqueues it, and marks it
-// enqueued, for the window plus the retention; a replica that fires a
-// marked tick does not enqueue it, and one that finds it claimed waits until
-// it is marked or the claim lapses (its claimant died) and it claims it
-// itself. A claimant sends no enqueue more than 4 s after its claim.
+// replica claims the tick in it (for 5 s, or a quarter of the window if
+// shorter), enqueues it, and marks it enqueued, for the window plus the
+// retention; a replica that fires a marked tick does not enqueue it, and one
+// that finds it claimed waits until it is marked or the claim lapses (its
+// claimant died) and it claims it itself. A claimant sends no enqueue later
+// than four fifths of the claim's life after it sent the claim.
 // Replicas must share the prefix (WithPrefix) of these marks.
 //
 // An entry's identity is derived from its config: the spec, the time zone,

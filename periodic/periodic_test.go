@@ -638,18 +638,22 @@ func TestStalledEnqueueIsNotSentAfterTheWindow(t *testing.T) {
 	require.Zero(t, ticksIn(t, c, q)[tick.UnixMilli()], "the stalled enqueue was sent after the window")
 }
 
-// failExists fails every EXISTS: a tick's mark that cannot be read.
-type failExists struct{}
+// failMark fails every script call on a tick's mark (the claim): a mark
+// that cannot be read.
+type failMark struct{ calls *atomic.Int64 }
 
-func (failExists) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (failExists) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (failMark) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (failMark) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
-func (failExists) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (f failMark) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "exists" {
-			cmd.SetErr(errors.New("connection reset by peer"))
-			return cmd.Err()
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			if k, _ := cmd.Args()[3].(string); strings.Contains(k, ":tick:") {
+				f.calls.Add(1)
+				cmd.SetErr(errors.New("connection reset by peer"))
+				return cmd.Err()
+			}
 		}
 		return next(ctx, cmd)
 	}
@@ -662,7 +666,8 @@ func TestUnreadableMarkDoesNotDropTheTick(t *testing.T) {
 	t.Cleanup(func() { _ = clean.Close() })
 	c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
 	t.Cleanup(func() { _ = c.Close() })
-	c.AddHook(failExists{})
+	var failed atomic.Int64
+	c.AddHook(failMark{&failed})
 	q := queueName(t, clean)
 	prefix := testredis.Prefix(t, clean)
 	const period = 200 * time.Millisecond
@@ -687,6 +692,7 @@ func TestUnreadableMarkDoesNotDropTheTick(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return ticksIn(t, clean, q)[tick.UnixMilli()] == 1 }, 5*time.Second, 5*time.Millisecond,
 		"the tick is enqueued though its mark could not be read")
+	require.Positive(t, failed.Load(), "the claim of the tick's mark failed")
 }
 
 // revokingServer starts an asynq server on q whose handler revokes every
@@ -704,15 +710,19 @@ func revokingServer(t *testing.T, c redis.UniversalClient, q string) (srv *asynq
 	return srv, runs, revoked
 }
 
-// claimReplicas starts two replicas of one "@every 200ms" entry on c whose
-// claims live 300ms, the first with its clock 400ms ahead (it fires each tick
-// first); only tick is fired (enqueued by a replica that claims it), and
-// ahead's afterClaim hook is ahead's own. It returns the replicas.
-func claimReplicas(t *testing.T, c redis.UniversalClient, q string, tick time.Time, ahead func(time.Time) hookResult) (a, b *Scheduler) {
+// claimReplicas starts two replicas of one "@every 200ms" entry on c with
+// window (a claim lives a quarter of it), the first with its clock 400ms
+// ahead (it fires each tick first); only tick is fired (enqueued by a
+// replica that claims it), and ahead's afterClaim hook is ahead's own; the
+// one ahead uses aheadClient if not nil. It returns the replicas.
+func claimReplicas(t *testing.T, c, aheadClient redis.UniversalClient, q string, window time.Duration, tick time.Time, ahead func(time.Time) hookResult) (a, b *Scheduler) {
 	prefix := testredis.Prefix(t, c)
-	newSched := func(skew time.Duration) *Scheduler {
-		s := NewSchedulerFromRedisClient(c, nil, WithClock(func() time.Time { return time.Now().Add(skew) }), WithPrefix(prefix))
-		s.cfg.claimTTL = 300 * time.Millisecond
+	if aheadClient == nil {
+		aheadClient = c
+	}
+	newSched := func(c redis.UniversalClient, skew time.Duration) *Scheduler {
+		s := NewSchedulerFromRedisClient(c, nil, WithClock(func() time.Time { return time.Now().Add(skew) }), WithPrefix(prefix), WithWindow(window))
+		require.Equal(t, window/4, s.cfg.claimTTL)
 		s.cfg.beforeEnqueue = func(_ string, at time.Time) hookResult {
 			if at.Equal(tick) {
 				return hookEnqueue
@@ -723,7 +733,7 @@ func claimReplicas(t *testing.T, c redis.UniversalClient, q string, tick time.Ti
 		require.NoError(t, err)
 		return s
 	}
-	a, b = newSched(400*time.Millisecond), newSched(0)
+	a, b = newSched(aheadClient, 400*time.Millisecond), newSched(c, 0)
 	a.cfg.afterClaim = ahead
 	require.NoError(t, a.Start())
 	t.Cleanup(a.Shutdown)
@@ -744,7 +754,7 @@ func TestClaimantStalledPastItsClaimDoesNotEnqueueTheTick(t *testing.T) {
 	srv, runs, revoked := revokingServer(t, c, q)
 	t.Cleanup(srv.Shutdown)
 	stalled, release, resumed := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	a, _ := claimReplicas(t, c, q, tick, func(time.Time) hookResult {
+	a, _ := claimReplicas(t, c, nil, q, 2*time.Second, tick, func(time.Time) hookResult {
 		close(stalled)
 		<-release // until the other replica enqueued the tick and its task was revoked
 		defer close(resumed)
@@ -771,14 +781,15 @@ func TestClaimantStalledPastItsClaimDoesNotEnqueueTheTick(t *testing.T) {
 }
 
 // A replica that claimed a tick and died before enqueueing it leaves the
-// tick to another: once the claim lapses, the other claims and enqueues it.
+// tick to another: once the claim lapses, the other claims and enqueues it,
+// within the window (1s here: the claim lives 250ms).
 func TestClaimantThatDiesLeavesTheTickToAnother(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
 	t.Cleanup(func() { _ = c.Close() })
 	q := queueName(t, c)
 	tick := time.Now().Truncate(200 * time.Millisecond).Add(5 * 200 * time.Millisecond)
 	died := make(chan struct{})
-	claimReplicas(t, c, q, tick, func(time.Time) hookResult {
+	claimReplicas(t, c, nil, q, time.Second, tick, func(time.Time) hookResult {
 		close(died)
 		return hookDie
 	})
@@ -789,4 +800,64 @@ func TestClaimantThatDiesLeavesTheTickToAnother(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return ticksIn(t, c, q)[tick.UnixMilli()] == 1 }, 5*time.Second, 5*time.Millisecond,
 		"the other replica enqueues the tick once the claim lapsed")
+}
+
+// slowClaimReply holds back the reply of each claim of a tick (the script
+// ran on the server) for d: a claim whose reply came late, as when go-redis
+// sends it again after a lost reply and the second run finds the claim.
+type slowClaimReply struct{ d time.Duration }
+
+func (slowClaimReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (slowClaimReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h slowClaimReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			if k, _ := cmd.Args()[3].(string); strings.Contains(k, ":tick:") {
+				time.Sleep(h.d)
+			}
+		}
+		return err
+	}
+}
+
+// A claim's life begins when the claim runs on the server, not when its
+// reply arrives: a replica whose claim reply came after the claim's margin
+// (here 600ms against 400ms) does not enqueue the tick, which the other
+// replica enqueued once the claim lapsed, and whose task was revoked.
+func TestLateClaimReplyDoesNotEnqueueTheTickAgain(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	slow := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	t.Cleanup(func() { _ = slow.Close() })
+	slow.AddHook(slowClaimReply{600 * time.Millisecond})
+	q := queueName(t, c)
+	tick := time.Now().Truncate(200 * time.Millisecond).Add(5 * 200 * time.Millisecond)
+	srv, runs, revoked := revokingServer(t, c, q)
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			srv.Shutdown()
+		}
+	})
+	a, _ := claimReplicas(t, c, slow, q, 2*time.Second, tick, func(time.Time) hookResult {
+		select {
+		case <-revoked: // the other replica enqueued the tick, and its task ran
+		case <-time.After(10 * time.Second):
+			t.Error("the other replica did not enqueue the tick")
+		}
+		return hookEnqueue
+	})
+	select {
+	case <-revoked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the tick's task did not run")
+	}
+	a.Shutdown() // its fire of the tick has returned
+	srv.Shutdown()
+	stopped = true
+	require.Zero(t, ticksIn(t, c, q)[tick.UnixMilli()], "the replica whose claim reply came late enqueued the tick again")
+	require.EqualValues(t, 1, runs.Load())
 }

@@ -174,13 +174,16 @@ func NewSchedulerFromRedisClient(c redis.UniversalClient, opts *asynq.SchedulerO
 	if s.opts.Location == nil {
 		s.opts.Location = time.UTC
 	}
-	s.cfg = config{window: DefaultWindow, clock: time.Now, logger: slog.Default(), prefix: "jobguard:", claimTTL: claimFor}
+	s.cfg = config{window: DefaultWindow, clock: time.Now, logger: slog.Default(), prefix: "jobguard:"}
 	s.owner = "c:" + newOwner()
 	for _, o := range options {
 		if o != nil {
 			o(&s.cfg)
 		}
 	}
+	// A claim lapses well within the window, so that a replica that waited
+	// for a dead claimant still enqueues the tick in time.
+	s.cfg.claimTTL = min(claimFor, s.cfg.window/4)
 	switch {
 	case s.cfg.window < time.Second:
 		s.err = fmt.Errorf("%w: WithWindow(%s): must be at least 1s", ErrInvalid, s.cfg.window)
@@ -414,17 +417,17 @@ func (s *Scheduler) fire(e *entry, tick time.Time) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	mark := s.markKey(e, tick)
-	claimed := time.Now()
 	// A mark that cannot be read does not stop the enqueue: the tick's task
 	// ID still refuses a second one while that task exists.
-	switch ok, err := s.claimTick(ctx, e, mark); {
+	claimed, ok, err := s.claimTick(ctx, e, mark)
+	switch {
+	case errors.Is(err, errStopped):
+		return false
 	case err != nil:
 		s.cfg.logger.Warn("periodic: claiming the tick; enqueueing all the same", "entry", e.id, "spec", e.spec, "tick", tick, "err", err)
 	case !ok:
 		s.cfg.logger.Debug("periodic: tick enqueued by another replica", "entry", e.id, "spec", e.spec, "tick", tick)
 		return true
-	default:
-		claimed = time.Now() // the claim lives claimTTL from about now
 	}
 	if s.cfg.afterClaim != nil && s.cfg.afterClaim(tick) == hookDie {
 		return false
@@ -456,8 +459,10 @@ func (s *Scheduler) fire(e *entry, tick time.Time) bool {
 			f(info, err)
 		}
 		if err != nil {
+			// The enqueue may have landed (its reply lost): the claim stays
+			// until it lapses, and a replica that then claims the tick is
+			// refused by its task ID while the task exists.
 			s.cfg.logger.Warn("periodic: enqueue failed", "entry", e.id, "spec", e.spec, "tick", tick, "err", err)
-			s.unclaim(ctx, mark)
 			return true
 		}
 	}
@@ -479,8 +484,9 @@ func (s *Scheduler) fire(e *entry, tick time.Time) bool {
 }
 
 // claimFor is how long a replica's claim of a tick lives unless it marks
-// the tick enqueued first; claimMargin: its enqueue is not sent after
-// claimFor less a claimMargin-th of it (4 s).
+// the tick enqueued first (a quarter of the window if that is shorter);
+// claimMargin: its enqueue is not sent after the claim's life less a
+// claimMargin-th of it (4 s).
 const (
 	claimFor    = 5 * time.Second
 	claimMargin = 5
@@ -516,19 +522,24 @@ end
 return 0
 `)
 
-// claimTick claims tick's mark for this replica (true) or finds it marked
-// enqueued (false), waiting while another replica's claim lives. It gives
-// up (false) when the entry stops.
-func (s *Scheduler) claimTick(ctx context.Context, e *entry, mark string) (bool, error) {
+// errStopped is claimTick's error when the entry stopped while it waited.
+var errStopped = errors.New("periodic: the entry stopped")
+
+// claimTick claims tick's mark for this replica (true, with when the claim
+// that took it was sent: its life began no earlier) or finds it marked
+// enqueued (false), waiting while another replica's claim lives. It returns
+// errStopped when the entry stops meanwhile.
+func (s *Scheduler) claimTick(ctx context.Context, e *entry, mark string) (time.Time, bool, error) {
 	for {
+		sent := time.Now()
 		v, err := claimScript.Run(ctx, s.rdb, []string{mark}, s.owner, s.cfg.claimTTL.Milliseconds()).Text()
 		switch {
 		case err != nil:
-			return true, err
+			return sent, true, err
 		case v == "claimed":
-			return true, nil
+			return sent, true, nil
 		case !strings.HasPrefix(v, "c:"):
-			return false, nil
+			return sent, false, nil
 		}
 		if s.cfg.onClaimWait != nil {
 			s.cfg.onClaimWait()
@@ -536,9 +547,9 @@ func (s *Scheduler) claimTick(ctx context.Context, e *entry, mark string) (bool,
 		select {
 		case <-time.After(claimPoll):
 		case <-e.stop:
-			return false, nil
+			return sent, false, errStopped
 		case <-ctx.Done():
-			return true, ctx.Err()
+			return sent, true, ctx.Err()
 		}
 	}
 }
