@@ -215,17 +215,17 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 			return nil, fmt.Errorf("singleton: reserving key %q: %w", key, err)
 		}
 		holderQueue, holderID := splitLabel(ce.Label)
-		// The task may live on as its requeued copy (copyIDOf), which a
-		// copy of it replaces in turn: the three are read at once, so that
-		// a replacement between two reads cannot hide them all.
-		ids := deliveriesOf(holderID)
-		states, err := c.taskStates(ctx, holderQueue, ids)
-		state := ""
-		for i, s := range states {
-			if s != "" {
-				state, holderID = s, ids[i]
-				break
+		state, delivery, err := c.holderState(ctx, holderQueue, holderID)
+		if q, legacyID, ok := legacyLabel(ce.Label); ok && err == nil && state == "" && q != holderQueue {
+			// A reservation of an earlier version, whose label's queue held
+			// '/' unescaped.
+			var legacyState string
+			if legacyState, delivery, err = c.holderState(ctx, q, legacyID); legacyState != "" {
+				state, holderQueue = legacyState, q
 			}
+		}
+		if state != "" {
+			holderID = delivery
 		}
 		if err != nil {
 			return nil, fmt.Errorf("singleton: reserving key %q: reading the state of task %s: %w", key, holderID, err)
@@ -252,6 +252,32 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 			return nil, fmt.Errorf("singleton: reserving key %q: %w", key, err)
 		}
 	}
+}
+
+// holderState is the state (taskState) of the task first enqueued as origin
+// in queue, or of the Requeue copy that stands for it (copyIDOf), with that
+// delivery's ID: the three are read at once, so that a copy replacing
+// another between two reads cannot hide them all.
+func (c *Client) holderState(ctx context.Context, queue, origin string) (state, id string, err error) {
+	ids := deliveriesOf(origin)
+	states, err := c.taskStates(ctx, queue, ids)
+	for i, s := range states {
+		if s != "" {
+			return s, ids[i], nil
+		}
+	}
+	return "", origin, err
+}
+
+// legacyLabel splits a reservation label as earlier versions made it
+// ("<queue>/<id>", the queue unescaped) at its last '/'; ok when it holds
+// more than one.
+func legacyLabel(label string) (queue, id string, ok bool) {
+	i := strings.LastIndexByte(label, '/')
+	if i < 0 || strings.IndexByte(label, '/') == i {
+		return "", "", false
+	}
+	return label[:i], label[i+1:], true
 }
 
 // splitLabel splits a reservation label (reservationLabel) into queue and

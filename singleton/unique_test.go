@@ -569,3 +569,20 @@ func TestUntilStartedTaskThatDoesNotRunFreesItsKey(t *testing.T) {
 	_, err = client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":2}`)), asynq.Queue(e.Queue))
 	require.NoError(t, err, "B is gone and never starts: nothing holds the key")
 }
+
+// A reservation made by an earlier version, whose label held its queue's
+// '/' unescaped ("<queue>/<id>", split at the last '/'), still refuses a
+// second task while its task is pending, during a rolling upgrade.
+func TestUniqueKeepsAnEarlierVersionsReservationInAQueueWithSlash(t *testing.T) {
+	u := newUniqueEnv(t, standalone, singleton.UntilExecuted, 400*time.Millisecond) // grace 100ms
+	q := u.Queue + "/eu"
+	t.Cleanup(func() { _ = u.Inspector.DeleteQueue(q, true) })
+	_, err := u.locker.TryAcquire(context.Background(), `unique:asynq:report:tenant_id="acme"`,
+		&lockkit.AcquireOptions{Label: q + "/T1", Detached: true, TTL: 20 * time.Second})
+	require.NoError(t, err)
+	held, err := u.Client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`)), asynq.Queue(q), asynq.TaskID("T1"), asynq.ProcessIn(time.Hour))
+	require.NoError(t, err)
+	time.Sleep(200 * time.Millisecond) // the reservation is past its enqueue grace
+	_, err = u.client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`)), asynq.Queue(q))
+	refused(t, err, held, "scheduled")
+}
