@@ -249,7 +249,8 @@ type Outcome struct {
 // is cancelled (cause matching lockkit.ErrLost) if the lease is lost, and
 // releases the lease when fn returns or panics (the panic is re-raised). The
 // lease is renewed until fn returns, even after ctx is cancelled. The
-// returned Outcome says which of these happened.
+// returned Outcome says which of these happened. A nil fn is an error
+// matching ErrInvalid, and nothing is acquired.
 //
 // When fn succeeds after ctx ended (the runtime gave up on the run and may
 // deliver it again) and job.Origin is set, the success is remembered for
@@ -258,6 +259,11 @@ type Outcome struct {
 func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error) Outcome {
 	if job.Key == "" {
 		return Outcome{Err: g.emptyKey(ctx, job)}
+	}
+	if fn == nil {
+		err := fmt.Errorf("%w: middleware: %s: Run: fn is nil", ErrInvalid, job.label())
+		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+		return Outcome{Err: err}
 	}
 	if g.shadow {
 		return g.shadowRun(ctx, job, fn)

@@ -374,7 +374,8 @@ func TestNewValidation(t *testing.T) {
 		{"zero wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(0, middleware.Skip()))}, "the wait 0s must be positive"},
 		{"zero wait in order", []middleware.Option{middleware.WithPolicy(middleware.WaitInOrder(0, middleware.Fail()))}, "the wait 0s must be positive"},
 		{"wait around a wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Wait(time.Hour, middleware.Skip())))}, "then waits already: Wait(1h0m0s, Skip())"},
-		{"negative delay", []middleware.Option{middleware.WithPolicy(middleware.Requeue(-time.Second))}, "the requeue delay is negative"},
+		{"negative delay", []middleware.Option{middleware.WithPolicy(middleware.Requeue(-time.Second))}, "the requeue delay must not be negative nor longer than"},
+		{"delay past MaxTTL", []middleware.Option{middleware.WithPolicy(middleware.Requeue(lockkit.MaxTTL + time.Hour))}, "the requeue delay must not be negative nor longer than"},
 		{"nil admit", []middleware.Option{middleware.WithAdmit(nil)}, "WithAdmit(nil)"},
 		{"preempt and wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Preempt(0)))}, "Preempt(0s) waits for its turn itself"},
 		{"negative grace", []middleware.Option{middleware.WithPolicy(middleware.Preempt(-time.Second))}, "the grace must not be negative"},
@@ -400,6 +401,13 @@ func TestNewValidation(t *testing.T) {
 	require.Zero(t, g.Policy().MaxWait())
 	err = runErr(g, context.Background(), middleware.Job{Name: "report"}, func(context.Context) error { return nil })
 	require.ErrorContains(t, err, "report: empty key")
+	out := g.Run(context.Background(), middleware.Job{Key: "k", Name: "report"}, nil)
+	require.ErrorIs(t, out.Err, middleware.ErrInvalid)
+	require.ErrorContains(t, out.Err, "fn is nil")
+	require.False(t, out.Ran)
+	info, err := l.Inspect(context.Background(), "k")
+	require.NoError(t, err)
+	require.Empty(t, info.Holders, "nothing was acquired")
 }
 
 // wrapped is a Locker that is not a *lockkit.RedisLocker, such as a user's
@@ -1004,35 +1012,80 @@ func TestThrottleCountsOnlyRuns(t *testing.T) {
 
 			// A redelivery waits for its own earlier run, which fails, and
 			// runs: it is that run's retry, and spends no start of its own.
-			first, _ := newGuard(t, newLocker(t), throttled...)
-			again, _ := newGuard(t, newLocker(t), throttled...)
-			job := middleware.Job{Key: "own", Name: "t1", Origin: "t1"}
-			fail := make(chan struct{})
-			firstDone := make(chan middleware.Outcome, 1)
-			started := make(chan struct{})
-			go func() {
-				firstDone <- first.Run(ctx, job, func(context.Context) error {
-					close(started)
-					<-fail
-					return errors.New("interrupted")
-				})
-			}()
-			<-started
-			redelivered := make(chan middleware.Outcome, 1)
-			go func() { redelivered <- again.Run(ctx, job, ran) }()
-			l := newLocker(t)
-			require.Eventually(t, func() bool {
-				info, err := l.Inspect(ctx, "own")
-				return err == nil && info.Waiters == 1
-			}, 10*time.Second, time.Millisecond, "the redelivery waits for its own run")
-			close(fail)
-			require.True(t, (<-firstDone).Ran)
-			out = <-redelivered
-			require.True(t, out.Ran, "the redelivery runs after its own run failed (%v)", out.Err)
+			again := redeliveryRunsAfterItsOwnRunFails(t, newLocker, "own", throttled)
 			out = again.Run(ctx, middleware.Job{Key: "own", Name: "t2"}, ran)
 			require.True(t, out.Ran, "start 2 of 2: the redelivery spent none (%v)", out.Err)
 		})
 	}
+}
+
+// With a budget of one start, the one its own earlier run spent does not
+// throttle a redelivery of that work: it waits for the run and, the run
+// failed, runs (it was skipped as throttled, and the work was lost).
+func TestThrottleOfOneLetsARedeliveryWaitForItsOwnRun(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			if name == "redis" {
+				testredis.Addr(t)
+			}
+			for i, policy := range []middleware.Policy{middleware.Skip(), middleware.Wait(time.Minute, middleware.Skip())} {
+				throttled := []middleware.Option{middleware.WithThrottle(1, time.Minute, middleware.ActionSkip), middleware.WithPolicy(policy)}
+				key := fmt.Sprint("own-", i)
+				again := redeliveryRunsAfterItsOwnRunFails(t, newLocker, key, throttled)
+				out := again.Run(context.Background(), middleware.Job{Key: key, Name: "t2"}, func(context.Context) error { return nil })
+				require.NotNil(t, out.Duplicate, "start 2 of 1")
+				require.Equal(t, middleware.ReasonThrottled, out.Duplicate.Reason)
+			}
+		})
+	}
+}
+
+// redeliveryRunsAfterItsOwnRunFails runs job t1 on key with opts and, while
+// it runs, a redelivery of it on a second guard; it checks that the
+// redelivery waits for the run, which then fails, and runs. It returns the
+// second guard.
+func redeliveryRunsAfterItsOwnRunFails(t *testing.T, newLocker func(*testing.T, ...redis.Hook) lockkit.Locker, key string, opts []middleware.Option) *middleware.Guard {
+	t.Helper()
+	ctx := context.Background()
+	first, _ := newGuard(t, newLocker(t), opts...)
+	again, _ := newGuard(t, newLocker(t), opts...)
+	job := middleware.Job{Key: key, Name: "t1", Origin: "t1"}
+	fail := make(chan struct{})
+	firstDone := make(chan middleware.Outcome, 1)
+	started := make(chan struct{})
+	go func() {
+		firstDone <- first.Run(ctx, job, func(context.Context) error {
+			close(started)
+			<-fail
+			return errors.New("interrupted")
+		})
+	}()
+	select {
+	case <-started:
+	case out := <-firstDone:
+		t.Fatalf("the first run did not start: %v", out.Err)
+	}
+	redelivered := make(chan middleware.Outcome, 1)
+	go func() { redelivered <- again.Run(ctx, job, func(context.Context) error { return nil }) }()
+	l := newLocker(t)
+	waiting := func() bool {
+		info, err := l.Inspect(ctx, key)
+		return err == nil && info.Waiters == 1
+	}
+	for !waiting() {
+		select {
+		case out := <-redelivered:
+			close(fail)
+			<-firstDone
+			t.Fatalf("the redelivery returned while its own run ran: ran %v, %v", out.Ran, out.Err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	close(fail)
+	require.True(t, (<-firstDone).Ran)
+	out := <-redelivered
+	require.True(t, out.Ran, "the redelivery runs after its own run failed (%v)", out.Err)
+	return again
 }
 
 // WithHoldAtLeast spaces out runs that did their work: a run that failed

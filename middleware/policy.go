@@ -174,7 +174,8 @@ func Skip() Policy { return Policy{action: ActionSkip} }
 func Fail() Policy { return Policy{action: ActionFail} }
 
 // Requeue returns the policy that runs duplicates again after delay (plus up
-// to 50% jitter). Zero means DefaultRequeueDelay; it must not be negative.
+// to 50% jitter). Zero means DefaultRequeueDelay; it must not be negative
+// nor longer than lockkit.MaxTTL (New refuses it with ErrInvalid).
 func Requeue(delay time.Duration) Policy {
 	return Policy{action: ActionRequeue, delay: delay}
 }
@@ -209,8 +210,8 @@ func (p Policy) validate() error {
 		return fmt.Errorf("%w: WithPolicy: Wait: %s", ErrInvalid, p.bad)
 	case p.action < 0 || int(p.action) >= len(actionNames):
 		return fmt.Errorf("%w: WithPolicy(%s): unknown action %d", ErrInvalid, p, int(p.action))
-	case p.delay < 0:
-		return fmt.Errorf("%w: WithPolicy(%s): the requeue delay is negative", ErrInvalid, p)
+	case p.delay < 0 || p.delay > lockkit.MaxTTL:
+		return fmt.Errorf("%w: WithPolicy(%s): the requeue delay must not be negative nor longer than %s", ErrInvalid, p, lockkit.MaxTTL)
 	case p.grace < 0 || p.grace > lockkit.MaxTTL:
 		return fmt.Errorf("%w: WithPolicy(%s): the grace must not be negative nor longer than %s", ErrInvalid, p, lockkit.MaxTTL)
 	}

@@ -46,10 +46,31 @@ func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
 		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
 		return err
 	}
-	if wait > 0 {
+	if wait > 0 && !g.ownRunHolds(ctx, job) {
 		return g.throttled(ctx, job, wait, 0)
 	}
 	return nil
+}
+
+// ownRunHolds reports whether an earlier delivery of job's work (its
+// Origin) holds its key: the budget it finds spent may be that run's own
+// start, and job is that run's retry, which waits for it (awaitOwnRun) and
+// spends no start. Read only when job would be throttled; a key that cannot
+// be read counts as not held.
+func (g *Guard) ownRunHolds(ctx context.Context, job Job) bool {
+	if job.Origin == "" {
+		return false
+	}
+	info, err := g.locker.Inspect(ctx, job.Key)
+	if err != nil {
+		return false
+	}
+	for _, h := range info.Holders {
+		if h.Label == job.Origin {
+			return true
+		}
+	}
+	return false
 }
 
 // turnWait bounds how long a job reserving in its turn waits for the start
