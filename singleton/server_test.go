@@ -311,6 +311,9 @@ func TestRollingDeployDoesTheWorkOnce(t *testing.T) {
 			{"KeyByTaskID/Requeue", []singleton.Option{singleton.KeyByTaskID(), singleton.WithPolicy(middleware.Requeue(50 * time.Millisecond))}, 3, nil},
 			{"KeyByTaskID/Requeue/MaxRetry(0)", []singleton.Option{singleton.KeyByTaskID(), singleton.WithPolicy(middleware.Requeue(50 * time.Millisecond))}, 0, nil},
 			{"Fail/first run fails", []singleton.Option{singleton.WithPolicy(middleware.Fail())}, 3, errors.New("interrupted")},
+			// The first run spent the throttle's only start: its re-delivery
+			// still waits for it, and runs when it failed.
+			{"Throttle(1)/first run fails", []singleton.Option{singleton.WithThrottle(1, time.Minute, middleware.ActionSkip)}, 3, errors.New("interrupted")},
 		}
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
