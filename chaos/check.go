@@ -765,9 +765,31 @@ const throttleSlack = 100 * time.Millisecond
 // that waited for its task's own earlier run (a re-delivery while that run
 // went on) is that run's retry and spends no start; and a run whose process
 // was paused between its delivery and its start record is not counted (its
-// record may be any time after the throttle dated it).
+// record may be any time after the throttle dated it). Nor is such a
+// re-delivery throttled: it waits for its own run, whose start may have
+// been the budget's last.
 func (h *history) checkThrottle() []Violation {
 	var vs []Violation
+	for _, t := range h.tasks {
+		if t.fam.Throttle == 0 {
+			continue
+		}
+		for _, d := range t.decs {
+			if d.Reason != "throttled" {
+				continue
+			}
+			for _, o := range t.runs {
+				held := o.end
+				if o.died {
+					held += int64(h.w.TTL)
+				}
+				if o.start < d.T && held > d.T {
+					vs = append(vs, h.violation(ruleThrottle, t.name, fmt.Sprintf("a delivery on %s was throttled while the task's own run on %s held the key", d.Proc, o.proc), o.recs[0], d))
+					break
+				}
+			}
+		}
+	}
 	byKey := map[string][]*run{}
 	for _, ru := range h.runs {
 		if ru.fam.Throttle == 0 || h.ownRetry(ru) || h.paused(ru.proc, ru.deliv, ru.start) {

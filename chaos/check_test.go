@@ -278,6 +278,27 @@ func TestThrottleStartsOverTheBudgetAreReported(t *testing.T) {
 	h.wantOne(t, ruleThrottle, "b")
 }
 
+// Under WithThrottle(1, 1s), a re-delivery throttled while its task's own
+// run held the key is reported (it waits for that run, whose start was the
+// budget's one); one throttled after that run ended is not.
+func TestThrottledRedeliveryOfARunningTaskIsReported(t *testing.T) {
+	for _, c := range []struct {
+		at   int
+		want int
+	}{{300, 1}, {500, 0}} {
+		h := newHist(polSkip)
+		h.w.Families[0].Throttle, h.w.Families[0].Period = 1, time.Second
+		h.enqueue(0, "a")
+		h.run(10, 400, "w1", "a", "error")
+		h.add(c.at, "w2", evDeliver, "a", nil)
+		h.add(c.at, "w2", evDecision, "a", func(r *Record) { r.Kind, r.Reason, r.Action = "duplicate", "throttled", "skip" })
+		h.add(c.at, "w2", evReturn, "a", nil)
+		if got := h.check(); got[ruleThrottle] != c.want {
+			t.Errorf("throttled at %dms (its run ended at 400ms): want %d throttle violations, got %v", c.at, c.want, got)
+		}
+	}
+}
+
 // Under WithHoldAtLeast(500ms), a run that began 300ms after the start of
 // one that succeeded is reported, naming it; runs after a failed run, and a
 // hold's length after a run that succeeded, are not.
