@@ -767,12 +767,11 @@ const throttleSlack = 100 * time.Millisecond
 // was paused between its delivery and its start record is not counted (its
 // record may be any time after the throttle dated it). Nor is such a
 // re-delivery throttled: it waits for its own run, whose start may have
-// been the budget's last (but for a task parked at enqueue, which holds a
-// reservation of its own: docs/rules.md).
+// been the budget's last.
 func (h *history) checkThrottle() []Violation {
 	var vs []Violation
 	for _, t := range h.tasks {
-		if t.fam.Throttle == 0 || t.fam.Client == cliPark {
+		if t.fam.Throttle == 0 {
 			continue
 		}
 		for _, d := range t.decs {

@@ -685,7 +685,8 @@ func (b *redisBackend) inspect(ctx context.Context, key string) (*Info, error) {
 	for i := 3; i+1 < len(vals); i += 2 {
 		m, _ := vals[i].(string)
 		tok, owner, label := parseMember(m)
-		info.Holders = append(info.Holders, Holder{Owner: owner, Label: label, Token: tok, TTL: time.Duration(toInt(vals[i+1])) * time.Millisecond})
+		info.Holders = append(info.Holders, Holder{Owner: owner, Label: label, Token: tok, TTL: time.Duration(toInt(vals[i+1])) * time.Millisecond,
+			Reserved: reservedMember(m)})
 	}
 	return info, nil
 }

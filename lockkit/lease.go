@@ -95,11 +95,19 @@ func memberOf(token int64, aid, owner, label string) string {
 func parseMember(m string) (token int64, owner, label string) {
 	t, rest, _ := strings.Cut(m, ":")
 	token, _ = strconv.ParseInt(t, 10, 64)
-	_, rest, _ = strings.Cut(rest, ":")
+	_, rest, _ = strings.Cut(rest, ":") // the acquire id (reservedMember)
 	if i := strings.LastIndexByte(rest, ':'); i >= 0 {
 		return token, rest[:i], unescape(rest[i+1:])
 	}
 	return token, rest, ""
+}
+
+// reservedMember reports whether member m is a reservation: its acquire id
+// begins with "r" (a Detached acquire, Lease.Detach, a parked job's
+// reservation).
+func reservedMember(m string) bool {
+	_, rest, _ := strings.Cut(m, ":")
+	return strings.HasPrefix(rest, "r")
 }
 
 // Key returns the key the lease holds.

@@ -346,6 +346,10 @@ type Holder struct {
 	Label string
 	Token int64
 	TTL   time.Duration
+	// Reserved is true for a reservation, which runs no work: a lease
+	// acquired Detached or turned into one by Lease.Detach, or a release's
+	// reservation for a parked job (Parking). False for a run.
+	Reserved bool
 }
 
 // EventKind names what happened to a lease.

@@ -567,6 +567,24 @@ func testInspect(t *testing.T, h *harness) {
 	require.Greater(t, info.Holders[1].TTL, info.Holders[0].TTL)
 	cancel()
 	waitWaiters(t, a, "k", 0) // a waiter that gives up leaves at once
+
+	// A reservation is told from a run: acquired Detached, or turned into
+	// one by Detach; in the plain form and the sorted one.
+	res, err := a.TryAcquire(ctx, "r1", &AcquireOptions{Label: "job", Detached: true, TTL: time.Minute})
+	require.NoError(t, err)
+	run, err := a.TryAcquire(ctx, "r2", &AcquireOptions{Label: "job", Limit: 2})
+	require.NoError(t, err)
+	for key, want := range map[string]bool{"r1": true, "r2": false, "k": false} {
+		info, err := b.Inspect(ctx, key)
+		require.NoError(t, err)
+		require.NotEmpty(t, info.Holders)
+		require.Equal(t, want, info.Holders[0].Reserved, key)
+	}
+	require.NoError(t, run.Detach(ctx, time.Minute))
+	info, err = b.Inspect(ctx, "r2")
+	require.NoError(t, err)
+	require.True(t, info.Holders[0].Reserved, "a detached run is a reservation")
+	require.NoError(t, res.Release(ctx))
 	_, err = a.Inspect(ctx, "")
 	require.ErrorIs(t, err, ErrInvalid)
 }

@@ -1012,7 +1012,7 @@ func TestThrottleCountsOnlyRuns(t *testing.T) {
 
 			// A redelivery waits for its own earlier run, which fails, and
 			// runs: it is that run's retry, and spends no start of its own.
-			again := redeliveryRunsAfterItsOwnRunFails(t, newLocker, "own", throttled)
+			again := redeliveryRunsAfterItsOwnRunFails(t, newLocker, middleware.Job{Key: "own", Name: "t1", Origin: "t1"}, throttled)
 			out = again.Run(ctx, middleware.Job{Key: "own", Name: "t2"}, ran)
 			require.True(t, out.Ran, "start 2 of 2: the redelivery spent none (%v)", out.Err)
 		})
@@ -1021,17 +1021,22 @@ func TestThrottleCountsOnlyRuns(t *testing.T) {
 
 // With a budget of one start, the one its own earlier run spent does not
 // throttle a redelivery of that work: it waits for the run and, the run
-// failed, runs (it was skipped as throttled, and the work was lost).
+// failed, runs (it was skipped as throttled, and the work was lost); also a
+// job that holds a reservation of its own (Reserved, as a task parked at
+// enqueue), whose run then holds the key.
 func TestThrottleOfOneLetsARedeliveryWaitForItsOwnRun(t *testing.T) {
 	for name, newLocker := range backends(t) {
 		t.Run(name, func(t *testing.T) {
 			if name == "redis" {
 				testredis.Addr(t)
 			}
-			for i, policy := range []middleware.Policy{middleware.Skip(), middleware.Wait(time.Minute, middleware.Skip())} {
-				throttled := []middleware.Option{middleware.WithThrottle(1, time.Minute, middleware.ActionSkip), middleware.WithPolicy(policy)}
+			for i, c := range []struct {
+				policy   middleware.Policy
+				reserved bool
+			}{{middleware.Skip(), false}, {middleware.Wait(time.Minute, middleware.Skip()), false}, {middleware.Skip(), true}} {
+				throttled := []middleware.Option{middleware.WithThrottle(1, time.Minute, middleware.ActionSkip), middleware.WithPolicy(c.policy)}
 				key := fmt.Sprint("own-", i)
-				again := redeliveryRunsAfterItsOwnRunFails(t, newLocker, key, throttled)
+				again := redeliveryRunsAfterItsOwnRunFails(t, newLocker, middleware.Job{Key: key, Name: "t1", Origin: "t1", Reserved: c.reserved}, throttled)
 				out := again.Run(context.Background(), middleware.Job{Key: key, Name: "t2"}, func(context.Context) error { return nil })
 				require.NotNil(t, out.Duplicate, "start 2 of 1")
 				require.Equal(t, middleware.ReasonThrottled, out.Duplicate.Reason)
@@ -1040,16 +1045,14 @@ func TestThrottleOfOneLetsARedeliveryWaitForItsOwnRun(t *testing.T) {
 	}
 }
 
-// redeliveryRunsAfterItsOwnRunFails runs job t1 on key with opts and, while
-// it runs, a redelivery of it on a second guard; it checks that the
-// redelivery waits for the run, which then fails, and runs. It returns the
-// second guard.
-func redeliveryRunsAfterItsOwnRunFails(t *testing.T, newLocker func(*testing.T, ...redis.Hook) lockkit.Locker, key string, opts []middleware.Option) *middleware.Guard {
+// redeliveryRunsAfterItsOwnRunFails runs job with opts and, while it runs,
+// a redelivery of it on a second guard; it checks that the redelivery waits
+// for the run, which then fails, and runs. It returns the second guard.
+func redeliveryRunsAfterItsOwnRunFails(t *testing.T, newLocker func(*testing.T, ...redis.Hook) lockkit.Locker, job middleware.Job, opts []middleware.Option) *middleware.Guard {
 	t.Helper()
 	ctx := context.Background()
 	first, _ := newGuard(t, newLocker(t), opts...)
 	again, _ := newGuard(t, newLocker(t), opts...)
-	job := middleware.Job{Key: key, Name: "t1", Origin: "t1"}
 	fail := make(chan struct{})
 	firstDone := make(chan middleware.Outcome, 1)
 	started := make(chan struct{})
@@ -1069,7 +1072,7 @@ func redeliveryRunsAfterItsOwnRunFails(t *testing.T, newLocker func(*testing.T, 
 	go func() { redelivered <- again.Run(ctx, job, func(context.Context) error { return nil }) }()
 	l := newLocker(t)
 	waiting := func() bool {
-		info, err := l.Inspect(ctx, key)
+		info, err := l.Inspect(ctx, job.Key)
 		return err == nil && info.Waiters == 1
 	}
 	for !waiting() {

@@ -9,7 +9,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jobguard/jobguard/lockkit"
@@ -56,13 +55,13 @@ func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
 // ownRunHolds reports whether a run of an earlier delivery of job's work
 // (its Origin) holds its key: the budget it finds spent may be that run's
 // own start, and job is that run's retry, which waits for it (awaitOwnRun)
-// and spends no start. A reservation with job's label is no run: one a
-// release made for a parked job (owned by "parked:<id>", lockkit.Parking)
-// or that job holds from its enqueue (Job.Reserved); a job throttled with
-// it keeps it (it is put back in its place). Read only when job would be
-// throttled; a key that cannot be read counts as not held.
+// and spends no start. A reservation with job's label (lockkit
+// Holder.Reserved: one a release made for a parked job, or one the job
+// holds from its enqueue) is no run: a job throttled with it keeps it (it is
+// put back in its place). Read only when job would be throttled; a key that
+// cannot be read counts as not held.
 func (g *Guard) ownRunHolds(ctx context.Context, job Job) bool {
-	if job.Origin == "" || job.Reserved {
+	if job.Origin == "" {
 		return false
 	}
 	info, err := g.locker.Inspect(ctx, job.Key)
@@ -70,7 +69,7 @@ func (g *Guard) ownRunHolds(ctx context.Context, job Job) bool {
 		return false
 	}
 	for _, h := range info.Holders {
-		if h.Label == job.Origin && !strings.HasPrefix(h.Owner, "parked:") {
+		if h.Label == job.Origin && !h.Reserved {
 			return true
 		}
 	}
