@@ -26,12 +26,7 @@ func TestTaskNotRunSaysWhyInItsResult(t *testing.T) {
 		mw, err := singleton.Middleware(e.locker())
 		require.NoError(t, err)
 		started, release := make(chan string, 1), make(chan struct{})
-		e.start(e.config(2), mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
-			id, _ := asynq.GetTaskID(ctx)
-			started <- id
-			<-release
-			return nil
-		})))
+		e.start(e.config(2), mw(holding(started, release)))
 		first := e.Enqueue(asynq.NewTask("report", nil), asynq.Retention(time.Hour))
 		require.Equal(t, first.ID, <-started)
 		dup := e.Enqueue(asynq.NewTask("report", nil), asynq.Retention(time.Hour))
@@ -63,12 +58,7 @@ func TestDecisionLogSaysWhyATaskDidNotRun(t *testing.T) {
 			mw, err := singleton.Middleware(e.locker(), opts...)
 			require.NoError(t, err)
 			started, release := make(chan string, 1), make(chan struct{})
-			srv := e.start(e.config(2), mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
-				id, _ := asynq.GetTaskID(ctx)
-				started <- id
-				<-release
-				return nil
-			})))
+			srv := e.start(e.config(2), mw(holding(started, release)))
 			typ := fmt.Sprint("report-", n)
 			first := e.Enqueue(asynq.NewTask(typ, nil))
 			require.Equal(t, first.ID, <-started)
@@ -105,26 +95,33 @@ func TestDecisionLogSaysWhyATaskDidNotRun(t *testing.T) {
 	})
 }
 
-// sentHook records the commands of each round trip of a client.
+// afterEach is a client hook that calls fn with the commands of each round
+// trip (a command, or a pipeline) once it returned.
+type afterEach func(cmds ...redis.Cmder)
+
+func (afterEach) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (fn afterEach) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		fn(cmd)
+		return err
+	}
+}
+
+func (fn afterEach) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		fn(cmds...)
+		return err
+	}
+}
+
+// sentHook records the commands of each round trip of a client (add, as
+// an afterEach).
 type sentHook struct {
 	mu   sync.Mutex
 	sent [][]string
-}
-
-func (h *sentHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *sentHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.add(cmd)
-		return next(ctx, cmd)
-	}
-}
-
-func (h *sentHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.add(cmds...)
-		return next(ctx, cmds)
-	}
 }
 
 func (h *sentHook) add(cmds ...redis.Cmder) {
@@ -160,16 +157,11 @@ func TestSkippedTaskRecordsWhyInOneRoundTrip(t *testing.T) {
 	e := newEnvOn(t, standalone)
 	hook := &sentHook{}
 	rdb := standalone(t)
-	rdb.AddHook(hook)
+	rdb.AddHook(afterEach(hook.add))
 	mw, err := singleton.Middleware(e.locker(), singleton.WithRedis(rdb))
 	require.NoError(t, err)
 	started, release := make(chan string, 1), make(chan struct{})
-	e.start(e.config(2), mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
-		id, _ := asynq.GetTaskID(ctx)
-		started <- id
-		<-release
-		return nil
-	})))
+	e.start(e.config(2), mw(holding(started, release)))
 	defer close(release)
 	first := e.Enqueue(asynq.NewTask("report", nil))
 	require.Equal(t, first.ID, <-started)

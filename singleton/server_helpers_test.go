@@ -244,3 +244,14 @@ func payloadMux(mw asynq.MiddlewareFunc) (*asynq.ServeMux, <-chan string) {
 	})
 	return mux, ran
 }
+
+// holding is a handler that sends each task's ID on started and returns
+// once release is closed.
+func holding(started chan<- string, release <-chan struct{}) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		started <- id
+		<-release
+		return nil
+	})
+}

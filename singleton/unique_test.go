@@ -464,29 +464,11 @@ func TestUniqueTaskIDWithSlashHoldsItsKey(t *testing.T) {
 }
 
 // afterRead runs fn once after the first round trip (a command or a
-// pipeline) that read the key ending in suffix.
+// pipeline) that read the key ending in suffix (after, as an afterEach).
 type afterRead struct {
 	suffix string
 	once   sync.Once
 	fn     func()
-}
-
-func (h *afterRead) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *afterRead) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		h.after(cmd)
-		return err
-	}
-}
-
-func (h *afterRead) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		h.after(cmds...)
-		return err
-	}
 }
 
 func (h *afterRead) after(cmds ...redis.Cmder) {
@@ -508,7 +490,7 @@ func TestUniqueFindsTheCopyThatReplacesAnotherWhileItLooks(t *testing.T) {
 	e := newEnvOn(t, standalone)
 	rdb := standalone(t)
 	hook := &afterRead{suffix: ":t:H~a"}
-	rdb.AddHook(hook)
+	rdb.AddHook(afterEach(hook.after))
 	locker := e.locker()
 	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(rdb), rdb,
 		singleton.KeyByFields("tenant_id"), singleton.Unique(locker, singleton.UntilExecuted, 400*time.Millisecond)) // grace 100ms
@@ -550,12 +532,7 @@ func TestUntilStartedTaskThatDoesNotRunFreesItsKey(t *testing.T) {
 	require.NoError(t, err)
 	release := make(chan struct{})
 	started := make(chan string, 8)
-	e.start(e.config(4), mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
-		id, _ := asynq.GetTaskID(ctx)
-		started <- id
-		<-release
-		return nil
-	})))
+	e.start(e.config(4), mw(holding(started, release)))
 	defer close(release)
 	a, err := e.Client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":0}`)), asynq.Queue(e.Queue))
 	require.NoError(t, err)
