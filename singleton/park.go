@@ -140,6 +140,9 @@ func (e *notWaitingError) Is(target error) bool { return target == errNotWaiting
 // "asynq:{<queue>}:"), which runFirst, Unique and ParkAtEnqueue read.
 func asynqKeys(queue string) string { return "asynq:{" + queue + "}:" }
 
+// taskKey is the key of asynq's hash of task id in queue (base.TaskKey).
+func taskKey(queue, id string) string { return asynqKeys(queue) + "t:" + id }
+
 // runFirst moves the one of tasks ids of queue that is waiting to run to the
 // head of its pending list (runFirstCmd), or reports, with the errors of
 // asynq's Inspector.RunTask, the first it finds of: one already in pending
@@ -152,7 +155,7 @@ func (m *guarded) runFirst(ctx context.Context, queue string, ids ...string) err
 	args := make([]any, 0, len(ids)+1)
 	args = append(args, prefix)
 	for _, id := range ids {
-		keys, args = append(keys, prefix+"t:"+id), append(args, id)
+		keys, args = append(keys, taskKey(queue, id)), append(args, id)
 	}
 	vals, err := runFirstCmd.Run(ctx, m.rdb, append(keys, prefix+"pending"), args...).Int64Slice()
 	if err == nil && (len(vals) != 2 || vals[1] < 1 || int(vals[1]) > len(ids)) {

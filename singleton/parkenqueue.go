@@ -120,7 +120,7 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 	if !generated {
 		// A duplicate ID must not leave an entry that would start the task
 		// that has it.
-		n, err := c.rdb.Exists(ctx, asynqKeys(queue)+"t:"+id).Result()
+		n, err := c.rdb.Exists(ctx, taskKey(queue, id)).Result()
 		if err != nil {
 			return nil, fmt.Errorf("singleton: task %q: checking its ID %q: %w", task.Type(), id, err)
 		}

@@ -170,7 +170,7 @@ func (m *guarded) recordSkip(ctx context.Context, t *asynq.Task, dup *middleware
 	var hset *redis.IntCmd
 	var xadd *redis.StringCmd
 	_, _ = m.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		hset = p.HSet(ctx, asynqKeys(queue)+"t:"+w.TaskID(), "result", result)
+		hset = p.HSet(ctx, taskKey(queue, w.TaskID()), "result", result)
 		xadd = p.XAdd(ctx, entryArgs(m.decisions, decisionValues(ctx, t, dup)))
 		return nil
 	})

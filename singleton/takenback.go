@@ -43,7 +43,7 @@ func (m *guarded) takenBack(ctx context.Context, retried int) time.Duration {
 	var state *redis.StringCmd
 	var due *redis.FloatCmd
 	_, err := m.rdb.Pipelined(rctx, func(p redis.Pipeliner) error {
-		state = p.HGet(rctx, asynqKeys(queue)+"t:"+id, "state")
+		state = p.HGet(rctx, taskKey(queue, id), "state")
 		due = p.ZScore(rctx, asynqKeys(queue)+"retry", id)
 		return nil
 	})

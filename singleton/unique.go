@@ -311,7 +311,7 @@ func (c *Client) taskStates(ctx context.Context, queue string, ids []string) ([]
 	cmds := make([]*redis.StringCmd, len(ids))
 	_, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range ids {
-			cmds[i] = p.HGet(ctx, asynqKeys(queue)+"t:"+id, "state")
+			cmds[i] = p.HGet(ctx, taskKey(queue, id), "state")
 		}
 		return nil
 	})
