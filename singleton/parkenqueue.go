@@ -42,7 +42,8 @@ const parkedHeader = "jobguard-parked"
 // under middleware.Requeue (the policy to use with this option) it is
 // parked again, keeping its place; under Skip it completes without
 // running, as any duplicate does. It needs a Middleware with WithLimit(1)
-// (the default): one with a higher limit refuses a task parked at enqueue
+// (the default): Guard.Client refuses it on a Guard with a higher limit
+// (ErrInvalid), and a Middleware with one refuses a task parked at enqueue
 // (an error matching ErrInvalid and asynq.SkipRetry, so asynq archives it)
 // and gives back its reservation, since under it no run would start the
 // parked tasks nor remove them from the key's parked queue. Zero backstop

@@ -108,14 +108,20 @@ func (g *Guard) Configure(cfg *asynq.Config) {
 // with the key options given to New, so that a task's key at enqueue is the
 // one the middleware derives. A Unique, Debounce or ParkAtEnqueue option
 // given a nil Locker uses the Guard's. It returns an error matching
-// ErrInvalid for a nil c or an invalid option.
+// ErrInvalid for a nil c or an invalid option, and for ParkAtEnqueue on a
+// Guard whose middleware has WithLimit(n > 1), which would refuse every
+// task the Client enqueues (see ParkAtEnqueue).
 func (g *Guard) Client(c *asynq.Client, opts ...ClientOption) (*Client, error) {
 	all := append(g.keys[:len(g.keys):len(g.keys)], make([]Option, 0, len(opts))...)
 	for _, o := range opts {
 		all = append(all, o)
 	}
 	all = append(all, WithDecisionLog(g.m.decisions))
-	return newClient(c, g.m.rdb, g.locker, all) // the Redis the servers use (WithRedis)
+	client, err := newClient(c, g.m.rdb, g.locker, all) // the Redis the servers use (WithRedis)
+	if err == nil && client.park != nil && g.m.limit > 1 {
+		return nil, fmt.Errorf("%w: ParkAtEnqueue with the Guard's WithLimit(%d): it needs WithLimit(1), under which a run starts the next parked task; the middleware would refuse every task the Client enqueues", ErrInvalid, g.m.limit)
+	}
+	return client, err
 }
 
 // Locker returns the Guard's Locker, for lockkit's own uses (lockkit.Do,

@@ -172,3 +172,28 @@ func TestOptionKinds(t *testing.T) {
 	require.NotNil(t, cfg.RetryDelayFunc)
 	require.PanicsWithValue(t, "singleton: Guard.Configure(nil): pass the address of the asynq.Config", func() { g.Configure(nil) })
 }
+
+// A Guard whose middleware runs more than one task of a key at once
+// (WithLimit(n > 1)) refuses a Client with ParkAtEnqueue when it is built:
+// the middleware would refuse, and asynq archive, every task it enqueues.
+// With the default limit the Client is built.
+func TestGuardClientRefusesParkAtEnqueueUnderAHigherLimit(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	g, err := singleton.New(rdb, singleton.KeyByFields("tenant_id"), singleton.WithLimit(2),
+		singleton.WithPolicy(middleware.Requeue(time.Second)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = g.Close(context.Background()) })
+	_, err = g.Client(asynq.NewClientFromRedisClient(rdb), singleton.ParkAtEnqueue(nil, 0))
+	require.ErrorIs(t, err, singleton.ErrInvalid)
+	require.ErrorContains(t, err, "ParkAtEnqueue")
+	require.ErrorContains(t, err, "WithLimit(2)")
+	_, err = g.Client(asynq.NewClientFromRedisClient(rdb), singleton.Unique(nil, singleton.UntilExecuted, time.Minute))
+	require.NoError(t, err, "other Client options are not concerned")
+
+	one, err := singleton.New(rdb, singleton.KeyByFields("tenant_id"), singleton.WithPolicy(middleware.Requeue(time.Second)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = one.Close(context.Background()) })
+	_, err = one.Client(asynq.NewClientFromRedisClient(rdb), singleton.ParkAtEnqueue(nil, 0))
+	require.NoError(t, err)
+}

@@ -127,7 +127,8 @@ func WithPolicy(p middleware.Policy) ServerOption {
 // WithLimit sets how many tasks with the same key may run at once across
 // every server (per-key concurrency, such as per tenant). Must be at least 1.
 // Every server must use the same limit for a key. Above 1 a task enqueued
-// with ParkAtEnqueue is refused (see ParkAtEnqueue). Defaults to 1.
+// with ParkAtEnqueue is refused, and so is ParkAtEnqueue by Guard.Client
+// (see ParkAtEnqueue). Defaults to 1.
 func WithLimit(n int) ServerOption {
 	return serverOpt(func(c *config) {
 		c.guardOpts = append(c.guardOpts, middleware.WithLimit(n))
