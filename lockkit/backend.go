@@ -649,7 +649,7 @@ func (b *redisBackend) detach(ctx context.Context, l *Lease, member string, ttl 
 
 func (b *redisBackend) free(ctx context.Context, key, label string) (bool, error) {
 	k := b.keys(key)
-	n, err := freeScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence}, escapeLabel(label), k.channel, ms(b.grace)).Int64()
+	n, err := freeScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence, k.parked}, escapeLabel(label), k.channel, ms(b.grace)).Int64()
 	return n == 1, err
 }
 

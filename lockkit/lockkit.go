@@ -170,11 +170,14 @@ type Locker interface {
 	// next renewal attempt, within its RenewInterval (TTL/3 by default)
 	// plus one round trip.
 	//
-	// Selected by Label, it ends a reservation (a Detached lease) from
-	// another process: the one live holder carrying the label is removed,
-	// nobody is notified (a reservation has no work running), and its own
-	// Release then returns ErrNotHeld. It returns 1 when such a holder was
-	// removed, by this call or an earlier run of it, and 0 otherwise.
+	// Selected by Label, it gives up the work carrying the label from
+	// another process: the one live holder carrying it, a reservation (a
+	// Detached lease), is removed, nobody is notified (a reservation has no
+	// work running), and its own Release then returns ErrNotHeld; the key's
+	// parked jobs carrying the label (Parking.ID) leave its parked queue,
+	// so that no release reserves the key for them. It returns 1 when such
+	// a holder was removed, by this call or an earlier run of it, and 0
+	// otherwise (parked jobs removed are not counted).
 	ForceRelease(ctx context.Context, key string, which Select) (int, error)
 	// Close stops renewal and releases every lease the Locker still holds.
 	// A release that fails (Redis unreachable) leaves its leases to expire

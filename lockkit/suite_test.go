@@ -149,6 +149,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"RunCompletesWorkItsCallerGaveUpOn", testRunCompletes},
 		{"CoalesceGivesWayToLaterRuns", testCoalesce},
 		{"ReservationsAreDetachedAndFreedByLabel", testReservation},
+		{"ForceReleaseByLabelGivesUpTheParkedJob", testForceReleaseLabelParked},
 		{"HoldAtLeastKeepsAFastRunsKey", testHoldAtLeast},
 		{"HeldReleaseHandsTheKeyToAParkedJobAtItsEnd", testHoldHandOver},
 		{"SupersedeKeepsTheNewestFollowUp", testSupersede},
@@ -2249,4 +2250,46 @@ func testHoldHandOver(t *testing.T, h *harness) {
 	require.NoError(t, err)
 	require.Len(t, info.Holders, 1)
 	require.Equal(t, "parked:id-j3", info.Holders[0].Owner, "reserved for j3")
+}
+
+// ForceRelease by Label gives the labelled job up: its reservation ends,
+// and its entries leave the key's parked queue (the job will never start:
+// no release reserves the key for it), whatever else is parked; a repeat
+// (go-redis sends it again after a lost reply) finds nothing more to do.
+func testForceReleaseLabelParked(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	client := h.locker(t, WithOwner("client"))
+	worker := h.locker(t, WithOwner("worker"))
+	park := func(label string) {
+		t.Helper()
+		_, err := client.TryAcquire(ctx, "p", &AcquireOptions{Label: label, Detached: true, TTL: time.Minute,
+			Park: &Parking{ID: "q/" + label, Hold: time.Minute}})
+		require.ErrorIs(t, err, ErrNotAcquired)
+	}
+	_, err := client.TryAcquire(ctx, "p", &AcquireOptions{Label: "t:0", Detached: true, TTL: time.Minute,
+		Park: &Parking{ID: "q/t:0", Hold: time.Minute}})
+	require.NoError(t, err, "the first reserves the key")
+	for _, l := range []string{"t:1", "t:2", "t:3"} {
+		park(l)
+	}
+	for range 2 {
+		n, err := worker.ForceRelease(ctx, "p", Select{Label: "t:2"})
+		require.NoError(t, err)
+		require.Zero(t, n, "a parked job holds nothing")
+		info, err := worker.Inspect(ctx, "p")
+		require.NoError(t, err)
+		require.Equal(t, 2, info.Parked)
+		require.Equal(t, []string{"q/t:1", "q/t:3"}, info.ParkedIDs)
+		require.Len(t, info.Holders, 1)
+	}
+	n, err := worker.ForceRelease(ctx, "p", Select{Label: "t:0"})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	n, err = worker.ForceRelease(ctx, "p", Select{Label: "t:1"})
+	require.NoError(t, err)
+	require.Zero(t, n)
+	info, err := worker.Inspect(ctx, "p")
+	require.NoError(t, err)
+	require.Empty(t, info.Holders)
+	require.Equal(t, []string{"q/t:3"}, info.ParkedIDs, "the others stay parked")
 }

@@ -230,14 +230,9 @@ func (m *guarded) passOn(ctx context.Context, dup *middleware.DuplicateError, ke
 // back at its backstop; a task that is running its own run holds the key,
 // which passing on leaves alone.
 func (m *guarded) resume(key, entry string) {
-	parts := strings.SplitN(entry, "\n", 3)
-	if len(parts) != 3 {
+	queue, taskID, origin, ids, ok := parkedWork(entry)
+	if !ok {
 		return
-	}
-	queue, taskID, origin := parts[0], parts[1], parts[2]
-	ids := deliveriesOf(origin)
-	if !slices.Contains(ids, taskID) {
-		ids = append(ids, taskID)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), resumeTimeout)
 	defer cancel()

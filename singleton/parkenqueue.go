@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -45,8 +46,10 @@ const parkedHeader = "jobguard-parked"
 // (the default): Guard.Client refuses it on a Guard with a higher limit
 // (ErrInvalid), and a Middleware with one refuses a task parked at enqueue
 // (an error matching ErrInvalid and asynq.SkipRetry, so asynq archives it)
-// and gives back its reservation, since under it no run would start the
-// parked tasks nor remove them from the key's parked queue. Zero backstop
+// and gives back its reservation and its entry in the key's parked queue,
+// since under it no run would start the parked tasks nor remove them from
+// that queue; each such refusal also drops the entries of tasks that will
+// not come (deleted or archived). Zero backstop
 // means ParkBackstop; it must be between a
 // second (asynq schedules in seconds) and lockkit.MaxTTL.
 //
@@ -113,6 +116,23 @@ func deferred(opts []asynq.Option) bool {
 // named a copy's ID.
 func parkEntry(queue, id, origin string) string { return queue + "\n" + id + "\n" + origin }
 
+// parkedWork splits a parked entry (parkEntry) into its queue, its task ID
+// and its origin, with the IDs its work's deliveries can have
+// (deliveriesOf, and the entry's task ID); ok is false for an entry of
+// another form.
+func parkedWork(entry string) (queue, id, origin string, ids []string, ok bool) {
+	parts := strings.SplitN(entry, "\n", 3)
+	if len(parts) != 3 {
+		return "", "", "", nil, false
+	}
+	queue, id, origin = parts[0], parts[1], parts[2]
+	ids = deliveriesOf(origin)
+	if !slices.Contains(ids, id) {
+		ids = append(ids, id)
+	}
+	return queue, id, origin, ids, true
+}
+
 // enqueueParked reserves key for task (ID id), or parks the task for it,
 // and enqueues the task: now when it reserved the key, at the backstop when
 // it parked.
@@ -149,8 +169,10 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 
 // refuseParked fails job, a task parked at enqueue (ParkAtEnqueue) delivered
 // to a middleware with WithLimit(n > 1), and gives back the reservation made
-// for it: under such a limit no run resumes parked tasks or takes them out
-// of the key's parked queue.
+// for it and its entry in the key's parked queue (ForceRelease by its
+// label): under such a limit no run resumes parked tasks or takes them out
+// of the key's parked queue. It also drops the entries of tasks that will
+// not come (dropGoneParked).
 func (m *guarded) refuseParked(ctx context.Context, job middleware.Job) error {
 	err := fmt.Errorf("%w: WithLimit(%d): task %q (key %q) was enqueued with ParkAtEnqueue, which needs WithLimit(1) (%w)",
 		ErrInvalid, m.limit, job.Name, job.Key, asynq.SkipRetry)
@@ -158,7 +180,44 @@ func (m *guarded) refuseParked(ctx context.Context, job middleware.Job) error {
 	defer cancel()
 	if _, ferr := m.guard.Locker().ForceRelease(fctx, job.Key, lockkit.Select{Label: job.Origin}); ferr != nil {
 		err = fmt.Errorf("%w; giving back its reservation: %w", err, ferr)
+	} else if ferr := m.dropGoneParked(fctx, job.Key); ferr != nil {
+		err = fmt.Errorf("%w; dropping the parked entries of deleted or archived tasks: %w", err, ferr)
 	}
 	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job, Err: err})
 	return err
+}
+
+// dropGoneParked drops, from the first entries of key's parked queue (the
+// 20 lockkit.Info.ParkedIDs lists), those of work with no delivery waiting
+// or running (deliveriesOf: deleted, archived or completed by an operator,
+// say), so that under WithLimit(n > 1), where no run takes entries out of
+// the queue, each refusal looks at the queue and it holds no more than the
+// tasks still to come. An entry whose task is not enqueued yet (the Client
+// parks before it enqueues) may be dropped too: the task is refused when
+// it comes, as under this limit it would be anyway.
+func (m *guarded) dropGoneParked(ctx context.Context, key string) error {
+	if m.rdb == nil {
+		return nil
+	}
+	info, err := m.guard.Locker().Inspect(ctx, key)
+	if err != nil {
+		return err
+	}
+	for _, entry := range info.ParkedIDs {
+		queue, _, origin, ids, ok := parkedWork(entry)
+		if !ok {
+			continue
+		}
+		states, err := readTaskStates(ctx, m.rdb, queue, ids)
+		if err != nil {
+			return err
+		}
+		if slices.ContainsFunc(states, func(s string) bool { return s != "" }) {
+			continue
+		}
+		if _, err := m.guard.Locker().ForceRelease(ctx, key, lockkit.Select{Label: origin}); err != nil {
+			return err
+		}
+	}
+	return nil
 }

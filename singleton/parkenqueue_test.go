@@ -393,3 +393,89 @@ func TestParkAtEnqueueLapsedReservationLeavesTheNextTaskToItsBackstop(t *testing
 	require.GreaterOrEqual(t, at.Sub(enqueued), time.Second, "at its backstop (asynq schedules in whole seconds), not when the reservation lapsed")
 	e.Drained(10 * time.Second)
 }
+
+// A task parked at enqueue takes its entry in the key's parked queue with
+// it when it will not run: refused by a middleware with WithLimit(n > 1)
+// (and archived), archived or deleted by an operator. Under WithLimit(2)
+// the refusals of two rounds leave no entry (the refused task gives up its
+// own, and a refusal removes those of tasks no longer waiting); under
+// WithLimit(1) the run that frees the key passes over the entries of the
+// deleted and archived tasks and starts the one still waiting.
+func TestParkAtEnqueueEntriesGoWithTheirTasks(t *testing.T) {
+	ctx := context.Background()
+	keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
+	parked := func(t *testing.T, e *env) int {
+		t.Helper()
+		info, err := e.locker().Inspect(ctx, "k")
+		require.NoError(t, err)
+		return info.Parked
+	}
+	t.Run("WithLimit2", func(t *testing.T) {
+		e := newEnvOn(t, standalone)
+		client, err := singleton.NewClient(e.Client, e.RDB, keyOf, singleton.ParkAtEnqueue(e.locker(), 0))
+		require.NoError(t, err)
+		mw, err := singleton.Middleware(e.locker(), keyOf, singleton.WithLimit(2), singleton.WithPolicy(middleware.Requeue(time.Minute)),
+			singleton.WithRedis(e.RDB))
+		require.NoError(t, err)
+		var ran atomic.Int32
+		e.start(e.config(2), mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran.Add(1); return nil })))
+		archived := 0
+		for round := range 2 {
+			// Paused, so that the first task's refusal does not free the
+			// key before the others park.
+			require.NoError(t, e.Inspector.PauseQueue(e.Queue))
+			var ids []string
+			for n := range 6 {
+				info, err := client.Enqueue(asynq.NewTask("report", fmt.Appendf(nil, "%d-%d", round, n)), asynq.Queue(e.Queue))
+				require.NoError(t, err)
+				if n > 0 {
+					require.Equal(t, asynq.TaskStateScheduled, info.State, "parked")
+				}
+				ids = append(ids, info.ID)
+			}
+			require.Equal(t, 5, parked(t, e))
+			refused := ids[1:]
+			if round == 1 {
+				require.NoError(t, e.Inspector.DeleteTask(e.Queue, ids[1]))
+				require.NoError(t, e.Inspector.ArchiveTask(e.Queue, ids[2]))
+				archived++
+				refused = ids[3:]
+			}
+			for _, id := range refused {
+				require.NoError(t, e.Inspector.RunTask(e.Queue, id)) // their backstop
+			}
+			require.NoError(t, e.Inspector.UnpauseQueue(e.Queue))
+			archived += 1 + len(refused)
+			require.Eventually(t, func() bool { return e.QueueInfo().Archived == archived }, 10*time.Second, 5*time.Millisecond)
+			require.Zero(t, parked(t, e), "round %d: no entry outlives its task", round)
+		}
+		require.Zero(t, ran.Load())
+	})
+	t.Run("WithLimit1", func(t *testing.T) {
+		e := newEnvOn(t, standalone)
+		client, err := singleton.NewClient(e.Client, e.RDB, keyOf, singleton.ParkAtEnqueue(e.locker(), 0))
+		require.NoError(t, err)
+		ev := &events{}
+		mw, err := singleton.Middleware(e.locker(), keyOf, singleton.WithPolicy(middleware.Requeue(time.Minute)),
+			singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+		require.NoError(t, err)
+		mux, runs, release := blockingMux(mw, "sync")
+		e.start(e.config(2), mux)
+		var ids []string
+		for _, p := range []string{"holder", "deleted", "archived", "waiting"} {
+			info, err := client.Enqueue(asynq.NewTask("sync", []byte(p)), asynq.Queue(e.Queue))
+			require.NoError(t, err)
+			ids = append(ids, info.ID)
+		}
+		require.Eventually(t, func() bool { return len(runs.payloads()) == 1 }, 10*time.Second, 5*time.Millisecond)
+		require.Equal(t, 3, parked(t, e))
+		require.NoError(t, e.Inspector.DeleteTask(e.Queue, ids[1]))
+		require.NoError(t, e.Inspector.ArchiveTask(e.Queue, ids[2]))
+		close(release)
+		require.Eventually(t, func() bool { return len(runs.payloads()) == 2 }, 10*time.Second, 5*time.Millisecond,
+			"the waiting task starts long before its backstop")
+		require.Equal(t, []string{"holder", "waiting"}, runs.payloads())
+		require.Zero(t, parked(t, e))
+		require.Empty(t, ev.errs(middleware.EventError))
+	})
+}

@@ -308,8 +308,13 @@ func (c *Client) taskState(ctx context.Context, queue, id string) (string, error
 // taskStates is taskState of each of ids in queue, read at once (MULTI: the
 // tasks' keys share the queue's hash tag).
 func (c *Client) taskStates(ctx context.Context, queue string, ids []string) ([]string, error) {
+	return readTaskStates(ctx, c.rdb, queue, ids)
+}
+
+// readTaskStates is Client.taskStates on rdb, asynq's Redis.
+func readTaskStates(ctx context.Context, rdb redis.UniversalClient, queue string, ids []string) ([]string, error) {
 	cmds := make([]*redis.StringCmd, len(ids))
-	_, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range ids {
 			cmds[i] = p.HGet(ctx, taskKey(queue, id), "state")
 		}
