@@ -65,29 +65,43 @@ func keyByPayload(_ context.Context, t *asynq.Task) (string, error) {
 	return keyPrefix + t.Type() + ":payload:" + hex.EncodeToString(sum[:16]), nil
 }
 
-// KeyByFields keys a task by its type and the values of top-level fields of
-// its JSON object payload, such as "tenant_id" for per-tenant serialization.
-// The key is "asynq:<type>:<field>=<value>[,<field>=<value>...]" with each
-// value in canonical JSON, so that producers with different JSON encoders
-// agree: strings unescaped where JSON allows ("caf\u00e9" and "café" are one
-// key), numbers by value (1, 1.0 and 1e0 are one key), object members sorted,
-// no spaces. A string keeps its quotes, so 42 and "42" differ.
+// KeyByFields keys a task by its type and the values of fields of its JSON
+// object payload, such as "tenant_id" for per-tenant serialization. A name
+// with dots is a path into nested objects: "tenant.id" is the member "id"
+// of the object in the member "tenant" ({"tenant":{"id":"acme"}}); a path
+// never reads into arrays. Put a backslash before a dot that is part of a
+// member's name, and before a backslash: KeyByFields(`tenant\.id`) reads
+// the top-level member "tenant.id". A dotted path that leads to no value
+// in a payload that has a top-level member named as the field is written
+// ("tenant.id") reads that member, and a payload that has both fails with
+// ErrKey.
+// The key is "asynq:<type>:<field>=<value>[,<field>=<value>...]", each field
+// as written and each value in canonical JSON, so that producers with
+// different JSON encoders agree: strings unescaped where JSON allows
+// ("caf\u00e9" and "café" are one key), numbers by value (1, 1.0 and 1e0
+// are one key), object members sorted, no spaces. A string keeps its
+// quotes, so 42 and "42" differ.
 // A payload that is not a JSON object, or lacks a field, or has it null or
 // "", fails the task with ErrKey. At least one field is required; names must
-// be non-empty and distinct.
+// be non-empty and distinct, and a path's members non-empty (not "a..b",
+// ".a" or "a."), with a backslash only before a dot or a backslash:
+// ErrInvalid otherwise, naming the field.
 func KeyByFields(fields ...string) ServerOption {
 	spec := keySpec{name: fmt.Sprintf("KeyByFields(%s)", quoteAll(fields))}
 	seen := make(map[string]bool, len(fields))
+	paths := make([]fieldPath, len(fields))
 	switch {
 	case len(fields) == 0:
 		spec.err = errors.New("no field given")
 	default:
-		for _, f := range fields {
+		for i, f := range fields {
 			switch {
 			case f == "":
 				spec.err = errors.New("field name is empty")
 			case seen[f]:
 				spec.err = fmt.Errorf("field %q is given twice", f)
+			default:
+				paths[i], spec.err = parseFieldPath(f)
 			}
 			if spec.err != nil {
 				break
@@ -95,9 +109,83 @@ func KeyByFields(fields ...string) ServerOption {
 			seen[f] = true
 		}
 	}
-	fields = append([]string(nil), fields...)
-	spec.fn = func(_ context.Context, t *asynq.Task) (string, error) { return keyByFields(t, fields) }
+	spec.fn = func(_ context.Context, t *asynq.Task) (string, error) { return keyByFields(t, paths) }
 	return keyOpt(func(c *config) { c.keys = append(c.keys, spec) })
+}
+
+// fieldPath is a KeyByFields field: its name as written and the members of
+// its path, unescaped.
+type fieldPath struct {
+	name    string
+	members []string
+}
+
+// parseFieldPath splits f at its unescaped dots into the members of its
+// path.
+func parseFieldPath(f string) (fieldPath, error) {
+	p := fieldPath{name: f}
+	var b strings.Builder
+	for i := 0; i < len(f); i++ {
+		switch c := f[i]; {
+		case c == '\\':
+			if i+1 == len(f) || (f[i+1] != '.' && f[i+1] != '\\') {
+				return p, fmt.Errorf("field %q: a backslash must be followed by '.' or another backslash", f)
+			}
+			i++
+			b.WriteByte(f[i])
+		case c == '.':
+			p.members = append(p.members, b.String())
+			b.Reset()
+		default:
+			b.WriteByte(c)
+		}
+	}
+	p.members = append(p.members, b.String())
+	for i, m := range p.members {
+		if m == "" {
+			return p, fmt.Errorf(`field %q: member %d of the path is empty (write \. for a dot in a member's name)`, f, i+1)
+		}
+	}
+	return p, nil
+}
+
+// describe names the path's members for errors: `member "id" of member
+// "tenant"`.
+func (p fieldPath) describe() string {
+	parts := make([]string, len(p.members))
+	for i, m := range p.members {
+		parts[len(p.members)-1-i] = fmt.Sprintf("member %q", m)
+	}
+	return strings.Join(parts, " of ")
+}
+
+// lookup returns the value of p in obj: at its path or, when the path
+// leads to no value, in the top-level member named as p is written (a
+// path's name only).
+func (p fieldPath) lookup(obj map[string]json.RawMessage) (json.RawMessage, error) {
+	raw, found := obj[p.members[0]]
+	for _, m := range p.members[1:] {
+		var inner map[string]json.RawMessage
+		if !found || json.Unmarshal(raw, &inner) != nil || inner == nil {
+			found = false
+			break
+		}
+		raw, found = inner[m]
+	}
+	literal, hasLiteral := obj[p.name]
+	hasLiteral = hasLiteral && (len(p.members) > 1 || p.members[0] != p.name)
+	switch {
+	case found && hasLiteral:
+		return nil, fmt.Errorf("field %q is ambiguous: the payload has both the path (%s) and a top-level member named %q (write %q for the top-level member)",
+			p.name, p.describe(), p.name, strings.ReplaceAll(strings.ReplaceAll(p.name, `\`, `\\`), ".", `\.`))
+	case found:
+		return raw, nil
+	case hasLiteral:
+		return literal, nil
+	case len(p.members) > 1:
+		return nil, fmt.Errorf("payload has no field %q (%s), nor a top-level member named %q", p.name, p.describe(), p.name)
+	}
+	return nil, fmt.Errorf("payload has no field %q", p.name)
 }
 
 func quoteAll(ss []string) string {
@@ -108,7 +196,7 @@ func quoteAll(ss []string) string {
 	return strings.Join(q, ", ")
 }
 
-func keyByFields(t *asynq.Task, fields []string) (string, error) {
+func keyByFields(t *asynq.Task, fields []fieldPath) (string, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(t.Payload(), &obj); err != nil {
 		return "", fmt.Errorf("payload is not a JSON object: %w", err)
@@ -118,10 +206,11 @@ func keyByFields(t *asynq.Task, fields []string) (string, error) {
 	}
 	var b strings.Builder
 	b.WriteString(keyPrefix + t.Type() + ":")
-	for i, f := range fields {
-		raw, ok := obj[f]
-		if !ok {
-			return "", fmt.Errorf("payload has no field %q", f)
+	for i, p := range fields {
+		f := p.name
+		raw, err := p.lookup(obj)
+		if err != nil {
+			return "", err
 		}
 		d := json.NewDecoder(bytes.NewReader(raw))
 		d.UseNumber()

@@ -14,6 +14,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -190,4 +191,44 @@ func TestSkippedTaskIsLogged(t *testing.T) {
 	require.Equal(t, "asynq:report", attrs["key"])
 	require.Equal(t, "held", attrs["reason"])
 	require.Equal(t, lease.Owner(), attrs["by_owner"])
+}
+
+// KeyByFields("tenant.id") reads the nested member on both sides: the
+// Client stamps each task with the key the middleware derives, every task
+// runs (none is archived for a key it cannot derive), one per tenant at a
+// time, and a payload with the field at the top level gets the same key.
+func TestKeyByNestedFieldRunsEveryTask(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	keys := singleton.KeyByFields("tenant.id")
+	ev := &events{}
+	mw, err := singleton.Middleware(e.locker(), keys, singleton.WithPolicy(middleware.Requeue(50*time.Millisecond)),
+		singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+	require.NoError(t, err)
+	tr := newTracker()
+	e.start(singleton.ServerConfig(e.config(4)), mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		lease, ok := lockkit.LeaseFromContext(ctx)
+		require.True(t, ok)
+		tr.start(lease.Key())
+		defer tr.end(lease.Key(), string(task.Payload()))
+		time.Sleep(10 * time.Millisecond) // the work
+		return nil
+	})))
+	client, err := singleton.NewClient(e.Client, e.RDB, keys)
+	require.NoError(t, err)
+	payloads := []string{`{"tenant":{"id":"acme"},"n":1}`, `{"tenant":{"id":"globex"},"n":2}`, `{"tenant":{"id":"acme"},"n":3}`, `{"tenant.id":"acme","n":4}`}
+	for _, p := range payloads {
+		info, err := client.Enqueue(asynq.NewTask("report", []byte(p)), asynq.Queue(e.Queue))
+		require.NoError(t, err)
+		tenant := "acme"
+		if p == payloads[1] {
+			tenant = "globex"
+		}
+		require.Equal(t, keyHeaderOf(`asynq:report:tenant.id="`+tenant+`"`, `KeyByFields("tenant.id")`), info.Headers[singleton.KeyHeader])
+	}
+	e.Drained(20 * time.Second)
+	require.Len(t, tr.completed(), len(payloads), "every task ran once")
+	require.Equal(t, map[string]int{`asynq:report:tenant.id="acme"`: 1, `asynq:report:tenant.id="globex"`: 1}, tr.peaks(),
+		"each tenant's key, one run at a time")
+	require.Empty(t, ev.errs(middleware.EventError))
+	require.Zero(t, e.QueueInfo().Archived)
 }
