@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/hibiken/asynq"
 
@@ -17,13 +16,11 @@ import (
 // requeues reports, once, when the asynq servers it runs in lack
 // IsFailure or RetryDelay in their asynq.Config (see ServerConfig): its
 // requeued duplicates then count as failures and use up retries, or come
-// back only after asynq's default retry delay.
+// back only after asynq's default retry delay. It is reported as soon as
+// asynq has put back the first duplicate without them, and the message
+// names the hooks missing; checking costs one Redis read, until a put back
+// was seen by both hooks.
 var ErrNoRetryHooks = errors.New("singleton: the asynq server config lacks singleton.IsFailure or singleton.RetryDelay")
-
-// hookGrace is how long after a duplicate was put back through asynq's
-// retry the hooks must have seen one: asynq calls them as soon as the
-// handler returns.
-const hookGrace = time.Second
 
 // ServerConfig returns a copy of cfg whose IsFailure and RetryDelayFunc are
 // wrapped with IsFailure and RetryDelay, so that the duplicates a middleware
@@ -42,36 +39,58 @@ func ServerConfig(cfg asynq.Config) asynq.Config {
 // hookCheck tells whether asynq called IsFailure and RetryDelay on the
 // duplicates a middleware put back through its retry.
 type hookCheck struct {
-	isFailure, retryDelay atomic.Bool
-	first                 atomic.Int64 // when the first duplicate was put back (Unix ns); 0 before
+	isFailure, retryDelay atomic.Bool // a hook saw a put back
+	checking              atomic.Bool // a put back is being checked
 	warned                atomic.Bool
 }
 
+// putBackSeen records which hooks saw one put back.
+type putBackSeen struct{ isFailure, retryDelay atomic.Bool }
+
 // saw records that a hook was called with e.
-func (e *RequeueError) saw(hook func(*hookCheck) *atomic.Bool) {
+func (e *RequeueError) saw(hook func(*hookCheck) *atomic.Bool, seen func(*putBackSeen) *atomic.Bool) {
 	if e.hooks != nil {
 		hook(e.hooks).Store(true)
 	}
+	if e.seen != nil {
+		seen(e.seen).Store(true)
+	}
 }
 
-// putBack records that re is returned to asynq for a retry, and reports an
-// error event, once, when a duplicate put back more than hookGrace ago was
-// seen by neither or only one of the hooks.
-func (m *guarded) putBack(ctx context.Context, re *RequeueError) {
+// putBack records that re, for task id of queue, is returned to asynq for
+// a retry. Until a put back was seen by both hooks, it checks one put back
+// at a time, once asynq is done with the delivery (its ctx ends after
+// asynq's retry was written, and the hooks run before that write): when
+// the task waits in its retry set and a hook did not see it, asynq retried
+// it without that hook, and an error event reports it, once. A delivery
+// that asynq did not retry (shutdown, a lost worker lease) proves nothing:
+// the next put back is checked.
+func (m *guarded) putBack(ctx context.Context, re *RequeueError, queue, id string) {
 	h := m.hooks
 	re.hooks = h
-	now := time.Now().UnixNano()
-	h.first.CompareAndSwap(0, now)
-	if (h.isFailure.Load() && h.retryDelay.Load()) || now-h.first.Load() < int64(hookGrace) || !h.warned.CompareAndSwap(false, true) {
+	if (h.isFailure.Load() && h.retryDelay.Load()) || h.warned.Load() || m.rdb == nil || !h.checking.CompareAndSwap(false, true) {
 		return
 	}
-	var missing []string
-	if !h.isFailure.Load() {
-		missing = append(missing, "IsFailure: singleton.IsFailure (each requeue counts as a failure and uses a retry)")
-	}
-	if !h.retryDelay.Load() {
-		missing = append(missing, "RetryDelayFunc: singleton.RetryDelay (a requeued duplicate waits asynq's retry delay, not the policy's)")
-	}
-	err := fmt.Errorf("%w: asynq.Config lacks %s; build the servers' config with singleton.ServerConfig", ErrNoRetryHooks, strings.Join(missing, " and "))
-	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: re.Duplicate.Job, Err: err})
+	seen := &putBackSeen{}
+	re.seen = seen
+	job := re.Duplicate.Job
+	context.AfterFunc(ctx, func() {
+		defer h.checking.Store(false)
+		cctx, cancel := context.WithTimeout(context.Background(), resumeTimeout)
+		defer cancel()
+		// The state first: asynq calls the hooks before it writes it.
+		states, err := readTaskStates(cctx, m.rdb, queue, []string{id})
+		if err != nil || states[0] != "retry" || (seen.isFailure.Load() && seen.retryDelay.Load()) || !h.warned.CompareAndSwap(false, true) {
+			return
+		}
+		var missing []string
+		if !seen.isFailure.Load() {
+			missing = append(missing, "IsFailure: singleton.IsFailure (each requeue counts as a failure and uses a retry)")
+		}
+		if !seen.retryDelay.Load() {
+			missing = append(missing, "RetryDelayFunc: singleton.RetryDelay (a requeued duplicate waits asynq's retry delay, not the policy's)")
+		}
+		err = fmt.Errorf("%w: asynq.Config lacks %s; build the servers' config with singleton.ServerConfig", ErrNoRetryHooks, strings.Join(missing, " and "))
+		m.guard.Emit(cctx, middleware.Event{Kind: middleware.EventError, Job: job, Err: err})
+	})
 }

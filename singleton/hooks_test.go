@@ -61,13 +61,7 @@ func TestRequeueWithoutHooksIsReported(t *testing.T) {
 			e := newEnvOn(t, standalone)
 			// A parked duplicate comes back by itself when the holder's
 			// lease would run out unrenewed: a short one, renewed.
-			lease, err := e.locker().TryAcquire(context.Background(), "asynq:report", &lockkit.AcquireOptions{TTL: time.Second})
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = lease.Release(context.Background()) })
-			ev := &events{}
-			mw, err := singleton.Middleware(e.locker(),
-				singleton.WithPolicy(middleware.Requeue(time.Second)), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
-			require.NoError(t, err)
+			ev, mw := requeueBehindAHeldKey(t, e, time.Second)
 			cfg := e.config(2)
 			// The server's own: each error back after a second (asynq's
 			// forwarder rounds to whole seconds).
@@ -102,4 +96,67 @@ func TestRequeueWithoutHooksIsReported(t *testing.T) {
 			require.ErrorContains(t, reported()[0], "singleton.ServerConfig")
 		})
 	}
+}
+
+// A server whose config lacks one of the hooks is reported at the first
+// duplicate put back, however soon the test stops: a single duplicate,
+// parked behind a key held for a minute, is put back once, and the error
+// event names what is missing.
+func TestMissingHookIsReportedAtTheFirstPutBack(t *testing.T) {
+	for _, c := range []struct {
+		name                 string
+		isFailure, retryWith bool
+		want, notWant        []string
+	}{
+		{"both missing", false, false, []string{"IsFailure: singleton.IsFailure", "RetryDelayFunc: singleton.RetryDelay"}, nil},
+		{"IsFailure missing", false, true, []string{"IsFailure: singleton.IsFailure"}, []string{"RetryDelayFunc"}},
+		{"RetryDelay missing", true, false, []string{"RetryDelayFunc: singleton.RetryDelay"}, []string{"IsFailure:"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnvOn(t, standalone)
+			ev, mw := requeueBehindAHeldKey(t, e, time.Minute)
+			cfg := e.config(2) // with both hooks
+			if !c.isFailure {
+				cfg.IsFailure = nil
+			}
+			if !c.retryWith {
+				cfg.RetryDelayFunc = nil
+			}
+			e.start(cfg, mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })))
+			e.Enqueue(asynq.NewTask("report", nil))
+
+			var reported error
+			require.Eventually(t, func() bool {
+				for _, err := range ev.errs(middleware.EventError) {
+					if errors.Is(err, singleton.ErrNoRetryHooks) {
+						reported = err
+						return true
+					}
+				}
+				return false
+			}, 10*time.Second, 5*time.Millisecond)
+			require.Equal(t, 1, ev.count(middleware.EventRequeued, 0), "at the first put back")
+			for _, w := range c.want {
+				require.ErrorContains(t, reported, w)
+			}
+			for _, w := range c.notWant {
+				require.NotContains(t, reported.Error(), w)
+			}
+		})
+	}
+}
+
+// requeueBehindAHeldKey holds the key of "report" tasks with a lease of
+// ttl, renewed until the test ends, and returns a middleware that requeues
+// duplicates after a second, with the events it reports.
+func requeueBehindAHeldKey(t *testing.T, e *env, ttl time.Duration) (*events, asynq.MiddlewareFunc) {
+	t.Helper()
+	lease, err := e.locker().TryAcquire(context.Background(), "asynq:report", &lockkit.AcquireOptions{TTL: ttl})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lease.Release(context.Background()) })
+	ev := &events{}
+	mw, err := singleton.Middleware(e.locker(),
+		singleton.WithPolicy(middleware.Requeue(time.Second)), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+	require.NoError(t, err)
+	return ev, mw
 }

@@ -27,7 +27,7 @@ import (
 func IsFailure(next func(error) bool) func(error) bool {
 	return func(err error) bool {
 		if re, ok := requeueOf(err); ok {
-			re.saw(func(h *hookCheck) *atomic.Bool { return &h.isFailure })
+			re.saw(func(h *hookCheck) *atomic.Bool { return &h.isFailure }, func(s *putBackSeen) *atomic.Bool { return &s.isFailure })
 			return false
 		}
 		if next == nil {
@@ -49,7 +49,8 @@ type RequeueError struct {
 	// whole second of the clock.
 	Delay time.Duration
 
-	hooks *hookCheck // of the middleware that returned it, told when a hook sees it
+	hooks *hookCheck   // of the middleware that returned it, told when a hook sees it
+	seen  *putBackSeen // when this put back is checked, told when a hook sees it
 }
 
 // Error implements error.
@@ -76,7 +77,7 @@ func requeueOf(err error) (*RequeueError, bool) {
 func RetryDelay(next asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 	return func(n int, err error, t *asynq.Task) time.Duration {
 		if re, ok := requeueOf(err); ok {
-			re.saw(func(h *hookCheck) *atomic.Bool { return &h.retryDelay })
+			re.saw(func(h *hookCheck) *atomic.Bool { return &h.retryDelay }, func(s *putBackSeen) *atomic.Bool { return &s.retryDelay })
 			return re.Delay
 		}
 		if next == nil {
@@ -119,7 +120,7 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.Du
 	}
 	if retried < maxRetry {
 		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventRequeued, Job: dup.Job, Delay: re.Delay})
-		m.putBack(ctx, re)
+		m.putBack(ctx, re, queue, id)
 		return re
 	}
 	if m.inspector == nil {
