@@ -411,45 +411,47 @@ func TestParkAtEnqueueEntriesGoWithTheirTasks(t *testing.T) {
 		return info.Parked
 	}
 	t.Run("WithLimit2", func(t *testing.T) {
-		e := newEnvOn(t, standalone)
-		client, err := singleton.NewClient(e.Client, e.RDB, keyOf, singleton.ParkAtEnqueue(e.locker(), 0))
-		require.NoError(t, err)
-		mw, err := singleton.Middleware(e.locker(), keyOf, singleton.WithLimit(2), singleton.WithPolicy(middleware.Requeue(time.Minute)),
-			singleton.WithRedis(e.RDB))
-		require.NoError(t, err)
-		var ran atomic.Int32
-		e.start(e.config(2), mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran.Add(1); return nil })))
-		archived := 0
-		for round := range 2 {
-			// Paused, so that the first task's refusal does not free the
-			// key before the others park.
-			require.NoError(t, e.Inspector.PauseQueue(e.Queue))
-			var ids []string
-			for n := range 6 {
-				info, err := client.Enqueue(asynq.NewTask("report", fmt.Appendf(nil, "%d-%d", round, n)), asynq.Queue(e.Queue))
-				require.NoError(t, err)
-				if n > 0 {
-					require.Equal(t, asynq.TaskStateScheduled, info.State, "parked")
+		onEachRedis(t, func(t *testing.T, r connect) {
+			e := newEnvOn(t, r)
+			client, err := singleton.NewClient(e.Client, e.RDB, keyOf, singleton.ParkAtEnqueue(e.locker(), 0))
+			require.NoError(t, err)
+			mw, err := singleton.Middleware(e.locker(), keyOf, singleton.WithLimit(2), singleton.WithPolicy(middleware.Requeue(time.Minute)),
+				singleton.WithRedis(e.RDB))
+			require.NoError(t, err)
+			var ran atomic.Int32
+			e.start(e.config(2), mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran.Add(1); return nil })))
+			archived := 0
+			for round := range 2 {
+				// Paused, so that the first task's refusal does not free the
+				// key before the others park.
+				require.NoError(t, e.Inspector.PauseQueue(e.Queue))
+				var ids []string
+				for n := range 6 {
+					info, err := client.Enqueue(asynq.NewTask("report", fmt.Appendf(nil, "%d-%d", round, n)), asynq.Queue(e.Queue))
+					require.NoError(t, err)
+					if n > 0 {
+						require.Equal(t, asynq.TaskStateScheduled, info.State, "parked")
+					}
+					ids = append(ids, info.ID)
 				}
-				ids = append(ids, info.ID)
+				require.Equal(t, 5, parked(t, e))
+				refused := ids[1:]
+				if round == 1 {
+					require.NoError(t, e.Inspector.DeleteTask(e.Queue, ids[1]))
+					require.NoError(t, e.Inspector.ArchiveTask(e.Queue, ids[2]))
+					archived++
+					refused = ids[3:]
+				}
+				for _, id := range refused {
+					require.NoError(t, e.Inspector.RunTask(e.Queue, id)) // their backstop
+				}
+				require.NoError(t, e.Inspector.UnpauseQueue(e.Queue))
+				archived += 1 + len(refused)
+				require.Eventually(t, func() bool { return e.QueueInfo().Archived == archived }, 10*time.Second, 5*time.Millisecond)
+				require.Zero(t, parked(t, e), "round %d: no entry outlives its task", round)
 			}
-			require.Equal(t, 5, parked(t, e))
-			refused := ids[1:]
-			if round == 1 {
-				require.NoError(t, e.Inspector.DeleteTask(e.Queue, ids[1]))
-				require.NoError(t, e.Inspector.ArchiveTask(e.Queue, ids[2]))
-				archived++
-				refused = ids[3:]
-			}
-			for _, id := range refused {
-				require.NoError(t, e.Inspector.RunTask(e.Queue, id)) // their backstop
-			}
-			require.NoError(t, e.Inspector.UnpauseQueue(e.Queue))
-			archived += 1 + len(refused)
-			require.Eventually(t, func() bool { return e.QueueInfo().Archived == archived }, 10*time.Second, 5*time.Millisecond)
-			require.Zero(t, parked(t, e), "round %d: no entry outlives its task", round)
-		}
-		require.Zero(t, ran.Load())
+			require.Zero(t, ran.Load())
+		})
 	})
 	t.Run("WithLimit1", func(t *testing.T) {
 		e := newEnvOn(t, standalone)
