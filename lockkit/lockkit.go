@@ -173,11 +173,11 @@ type Locker interface {
 	// Selected by Label, it gives up the work carrying the label from
 	// another process: the one live holder carrying it, a reservation (a
 	// Detached lease), is removed, nobody is notified (a reservation has no
-	// work running), and its own Release then returns ErrNotHeld; the key's
-	// parked jobs carrying the label (Parking.ID) leave its parked queue,
-	// so that no release reserves the key for them. It returns 1 when such
-	// a holder was removed, by this call or an earlier run of it, and 0
-	// otherwise (parked jobs removed are not counted).
+	// work running), and its own Release then returns ErrNotHeld; the jobs
+	// parked for the key with the label (AcquireOptions.Park) leave its
+	// parked queue, so that no release reserves the key for them. It
+	// returns 1 when such a holder was removed, by this call or an earlier
+	// run of it, and 0 otherwise (parked jobs removed are not counted).
 	ForceRelease(ctx context.Context, key string, which Select) (int, error)
 	// Close stops renewal and releases every lease the Locker still holds.
 	// A release that fails (Redis unreachable) leaves its leases to expire
