@@ -317,7 +317,9 @@ type scanner interface {
 
 // page returns the keys of the page at cursor and the next page's cursor:
 // one bounded ScanKeys call when the Locker has it; otherwise Keys, whose
-// cursor is an offset in its sorted list.
+// cursor is an offset in its sorted list. A cursor past the end of that
+// list is an error matching ErrInvalid (a 400), as is one that is not a
+// cursor at all.
 func (h *Handler) page(ctx context.Context, pattern, cursor string, limit int) ([]string, string, error) {
 	if s, ok := h.l.(scanner); ok {
 		return s.ScanKeys(ctx, pattern, cursor, &lockkit.ScanOptions{Count: h.scanCount, Calls: h.scanCalls, Limit: limit})
@@ -333,12 +335,16 @@ func (h *Handler) page(ctx context.Context, pattern, cursor string, limit int) (
 	if err != nil {
 		return nil, "", err
 	}
-	end := min(offset+limit, len(keys))
+	if offset > len(keys) {
+		return nil, "", fmt.Errorf("%w: cursor %q: past the end of the %d held keys", ErrInvalid, cursor, len(keys))
+	}
+	// offset <= len(keys) and limit <= MaxPageSize: the sum cannot overflow.
+	end := offset + min(limit, len(keys)-offset)
 	next := ""
 	if end < len(keys) {
 		next = strconv.Itoa(end)
 	}
-	return keys[min(offset, len(keys)):end], next, nil
+	return keys[offset:end], next, nil
 }
 
 // limitOf reads the limit parameter: def when absent.
