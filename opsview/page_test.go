@@ -204,7 +204,7 @@ func TestReleasesAreAudited(t *testing.T) {
 	h, err := opsview.New(l, opsview.WithRelease(), opsview.WithActorHeader("X-Forwarded-User"))
 	require.NoError(t, err)
 	release := func(token int64) int {
-		form := url.Values{"key": {"tenant:7"}, "token": {fmt.Sprint(token)}}
+		form := url.Values{"key": {"tenant:7"}, "token": {fmt.Sprint(token)}, "force": {"1"}}
 		req := httptest.NewRequest(http.MethodPost, "/api/release", strings.NewReader(form.Encode()))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		req.Header.Set(opsview.ReleaseHeader, "release")
