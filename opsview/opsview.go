@@ -61,8 +61,10 @@ var page string
 // Option configures the handler.
 type Option func(*Handler)
 
-// WithRelease shows a release button on every key and accepts release
-// requests. Defaults to read-only.
+// WithRelease shows, on every key, a Release button (cancel the runs shown:
+// the key stays held until they return) and a Free anyway button (free the
+// key at once, while the runs may still be going), and accepts release
+// requests (see Handler). Defaults to read-only.
 func WithRelease() Option { return func(h *Handler) { h.release = true } }
 
 // WithRefresh sets how often the page reloads the locks. Must be at least
