@@ -51,6 +51,15 @@ func (h *hist) run(ms, end int, proc, task, outcome string) int64 {
 	return s
 }
 
+// runTold records a delivery and a run of task from ms to end whose ctx
+// was cancelled with cause at told; the handler ran on and returned ok.
+func (h *hist) runTold(ms, told, end int, proc, task, cause string) {
+	h.add(ms, proc, evDeliver, task, nil)
+	s := h.add(ms, proc, evStart, task, nil)
+	h.add(told, proc, evCancel, task, func(r *Record) { r.Cause, r.Run = cause, s })
+	h.add(end, proc, evEnd, task, func(r *Record) { r.Outcome, r.Cause, r.Run = "ok", cause, s })
+}
+
 func (h *hist) check() map[string]int {
 	vs, _ := check(h.w, h.recs, nil, true)
 	return rules(vs)
@@ -73,10 +82,7 @@ func TestOverlapAfterALossTheRunWasToldOfIsExcused(t *testing.T) {
 	h := newHist(polSkip)
 	h.enqueue(0, "a")
 	h.enqueue(0, "b")
-	h.add(10, "w1", evDeliver, "a", nil)
-	s := h.add(10, "w1", evStart, "a", nil)
-	h.add(40, "w1", evCancel, "a", func(r *Record) { r.Cause, r.Run = "lost", s })
-	h.add(200, "w1", evEnd, "a", func(r *Record) { r.Outcome, r.Run = "ok", s })
+	h.runTold(10, 40, 200, "w1", "a", "lost")
 	h.run(50, 150, "w2", "b", "ok")
 	if got := h.check(); len(got) != 0 {
 		t.Fatalf("want nothing, got %v", got)
@@ -91,6 +97,23 @@ func TestOverlapAfterALossTheRunWasToldOfIsExcused(t *testing.T) {
 	h.run(1700, 1800, "w2", "b", "ok")
 	if got := h.check(); len(got) != 0 {
 		t.Fatalf("want nothing, got %v", got)
+	}
+}
+
+// An operator's release of a hung handler (lockkit's Locker.CancelRun) is
+// no excuse: the released run keeps its key until it returns, so a run of
+// the key that starts before then overlaps it.
+func TestOverlapWithARunAnOperatorReleasedIsReported(t *testing.T) {
+	for next, want := range map[int]int{50: 1, 210: 0} { // b starts while a runs on, or after it returned
+		h := newHist(polSkip)
+		h.enqueue(0, "a")
+		h.enqueue(0, "b")
+		h.add(30, "driver", evFault, "a", func(r *Record) { r.Fault, r.Target = faultRelease, "w1" })
+		h.runTold(10, 40, 200, "w1", "a", "cancelled")
+		h.run(next, next+100, "w2", "b", "ok")
+		if got := h.check(); got[ruleOverlap] != want || len(got) != want {
+			t.Fatalf("b at %dms: want %d overlap, got %v", next, want, got)
+		}
 	}
 }
 

@@ -455,12 +455,75 @@ func (r *seedRun) runFaults() {
 			r.rec.add(Record{Ev: evFault, Fault: "redis-up", Target: "redis " + n.addr})
 		case faultPubsub:
 			r.cutPubsub()
+		case faultRelease:
+			r.releaseHung()
 		case faultStop:
 			r.rec.add(Record{Ev: evFault, Fault: faultStop, Target: p.name})
 			_ = p.cmd.Process.Signal(syscall.SIGSTOP)
 			time.Sleep(f.Hold)
 			_ = p.cmd.Process.Signal(syscall.SIGCONT)
 			r.rec.add(Record{Ev: evFault, Fault: "cont", Target: p.name})
+		}
+	}
+}
+
+// releaseHung is an operator's release (Locker.CancelRun by fencing token)
+// of a run, on a live worker, of a task whose handler ignores its ctx: it
+// looks for one for up to 5s, and records the fault with the run's key and
+// task when it released one.
+func (r *seedRun) releaseHung() {
+	ctx := context.Background()
+	op, err := lockkit.NewRedis(r.rdb, lockkit.WithPrefix(r.prefix), lockkit.WithOwner("operator"))
+	if err != nil {
+		return
+	}
+	defer op.Close(ctx)
+	hung := map[string]bool{}
+	for _, o := range r.w.Ops {
+		hung[o.ID] = o.IgnoreCtx
+	}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		r.mu.Lock()
+		live := slices.Clone(r.live)
+		r.mu.Unlock()
+		runs := map[string]Record{} // the open runs of hung handlers, by owner and asynq task ID
+		for _, p := range live {
+			recs, _ := readFile(filepath.Join(r.dir, p.name+".jsonl"))
+			open := map[int64]Record{}
+			for _, rec := range recs {
+				switch {
+				case rec.Ev == evStart && hung[rec.Task]:
+					open[rec.Seq] = rec
+				case rec.Ev == evEnd:
+					delete(open, rec.Run)
+				}
+			}
+			for _, rec := range open {
+				runs[p.name+" "+rec.AID] = rec
+			}
+		}
+		if len(runs) == 0 {
+			continue
+		}
+		keys, err := op.Keys(ctx, "*")
+		if err != nil {
+			continue
+		}
+		for _, k := range keys {
+			info, err := op.Inspect(ctx, k)
+			if err != nil {
+				continue
+			}
+			for _, h := range info.Holders {
+				rec, ok := runs[h.Owner+" "+h.Label]
+				if h.Reserved || !ok {
+					continue
+				}
+				if n, err := op.CancelRun(ctx, k, lockkit.Select{Token: h.Token}); err == nil && n == 1 {
+					r.rec.add(Record{Ev: evFault, Fault: faultRelease, Target: h.Owner, Key: k, Task: rec.Task})
+					return
+				}
+			}
 		}
 	}
 }

@@ -396,6 +396,8 @@ func causeOf(ctx context.Context) string {
 		return "preempted"
 	case errors.Is(c, lockkit.ErrLost):
 		return "lost"
+	case errors.Is(c, lockkit.ErrCancelled):
+		return "cancelled" // an operator's release: the key stays held, no excuse
 	}
 	return c.Error()
 }

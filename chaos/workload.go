@@ -43,6 +43,12 @@ const (
 	// TYPE pubsub) and nothing else: the Lockers' lease notices and wake-ups
 	// are lost until they reconnect and resubscribe.
 	faultPubsub = "pubsub"
+	// faultRelease is an operator's release (lockkit's Locker.CancelRun, as
+	// the page and jobguard release send it) of the run of a task whose
+	// handler ignores its ctx (Op.IgnoreCtx): the run goes on, and no other
+	// run of its key may start until it returns (no excuse for the overlap
+	// rule). Recorded with the key and the run's task when one was found.
+	faultRelease = "release"
 )
 
 // Family is a group of keys sharing a task type and a middleware setup.
@@ -286,6 +292,13 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 	w.Families = append(w.Families, hold)
 	for range 2 + int(length/(10*time.Second)) {
 		burst(len(w.Families) - 1)
+	}
+	// Operators' releases of hung handlers, drawn after everything else.
+	if faults {
+		for range 1 + int(length/(15*time.Second)) {
+			w.Faults = append(w.Faults, Fault{At: length/10 + time.Duration(r.Int64N(int64(length*8/10))), Kind: faultRelease, Target: r.IntN(w.Workers)})
+		}
+		slices.SortStableFunc(w.Faults, func(a, b Fault) int { return int(a.At - b.At) })
 	}
 	// Numbers within a key follow enqueue order.
 	slices.SortStableFunc(w.Ops, func(a, b Op) int { return int(a.At - b.At) })

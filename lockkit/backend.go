@@ -567,6 +567,8 @@ func (b *redisBackend) renewMany(ctx context.Context, leases []*Lease, ttls []ti
 				errs[i] = errPreempted
 			case vals[j] == 3:
 				errs[i] = errEvicted
+			case vals[j] == 4:
+				errs[i] = errCancelAsked
 			case vals[j] != 1:
 				errs[i] = errNotHeld
 			}
@@ -606,6 +608,8 @@ func (b *redisBackend) extend(ctx context.Context, leases []*Lease, ttls []time.
 			errs[i] = errPreempted
 		case n == 3:
 			errs[i] = errEvicted
+		case n == 4:
+			errs[i] = errCancelAsked
 		case n != 1:
 			errs[i] = errNotHeld
 		}
@@ -659,6 +663,11 @@ func (b *redisBackend) evict(ctx context.Context, key, owner string, token int64
 	return n, err
 }
 
+func (b *redisBackend) cancel(ctx context.Context, key, owner string, token int64) (int, error) {
+	k := b.keys(key)
+	return cancelScript.Run(ctx, b.c, []string{k.holders, k.fence}, owner, token, b.operators(), key, ms(cancelKeep)).Int()
+}
+
 func (b *redisBackend) leave(ctx context.Context, key, waiter, aid string) error {
 	k := b.keys(key)
 	return leaveScript.Run(ctx, b.c, []string{k.queue, k.waiters, k.holders, k.fence}, waiter, k.channel, aid).Err()
@@ -666,7 +675,7 @@ func (b *redisBackend) leave(ctx context.Context, key, waiter, aid string) error
 
 func (b *redisBackend) inspect(ctx context.Context, key string) (*Info, error) {
 	k := b.keys(key)
-	vals, err := inspectScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.parked}).Slice()
+	vals, err := inspectScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.parked}, ms(cancelKeep)).Slice()
 	if err != nil {
 		return nil, err
 	}
@@ -682,11 +691,20 @@ func (b *redisBackend) inspect(ctx context.Context, key string) (*Info, error) {
 			}
 		}
 	}
+	asked := map[int64]time.Duration{} // how long ago each holder asked to stop was asked
+	if len(vals) > 3 && (len(vals)-3)%2 == 1 {
+		pairs, _ := vals[len(vals)-1].([]any)
+		for i := 0; i+1 < len(pairs); i += 2 {
+			tok, _ := strconv.ParseInt(fmt.Sprint(pairs[i]), 10, 64)
+			asked[tok] = time.Duration(max(toInt(pairs[i+1]), 0)) * time.Millisecond
+		}
+	}
 	for i := 3; i+1 < len(vals); i += 2 {
 		m, _ := vals[i].(string)
 		tok, owner, label := parseMember(m)
+		since, cancelling := asked[tok]
 		info.Holders = append(info.Holders, Holder{Owner: owner, Label: label, Token: tok, TTL: time.Duration(toInt(vals[i+1])) * time.Millisecond,
-			Reserved: reservedMember(m)})
+			Reserved: reservedMember(m), Cancelling: cancelling, CancelAge: since})
 	}
 	return info, nil
 }

@@ -37,9 +37,10 @@
 //     runs: give way to a later run (Coalesce), keep only the newest pending
 //     call (KeepNewest), or end the running one (Preempt).
 //     AcquireOptions.Park queues jobs for a held key (Parking).
-//   - Inspect and RedisLocker.Keys show holders and waiters; ForceRelease
-//     removes them (all, one owner's, one fencing token's, or a reservation
-//     by its label: Select).
+//   - Inspect and RedisLocker.Keys show holders and waiters; CancelRun asks
+//     runs to stop and keeps the key held until they return (an operator's
+//     release); ForceRelease removes holders at once (all, one owner's, one
+//     fencing token's, or a reservation by its label: Select).
 //   - Close stops the renewer and releases every lease the Locker holds.
 //
 // Beside leases, on the same Redis and prefix (RedisLocker.Redis) but

@@ -33,6 +33,10 @@ type backend interface {
 	detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error)
 	// evict removes key's live holders, of owner or all ("").
 	evict(ctx context.Context, key, owner string, token int64, call string) (int, error)
+	// cancel records an operator's request that key's live runs, of owner
+	// or all (""), or the one of token, stop, and tells their Lockers;
+	// it returns how many were selected.
+	cancel(ctx context.Context, key, owner string, token int64) (int, error)
 	// free removes the live holder of key that carries label.
 	free(ctx context.Context, key, label string) (bool, error)
 	inspect(ctx context.Context, key string) (*Info, error)
@@ -84,7 +88,15 @@ var (
 	errNotHeld   = errors.New("not held")
 	errPreempted = errors.New("preempted")
 	errEvicted   = errors.New("released by force")
+	// errCancelAsked: renewed, and an operator asked the run to stop
+	// (cancel.lua).
+	errCancelAsked = errors.New("renewed; asked to stop")
 )
+
+// cancelKeep is how long Redis remembers an operator's request that a run
+// stop (Locker.CancelRun): Inspect shows it, and the run's renewals report
+// it, for that long at most.
+const cancelKeep = 24 * time.Hour
 
 // engine is the part of a Locker shared by every backend: waiting, the one
 // renewer loop, lease bookkeeping and events.

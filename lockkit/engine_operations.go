@@ -9,7 +9,8 @@ import (
 	"strings"
 )
 
-func (e *engine) forceRelease(ctx context.Context, key string, which Select) (int, error) {
+// checkSelect validates the key and Select of the operator call op.
+func checkSelect(op, key string, which Select) error {
 	set := 0
 	for _, on := range []bool{which.Owner != "", which.Token != 0, which.Label != ""} {
 		if on {
@@ -18,11 +19,38 @@ func (e *engine) forceRelease(ctx context.Context, key string, which Select) (in
 	}
 	switch {
 	case key == "":
-		return 0, fmt.Errorf("%w: ForceRelease: key is empty", ErrInvalid)
+		return fmt.Errorf("%w: %s: key is empty", ErrInvalid, op)
 	case set > 1:
-		return 0, fmt.Errorf("%w: ForceRelease(%q, %+v): set at most one of Owner, Token and Label", ErrInvalid, key, which)
+		return fmt.Errorf("%w: %s(%q, %+v): set at most one of Owner, Token and Label", ErrInvalid, op, key, which)
 	case which.Token < 0:
-		return 0, fmt.Errorf("%w: ForceRelease(%q): Token %d must not be negative", ErrInvalid, key, which.Token)
+		return fmt.Errorf("%w: %s(%q): Token %d must not be negative", ErrInvalid, op, key, which.Token)
+	}
+	return nil
+}
+
+// cancelRun is Locker.CancelRun.
+func (e *engine) cancelRun(ctx context.Context, key string, which Select) (int, error) {
+	if err := checkSelect("CancelRun", key, which); err != nil {
+		return 0, err
+	}
+	if which.Label != "" {
+		return 0, fmt.Errorf("%w: CancelRun(%q): select by Owner or Token, not Label (a reservation runs nothing)", ErrInvalid, key)
+	}
+	n, err := e.b.cancel(ctx, key, which.Owner, which.Token)
+	if err != nil {
+		return 0, fmt.Errorf("lockkit: cancel the run of %q: %w", key, err)
+	}
+	if n == 0 && which.Token != 0 {
+		return 0, fmt.Errorf("%w: cancel the run of %q: the run of token %d no longer holds it (it ended or was released, or is a reservation); %s", ErrNotHeld, key, which.Token, e.holdersNow(ctx, key))
+	}
+	return n, nil
+}
+
+func (e *engine) forceRelease(ctx context.Context, key string, which Select) (int, error) {
+	if err := checkSelect("ForceRelease", key, which); err != nil {
+		return 0, err
+	}
+	switch {
 	case which.Label != "":
 		return e.free(ctx, key, which.Label)
 	case which.Token != 0:
@@ -46,17 +74,23 @@ func (e *engine) forceReleaseToken(ctx context.Context, key string, token int64)
 	if n > 0 {
 		return nil
 	}
-	now := "the key has no holder now"
-	if info, err := e.b.inspect(ctx, key); err != nil {
-		now = "the holders now are unknown: " + err.Error()
-	} else if len(info.Holders) > 0 {
-		hs := make([]string, len(info.Holders))
-		for i, h := range info.Holders {
-			hs[i] = fmt.Sprintf("owner %q label %q token %d", h.Owner, h.Label, h.Token)
-		}
-		now = "it is held now by " + strings.Join(hs, ", ")
+	return fmt.Errorf("%w: force-release %q: the holder of token %d no longer holds it (it ended or was released); %s", ErrNotHeld, key, token, e.holdersNow(ctx, key))
+}
+
+// holdersNow describes key's holders now, for an error about one that is gone.
+func (e *engine) holdersNow(ctx context.Context, key string) string {
+	info, err := e.b.inspect(ctx, key)
+	switch {
+	case err != nil:
+		return "the holders now are unknown: " + err.Error()
+	case len(info.Holders) == 0:
+		return "the key has no holder now"
 	}
-	return fmt.Errorf("%w: force-release %q: the holder of token %d no longer holds it (it ended or was released); %s", ErrNotHeld, key, token, now)
+	hs := make([]string, len(info.Holders))
+	for i, h := range info.Holders {
+		hs[i] = fmt.Sprintf("owner %q label %q token %d", h.Owner, h.Label, h.Token)
+	}
+	return "it is held now by " + strings.Join(hs, ", ")
 }
 
 func (e *engine) free(ctx context.Context, key, label string) (int, error) {
@@ -73,12 +107,27 @@ func (e *engine) free(ctx context.Context, key, label string) (int, error) {
 // operatorRelease ends, with a cause that says an operator released them,
 // the leases of key that a ForceRelease removed: notice is "t<token>" for
 // the one of that token, or "f<top>:<owner>" for those up to top of owner
-// (of any owner for ""). It comes from the store's operators' channel, so a
-// lease hears of it in milliseconds, not at its next renewal.
+// (of any owner for ""); "c<token>" cancels the run of that token's lease
+// (CancelRun), which stays held. It comes from the store's operators'
+// channel, so a lease hears of it in milliseconds, not at its next renewal.
 func (e *engine) operatorRelease(key, notice string) {
 	var token, top int64
 	owner, any := "", false
 	switch {
+	case strings.HasPrefix(notice, "c"):
+		token, _ = strconv.ParseInt(notice[1:], 10, 64)
+		var asked []*Lease
+		e.mu.Lock()
+		for l := range e.leases {
+			if l.key == key && l.token == token {
+				asked = append(asked, l)
+			}
+		}
+		e.mu.Unlock()
+		for _, l := range asked {
+			l.cancelRun()
+		}
+		return
 	case strings.HasPrefix(notice, "t"):
 		token, _ = strconv.ParseInt(notice[1:], 10, 64)
 	case strings.HasPrefix(notice, "f"):

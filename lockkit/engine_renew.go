@@ -235,8 +235,8 @@ func (e *engine) renewBatch(due []*Lease, out chan<- []renewed) {
 func (e *engine) applyRenewals(rs []renewed) time.Time {
 	now := time.Now()
 	var (
-		events                   []Event
-		gone, preempted, evicted []*Lease
+		events                          []Event
+		gone, preempted, evicted, asked []*Lease
 	)
 	next := now.Add(time.Hour)
 	e.mu.Lock()
@@ -246,6 +246,10 @@ func (e *engine) applyRenewals(rs []renewed) time.Time {
 		l.renewing = false
 		if l.state != stateHeld {
 			continue
+		}
+		if r.err == errCancelAsked {
+			asked = append(asked, l)
+			r.err = nil
 		}
 		switch {
 		case r.err == nil:
@@ -292,6 +296,9 @@ func (e *engine) applyRenewals(rs []renewed) time.Time {
 	}
 	for _, l := range evicted {
 		l.evicted()
+	}
+	for _, l := range asked {
+		l.cancelRun()
 	}
 	for _, ev := range events {
 		e.emit(ev)

@@ -82,6 +82,9 @@ type Lease struct {
 	cancels    map[int]context.CancelCauseFunc
 	nextCancel int
 	unwatch    func() // stops the preemption notices of a Preempt lease
+	// cancelled is the cause (matching ErrCancelled) once an operator asked
+	// the run to stop (cancelRun): the lease is still held.
+	cancelled error
 }
 
 // memberOf is how a lease is stored among a key's holders: its fencing token
@@ -188,8 +191,11 @@ func LeaseFromContext(ctx context.Context) (*Lease, bool) {
 func (l *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(context.WithValue(parent, leaseKey{}, l))
 	l.e.mu.Lock()
-	if l.state != stateHeld {
+	if l.state != stateHeld || l.cancelled != nil {
 		cause := l.cause
+		if l.state == stateHeld {
+			cause = l.cancelled
+		}
 		l.e.mu.Unlock()
 		cancel(cause)
 		return ctx, func() { cancel(context.Canceled) }
@@ -240,6 +246,28 @@ func (l *Lease) end(state int, cause error) bool {
 // preempt marks the lease lost because a Preempt acquire preempted it.
 func (l *Lease) preempt() {
 	l.markLost(fmt.Errorf("%w: %q: token %d was preempted by a newer acquire", ErrPreempted, l.key, l.token))
+}
+
+// cancelRun cancels the lease's contexts because an operator asked its run
+// to stop (Locker.CancelRun). The lease stays held and renewed: its release,
+// when the run returns, hands the key on. Only the first call acts.
+func (l *Lease) cancelRun() {
+	l.e.mu.Lock()
+	if l.state != stateHeld || l.cancelled != nil {
+		l.e.mu.Unlock()
+		return
+	}
+	l.cancelled = fmt.Errorf("%w: %q: token %d: an operator asked the run to stop; the key stays held until it returns", ErrCancelled, l.key, l.token)
+	cancels := make([]context.CancelCauseFunc, 0, len(l.cancels))
+	for _, c := range l.cancels {
+		cancels = append(cancels, c)
+	}
+	cause := l.cancelled
+	l.e.mu.Unlock()
+	l.e.cfg.logger.Info("lockkit: an operator asked a run to stop", "key", l.key, "token", l.token, "owner", l.owner, "label", l.label)
+	for _, c := range cancels {
+		c(cause)
+	}
 }
 
 // evicted marks the lease lost because ForceRelease removed it.
@@ -447,7 +475,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	sent := time.Now()
 	err := l.e.b.extend(ctx, []*Lease{l}, []time.Duration{ttl}, false)[0]
 	l.e.mu.Lock()
-	if err != nil {
+	if err != nil && err != errCancelAsked {
 		l.ttl, l.interval = old, oldInterval
 		// The call may have run: if it shortened the lease, believe it.
 		if v := validUntil(sent, ttl); v.Before(l.validUntil) {
@@ -467,6 +495,10 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err == errEvicted {
 		l.evicted()
 		return fmt.Errorf("%w: %w", ErrNotHeld, l.Err())
+	}
+	if err == errCancelAsked {
+		l.cancelRun()
+		err = nil
 	}
 	if err == errNotHeld {
 		cause := fmt.Errorf("%w: %q: the key expired or was taken over", ErrLost, l.key)

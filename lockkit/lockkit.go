@@ -77,6 +77,12 @@ var (
 	// lease's contexts when a Preempt acquire of its key took over: the
 	// lease is lost, so it also matches ErrLost.
 	ErrPreempted = fmt.Errorf("%w: preempted", ErrLost)
+	// ErrCancelled is the cause (context.Cause) of the cancellation of a
+	// lease's contexts when an operator asked its run to stop
+	// (Locker.CancelRun). The lease is not lost (it does not match
+	// ErrLost): it stays held and renewed, its fencing token valid, until
+	// the run returns and releases it, which hands the key on.
+	ErrCancelled = errors.New("lockkit: run cancelled by an operator")
 	// ErrUnsupported is returned by the first call of a RedisLocker on a Redis
 	// server older than MinRedisVersion; the message names the version found.
 	ErrUnsupported = errors.New("lockkit: unsupported Redis server")
@@ -170,6 +176,10 @@ type Locker interface {
 	// next renewal attempt, within its RenewInterval (TTL/3 by default)
 	// plus one round trip.
 	//
+	// The key is free at once, while the removed holder's work may still
+	// run (a handler that ignores its ctx): a new run may start beside it.
+	// To stop a run without that, use CancelRun.
+	//
 	// Selected by Label, it gives up the work carrying the label from
 	// another process: the one live holder carrying it, a reservation (a
 	// Detached lease), is removed, nobody is notified (a reservation has no
@@ -179,6 +189,26 @@ type Locker interface {
 	// returns 1 when such a holder was removed, by this call or an earlier
 	// run of it, and 0 otherwise (parked jobs removed are not counted).
 	ForceRelease(ctx context.Context, key string, which Select) (int, error)
+	// CancelRun asks the runs holding key that which selects (by Owner,
+	// Token, or all: the zero Select) to stop, whoever holds them: an
+	// operator's release that never lets two runs of the key overlap. The
+	// contexts of each selected lease are cancelled with a cause matching
+	// ErrCancelled (not ErrLost), within milliseconds (the notice comes on
+	// the operators' channel, as ForceRelease's does) or at its next
+	// renewal (RenewInterval, TTL/3 by default) when its Locker missed the
+	// notice. The lease stays held and renewed until its run returns; its
+	// release then hands the key on as any release does. A process that
+	// stopped renewing (dead or cut off) loses the key when its TTL runs
+	// out, as always. Inspect shows the request (Holder.Cancelling) until
+	// the holder's release, for a day at most.
+	//
+	// Reservations (Holder.Reserved) run no work and are never selected.
+	// It returns how many runs were selected (a repeated call, as after a
+	// lost reply, returns the same and keeps the first request's time),
+	// ErrInvalid for an empty key, a Select with more than one field, a
+	// negative Token or a Label, and ErrNotHeld (naming the key's holders
+	// now) when which names a Token that no run holds.
+	CancelRun(ctx context.Context, key string, which Select) (int, error)
 	// Close stops renewal and releases every lease the Locker still holds.
 	// A release that fails (Redis unreachable) leaves its leases to expire
 	// with their TTL; Close still sends the others until ctx ends, and
@@ -353,6 +383,12 @@ type Holder struct {
 	// acquired Detached or turned into one by Lease.Detach, or a release's
 	// reservation for a parked job (Parking). False for a run.
 	Reserved bool
+	// Cancelling is true when an operator asked the holder's run to stop
+	// (Locker.CancelRun): the key stays held until the run returns.
+	// CancelAge is how long ago that was (server time); zero when not
+	// Cancelling.
+	Cancelling bool
+	CancelAge  time.Duration
 }
 
 // EventKind names what happened to a lease.

@@ -100,3 +100,120 @@ func subscribers(ctx context.Context, c redis.UniversalClient, channel string) i
 	})
 	return total
 }
+
+// An operator's CancelRun of a run that ignores its ctx never lets a second
+// run of the key start beside it: the run's ctx is cancelled at once
+// (ErrCancelled, not ErrLost), the key stays held and renewed past its TTL
+// while the run goes on, Inspect says it is being cancelled, and when the
+// run returns its release hands the key to the waiter at once.
+func TestCancelRunKeepsTheKeyUntilTheRunReturns(t *testing.T) {
+	t.Run("standalone", func(t *testing.T) { cancelRunKeepsTheKey(t, testredis.Client(t)) })
+	t.Run("cluster", func(t *testing.T) {
+		cancelRunKeepsTheKey(t, testredis.Cluster(t))
+	})
+}
+
+func cancelRunKeepsTheKey(t *testing.T, c redis.UniversalClient) {
+	ctx, prefix := context.Background(), testredis.Prefix(t, c)
+	locker := func(opts ...lockkit.Option) *lockkit.RedisLocker {
+		l, err := lockkit.NewRedis(c, append([]lockkit.Option{lockkit.WithPrefix(prefix)}, opts...)...)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close(ctx) })
+		return l
+	}
+	const ttl = 600 * time.Millisecond
+	holder, other, op := locker(lockkit.WithTTL(ttl)), locker(lockkit.WithTTL(ttl)), locker()
+
+	lease, err := holder.TryAcquire(ctx, "k", &lockkit.AcquireOptions{Label: "task-1"})
+	require.NoError(t, err)
+	cancelled, finish, ran := make(chan error, 1), make(chan struct{}), make(chan error, 1)
+	go func() {
+		ran <- lease.Run(ctx, func(ctx context.Context) error {
+			<-ctx.Done() // then goes on, as a handler stuck in a call that ignores ctx
+			cancelled <- context.Cause(ctx)
+			<-finish
+			return nil
+		})
+	}()
+	require.Eventually(t, func() bool { return subscribers(ctx, c, prefix+"!operators") >= 1 }, 5*time.Second, 5*time.Millisecond)
+	second := make(chan *lockkit.Lease, 1)
+	go func() {
+		l, err := other.Acquire(ctx, "k", nil)
+		if err == nil {
+			second <- l
+		}
+	}()
+
+	n, err := op.CancelRun(ctx, "k", lockkit.Select{Token: lease.Token()})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	select {
+	case cause := <-cancelled:
+		require.ErrorIs(t, cause, lockkit.ErrCancelled)
+		require.NotErrorIs(t, cause, lockkit.ErrLost)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the run's ctx was not cancelled")
+	}
+	n, err = op.CancelRun(ctx, "k", lockkit.Select{Token: lease.Token()})
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "a repeat selects the same run")
+	info, err := op.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.True(t, info.Holders[0].Cancelling)
+	require.Equal(t, lease.Token(), info.Holders[0].Token)
+	require.Less(t, info.Holders[0].CancelAge, 5*time.Second)
+
+	// The run goes on for 3 TTLs: nobody else gets the key, the lease is renewed.
+	require.Never(t, func() bool { return len(second) > 0 }, 3*ttl, 10*time.Millisecond, "a second run started beside the cancelled one")
+	require.NoError(t, lease.Err())
+
+	returned := time.Now()
+	close(finish)
+	require.NoError(t, <-ran)
+	select {
+	case l := <-second:
+		wait := time.Since(returned)
+		t.Logf("the waiter got the key %s after the cancelled run returned", wait)
+		require.Less(t, wait, ttl, "handed on by the release, not by the lease's expiry")
+		info, err := op.Inspect(ctx, "k")
+		require.NoError(t, err)
+		require.Len(t, info.Holders, 1)
+		require.False(t, info.Holders[0].Cancelling, "the request ended with the run")
+		require.NoError(t, l.Release(ctx))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter did not get the key when the cancelled run returned")
+	}
+
+	_, err = op.CancelRun(ctx, "k", lockkit.Select{Token: lease.Token()})
+	require.ErrorIs(t, err, lockkit.ErrNotHeld)
+	_, err = op.CancelRun(ctx, "k", lockkit.Select{Label: "task-1"})
+	require.ErrorIs(t, err, lockkit.ErrInvalid)
+	_, err = op.CancelRun(ctx, "", lockkit.Select{})
+	require.ErrorIs(t, err, lockkit.ErrInvalid)
+}
+
+// A cancelled run whose process stops renewing (it died, or is cut off)
+// loses the key at its TTL as any lease does: the waiter gets it then.
+func TestCancelRunOfADeadProcessLapses(t *testing.T) {
+	ctx := context.Background()
+	c := testredis.Client(t)
+	prefix := testredis.Prefix(t, c)
+	const ttl = 600 * time.Millisecond
+	holder, err := lockkit.NewRedis(c, lockkit.WithPrefix(prefix), lockkit.WithTTL(ttl))
+	require.NoError(t, err)
+	other, err := lockkit.NewRedis(c, lockkit.WithPrefix(prefix))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Close(ctx) })
+	_, err = holder.TryAcquire(ctx, "k", &lockkit.AcquireOptions{NoRenew: true}) // a process that renews nothing: dead
+	require.NoError(t, err)
+	n, err := other.CancelRun(ctx, "k", lockkit.Select{})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	start := time.Now()
+	l, err := other.Acquire(ctx, "k", nil)
+	require.NoError(t, err)
+	require.Less(t, time.Since(start), 2*ttl)
+	require.NoError(t, l.Release(ctx))
+	_ = holder.Close(ctx)
+}

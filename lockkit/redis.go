@@ -129,6 +129,11 @@ func (l *RedisLocker) ForceRelease(ctx context.Context, key string, which Select
 	return l.e.forceRelease(ctx, key, which)
 }
 
+// CancelRun implements Locker.
+func (l *RedisLocker) CancelRun(ctx context.Context, key string, which Select) (int, error) {
+	return l.e.cancelRun(ctx, key, which)
+}
+
 // Redis returns the client the Locker was built on and its key prefix
 // (WithPrefix; DefaultPrefix without it), for what keeps its own state
 // beside the Locker's leases on the same Redis and prefix: a

@@ -47,6 +47,8 @@ var (
 	detachSrc string
 	//go:embed scripts/evict.lua
 	evictSrc string
+	//go:embed scripts/cancel.lua
+	cancelSrc string
 	//go:embed scripts/renew.lua
 	renewSrc string
 	//go:embed scripts/promote.lua
@@ -69,6 +71,7 @@ var (
 	freeScript         = redis.NewScript(promoteSrc + freeSrc)
 	detachScript       = redis.NewScript(promoteSrc + detachSrc)
 	evictScript        = redis.NewScript(promoteSrc + evictSrc)
+	cancelScript       = redis.NewScript(promoteSrc + cancelSrc)
 	renewScript        = redis.NewScript(renewSrc)
 )
 

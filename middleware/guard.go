@@ -246,7 +246,10 @@ type Outcome struct {
 }
 
 // Run acquires job.Key under the guard's policy, runs fn with a context that
-// is cancelled (cause matching lockkit.ErrLost) if the lease is lost, and
+// is cancelled (cause matching lockkit.ErrLost) if the lease is lost, or
+// (cause matching lockkit.ErrCancelled) if an operator asked the run to stop
+// (lockkit's Locker.CancelRun: the key stays held until fn returns; an
+// error fn returns then is annotated with that cause), and
 // releases the lease when fn returns or panics (the panic is re-raised). The
 // lease is renewed until fn returns, even after ctx is cancelled. The
 // returned Outcome says which of these happened. A nil fn is an error
@@ -300,8 +303,8 @@ func (g *Guard) run(ctx context.Context, job Job, lease *lockkit.Lease, waited t
 	g.emitLease(ctx, EventAcquired, job, lease, waited, 0, nil)
 	start := time.Now()
 	var (
-		p         any
-		err, lost error
+		p                    any
+		err, lost, cancelled error
 	)
 	end := lease.Run(ctx, func(wctx context.Context) (ferr error) {
 		reported := make(chan struct{})
@@ -314,6 +317,9 @@ func (g *Guard) run(ctx context.Context, job Job, lease *lockkit.Lease, waited t
 				<-reported // EventLost comes before EventReleased
 			}
 			lost = lease.Err()
+			if c := context.Cause(wctx); lost == nil && errors.Is(c, lockkit.ErrCancelled) {
+				cancelled = c // an operator asked the run to stop (lockkit's Locker.CancelRun)
+			}
 			if p = recover(); p != nil {
 				ferr = errPanicked
 			}
@@ -324,6 +330,9 @@ func (g *Guard) run(ctx context.Context, job Job, lease *lockkit.Lease, waited t
 	var rerr error
 	if p == nil && err == nil {
 		rerr = end
+	}
+	if err != nil && cancelled != nil && !errors.Is(err, lockkit.ErrCancelled) {
+		err = fmt.Errorf("%w (%w)", err, cancelled)
 	}
 	return g.finish(ctx, job, lease, start, p, err, lost, rerr)
 }

@@ -3,8 +3,11 @@
 // (owner, label, fencing token, TTL), waiters and parked jobs, a filter,
 // auto-refresh, pages of keys whose cost does not grow with the keyspace
 // (WithScanBudget), and, only when WithRelease is given, a button that
-// force-releases the holders a row shows, by their fencing tokens (lockkit's
-// Locker.ForceRelease with a Select.Token), so a run that took the key since is kept.
+// cancels the runs a row shows, by their fencing tokens (lockkit's
+// Locker.CancelRun with a Select.Token, so a run that took the key since
+// is kept): the key stays held, shown as cancelling, until the run returns,
+// then goes to the next task. A separate button frees the key at once
+// (Locker.ForceRelease), warning that the run may still be going.
 // WithDecisionLog adds the tasks that did not run (singleton's decision
 // log), WithTaskState each holder's task state (singleton.TaskState).
 //
@@ -58,8 +61,10 @@ var page string
 // Option configures the handler.
 type Option func(*Handler)
 
-// WithRelease shows a release button on every key and accepts release
-// requests. Defaults to read-only.
+// WithRelease shows, on every key, a Release button (cancel the runs shown:
+// the key stays held until they return) and a Free anyway button (free the
+// key at once, while the runs may still be going), and accepts release
+// requests (see Handler). Defaults to read-only.
 func WithRelease() Option { return func(h *Handler) { h.release = true } }
 
 // WithRefresh sets how often the page reloads the locks. Must be at least
@@ -85,9 +90,13 @@ func WithFrameAncestors(origins ...string) Option {
 // WithDecisionLog: a page of the decision log; query pattern, before and
 // limit) and POST api/release (form
 // key, and either token, repeated, the fencing tokens of the holders to
-// release (lockkit's Locker.ForceRelease by Select.Token; 409 Conflict when one of
-// them no longer holds the key), or optional owner; needs WithRelease and
-// ReleaseHeader). The page's Confirm sends the tokens it showed.
+// release (409 Conflict when one of them no longer holds the key, or, for
+// a release that is not forced, holds it as a reservation), or optional
+// owner; force=1 frees the key at once; needs WithRelease and
+// ReleaseHeader). A release asks the runs to stop (lockkit's
+// Locker.CancelRun) and the key goes to the next task when they return; a
+// forced one removes the holders (Locker.ForceRelease) while their runs may
+// go on. The page's Confirm sends the tokens it showed.
 type Handler struct {
 	l       lockkit.Locker
 	release bool
@@ -256,6 +265,13 @@ type holderView struct {
 	// its page.
 	State string `json:"task_state,omitempty"`
 	Link  string `json:"task_link,omitempty"`
+	// Reserved: the holder is a reservation, which runs nothing.
+	Reserved bool `json:"reserved,omitempty"`
+	// Cancelling: an operator asked the holder's run to stop
+	// (lockkit's Locker.CancelRun) CancelMs ago; the key stays held
+	// until the run returns.
+	Cancelling bool  `json:"cancelling,omitempty"`
+	CancelMs   int64 `json:"cancel_ms,omitempty"`
 }
 
 type locksReply struct {
@@ -317,7 +333,9 @@ type scanner interface {
 
 // page returns the keys of the page at cursor and the next page's cursor:
 // one bounded ScanKeys call when the Locker has it; otherwise Keys, whose
-// cursor is an offset in its sorted list.
+// cursor is an offset in its sorted list. A cursor past the end of that
+// list is an error matching ErrInvalid (a 400), as is one that is not a
+// cursor at all.
 func (h *Handler) page(ctx context.Context, pattern, cursor string, limit int) ([]string, string, error) {
 	if s, ok := h.l.(scanner); ok {
 		return s.ScanKeys(ctx, pattern, cursor, &lockkit.ScanOptions{Count: h.scanCount, Calls: h.scanCalls, Limit: limit})
@@ -333,12 +351,16 @@ func (h *Handler) page(ctx context.Context, pattern, cursor string, limit int) (
 	if err != nil {
 		return nil, "", err
 	}
-	end := min(offset+limit, len(keys))
+	if offset > len(keys) {
+		return nil, "", fmt.Errorf("%w: cursor %q: past the end of the %d held keys", ErrInvalid, cursor, len(keys))
+	}
+	// offset <= len(keys) and limit <= MaxPageSize: the sum cannot overflow.
+	end := offset + min(limit, len(keys)-offset)
 	next := ""
 	if end < len(keys) {
 		next = strconv.Itoa(end)
 	}
-	return keys[min(offset, len(keys)):end], next, nil
+	return keys[offset:end], next, nil
 }
 
 // limitOf reads the limit parameter: def when absent.
@@ -394,6 +416,7 @@ func (h *Handler) inspectPage(ctx context.Context, keys []string) []*lockView {
 					Owner: hd.Owner, OwnerText: printable.String(hd.Owner),
 					Label: hd.Label, LabelText: printable.String(hd.Label),
 					Token: hd.Token, TTLms: hd.TTL.Milliseconds(), HeldMs: held,
+					Reserved: hd.Reserved, Cancelling: hd.Cancelling, CancelMs: hd.CancelAge.Milliseconds(),
 				}
 				h.taskState(ctx, &hv)
 				v.Holders = append(v.Holders, hv)
@@ -409,9 +432,9 @@ func (h *Handler) inspectPage(ctx context.Context, keys []string) []*lockView {
 // for a Locker that is not a *lockkit.RedisLocker): who (the
 // WithActorHeader header), from where, which key and holders, and what came
 // of it.
-func (h *Handler) audit(r *http.Request, key string, tokens []int64, owner string, released int, err error) {
+func (h *Handler) audit(r *http.Request, key string, tokens []int64, owner string, force bool, released int, err error) {
 	attrs := []slog.Attr{slog.String("key", printable.String(key)), slog.Int("released", released),
-		slog.String("remote", r.RemoteAddr)}
+		slog.Bool("force", force), slog.String("remote", r.RemoteAddr)}
 	if h.actor != "" {
 		attrs = append(attrs, slog.String("actor", r.Header.Get(h.actor)))
 	}
@@ -448,14 +471,30 @@ func (h *Handler) releaseKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_ = r.ParseForm()
+	force := false
+	switch v := r.FormValue("force"); v {
+	case "", "0":
+	case "1":
+		force = true
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Errorf("force %q: want 1 or 0", v))
+		return
+	}
+	// A release asks the runs to stop and hands the key on when they
+	// return (CancelRun); force frees the key at once (ForceRelease),
+	// while a run that ignores its ctx may still go on.
+	op := h.l.CancelRun
+	if force {
+		op = h.l.ForceRelease
+	}
 	if len(r.Form["token"]) == 0 {
-		n, err := h.l.ForceRelease(r.Context(), key, lockkit.Select{Owner: r.FormValue("owner")})
-		h.audit(r, key, nil, r.FormValue("owner"), n, err)
+		n, err := op(r.Context(), key, lockkit.Select{Owner: r.FormValue("owner")})
+		h.audit(r, key, nil, r.FormValue("owner"), force, n, err)
 		if err != nil {
 			writeError(w, http.StatusBadGateway, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"key": key, "released": n})
+		writeJSON(w, http.StatusOK, map[string]any{"key": key, "released": n, "force": force})
 		return
 	}
 	// Only the holders the operator saw: whoever holds the key now may be
@@ -472,25 +511,25 @@ func (h *Handler) releaseKey(w http.ResponseWriter, r *http.Request) {
 	n := 0
 	var gone []error
 	for _, t := range tokens {
-		_, err := h.l.ForceRelease(r.Context(), key, lockkit.Select{Token: t})
+		_, err := op(r.Context(), key, lockkit.Select{Token: t})
 		switch {
 		case err == nil:
 			n++
 		case errors.Is(err, lockkit.ErrNotHeld):
 			gone = append(gone, err)
 		default:
-			h.audit(r, key, tokens, "", n, err)
-			writeJSON(w, http.StatusBadGateway, map[string]any{"error": err.Error(), "released": n})
+			h.audit(r, key, tokens, "", force, n, err)
+			writeJSON(w, http.StatusBadGateway, map[string]any{"error": err.Error(), "released": n, "force": force})
 			return
 		}
 	}
 	if len(gone) > 0 {
-		h.audit(r, key, tokens, "", n, errors.Join(gone...))
-		writeJSON(w, http.StatusConflict, map[string]any{"error": errors.Join(gone...).Error(), "released": n})
+		h.audit(r, key, tokens, "", force, n, errors.Join(gone...))
+		writeJSON(w, http.StatusConflict, map[string]any{"error": errors.Join(gone...).Error(), "released": n, "force": force})
 		return
 	}
-	h.audit(r, key, tokens, "", n, nil)
-	writeJSON(w, http.StatusOK, map[string]any{"key": key, "released": n})
+	h.audit(r, key, tokens, "", force, n, nil)
+	writeJSON(w, http.StatusOK, map[string]any{"key": key, "released": n, "force": force})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -126,7 +126,11 @@ func TestLocksArePaged(t *testing.T) {
 		require.GreaterOrEqual(t, pages, 3, name)
 	}
 
-	for _, bad := range []string{"limit=0", "limit=x", "limit=1001", "cursor=x", "cursor=7.0"} {
+	// A cursor out of range (past the end of the list, or so large that
+	// the page's end overflows) is refused, by either Locker.
+	for _, bad := range []string{"limit=0", "limit=x", "limit=1001", "limit=-1", "limit=9223372036854775807",
+		"cursor=x", "cursor=7.0", "cursor=-1", "cursor=9223372036854775807", "cursor=9223372036854775807&limit=1000",
+		"cursor=1000000", "cursor=99999999999999999999"} {
 		w, _ := getPage(t, h, bad)
 		require.Equal(t, http.StatusBadRequest, w.Code, bad)
 		name, _, _ := strings.Cut(bad, "=")
@@ -200,7 +204,7 @@ func TestReleasesAreAudited(t *testing.T) {
 	h, err := opsview.New(l, opsview.WithRelease(), opsview.WithActorHeader("X-Forwarded-User"))
 	require.NoError(t, err)
 	release := func(token int64) int {
-		form := url.Values{"key": {"tenant:7"}, "token": {fmt.Sprint(token)}}
+		form := url.Values{"key": {"tenant:7"}, "token": {fmt.Sprint(token)}, "force": {"1"}}
 		req := httptest.NewRequest(http.MethodPost, "/api/release", strings.NewReader(form.Encode()))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		req.Header.Set(opsview.ReleaseHeader, "release")

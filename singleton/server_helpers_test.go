@@ -3,6 +3,7 @@ package singleton_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -79,6 +80,15 @@ func (e *env) waiters(key string, n int) {
 		require.NoError(e.t, err)
 		return info.Waiters == n
 	}, 10*time.Second, 5*time.Millisecond)
+}
+
+// gone waits until asynq no longer has the task id (done, or revoked).
+func (e *env) gone(id string, msg string) {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool {
+		_, err := e.Inspector.GetTaskInfo(e.Queue, id)
+		return errors.Is(err, asynq.ErrTaskNotFound)
+	}, 10*time.Second, 5*time.Millisecond, msg)
 }
 
 // config is the asynq.Config of the tests' servers: asynqtest.Config (the

@@ -1448,3 +1448,75 @@ func TestThrottleSkippedResumedTaskPassesTheKeyOn(t *testing.T) {
 		return runs.Load() == 2 && ev.count(middleware.EventDuplicate, middleware.ActionSkip) == parked-1
 	}, 5*time.Second, 5*time.Millisecond, "runs %d", runs.Load())
 }
+
+// An operator's release (lockkit's Locker.CancelRun, as the page and
+// jobguard release send it) of a run whose handler ignores its ctx, under
+// Wait and under Requeue: the run's ctx is cancelled (lockkit.ErrCancelled),
+// no other task of the key starts while it goes on (past the lease TTL),
+// the next task starts as soon as it returns (no backstop wait), and the
+// cancelled task is revoked: neither retried nor archived.
+func TestOperatorReleaseOfAHungHandler(t *testing.T) {
+	policies := map[string]middleware.Policy{"wait": middleware.Wait(time.Minute, middleware.Skip()), "requeue": middleware.Requeue(time.Millisecond)}
+	for name, policy := range policies {
+		t.Run(name, func(t *testing.T) {
+			e := newEnvOn(t, standalone)
+			const ttl = 1500 * time.Millisecond
+			errs := &errorLog{}
+			tr := newTracker()
+			cancelled, release, started := make(chan error, 1), make(chan struct{}), make(chan string, 4)
+			for i := range 2 { // two servers, as on two machines
+				mw, err := singleton.Middleware(e.locker(lockkit.WithOwner(fmt.Sprintf("server-%d", i))), singleton.WithPolicy(policy), singleton.WithTTL(ttl), singleton.WithRedis(e.RDB))
+				require.NoError(t, err)
+				mux := asynq.NewServeMux()
+				mux.Use(mw)
+				mux.HandleFunc("sync", func(ctx context.Context, task *asynq.Task) error {
+					tr.start("sync")
+					defer tr.end("sync", string(task.Payload()))
+					started <- string(task.Payload())
+					if string(task.Payload()) != "v1" {
+						return nil
+					}
+					<-ctx.Done()
+					cancelled <- context.Cause(ctx)
+					<-release // a call that ignores ctx goes on
+					return ctx.Err()
+				})
+				cfg := e.config(2)
+				cfg.ErrorHandler = errs
+				e.start(cfg, mux)
+			}
+			e.Enqueue(asynq.NewTask("sync", []byte("v1")))
+			require.Equal(t, "v1", recv(t, started, 10*time.Second))
+			e.Enqueue(asynq.NewTask("sync", []byte("v2")))
+			op := e.locker()
+			require.Eventually(t, func() bool { // v2 waits, or is parked, for the key
+				info, err := op.Inspect(context.Background(), "asynq:sync")
+				require.NoError(t, err)
+				return info.Waiters+info.Parked > 0
+			}, 10*time.Second, 5*time.Millisecond)
+
+			n, err := op.CancelRun(context.Background(), "asynq:sync", lockkit.Select{})
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+			require.ErrorIs(t, recv(t, cancelled, 10*time.Second), lockkit.ErrCancelled)
+			select {
+			case v := <-started:
+				t.Fatalf("%s started beside the cancelled run", v)
+			case <-time.After(2 * ttl): // past the lease TTL: the key is still held
+			}
+			returned := time.Now()
+			close(release)
+			require.Equal(t, "v2", recv(t, started, 10*time.Second))
+			late := time.Since(returned)
+			t.Logf("v2 started %s after the cancelled run returned", late)
+			require.Less(t, late, ttl, "the release hands the key on; no backstop")
+			e.Drained(10 * time.Second)
+			require.Equal(t, map[string]int{"sync": 1}, tr.peaks())
+			require.Equal(t, map[string]int{"v1": 1, "v2": 1}, tr.completed())
+			require.True(t, errs.any(func(err error) bool { return errors.Is(err, lockkit.ErrCancelled) && errors.Is(err, asynq.RevokeTask) }), errs.String())
+			qi := e.QueueInfo()
+			require.Zero(t, qi.Archived)
+			require.Zero(t, qi.Retry)
+		})
+	}
+}

@@ -278,7 +278,11 @@ func PerQueue() ServerOption { return keyOpt(func(c *config) { c.perQueue = true
 // under WithLimit(n > 1); for a handler that
 // failed because a newer task preempted it (middleware.Preempt), an error
 // matching lockkit.ErrPreempted and asynq.RevokeTask, so the task is neither
-// retried nor archived; a lockkit error when the
+// retried nor archived; for a handler that failed after an operator
+// cancelled its run (lockkit's Locker.CancelRun: the key stays held until
+// the handler returns, then goes to the next task), an error matching
+// lockkit.ErrCancelled and asynq.RevokeTask (its Unique reservation ends
+// with the run); a lockkit error when the
 // lease could not be taken (Redis unreachable), which asynq retries.
 func Middleware(locker lockkit.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
 	if locker == nil {
@@ -488,6 +492,11 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	}
 	if out.Duplicate == nil {
 		m.logCutShort(ctx, t, job, out)
+		if out.Ran && errors.Is(out.Err, lockkit.ErrCancelled) {
+			// An operator cancelled the run (lockkit's Locker.CancelRun):
+			// the task is done, neither retried nor archived.
+			return fmt.Errorf("singleton: task %q (key %q): an operator cancelled its run: %w (%w)", t.Type(), key, out.Err, asynq.RevokeTask)
+		}
 		if out.Ran && errors.Is(out.Err, lockkit.ErrPreempted) {
 			// A newer task of the key took over: this one is done, neither
 			// retried nor archived.

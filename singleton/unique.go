@@ -476,8 +476,8 @@ func (m *guarded) doneWith(ctx context.Context, out middleware.Outcome) bool {
 	if out.Err == nil {
 		return true
 	}
-	if errors.Is(out.Err, asynq.SkipRetry) {
-		return true
+	if errors.Is(out.Err, asynq.SkipRetry) || (out.Ran && errors.Is(out.Err, lockkit.ErrCancelled)) {
+		return true // archived, or revoked after an operator cancelled the run
 	}
 	if errors.Is(out.Err, asynq.RevokeTask) {
 		// Revoked: deleted, never run again. A Requeue copy is the exception:

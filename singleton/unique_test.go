@@ -539,10 +539,7 @@ func TestUntilStartedTaskThatDoesNotRunFreesItsKey(t *testing.T) {
 	require.Equal(t, a.ID, recv(t, started, 10*time.Second))
 	b, err := client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":1}`)), asynq.Queue(e.Queue))
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		_, err := e.Inspector.GetTaskInfo(e.Queue, b.ID)
-		return errors.Is(err, asynq.ErrTaskNotFound)
-	}, 10*time.Second, 5*time.Millisecond, "B completes without running, and asynq deletes it")
+	e.gone(b.ID, "B completes without running, and asynq deletes it")
 	_, err = client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":2}`)), asynq.Queue(e.Queue))
 	require.NoError(t, err, "B is gone and never starts: nothing holds the key")
 }
@@ -562,4 +559,39 @@ func TestUniqueKeepsAnEarlierVersionsReservationInAQueueWithSlash(t *testing.T) 
 	time.Sleep(200 * time.Millisecond) // the reservation is past its enqueue grace
 	_, err = u.client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`)), asynq.Queue(q))
 	refused(t, err, held, "scheduled")
+}
+
+// An UntilExecuted task whose run an operator cancelled (lockkit's
+// Locker.CancelRun) while its handler ignored its ctx is revoked when the
+// handler returns: its reservation ends with the run, and the next enqueue
+// of the key is accepted at once (not after the reservation's TTL).
+func TestUniqueReservationOfACancelledRunEndsWithTheRun(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	client, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB,
+		singleton.KeyByFields("tenant_id"), singleton.Unique(e.locker(), singleton.UntilExecuted, time.Hour))
+	require.NoError(t, err)
+	mw, err := singleton.Middleware(e.locker(), singleton.KeyByFields("tenant_id"), singleton.WithRedis(e.RDB))
+	require.NoError(t, err)
+	started, finish, cancelled := make(chan string, 4), make(chan struct{}), make(chan error, 1)
+	e.start(e.config(2), mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		started <- id
+		<-ctx.Done()
+		cancelled <- context.Cause(ctx)
+		<-finish // a call that ignores ctx goes on
+		return ctx.Err()
+	})))
+	a, err := client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`)), asynq.Queue(e.Queue))
+	require.NoError(t, err)
+	require.Equal(t, a.ID, recv(t, started, 10*time.Second))
+	n, err := e.locker().CancelRun(context.Background(), `asynq:report:tenant_id="acme"`, lockkit.Select{})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.ErrorIs(t, recv(t, cancelled, 10*time.Second), lockkit.ErrCancelled)
+	_, err = client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":1}`)), asynq.Queue(e.Queue))
+	require.ErrorIs(t, err, singleton.ErrDuplicate, "the run goes on: its reservation holds")
+	close(finish)
+	e.gone(a.ID, "revoked: neither retried nor archived")
+	_, err = client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":2}`)), asynq.Queue(e.Queue))
+	require.NoError(t, err, "the reservation ended with the run")
 }

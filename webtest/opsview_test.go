@@ -59,8 +59,10 @@ func sharedRedis(t *testing.T) (*redis.Client, string) {
 }
 
 // An operator loads the page while a worker holds locks, sees the rows,
-// filters them, releases one key in two clicks, and sees its row go while
-// the holder's work is cancelled.
+// filters them, releases one key in two clicks: the holder's work is
+// cancelled and its row says "cancelling" while the run (which ignores its
+// ctx) goes on holding the key; then frees it anyway in two more clicks,
+// the second one warning with the run's fencing token, and sees its row go.
 func TestOperatorReleasesAStuckKey(t *testing.T) {
 	rdb, prefix := sharedRedis(t)
 	ctx := context.Background()
@@ -143,20 +145,41 @@ func TestOperatorReleasesAStuckKey(t *testing.T) {
 		click(row+` button.release`),
 		chromedp.WaitVisible(row+` button.confirm`),
 		click(row+` button.confirm`),
-		chromedp.WaitNotPresent(row),
+		chromedp.WaitVisible(row+` .cancelling`),
 	))
-	status, err := chromedp.Run(b, chromedp.Text(`#status`))
-	require.NoError(t, err)
 	select {
 	case <-work.Done(): // at once (the operators' channel), at the latest at its next renewal: TTL/3 = 500ms
 	case <-time.After(5 * time.Second):
 		t.Fatal("the released holder's work was not cancelled")
 	}
-	require.ErrorIs(t, context.Cause(work), lockkit.ErrLost)
-	require.ErrorContains(t, context.Cause(work), "released by an operator")
+	require.ErrorIs(t, context.Cause(work), lockkit.ErrCancelled)
 	require.Less(t, time.Since(start), 3*time.Second)
-	require.True(t, strings.Contains(status, "key(s) held") || strings.Contains(status, "released 1 holder(s)"), status)
+	holders, err = cell(row + ` td:nth-child(2)`)
+	require.NoError(t, err)
+	require.Contains(t, holders, "cancelling: waiting for the run to return")
+	require.NoError(t, stuck.Err(), "the run still holds the key")
 	info, err := view.Inspect(ctx, "tenant:42")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.True(t, info.Holders[0].Cancelling)
+
+	// Free anyway: the confirmation warns that the run is still going.
+	require.NoError(t, chromedp.Do(b,
+		chromedp.WaitVisible(row+` button.force`),
+		click(row+` button.force`),
+		chromedp.WaitVisible(row+` button.confirm-force`),
+	))
+	warning, err := cell(row + ` td:nth-child(5)`)
+	require.NoError(t, err)
+	require.Contains(t, warning, fmt.Sprintf("The run is still going: a new run may start beside it; its writes carry fencing token %d", stuck.Token()))
+	require.NoError(t, chromedp.Do(b,
+		click(row+` button.confirm-force`),
+		chromedp.WaitNotPresent(row),
+	))
+	status, err := chromedp.Run(b, chromedp.Text(`#status`))
+	require.NoError(t, err)
+	require.True(t, strings.Contains(status, "key(s) held") || strings.Contains(status, "freed 1 holder(s)"), status)
+	info, err = view.Inspect(ctx, "tenant:42")
 	require.NoError(t, err)
 	require.Empty(t, info.Holders)
 }

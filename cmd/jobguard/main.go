@@ -49,7 +49,8 @@ const usage = `jobguard: look at and free jobguard locks in Redis.
 Usage:
   jobguard [flags] ls [PATTERN]      keys with a live holder (Redis glob; default *)
   jobguard [flags] inspect KEY       holders (owner, label, token, TTL) and waiters of KEY
-  jobguard [flags] release KEY       remove KEY's holders (all, --owner ID's or --token N's); asks first unless --yes
+  jobguard [flags] release KEY       cancel the runs holding KEY (all, --owner ID's or --token N's); asks first unless --yes;
+                                     --force frees KEY at once instead, while the runs may still be going
   jobguard [flags] watch [PATTERN]   show the held keys every --interval until interrupted (a Redis error is printed, and watch goes on)
   jobguard [flags] why TASK-ID       why a task completed without running, or its run ended early (singleton's decision log)
 
@@ -60,11 +61,17 @@ Examples:
   jobguard release tenant:42 --token 1795637778862563   # the holder inspect showed
   jobguard --cluster 10.0.0.1:7000,10.0.0.2:7000 --tls watch --interval 2s
 
-A release removes only the holders it showed (by fencing token): if the key
-changed hands before the answer, it removes nothing of the new holder and
-exits 3 naming it. A released holder's work is cancelled at once with
-lockkit.ErrLost (its Locker listens on the operators' channel; at its next
-renewal, TTL/3 by default, if it missed the notice).
+A release acts only on the holders it showed (by fencing token): if the key
+changed hands before the answer, it touches nothing of the new holder and
+exits 3 naming it. It asks their runs to stop (lockkit's Locker.CancelRun):
+their ctx is cancelled at once with lockkit.ErrCancelled (their Locker
+listens on the operators' channel; at its next renewal, TTL/3 by default,
+if it missed the notice), and the key stays held, shown by inspect as
+"cancelling", until the run returns; then it goes to the next task. A run
+whose process died lets the key go at its TTL. release --force frees the
+key at once (Locker.ForceRelease; reservations too): the run may still be
+going, a new run may start beside it, and only their fencing tokens tell
+their writes apart.
 
 why reads the stream the asynq middleware adds to for every task that
 completes without running, and every run that a newer task preempted or
@@ -86,7 +93,7 @@ type options struct {
 	decisions                                     string
 	db, maxEntries                                int
 	token                                         int64
-	tls, tlsInsecure, json, yes                   bool
+	tls, tlsInsecure, json, yes, force            bool
 	interval                                      time.Duration
 }
 
@@ -114,6 +121,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.owner, "owner", "", "release: only this owner's holders")
 	fs.Int64Var(&o.token, "token", 0, "release: only the holder of this fencing token (as inspect shows it)")
 	fs.BoolVar(&o.yes, "yes", false, "release: do not ask for confirmation")
+	fs.BoolVar(&o.force, "force", false, "release: free the key at once, while the runs may still be going (a new run may start beside them)")
 	fs.DurationVar(&o.interval, "interval", time.Second, "watch: time between two views")
 	fs.StringVar(&o.decisions, "decisions", decisionLog, "why: the decision log's stream (singleton.DecisionLog)")
 	fs.IntVar(&o.maxEntries, "max-entries", defaultWhyMax, "why: look through at most this many of the log's newest entries, 1,000 per read")
@@ -266,12 +274,19 @@ type holderView struct {
 	Label string `json:"label,omitempty"`
 	Token int64  `json:"token"`
 	TTLms int64  `json:"ttl_ms"`
+	// Reserved: a reservation, which runs nothing.
+	Reserved bool `json:"reserved,omitempty"`
+	// Cancelling: an operator asked the run to stop CancelMs ago; the key
+	// stays held until it returns.
+	Cancelling bool  `json:"cancelling,omitempty"`
+	CancelMs   int64 `json:"cancel_ms,omitempty"`
 }
 
 func view(info *lockkit.Info) keyView {
 	v := keyView{Key: info.Key, Waiters: info.Waiters, Parked: info.Parked, ParkedIDs: info.ParkedIDs, Holders: []holderView{}}
 	for _, h := range info.Holders {
-		v.Holders = append(v.Holders, holderView{Owner: h.Owner, Label: h.Label, Token: h.Token, TTLms: h.TTL.Milliseconds()})
+		v.Holders = append(v.Holders, holderView{Owner: h.Owner, Label: h.Label, Token: h.Token, TTLms: h.TTL.Milliseconds(),
+			Reserved: h.Reserved, Cancelling: h.Cancelling, CancelMs: h.CancelAge.Milliseconds()})
 	}
 	return v
 }
@@ -347,9 +362,9 @@ func (c *cli) inspect(ctx context.Context, key string) int {
 		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
 		fmt.Fprintf(tw, "key %s: %d holder(s), %d waiter(s), %d parked\n", shown(key), len(v.Holders), v.Waiters, v.Parked)
 		if len(v.Holders) > 0 {
-			fmt.Fprintln(tw, "OWNER\tLABEL\tTOKEN\tTTL")
+			fmt.Fprintln(tw, "OWNER\tLABEL\tTOKEN\tTTL\tSTATE")
 			for _, h := range v.Holders {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", shown(h.Owner), shown(h.Label), h.Token, time.Duration(h.TTLms)*time.Millisecond)
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", shown(h.Owner), shown(h.Label), h.Token, time.Duration(h.TTLms)*time.Millisecond, stateOf(h))
 			}
 		}
 		for _, id := range v.ParkedIDs {
@@ -361,6 +376,17 @@ func (c *cli) inspect(ctx context.Context, key string) int {
 		return exitNotHeld
 	}
 	return exitOK
+}
+
+// stateOf says what a holder is doing: running, reserved, or being cancelled.
+func stateOf(h holderView) string {
+	switch {
+	case h.Cancelling:
+		return fmt.Sprintf("cancelling: waiting for the run to return, asked %s ago", (time.Duration(h.CancelMs) * time.Millisecond).Round(time.Second))
+	case h.Reserved:
+		return "reserved"
+	}
+	return "running"
 }
 
 func (c *cli) release(ctx context.Context, key string) int {
@@ -391,8 +417,31 @@ func (c *cli) release(ctx context.Context, key string) int {
 		fmt.Fprintf(c.errOut, "jobguard release: %q has no holder%s\n", key, ownerNote(c.o.owner))
 		return exitNotHeld
 	}
+	if !c.o.force {
+		// Only runs can be cancelled: a reservation runs nothing.
+		runs := targets[:0:0]
+		for _, h := range targets {
+			if !h.Reserved {
+				runs = append(runs, h)
+			}
+		}
+		if len(runs) == 0 {
+			fmt.Fprintf(c.errOut, "jobguard release: %q%s is held only by reservations, which run nothing: free them with --force\n", key, ownerNote(c.o.owner))
+			return exitNotHeld
+		}
+		targets = runs
+	}
 	if !c.o.yes {
-		fmt.Fprintf(c.errOut, "Release %d holder(s) of %q%s? Their work will be cancelled. [y/N] ", len(targets), key, ownerNote(c.o.owner))
+		if c.o.force {
+			tokens := make([]string, len(targets))
+			for i, h := range targets {
+				tokens[i] = fmt.Sprint(h.Token)
+			}
+			fmt.Fprintf(c.errOut, "Free %q%s now? The run is still going: a new run may start beside it; its writes carry fencing token %s. [y/N] ",
+				key, ownerNote(c.o.owner), strings.Join(tokens, ", "))
+		} else {
+			fmt.Fprintf(c.errOut, "Release %d holder(s) of %q%s? Their runs are cancelled; the key goes to the next task when they return. [y/N] ", len(targets), key, ownerNote(c.o.owner))
+		}
 		line, _ := bufio.NewReader(c.stdin).ReadString('\n')
 		if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
 			fmt.Fprintln(c.errOut, "not released")
@@ -400,9 +449,13 @@ func (c *cli) release(ctx context.Context, key string) int {
 		}
 	}
 	// Only the holders shown: the key may have changed hands meanwhile.
+	op := c.l.CancelRun
+	if c.o.force {
+		op = c.l.ForceRelease
+	}
 	n, gone := 0, false
 	for _, h := range targets {
-		_, err := c.l.ForceRelease(ctx, key, lockkit.Select{Token: h.Token})
+		_, err := op(ctx, key, lockkit.Select{Token: h.Token})
 		switch {
 		case err == nil:
 			n++
@@ -413,10 +466,13 @@ func (c *cli) release(ctx context.Context, key string) int {
 			return c.fail(err)
 		}
 	}
-	if c.o.json {
-		_ = json.NewEncoder(c.out).Encode(map[string]any{"key": key, "released": n})
-	} else {
-		fmt.Fprintf(c.out, "released %d holder(s) of %s\n", n, shown(key))
+	switch {
+	case c.o.json:
+		_ = json.NewEncoder(c.out).Encode(map[string]any{"key": key, "released": n, "force": c.o.force})
+	case c.o.force:
+		fmt.Fprintf(c.out, "freed %d holder(s) of %s (their runs may still be going)\n", n, shown(key))
+	default:
+		fmt.Fprintf(c.out, "released %d holder(s) of %s: their runs are cancelled, and the key goes to the next task when they return\n", n, shown(key))
 	}
 	if n == 0 || gone {
 		return exitNotHeld

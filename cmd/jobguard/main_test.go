@@ -114,13 +114,27 @@ func TestListInspectRelease(t *testing.T) {
 	require.NoError(t, work.Err())
 	out, _, code = jobguard(t, prefix, "y\n", "release", "tenant:42", "--owner", "worker-a")
 	require.Zero(t, code)
-	require.Contains(t, out, "released 1 holder(s) of tenant:42")
+	require.Contains(t, out, "released 1 holder(s) of tenant:42: their runs are cancelled")
 	select {
 	case <-work.Done(): // at once (the operators' channel), at the latest at its next renewal, within TTL/3 = 1s
 	case <-time.After(3 * time.Second):
 		t.Fatal("the released holder's work was not cancelled")
 	}
-	require.ErrorIs(t, context.Cause(work), lockkit.ErrLost)
+	require.ErrorIs(t, context.Cause(work), lockkit.ErrCancelled)
+	// The run still holds the key until it returns, and inspect says so.
+	require.NoError(t, la.Err())
+	out, _, code = jobguard(t, prefix, "", "inspect", "tenant:42")
+	require.Zero(t, code)
+	require.Regexp(t, `(?m)^worker-a\s+task-1\s+\d+\s+\S+\s+cancelling: waiting for the run to return, asked \S+ ago$`, out)
+	require.Regexp(t, `(?m)^worker-b\s.*running$`, out)
+
+	// --force frees the key at once, warning with the fencing token.
+	_, errOut, code = jobguard(t, prefix, "n\n", "release", "tenant:42", "--owner", "worker-a", "--force")
+	require.Equal(t, exitDeclined, code)
+	require.Contains(t, errOut, fmt.Sprintf("The run is still going: a new run may start beside it; its writes carry fencing token %d.", la.Token()))
+	out, _, code = jobguard(t, prefix, "", "release", "tenant:42", "--owner", "worker-a", "--force", "--yes")
+	require.Zero(t, code)
+	require.Contains(t, out, "freed 1 holder(s) of tenant:42 (their runs may still be going)")
 	info, err := a.Inspect(ctx, "tenant:42")
 	require.NoError(t, err)
 	require.Len(t, info.Holders, 1)
@@ -128,7 +142,10 @@ func TestListInspectRelease(t *testing.T) {
 
 	out, _, code = jobguard(t, prefix, "", "release", "tenant:42", "--yes", "--json")
 	require.Zero(t, code)
-	require.JSONEq(t, `{"key":"tenant:42","released":1}`, out)
+	require.JSONEq(t, `{"key":"tenant:42","released":1,"force":false}`, out)
+	out, _, code = jobguard(t, prefix, "", "release", "tenant:42", "--yes", "--force", "--json")
+	require.Zero(t, code)
+	require.JSONEq(t, `{"key":"tenant:42","released":1,"force":true}`, out)
 	_, _, code = jobguard(t, prefix, "", "release", "tenant:42", "--yes")
 	require.Equal(t, exitNotHeld, code)
 }

@@ -16,8 +16,9 @@
 --         "done:<label>" (Lease.Complete), "f:<label>" (Free), "w:" while
 --         waiters, a queue or parked jobs may live (keep_sorted),
 --         "x:<acquire id>" for an acquire call that failed and was cleaned up
---         (a late run of it must not take the key), and the records of the
---         modes ("q:", "s:", "S:": see their files). Released holders are
+--         (a late run of it must not take the key), "c:<token>" while an
+--         operator's request that a run stop lasts (cancel.lua), and the
+--         records of the modes ("q:", "s:", "S:": see their files). Released holders are
 --         remembered in a key of their own (release.lua), so a key whose last
 --         holder left is gone and the next acquire takes the fast path.
 -- KEYS[2] epoch: HASH, e = last epoch, d = keep it until (ms), a = the acquire

@@ -9,7 +9,8 @@
 -- Returns 1 when renewed, 0 when the lease had expired or was gone, 2 when
 -- a Preempt acquire preempted it (its score has a fraction, see acquire_preempt.lua),
 -- also after its grace (its "q:<token>" record), 3 when ForceRelease removed
--- it (its "x:<token>" record, see evict.lua).
+-- it (its "x:<token>" record, see evict.lua), 4 when renewed and an
+-- operator asked its run to stop (its "c:<token>" record, see cancel.lua).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
@@ -49,5 +50,8 @@ if redis.call('PTTL', KEYS[1]) < ttl then
 end
 if ARGV[3] == '1' and redis.call('PTTL', KEYS[2]) < ttl then
   redis.call('PEXPIRE', KEYS[2], ttl)
+end
+if redis.call('ZSCORE', KEYS[1], 'c:' .. string.match(ARGV[1], '^%d+')) then
+  return 4
 end
 return 1

@@ -61,6 +61,8 @@ if member == '' then
 end
 local released = string.match(member, '^(%d+):') or '0'
 local score = redis.call('ZSCORE', KEYS[1], member)
+-- The run is over: an operator's request that it stop (cancel.lua) ends.
+redis.call('ZREM', KEYS[1], 'c:' .. released)
 if score and tonumber(score) < -now then
   return 1
 end

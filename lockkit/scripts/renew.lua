@@ -11,7 +11,8 @@
 -- Returns, per lease, 1 when renewed, 0 when it had expired or was gone, 2
 -- when a Preempt acquire preempted it (also after its grace: its
 -- "q:<token>" record, see acquire_preempt.lua), 3 when ForceRelease removed it (its
--- "x:<token>" record, see evict.lua).
+-- "x:<token>" record, see evict.lua), 4 when renewed and an operator asked
+-- its run to stop (its "c:<token>" record, see cancel.lua).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local common = tonumber(ARGV[1])
@@ -66,6 +67,9 @@ while j <= #ARGV do
       redis.call('PEXPIRE', meta, ttl)
     end
     out[i] = 1
+    if redis.call('ZSCORE', holders, 'c:' .. string.match(member, '^%d+')) then
+      out[i] = 4
+    end
   end
 end
 return out
