@@ -43,8 +43,9 @@ const parkedHeader = "jobguard-parked"
 // parked again, keeping its place; under Skip it completes without
 // running, as any duplicate does. It needs a Middleware with WithLimit(1)
 // (the default): one with a higher limit refuses a task parked at enqueue
-// (an error matching ErrInvalid and asynq.SkipRetry, so asynq archives it)
-// and gives back its reservation, since under it no run would start the
+// (an error matching ErrInvalid and asynq.SkipRetry, so asynq archives it;
+// under WithShadow it runs, and the error is reported) and gives back its
+// reservation, since under it no run would start the
 // parked tasks nor remove them from the key's parked queue. Zero backstop
 // means ParkBackstop; it must be between a
 // second (asynq schedules in seconds) and lockkit.MaxTTL.
@@ -146,10 +147,10 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 	return info, err
 }
 
-// refuseParked fails job, a task parked at enqueue (ParkAtEnqueue) delivered
-// to a middleware with WithLimit(n > 1), and gives back the reservation made
-// for it: under such a limit no run resumes parked tasks or takes them out
-// of the key's parked queue.
+// refuseParked returns the error that refuses job, a task parked at enqueue
+// (ParkAtEnqueue) delivered to a middleware with WithLimit(n > 1), and gives
+// back the reservation made for it: under such a limit no run resumes parked
+// tasks or takes them out of the key's parked queue.
 func (m *guarded) refuseParked(ctx context.Context, job middleware.Job) error {
 	err := fmt.Errorf("%w: WithLimit(%d): task %q (key %q) was enqueued with ParkAtEnqueue, which needs WithLimit(1) (%w)",
 		ErrInvalid, m.limit, job.Name, job.Key, asynq.SkipRetry)
@@ -158,6 +159,5 @@ func (m *guarded) refuseParked(ctx context.Context, job middleware.Job) error {
 	if _, ferr := m.guard.Locker().ForceRelease(fctx, job.Key, lockkit.Select{Label: job.Origin}); ferr != nil {
 		err = fmt.Errorf("%w; giving back its reservation: %w", err, ferr)
 	}
-	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job, Err: err})
 	return err
 }

@@ -56,6 +56,75 @@ func TestShadowRunsEveryTask(t *testing.T) {
 	})
 }
 
+// Under WithShadow a task the middleware would refuse runs too: one whose key
+// cannot be derived (ErrKey), one enqueued keyed otherwise (ErrKeyMismatch)
+// and one parked at enqueue under WithLimit(n > 1) (ErrInvalid). None is
+// archived; each is reported once as an EventShadowed with ActionFail and the
+// refusal as its Err, and recorded in DecisionLog (reason would_archive,
+// cause the refusal). The refused reservation is given back, as the refusal
+// gives it back.
+func TestShadowRunsTasksTheMiddlewareWouldRefuse(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		ctx := context.Background()
+		ev := &events{}
+		mw, err := singleton.Middleware(e.locker(), singleton.KeyByFields("tenant_id"), singleton.WithShadow(), singleton.WithLimit(2),
+			singleton.WithRedis(e.RDB), singleton.WithPolicy(middleware.Requeue(time.Second)), singleton.WithObserver(ev.observe))
+		require.NoError(t, err)
+		ran, now := make(chan string, 3), make(chan struct{})
+		close(now)
+		e.start(e.config(4), mw(holding(ran, now)))
+
+		noKey := e.Enqueue(asynq.NewTask("report", []byte(`{"other":"acme"}`)))
+		otherKey := e.Enqueue(asynq.NewTaskWithHeaders("report", []byte(`{"tenant_id":"acme"}`),
+			map[string]string{singleton.KeyHeader: keyHeaderOf("asynq:report:acme", `KeyFunc(...)`)}))
+		parker, err := singleton.NewClient(e.Client, e.RDB, singleton.KeyByFields("tenant_id"), singleton.ParkAtEnqueue(e.locker(), 0))
+		require.NoError(t, err)
+		parked, err := parker.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"globex"}`)), asynq.Queue(e.Queue))
+		require.NoError(t, err)
+		require.Equal(t, asynq.TaskStatePending, parked.State, "reserved its key")
+
+		var got []string
+		for range 3 {
+			got = append(got, recv(t, ran, 10*time.Second))
+		}
+		require.ElementsMatch(t, []string{noKey.ID, otherKey.ID, parked.ID}, got, "every task ran")
+		e.Drained(10 * time.Second)
+		require.Zero(t, e.QueueInfo().Archived)
+
+		want := map[string]error{noKey.ID: singleton.ErrKey, otherKey.ID: singleton.ErrKeyMismatch, parked.ID: singleton.ErrInvalid}
+		shadowed := map[string]int{}
+		for _, x := range ev.all() {
+			switch x.Kind {
+			case middleware.EventShadowed:
+				shadowed[x.Job.ID]++
+				require.Equal(t, middleware.ActionFail, x.Action, "%s", x.Err)
+				require.ErrorIs(t, x.Err, want[x.Job.ID])
+				require.ErrorIs(t, x.Err, asynq.SkipRetry, "what asynq would have done: archive it")
+			case middleware.EventError:
+				t.Errorf("an error event for a task shadow mode runs: %v", x.Err)
+			}
+		}
+		require.Equal(t, map[string]int{noKey.ID: 1, otherKey.ID: 1, parked.ID: 1}, shadowed)
+
+		entries, err := e.RDB.XRevRangeN(ctx, singleton.DecisionLog, "+", "-", 1000).Result()
+		require.NoError(t, err)
+		logged := map[string]string{}
+		for _, x := range entries {
+			if id, _ := x.Values["task"].(string); want[id] != nil {
+				require.Equal(t, "would_archive", x.Values["reason"])
+				logged[id], _ = x.Values["cause"].(string)
+			}
+		}
+		require.Len(t, logged, 3, "each refusal is in DecisionLog")
+		require.Contains(t, logged[noKey.ID], "tenant_id")
+		require.Contains(t, logged[otherKey.ID], "KeyFunc(...)")
+		require.Contains(t, logged[parked.ID], "WithLimit(2)")
+
+		require.Empty(t, e.holders(`asynq:report:tenant_id="globex"`), "the refused task's reservation was given back")
+	})
+}
+
 // Under WithShadow a task parked at enqueue takes over its reservation and
 // gives it back when its run ends, which starts the next parked task, as
 // without shadow: a burst of one key runs one at a time, in order, long

@@ -568,8 +568,13 @@ func (c *cli) printDecisions(found []decisionView) {
 			what = "lost its lease while it ran, and failed (asynq retries it while it has retries left)"
 		case "refused":
 			what = "was refused at enqueue (Unique): its key was reserved"
+		case "would_archive":
+			what = "ran under WithShadow; without it, it would have been refused and archived"
 		}
-		fmt.Fprintf(c.out, "%s task %s (%s, queue %s) %s, key %s", v.At, shown(f["task"]), shown(f["type"]), shown(f["queue"]), what, shown(f["key"]))
+		fmt.Fprintf(c.out, "%s task %s (%s, queue %s) %s", v.At, shown(f["task"]), shown(f["type"]), shown(f["queue"]), what)
+		if f["key"] != "" {
+			fmt.Fprintf(c.out, ", key %s", shown(f["key"]))
+		}
 		if f["by_task"] != "" {
 			fmt.Fprintf(c.out, ", by task %s", shown(f["by_task"]))
 		}
