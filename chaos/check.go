@@ -30,7 +30,7 @@ const (
 	rulePeriodic    = "periodic"     // a Scheduler's tick is enqueued once: never twice, none missed
 	ruleLeak        = "leak"         // once quiet, only documented records are left, none longer than its retention
 	ruleNewestPlain = "newest-plain" // ruleNewest for tasks of a plain asynq.Client (advisory: placed by arrival)
-	ruleShadow      = "shadow"       // WithShadow: every delivery runs; of two overlapping runs of a key, one was reported shadowed
+	ruleShadow      = "shadow"       // WithShadow: every delivery runs, under its lease or reported; of two overlapping runs of a key, one was reported
 	ruleCron        = "cron"         // cronguard: each tick of an entry runs once across the replicas: never twice, none missed unless a fault explains it
 )
 
@@ -1159,15 +1159,30 @@ func (h *history) checkCron() []Violation {
 }
 
 // checkShadow: under WithShadow (singleton's doc, docs/operations.md) every
-// delivery runs: a conflict, or a Redis error, is reported and the task runs
-// anyway, unless its process died first; and of two runs of a key that
-// overlap (each counted as checkOverlap counts it), at least one was
-// reported between its delivery and its start: an EventShadowed (what the
-// policy would have done), or an EventError (the decision could not be
-// taken); or is a re-delivery that found its own task's earlier run holding
-// the key, which is no duplicate and is not reported (middleware.WithShadow).
+// delivery runs: a conflict, a Redis error, or a task the middleware would
+// refuse (its key cannot be derived, its Client keyed it otherwise, it was
+// parked at enqueue under WithLimit(n > 1)) is reported and the task runs
+// anyway, unless its process died first. Every run took its lease (an
+// EventAcquired between its delivery and its start: a task parked at
+// enqueue takes its reservation over) or was reported between its delivery
+// and its start: an EventShadowed (what the policy, or the refusal, would
+// have done), or an EventError (the decision could not be taken); or is a
+// re-delivery that found its own task's earlier run holding the key, which
+// is no duplicate and is not reported (middleware.WithShadow). So of two
+// runs of a key that overlap (each counted as checkOverlap counts it), at
+// least one was reported.
 func (h *history) checkShadow() []Violation {
 	var vs []Violation
+	during := func(ru *run, kinds ...string) bool {
+		return slices.ContainsFunc(h.tasks[ru.task].decs, func(d Record) bool {
+			return slices.Contains(kinds, d.Kind) && d.Proc == ru.proc && d.AID == ru.recs[0].AID && d.T >= ru.deliv && d.T <= ru.start
+		})
+	}
+	reported := func(ru *run) bool {
+		// its own task's earlier run held the key: no duplicate, not
+		// reported (WithShadow)
+		return h.ownRetry(ru) || during(ru, "shadowed", "error")
+	}
 	byKey := map[string][]*run{}
 	for _, name := range h.order {
 		t := h.tasks[name]
@@ -1182,15 +1197,10 @@ func (h *history) checkShadow() []Violation {
 		}
 		for _, ru := range t.runs {
 			byKey[ru.key] = append(byKey[ru.key], ru)
+			if !reported(ru) && !during(ru, "acquired") {
+				vs = append(vs, h.violation(ruleShadow, name, "its run on "+ru.proc+" took no lease and was not reported", ru.recs...))
+			}
 		}
-	}
-	reported := func(ru *run) bool {
-		if h.ownRetry(ru) {
-			return true // its own task's earlier run held the key: no duplicate, not reported (WithShadow)
-		}
-		return slices.ContainsFunc(h.tasks[ru.task].decs, func(d Record) bool {
-			return (d.Kind == "shadowed" || d.Kind == "error") && d.Proc == ru.proc && d.AID == ru.recs[0].AID && d.T >= ru.deliv && d.T <= ru.start
-		})
 	}
 	for key, runs := range byKey {
 		slices.SortFunc(runs, func(a, b *run) int { return cmpInt(a.start, b.start) })
