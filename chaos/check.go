@@ -166,17 +166,19 @@ type interval struct{ from, to int64 }
 
 // history is a run's merged history, indexed.
 type history struct {
-	w       Workload
-	base    int64
-	fams    map[string]Family
-	tasks   map[string]*taskHist
-	order   []string
-	runs    []*run
-	death   map[string]int64 // process → when it died (kill) or exited
-	stops   map[string][]interval
-	kills   map[string]Record
-	lastT   int64
-	records []Record
+	w     Workload
+	base  int64
+	fams  map[string]Family
+	tasks map[string]*taskHist
+	order []string
+	runs  []*run
+	death map[string]int64 // process → when it died (kill) or exited
+	stops map[string][]interval
+	kills map[string]Record
+	// returned: proc/asynq ID → when its deliveries returned to asynq
+	returned map[string][]int64
+	lastT    int64
+	records  []Record
 }
 
 func index(w Workload, recs []Record) *history {
@@ -268,15 +270,15 @@ func index(w Workload, recs []Record) *history {
 		}
 		ru.effEnd = h.overlapEnd(ru)
 	}
-	returned := map[string][]int64{} // proc/asynq ID → when its deliveries returned
+	h.returned = map[string][]int64{}
 	for _, r := range recs {
 		if r.Ev == evReturn {
-			returned[r.Proc+"/"+r.AID] = append(returned[r.Proc+"/"+r.AID], r.T)
+			h.returned[r.Proc+"/"+r.AID] = append(h.returned[r.Proc+"/"+r.AID], r.T)
 		}
 	}
 	for _, ru := range h.runs {
 		k, ok := h.kills[ru.proc]
-		ru.killedBefore = ok && k.T > ru.start && !slices.ContainsFunc(returned[ru.proc+"/"+ru.recs[0].AID], func(t int64) bool { return t >= ru.start && t < k.T })
+		ru.killedBefore = ok && k.T > ru.start && !slices.ContainsFunc(h.returned[ru.proc+"/"+ru.recs[0].AID], func(t int64) bool { return t >= ru.start && t < k.T })
 	}
 	return h
 }
@@ -984,11 +986,13 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 		case "f":
 			keep = fenceKeep
 		}
-		if kind == "k" && (h.archivedOn(k.Key) || h.refusedOn(k.Key)) {
+		if kind == "k" && (h.archivedOn(k.Key) || h.refusedOn(k.Key) || h.refusedParked(k.Key)) {
 			// The parked id of a task asynq archived (it never took the
-			// key), or of a task parked at enqueue whose enqueue asynq
-			// then refused (ParkAtEnqueue: "a parked entry stays"): kept
-			// ten minutes after its last park (lockkit's Park).
+			// key), of a task parked at enqueue whose enqueue asynq
+			// then refused (ParkAtEnqueue: "a parked entry stays"), or
+			// of one a middleware with WithLimit(n > 1) refused and ran
+			// under WithShadow: kept ten minutes after its last park
+			// (lockkit's Park).
 			keep = parkKeep + h.w.TTL
 		}
 		switch {
@@ -1162,7 +1166,8 @@ func (h *history) checkCron() []Violation {
 // delivery runs: a conflict, a Redis error, or a task the middleware would
 // refuse (its key cannot be derived, its Client keyed it otherwise, it was
 // parked at enqueue under WithLimit(n > 1)) is reported and the task runs
-// anyway, unless its process died first. Every run took its lease (an
+// anyway, unless its process died (was killed or exited) before the
+// delivery returned. Every run took its lease (an
 // EventAcquired between its delivery and its start: a task parked at
 // enqueue takes its reservation over) or was reported between its delivery
 // and its start: an EventShadowed (what the policy, or the refusal, would
@@ -1191,7 +1196,8 @@ func (h *history) checkShadow() []Violation {
 		}
 		for _, d := range t.delivs {
 			ran := slices.ContainsFunc(t.runs, func(ru *run) bool { return ru.proc == d.Proc && ru.recs[0].AID == d.AID && ru.start >= d.T })
-			if died, ok := h.death[d.Proc]; !ran && (!ok || died < d.T) {
+			returned := slices.ContainsFunc(h.returned[d.Proc+"/"+d.AID], func(at int64) bool { return at >= d.T })
+			if died, ok := h.death[d.Proc]; !ran && (returned || !ok || died < d.T) {
 				vs = append(vs, h.violation(ruleShadow, name, "delivered on "+d.Proc+" but did not run", t.events()...))
 			}
 		}
@@ -1254,6 +1260,19 @@ func (h *history) refusedOn(k string) bool {
 		t := h.tasks[name]
 		if t.fam.Client == cliPark && t.enq != nil && !t.enq.Accepted && t.enq.Err != "" &&
 			strings.Contains(k, fmt.Sprintf("{asynq:%s:k=%q}", t.fam.TaskType(), t.key)) {
+			return true
+		}
+	}
+	return false
+}
+
+// refusedParked reports whether k is a lock key of a WithShadow family
+// whose tasks are parked at enqueue under WithLimit(n > 1): the middleware
+// refuses them (and, under WithShadow, runs them), and each leaves its
+// parked id, as one it refuses without shadow and asynq archives does.
+func (h *history) refusedParked(k string) bool {
+	for _, f := range h.w.Families {
+		if f.Shadow && f.Client == cliPark && f.Limit > 1 && strings.Contains(k, "{asynq:"+f.TaskType()+":") {
 			return true
 		}
 	}

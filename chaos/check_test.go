@@ -551,6 +551,15 @@ func TestShadowUnreportedOverlapOrUnrunDeliveryIsReported(t *testing.T) {
 	h.leased(10, 100, "w1", "a")
 	h.add(120, "w2", evDeliver, "b", nil)
 	h.wantOne(t, ruleShadow, "b")
+
+	// A delivery that returned without running (the middleware refused
+	// the task) is reported although its process exited later.
+	h = newShadow()
+	h.leased(10, 100, "w1", "a")
+	h.add(120, "w2", evDeliver, "b", nil)
+	h.add(121, "w2", evReturn, "b", func(r *Record) { r.Err = "singleton: cannot derive key (skip retry for the task)" })
+	h.add(5000, "w2", evExit, "", nil)
+	h.wantOne(t, ruleShadow, "b")
 }
 
 // leased records a delivery of task that took its lease and ran from ms
