@@ -67,9 +67,10 @@ lockkit.ErrLost (its Locker listens on the operators' channel; at its next
 renewal, TTL/3 by default, if it missed the notice).
 
 why reads the stream the asynq middleware adds to for every task that
-completes without running, and every run that a newer task preempted or
-that failed after losing its lease (singleton.DecisionLog, about the last
-10,000): the reason, the key, and the run or task that held, covered or
+completes without running, every run that a newer task preempted or that
+failed after losing its lease, and every task that ran under WithShadow
+although it would have been refused and archived (singleton.DecisionLog,
+about the last 10,000): the reason, the key, and the run or task that held, covered or
 took over the key. It finds
 the task by its ID or, for a Requeue copy, by its first task's ID. It reads
 the log newest first, 1,000 entries per read, and stops at the end of the
