@@ -30,7 +30,7 @@ const (
 	rulePeriodic    = "periodic"     // a Scheduler's tick is enqueued once: never twice, none missed
 	ruleLeak        = "leak"         // once quiet, only documented records are left, none longer than its retention
 	ruleNewestPlain = "newest-plain" // ruleNewest for tasks of a plain asynq.Client (advisory: placed by arrival)
-	ruleShadow      = "shadow"       // WithShadow: every delivery runs; of two overlapping runs of a key, one was reported shadowed
+	ruleShadow      = "shadow"       // WithShadow: every delivery runs, under its lease or reported; of two overlapping runs of a key, one was reported
 	ruleCron        = "cron"         // cronguard: each tick of an entry runs once across the replicas: never twice, none missed unless a fault explains it
 )
 
@@ -166,17 +166,19 @@ type interval struct{ from, to int64 }
 
 // history is a run's merged history, indexed.
 type history struct {
-	w       Workload
-	base    int64
-	fams    map[string]Family
-	tasks   map[string]*taskHist
-	order   []string
-	runs    []*run
-	death   map[string]int64 // process → when it died (kill) or exited
-	stops   map[string][]interval
-	kills   map[string]Record
-	lastT   int64
-	records []Record
+	w     Workload
+	base  int64
+	fams  map[string]Family
+	tasks map[string]*taskHist
+	order []string
+	runs  []*run
+	death map[string]int64 // process → when it died (kill) or exited
+	stops map[string][]interval
+	kills map[string]Record
+	// returned: proc/asynq ID → when its deliveries returned to asynq
+	returned map[string][]int64
+	lastT    int64
+	records  []Record
 }
 
 func index(w Workload, recs []Record) *history {
@@ -268,15 +270,15 @@ func index(w Workload, recs []Record) *history {
 		}
 		ru.effEnd = h.overlapEnd(ru)
 	}
-	returned := map[string][]int64{} // proc/asynq ID → when its deliveries returned
+	h.returned = map[string][]int64{}
 	for _, r := range recs {
 		if r.Ev == evReturn {
-			returned[r.Proc+"/"+r.AID] = append(returned[r.Proc+"/"+r.AID], r.T)
+			h.returned[r.Proc+"/"+r.AID] = append(h.returned[r.Proc+"/"+r.AID], r.T)
 		}
 	}
 	for _, ru := range h.runs {
 		k, ok := h.kills[ru.proc]
-		ru.killedBefore = ok && k.T > ru.start && !slices.ContainsFunc(returned[ru.proc+"/"+ru.recs[0].AID], func(t int64) bool { return t >= ru.start && t < k.T })
+		ru.killedBefore = ok && k.T > ru.start && !slices.ContainsFunc(h.returned[ru.proc+"/"+ru.recs[0].AID], func(t int64) bool { return t >= ru.start && t < k.T })
 	}
 	return h
 }
@@ -984,11 +986,13 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 		case "f":
 			keep = fenceKeep
 		}
-		if kind == "k" && (h.archivedOn(k.Key) || h.refusedOn(k.Key)) {
+		if kind == "k" && (h.archivedOn(k.Key) || h.refusedOn(k.Key) || h.refusedParked(k.Key)) {
 			// The parked id of a task asynq archived (it never took the
-			// key), or of a task parked at enqueue whose enqueue asynq
-			// then refused (ParkAtEnqueue: "a parked entry stays"): kept
-			// ten minutes after its last park (lockkit's Park).
+			// key), of a task parked at enqueue whose enqueue asynq
+			// then refused (ParkAtEnqueue: "a parked entry stays"), or
+			// of one a middleware with WithLimit(n > 1) refused and ran
+			// under WithShadow: kept ten minutes after its last park
+			// (lockkit's Park).
 			keep = parkKeep + h.w.TTL
 		}
 		switch {
@@ -1159,15 +1163,31 @@ func (h *history) checkCron() []Violation {
 }
 
 // checkShadow: under WithShadow (singleton's doc, docs/operations.md) every
-// delivery runs: a conflict, or a Redis error, is reported and the task runs
-// anyway, unless its process died first; and of two runs of a key that
-// overlap (each counted as checkOverlap counts it), at least one was
-// reported between its delivery and its start: an EventShadowed (what the
-// policy would have done), or an EventError (the decision could not be
-// taken); or is a re-delivery that found its own task's earlier run holding
-// the key, which is no duplicate and is not reported (middleware.WithShadow).
+// delivery runs: a conflict, a Redis error, or a task the middleware would
+// refuse (its key cannot be derived, its Client keyed it otherwise, it was
+// parked at enqueue under WithLimit(n > 1)) is reported and the task runs
+// anyway, unless its process died (was killed or exited) before the
+// delivery returned. Every run took its lease (an
+// EventAcquired between its delivery and its start: a task parked at
+// enqueue takes its reservation over) or was reported between its delivery
+// and its start: an EventShadowed (what the policy, or the refusal, would
+// have done), or an EventError (the decision could not be taken); or is a
+// re-delivery that found its own task's earlier run holding the key, which
+// is no duplicate and is not reported (middleware.WithShadow). So of two
+// runs of a key that overlap (each counted as checkOverlap counts it), at
+// least one was reported.
 func (h *history) checkShadow() []Violation {
 	var vs []Violation
+	during := func(ru *run, kinds ...string) bool {
+		return slices.ContainsFunc(h.tasks[ru.task].decs, func(d Record) bool {
+			return slices.Contains(kinds, d.Kind) && d.Proc == ru.proc && d.AID == ru.recs[0].AID && d.T >= ru.deliv && d.T <= ru.start
+		})
+	}
+	reported := func(ru *run) bool {
+		// its own task's earlier run held the key: no duplicate, not
+		// reported (WithShadow)
+		return h.ownRetry(ru) || during(ru, "shadowed", "error")
+	}
 	byKey := map[string][]*run{}
 	for _, name := range h.order {
 		t := h.tasks[name]
@@ -1176,21 +1196,17 @@ func (h *history) checkShadow() []Violation {
 		}
 		for _, d := range t.delivs {
 			ran := slices.ContainsFunc(t.runs, func(ru *run) bool { return ru.proc == d.Proc && ru.recs[0].AID == d.AID && ru.start >= d.T })
-			if died, ok := h.death[d.Proc]; !ran && (!ok || died < d.T) {
+			returned := slices.ContainsFunc(h.returned[d.Proc+"/"+d.AID], func(at int64) bool { return at >= d.T })
+			if died, ok := h.death[d.Proc]; !ran && (returned || !ok || died < d.T) {
 				vs = append(vs, h.violation(ruleShadow, name, "delivered on "+d.Proc+" but did not run", t.events()...))
 			}
 		}
 		for _, ru := range t.runs {
 			byKey[ru.key] = append(byKey[ru.key], ru)
+			if !reported(ru) && !during(ru, "acquired") {
+				vs = append(vs, h.violation(ruleShadow, name, "its run on "+ru.proc+" took no lease and was not reported", ru.recs...))
+			}
 		}
-	}
-	reported := func(ru *run) bool {
-		if h.ownRetry(ru) {
-			return true // its own task's earlier run held the key: no duplicate, not reported (WithShadow)
-		}
-		return slices.ContainsFunc(h.tasks[ru.task].decs, func(d Record) bool {
-			return (d.Kind == "shadowed" || d.Kind == "error") && d.Proc == ru.proc && d.AID == ru.recs[0].AID && d.T >= ru.deliv && d.T <= ru.start
-		})
 	}
 	for key, runs := range byKey {
 		slices.SortFunc(runs, func(a, b *run) int { return cmpInt(a.start, b.start) })
@@ -1244,6 +1260,19 @@ func (h *history) refusedOn(k string) bool {
 		t := h.tasks[name]
 		if t.fam.Client == cliPark && t.enq != nil && !t.enq.Accepted && t.enq.Err != "" &&
 			strings.Contains(k, fmt.Sprintf("{asynq:%s:k=%q}", t.fam.TaskType(), t.key)) {
+			return true
+		}
+	}
+	return false
+}
+
+// refusedParked reports whether k is a lock key of a WithShadow family
+// whose tasks are parked at enqueue under WithLimit(n > 1): the middleware
+// refuses them (and, under WithShadow, runs them), and each leaves its
+// parked id, as one it refuses without shadow and asynq archives does.
+func (h *history) refusedParked(k string) bool {
+	for _, f := range h.w.Families {
+		if f.Shadow && f.Client == cliPark && f.Limit > 1 && strings.Contains(k, "{asynq:"+f.TaskType()+":") {
 			return true
 		}
 	}

@@ -559,24 +559,71 @@ func TestShadowUnreportedOverlapOrUnrunDeliveryIsReported(t *testing.T) {
 		return h
 	}
 	h := newShadow()
-	h.run(10, 100, "w1", "a", "ok")
-	h.add(50, "w2", evDeliver, "b", nil)
-	h.add(51, "w2", evDecision, "b", func(r *Record) { r.Kind, r.Action = "shadowed", "skip" })
-	s := h.add(52, "w2", evStart, "b", nil)
-	h.add(150, "w2", evEnd, "b", func(r *Record) { r.Outcome, r.Run = "ok", s })
+	h.leased(10, 100, "w1", "a")
+	h.reported(50, 150, "w2", "b", "shadowed")
 	if got := h.check(); len(got) != 0 {
 		t.Fatalf("want nothing, got %v", got)
 	}
 
 	h = newShadow()
-	h.run(10, 100, "w1", "a", "ok")
-	h.run(50, 150, "w2", "b", "ok")
+	h.leased(10, 100, "w1", "a")
+	h.leased(50, 150, "w2", "b")
 	h.wantOne(t, ruleShadow, "b")
 
 	h = newShadow()
-	h.run(10, 100, "w1", "a", "ok")
+	h.leased(10, 100, "w1", "a")
 	h.add(120, "w2", evDeliver, "b", nil)
 	h.wantOne(t, ruleShadow, "b")
+
+	// A delivery that returned without running (the middleware refused
+	// the task) is reported although its process exited later.
+	h = newShadow()
+	h.leased(10, 100, "w1", "a")
+	h.add(120, "w2", evDeliver, "b", nil)
+	h.add(121, "w2", evReturn, "b", func(r *Record) { r.Err = "singleton: cannot derive key (skip retry for the task)" })
+	h.add(5000, "w2", evExit, "", nil)
+	h.wantOne(t, ruleShadow, "b")
+}
+
+// leased records a delivery of task that took its lease and ran from ms
+// to end.
+func (h *hist) leased(ms, end int, proc, task string) {
+	h.reported(ms, end, proc, task, "acquired")
+}
+
+// reported records a delivery of task, a decision of kind about it, and a
+// run from ms to end.
+func (h *hist) reported(ms, end int, proc, task, kind string) {
+	h.add(ms, proc, evDeliver, task, nil)
+	h.add(ms, proc, evDecision, task, func(r *Record) { r.Kind = kind })
+	s := h.add(ms, proc, evStart, task, nil)
+	h.add(end, proc, evEnd, task, func(r *Record) { r.Outcome, r.Run = "ok", s })
+}
+
+// Under WithShadow a run that took no lease and was not reported is
+// reported, even with its key free (a task parked at enqueue that left its
+// reservation to lapse); one that took its lease, one reported as what a
+// refusal would have done (its key could not be derived), and a re-delivery
+// while its own task's earlier run held the key are fine.
+func TestShadowRunWithoutLeaseOrReportIsReported(t *testing.T) {
+	h := newHist(polRequeue)
+	h.w.Families[0].Shadow, h.w.Families[0].Client = true, cliPark
+	h.enqueue(0, "a")
+	h.enqueue(0, "b")
+	h.enqueue(0, "c")
+	h.run(10, 100, "w1", "a", "ok")
+	h.leased(200, 300, "w1", "b")
+	h.reported(400, 500, "w2", "c", "shadowed")
+	h.wantOne(t, ruleShadow, "a")
+
+	h = newHist(polRequeue)
+	h.w.Families[0].Shadow = true
+	h.enqueue(0, "a")
+	h.leased(10, 1000, "w1", "a")
+	h.run(500, 600, "w2", "a", "ok") // asynq delivered it again while its first run went on
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
 }
 
 // The history of seed 102 (Cluster, reply faults): a Wait task ran to

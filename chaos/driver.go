@@ -344,6 +344,10 @@ func (r *seedRun) enqueueAll() error {
 	if err != nil {
 		return err
 	}
+	otherKey, err := singleton.NewClient(plain, r.rdb, singleton.KeyByPayload())
+	if err != nil {
+		return err
+	}
 	unique, err := singleton.NewClient(plain, r.rdb, singleton.KeyByFields("k"), singleton.Unique(locker, singleton.UntilExecuted, 0))
 	if err != nil {
 		return err
@@ -369,14 +373,18 @@ func (r *seedRun) enqueueAll() error {
 		task := asynq.NewTask(f.TaskType(), b)
 		var info *asynq.TaskInfo
 		sent := time.Now().UnixNano()
-		switch f.Client {
-		case cliStamped:
+		switch client := f.Client; {
+		case op.Enq == enqNoKey:
+			info, err = plain.Enqueue(task, opts...)
+		case op.Enq == enqOtherKey:
+			info, err = otherKey.Enqueue(task, opts...)
+		case client == cliStamped:
 			info, err = stamped.Enqueue(task, opts...)
-		case cliPark:
+		case client == cliPark:
 			info, err = park.Enqueue(task, opts...)
-		case cliUnique:
+		case client == cliUnique:
 			info, err = unique.Enqueue(task, opts...)
-		case cliDebounce:
+		case client == cliDebounce:
 			info, err = debounce[op.Fam].Enqueue(task, opts...)
 		default:
 			info, err = plain.Enqueue(task, opts...)

@@ -27,6 +27,12 @@ const (
 	cliPeriodic = "periodic" // a periodic.Scheduler in every worker, "@every 1s"; no enqueue of the driver's
 )
 
+// How an op of a family is enqueued when not by the family's client (Op.Enq).
+const (
+	enqNoKey    = "nokey"    // asynq.Client, a payload without the key field: the middleware cannot derive its key
+	enqOtherKey = "otherkey" // singleton.NewClient with KeyByPayload(): its KeyHeader names other key options
+)
+
 // Fault kinds.
 const (
 	faultKill = "kill" // SIGKILL a worker mid-run, start a replacement
@@ -90,6 +96,9 @@ type Op struct {
 	IgnoreCtx bool          `json:"ignore_ctx,omitempty"` // the handler runs on after its ctx ends
 	MaxRetry  int           `json:"max_retry"`
 	TaskID    bool          `json:"task_id,omitempty"` // enqueued with asynq.TaskID(ID)
+	// Enq, when not empty, is how the op is enqueued instead of by its
+	// family's client: enqNoKey (Key is then empty) or enqOtherKey.
+	Enq string `json:"enq,omitempty"`
 }
 
 // Fault is one fault of the plan.
@@ -292,6 +301,28 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 	w.Families = append(w.Families, hold)
 	for range 2 + int(length/(10*time.Second)) {
 		burst(len(w.Families) - 1)
+	}
+	// Shadow mode over Requeue with tasks the middleware would refuse: keys
+	// that cannot be derived, keys derived with other options, and tasks
+	// parked at enqueue under WithLimit(2); under WithLimit(1) the parked
+	// tasks take their reservations over and hand the key on. Every task
+	// runs.
+	sk := Family{Name: "f12shadowkeys", Policy: polRequeue, Limit: 1, Keys: 1 + r.IntN(2), Client: cliPark, Shadow: true}
+	if r.IntN(2) == 0 {
+		sk.Limit = 2
+	}
+	w.Families = append(w.Families, sk)
+	from := len(w.Ops)
+	for range 2 + int(length/(10*time.Second)) {
+		burst(len(w.Families) - 1)
+	}
+	for i := from; i < len(w.Ops); i++ {
+		switch r.IntN(5) {
+		case 0:
+			w.Ops[i].Enq, w.Ops[i].Key = enqNoKey, ""
+		case 1:
+			w.Ops[i].Enq = enqOtherKey
+		}
 	}
 	// Operators' releases of hung handlers, drawn after everything else.
 	if faults {

@@ -43,6 +43,9 @@ const (
 	// EventShadowed: under WithShadow, the job ran without a lease although
 	// the policy would not have run it now; Event.Action is what the policy
 	// would have done, Event.Holder who held the key, Event.Err the conflict.
+	// An adapter reports with ActionFail a job it would have refused before
+	// the policy had a say (singleton: a key that cannot be derived, say),
+	// Event.Err the refusal.
 	EventShadowed
 )
 

@@ -395,15 +395,8 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Leas
 			return nil, 0, err
 		}
 	}
-	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Fair: g.policy.fair, Label: job.Origin, HoldAtLeast: g.hold,
-		AsyncRelease: g.async, Adopt: job.Reserved && job.Origin != ""}
-	if p := g.parking; p != nil && g.limit <= 1 {
-		// Every run resumes the key's oldest parked job when it ends.
-		opt.Park = &lockkit.Parking{OnParked: func(id string) { p.Resume(job.Key, id) }}
-		if g.parks() && job.Origin != "" {
-			opt.Park.ID, opt.Park.Hold, opt.Adopt = p.ID(ctx, job), p.Hold, true
-		}
-	}
+	opt := g.leaseOptions(ctx, job, true)
+	opt.Fair = g.policy.fair
 	switch g.policy.mode {
 	case ModeCoalesce:
 		opt.FollowUp = lockkit.Coalesce{Since: job.EnqueuedAt, Final: job.Final}
@@ -435,6 +428,27 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Leas
 		return lease, waited, markParked(err, opt)
 	}
 	return nil, 0, markParked(g.notAcquired(ctx, job, err, 0), opt)
+}
+
+// leaseOptions are the options of job's acquire: a job that may be
+// reserved for (Job.Reserved, or any job of a policy that parks) takes its
+// reservation over, and under WithParking (and a limit of 1) the run's end
+// resumes the key's oldest parked job; with park, a job of a policy that
+// parks is parked when the key is held.
+func (g *Guard) leaseOptions(ctx context.Context, job Job, park bool) *lockkit.AcquireOptions {
+	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Label: job.Origin, HoldAtLeast: g.hold,
+		AsyncRelease: g.async, Adopt: job.Reserved && job.Origin != ""}
+	if p := g.parking; p != nil && g.limit <= 1 {
+		// Every run resumes the key's oldest parked job when it ends.
+		opt.Park = &lockkit.Parking{OnParked: func(id string) { p.Resume(job.Key, id) }}
+		if g.parks() && job.Origin != "" {
+			opt.Adopt = true
+			if park {
+				opt.Park.ID, opt.Park.Hold = p.ID(ctx, job), p.Hold
+			}
+		}
+	}
+	return opt
 }
 
 // acquireWaiting waits up to the policy's bound.

@@ -16,7 +16,11 @@ import (
 // epoch claimed, or its Origin completed) runs anyway, without a lease, and
 // is reported as an EventShadowed whose Action is what the policy would have
 // done. A job whose key is free runs under its lease as usual, so that the
-// jobs after it see the key held. It is for rolling the guard out: watch what
+// jobs after it see the key held; so does a job the key is reserved for (a
+// Job.Reserved job, or under WithParking a parked job resumed by a run
+// with or without shadow), which takes the reservation over, and under
+// WithParking a run's end hands the key to the next parked job, as without
+// shadow. It is for rolling the guard out: watch what
 // it would drop on real traffic, then remove the option. The decision is the
 // key's (and the epoch's): a shadowed job does not wait, park, fold into a
 // follow-up or spend a throttle start, so Wait, Coalesce, KeepNewest,
@@ -31,9 +35,10 @@ func WithShadow() Option { return func(g *Guard) { g.shadow = true } }
 // shadowRun runs job under WithShadow: under its lease when the key is
 // free, and otherwise without one, reporting what the policy would have done.
 func (g *Guard) shadowRun(ctx context.Context, job Job, fn func(context.Context) error) Outcome {
-	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Label: job.Origin,
-		HoldAtLeast: g.hold, AsyncRelease: g.async}
-	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)
+	// A job reserved for takes its reservation over, and the run's end
+	// hands the key to the next parked job, as without shadow; nothing is
+	// parked.
+	lease, err := g.locker.TryAcquire(ctx, job.Key, g.leaseOptions(ctx, job, false))
 	if err == nil {
 		return Outcome{Ran: true, Err: g.run(ctx, job, lease, 0, fn)}
 	}

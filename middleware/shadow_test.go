@@ -101,3 +101,28 @@ func kindsOf(r *recorder, k middleware.EventKind) []middleware.Event {
 	}
 	return out
 }
+
+// Under WithShadow a job reserved for (Job.Reserved) takes its reservation
+// over and runs under its lease, and its end frees the key, as without
+// shadow: the reservation does not stay until it lapses.
+func TestShadowReservedJobTakesItsReservationOver(t *testing.T) {
+	newLocker := backends(t)["redis"]
+	ctx := context.Background()
+	l := newLocker(t)
+	_, err := l.TryAcquire(ctx, "report", &lockkit.AcquireOptions{Label: "task-1", Detached: true, TTL: lockkit.MaxTTL})
+	require.NoError(t, err)
+	rec := &recorder{}
+	g, err := middleware.New(newLocker(t), middleware.WithShadow(), middleware.WithObserver(rec.observe))
+	require.NoError(t, err)
+	out := g.Run(ctx, middleware.Job{Key: "report", ID: "task-1", Origin: "task-1", Reserved: true}, func(ctx context.Context) error {
+		_, ok := lockkit.LeaseFromContext(ctx)
+		require.True(t, ok, "it runs under its lease")
+		return nil
+	})
+	require.True(t, out.Ran)
+	require.NoError(t, out.Err)
+	info, err := l.Inspect(ctx, "report")
+	require.NoError(t, err)
+	require.Empty(t, info.Holders, "its run's end gave the key back")
+	require.Empty(t, kindsOf(rec, middleware.EventShadowed))
+}

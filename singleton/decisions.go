@@ -34,7 +34,10 @@ import (
 // task while it has retries left). A Client adds one for an enqueue that
 // Unique refused: reason refused, by_task the task that holds the key and
 // by_state its asynq state; task is the ID the refused task would have had
-// (its asynq.TaskID, if given).
+// (its asynq.TaskID, if given). Under WithShadow the middleware adds one
+// for a task that ran although without WithShadow it would have been
+// refused and archived (ErrKey, ErrKeyMismatch, ParkAtEnqueue under
+// WithLimit(n > 1)): reason would_archive, cause the refusal.
 const DecisionLog = "jobguard:decisions"
 
 // DefaultDecisionLogLen is about how many entries DecisionLog keeps (Redis

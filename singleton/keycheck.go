@@ -1,7 +1,6 @@
 package singleton
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -29,7 +28,8 @@ const KeyHeader = "jobguard-key"
 // (KeyHeader): they were given different key options. The task does not run
 // and is not treated as a duplicate: the error also matches asynq.SkipRetry,
 // so asynq archives the task, where it can be run again once both are given
-// the same options. Its message names both key options.
+// the same options. Its message names both key options. Under WithShadow the
+// task runs instead, and the error is reported.
 var ErrKeyMismatch = errors.New("singleton: the Client and the Middleware derive different keys")
 
 // keyHeader returns the KeyHeader value of key, derived with the options
@@ -53,7 +53,7 @@ func (m *guarded) keyOptions() string {
 
 // checkKey returns an error matching ErrKeyMismatch and asynq.SkipRetry
 // when t carries a KeyHeader that key, derived by m, does not match.
-func (m *guarded) checkKey(ctx context.Context, t *asynq.Task, job middleware.Job, key string) error {
+func (m *guarded) checkKey(t *asynq.Task, job middleware.Job, key string) error {
 	h, ok := t.Headers()[KeyHeader]
 	if !ok {
 		return nil
@@ -69,6 +69,5 @@ func (m *guarded) checkKey(ctx context.Context, t *asynq.Task, job middleware.Jo
 	err := fmt.Errorf("%w: task %q (id %s) was enqueued keyed by %s (key %s) but this Middleware keys it by %s (key %s): "+
 		"give NewClient and Middleware the same key options; the task did not run (%w)",
 		ErrKeyMismatch, t.Type(), job.ID, theirs, sum, m.keyOptions(), mine[:16], asynq.SkipRetry)
-	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job, Err: err})
 	return err
 }

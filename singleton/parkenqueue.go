@@ -45,7 +45,8 @@ const parkedHeader = "jobguard-parked"
 // running, as any duplicate does. It needs a Middleware with WithLimit(1)
 // (the default): Guard.Client refuses it on a Guard with a higher limit
 // (ErrInvalid), and a Middleware with one refuses a task parked at enqueue
-// (an error matching ErrInvalid and asynq.SkipRetry, so asynq archives it)
+// (an error matching ErrInvalid and asynq.SkipRetry, so asynq archives it;
+// under WithShadow it runs, and the error is reported)
 // and gives back its reservation and its entry in the key's parked queue,
 // since under it no run would start the parked tasks nor remove them from
 // that queue; each such refusal also drops the entries of tasks that will
@@ -167,12 +168,12 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 	return info, err
 }
 
-// refuseParked fails job, a task parked at enqueue (ParkAtEnqueue) delivered
-// to a middleware with WithLimit(n > 1), and gives back the reservation made
-// for it and its entry in the key's parked queue (ForceRelease by its
-// label): under such a limit no run resumes parked tasks or takes them out
-// of the key's parked queue. It also drops the entries of tasks that will
-// not come (dropGoneParked).
+// refuseParked returns the error that refuses job, a task parked at enqueue
+// (ParkAtEnqueue) delivered to a middleware with WithLimit(n > 1), and gives
+// back the reservation made for it and its entry in the key's parked queue
+// (ForceRelease by its label): under such a limit no run resumes parked
+// tasks or takes them out of the key's parked queue. It also drops the
+// entries of tasks that will not come (dropGoneParked).
 func (m *guarded) refuseParked(ctx context.Context, job middleware.Job) error {
 	err := fmt.Errorf("%w: WithLimit(%d): task %q (key %q) was enqueued with ParkAtEnqueue, which needs WithLimit(1) (%w)",
 		ErrInvalid, m.limit, job.Name, job.Key, asynq.SkipRetry)
@@ -183,7 +184,6 @@ func (m *guarded) refuseParked(ctx context.Context, job middleware.Job) error {
 	} else if ferr := m.dropGoneParked(fctx, job.Key); ferr != nil {
 		err = fmt.Errorf("%w; dropping the parked entries of deleted or archived tasks: %w", err, ferr)
 	}
-	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job, Err: err})
 	return err
 }
 

@@ -71,6 +71,14 @@ func (e *env) locker(opts ...lockkit.Option) *lockkit.RedisLocker {
 	return l
 }
 
+// holders returns the live holders of key.
+func (e *env) holders(key string) []lockkit.Holder {
+	e.t.Helper()
+	info, err := e.locker().Inspect(context.Background(), key)
+	require.NoError(e.t, err)
+	return info.Holders
+}
+
 // waiters waits until key has n waiters.
 func (e *env) waiters(key string, n int) {
 	e.t.Helper()

@@ -34,6 +34,7 @@ var (
 	// derived: the payload is not JSON, a field is missing or empty, a KeyFunc
 	// failed or returned "". The error also matches asynq.SkipRetry, so asynq
 	// archives the task, and its message names the task type and the reason.
+	// Under WithShadow the task runs instead, and the error is reported.
 	ErrKey = errors.New("singleton: cannot derive key")
 	// ErrInvalid is matched by every error Middleware returns for an invalid
 	// option; it also matches lockkit.ErrInvalid. The message names the option
@@ -111,6 +112,7 @@ type config struct {
 
 	throttleRequeues bool
 	throttled        bool
+	shadow           bool         // WithShadow
 	logger           *slog.Logger // the WithLogger value
 }
 
@@ -212,11 +214,22 @@ func WithObserver(o middleware.Observer) ServerOption {
 // anyway, without a lease, and is reported: an EventShadowed whose Action
 // is what the policy would have done, logged at Info and counted by
 // jobguardprom (shadowed_total) and jobguardotel (jobguard.shadowed).
-// Nothing waits, parks, is requeued or completes without running. The
-// decision is the key's (middleware.WithShadow says what is and is not
-// simulated). Remove the option to apply the policy. Defaults to off.
+// Nothing waits, parks, is requeued or completes without running. A task
+// the key is reserved for (ParkAtEnqueue, or a parked duplicate resumed by
+// a server with or without WithShadow) takes the reservation over, and its
+// run's end starts the key's next parked task, as without WithShadow. Nor
+// is anything archived: a task the middleware would refuse (ErrKey,
+// ErrKeyMismatch, or parked at enqueue under WithLimit(n > 1), whose
+// reservation is given back) runs too, without a lease, reported as an
+// EventShadowed with middleware.ActionFail and the refusal as Event.Err,
+// and with WithRedis in DecisionLog (reason would_archive). The decision
+// is the key's (middleware.WithShadow says what is and is not simulated).
+// Remove the option to apply the policy. Defaults to off.
 func WithShadow() ServerOption {
-	return serverOpt(func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithShadow()) })
+	return serverOpt(func(c *config) {
+		c.guardOpts = append(c.guardOpts, middleware.WithShadow())
+		c.shadow = true
+	})
 }
 
 // WithRedis sets the Redis that the asynq servers use. Requeue enqueues the
@@ -275,7 +288,8 @@ func PerQueue() ServerOption { return keyOpt(func(c *config) { c.perQueue = true
 // ErrKeyMismatch and asynq.SkipRetry for a task whose KeyHeader names
 // another key than the one derived (the Client had other key options); an error matching
 // ErrInvalid and asynq.SkipRetry for a task enqueued with ParkAtEnqueue
-// under WithLimit(n > 1); for a handler that
+// under WithLimit(n > 1) (under WithShadow these three run, and the error is
+// reported: see WithShadow); for a handler that
 // failed because a newer task preempted it (middleware.Preempt), an error
 // matching lockkit.ErrPreempted and asynq.RevokeTask, so the task is neither
 // retried nor archived; for a handler that failed after an operator
@@ -391,7 +405,7 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	if g.Policy().Action() == middleware.ActionRequeue && c.rdb == nil {
 		return nil, fmt.Errorf("%w: WithPolicy(%s): a policy that requeues needs WithRedis(client) to re-enqueue duplicates that have no retries left", ErrInvalid, c.policy)
 	}
-	m.guard, m.limit = g, c.limit
+	m.guard, m.limit, m.shadow = g, c.limit, c.shadow
 	m.decisions = DefaultDecisionLogLen
 	if c.decisionsSet {
 		switch {
@@ -428,6 +442,7 @@ type guarded struct {
 	requests  *debounce.Debouncer   // debounced tasks' requests; nil without a RedisLocker
 	rdb       redis.UniversalClient // asynq's Redis, with WithRedis
 	limit     int                   // the WithLimit value; 0 when not given
+	shadow    bool                  // WithShadow: refused tasks run too
 	skips     *skipLog
 	hooks     *hookCheck
 	decisions int // entries of DecisionLog kept; 0: none
@@ -457,16 +472,14 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		Reserved: t.Headers()[parkedHeader] != "", Final: ok && retried >= maxRetry}
 	key, err := m.keyOf(ctx, t)
 	if err != nil {
-		err = fmt.Errorf("%w: task %q: %w (%w)", ErrKey, t.Type(), err, asynq.SkipRetry)
-		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job, Err: err})
-		return err
+		return m.refuse(ctx, next, t, job, fmt.Errorf("%w: task %q: %w (%w)", ErrKey, t.Type(), err, asynq.SkipRetry))
 	}
 	job.Key = key
-	if err := m.checkKey(ctx, t, job, key); err != nil {
-		return err
+	if err := m.checkKey(t, job, key); err != nil {
+		return m.refuse(ctx, next, t, job, err)
 	}
 	if job.Reserved && m.limit > 1 {
-		return m.refuseParked(ctx, job)
+		return m.refuse(ctx, next, t, job, m.refuseParked(ctx, job))
 	}
 	if gen := debounceGen(t); gen > 0 {
 		ctx = context.WithValue(ctx, genKey{}, gen)
@@ -514,4 +527,23 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	default:
 		return out.Duplicate
 	}
+}
+
+// refuse fails t (job), which the middleware refuses with err, an error
+// matching asynq.SkipRetry (asynq archives the task): err is reported as
+// an EventError. Under WithShadow t runs instead, without a lease, and what
+// would have happened is reported: an EventShadowed with ActionFail and
+// err, and a DecisionLog entry (reason would_archive, cause err).
+func (m *guarded) refuse(ctx context.Context, next asynq.Handler, t *asynq.Task, job middleware.Job, err error) error {
+	if !m.shadow {
+		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job, Err: err})
+		return err
+	}
+	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventShadowed, Job: job, Action: middleware.ActionFail, Err: err})
+	if m.logsDecisions() {
+		_, queue := taskIdentity(ctx)
+		m.addDecision(ctx, job, []any{"call", newTaskID(), "task", job.ID, "origin", job.Origin, "type", t.Type(), "queue", queue,
+			"key", job.Key, "reason", "would_archive", "cause", err.Error()})
+	}
+	return next.ProcessTask(ctx, t)
 }

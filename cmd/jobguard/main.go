@@ -74,9 +74,10 @@ going, a new run may start beside it, and only their fencing tokens tell
 their writes apart.
 
 why reads the stream the asynq middleware adds to for every task that
-completes without running, and every run that a newer task preempted or
-that failed after losing its lease (singleton.DecisionLog, about the last
-10,000): the reason, the key, and the run or task that held, covered or
+completes without running, every run that a newer task preempted or that
+failed after losing its lease, and every task that ran under WithShadow
+although it would have been refused and archived (singleton.DecisionLog,
+about the last 10,000): the reason, the key, and the run or task that held, covered or
 took over the key. It finds
 the task by its ID or, for a Requeue copy, by its first task's ID. It reads
 the log newest first, 1,000 entries per read, and stops at the end of the
@@ -624,8 +625,13 @@ func (c *cli) printDecisions(found []decisionView) {
 			what = "lost its lease while it ran, and failed (asynq retries it while it has retries left)"
 		case "refused":
 			what = "was refused at enqueue (Unique): its key was reserved"
+		case "would_archive":
+			what = "ran under WithShadow; without it, it would have been refused and archived"
 		}
-		fmt.Fprintf(c.out, "%s task %s (%s, queue %s) %s, key %s", v.At, shown(f["task"]), shown(f["type"]), shown(f["queue"]), what, shown(f["key"]))
+		fmt.Fprintf(c.out, "%s task %s (%s, queue %s) %s", v.At, shown(f["task"]), shown(f["type"]), shown(f["queue"]), what)
+		if f["key"] != "" {
+			fmt.Fprintf(c.out, ", key %s", shown(f["key"]))
+		}
 		if f["by_task"] != "" {
 			fmt.Fprintf(c.out, ", by task %s", shown(f["by_task"]))
 		}

@@ -37,7 +37,13 @@ func TestWhy(t *testing.T) {
 	add("call", "c3", "task", "t-4", "origin", "t-4", "type", "sync", "queue", "default", "key", "asynq:sync", "reason", "lost",
 		"cause", "lockkit: lease lost: \"asynq:sync\": token 1 was released by an operator (ForceRelease)\n")
 
-	out, _, code := jobguard(t, "p", "", "--decisions", stream, "why", "t-2")
+	add("call", "c4", "task", "t-5", "origin", "t-5", "type", "sync", "queue", "default", "key", "", "reason", "would_archive",
+		"cause", "singleton: cannot derive key: task \"sync\": payload has no field \"tenant_id\" (skip retry for the task)")
+
+	out, _, code := jobguard(t, "p", "", "--decisions", stream, "why", "t-5")
+	require.Equal(t, exitOK, code, out)
+	require.Contains(t, out, "task t-5 (sync, queue default) ran under WithShadow; without it, it would have been refused and archived: singleton: cannot derive key")
+	out, _, code = jobguard(t, "p", "", "--decisions", stream, "why", "t-2")
 	require.Equal(t, exitOK, code, out)
 	require.Contains(t, out, "task t-2 (sync, queue default) was preempted while it ran (a newer task of its key cancelled it; not retried), key asynq:sync, by task t-3, run by worker-9 (token 1795650000000001): lockkit: lease lost: preempted")
 	out, _, code = jobguard(t, "p", "", "--decisions", stream, "why", "t-4")
