@@ -986,13 +986,13 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 		case "f":
 			keep = fenceKeep
 		}
-		if kind == "k" && (h.archivedOn(k.Key) || h.refusedOn(k.Key) || h.refusedParked(k.Key)) {
+		if kind == "k" && (h.archivedOn(k.Key) || h.refusedOn(k.Key)) {
 			// The parked id of a task asynq archived (it never took the
 			// key), of a task parked at enqueue whose enqueue asynq
-			// then refused (ParkAtEnqueue: "a parked entry stays"), or
-			// of one a middleware with WithLimit(n > 1) refused and ran
-			// under WithShadow: kept ten minutes after its last park
-			// (lockkit's Park).
+			// then refused (ParkAtEnqueue: "a parked entry stays"): kept
+			// ten minutes after its last park (lockkit's Park). A task a
+			// middleware with WithLimit(n > 1) refused gives its entry
+			// up, with or without WithShadow.
 			keep = parkKeep + h.w.TTL
 		}
 		switch {
@@ -1260,19 +1260,6 @@ func (h *history) refusedOn(k string) bool {
 		t := h.tasks[name]
 		if t.fam.Client == cliPark && t.enq != nil && !t.enq.Accepted && t.enq.Err != "" &&
 			strings.Contains(k, fmt.Sprintf("{asynq:%s:k=%q}", t.fam.TaskType(), t.key)) {
-			return true
-		}
-	}
-	return false
-}
-
-// refusedParked reports whether k is a lock key of a WithShadow family
-// whose tasks are parked at enqueue under WithLimit(n > 1): the middleware
-// refuses them (and, under WithShadow, runs them), and each leaves its
-// parked id, as one it refuses without shadow and asynq archives does.
-func (h *history) refusedParked(k string) bool {
-	for _, f := range h.w.Families {
-		if f.Shadow && f.Client == cliPark && f.Limit > 1 && strings.Contains(k, "{asynq:"+f.TaskType()+":") {
 			return true
 		}
 	}
