@@ -2,10 +2,13 @@ package cronguard
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -40,6 +43,11 @@ var (
 	// name would share their ticks' claims, so each tick would run only one of
 	// them.
 	ErrDuplicateEntry = errors.New("cronguard: entry name already used")
+	// ErrSpecMismatch is wrapped by the error reported (middleware.EventError
+	// and the logger), once per entry and process, when a replica finds that
+	// another one claims the entry's ticks with another spec (or time zone):
+	// they run at each other's ticks, or skip them. The job runs as usual.
+	ErrSpecMismatch = errors.New("cronguard: replicas schedule the entry differently")
 )
 
 type overlapMode int
@@ -391,7 +399,14 @@ func (g *Guard) entry(name, spec string, loc *time.Location) (*entry, error) {
 				ErrInvalid, name, tol, gap, spec)
 		}
 	}
-	return &entry{g: g, name: name, key: keyPrefix + name, sched: sched, loc: loc, tol: tol, gap: gap}, nil
+	return &entry{g: g, name: name, key: keyPrefix + name, spec: spec, tag: specTag(spec, loc), sched: sched, loc: loc, tol: tol, gap: gap}, nil
+}
+
+// specTag is the epoch tag of an entry's claims: a hash of its spec and time
+// zone, the same on every replica that schedules the entry the same way.
+func specTag(spec string, loc *time.Location) string {
+	h := sha256.Sum256([]byte(spec + "\x00" + loc.String()))
+	return hex.EncodeToString(h[:8])
 }
 
 // entry is one guarded cron entry.
@@ -399,11 +414,26 @@ type entry struct {
 	g     *Guard
 	name  string
 	key   string
+	spec  string
+	tag   string // specTag, kept with each tick's claim
 	sched cron.Schedule
 	loc   *time.Location
 	tol   time.Duration
 	gap   time.Duration // shortest interval between activations
+	// mismatched is set once another spec's claim was reported.
+	mismatched atomic.Bool
+}
 
+// mismatch reports, once per entry, that a replica claims the entry's ticks
+// with another spec: tag is its claim's, "" when the claim was the entry's
+// own spec's (or untagged).
+func (e *entry) mismatch(ctx context.Context, mj middleware.Job, tag string) {
+	if tag == "" || tag == e.tag || !e.mismatched.CompareAndSwap(false, true) {
+		return
+	}
+	e.g.mw.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: mj, Err: fmt.Errorf(
+		"%w: entry %q: a replica claims its ticks with another spec or time zone (hash %s) than this one's %q in %s (hash %s); give every replica the same",
+		ErrSpecMismatch, e.name, tag, e.spec, e.loc, e.tag)})
 }
 
 func (e *entry) wrap(job cron.Job) cron.Job {
@@ -435,15 +465,22 @@ func (e *entry) run(job cron.Job) {
 	// The claim outlives every run that can name this tick: replicas up to
 	// the tolerance apart, firing up to an interval late.
 	mj.EpochTTL = min(2*interval+2*e.tol, lockkit.MaxTTL)
+	mj.EpochTag = e.tag
 	ctx = context.WithValue(ctx, tickKey{}, tick)
 	// Every outcome is reported through the observers (events) and the logger.
-	_ = e.g.mw.Run(ctx, mj, func(ctx context.Context) error {
+	out := e.g.mw.Run(ctx, mj, func(ctx context.Context) error {
+		if l, ok := lockkit.LeaseFromContext(ctx); ok {
+			e.mismatch(ctx, mj, l.OtherEpochTag())
+		}
 		if cj, ok := job.(contextJob); ok {
 			return cj.RunContext(ctx)
 		}
 		job.Run()
 		return nil
 	})
+	if used := (*lockkit.EpochUsedError)(nil); errors.As(out.Err, &used) {
+		e.mismatch(ctx, mj, used.OtherTag)
+	}
 }
 
 // contextJob is a job that takes a context and reports an error, such as Func.

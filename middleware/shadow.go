@@ -31,7 +31,7 @@ func WithShadow() Option { return func(g *Guard) { g.shadow = true } }
 // shadowRun runs job under WithShadow: under its lease when the key is
 // free, and otherwise without one, reporting what the policy would have done.
 func (g *Guard) shadowRun(ctx context.Context, job Job, fn func(context.Context) error) Outcome {
-	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Label: job.Origin,
+	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, EpochTag: job.EpochTag, Label: job.Origin,
 		HoldAtLeast: g.hold, AsyncRelease: g.async}
 	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)
 	if err == nil {
