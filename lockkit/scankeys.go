@@ -99,7 +99,9 @@ func (l *RedisLocker) ScanKeys(ctx context.Context, pattern, cursor string, opt 
 			room := o.Limit - len(out)
 			chunk := cands[:min(len(cands), max(room, check))]
 			cands = cands[len(chunk):]
-			check *= 2
+			if check < o.Count {
+				check *= 2
+			}
 			live, err := l.r.liveKeys(ctx, c, chunk)
 			if err != nil {
 				return nil, "", fmt.Errorf("lockkit: scan keys %q: %w", pattern, err)
