@@ -2,9 +2,13 @@ package cronguard
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -33,6 +37,17 @@ var (
 	// logger) when a run cannot be matched to an activation of its schedule; the
 	// job is not run.
 	ErrNoTick = errors.New("cronguard: no tick")
+	// ErrDuplicateEntry is wrapped, with ErrInvalid, by the error of Guard.Add
+	// and Guard.Wrap for an entry name the Guard already has: an entry added
+	// to a Cron that still schedules it, or given to Wrap. Two entries with one
+	// name would share their ticks' claims, so each tick would run only one of
+	// them.
+	ErrDuplicateEntry = errors.New("cronguard: entry name already used")
+	// ErrSpecMismatch is wrapped by the error reported (middleware.EventError
+	// and the logger), once per entry and process, when a replica finds that
+	// another one claims the entry's ticks with another spec (or time zone):
+	// they run at each other's ticks, or skip them. The job runs as usual.
+	ErrSpecMismatch = errors.New("cronguard: replicas schedule the entry differently")
 )
 
 type overlapMode int
@@ -189,9 +204,20 @@ func WithSeconds() Option {
 
 // Guard makes cron entries run once per tick across every replica that shares
 // its Locker's Redis. It is safe for concurrent use and owns no goroutine.
+// Each of its entries has its own name (ErrDuplicateEntry).
 type Guard struct {
 	mw  *middleware.Guard
 	cfg config
+	// mu guards names: the Cron and id of each entry added (id 0 while Add
+	// schedules it), a nil Cron for a name given to Wrap.
+	mu    sync.Mutex
+	names map[string]added
+}
+
+// added is where an entry name is in use.
+type added struct {
+	c  *cron.Cron
+	id cron.EntryID
 }
 
 // New returns a Guard taking leases from locker. It returns an error matching
@@ -261,10 +287,26 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	return &Guard{mw: mw, cfg: cfg}, nil
+	return &Guard{mw: mw, cfg: cfg, names: make(map[string]added)}, nil
 }
 
-// Wrap is New(locker, opts...) followed by Guard.Wrap(name, spec).
+// claimName takes name for an entry of c (nil for Wrap), or returns an error
+// matching ErrDuplicateEntry while the Guard has an entry of that name: one
+// given to Wrap, or one added to a Cron that still schedules it.
+func (g *Guard) claimName(name, spec string, c *cron.Cron) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if a, ok := g.names[name]; ok && (a.c == nil || a.id == 0 || a.c.Entry(a.id).Valid()) {
+		return fmt.Errorf("%w: entry %q (spec %q): %w", ErrInvalid, name, spec, ErrDuplicateEntry)
+	}
+	g.names[name] = added{c: c}
+	return nil
+}
+
+// Wrap is New(locker, opts...) followed by Guard.Wrap(name, spec). Each call
+// has a Guard of its own, which cannot know of the names of other calls: for
+// several entries in one process use one Guard, whose Add and Wrap refuse a
+// name twice (ErrDuplicateEntry).
 func Wrap(locker lockkit.Locker, name, spec string, opts ...Option) (cron.JobWrapper, error) {
 	g, err := New(locker, opts...)
 	if err != nil {
@@ -280,8 +322,9 @@ func Wrap(locker lockkit.Locker, name, spec string, opts ...Option) (cron.JobWra
 // the last (innermost) wrapper of the chain, or in cron.WithChain(w) on a Cron
 // that runs only this entry; for a Cron with several entries use Add.
 //
-// It returns an error matching ErrInvalid for an empty name, a spec that does
-// not parse, a schedule whose ticks cannot be named the same way on every
+// It returns an error matching ErrInvalid for an empty name, a name the Guard
+// already has (also matching ErrDuplicateEntry: the name stays taken), a spec
+// that does not parse, a schedule whose ticks cannot be named the same way on every
 // replica (@every, which cron counts from each replica's start: Add takes it
 // and aligns its ticks; a schedule with no future activation), or a tolerance not shorter than the schedule's shortest
 // interval.
@@ -291,6 +334,9 @@ func (g *Guard) Wrap(name, spec string) (cron.JobWrapper, error) {
 	}
 	e, err := g.entry(name, spec, g.cfg.loc)
 	if err != nil {
+		return nil, err
+	}
+	if err := g.claimName(name, spec, nil); err != nil {
 		return nil, err
 	}
 	return e.wrap, nil
@@ -304,6 +350,8 @@ func (g *Guard) Wrap(name, spec string) (cron.JobWrapper, error) {
 // each replica's start. c's own chain (cron.WithChain) wraps
 // the guarded job, so cron.Recover there also catches the job's panics. It
 // returns the errors of Wrap, and one matching ErrInvalid for a nil c or job.
+// The name is taken until the entry is removed from c (cron.Remove): Remove
+// and Add again change an entry's schedule.
 func (g *Guard) Add(c *cron.Cron, name, spec string, job cron.Job) (cron.EntryID, error) {
 	if c == nil {
 		return 0, fmt.Errorf("%w: Add(%q): the Cron is nil", ErrInvalid, name)
@@ -315,7 +363,14 @@ func (g *Guard) Add(c *cron.Cron, name, spec string, job cron.Job) (cron.EntryID
 	if err != nil {
 		return 0, err
 	}
-	return c.Schedule(e.sched, e.wrap(job)), nil
+	if err := g.claimName(name, spec, c); err != nil {
+		return 0, err
+	}
+	id := c.Schedule(e.sched, e.wrap(job))
+	g.mu.Lock()
+	g.names[name] = added{c: c, id: id}
+	g.mu.Unlock()
+	return id, nil
 }
 
 func (g *Guard) entry(name, spec string, loc *time.Location) (*entry, error) {
@@ -344,7 +399,14 @@ func (g *Guard) entry(name, spec string, loc *time.Location) (*entry, error) {
 				ErrInvalid, name, tol, gap, spec)
 		}
 	}
-	return &entry{g: g, name: name, key: keyPrefix + name, sched: sched, loc: loc, tol: tol, gap: gap}, nil
+	return &entry{g: g, name: name, key: keyPrefix + name, spec: spec, tag: specTag(spec, loc), sched: sched, loc: loc, tol: tol, gap: gap}, nil
+}
+
+// specTag is the epoch tag of an entry's claims: a hash of its spec and time
+// zone, the same on every replica that schedules the entry the same way.
+func specTag(spec string, loc *time.Location) string {
+	h := sha256.Sum256([]byte(spec + "\x00" + loc.String()))
+	return hex.EncodeToString(h[:8])
 }
 
 // entry is one guarded cron entry.
@@ -352,11 +414,26 @@ type entry struct {
 	g     *Guard
 	name  string
 	key   string
+	spec  string
+	tag   string // specTag, kept with each tick's claim
 	sched cron.Schedule
 	loc   *time.Location
 	tol   time.Duration
 	gap   time.Duration // shortest interval between activations
+	// mismatched is set once another spec's claim was reported.
+	mismatched atomic.Bool
+}
 
+// mismatch reports, once per entry, that a replica claims the entry's ticks
+// with another spec: tag is its claim's, "" when the claim was the entry's
+// own spec's (or untagged).
+func (e *entry) mismatch(ctx context.Context, mj middleware.Job, tag string) {
+	if tag == "" || tag == e.tag || !e.mismatched.CompareAndSwap(false, true) {
+		return
+	}
+	e.g.mw.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: mj, Err: fmt.Errorf(
+		"%w: entry %q: a replica claims its ticks with another spec or time zone (hash %s) than this one's %q in %s (hash %s); give every replica the same",
+		ErrSpecMismatch, e.name, tag, e.spec, e.loc, e.tag)})
 }
 
 func (e *entry) wrap(job cron.Job) cron.Job {
@@ -388,15 +465,22 @@ func (e *entry) run(job cron.Job) {
 	// The claim outlives every run that can name this tick: replicas up to
 	// the tolerance apart, firing up to an interval late.
 	mj.EpochTTL = min(2*interval+2*e.tol, lockkit.MaxTTL)
+	mj.EpochTag = e.tag
 	ctx = context.WithValue(ctx, tickKey{}, tick)
 	// Every outcome is reported through the observers (events) and the logger.
-	_ = e.g.mw.Run(ctx, mj, func(ctx context.Context) error {
+	out := e.g.mw.Run(ctx, mj, func(ctx context.Context) error {
+		if l, ok := lockkit.LeaseFromContext(ctx); ok {
+			e.mismatch(ctx, mj, l.OtherEpochTag())
+		}
 		if cj, ok := job.(contextJob); ok {
 			return cj.RunContext(ctx)
 		}
 		job.Run()
 		return nil
 	})
+	if used := (*lockkit.EpochUsedError)(nil); errors.As(out.Err, &used) {
+		e.mismatch(ctx, mj, used.OtherTag)
+	}
 }
 
 // contextJob is a job that takes a context and reports an error, such as Func.

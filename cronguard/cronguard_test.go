@@ -655,3 +655,43 @@ func TestAddAlignsEvery(t *testing.T) {
 		require.Zero(t, (tick.UnixMilli()-50)%200, "tick %s is aligned", tick.Format(time.RFC3339Nano))
 	}
 }
+
+// A Guard refuses a second entry with a name it already has: both would
+// claim the same ticks, so each tick would run only one of the two jobs. An
+// entry removed from its Cron frees its name, so that Remove and Add change
+// an entry's schedule.
+func TestGuardRefusesAnEntryNameItHas(t *testing.T) {
+	f := redisFleet(t, false)
+	clk := newClock(t0)
+	g, err := cronguard.New(f.locker(0), cronguard.WithSeconds(), cronguard.WithClock(clk.Now), cronguard.WithLogger(cron.DiscardLogger))
+	require.NoError(t, err)
+	c := cron.New(cron.WithSeconds())
+	var digests, reports atomic.Int32
+	id, err := g.Add(c, "digest", "0 * * * * *", cronguard.Func(func(context.Context) error { digests.Add(1); return nil }))
+	require.NoError(t, err)
+	_, err = g.Add(c, "digest", "0 */5 * * * *", cronguard.Func(func(context.Context) error { reports.Add(1); return nil }))
+	require.ErrorIs(t, err, cronguard.ErrDuplicateEntry)
+	require.ErrorIs(t, err, cronguard.ErrInvalid)
+	require.ErrorContains(t, err, `entry "digest"`)
+	_, err = g.Add(cron.New(cron.WithSeconds()), "digest", "0 * * * * *", cronguard.Func(func(context.Context) error { return nil }))
+	require.ErrorIs(t, err, cronguard.ErrDuplicateEntry, "the name is the fleet's, whatever the Cron")
+	_, err = g.Wrap("digest", "0 * * * * *")
+	require.ErrorIs(t, err, cronguard.ErrDuplicateEntry)
+	require.Len(t, c.Entries(), 1)
+	c.Entry(id).WrappedJob.Run()
+	require.Equal(t, int32(1), digests.Load())
+
+	c.Remove(id)
+	id, err = g.Add(c, "digest", "0 */5 * * * *", cronguard.Func(func(context.Context) error { reports.Add(1); return nil }))
+	require.NoError(t, err, "a removed entry's name is free")
+	clk.Set(t0.Add(5 * time.Minute))
+	c.Entry(id).WrappedJob.Run()
+	require.Equal(t, int32(1), reports.Load())
+
+	_, err = g.Wrap("weekly", "@weekly")
+	require.NoError(t, err)
+	_, err = g.Wrap("weekly", "@weekly")
+	require.ErrorIs(t, err, cronguard.ErrDuplicateEntry, "a name given to Wrap stays taken")
+	_, err = g.Add(c, "weekly", "@weekly", cron.FuncJob(func() {}))
+	require.ErrorIs(t, err, cronguard.ErrDuplicateEntry)
+}

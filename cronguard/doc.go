@@ -39,6 +39,14 @@
 // overlaps. Entries need schedules anchored to fixed times: @every, which
 // counts from each replica's start, is rejected.
 //
+// Each entry has its own name: a Guard's Add and Wrap refuse a name it
+// already has (ErrDuplicateEntry), since two entries of one name would share
+// the claims and each tick would run only one of them. Every claim keeps a
+// hash of the entry's spec and time zone (lockkit's AcquireOptions.EpochTag),
+// so a replica that finds the entry claimed with another spec reports it,
+// once per entry: an EventError matching ErrSpecMismatch, logged at Error.
+// It costs no round trip more.
+//
 // # Daylight saving time
 //
 // On the day the schedule's time zone changes its UTC offset, robfig/cron may

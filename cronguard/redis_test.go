@@ -503,7 +503,7 @@ func TestTickWhoseClaimReplyWasLostRunsNowhere(t *testing.T) {
 	prefix := testredis.Prefix(t, clean)
 	faulty := redis.NewClient(clean.Options())
 	t.Cleanup(func() { _ = faulty.Close() })
-	hook := &testredis.Faults{Match: testredis.ScriptShape(8, 19)} // acquire.lua: an epoch claim
+	hook := &testredis.Faults{Match: testredis.ScriptShape(8, 20)} // acquire.lua: an epoch claim
 	faulty.AddHook(hook)
 	rec := newRecorder()
 	var runs atomic.Int32
@@ -529,4 +529,60 @@ func TestTickWhoseClaimReplyWasLostRunsNowhere(t *testing.T) {
 	require.Zero(t, runs.Load(), "no replica ran the tick")
 	require.Equal(t, 1, rec.count(middleware.EventDuplicate, t0)+rec.count(middleware.EventClaimed, t0),
 		"the other replica found the tick taken")
+}
+
+// Replicas that share an entry name but not its spec are reported, once per
+// entry and replica, with no round trip more: the spec's hash is kept with
+// each tick's claim. A replica whose tick follows a claim of another spec
+// says so when it runs (disjoint ticks: each replica runs at its own) and
+// when it finds its tick claimed; replicas with the same spec never do.
+func TestReplicasWithAnotherSpecAreReported(t *testing.T) {
+	t.Run("standalone", func(t *testing.T) { testReplicasWithAnotherSpec(t, false) })
+	t.Run("cluster", func(t *testing.T) { testReplicasWithAnotherSpec(t, true) })
+}
+
+func testReplicasWithAnotherSpec(t *testing.T, cluster bool) {
+	f := redisFleet(t, cluster)
+	recs := []*recorder{newRecorder(), newRecorder(), newRecorder(), newRecorder()}
+	logs := []*logRecorder{{}, {}, {}, {}}
+	specs := []string{"0 * * * * *", "30 * * * * *", "0 */2 * * * *", "0 * * * * *"}
+	var replicas []*replica
+	for i, spec := range specs {
+		replicas = append(replicas, f.replica(i, "digest", spec, recs[i], cronguard.WithLogger(logs[i])))
+	}
+	runs := make([]int, len(replicas))
+	fire := func(i int, at time.Duration) {
+		replicas[i].fire(t0.Add(at), cronguard.Func(func(context.Context) error { runs[i]++; return nil }))
+	}
+	errorsOf := func(i int) []error {
+		var errs []error
+		recs[i].mu.Lock()
+		defer recs[i].mu.Unlock()
+		for _, e := range recs[i].events {
+			if e.Kind == middleware.EventError {
+				errs = append(errs, e.Err)
+			}
+		}
+		return errs
+	}
+	fire(0, 0)                 // 09:00:00, the first claim
+	fire(1, 30*time.Second)    // 09:00:30 follows a claim of "0 * * * * *"
+	fire(0, 60*time.Second)    // 09:01:00 follows one of "30 * * * * *"
+	fire(1, 90*time.Second)    // reported once already
+	fire(0, 120*time.Second)   // 09:02:00
+	fire(2, 120*time.Second+5) // the same tick, claimed by a replica of another spec
+	fire(3, 120*time.Second+9) // the same tick, claimed by a replica of the same spec
+	fire(0, 180*time.Second)
+	fire(3, 240*time.Second)
+	require.Equal(t, []int{4, 2, 0, 1}, runs)
+	for i, want := range []int{1, 1, 1, 0} {
+		errs := errorsOf(i)
+		require.Len(t, errs, want, "replica %d (%s): %v", i, specs[i], errs)
+		for _, err := range errs {
+			require.ErrorIs(t, err, cronguard.ErrSpecMismatch)
+			require.ErrorContains(t, err, `entry "digest"`)
+			require.ErrorContains(t, err, specs[i])
+		}
+		require.Equal(t, want == 1, logs[i].has("error "), "replica %d logs it at Error", i)
+	}
 }

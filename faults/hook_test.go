@@ -79,7 +79,7 @@ type faultOp struct {
 }
 
 var (
-	acquireCmd = testredis.ScriptShape(8, 19)
+	acquireCmd = testredis.ScriptShape(8, 20)
 	releaseCmd = testredis.ScriptShape(8, 11)
 	// A plain acquire and its release use the plain form of the key.
 	plainAcquireCmd = testredis.ScriptShape(1, 2) // as claim's: no op calls both

@@ -75,9 +75,16 @@ type Option func(*Locker)
 // WithSchedule tells the Locker the schedule of the job named job: a cron
 // spec of five fields, six with seconds, a descriptor such as "@hourly", or
 // "@every d [offset o]" (aligned to the epoch). Its runs are then named by
-// their activation (see the package doc).
+// their activation (see the package doc). A job has one schedule: NewLocker
+// refuses a second WithSchedule of the same job.
 func WithSchedule(job, spec string) Option {
-	return func(l *Locker) { l.specs[job] = spec }
+	return func(l *Locker) {
+		if first, ok := l.specs[job]; ok && l.dup == nil {
+			l.dup = fmt.Errorf("%w: WithSchedule(%q, %q): job %q has a schedule already (%q)", ErrInvalid, job, spec, job, first)
+			return
+		}
+		l.specs[job] = spec
+	}
 }
 
 // WithHoldAtLeast sets how long the key of a job without a schedule stays
@@ -110,6 +117,7 @@ type Locker struct {
 	loc    *time.Location
 	specs  map[string]string
 	scheds map[string]schedule
+	dup    error // a second WithSchedule of a job
 }
 
 type schedule struct {
@@ -120,8 +128,8 @@ type schedule struct {
 var _ gocron.Locker = (*Locker)(nil)
 
 // NewLocker returns a gocron.Locker on l. It returns an error matching
-// ErrInvalid for a nil l, a spec that does not parse, or a non-positive
-// duration.
+// ErrInvalid for a nil l, a spec that does not parse, two WithSchedule of
+// one job, or a non-positive duration.
 func NewLocker(l lockkit.Locker, opts ...Option) (*Locker, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: NewLocker: locker is nil", ErrInvalid)
@@ -133,6 +141,8 @@ func NewLocker(l lockkit.Locker, opts ...Option) (*Locker, error) {
 		}
 	}
 	switch {
+	case lk.dup != nil:
+		return nil, lk.dup
 	case lk.hold <= 0:
 		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): must be positive", ErrInvalid, lk.hold)
 	case lk.tol < 0:

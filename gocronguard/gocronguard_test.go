@@ -168,6 +168,9 @@ func TestValidation(t *testing.T) {
 		"WithTolerance(-1s)":          {gocronguard.WithTolerance(-time.Second)},
 		"WithClock(nil)":              {gocronguard.WithClock(nil)},
 		`WithSchedule("a", "@every")`: {gocronguard.WithSchedule("a", "@every")},
+		// The last would replace the first without a word.
+		`WithSchedule("a", "0 * * * *"): job "a" has a schedule already ("@hourly")`: {
+			gocronguard.WithSchedule("a", "@hourly"), gocronguard.WithSchedule("a", "0 * * * *")},
 	} {
 		_, err := gocronguard.NewLocker(l, opts...)
 		require.ErrorIs(t, err, gocronguard.ErrInvalid, want)

@@ -179,7 +179,7 @@ func (b *redisBackend) acquireCall(r *request) (*redis.Script, []string, []any) 
 	}
 	return acquireScripts[acquireModes(r, sup)], []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
 		[]any{r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel, r.preempt, ms(r.grace),
-			parkEntry(r), ms(parkKeep), r.order}
+			parkEntry(r), ms(parkKeep), r.order, r.epochTag}
 }
 
 func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
@@ -228,12 +228,19 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 			res.left = time.Duration(toInt(vals[2])) * time.Millisecond
 		}
 		res.wasParked = len(vals) > 3 && toInt(vals[3]) == 1
+		if len(vals) > 4 {
+			res.otherTag, _ = vals[4].(string)
+		}
 		return res, nil
 	case -1:
 		if len(vals) < 2 {
 			return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
 		}
-		return acquireResult{lastEpoch: toInt(vals[1])}, nil
+		res := acquireResult{lastEpoch: toInt(vals[1])}
+		if len(vals) > 2 {
+			res.otherTag, _ = vals[2].(string)
+		}
+		return res, nil
 	case -2:
 		return acquireResult{completed: true}, nil
 	case -3:

@@ -72,6 +72,9 @@ type acquireResult struct {
 	plain bool
 	// wasParked: the acquire had been parked (see Lease.WasParked).
 	wasParked bool
+	// otherTag is the EpochTag of the key's last claim when it is not the
+	// call's (both not empty).
+	otherTag string
 }
 
 // ending says what a release records besides freeing the holder: the label
@@ -262,6 +265,7 @@ func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent t
 		onParked:     r.onParked,
 		plain:        res.plain,
 		parkedBefore: res.wasParked,
+		otherTag:     res.otherTag,
 		ttl:          r.ttl,
 		interval:     r.interval,
 		lost:         make(chan struct{}),

@@ -21,7 +21,7 @@ func (e *engine) notAcquired(r *request, res acquireResult) error {
 	case res.superseded:
 		return fmt.Errorf("%w: %q", ErrSuperseded, r.key)
 	case res.conflict == nil:
-		return fmt.Errorf("%w: %q epoch %d is not after %d", ErrEpochUsed, r.key, r.epoch, res.lastEpoch)
+		return &EpochUsedError{Key: r.key, Epoch: r.epoch, Last: res.lastEpoch, OtherTag: res.otherTag}
 	}
 	e.emit(Event{Kind: EventContended, Key: r.key, Owner: res.conflict.Owner, Token: res.conflict.Token, Err: res.conflict})
 	return res.conflict

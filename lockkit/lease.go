@@ -38,6 +38,7 @@ type Lease struct {
 	plain  bool   // taken in the plain form of its key (see acquireResult)
 	// parkedBefore: the acquire had been parked (WasParked).
 	parkedBefore bool
+	otherTag     string // OtherEpochTag
 	// completeKeep is CompleteOnSuccess's keep; guarded by e.mu.
 	completeKeep time.Duration
 	// renewArgs caches, for RedisLocker's renewals, the lease's holders and
@@ -131,6 +132,12 @@ func (l *Lease) Token() int64 { return l.token }
 // again after a lost reply) may still arrive while this lease's work runs.
 // A repeat of the acquire that go-redis sent again reports false.
 func (l *Lease) WasParked() bool { return l.parkedBefore }
+
+// OtherEpochTag returns the AcquireOptions.EpochTag of the claim that the
+// lease's epoch followed when it is not the lease's own (both not empty):
+// another caller claims the key's epochs with another tag. Empty otherwise,
+// and for a repeat of the acquire that go-redis sent again.
+func (l *Lease) OtherEpochTag() string { return l.otherTag }
 
 // Lost returns a channel that is closed when the lease is lost (not when it is
 // released).

@@ -34,6 +34,8 @@ const (
 	// of 365 days): longer values would not fit Redis' expiry arithmetic. Both
 	// Lockers reject a longer value with ErrInvalid.
 	MaxTTL = 100 * 365 * 24 * time.Hour
+	// MaxEpochTag is the longest AcquireOptions.EpochTag accepted, in bytes.
+	MaxEpochTag = 64
 	// MinRedisVersion is the oldest Redis server RedisLocker works with: its
 	// scripts renew with ZADD GT (6.2), and asynq needs 6.2 as well.
 	MinRedisVersion = "6.2.0"
@@ -54,7 +56,8 @@ var (
 	// unreachable until the TTL would have run out.
 	ErrLost = errors.New("lockkit: lease lost")
 	// ErrEpochUsed is returned when AcquireOptions.Epoch is not greater than the last epoch
-	// that acquired the key: that unit of work was already claimed.
+	// that acquired the key: that unit of work was already claimed. The error is
+	// an *EpochUsedError.
 	ErrEpochUsed = errors.New("lockkit: epoch already used")
 	// ErrClosed is returned by a Locker after Close, and is the cause (together with
 	// ErrLost) of cancelling the contexts of leases that Close released.
@@ -135,6 +138,25 @@ func (e *ConflictError) Error() string {
 
 // Is reports whether target is ErrNotAcquired.
 func (e *ConflictError) Is(target error) bool { return target == ErrNotAcquired }
+
+// EpochUsedError is returned when an acquire's AcquireOptions.Epoch was
+// claimed already. It matches ErrEpochUsed with errors.Is.
+type EpochUsedError struct {
+	Key string
+	// Epoch is the acquire's, Last the key's last claimed epoch.
+	Epoch, Last int64
+	// OtherTag is the AcquireOptions.EpochTag of the key's last claim when
+	// it is not the acquire's (both not empty); empty otherwise.
+	OtherTag string
+}
+
+// Error implements error.
+func (e *EpochUsedError) Error() string {
+	return fmt.Sprintf("%s: %q epoch %d is not after %d", ErrEpochUsed, e.Key, e.Epoch, e.Last)
+}
+
+// Is reports whether target is ErrEpochUsed.
+func (e *EpochUsedError) Is(target error) bool { return target == ErrEpochUsed }
 
 // Locker hands out leases on keys. The layers above lockkit take their
 // leases through this interface; what is kept beside leases (lockkit/throttle's
@@ -241,6 +263,14 @@ type AcquireOptions struct {
 	// with ErrEpochUsed. Use it to claim a unit of work (such as a cron tick) once.
 	// Zero means no epoch check.
 	Epoch int64
+	// EpochTag, with Epoch, is kept with the claim: an acquire whose
+	// EpochTag is not the one kept with the key's last claim (both not
+	// empty) is told it, by Lease.OtherEpochTag, or EpochUsedError.OtherTag
+	// when the epoch was used. Callers that should claim the same units of
+	// work (cronguard: replicas of one entry, tagged with their schedule)
+	// learn so that one of them claims others. At most MaxEpochTag bytes;
+	// needs Epoch. Empty means none.
+	EpochTag string
 	// EpochTTL is how long the key remembers its last epoch. Zero means TTL.
 	// Must not exceed MaxTTL.
 	EpochTTL time.Duration

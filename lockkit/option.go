@@ -112,6 +112,7 @@ type request struct {
 	fair     bool
 	epoch    int64
 	epochTTL time.Duration
+	epochTag string
 	// waiter is set when the caller waits: it registers in the key's waiter set.
 	waiter    string
 	waiterTTL time.Duration
@@ -142,7 +143,7 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	if o == nil {
 		o = &AcquireOptions{}
 	}
-	r := request{key: key, owner: c.owner, label: o.Label, ttl: o.TTL, limit: o.Limit, fair: o.Fair, epoch: o.Epoch, epochTTL: o.EpochTTL,
+	r := request{key: key, owner: c.owner, label: o.Label, ttl: o.TTL, limit: o.Limit, fair: o.Fair, epoch: o.Epoch, epochTTL: o.EpochTTL, epochTag: o.EpochTag,
 		since: -1, coverFor: DefaultCoverFor, detached: o.Detached, supersede: "0", preempt: "0"}
 	if key == "" {
 		return r, fmt.Errorf("%w: key is empty", ErrInvalid)
@@ -179,6 +180,12 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	}
 	if r.epochTTL == 0 {
 		r.epochTTL = r.ttl
+	}
+	if r.epochTag != "" && r.epoch == 0 {
+		return r, fmt.Errorf("%w: key %q: EpochTag %q needs an Epoch", ErrInvalid, key, r.epochTag)
+	}
+	if len(r.epochTag) > MaxEpochTag {
+		return r, fmt.Errorf("%w: key %q: EpochTag is %d bytes, longer than MaxEpochTag (%d)", ErrInvalid, key, len(r.epochTag), MaxEpochTag)
 	}
 	if err := r.followUp(o.FollowUp); err != nil {
 		return r, err

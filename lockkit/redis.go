@@ -174,7 +174,7 @@ func (l *RedisLocker) Keys(ctx context.Context, pattern string) ([]string, error
 		if err := iter.Err(); err != nil {
 			return err
 		}
-		live, err := liveKeys(ctx, c, l.r.prefix, l.matching(found, pattern))
+		live, err := l.r.liveKeys(ctx, c, l.matching(found, pattern))
 		if err != nil {
 			return err
 		}

@@ -47,8 +47,11 @@ type ScanOptions struct {
 // when the keyspace has been walked to its end. cursor is "" for the first
 // page, then the cursor a call returned. Unlike Keys, its cost does not grow
 // with the keyspace: at most opt's Calls SCAN calls of COUNT opt's Count,
-// and one pipelined liveness check per batch of keys found, so a page can
-// hold fewer keys than Limit (even none) while the cursor is not "". Each
+// and pipelined liveness checks of the keys found, with no script (a GET
+// each, and a ZCOUNT for a key whose holders are in the sorted form): as
+// many keys as the page has room for, then twice as many at a time, so a
+// page can hold fewer keys than Limit (even none) while the cursor is not
+// "". Each
 // page is sorted; the pages together are not. As with SCAN, a key may be
 // reported twice, or after it was released; a key held throughout is
 // reported, except that a page ending inside a SCAN batch while Redis shrinks
@@ -77,6 +80,7 @@ func (l *RedisLocker) ScanKeys(ctx context.Context, pattern, cursor string, opt 
 	}
 	match := globEscape(l.r.prefix) + "{" + serverGlob(pattern) + "}:h"
 	var out []string
+	check := o.Limit // how many keys the next liveness check takes at least
 	for calls := 0; calls < o.Calls; calls++ {
 		c := nodes[at.node]
 		found, next, err := c.Scan(ctx, at.scan, match, int64(o.Count)).Result()
@@ -88,22 +92,28 @@ func (l *RedisLocker) ScanKeys(ctx context.Context, pattern, cursor string, opt 
 			// The batch of this cursor was looked at up to at.after.
 			cands = cands[sort.SearchStrings(cands, at.after+"\x00"):]
 		}
-		// The liveness of as many keys as the page has room for at a time:
-		// a batch of a large keyspace holds more keys than a page.
+		// The liveness of as many keys as the page has room for, then twice
+		// as many each time, at a time: a batch of a large keyspace holds
+		// more keys than a page, and most of them may be released ones.
 		for len(cands) > 0 {
-			chunk := cands[:min(len(cands), o.Limit-len(out))]
+			room := o.Limit - len(out)
+			chunk := cands[:min(len(cands), max(room, check))]
 			cands = cands[len(chunk):]
-			live, err := liveKeys(ctx, c, l.r.prefix, chunk)
+			if check < o.Count {
+				check *= 2
+			}
+			live, err := l.r.liveKeys(ctx, c, chunk)
 			if err != nil {
 				return nil, "", fmt.Errorf("lockkit: scan keys %q: %w", pattern, err)
 			}
-			out = append(out, live...)
-			if len(out) == o.Limit && len(cands) > 0 {
+			if len(live) >= room && (len(live) > room || len(cands) > 0) {
 				// The rest of this batch is the next page's: the same SCAN
-				// cursor, after the last key looked at.
+				// cursor, after the last key shown.
+				out = append(out, live[:room]...)
 				sort.Strings(out)
-				return out, scanCursor{node: at.node, scan: at.scan, after: chunk[len(chunk)-1]}.String(), nil
+				return out, scanCursor{node: at.node, scan: at.scan, after: live[room-1]}.String(), nil
 			}
+			out = append(out, live...)
 		}
 		at = scanCursor{node: at.node, scan: next}
 		if next == 0 {
@@ -152,26 +162,69 @@ func (l *RedisLocker) matching(found []string, pattern string) []string {
 	return out
 }
 
-// liveKeys returns the keys that have a live holder, in their order: a
-// holders key lives as long as its longest record. One pipelined round
-// trip.
-func liveKeys(ctx context.Context, c redis.Cmdable, prefix string, keys []string) ([]string, error) {
+// liveKeys returns the keys on c that have a live holder, in their order,
+// with no script: one pipelined round trip of GETs, and one of ZCOUNTs for
+// the keys whose holders are in the sorted form. A plain form holds one
+// holder until it expires, or what its release left, which starts with "~"
+// (plain_release.lua); in the sorted form a holder is scored by its expiry,
+// and the records that outlive one by negative scores (acquire_core.lua),
+// so that a live holder is one scored after the server's time, as
+// inspect.lua reads them.
+func (b *redisBackend) liveKeys(ctx context.Context, c redis.Cmdable, keys []string) ([]string, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	cmds := make([]*redis.Cmd, len(keys))
-	if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+	gets := make([]*redis.StringCmd, len(keys))
+	var now *redis.TimeCmd
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		now = p.Time(ctx)
 		for i, k := range keys {
-			base := prefix + "{" + escapeKey(k) + "}"
-			cmds[i] = inspectScript.Eval(ctx, p, []string{base + ":h", base + ":w", base + ":k"})
+			gets[i] = p.Get(ctx, b.keys(k).holders)
 		}
 		return nil
-	}); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
+	})
+	held := make([]bool, len(keys))
+	var sorted []int
+	for i, cmd := range gets {
+		v, err := cmd.Result()
+		switch {
+		case err == nil:
+			held[i] = !strings.HasPrefix(v, "~")
+		case errors.Is(err, redis.Nil):
+		case redis.HasErrorPrefix(err, "WRONGTYPE"):
+			sorted = append(sorted, i)
+		default:
+			return nil, err
+		}
+	}
+	if len(sorted) > 0 {
+		t, err := now.Result()
+		if err != nil {
+			return nil, err
+		}
+		after := "(" + strconv.FormatInt(t.UnixMilli(), 10)
+		counts := make([]*redis.IntCmd, len(sorted))
+		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for j, i := range sorted {
+				counts[j] = p.ZCount(ctx, b.keys(keys[i]).holders, after, "+inf")
+			}
+			return nil
+		})
+		for j, i := range sorted {
+			n, err := counts[j].Result()
+			switch {
+			case err == nil:
+				held[i] = n > 0
+			case redis.HasErrorPrefix(err, "WRONGTYPE"):
+				held[i] = true // taken again in the plain form meanwhile
+			default:
+				return nil, err
+			}
+		}
 	}
 	var out []string
 	for i, k := range keys {
-		if vals, err := cmds[i].Slice(); err == nil && len(vals) > 3 {
+		if held[i] {
 			out = append(out, k)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -31,10 +32,19 @@ func testScanKeys(t *testing.T, c redis.UniversalClient) {
 	var want []string
 	for i := range 250 {
 		k := fmt.Sprintf("tenant:%03d", i)
-		lease, err := l.TryAcquire(ctx, k, nil)
+		var opt *lockkit.AcquireOptions
+		if i%10 == 5 || i%10 == 7 {
+			// Holders in the sorted form: a semaphore, a completed label.
+			opt = &lockkit.AcquireOptions{Limit: 2, Label: fmt.Sprintf("task-%03d", i)}
+		}
+		lease, err := l.TryAcquire(ctx, k, opt)
 		require.NoError(t, err)
-		if i%10 == 3 {
+		switch i % 10 {
+		case 3:
 			require.NoError(t, lease.Release(ctx)) // released: not listed
+			continue
+		case 7:
+			require.NoError(t, lease.Complete(ctx, time.Minute)) // only its record is left: not listed
 			continue
 		}
 		want = append(want, k)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -135,6 +136,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"DeadFairWaiterIsDropped", testDeadWaiter},
 		{"EpochClaimsOnce", testEpoch},
 		{"EpochOutlivesARunLongerThanTTL", testEpochLongRun},
+		{"EpochTagOfAnotherClaimIsTold", testEpochTag},
 		{"Inspect", testInspect},
 		{"CloseReleasesEverything", testClose},
 		{"AcquireEndsWithContext", testAcquireCtx},
@@ -541,6 +543,53 @@ func testEpoch(t *testing.T, h *harness) {
 	l, err = b.TryAcquire(ctx, "tick", &AcquireOptions{Epoch: 101})
 	require.NoError(t, err)
 	require.NoError(t, l.Release(ctx))
+}
+
+// An acquire whose EpochTag is not the last claim's is told that claim's
+// tag: on its lease when it claims the next epoch, in the EpochUsedError
+// when the epoch was used. An untagged claim or acquire tells nothing.
+func testEpochTag(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	a, b := h.locker(t), h.locker(t)
+	claim := func(l Locker, epoch int64, tag string) (string, error) {
+		lease, err := l.TryAcquire(ctx, "tick", &AcquireOptions{Epoch: epoch, EpochTag: tag, EpochTTL: time.Minute})
+		if err != nil {
+			return "", err
+		}
+		require.NoError(t, lease.Release(ctx))
+		return lease.OtherEpochTag(), nil
+	}
+	other, err := claim(a, 100, "spec-a")
+	require.NoError(t, err)
+	require.Empty(t, other, "the first claim")
+	other, err = claim(b, 200, "spec-b")
+	require.NoError(t, err)
+	require.Equal(t, "spec-a", other)
+	other, err = claim(b, 300, "spec-b")
+	require.NoError(t, err)
+	require.Empty(t, other, "its own tag")
+	_, err = claim(a, 300, "spec-a")
+	var used *EpochUsedError
+	require.ErrorAs(t, err, &used)
+	require.ErrorIs(t, err, ErrEpochUsed)
+	require.Equal(t, EpochUsedError{Key: "tick", Epoch: 300, Last: 300, OtherTag: "spec-b"}, *used)
+	_, err = claim(a, 300, "spec-b")
+	require.ErrorAs(t, err, &used)
+	require.Empty(t, used.OtherTag, "the same tag")
+	_, err = claim(a, 300, "")
+	require.ErrorAs(t, err, &used)
+	require.Empty(t, used.OtherTag, "an untagged acquire")
+	other, err = claim(a, 400, "")
+	require.NoError(t, err)
+	require.Empty(t, other)
+	other, err = claim(b, 500, "spec-b")
+	require.NoError(t, err)
+	require.Empty(t, other, "an untagged claim")
+
+	_, err = a.TryAcquire(ctx, "tick", &AcquireOptions{EpochTag: "spec-a"})
+	require.ErrorIs(t, err, ErrInvalid, "a tag needs an epoch")
+	_, err = a.TryAcquire(ctx, "tick", &AcquireOptions{Epoch: 600, EpochTag: strings.Repeat("x", MaxEpochTag+1)})
+	require.ErrorIs(t, err, ErrInvalid)
 }
 
 func testInspect(t *testing.T, h *harness) {

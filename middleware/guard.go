@@ -95,6 +95,11 @@ type Job struct {
 	Epoch int64
 	// EpochTTL is how long the claim is remembered. Zero means the lease TTL.
 	EpochTTL time.Duration
+	// EpochTag, with Epoch, is kept with the claim
+	// (lockkit.AcquireOptions.EpochTag): a run whose tag is not the last
+	// claim's finds that one in its lease (lockkit.Lease.OtherEpochTag) or in
+	// the *lockkit.EpochUsedError its DuplicateError wraps. Empty means none.
+	EpochTag string
 	// Reserved says that the key may be reserved for the job (a Detached
 	// lease carrying its Origin, such as singleton.ParkAtEnqueue makes, or
 	// the reservation a run's end makes for a parked job): its acquire
@@ -436,7 +441,7 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Leas
 // resumes the key's oldest parked job; with park, a job of a policy that
 // parks is parked when the key is held.
 func (g *Guard) leaseOptions(ctx context.Context, job Job, park bool) *lockkit.AcquireOptions {
-	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, Label: job.Origin, HoldAtLeast: g.hold,
+	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, EpochTag: job.EpochTag, Label: job.Origin, HoldAtLeast: g.hold,
 		AsyncRelease: g.async, Adopt: job.Reserved && job.Origin != ""}
 	if p := g.parking; p != nil && g.limit <= 1 {
 		// Every run resumes the key's oldest parked job when it ends.

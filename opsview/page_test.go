@@ -10,10 +10,14 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/internal/testredis"
@@ -245,4 +249,115 @@ func redisLocker(t *testing.T) *lockkit.RedisLocker {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	return l
+}
+
+// scripts counts the Lua script calls sent to Redis (EVAL, with the
+// script's source, and EVALSHA) and the bytes of every command sent.
+type scripts struct{ eval, evalsha, bytes atomic.Int64 }
+
+func (s *scripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (s *scripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		s.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (s *scripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			s.count(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (s *scripts) count(cmd redis.Cmder) {
+	switch strings.ToLower(cmd.Name()) {
+	case "eval":
+		s.eval.Add(1)
+	case "evalsha":
+		s.evalsha.Add(1)
+	}
+	n := 0
+	for _, a := range cmd.Args() { // as RESP sends it: $<len>\r\n<arg>\r\n
+		v := fmt.Sprint(a)
+		n += len(v) + len(strconv.Itoa(len(v))) + 5
+	}
+	s.bytes.Add(int64(n))
+}
+
+func (s *scripts) reset() { s.eval.Store(0); s.evalsha.Store(0); s.bytes.Store(0) }
+
+// A refresh runs a script only for the rows it shows, whatever the keys
+// SCAN finds that are no longer held, and sends it by its SHA, not its
+// source: with 3,000 keys released in the last seconds and 1 held, a 10-row
+// page shows the held key with one script; the same with keys kept only by
+// their records (Lease.Complete).
+func TestRefreshInspectsOnlyTheRowsItShows(t *testing.T) {
+	ctx := context.Background()
+	c := testredis.Client(t)
+	prefix := testredis.Prefix(t, c)
+	l, err := lockkit.NewRedis(c, lockkit.WithPrefix(prefix))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(ctx) })
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < 3000; i += 16 {
+				lease, err := l.TryAcquire(ctx, fmt.Sprintf("report:%04d", i), nil)
+				if err == nil {
+					err = lease.Release(ctx)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	require.NoError(t, <-errs)
+	_, err = l.TryAcquire(ctx, "report:held", nil)
+	require.NoError(t, err)
+
+	view := redis.NewClient(c.Options())
+	t.Cleanup(func() { _ = view.Close() })
+	count := &scripts{}
+	view.AddHook(count)
+	vl, err := lockkit.NewRedis(view, lockkit.WithPrefix(prefix))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = vl.Close(ctx) })
+	h := must(opsview.New(vl))
+	getPage(t, h, "pattern=report:*&limit=10") // loads the scripts
+	count.reset()
+	w, r := getPage(t, h, "pattern=report:*&limit=10")
+	require.Equal(t, http.StatusOK, w.Code, w.Body.String())
+	t.Logf("3,000 released, 1 held: %d EVAL, %d EVALSHA, %d bytes sent", count.eval.Load(), count.evalsha.Load(), count.bytes.Load())
+	require.Equal(t, []string{"report:held"}, keysOf(r.Locks))
+	require.Zero(t, count.eval.Load(), "scripts are sent by their SHA")
+	require.Equal(t, int64(1), count.evalsha.Load(), "the row shown")
+	require.Less(t, count.bytes.Load(), int64(300_000))
+
+	// Keys whose holders left but whose records stay (completed labels)
+	// keep their holders in the sorted form.
+	for i := range 300 {
+		lease, err := l.TryAcquire(ctx, fmt.Sprintf("done:%03d", i), &lockkit.AcquireOptions{Label: fmt.Sprintf("task-%03d", i)})
+		require.NoError(t, err)
+		require.NoError(t, lease.Complete(ctx, time.Minute))
+	}
+	_, err = l.TryAcquire(ctx, "done:held", nil)
+	require.NoError(t, err)
+	count.reset()
+	w, r = getPage(t, h, "pattern=done:*&limit=10")
+	require.Equal(t, http.StatusOK, w.Code, w.Body.String())
+	t.Logf("300 completed, 1 held: %d EVAL, %d EVALSHA, %d bytes sent", count.eval.Load(), count.evalsha.Load(), count.bytes.Load())
+	require.Equal(t, []string{"done:held"}, keysOf(r.Locks))
+	require.Zero(t, count.eval.Load(), "scripts are sent by their SHA")
+	require.Equal(t, int64(1), count.evalsha.Load(), "the row shown")
 }

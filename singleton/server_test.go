@@ -714,7 +714,7 @@ func TestRedisErrorIsNeverADuplicate(t *testing.T) {
 			t.Cleanup(func() { _ = c.Close() })
 			// The acquire script: plain_acquire.lua for the plain lock of a
 			// Skip policy, acquire.lua for the others.
-			plain, full := testredis.ScriptShape(1, 2), testredis.ScriptShape(8, 19)
+			plain, full := testredis.ScriptShape(1, 2), testredis.ScriptShape(8, 20)
 			hook := &testredis.Faults{Match: func(c redis.Cmder) bool { return plain(c) || full(c) }, Delay: 100 * time.Millisecond}
 			c.AddHook(hook)
 			l, err := lockkit.NewRedis(c, lockkit.WithPrefix(e.Prefix))

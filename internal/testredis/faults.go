@@ -259,7 +259,7 @@ func ScriptWithKeys(n int) func(cmd redis.Cmder) bool { return ScriptShape(n, -1
 
 // ScriptShape is a Match helper: it matches EVAL and EVALSHA calls with n
 // keys and, unless args < 0, args arguments. lockkit's scripts: acquire 8
-// keys and 19 arguments, release 8 and 10 (every mode's script of each),
+// keys and 20 arguments, release 8 and 10 (every mode's script of each),
 // extend 2 and 4, inspect 3 and 0.
 func ScriptShape(n, args int) func(cmd redis.Cmder) bool {
 	return func(cmd redis.Cmder) bool {

@@ -1,19 +1,22 @@
 -- The last part of every acquire script (see acquire_core.lua): acquires one
 -- holder slot of a lock, or reports why not. Safe to run twice: a repeat with
 -- the same acquire id returns the lease the first run took. It touches
--- KEYS[1] holders, KEYS[2] epoch (e, d, a), KEYS[3] queue, KEYS[4] waiters
+-- KEYS[1] holders, KEYS[2] epoch (e, d, a, t), KEYS[3] queue, KEYS[4] waiters
 -- and KEYS[5] fence; the sections of the call's modes, placed at the lines
 -- "-- @<place>", touch the rest. The reply's first element says what the
 -- others are:
 --   1  acquired: {1, token}; {1, token, '0', 1} when the call had been parked
 --      (it adopted its reservation or found its parked entry); {1, token,
 --      ttl left (ms)} when an earlier run of this acquire took it or a
---      release handed it over (release_grant.lua)
+--      release handed it over (release_grant.lua); {1, token, '0', 0 or 1,
+--      other tag} when the epoch claimed before carried another tag
 --   0  held: {0, holder member, its ttl (ms), holders, waiters ahead, since,
 --      parked jobs ahead of a parking call (-1 for none), the parked
 --      follow-up that this Supersede call replaced ("" for none; a repeat of
 --      the call reports it too)}
---  -1  the epoch was already used: {-1, last epoch}
+--  -1  the epoch was already used: {-1, last epoch, other tag}
+-- The other tag is the epoch tag of the key's last claim when it and this
+-- call's are not empty and differ; "" otherwise.
 --  -2  the label was completed: {-2}
 --  -3  this acquire call was abandoned: {-3}
 --  -4  a Coalesce call is covered: {-4, coverage, covering token, holder
@@ -23,13 +26,17 @@
 promote(KEYS[1], KEYS[5])
 
 local kept_until = 0
+local other_tag = ''
 if epoch > 0 then
-  local meta = redis.call('HMGET', KEYS[2], 'e', 'd', 'a')
+  local meta = redis.call('HMGET', KEYS[2], 'e', 'd', 'a', 't')
   local last_epoch = tonumber(meta[1] or '0')
   kept_until = tonumber(meta[2] or '0')
+  if epoch_tag ~= '' and meta[4] and meta[4] ~= '' and meta[4] ~= epoch_tag then
+    other_tag = meta[4]
+  end
   if epoch < last_epoch or (epoch == last_epoch and meta[3] ~= aid) then
     forget_waiter()
-    return {-1, string.format('%d', last_epoch)}
+    return {-1, string.format('%d', last_epoch), other_tag}
   end
 end
 
@@ -97,7 +104,7 @@ if not same and count + ahead < limit then
   redis.call('SET', KEYS[5], token, 'PX', 1000)
   if epoch > 0 then
     kept_until = math.max(kept_until, now + epoch_keep)
-    redis.call('HSET', KEYS[2], 'e', ARGV[7], 'd', string.format('%d', kept_until), 'a', aid)
+    redis.call('HSET', KEYS[2], 'e', ARGV[7], 'd', string.format('%d', kept_until), 'a', aid, 't', epoch_tag)
     redis.call('PEXPIRE', KEYS[2], math.max(ttl, kept_until - now))
   end
   forget_waiter()
@@ -107,6 +114,9 @@ if not same and count + ahead < limit then
   -- late write of that may come after this run (see Lease.WasParked).
   local was_parked = adopted
   -- @unpark
+  if other_tag ~= '' then
+    return {1, token, '0', was_parked and 1 or 0, other_tag}
+  end
   if was_parked then
     return {1, token, '0', 1}
   end

@@ -8,7 +8,7 @@
 -- scripts.go puts in acquire.lua at the line "-- @<place>": a place of a mode
 -- the call does not have stays empty. This file reads the shared arguments
 -- by name and declares what acquire.lua finds, which the sections read.
--- Every acquire script takes the same 8 keys and 19 arguments; each file's
+-- Every acquire script takes the same 8 keys and 20 arguments; each file's
 -- header names the ones it reads.
 -- KEYS[1] holders: ZSET. A live holder is "<token>:<acquire id>:<owner>:<label>"
 --         scored by its expiry (ms, server time). Negative scores are records
@@ -22,7 +22,8 @@
 --         remembered in a key of their own (release.lua), so a key whose last
 --         holder left is gone and the next acquire takes the fast path.
 -- KEYS[2] epoch: HASH, e = last epoch, d = keep it until (ms), a = the acquire
---         id that claimed it (n: acquire_supersede.lua); it lives until d,
+--         id that claimed it, t = its epoch tag (n: acquire_supersede.lua);
+--         it lives until d,
 --         and while leases that claimed an epoch are renewed
 -- KEYS[3] queue: ZSET of fair waiters, score = arrival (us)
 -- KEYS[4] waiters: ZSET of every waiter, score = deadline (ms)
@@ -43,6 +44,7 @@
 -- ARGV[14] release channel (Supersede and Preempt publish on it)
 -- ARGV[17] this call's parked-queue entry, "" when it does not park
 -- ARGV[18] how long the parked queue and the follow-up records are kept (ms)
+-- ARGV[20] epoch tag, kept with the epoch this call claims; "" for none
 -- ARGV[11], [13], [15], [16], [19]: read by the mode files
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -61,6 +63,7 @@ local adopt = ARGV[12] == '1'
 local channel = ARGV[14]
 local entry = ARGV[17]
 local keep = tonumber(ARGV[18])
+local epoch_tag = ARGV[20] or ''
 
 -- What acquire.lua finds: whether the holders key existed, its live holders
 -- and their expiries in pairs, their count, the holder to report (the one
