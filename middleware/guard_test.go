@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/jobguard/jobguard/internal/logbuf"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
@@ -423,7 +424,7 @@ func TestGuardOnAnotherLocker(t *testing.T) {
 	require.ErrorIs(t, err, middleware.ErrInvalid)
 	require.ErrorContains(t, err, "WithThrottle(1, 1s): the budget is kept in the Redis of a *lockkit.RedisLocker, and the Locker is a middleware_test.wrapped")
 
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	prev := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	t.Cleanup(func() { slog.SetDefault(prev) })
@@ -436,29 +437,11 @@ func TestGuardOnAnotherLocker(t *testing.T) {
 	require.Contains(t, logs.String(), "sync", "logged through slog.Default()")
 }
 
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *syncBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
 // The TTL and the logger given once at the Locker are what the guard uses;
 // a guard option overrides them for that guard only.
 func TestSettingsComeFromTheLocker(t *testing.T) {
 	ctx := context.Background()
-	var lockerLog, guardLog syncBuffer
+	var lockerLog, guardLog logbuf.Buffer
 	l := lockkittest.New(t, lockkit.WithTTL(2*time.Second),
 		lockkit.WithLogger(slog.New(slog.NewTextHandler(&lockerLog, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	ttlOf := func(g *middleware.Guard, key string) time.Duration {

@@ -1,7 +1,6 @@
 package opsview_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/logbuf"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/opsview"
@@ -197,7 +197,7 @@ func TestOneFailedInspectShowsInItsRow(t *testing.T) {
 // key, the tokens asked for and what came of it.
 func TestReleasesAreAudited(t *testing.T) {
 	ctx := context.Background()
-	var logs bytes.Buffer
+	var logs logbuf.Buffer
 	c := testredis.Client(t)
 	l, err := lockkit.NewRedis(c, lockkit.WithPrefix(testredis.Prefix(t, c)),
 		lockkit.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
