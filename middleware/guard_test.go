@@ -377,6 +377,7 @@ func TestNewValidation(t *testing.T) {
 		{"negative delay", []middleware.Option{middleware.WithPolicy(middleware.Requeue(-time.Second))}, "the requeue delay must not be negative nor longer than"},
 		{"delay past MaxTTL", []middleware.Option{middleware.WithPolicy(middleware.Requeue(lockkit.MaxTTL + time.Hour))}, "the requeue delay must not be negative nor longer than"},
 		{"nil admit", []middleware.Option{middleware.WithAdmit(nil)}, "WithAdmit(nil)"},
+		{"nil done", []middleware.Option{middleware.WithDone(nil)}, "WithDone(nil)"},
 		{"preempt and wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Preempt(0)))}, "Preempt(0s) waits for its turn itself"},
 		{"negative grace", []middleware.Option{middleware.WithPolicy(middleware.Preempt(-time.Second))}, "the grace must not be negative"},
 		{"preempt and limit", []middleware.Option{middleware.WithPolicy(middleware.Preempt(0)), middleware.WithLimit(2)}, "Preempt runs one job per key"},

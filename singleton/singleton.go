@@ -364,7 +364,7 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 		m.rdb = c.rdb
 	}
 	if c.rdb != nil {
-		opts = append(opts[:len(opts):len(opts)], middleware.WithParking(m.parking()))
+		opts = append(opts[:len(opts):len(opts)], middleware.WithParking(m.parking()), middleware.WithDone(m.ranBefore))
 	}
 	if rl, ok := locker.(*lockkit.RedisLocker); ok {
 		client, prefix := rl.Redis()
