@@ -426,9 +426,6 @@ type guarded struct {
 	skips     *skipLog
 	hooks     *hookCheck
 	decisions int // entries of DecisionLog kept; 0: none
-	// onCreatorWait, in tests, is called when a copy's enqueue starts
-	// waiting for the copy that made its delivery (awaitCreator).
-	onCreatorWait func()
 	// onPreempted, in tests, is called before a preempted run's decision
 	// looks for the task that preempted it.
 	onPreempted func()
