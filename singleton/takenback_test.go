@@ -3,7 +3,6 @@ package singleton_test
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,26 +12,11 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqtest"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
-
-// lateRetry is what asynq v0.26's retry write does (rdb.Retry's script,
-// less its statistics): move the task from active to retry. Sent again by
-// go-redis or asynq's syncer after its reply was lost, it lands on whatever
-// delivery of the task is active then.
-var lateRetry = redis.NewScript(`
-if redis.call("LREM", KEYS[2], 0, ARGV[1]) == 0 then
-	return redis.error_reply("NOT FOUND")
-end
-if redis.call("ZREM", KEYS[3], ARGV[1]) == 0 then
-	return redis.error_reply("NOT FOUND")
-end
-redis.call("ZADD", KEYS[4], ARGV[2], ARGV[1])
-redis.call("HSET", KEYS[1], "state", "retry")
-return 1
-`)
 
 // An earlier delivery's retry write, sent again after a lost reply, lands
 // while a later delivery of the task runs: asynq takes the task back and
@@ -97,10 +81,7 @@ func lateRetryWrite(t *testing.T, earlier string, redeliveredWhileRunning bool) 
 		}
 		require.Equal(t, x.ID, <-xStarted)
 
-		prefix := "asynq:{" + e.Queue + "}:"
-		retryAt := strconv.FormatInt(time.Now().Unix(), 10)
-		require.NoError(t, lateRetry.Run(context.Background(), e.RDB,
-			[]string{prefix + "t:" + x.ID, prefix + "active", prefix + "lease", prefix + "retry"}, x.ID, retryAt).Err(),
+		require.NoError(t, asynqtest.LateRetry(context.Background(), e.RDB, e.Queue, x.ID, time.Now()),
 			"the late write takes the running delivery back")
 		if redeliveredWhileRunning {
 			// The retry is due at once: asynq delivers x again, and that
