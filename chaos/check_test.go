@@ -714,3 +714,32 @@ func TestClusterSeedHistoriesBreakNoRule(t *testing.T) {
 		t.Run(name+": "+what, func(t *testing.T) { wantNoViolationWithKeys(t, name) })
 	}
 }
+
+// A long run taken back (f13takenback): a's run after its failure is moved
+// back to retry by a late retry write, and asynq delivers a again while
+// that run goes. The delivery waits for the run; when it runs a's work once
+// more after the run succeeded, the checker names a. One that completes
+// without running is no violation.
+func TestTakenBackTaskRunTwiceIsReported(t *testing.T) {
+	for _, ranAgain := range []bool{true, false} {
+		h := newHist(polRequeue)
+		h.w.Ops = h.w.Ops[:1]
+		h.w.Ops[0].TakeBack, h.w.Ops[0].FailOnce = true, true
+		h.enqueue(0, "a")
+		h.run(10, 50, "w1", "a", "error")
+		h.run(100, 900, "w1", "a", "ok") // taken back at 110, due at once
+		h.add(300, "w2", evDeliver, "a", nil)
+		if ranAgain {
+			s := h.add(900, "w2", evStart, "a", nil)
+			h.add(1000, "w2", evEnd, "a", func(r *Record) { r.Outcome, r.Run = "ok", s })
+		} else {
+			h.add(900, "w2", evDecision, "a", func(r *Record) { r.Kind, r.Reason, r.Action = "duplicate", "completed", "skip" })
+		}
+		h.add(1000, "w2", evReturn, "a", nil)
+		if ranAgain {
+			h.wantOne(t, ruleRuns, "a")
+		} else if got := h.check(); len(got) != 0 {
+			t.Fatalf("want nothing, got %v", got)
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqtest"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/periodic"
@@ -34,6 +35,7 @@ type payload struct {
 	FailOnce  bool          `json:"fail_once,omitempty"`
 	PanicOnce bool          `json:"panic_once,omitempty"`
 	IgnoreCtx bool          `json:"ignore_ctx,omitempty"`
+	TakeBack  bool          `json:"take_back,omitempty"`
 }
 
 // runInfo travels in a delivery's ctx, so that the guard's events name the
@@ -355,6 +357,9 @@ func work(rec *recorder, rdb redis.UniversalClient, prefix string) asynq.Handler
 		if p.FailOnce || p.PanicOnce {
 			first, _ = rdb.SetNX(context.WithoutCancel(ctx), "chaosrun:first:"+prefix+p.ID, 1, time.Hour).Result()
 		}
+		if p.TakeBack && !first {
+			takeBack(ctx, rdb, prefix, p)
+		}
 		timer := time.NewTimer(p.Dur)
 		defer timer.Stop()
 		if p.IgnoreCtx {
@@ -385,6 +390,25 @@ func work(rec *recorder, rdb redis.UniversalClient, prefix string) asynq.Handler
 		rec.add(end)
 		return nil
 	})
+}
+
+// takeBack moves the delivery of ctx back to retry, due now, as a late
+// retry write of an earlier delivery of its task does, if the delivery
+// follows one (asynq retried it, or its acquire had been parked), once per
+// task across every process.
+func takeBack(ctx context.Context, rdb redis.UniversalClient, prefix string, p payload) {
+	retried, _ := asynq.GetRetryCount(ctx)
+	lease, ok := lockkit.LeaseFromContext(ctx)
+	if retried == 0 && !(ok && lease.WasParked()) {
+		return
+	}
+	wctx := context.WithoutCancel(ctx)
+	if once, err := rdb.SetNX(wctx, "chaosrun:takeback:"+prefix+p.ID, 1, time.Hour).Result(); err != nil || !once {
+		return
+	}
+	id, _ := asynq.GetTaskID(ctx)
+	queue, _ := asynq.GetQueueName(ctx)
+	_ = asynqtest.LateRetry(wctx, rdb, queue, id, time.Now())
 }
 
 func causeOf(ctx context.Context) string {

@@ -94,8 +94,15 @@ type Op struct {
 	FailOnce  bool          `json:"fail_once,omitempty"`  // the first delivery fails
 	PanicOnce bool          `json:"panic_once,omitempty"` // the first delivery panics
 	IgnoreCtx bool          `json:"ignore_ctx,omitempty"` // the handler runs on after its ctx ends
-	MaxRetry  int           `json:"max_retry"`
-	TaskID    bool          `json:"task_id,omitempty"` // enqueued with asynq.TaskID(ID)
+	// TakeBack: the run that follows an earlier put back of the task (a
+	// failure asynq retried, or a parked duplicate) moves its own delivery
+	// back to retry, as asynq's retry write of that earlier delivery does
+	// when go-redis sends it again after a lost reply, and runs on past the
+	// servers' DelayedTaskCheckInterval: asynq delivers the task again while
+	// the run goes (once per task).
+	TakeBack bool `json:"take_back,omitempty"`
+	MaxRetry int  `json:"max_retry"`
+	TaskID   bool `json:"task_id,omitempty"` // enqueued with asynq.TaskID(ID)
 	// Enq, when not empty, is how the op is enqueued instead of by its
 	// family's client: enqNoKey (Key is then empty) or enqOtherKey.
 	Enq string `json:"enq,omitempty"`
@@ -322,6 +329,21 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 			w.Ops[i].Enq, w.Ops[i].Key = enqNoKey, ""
 		case 1:
 			w.Ops[i].Enq = enqOtherKey
+		}
+	}
+	// Long runs taken back, under Requeue: each task's run after a failure
+	// or a park is taken back by a late retry write (Op.TakeBack) and
+	// delivered again while it goes; its work is done once.
+	tb := Family{Name: "f13takenback", Policy: polRequeue, Limit: 1, Keys: 1 + r.IntN(2), Client: cliPlain}
+	w.Families = append(w.Families, tb)
+	for range 1 + int(length/(10*time.Second)) {
+		from := len(w.Ops)
+		burst(len(w.Families) - 1)
+		for i := from; i < len(w.Ops); i++ {
+			op := &w.Ops[i]
+			op.TakeBack, op.PanicOnce, op.IgnoreCtx, op.MaxRetry = true, false, false, 3
+			op.FailOnce = r.IntN(2) == 0
+			op.Dur = time.Duration(400+r.IntN(600)) * time.Millisecond
 		}
 	}
 	// Operators' releases of hung handlers, drawn after everything else.

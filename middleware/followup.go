@@ -128,13 +128,23 @@ func ownRun(job Job, err error) bool {
 	return job.Origin != "" && errors.As(err, &ce) && ce.Label == job.Origin
 }
 
+// errDoneBefore ends, as a run that did nothing (no HoldAtLeast hold), the
+// lease of a job whose earlier run did its work (WithDone).
+var errDoneBefore = errors.New("middleware: the work was done by an earlier run")
+
 // awaitOwnRun waits, bounded by ctx only, for the earlier delivery of the same
-// work to end: a delivery is never skipped as a duplicate of itself.
+// work to end: a delivery is never skipped as a duplicate of itself. When
+// that run succeeded after the runtime delivered the work again, the
+// runtime's record says so (WithDone) and the job completes without running.
 func (g *Guard) awaitOwnRun(ctx context.Context, job Job, opt *lockkit.AcquireOptions) (*lockkit.Lease, time.Duration, error) {
 	start := time.Now()
 	lease, err := g.locker.Acquire(ctx, job.Key, opt)
 	waited := time.Since(start)
 	switch {
+	case err == nil && g.done != nil && g.done(ctx, job):
+		_ = lease.Run(ctx, func(context.Context) error { return errDoneBefore })
+		err = fmt.Errorf("%w: %s: the earlier run of %q did the work", lockkit.ErrCompleted, job.label(), job.Origin)
+		return nil, waited, g.notAcquired(ctx, job, err, waited)
 	case err == nil:
 		g.Emit(ctx, Event{Kind: EventWaited, Job: job, Wait: waited})
 		return lease, waited, nil

@@ -71,7 +71,8 @@ type Job struct {
 	// it (an asynq task's ID, kept by its requeued copies). Optional. A job
 	// whose key is held by a run with the same Origin is never a duplicate of
 	// it: it waits for that run to end, bounded only by ctx, and then runs;
-	// unless that run succeeded after its ctx had ended, in which case the job
+	// unless that run succeeded after its ctx had ended, or the runtime's
+	// record says that it did the work (WithDone), in which case the job
 	// does not run (ReasonCompleted, ActionSkip). Two runs with one Origin
 	// never hold a key at once, whatever WithLimit says.
 	Origin string
@@ -136,6 +137,8 @@ type Guard struct {
 	observers  []Observer
 	admit      Admit
 	admitSet   bool
+	done       Done
+	doneSet    bool
 	parking    *Parking
 	parkingSet bool
 	async      bool
@@ -184,6 +187,8 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("%w: WithLogger(nil)", ErrInvalid)
 	case g.admitSet && g.admit == nil:
 		return nil, fmt.Errorf("%w: WithAdmit(nil)", ErrInvalid)
+	case g.doneSet && g.done == nil:
+		return nil, fmt.Errorf("%w: WithDone(nil)", ErrInvalid)
 	case g.parkingSet && (g.parking.ID == nil || g.parking.Resume == nil):
 		return nil, fmt.Errorf("%w: WithParking: ID and Resume must not be nil", ErrInvalid)
 	case g.parkingSet && (g.parking.Hold < 0 || g.parking.Hold > lockkit.MaxTTL):

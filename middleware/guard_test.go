@@ -378,6 +378,7 @@ func TestNewValidation(t *testing.T) {
 		{"negative delay", []middleware.Option{middleware.WithPolicy(middleware.Requeue(-time.Second))}, "the requeue delay must not be negative nor longer than"},
 		{"delay past MaxTTL", []middleware.Option{middleware.WithPolicy(middleware.Requeue(lockkit.MaxTTL + time.Hour))}, "the requeue delay must not be negative nor longer than"},
 		{"nil admit", []middleware.Option{middleware.WithAdmit(nil)}, "WithAdmit(nil)"},
+		{"nil done", []middleware.Option{middleware.WithDone(nil)}, "WithDone(nil)"},
 		{"preempt and wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Preempt(0)))}, "Preempt(0s) waits for its turn itself"},
 		{"negative grace", []middleware.Option{middleware.WithPolicy(middleware.Preempt(-time.Second))}, "the grace must not be negative"},
 		{"preempt and limit", []middleware.Option{middleware.WithPolicy(middleware.Preempt(0)), middleware.WithLimit(2)}, "Preempt runs one job per key"},
@@ -801,6 +802,56 @@ func TestAdmit(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, run(shadow, "t4").Ran)
 	require.Equal(t, []string{"t1", "t2", "t3"}, asked, "not asked under WithShadow")
+}
+
+// WithDone: a job that waited for an earlier run of the same work (its
+// Origin) reads the runtime's record when it has the key: true completes it
+// without running (ReasonCompleted, matching lockkit.ErrCompleted) and frees
+// the key; false runs it. A job that did not wait is not asked.
+func TestDoneIsReadAfterWaitingForTheOwnRun(t *testing.T) {
+	l := lockkittest.New(t)
+	ctx := context.Background()
+	var done atomic.Bool
+	var asked atomic.Int32
+	g, _ := newGuard(t, l, middleware.WithDone(func(_ context.Context, job middleware.Job) bool {
+		asked.Add(1)
+		return done.Load()
+	}))
+	job := middleware.Job{Key: "k", Name: "sync", ID: "t1", Origin: "t1"}
+	for _, d := range []bool{true, false} {
+		done.Store(d)
+		started, release := make(chan struct{}), make(chan struct{})
+		first := make(chan middleware.Outcome, 1)
+		go func() {
+			first <- g.Run(ctx, job, func(context.Context) error { close(started); <-release; return nil })
+		}()
+		<-started
+		second := make(chan middleware.Outcome, 1)
+		ran := false
+		go func() {
+			second <- g.Run(ctx, job, func(context.Context) error { ran = true; return nil })
+		}()
+		require.Eventually(t, func() bool {
+			info, err := l.Inspect(ctx, "k")
+			return err == nil && info.Waiters == 1
+		}, 5*time.Second, time.Millisecond, "the second delivery waits for its own run")
+		close(release)
+		require.True(t, (<-first).Ran)
+		out := <-second
+		require.Equal(t, !d, out.Ran)
+		require.Equal(t, !d, ran)
+		if d {
+			require.NotNil(t, out.Duplicate)
+			require.Equal(t, middleware.ReasonCompleted, out.Duplicate.Reason)
+			require.ErrorIs(t, out.Err, lockkit.ErrCompleted)
+		}
+		info, err := l.Inspect(ctx, "k")
+		require.NoError(t, err)
+		require.Empty(t, info.Holders, "the key is free")
+	}
+	require.EqualValues(t, 2, asked.Load())
+	require.True(t, g.Run(ctx, job, func(context.Context) error { return nil }).Ran, "a job that did not wait runs")
+	require.EqualValues(t, 2, asked.Load(), "and is not asked")
 }
 
 // Under WithParking a requeued duplicate is parked: the run that frees its

@@ -75,6 +75,23 @@ type Admit func(ctx context.Context, job Job) error
 // none: every job goes on to take its key.
 func WithAdmit(a Admit) Option { return func(g *Guard) { g.admit, g.admitSet = a, true } }
 
+// Done is a runtime's own record of whether a job's work is done, read by
+// Run when the job took its key after waiting for an earlier run of the
+// same work (Job.Origin) to end: the runtime may have delivered the work
+// again while that run went on, unaware of it (singleton: asynq took the
+// task back), and that run may have done it. true completes the job without
+// running (ReasonCompleted, ActionSkip, its Cause matching
+// lockkit.ErrCompleted); false, also when the record cannot be read, runs
+// it: a second run is better than a lost one.
+type Done func(ctx context.Context, job Job) bool
+
+// WithDone sets the record Run reads for a job that waited for its own
+// earlier run (see Done). It is not read under WithShadow, nor for a
+// follow-up of Coalesce, KeepNewest or Preempt. Must not be nil. Defaults to
+// none: such a job runs, unless that run succeeded after its ctx ended
+// (Job.Origin).
+func WithDone(d Done) Option { return func(g *Guard) { g.done, g.doneSet = d, true } }
+
 // WithAsyncRelease makes Run return as soon as the work has: the lease ends
 // then, and its release is sent by the Locker's background releaser
 // (lockkit.AcquireOptions.AsyncRelease), pipelined with other releases, so a

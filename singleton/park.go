@@ -46,7 +46,7 @@ func (m *guarded) parking() middleware.Parking {
 
 // parkID is "<queue>\n<origin>\n<origin>" (parkEntry; ParkAtEnqueue parks
 // a task under the same entry): every delivery of one work, the task and
-// the copies that replace it when it has no retries left (copyIDOf), is
+// the copies that replace it when it has no retries left (newCopyID), is
 // parked under one entry, so a delivery parked again keeps the place of the
 // first (lockkit parks an entry once). resume finds the delivery that is
 // waiting.
@@ -55,22 +55,30 @@ func parkID(ctx context.Context, job middleware.Job) string {
 	return parkEntry(queue, job.Origin, job.Origin)
 }
 
-// copyIDOf is the ID of the requeued copy of task id, a delivery of the
-// work first enqueued as origin: "<origin>~a", or "<origin>~b" for a copy of
-// "<origin>~a". A task is revoked once its copy is enqueued, so at most one
-// of origin and its two copy IDs is waiting or running at a time (but for a
-// creator still active until it returns; an archived one stays), and an enqueue that finds origin
-// gone can find its copy (Unique's reservations, which are named by origin),
-// as a resume finds the delivery of a parked work that is waiting.
-func copyIDOf(id, origin string) string {
-	if id == origin+"~a" {
-		return origin + "~b"
-	}
-	return origin + "~a"
-}
+// newCopyID is the ID of a Requeue copy of the work first enqueued as
+// origin: "<origin>~<random>", new for each copy, so that no copy takes the
+// ID of another, even one of an earlier task with the same ID that is kept
+// completed (asynq.Retention) or archived. The copy is named by copyKey,
+// which is how a resume and Unique find it.
+func newCopyID(origin string) string { return origin + "~" + newTaskID()[:16] }
+
+// copyKey is the key, beside asynq's keys of queue (its hash tag), that
+// names the latest copy of the work first enqueued as origin (its ID). It is
+// set before the copy is enqueued, and kept copyKeep past the copy's delay.
+func copyKey(queue, origin string) string { return asynqKeys(queue) + "jobguard-copy:" + origin }
+
+// copyKeep is how long copyKey outlives the time its copy is due.
+const copyKeep = 24 * time.Hour
 
 // deliveriesOf are the IDs a delivery of the work first enqueued as origin
-// can have: origin and its copies' (copyIDOf).
+// can have besides the copy copyKey names: origin, and the IDs an earlier
+// version gave its copies ("<origin>~a", and "<origin>~b" for a copy of
+// that one), which a rolling upgrade may leave in the queue. A task is
+// revoked once its copy is enqueued, so at most one of them is waiting or
+// running at a time (but for a creator still active until it returns; an
+// archived one stays), and an enqueue that finds origin gone can find its
+// copy (Unique's reservations, which are named by origin), as a resume finds
+// the delivery of a parked work that is waiting.
 func deliveriesOf(origin string) []string {
 	return []string{origin, origin + "~a", origin + "~b"}
 }
@@ -83,30 +91,37 @@ func deliveriesOf(origin string) []string {
 // task waiting to run (scheduled, or waiting to retry) is moved: one that
 // completed (kept by asynq.Retention) or was archived is done, and a
 // resume must not run it again. And it is given the IDs of every delivery
-// of one work (deliveriesOf) and moves the one waiting, reading them all at
-// once: a copy enqueued and its creator revoked between two reads would
-// otherwise be seen neither.
-// KEYS[1..n] the tasks' hashes, KEYS[n+1] the pending list; ARGV[1] the
-// queue's key prefix, ARGV[2..n+1] the task IDs. Returns {code, i}: 1 and
-// the task moved (i, 1-based), else the first state found of, in this
-// order, -2 pending already, -1 active, -3 another (done), with the first
-// task in it, or 0 when none of the tasks exists.
+// of one work (deliveriesOf, and the copy copyKey names) and moves the one
+// waiting, reading them all at once: a copy enqueued and its creator
+// revoked between two reads would otherwise be seen neither.
+// KEYS[1] the pending list, KEYS[2] the work's copyKey; ARGV[1] the
+// queue's key prefix, ARGV[2..] the task IDs. Returns {code, id}: 1 and
+// the task moved, else the first state found of, in this order, -2 pending
+// already, -1 active, -3 another (done), with the first task in it, or 0
+// when none of the tasks exists.
 var runFirstCmd = redis.NewScript(`
-local n = #KEYS - 1
-local code, at, rank = 0, 1, 0
+local ids = {}
+for i = 2, #ARGV do
+	ids[#ids + 1] = ARGV[i]
+end
+local latest = redis.call("GET", KEYS[2])
+if latest then
+	ids[#ids + 1] = latest
+end
+local code, at, rank = 0, ids[1], 0
 local ranks = {[-2] = 3, [-1] = 2, [-3] = 1}
-for i = 1, n do
+for _, id in ipairs(ids) do
+	local key = ARGV[1] .. "t:" .. id
 	local c = 0
-	if redis.call("EXISTS", KEYS[i]) == 1 then
-		local state = redis.call("HGET", KEYS[i], "state")
+	if redis.call("EXISTS", key) == 1 then
+		local state = redis.call("HGET", key, "state")
 		if state == "scheduled" or state == "retry" then
-			local id = ARGV[i + 1]
 			if redis.call("ZREM", ARGV[1] .. state, id) == 0 then
 				return redis.error_reply("task " .. id .. " not found in " .. ARGV[1] .. state)
 			end
-			redis.call("RPUSH", KEYS[n + 1], id)
-			redis.call("HSET", KEYS[i], "state", "pending")
-			return {1, i}
+			redis.call("RPUSH", KEYS[1], id)
+			redis.call("HSET", key, "state", "pending")
+			return {1, id}
 		elseif state == "active" then
 			c = -1
 		elseif state == "pending" then
@@ -117,7 +132,7 @@ for i = 1, n do
 	end
 	local r = ranks[c] or 0
 	if r > rank then
-		code, at, rank = c, i, r
+		code, at, rank = c, id, r
 	end
 end
 return {code, at}
@@ -143,31 +158,46 @@ func asynqKeys(queue string) string { return "asynq:{" + queue + "}:" }
 // taskKey is the key of asynq's hash of task id in queue (base.TaskKey).
 func taskKey(queue, id string) string { return asynqKeys(queue) + "t:" + id }
 
-// runFirst moves the one of tasks ids of queue that is waiting to run to the
-// head of its pending list (runFirstCmd), or reports, with the errors of
-// asynq's Inspector.RunTask, the first it finds of: one already in pending
-// state, one already running, one done (errNotWaiting), and
-// asynq.ErrTaskNotFound when none exists. It is safe to send again (go-redis
-// does after a lost reply): the moved task is pending then.
-func (m *guarded) runFirst(ctx context.Context, queue string, ids ...string) error {
+// runFirst moves the one of the deliveries of the work first enqueued as
+// origin in queue (deliveriesOf, the copy copyKey names, and ids) that is
+// waiting to run to the head of its pending list (runFirstCmd), or
+// reports, with the errors of asynq's Inspector.RunTask, the first it finds
+// of: one already in pending state, one already running, one done
+// (errNotWaiting), and asynq.ErrTaskNotFound when none exists. It is safe
+// to send again (go-redis does after a lost reply): the moved task is
+// pending then.
+func (m *guarded) runFirst(ctx context.Context, queue, origin string, ids ...string) error {
 	prefix := asynqKeys(queue)
-	keys := make([]string, 0, len(ids)+1)
-	args := make([]any, 0, len(ids)+1)
-	args = append(args, prefix)
+	all := deliveriesOf(origin)
 	for _, id := range ids {
-		keys, args = append(keys, taskKey(queue, id)), append(args, id)
+		if !slices.Contains(all, id) {
+			all = append(all, id)
+		}
 	}
-	vals, err := runFirstCmd.Run(ctx, m.rdb, append(keys, prefix+"pending"), args...).Int64Slice()
-	if err == nil && (len(vals) != 2 || vals[1] < 1 || int(vals[1]) > len(ids)) {
-		err = fmt.Errorf("unexpected reply %v", vals)
+	args := make([]any, 0, len(all)+1)
+	args = append(args, prefix)
+	for _, id := range all {
+		args = append(args, id)
+	}
+	vals, err := runFirstCmd.Run(ctx, m.rdb, []string{prefix + "pending", copyKey(queue, origin)}, args...).Slice()
+	var code int64
+	var id string
+	if err == nil {
+		var ok1, ok2 bool
+		if len(vals) == 2 {
+			code, ok1 = vals[0].(int64)
+			id, ok2 = vals[1].(string)
+		}
+		if !ok1 || !ok2 {
+			err = fmt.Errorf("unexpected reply %v", vals)
+		}
 	}
 	if err != nil {
 		return err
 	}
-	id := ids[vals[1]-1]
-	switch vals[0] {
+	switch code {
 	case 0:
-		return fmt.Errorf("%w: %s in queue %q", asynq.ErrTaskNotFound, strings.Join(ids, ", "), queue)
+		return fmt.Errorf("%w: %s (or a copy of %s) in queue %q", asynq.ErrTaskNotFound, strings.Join(all, ", "), origin, queue)
 	case -1:
 		return fmt.Errorf("task %s is already running", id)
 	case -2:
@@ -211,7 +241,7 @@ func (m *guarded) passOn(ctx context.Context, dup *middleware.DuplicateError, ke
 }
 
 // resume runs the parked work entry (parkEntry) now: whichever of its
-// deliveries (deliveriesOf: the task, or the copy that replaced it) is
+// deliveries (runFirst: the task, or the copy that replaced it) is
 // waiting. It is called on a goroutine of its own (lockkit's OnParked),
 // which the Locker's Close waits for. asynq puts a duplicate back (to its
 // retry set) only after the middleware returned, and a copy that replaces a
@@ -230,7 +260,7 @@ func (m *guarded) passOn(ctx context.Context, dup *middleware.DuplicateError, ke
 // back at its backstop; a task that is running its own run holds the key,
 // which passing on leaves alone.
 func (m *guarded) resume(key, entry string) {
-	queue, taskID, origin, ids, ok := parkedWork(entry)
+	queue, taskID, origin, ok := parkedWork(entry)
 	if !ok {
 		return
 	}
@@ -238,7 +268,7 @@ func (m *guarded) resume(key, entry string) {
 	defer cancel()
 	start, pause, active := time.Now(), 200*time.Microsecond, false
 	for {
-		err := m.runFirst(ctx, queue, ids...)
+		err := m.runFirst(ctx, queue, origin, taskID)
 		var done *notWaitingError
 		switch {
 		case err == nil, strings.Contains(err.Error(), "already in pending state"), strings.Contains(err.Error(), redis.ErrClosed.Error()):

@@ -3,6 +3,7 @@ package singleton
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -89,7 +90,8 @@ func TestResumeLeavesADoneTaskDone(t *testing.T) {
 // origin: a resume starts whichever is waiting, the task or the copy that
 // replaced it (a task with no retries left), and leaves the others as they
 // are, a done one done. An entry parked under a copy's ID (as before) is
-// resumed the same way.
+// resumed the same way, and so are the copies an earlier version named
+// "<origin>~a" and "<origin>~b" (a rolling upgrade).
 func TestResumeStartsTheDeliveryThatIsWaiting(t *testing.T) {
 	ctx := context.Background()
 	rdb := testredis.Client(t)
@@ -116,7 +118,7 @@ func TestResumeStartsTheDeliveryThatIsWaiting(t *testing.T) {
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"o~a", "p~b"}, pending)
 	// Sent again (go-redis after a lost reply), the move finds it pending.
-	require.ErrorContains(t, m.runFirst(ctx, queue, deliveriesOf("o")...), "task o~a is already in pending state")
+	require.ErrorContains(t, m.runFirst(ctx, queue, "o"), "task o~a is already in pending state")
 	require.Zero(t, errs.Load())
 }
 
@@ -149,49 +151,46 @@ func TestResumeWaitsForAParkedTaskPastADoneCopyID(t *testing.T) {
 	require.Equal(t, asynq.TaskStateArchived, info.State)
 }
 
-// A copy whose delivery began before the copy that enqueued it returned
-// finds that copy still active under the ID its own copy needs (copies
-// alternate between two IDs): its copy is enqueued once the creator is
-// gone, instead of the task failing with no retries left (chaos seed 425,
-// a throttled MaxRetry(0) task lost).
-func TestCopyWaitsForTheCopyThatMadeIt(t *testing.T) {
+// Each copy gets an ID of its own, also a copy of a copy whose creator is
+// still active (chaos seed 425: copies that alternated between two IDs met
+// their creator under the ID they needed), named by its work's copyKey: a
+// resume of the parked work finds it and starts it.
+func TestCopyHasAnIDOfItsOwnThatAResumeFinds(t *testing.T) {
 	ctx := context.Background()
 	rdb := testredis.Client(t)
-	queue, insp := testQueue(t, rdb, "copy-creator")
+	queue, insp := testQueue(t, rdb, "copy-id")
 	client := asynq.NewClientFromRedisClient(rdb)
-
-	// The creator, "o~a", runs (active) until released.
-	running, release := make(chan struct{}), make(chan struct{})
-	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Queues: map[string]int{queue: 1}, TaskCheckInterval: 10 * time.Millisecond,
-		LogLevel: asynq.FatalLevel})
-	require.NoError(t, srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-		close(running)
-		<-release
-		return nil
-	})))
-	defer srv.Shutdown()
+	// A copy of "o", made by an earlier version, is the creator.
 	_, err := client.Enqueue(asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", copyHeader: "first"}),
-		asynq.Queue(queue), asynq.TaskID("o~a"), asynq.MaxRetry(0))
-	require.NoError(t, err)
-	<-running
-	// "o~b", made by it, is delivered meanwhile, and needs its own copy.
-	_, err = client.Enqueue(asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", copyHeader: "second"}),
-		asynq.Queue(queue), asynq.TaskID("o~b"), asynq.MaxRetry(0), asynq.ProcessIn(time.Hour))
+		asynq.Queue(queue), asynq.TaskID("o~a"), asynq.MaxRetry(0), asynq.ProcessIn(time.Hour))
 	require.NoError(t, err)
 
-	m, _ := parkedGuard(t, rdb)
-	waited := false
-	m.onCreatorWait = func() { waited = true; close(release) } // the creator returns while the copy's enqueue waits
-	b := asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", copyHeader: "second"})
-	id, err := m.enqueueCopy(ctx, b, "o~b", queue, time.Hour)
+	m, errs := parkedGuard(t, rdb)
+	ids := map[string]bool{"o~a": true}
+	creator := "o~a"
+	for range 2 {
+		task := asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", copyHeader: "earlier"})
+		id, err := m.enqueueCopy(ctx, task, creator, queue, time.Hour)
+		require.NoError(t, err)
+		require.False(t, ids[id], "copy ID %s is new", id)
+		require.True(t, strings.HasPrefix(id, "o~"), id)
+		ids[id] = true
+		named, err := rdb.Get(ctx, copyKey(queue, "o")).Result()
+		require.NoError(t, err)
+		require.Equal(t, id, named)
+		info, err := insp.GetTaskInfo(queue, id)
+		require.NoError(t, err)
+		require.Equal(t, asynq.TaskStateScheduled, info.State, "the copy waits for its delay")
+		require.Equal(t, "o", info.Headers[OriginHeader])
+		require.NotEqual(t, "earlier", info.Headers[copyHeader])
+		require.NoError(t, insp.DeleteTask(queue, creator)) // revoked once its copy is there
+		creator = id
+	}
+	m.resume("k", parkEntry(queue, "o", "o"))
+	info, err := insp.GetTaskInfo(queue, creator)
 	require.NoError(t, err)
-	require.Equal(t, "o~a", id)
-	require.True(t, waited, "the enqueue met the creator")
-	info, err := insp.GetTaskInfo(queue, "o~a")
-	require.NoError(t, err)
-	require.Equal(t, asynq.TaskStateScheduled, info.State, "the new copy waits for its delay")
-	require.Equal(t, "o", info.Headers[OriginHeader])
-	require.NotEqual(t, "first", info.Headers[copyHeader])
+	require.Equal(t, asynq.TaskStatePending, info.State, "the resume started the latest copy")
+	require.Zero(t, errs.Load())
 }
 
 // parkedGuard is a middleware with WithRedis(rdb) on a Locker of its own

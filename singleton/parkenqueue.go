@@ -118,20 +118,13 @@ func deferred(opts []asynq.Option) bool {
 func parkEntry(queue, id, origin string) string { return queue + "\n" + id + "\n" + origin }
 
 // parkedWork splits a parked entry (parkEntry) into its queue, its task ID
-// and its origin, with the IDs its work's deliveries can have
-// (deliveriesOf, and the entry's task ID); ok is false for an entry of
-// another form.
-func parkedWork(entry string) (queue, id, origin string, ids []string, ok bool) {
+// and its origin; ok is false for an entry of another form.
+func parkedWork(entry string) (queue, id, origin string, ok bool) {
 	parts := strings.SplitN(entry, "\n", 3)
 	if len(parts) != 3 {
-		return "", "", "", nil, false
+		return "", "", "", false
 	}
-	queue, id, origin = parts[0], parts[1], parts[2]
-	ids = deliveriesOf(origin)
-	if !slices.Contains(ids, id) {
-		ids = append(ids, id)
-	}
-	return queue, id, origin, ids, true
+	return parts[0], parts[1], parts[2], true
 }
 
 // enqueueParked reserves key for task (ID id), or parks the task for it,
@@ -189,7 +182,7 @@ func (m *guarded) refuseParked(ctx context.Context, job middleware.Job) error {
 
 // dropGoneParked drops, from the first entries of key's parked queue (the
 // 20 lockkit.Info.ParkedIDs lists), those of work with no delivery waiting
-// or running (deliveriesOf: deleted, archived or completed by an operator,
+// or running (workState: deleted, archived or completed by an operator,
 // say), so that under WithLimit(n > 1), where no run takes entries out of
 // the queue, each refusal looks at the queue and it holds no more than the
 // tasks still to come. An entry whose task is not enqueued yet (the Client
@@ -204,15 +197,13 @@ func (m *guarded) dropGoneParked(ctx context.Context, key string) error {
 		return err
 	}
 	for _, entry := range info.ParkedIDs {
-		queue, _, origin, ids, ok := parkedWork(entry)
+		queue, id, origin, ok := parkedWork(entry)
 		if !ok {
 			continue
 		}
-		states, err := readTaskStates(ctx, m.rdb, queue, ids)
-		if err != nil {
+		if state, _, err := workState(ctx, m.rdb, queue, origin, id); err != nil {
 			return err
-		}
-		if slices.ContainsFunc(states, func(s string) bool { return s != "" }) {
+		} else if state != "" {
 			continue
 		}
 		if _, err := m.guard.Locker().ForceRelease(ctx, key, lockkit.Select{Label: origin}); err != nil {

@@ -160,72 +160,30 @@ func wholeSecond(t time.Time) time.Time {
 	return t
 }
 
-// creatorWait bounds how long a copy's enqueue waits for the copy that made
-// this delivery (see awaitCreator).
-const creatorWait = 2 * time.Second
-
-// awaitCreator handles a conflict on copyID with the copy of the same work
-// that made this delivery: copies of a task with no retries left alternate
-// between two IDs, and when this delivery began before the copy that
-// enqueued it had returned (a resumed or immediately due copy), that copy is
-// still active under the ID this one's copy needs. It is about to be revoked
-// and deleted, so the enqueue is tried again, with enqueue, once it is gone,
-// for up to creatorWait. Any other conflict (this enqueue's own copy, sent
-// again by go-redis, is the caller's to take), or a creator that stays, is
-// err.
-func (m *guarded) awaitCreator(ctx context.Context, queue, copyID string, headers map[string]string, enqueue func() error, err error) error {
-	deadline := time.Now().Add(creatorWait)
-	pause := time.Millisecond
-	if m.onCreatorWait != nil {
-		m.onCreatorWait()
-	}
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		other, ierr := m.inspector.GetTaskInfo(queue, copyID)
-		switch {
-		case errors.Is(ierr, asynq.ErrTaskNotFound):
-			if err = enqueue(); !errors.Is(err, asynq.ErrTaskIDConflict) {
-				return err
-			}
-		case ierr != nil || other.State != asynq.TaskStateActive || other.Headers[OriginHeader] != headers[OriginHeader] ||
-			other.Headers[copyHeader] == headers[copyHeader]: // this enqueue's own copy, sent again: the caller takes it
-			return err
-		}
-		select {
-		case <-time.After(pause):
-		case <-ctx.Done():
-		}
-		pause = min(2*pause, 50*time.Millisecond)
-	}
-	return err
-}
-
 // enqueueCopy enqueues a copy of the active task id to run after delay, with
-// the options that shape its processing. The copy gets a new ID (the original
-// still exists until it is revoked) and no Unique lock (the original's is
-// released when it is revoked); its headers carry OriginHeader and
-// copyHeader.
+// the options that shape its processing. The copy gets an ID of its own
+// (newCopyID), named by copyKey before it is enqueued, and no Unique lock
+// (the original's is released when it is revoked); its headers carry
+// OriginHeader and copyHeader.
 func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue string, delay time.Duration) (string, error) {
 	info, err := m.inspector.GetTaskInfo(queue, id)
 	if err != nil {
 		return "", fmt.Errorf("read task options: %w", err)
 	}
-	opts := []asynq.Option{
-		asynq.Queue(queue),
-		asynq.MaxRetry(max(info.MaxRetry-info.Retried, 0)),
-		asynq.ProcessIn(delay),
-	}
-	// The copy's ID is chosen here, so that a conflict on it can be an
-	// earlier run of this enqueue that go-redis sent again after a lost
-	// reply: the copy is there. It is taken for one only if it carries this
-	// enqueue's copyHeader: a caller that reuses its task ID may find the ID
-	// taken by the copy of an earlier task with that ID (completed, kept by
-	// Retention, or archived).
 	origin := t.Headers()[OriginHeader]
 	if origin == "" {
 		origin = id
 	}
-	copyID := copyIDOf(id, origin)
-	opts = append(opts, asynq.TaskID(copyID))
+	// The copy's ID is chosen here, so that a conflict on it can only be
+	// an earlier run of this enqueue that go-redis sent again after a lost
+	// reply: the copy is there (it carries this enqueue's copyHeader).
+	copyID := newCopyID(origin)
+	opts := []asynq.Option{
+		asynq.Queue(queue),
+		asynq.MaxRetry(max(info.MaxRetry-info.Retried, 0)),
+		asynq.ProcessIn(delay),
+		asynq.TaskID(copyID),
+	}
 	if info.Timeout > 0 {
 		opts = append(opts, asynq.Timeout(info.Timeout))
 	}
@@ -239,25 +197,19 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 	if headers == nil {
 		headers = make(map[string]string, 1)
 	}
-	if headers[OriginHeader] == "" {
-		headers[OriginHeader] = id
-	}
+	headers[OriginHeader] = origin
 	headers[copyHeader] = newTaskID()
-	task := asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers)
-	_, err = m.client.EnqueueContext(ctx, task, opts...)
-	if errors.Is(err, asynq.ErrTaskIDConflict) {
-		err = m.awaitCreator(ctx, queue, copyID, headers, func() error {
-			_, err := m.client.EnqueueContext(ctx, task, opts...)
-			return err
-		}, err)
+	if err := m.rdb.Set(ctx, copyKey(queue, origin), copyID, delay+copyKeep).Err(); err != nil {
+		return "", fmt.Errorf("name the copy %s: %w", copyID, err)
 	}
+	_, err = m.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		other, ierr := m.inspector.GetTaskInfo(queue, copyID)
 		switch {
 		case ierr == nil && other.Headers[copyHeader] == headers[copyHeader]:
 			err = nil
 		case ierr == nil:
-			err = fmt.Errorf("the copy's ID %s is taken by another task (%s), made by an earlier task with ID %s: %w", copyID, other.State, other.Headers[OriginHeader], err)
+			err = fmt.Errorf("the copy's ID %s is taken by another task (%s): %w", copyID, other.State, err)
 		}
 	}
 	if err != nil {

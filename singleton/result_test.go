@@ -172,7 +172,7 @@ func TestSkippedTaskRecordsWhyInOneRoundTrip(t *testing.T) {
 		info, err = e.Inspector.GetTaskInfo(e.Queue, dup.ID)
 		return err == nil && info.State == asynq.TaskStateCompleted
 	}, 10*time.Second, 5*time.Millisecond, "the duplicate completes without running")
-	require.Equal(t, [][]string{{"hset", "xadd"}}, hook.take(), "the result and the entry in one pipeline")
+	require.Equal(t, [][]string{{"eval", "xadd"}}, hook.take(), "the result (written only while the task exists) and the entry in one pipeline")
 	var why map[string]any
 	require.NoError(t, json.Unmarshal(info.Result, &why), "%s", info.Result)
 	require.Equal(t, "held", why["reason"])

@@ -580,58 +580,62 @@ func TestRequeueCopiesATaskWithNoRetriesLeft(t *testing.T) {
 	})
 }
 
-// A caller that reuses its task ID finds the ID of the copy Requeue would
-// make taken by the copy of an earlier task with that ID, done but still
-// there (completed and kept by Retention, or archived): that copy is not
-// this delivery's, so the task is not revoked as if its copy were in the
-// queue. The requeue fails, with an error naming the clash, and asynq
-// archives the task (it has no retries left), where an operator sees it.
-func TestRequeueCopyIDTakenByAnOldCopyIsNoSilentRevoke(t *testing.T) {
-	for _, state := range []asynq.TaskState{asynq.TaskStateCompleted, asynq.TaskStateArchived} {
-		t.Run(state.String(), func(t *testing.T) {
-			e := newEnvOn(t, standalone)
-			ctx := context.Background()
-			ev := &events{}
-			mw, err := singleton.Middleware(e.locker(), singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil }),
-				singleton.WithPolicy(middleware.Requeue(time.Hour)), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
-			require.NoError(t, err)
-			var ran atomic.Int32
-			e.start(e.config(1), mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-				ran.Add(1)
+// A caller that reuses its task ID (free once Requeue replaced the first
+// task with it by a copy) and keeps completed tasks (asynq.Retention): each
+// round's task is requeued as a copy whose ID no earlier round's copy has,
+// and every round's work runs once, none archived.
+func TestRequeueCopyIDsAreUniquePerEnqueue(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		ev := &events{}
+		mw, err := singleton.Middleware(e.locker(), singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil }),
+			singleton.WithPolicy(middleware.Requeue(time.Hour)), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+		require.NoError(t, err)
+		holderStarted, ran := make(chan string, 1), make(chan string, 4)
+		var release chan struct{}
+		var mu sync.Mutex
+		e.start(e.config(2), mw(asynq.HandlerFunc(func(_ context.Context, task *asynq.Task) error {
+			if string(task.Payload()) == "holder" {
+				mu.Lock()
+				rel := release
+				mu.Unlock()
+				holderStarted <- ""
+				<-rel
 				return nil
-			})))
-			// The copy of an earlier task "invoice-7", done.
-			old := e.Enqueue(asynq.NewTask("report", []byte("old")), asynq.TaskID("invoice-7~a"), asynq.Retention(time.Hour),
-				asynq.ProcessIn(time.Hour))
-			if state == asynq.TaskStateArchived {
-				require.NoError(t, e.Inspector.ArchiveTask(e.Queue, old.ID))
-			} else {
-				require.NoError(t, e.Inspector.RunTask(e.Queue, old.ID))
 			}
+			ran <- string(task.Payload())
+			return nil
+		})))
+		copies := map[string]bool{}
+		for round := 1; round <= 3; round++ {
+			mu.Lock()
+			release = make(chan struct{})
+			mu.Unlock()
+			e.Enqueue(asynq.NewTask("report", []byte("holder")))
+			recv(t, holderStarted, 10*time.Second)
+			work := fmt.Sprintf("work-%d", round)
+			e.Enqueue(asynq.NewTask("report", []byte(work)), asynq.TaskID("invoice-7"), asynq.MaxRetry(0), asynq.Retention(time.Hour))
+			ev.waitRequeued(t, round, "round %d: the task is parked behind the holder, as a copy", round)
 			require.Eventually(t, func() bool {
-				ti, err := e.Inspector.GetTaskInfo(e.Queue, old.ID)
-				return err == nil && ti.State == state
-			}, 10*time.Second, 5*time.Millisecond)
-			ran.Store(0)
-
-			holder, err := e.locker().TryAcquire(ctx, "k", nil)
-			require.NoError(t, err)
-			defer holder.Release(ctx)
-			e.Enqueue(asynq.NewTask("report", []byte("new")), asynq.TaskID("invoice-7"), asynq.MaxRetry(0))
+				_, err := e.Inspector.GetTaskInfo(e.Queue, "invoice-7")
+				return errors.Is(err, asynq.ErrTaskNotFound)
+			}, 10*time.Second, 5*time.Millisecond, "round %d: the copy replaced the task", round)
+			close(release)
+			require.Equal(t, work, recv(t, ran, 10*time.Second), "round %d", round)
 			require.Eventually(t, func() bool {
-				ti, err := e.Inspector.GetTaskInfo(e.Queue, "invoice-7")
-				return err == nil && ti.State == asynq.TaskStateArchived
-			}, 10*time.Second, 5*time.Millisecond, "the task is archived, not revoked")
-			errs := ev.errs(middleware.EventError)
-			require.Len(t, errs, 1)
-			require.ErrorContains(t, errs[0], "invoice-7~a")
-			require.Zero(t, ev.count(middleware.EventRequeued, 0))
-			ti, err := e.Inspector.GetTaskInfo(e.Queue, old.ID)
-			require.NoError(t, err)
-			require.Equal(t, state, ti.State, "the old copy is left as it was")
-			require.Zero(t, ran.Load())
-		})
-	}
+				done, err := e.Inspector.ListCompletedTasks(e.Queue)
+				for _, ti := range done {
+					if ti.Headers[singleton.OriginHeader] == "invoice-7" {
+						copies[ti.ID] = true
+					}
+				}
+				return err == nil && len(copies) == round
+			}, 10*time.Second, 5*time.Millisecond, "round %d: the copy completed, kept by Retention, with an ID of its own", round)
+		}
+		require.Empty(t, ran, "no work ran twice")
+		require.Empty(t, ev.errs(middleware.EventError))
+		require.Zero(t, e.QueueInfo().Archived)
+	})
 }
 
 // Without singleton.IsFailure in the server's config a requeue is retried as a

@@ -383,7 +383,7 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 		m.rdb = c.rdb
 	}
 	if c.rdb != nil {
-		opts = append(opts[:len(opts):len(opts)], middleware.WithParking(m.parking()))
+		opts = append(opts[:len(opts):len(opts)], middleware.WithParking(m.parking()), middleware.WithDone(m.ranBefore))
 	}
 	if rl, ok := locker.(*lockkit.RedisLocker); ok {
 		client, prefix := rl.Redis()
@@ -446,9 +446,6 @@ type guarded struct {
 	skips     *skipLog
 	hooks     *hookCheck
 	decisions int // entries of DecisionLog kept; 0: none
-	// onCreatorWait, in tests, is called when a copy's enqueue starts
-	// waiting for the copy that made its delivery (awaitCreator).
-	onCreatorWait func()
 	// onPreempted, in tests, is called before a preempted run's decision
 	// looks for the task that preempted it.
 	onPreempted func()

@@ -147,16 +147,16 @@ func (m *guarded) resultWritten(ctx context.Context, job middleware.Job, err err
 }
 
 // recordSkip writes why t completed without running as its result
-// (writeResult) and adds the decision to DecisionLog (logDecision): both in
-// one pipeline on the Redis of WithRedis, which is the servers', when both
-// are written (the result is the HSET asynq's ResultWriter makes; on a
-// Cluster, one pipeline per node that holds one of the keys, sent at once),
-// each a round trip of its own otherwise. Both writes are safe to send twice. A
+// (writeResult) and adds the decision to DecisionLog (logDecision): with
+// WithRedis, which is the servers' Redis, both in one pipeline (the result
+// is the HSET asynq's ResultWriter makes, written only while the task
+// exists: resultIfTaskCmd; on a Cluster, one pipeline per node that holds
+// one of the keys, sent at once), each a round trip of its own otherwise. Both writes are safe to send twice. A
 // failed write is an error event, and the task still completes.
 func (m *guarded) recordSkip(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) {
 	w := t.ResultWriter()
 	queue, _ := asynq.GetQueueName(ctx)
-	if w == nil || queue == "" || !m.logsDecisions() {
+	if w == nil || queue == "" || m.rdb == nil {
 		m.writeResult(ctx, t, dup)
 		m.logDecision(ctx, t, dup)
 		return
@@ -167,13 +167,28 @@ func (m *guarded) recordSkip(ctx context.Context, t *asynq.Task, dup *middleware
 		m.logDecision(ctx, t, dup)
 		return
 	}
-	var hset *redis.IntCmd
+	var hset *redis.Cmd
 	var xadd *redis.StringCmd
 	_, _ = m.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		hset = p.HSet(ctx, taskKey(queue, w.TaskID()), "result", result)
-		xadd = p.XAdd(ctx, entryArgs(m.decisions, decisionValues(ctx, t, dup)))
+		hset = p.Eval(ctx, resultIfTaskCmd, []string{taskKey(queue, w.TaskID())}, result)
+		if m.logsDecisions() {
+			xadd = p.XAdd(ctx, entryArgs(m.decisions, decisionValues(ctx, t, dup)))
+		}
 		return nil
 	})
 	m.resultWritten(ctx, dup.Job, hset.Err())
-	m.decisionWritten(ctx, dup.Job, xadd.Err())
+	if xadd != nil {
+		m.decisionWritten(ctx, dup.Job, xadd.Err())
+	}
 }
+
+// resultIfTaskCmd writes a task's result (the field asynq's ResultWriter
+// sets) only while the task exists: the task of a delivery that completes
+// without running may be gone already (completed by an earlier delivery of
+// it that asynq had given up on), and a hash holding only a result would be
+// a task asynq cannot read. It is short enough to be sent as EVAL in the
+// pipeline. KEYS[1] the task's hash; ARGV[1] the result. Returns 1 when
+// written, else 0.
+const resultIfTaskCmd = `if redis.call("EXISTS", KEYS[1]) == 0 then return 0 end
+redis.call("HSET", KEYS[1], "result", ARGV[1])
+return 1`

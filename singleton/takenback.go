@@ -3,16 +3,43 @@ package singleton
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/middleware"
 )
 
 // takenBackMargin is how long past the time asynq will deliver a taken-back
 // task again its success is kept (takenBack).
 const takenBackMargin = time.Minute
+
+// succeededField is the field of asynq's hash of a task (taskKey) in which a
+// delivery that may have been taken back records its success while the
+// task is active (takenBack). It goes with the task: a later task that
+// reuses the ID has a new hash, without it.
+const succeededField = "jobguard-succeeded"
+
+// takenBackCmd reads the state of a task whose run just succeeded and, when
+// it is active, records the success in the task's hash (succeededField):
+// the active delivery may be another, which asynq made after taking the
+// task back, and which waits for this run (ranBefore). Sent again after a
+// lost reply, it writes the same. KEYS[1] the task's hash, KEYS[2] the
+// queue's retry set; ARGV[1] the task ID, ARGV[2] the value recorded.
+// Returns {state, due}: the task's state ("" when it is gone) and the
+// retry's due time in Unix seconds ("" when it is not in the retry set).
+var takenBackCmd = redis.NewScript(`
+local state = redis.call("HGET", KEYS[1], "state")
+if not state then
+	return {"", ""}
+end
+if state == "active" then
+	redis.call("HSET", KEYS[1], "` + succeededField + `", ARGV[2])
+end
+return {state, redis.call("ZSCORE", KEYS[2], ARGV[1]) or ""}
+`)
 
 // takenBack reports, as how long to keep its success recorded (0: not
 // taken back), whether asynq no longer counts the task of this delivery,
@@ -24,10 +51,13 @@ const takenBackMargin = time.Minute
 // task back to retry, asynq's completion of this run then fails, and asynq
 // delivers the task once more, when that retry is due. Only a delivery that
 // follows such a write is looked at (its lease was parked before, or asynq
-// retried it): one pipelined HGET and ZSCORE of the task. The success is
-// then kept until the retry is due plus takenBackMargin, so that a later
-// task reusing the ID is not taken for it. A state that cannot be read
-// counts as running: a second run is better than a lost one.
+// retried it): one script call (takenBackCmd). The success is then kept
+// until the retry is due plus takenBackMargin, so that a later task reusing
+// the ID is not taken for it. A task that is active again (the retry came
+// due while this run went on, and asynq's next delivery waits for it) has
+// the success recorded in its hash instead, which that delivery reads
+// (ranBefore). A state that cannot be read counts as running: a second run
+// is better than a lost one.
 func (m *guarded) takenBack(ctx context.Context, retried int) time.Duration {
 	if m.rdb == nil {
 		return 0
@@ -40,23 +70,48 @@ func (m *guarded) takenBack(ctx context.Context, retried int) time.Duration {
 	// The lease's ctx may be ending (the lease lost): the read does not.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	var state *redis.StringCmd
-	var due *redis.FloatCmd
-	_, err := m.rdb.Pipelined(rctx, func(p redis.Pipeliner) error {
-		state = p.HGet(rctx, taskKey(queue, id), "state")
-		due = p.ZScore(rctx, asynqKeys(queue)+"retry", id)
-		return nil
-	})
-	if state.Err() != nil || state.Val() == "active" {
+	var token int64
+	if ok {
+		token = lease.Token()
+	}
+	vals, err := takenBackCmd.Run(rctx, m.rdb, []string{taskKey(queue, id), asynqKeys(queue) + "retry"}, id, token).StringSlice()
+	if err != nil || len(vals) != 2 || vals[0] == "" || vals[0] == "active" {
 		return 0
 	}
-	_ = err // a missing retry entry (redis.Nil) only leaves the default keep
 	keep := ParkBackstop + takenBackMargin
-	if due.Err() == nil {
-		keep = max(time.Until(time.Unix(int64(due.Val()), 0)), 0) + takenBackMargin
+	if due, perr := strconv.ParseFloat(vals[1], 64); perr == nil {
+		keep = max(time.Until(time.Unix(int64(due), 0)), 0) + takenBackMargin
 	}
 	m.skips.l.LogAttrs(ctx, slog.LevelWarn, "singleton: asynq put the task back while it ran, after a late write of an earlier delivery; "+
 		"its success is recorded, so its next delivery completes without running",
-		slog.String("id", id), slog.String("queue", queue), slog.String("state", state.Val()), slog.Duration("kept", keep))
+		slog.String("id", id), slog.String("queue", queue), slog.String("state", vals[0]), slog.Duration("kept", keep))
 	return keep
+}
+
+// ranBefore is the guard's record (middleware.WithDone) for a delivery that
+// took its key after waiting for an earlier run of its task: whether that
+// run did the work while asynq had this delivery active. asynq's
+// completion of that run, meeting this delivery's entry, completes the task
+// (its hash is gone, or with Retention completed); before it, a run that
+// followed a late write has recorded its success in the hash (takenBack).
+// One HMGET; false when it cannot be read, or when the task waits for a
+// retry or was archived (that run failed).
+func (m *guarded) ranBefore(ctx context.Context, job middleware.Job) bool {
+	id, queue := taskIdentity(ctx)
+	if id == "" || id != job.ID {
+		return false
+	}
+	vals, err := m.rdb.HMGet(ctx, taskKey(queue, id), "state", succeededField).Result()
+	if err != nil || len(vals) != 2 {
+		return false
+	}
+	state, _ := vals[0].(string)
+	ran, _ := vals[1].(string)
+	if vals[0] != nil && state != "completed" && ran == "" {
+		return false
+	}
+	m.skips.l.LogAttrs(ctx, slog.LevelWarn, "singleton: asynq delivered the task again while an earlier delivery ran, and that run succeeded: "+
+		"this delivery completes without running",
+		slog.String("id", id), slog.String("queue", queue), slog.String("state", state), slog.String("run_token", ran))
+	return true
 }

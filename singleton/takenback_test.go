@@ -3,7 +3,6 @@ package singleton_test
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,26 +12,11 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqtest"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
-
-// lateRetry is what asynq v0.26's retry write does (rdb.Retry's script,
-// less its statistics): move the task from active to retry. Sent again by
-// go-redis or asynq's syncer after its reply was lost, it lands on whatever
-// delivery of the task is active then.
-var lateRetry = redis.NewScript(`
-if redis.call("LREM", KEYS[2], 0, ARGV[1]) == 0 then
-	return redis.error_reply("NOT FOUND")
-end
-if redis.call("ZREM", KEYS[3], ARGV[1]) == 0 then
-	return redis.error_reply("NOT FOUND")
-end
-redis.call("ZADD", KEYS[4], ARGV[2], ARGV[1])
-redis.call("HSET", KEYS[1], "state", "retry")
-return 1
-`)
 
 // An earlier delivery's retry write, sent again after a lost reply, lands
 // while a later delivery of the task runs: asynq takes the task back and
@@ -41,11 +25,21 @@ return 1
 // duplicate (its resumed delivery runs) or a failure that asynq retried.
 func TestLateRetryWriteDoesNotRunTheTaskTwice(t *testing.T) {
 	for _, earlier := range []string{"parked", "failed"} {
-		t.Run(earlier, func(t *testing.T) { lateRetryWrite(t, earlier) })
+		t.Run(earlier, func(t *testing.T) { lateRetryWrite(t, earlier, false) })
 	}
 }
 
-func lateRetryWrite(t *testing.T, earlier string) {
+// The same, with a run longer than DelayedTaskCheckInterval: the retry the
+// late write scheduled comes due while the run still goes, and asynq's next
+// delivery waits for that run. When the run succeeds, that delivery completes
+// without running: the work is done once.
+func TestTakenBackTaskRedeliveredWhileItRunsRunsOnce(t *testing.T) {
+	for _, earlier := range []string{"parked", "failed"} {
+		t.Run(earlier, func(t *testing.T) { lateRetryWrite(t, earlier, true) })
+	}
+}
+
+func lateRetryWrite(t *testing.T, earlier string, redeliveredWhileRunning bool) {
 	onEachRedis(t, func(t *testing.T, r connect) {
 		e := newEnvOn(t, r)
 		ev := &events{}
@@ -87,30 +81,44 @@ func lateRetryWrite(t *testing.T, earlier string) {
 		}
 		require.Equal(t, x.ID, <-xStarted)
 
-		prefix := "asynq:{" + e.Queue + "}:"
-		retryAt := strconv.FormatInt(time.Now().Unix(), 10)
-		require.NoError(t, lateRetry.Run(context.Background(), e.RDB,
-			[]string{prefix + "t:" + x.ID, prefix + "active", prefix + "lease", prefix + "retry"}, x.ID, retryAt).Err(),
+		require.NoError(t, asynqtest.LateRetry(context.Background(), e.RDB, e.Queue, x.ID, time.Now()),
 			"the late write takes the running delivery back")
+		if redeliveredWhileRunning {
+			// The retry is due at once: asynq delivers x again, and that
+			// delivery waits for x's run, which still goes.
+			e.waiters("asynq:job", 1)
+		}
 		close(releaseX)
 
 		require.Eventually(t, func() bool {
 			_, err := e.Inspector.GetTaskInfo(e.Queue, x.ID)
 			return errors.Is(err, asynq.ErrTaskNotFound)
 		}, 20*time.Second, 10*time.Millisecond, "asynq delivers x again, and that delivery completes")
+		completedOf := func() int {
+			n := 0
+			for _, d := range ev.all() {
+				if d.Kind == middleware.EventDuplicate && errors.Is(d.Err, lockkit.ErrCompleted) && d.Job.ID == x.ID {
+					n++
+				}
+			}
+			return n
+		}
+		// asynq may complete the task at the end of the taken-back run,
+		// before the last delivery has returned.
+		require.Eventually(t, func() bool { return completedOf() > 0 }, 5*time.Second, 10*time.Millisecond,
+			"x's last delivery completed without running: %v", ev.all())
 		want := int32(1)
 		if earlier == "failed" {
 			want = 2
 		}
 		require.Equal(t, want, xRuns.Load(), "x's work ran to success once")
-		completed := 0
-		for _, d := range ev.all() {
-			if d.Kind == middleware.EventDuplicate && errors.Is(d.Err, lockkit.ErrCompleted) && d.Job.ID == x.ID {
-				completed++
-			}
-		}
-		require.Equal(t, 1, completed, "x's last delivery completed without running: %v", ev.all())
+		require.Equal(t, 1, completedOf(), "x's last delivery completed without running once: %v", ev.all())
 
+		if redeliveredWhileRunning {
+			// The success went with the task (its hash): nothing is kept
+			// that a later task reusing x's ID could be taken for.
+			return
+		}
 		// The success is kept until the retry was due plus a minute, not for
 		// lockkit.CompletedRetention: a later task reusing x's ID runs.
 		var keys []string

@@ -18,8 +18,10 @@ const taskStateQueuesFor = 10 * time.Second
 // TaskState returns a function for opsview.WithTaskState: for a holder's
 // label (the asynq task ID, or for a Requeue copy its first task's ID), the
 // task's state as insp reports it ("active", "pending", "scheduled",
-// "retry", "archived", "completed", "aggregating"), that of the copy that
-// stands for it ("<ID>~a" or "<ID>~b") when the first task is gone, and,
+// "retry", "archived", "completed", "aggregating"), that of a copy an
+// earlier version made for it ("<ID>~a" or "<ID>~b") when the first task is
+// gone (a copy this version makes has an ID of its own, which only the
+// servers' Redis names: it is not found, and "" is returned), and,
 // when asynqmonURL is not "", a link to the task's page in asynqmon
 // (asynqmonURL + "/queues/<queue>/tasks/<id>"). It looks for the task in
 // every queue insp lists (the list is kept for 10 s): up to
@@ -58,7 +60,7 @@ func (s *taskStates) state(ctx context.Context, label string) (string, string) {
 		return "", ""
 	}
 	queues := s.queueList()
-	for _, id := range []string{label, label + "~a", label + "~b"} {
+	for _, id := range deliveriesOf(label) {
 		for _, q := range queues {
 			if ctx.Err() != nil {
 				return "", ""

@@ -255,19 +255,59 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 }
 
 // holderState is the state (taskState) of the task first enqueued as origin
-// in queue, or of the Requeue copy that stands for it (copyIDOf), with that
-// delivery's ID: the three are read at once, so that a copy replacing
-// another between two reads cannot hide them all.
+// in queue, or of the Requeue copy that stands for it (deliveriesOf, and the
+// copy copyKey names), with that delivery's ID: they are read at once
+// (deliveryStatesCmd), so that a copy replacing another between two reads
+// cannot hide them all.
 func (c *Client) holderState(ctx context.Context, queue, origin string) (state, id string, err error) {
-	ids := deliveriesOf(origin)
-	states, err := c.taskStates(ctx, queue, ids)
-	for i, s := range states {
-		if s != "" {
-			return s, ids[i], nil
+	return workState(ctx, c.rdb, queue, origin)
+}
+
+// workState is the state (taskState) of the work first enqueued as origin
+// in queue on rdb, asynq's Redis: of the first of its deliveries
+// (deliveriesOf, the copy copyKey names, and ids) that still needs its key,
+// with that delivery's ID, or "" and origin when none does. The states are
+// read at once (deliveryStatesCmd), so that a copy replacing another
+// between two reads cannot hide them all.
+func workState(ctx context.Context, rdb redis.UniversalClient, queue, origin string, ids ...string) (state, id string, err error) {
+	args := []any{asynqKeys(queue)}
+	for _, id := range deliveriesOf(origin) {
+		args = append(args, id)
+	}
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	vals, err := deliveryStatesCmd.Run(ctx, rdb, []string{copyKey(queue, origin)}, args...).StringSlice()
+	if err != nil {
+		return "", origin, err
+	}
+	for i := 0; i+1 < len(vals); i += 2 {
+		if s := liveState(vals[i+1]); s != "" {
+			return s, vals[i], nil
 		}
 	}
-	return "", origin, err
+	return "", origin, nil
 }
+
+// deliveryStatesCmd reads the asynq states of the deliveries of one work:
+// the tasks ARGV[2..] and the copy KEYS[1] (copyKey) names. ARGV[1] is the
+// queue's key prefix. Returns {id, state, ...}, the state "" for a task
+// that does not exist.
+var deliveryStatesCmd = redis.NewScript(`
+local out = {}
+local function add(id)
+	out[#out + 1] = id
+	out[#out + 1] = redis.call("HGET", ARGV[1] .. "t:" .. id, "state") or ""
+end
+for i = 2, #ARGV do
+	add(ARGV[i])
+end
+local latest = redis.call("GET", KEYS[1])
+if latest then
+	add(latest)
+end
+return out
+`)
 
 // legacyLabel splits a reservation label as earlier versions made it
 // ("<queue>/<id>", the queue unescaped) at its last '/'; ok when it holds
@@ -327,14 +367,23 @@ func readTaskStates(ctx context.Context, rdb redis.UniversalClient, queue string
 	for i, cmd := range cmds {
 		state, err := cmd.Result()
 		switch {
-		case errors.Is(err, redis.Nil), state == "archived", state == "completed":
+		case errors.Is(err, redis.Nil):
 		case err != nil:
 			return nil, err
 		default:
-			states[i] = state
+			states[i] = liveState(state)
 		}
 	}
 	return states, nil
+}
+
+// liveState is asynq state s of a task if the task still needs its
+// reservation, else "" (archived, completed, or "": gone).
+func liveState(s string) string {
+	if s == "archived" || s == "completed" {
+		return ""
+	}
+	return s
 }
 
 // uniqueOf reads t's uniqueHeaderName: the reservation's Lifetime and TTL, or

@@ -136,3 +136,30 @@ func (QuietLogger) Error(...any) {}
 
 // Fatal drops the log.
 func (QuietLogger) Fatal(...any) {}
+
+// lateRetryCmd is asynq v0.26's retry write (rdb.Retry's script, less its
+// statistics and its new msg): it moves the task from active to retry,
+// whatever delivery of it is active. KEYS[1] the task's hash, KEYS[2] the
+// active list, KEYS[3] the lease set, KEYS[4] the retry set; ARGV[1] the
+// task ID, ARGV[2] when the retry is due (Unix seconds).
+var lateRetryCmd = redis.NewScript(`
+if redis.call("LREM", KEYS[2], 0, ARGV[1]) == 0 then
+	return redis.error_reply("NOT FOUND")
+end
+if redis.call("ZREM", KEYS[3], ARGV[1]) == 0 then
+	return redis.error_reply("NOT FOUND")
+end
+redis.call("ZADD", KEYS[4], ARGV[2], ARGV[1])
+redis.call("HSET", KEYS[1], "state", "retry")
+return 1
+`)
+
+// LateRetry does what asynq's retry write of an earlier delivery of task id
+// in queue does when go-redis or asynq's syncer sends it again after its
+// reply was lost: it moves the task's active delivery back to retry, due at
+// due. The delivery runs on; asynq's completion of it then fails, and asynq
+// delivers the task again once the retry is due.
+func LateRetry(ctx context.Context, rdb redis.UniversalClient, queue, id string, due time.Time) error {
+	q := "asynq:{" + queue + "}:"
+	return lateRetryCmd.Run(ctx, rdb, []string{q + "t:" + id, q + "active", q + "lease", q + "retry"}, id, due.Unix()).Err()
+}
