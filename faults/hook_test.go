@@ -85,8 +85,9 @@ var (
 	plainAcquireCmd = testredis.ScriptShape(1, 2) // as claim's: no op calls both
 	plainReleaseCmd = testredis.ScriptShape(2, 3)
 	extendCmd       = testredis.ScriptShape(2, 4)
-	inspectCmd      = testredis.ScriptShape(3, 0)
-	freeCmd         = testredis.ScriptShape(3, 3)
+	inspectCmd      = testredis.ScriptShape(3, 1)
+	freeCmd         = testredis.ScriptShape(4, 3)
+	cancelCmd       = testredis.ScriptShape(2, 5)
 	throttleCmd     = testredis.ScriptShape(3, 6)
 	detachCmd       = testredis.ScriptShape(2, 3) // as the plain release's: no op calls both
 	debounceCmd     = testredis.ScriptShape(1, 4)
@@ -374,6 +375,39 @@ var faultOps = []faultOp{
 		xerr := holder.Extend(context.Background(), 0)
 		require.ErrorIs(t, xerr, lockkit.ErrNotHeld)
 		require.ErrorContains(t, xerr, "released by an operator")
+		return err
+	}},
+	{"cancel-run", cancelCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		f := pendingFault(hook)
+		hook.Disarm()
+		holder, err := other.TryAcquire(context.Background(), faultKey, nil)
+		require.NoError(t, err)
+		hctx, hcancel := holder.Context(context.Background())
+		defer hcancel()
+		hook.Arm(f, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		// A repeated call finds its first run's record: the same count.
+		n, err := l.CancelRun(ctx, faultKey, lockkit.Select{Token: holder.Token()})
+		if err == nil {
+			require.Equal(t, 1, n, "a repeated call reports the first run's count")
+		}
+		// However its reply fared, the run is asked to stop and still holds
+		// the key until it returns; its release hands the key on.
+		select {
+		case <-hctx.Done():
+			require.ErrorIs(t, context.Cause(hctx), lockkit.ErrCancelled)
+		case <-time.After(2 * time.Second):
+			t.Fatal("the run's ctx was not cancelled")
+		}
+		info, ierr := other.Inspect(context.Background(), faultKey)
+		require.NoError(t, ierr)
+		require.Len(t, info.Holders, 1)
+		require.True(t, info.Holders[0].Cancelling)
+		require.NoError(t, holder.Release(context.Background()))
+		info, ierr = other.Inspect(context.Background(), faultKey)
+		require.NoError(t, ierr)
+		require.Empty(t, info.Holders, "the run's release frees the key")
 		return err
 	}},
 	{"release", plainReleaseCmd, releaseOp(nil)},

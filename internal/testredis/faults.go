@@ -259,8 +259,8 @@ func ScriptWithKeys(n int) func(cmd redis.Cmder) bool { return ScriptShape(n, -1
 
 // ScriptShape is a Match helper: it matches EVAL and EVALSHA calls with n
 // keys and, unless args < 0, args arguments. lockkit's scripts: acquire 8
-// keys and 20 arguments, release 8 and 10 (every mode's script of each),
-// extend 2 and 4, inspect 3 and 0.
+// keys and 20 arguments, release 8 and 11 (every mode's script of each),
+// extend 2 and 4, inspect 3 and 1.
 func ScriptShape(n, args int) func(cmd redis.Cmder) bool {
 	return func(cmd redis.Cmder) bool {
 		a := cmd.Args()
