@@ -132,6 +132,28 @@ func (t *taskHist) oks() []*run {
 	return out
 }
 
+// pausedRepeat reports whether all but one of a task's runs that completed
+// ran in a process paused past the lease TTL while it went (SIGSTOP): such a
+// run's lease ran out and another delivery took the key and did the work,
+// and only a fencing token protects what the paused one does when it
+// resumes (README: a paused holder).
+func (h *history) pausedRepeat(oks []*run) bool {
+	clean := 0
+	for _, r := range oks {
+		if !h.paused(r.proc, r.start, r.end) {
+			clean++
+		}
+	}
+	return clean <= 1
+}
+
+// stoppedByOperator reports whether an operator asked a run of t to stop
+// (the fault kind faultRelease: its ctx cancelled with ErrCancelled) and
+// that run failed: singleton revokes such a task.
+func (t *taskHist) stoppedByOperator() bool {
+	return slices.ContainsFunc(t.runs, func(r *run) bool { return r.cancelCause == "cancelled" && r.outcome != "ok" })
+}
+
 // died reports whether a worker died while running t, or was killed after
 // a run of t began and before its delivery returned to asynq (its release
 // in flight, say): asynq's recoverer then delivers t again, and its work
@@ -507,9 +529,12 @@ func (h *history) checkRuns() []Violation {
 		}
 		oks := t.oks()
 		switch {
+		case len(oks) == 0 && t.stoppedByOperator():
+			// An operator stopped its run (Locker.CancelRun), which then
+			// failed: the task is revoked, as docs/operations.md says.
 		case len(oks) == 0 && !t.exempt(h):
 			vs = append(vs, h.violation(ruleRuns, name, fmt.Sprintf("accepted (%s, %s) but never ran to completion", t.fam.Policy, t.fam.Client), t.events()...))
-		case len(oks) > 1 && !t.died():
+		case len(oks) > 1 && !t.died() && !h.pausedRepeat(oks):
 			vs = append(vs, h.violation(ruleRuns, name, fmt.Sprintf("ran to completion %d times, and no worker died while running it", len(oks)), t.events()...))
 		}
 	}
@@ -666,6 +691,24 @@ func (h *history) paused(proc string, from, to int64) bool {
 
 // doneAt is when the middleware first returned nil to asynq for task t (its
 // work done or skipped: the task needs its key no more), or 0.
+// doneUnsure reports whether t's worker saw a Redis error between its last
+// run's end and its delivery's return (giving its reservation back, say):
+// asynq's own write that marks the task done comes after the return and may
+// have failed the same way, and then asynq keeps the task active until its
+// recoverer delivers it again, so a refusal naming it as active is true.
+func (t *taskHist) doneUnsure(h *history) bool {
+	done := t.doneAt(h)
+	var end int64
+	for _, r := range t.runs {
+		if r.end <= done {
+			end = max(end, r.end)
+		}
+	}
+	return slices.ContainsFunc(t.decs, func(r Record) bool {
+		return r.Kind == "error" && r.T >= end && r.T <= done && redisError(r.Err)
+	})
+}
+
 func (t *taskHist) doneAt(h *history) int64 {
 	for _, r := range h.records {
 		if r.Ev == evReturn && r.Task == t.name && r.Err == "" {
@@ -712,7 +755,7 @@ func (h *history) checkUnique() []Violation {
 				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+t.enq.Holder+", which no accepted enqueue returned", *t.enq))
 			case hold.key != t.key:
 				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+hold.name+" of another key", *t.enq))
-			case hold.doneAt(h) != 0 && hold.doneAt(h) < t.enq.Sent:
+			case hold.doneAt(h) != 0 && hold.doneAt(h) < t.enq.Sent && !hold.doneUnsure(h):
 				evs := append(hold.events(), *t.enq)
 				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+hold.name+", which had completed before", evs...))
 			}
@@ -842,6 +885,12 @@ func (h *history) checkHold() []Violation {
 			if a.outcome != "ok" || a.excused != "" || a.died || h.paused(a.proc, a.start, a.end) {
 				continue
 			}
+			// The hold counts from the acquire on the server, whose clock
+			// the fencing tokens carry (µs): a reply that came late (a
+			// Redis restart, a reply sent again) starts the run after it.
+			if ta, tb := h.acquiredToken(a), h.acquiredToken(b); ta > 0 && tb > 0 && time.Duration(tb-ta)*time.Microsecond >= a.fam.HoldAtLeast {
+				continue
+			}
 			if gap := time.Duration(b.start - a.start); gap < a.fam.HoldAtLeast-throttleSlack {
 				vs = append(vs, h.violation(ruleHold, b.task, fmt.Sprintf("key %s: %s on %s began %s after %s on %s, which succeeded (hold at least %s)",
 					key, b.task, b.proc, gap.Round(time.Millisecond), a.task, a.proc, a.fam.HoldAtLeast), a.recs[0], b.recs[0]))
@@ -866,6 +915,18 @@ func (h *history) ownRetry(ru *run) bool {
 		}
 	}
 	return false
+}
+
+// acquiredToken is the fencing token of ru's lease (the last acquire its
+// process recorded for its task before it began), 0 when none was recorded.
+func (h *history) acquiredToken(ru *run) int64 {
+	var tok int64
+	for _, r := range h.records {
+		if r.T <= ru.start && r.Proc == ru.proc && r.Task == ru.task && r.Ev == evDecision && r.Kind == "acquired" {
+			tok = r.Token
+		}
+	}
+	return tok
 }
 
 // checkDebounce: a task enqueued with Debounce that never ran to completion

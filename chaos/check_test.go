@@ -743,3 +743,106 @@ func TestTakenBackTaskRunTwiceIsReported(t *testing.T) {
 		}
 	}
 }
+
+// A Requeue task whose run an operator stopped (Locker.CancelRun), and which
+// then failed, is revoked: it never runs to completion, and that is no
+// violation. The same failure without the operator's stop is one.
+func TestTaskStoppedByAnOperatorNeedNotComplete(t *testing.T) {
+	for _, stopped := range []bool{true, false} {
+		h := newHist(polRequeue)
+		h.w.Ops = h.w.Ops[:1]
+		h.w.Ops[0].MaxRetry = 3
+		h.enqueue(0, "a")
+		h.add(10, "w1", evDeliver, "a", nil)
+		s := h.add(10, "w1", evStart, "a", nil)
+		if stopped {
+			h.add(20, "w1", evCancel, "a", func(r *Record) { r.Cause, r.Run = "cancelled", s })
+		}
+		h.add(50, "w1", evEnd, "a", func(r *Record) { r.Outcome, r.Run = "error", s })
+		h.add(60, "w1", evReturn, "a", func(r *Record) { r.Err = "chaos: failure on the first run" })
+		if stopped {
+			if got := h.check(); len(got) != 0 {
+				t.Fatalf("want nothing, got %v", got)
+			}
+		} else if got := h.check(); got[ruleRuns] != 1 {
+			t.Fatalf("want one runs violation, got %v", got)
+		}
+	}
+}
+
+// Under WithHoldAtLeast(500ms) the hold counts from the acquire on the
+// server, which the fencing tokens date: a run whose acquire's reply came
+// 250ms late (a Redis restart) began 300ms before the next, yet its lease
+// was taken 550ms before the next one's, and that is no violation; tokens
+// 300ms apart are one.
+func TestHoldCountsFromTheServersAcquire(t *testing.T) {
+	for _, apart := range []int64{550_000, 300_000} {
+		h := newHist(polSkip)
+		h.w.Families[0].HoldAtLeast = 500 * time.Millisecond
+		for _, task := range []string{"a", "b"} {
+			h.enqueue(0, task)
+		}
+		h.add(300, "w1", evDecision, "a", func(r *Record) { r.Kind, r.Token = "acquired", 1_000_000 })
+		h.run(300, 350, "w1", "a", "ok")
+		h.add(600, "w2", evDecision, "b", func(r *Record) { r.Kind, r.Token = "acquired", 1_000_000+apart })
+		h.run(600, 650, "w2", "b", "ok")
+		if apart >= 500_000 {
+			if got := h.check(); len(got) != 0 {
+				t.Fatalf("tokens %dµs apart: want nothing, got %v", apart, got)
+			}
+		} else {
+			h.wantOne(t, ruleHold, "b")
+		}
+	}
+}
+
+// A run paused past the lease TTL (SIGSTOP) loses its lease; the task's
+// re-delivery takes the key and does the work, and the paused run completes
+// when it resumes: two completions, which only a fencing token could stop,
+// and no violation. The same two completions without the pause are one.
+func TestPausedRunThatCompletesAgainIsExcused(t *testing.T) {
+	for _, paused := range []bool{true, false} {
+		h := newHist(polRequeue)
+		h.w.Ops = h.w.Ops[:1]
+		h.w.Ops[0].MaxRetry = 3
+		h.enqueue(0, "a")
+		if paused {
+			h.add(20, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = faultStop, "w1" })
+			h.add(20+int(leaseTTL/time.Millisecond)+100, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = "cont", "w1" })
+		}
+		h.run(10, int(leaseTTL/time.Millisecond)+200, "w1", "a", "ok")
+		h.run(int(leaseTTL/time.Millisecond)+50, int(leaseTTL/time.Millisecond)+100, "w2", "a", "ok")
+		if paused {
+			if got := h.check(); got[ruleRuns] != 0 {
+				t.Fatalf("want no runs violation, got %v", got)
+			}
+		} else if got := h.check(); got[ruleRuns] != 1 {
+			t.Fatalf("want one runs violation, got %v", got)
+		}
+	}
+}
+
+// A Unique task whose worker saw a Redis error after its run ended (its
+// reservation's release failed: CLUSTERDOWN while a master restarted) may
+// still be active in asynq, whose own completion write came after and may
+// have failed the same way: a refusal naming it is no violation. Without
+// that error it is one (it had completed).
+func TestUniqueRefusalNamingATaskWhoseCompletionMayHaveFailed(t *testing.T) {
+	for _, redisErr := range []bool{true, false} {
+		h := newHist(polSkip)
+		h.w.Families[0].Client = cliUnique
+		h.add(0, "driver", evEnqueue, "a", func(r *Record) { r.Accepted, r.AID = true, "A" })
+		h.run(10, 20, "w1", "a", "ok")
+		if redisErr {
+			h.add(25, "w1", evDecision, "a", func(r *Record) {
+				r.Kind, r.Err = "error", "singleton: the reservation of task a: lockkit: release: CLUSTERDOWN The cluster is down"
+			})
+		}
+		h.add(26, "w1", evReturn, "a", nil)
+		h.add(30, "driver", evEnqueue, "c", func(r *Record) { r.Holder, r.Err, r.Sent = "A", "duplicate (active)", r.T })
+		vs, _ := check(h.w, h.recs, nil, true)
+		if got, want := rules(vs)[ruleUnique], map[bool]int{true: 0, false: 1}[redisErr]; got != want {
+			t.Fatalf("Redis error %v: want %d unique violations, got %v", redisErr, want, vs)
+		}
+	}
+}
