@@ -132,6 +132,15 @@ func ownRun(job Job, err error) bool {
 // lease of a job whose earlier run did its work (WithDone).
 var errDoneBefore = errors.New("middleware: the work was done by an earlier run")
 
+// doneAfterFailedWait reads the runtime's record (WithDone) for job, whose
+// wait for its own earlier run failed, bounded by a second of its own: ctx
+// may be what ended the wait.
+func (g *Guard) doneAfterFailedWait(ctx context.Context, job Job) bool {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	return g.done(dctx, job)
+}
+
 // awaitOwnRun waits, bounded by ctx only, for the earlier delivery of the same
 // work to end: a delivery is never skipped as a duplicate of itself. When
 // that run succeeded after the runtime delivered the work again, the
@@ -149,6 +158,12 @@ func (g *Guard) awaitOwnRun(ctx context.Context, job Job, opt *lockkit.AcquireOp
 		g.Emit(ctx, Event{Kind: EventWaited, Job: job, Wait: waited})
 		return lease, waited, nil
 	case errors.Is(err, lockkit.ErrCompleted):
+		return nil, waited, g.notAcquired(ctx, job, err, waited)
+	case g.done != nil && g.doneAfterFailedWait(ctx, job):
+		// The wait failed (a Redis error, ctx ended), but the earlier run
+		// did the work meanwhile: the job is not to run at its next
+		// delivery either, which need not wait for that run.
+		err = fmt.Errorf("%w: %s: the earlier run of %q did the work (%w)", lockkit.ErrCompleted, job.label(), job.Origin, err)
 		return nil, waited, g.notAcquired(ctx, job, err, waited)
 	}
 	err = fmt.Errorf("middleware: %s: waiting for the earlier delivery of %q: %w", job.label(), job.Origin, err)

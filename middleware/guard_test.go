@@ -854,6 +854,46 @@ func TestDoneIsReadAfterWaitingForTheOwnRun(t *testing.T) {
 	require.EqualValues(t, 2, asked.Load(), "and is not asked")
 }
 
+// A job whose wait for its own earlier run fails (here its ctx ends; a
+// Redis error does the same) reads the runtime's record too: when it says
+// the work is done, the job completes without running, so that its next
+// delivery, which may find the key free, does not run it again; otherwise
+// the wait's error is returned.
+func TestDoneIsReadWhenTheWaitForTheOwnRunFails(t *testing.T) {
+	l := lockkittest.New(t)
+	ctx := context.Background()
+	var done atomic.Bool
+	g, _ := newGuard(t, l, middleware.WithDone(func(dctx context.Context, job middleware.Job) bool {
+		return dctx.Err() == nil && done.Load()
+	}))
+	job := middleware.Job{Key: "k", Name: "sync", ID: "t1", Origin: "t1"}
+	started, release := make(chan struct{}), make(chan struct{})
+	first := make(chan middleware.Outcome, 1)
+	go func() {
+		first <- g.Run(ctx, job, func(context.Context) error { close(started); <-release; return nil })
+	}()
+	<-started
+	for _, d := range []bool{true, false} {
+		done.Store(d)
+		wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		ran := false
+		out := g.Run(wctx, job, func(context.Context) error { ran = true; return nil })
+		cancel()
+		require.False(t, ran)
+		require.False(t, out.Ran)
+		if d {
+			require.NotNil(t, out.Duplicate, "%v", out.Err)
+			require.Equal(t, middleware.ReasonCompleted, out.Duplicate.Reason)
+			require.ErrorIs(t, out.Err, lockkit.ErrCompleted)
+		} else {
+			require.Nil(t, out.Duplicate)
+			require.ErrorIs(t, out.Err, context.DeadlineExceeded)
+		}
+	}
+	close(release)
+	require.True(t, (<-first).Ran)
+}
+
 // Under WithParking a requeued duplicate is parked: the run that frees its
 // key reserves the key for it and resumes it, and its next run adopts the
 // reservation while other jobs stay out.

@@ -86,7 +86,9 @@ func WithAdmit(a Admit) Option { return func(g *Guard) { g.admit, g.admitSet = a
 type Done func(ctx context.Context, job Job) bool
 
 // WithDone sets the record Run reads for a job that waited for its own
-// earlier run (see Done). It is not read under WithShadow, nor for a
+// earlier run (see Done), also when that wait failed (a Redis error, ctx
+// ended): the job then completes without running if the record says the
+// work is done. It is not read under WithShadow, nor for a
 // follow-up of Coalesce, KeepNewest or Preempt. Must not be nil. Defaults to
 // none: such a job runs, unless that run succeeded after its ctx ended
 // (Job.Origin).
