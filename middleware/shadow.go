@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jobguard/jobguard/lockkit"
 )
@@ -20,7 +21,9 @@ import (
 // Job.Reserved job, or under WithParking a parked job resumed by a run
 // with or without shadow), which takes the reservation over, and under
 // WithParking a run's end hands the key to the next parked job, as without
-// shadow. It is for rolling the guard out: watch what
+// shadow; a Job.Reserved job that runs without a lease gives up, once it has
+// run, the place kept for it in the key's parked queue and a reservation it
+// could not take over (one more round trip). It is for rolling the guard out: watch what
 // it would drop on real traffic, then remove the option. The decision is the
 // key's (and the epoch's): a shadowed job does not wait, park, fold into a
 // follow-up or spend a throttle start, so Wait, Coalesce, KeepNewest,
@@ -59,5 +62,16 @@ func (g *Guard) shadowRun(ctx context.Context, job Job, fn func(context.Context)
 	if e.Kind != 0 {
 		g.Emit(ctx, e)
 	}
-	return Outcome{Ran: true, Err: fn(ctx)}
+	out := Outcome{Ran: true, Err: fn(ctx)}
+	if e.Kind != 0 && job.Reserved && job.Origin != "" {
+		// Its work ran: a place kept for it in the key's parked queue, or a
+		// reservation it could not take over, would hold the key for work
+		// that is done (lockkit: ForceRelease by Label gives up both).
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		if _, ferr := g.locker.ForceRelease(fctx, job.Key, lockkit.Select{Label: job.Origin}); ferr != nil {
+			g.Emit(ctx, Event{Kind: EventError, Job: job, Err: fmt.Errorf("middleware: shadow: %q: giving up the place kept for %q: %w", job.Key, job.Origin, ferr)})
+		}
+		cancel()
+	}
+	return out
 }

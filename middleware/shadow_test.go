@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -125,4 +126,29 @@ func TestShadowReservedJobTakesItsReservationOver(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, info.Holders, "its run's end gave the key back")
 	require.Empty(t, kindsOf(rec, middleware.EventShadowed))
+}
+
+// Under WithShadow a job the key is reserved for that runs beside another
+// holder (a duplicate) gives up its place in the key's parked queue when it
+// has run: no later release reserves the key for work that is done.
+func TestShadowDuplicateGivesUpItsParkedPlace(t *testing.T) {
+	newLocker := backends(t)["redis"]
+	ctx := context.Background()
+	l := newLocker(t)
+	holder, err := l.TryAcquire(ctx, "report", &lockkit.AcquireOptions{Label: "task-1"})
+	require.NoError(t, err)
+	defer holder.Release(ctx)
+	_, err = l.TryAcquire(ctx, "report", &lockkit.AcquireOptions{Label: "task-2", Park: &lockkit.Parking{ID: "q\ntask-2\ntask-2", Hold: time.Minute}})
+	require.ErrorIs(t, err, lockkit.ErrNotAcquired)
+	info, err := l.Inspect(ctx, "report")
+	require.NoError(t, err)
+	require.Equal(t, 1, info.Parked, "task-2 is parked")
+	g, err := middleware.New(newLocker(t), middleware.WithShadow())
+	require.NoError(t, err)
+	out := g.Run(ctx, middleware.Job{Key: "report", ID: "task-2", Origin: "task-2", Reserved: true}, func(context.Context) error { return nil })
+	require.True(t, out.Ran)
+	info, err = l.Inspect(ctx, "report")
+	require.NoError(t, err)
+	require.Zero(t, info.Parked, "its place is given up")
+	require.Len(t, info.Holders, 1, "the holder keeps the key")
 }
