@@ -12,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -172,7 +173,7 @@ func (m *guarded) recordSkip(ctx context.Context, t *asynq.Task, dup *middleware
 	_, _ = m.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		hset = p.Eval(ctx, resultIfTaskCmd, []string{taskKey(queue, w.TaskID())}, result)
 		if m.logsDecisions() {
-			xadd = p.XAdd(ctx, entryArgs(m.decisions, decisionValues(ctx, t, dup)))
+			xadd = p.XAdd(ctx, decisionlog.AddArgs(m.decisions, decisionOf(ctx, t, dup)))
 		}
 		return nil
 	})
