@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/lockkit/throttle"
@@ -1238,7 +1239,7 @@ func (h *history) keptReservation(k string) time.Duration {
 		}
 		for i := range f.Keys {
 			key := fmt.Sprintf("k%d", i)
-			if !strings.Contains(k, fmt.Sprintf("{unique:asynq:%s:k=%q}", f.TaskType(), key)) {
+			if !strings.Contains(k, "{"+asynqkey.Reservation(famKey(f, key))+"}") {
 				continue
 			}
 			if h.failedUnique(key, h.lastT+1, false) {
@@ -1252,6 +1253,13 @@ func (h *history) keptReservation(k string) time.Duration {
 	return 0
 }
 
+// famKey is the key of the tasks of family f with key field key
+// (singleton.KeyByFields("k"), a value without quotes or escapes), which
+// lockkit's Redis keys of it hold in their hash tag.
+func famKey(f Family, key string) string {
+	return asynqkey.TypeKey(f.TaskType()) + ":k=" + strconv.Quote(key)
+}
+
 // refusedOn reports whether a task of parked-queue key k was enqueued with
 // ParkAtEnqueue and refused: its parking acquire may have parked it before
 // asynq refused the enqueue (seed 6115: a Cluster master restarting).
@@ -1259,7 +1267,7 @@ func (h *history) refusedOn(k string) bool {
 	for _, name := range h.order {
 		t := h.tasks[name]
 		if t.fam.Client == cliPark && t.enq != nil && !t.enq.Accepted && t.enq.Err != "" &&
-			strings.Contains(k, fmt.Sprintf("{asynq:%s:k=%q}", t.fam.TaskType(), t.key)) {
+			strings.Contains(k, "{"+famKey(t.fam, t.key)+"}") {
 			return true
 		}
 	}
@@ -1271,7 +1279,7 @@ func (h *history) refusedOn(k string) bool {
 func (h *history) archivedOn(k string) bool {
 	for _, name := range h.order {
 		t := h.tasks[name]
-		if strings.Contains(k, fmt.Sprintf("{asynq:%s:k=%q}", t.fam.TaskType(), t.key)) && len(t.oks()) == 0 && t.exempt(h) {
+		if strings.Contains(k, "{"+famKey(t.fam, t.key)+"}") && len(t.oks()) == 0 && t.exempt(h) {
 			return true
 		}
 	}
