@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
+	"github.com/jobguard/jobguard/internal/periodickey"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/lockkit/throttle"
@@ -1037,9 +1038,8 @@ func (h *history) checkPeriodic() []Violation {
 			// restarted master is back, a while after it is up.
 			down[len(down)-1].to = max(down[len(down)-1].to, r.T+int64(time.Second))
 		case (r.Ev == evEnqueue && r.Accepted || r.Ev == evDeliver) && h.fams[r.Fam].Client == cliPeriodic:
-			i := strings.LastIndexByte(r.Task, ':')
-			ms, err := strconv.ParseInt(r.Task[i+1:], 10, 64)
-			if i < 0 || err != nil {
+			ms, ok := periodickey.Tick(r.Task)
+			if !ok {
 				vs = append(vs, h.violation(rulePeriodic, r.Task, "a tick's task ID that names no tick", r))
 				continue
 			}
