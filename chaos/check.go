@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
+	"github.com/jobguard/jobguard/internal/cronkey"
 	"github.com/jobguard/jobguard/internal/periodickey"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/debounce"
@@ -1153,7 +1154,7 @@ func (h *history) checkCron() []Violation {
 			task := cronTask(e.Name, at)
 			ns := at * int64(time.Millisecond)
 			explained := errs[task] || slices.ContainsFunc(wins, func(w window) bool {
-				return w.from <= ns && ns <= w.to && (w.key == "" || strings.Contains(w.key, "cron:"+e.Name))
+				return w.from <= ns && ns <= w.to && (w.key == "" || strings.Contains(w.key, cronkey.Key(e.Name)))
 			})
 			if len(runs[task]) == 0 && !explained {
 				vs = append(vs, h.violation(ruleCron, task, fmt.Sprintf("the tick due at +%.3fs ran on no replica", time.Duration(ns-h.base).Seconds())))
