@@ -11,6 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/singleton"
 )
 
@@ -76,7 +77,7 @@ func (e *asynqEnv) deleteQueue(q string) {
 		progress("delete queue %s: %v", q, err)
 	}
 	ctx := context.Background()
-	iter := e.b.admin.Scan(ctx, 0, "asynq:{"+q+"}:*", 1000).Iterator()
+	iter := e.b.admin.Scan(ctx, 0, asynqkey.Queue(q)+"*", 1000).Iterator()
 	var keys []string
 	for iter.Next(ctx) {
 		keys = append(keys, iter.Val())

@@ -11,6 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/periodickey"
 	"github.com/jobguard/jobguard/periodic"
 )
 
@@ -37,7 +38,8 @@ func (r *periodicReplica) sent(cmds ...redis.Cmder) {
 	tick, ok := int64(0), false
 	for _, c := range cmds {
 		for _, a := range c.Args() {
-			if tick, ok = tickOf(a); ok {
+			s, _ := a.(string)
+			if tick, ok = periodickey.Tick(s); ok {
 				break
 			}
 		}
@@ -52,26 +54,6 @@ func (r *periodicReplica) sent(cmds ...redis.Cmder) {
 		return
 	}
 	r.rts[tick]++
-}
-
-// tickOf reads the tick (ms) that a command's argument names: a tick's mark
-// key or its task ID (or asynq's key of that task).
-func tickOf(arg any) (int64, bool) {
-	s, ok := arg.(string)
-	if !ok {
-		return 0, false
-	}
-	i := strings.Index(s, ":tick:")
-	if i < 0 {
-		if i = strings.Index(s, "periodic:"); i < 0 {
-			return 0, false
-		}
-		i = strings.LastIndexByte(s, ':')
-	} else {
-		i += len(":tick:") - 1
-	}
-	ms, err := strconv.ParseInt(s[i+1:], 10, 64)
-	return ms, err == nil
 }
 
 // totals splits the round trips between the ticks the replica enqueued and

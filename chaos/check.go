@@ -9,6 +9,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
+	"github.com/jobguard/jobguard/internal/cronkey"
+	"github.com/jobguard/jobguard/internal/periodickey"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/lockkit/throttle"
@@ -1097,9 +1100,8 @@ func (h *history) checkPeriodic() []Violation {
 			// restarted master is back, a while after it is up.
 			down[len(down)-1].to = max(down[len(down)-1].to, r.T+int64(time.Second))
 		case (r.Ev == evEnqueue && r.Accepted || r.Ev == evDeliver) && h.fams[r.Fam].Client == cliPeriodic:
-			i := strings.LastIndexByte(r.Task, ':')
-			ms, err := strconv.ParseInt(r.Task[i+1:], 10, 64)
-			if i < 0 || err != nil {
+			ms, ok := periodickey.Tick(r.Task)
+			if !ok {
 				vs = append(vs, h.violation(rulePeriodic, r.Task, "a tick's task ID that names no tick", r))
 				continue
 			}
@@ -1213,7 +1215,7 @@ func (h *history) checkCron() []Violation {
 			task := cronTask(e.Name, at)
 			ns := at * int64(time.Millisecond)
 			explained := errs[task] || slices.ContainsFunc(wins, func(w window) bool {
-				return w.from <= ns && ns <= w.to && (w.key == "" || strings.Contains(w.key, "cron:"+e.Name))
+				return w.from <= ns && ns <= w.to && (w.key == "" || strings.Contains(w.key, cronkey.Key(e.Name)))
 			})
 			if len(runs[task]) == 0 && !explained {
 				vs = append(vs, h.violation(ruleCron, task, fmt.Sprintf("the tick due at +%.3fs ran on no replica", time.Duration(ns-h.base).Seconds())))
@@ -1299,7 +1301,7 @@ func (h *history) keptReservation(k string) time.Duration {
 		}
 		for i := range f.Keys {
 			key := fmt.Sprintf("k%d", i)
-			if !strings.Contains(k, fmt.Sprintf("{unique:asynq:%s:k=%q}", f.TaskType(), key)) {
+			if !strings.Contains(k, "{"+asynqkey.Reservation(famKey(f, key))+"}") {
 				continue
 			}
 			if h.failedUnique(key, h.lastT+1, false) {
@@ -1313,6 +1315,13 @@ func (h *history) keptReservation(k string) time.Duration {
 	return 0
 }
 
+// famKey is the key of the tasks of family f with key field key
+// (singleton.KeyByFields("k"), a value without quotes or escapes), which
+// lockkit's Redis keys of it hold in their hash tag.
+func famKey(f Family, key string) string {
+	return asynqkey.TypeKey(f.TaskType()) + ":k=" + strconv.Quote(key)
+}
+
 // refusedOn reports whether a task of parked-queue key k was enqueued with
 // ParkAtEnqueue and refused: its parking acquire may have parked it before
 // asynq refused the enqueue (seed 6115: a Cluster master restarting).
@@ -1320,7 +1329,7 @@ func (h *history) refusedOn(k string) bool {
 	for _, name := range h.order {
 		t := h.tasks[name]
 		if t.fam.Client == cliPark && t.enq != nil && !t.enq.Accepted && t.enq.Err != "" &&
-			strings.Contains(k, fmt.Sprintf("{asynq:%s:k=%q}", t.fam.TaskType(), t.key)) {
+			strings.Contains(k, "{"+famKey(t.fam, t.key)+"}") {
 			return true
 		}
 	}
@@ -1332,7 +1341,7 @@ func (h *history) refusedOn(k string) bool {
 func (h *history) archivedOn(k string) bool {
 	for _, name := range h.order {
 		t := h.tasks[name]
-		if strings.Contains(k, fmt.Sprintf("{asynq:%s:k=%q}", t.fam.TaskType(), t.key)) && len(t.oks()) == 0 && t.exempt(h) {
+		if strings.Contains(k, "{"+famKey(t.fam, t.key)+"}") && len(t.oks()) == 0 && t.exempt(h) {
 			return true
 		}
 	}

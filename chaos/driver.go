@@ -19,6 +19,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -578,7 +579,7 @@ func (r *seedRun) replace() {
 // are moved.
 func (r *seedRun) recoverLeases() {
 	ctx := context.Background()
-	key := "asynq:{" + r.queue + "}:lease"
+	key := asynqkey.Lease(r.queue)
 	orphans := func() map[string]float64 {
 		zs, err := r.rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
 		if err != nil {

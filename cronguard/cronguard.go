@@ -13,6 +13,7 @@ import (
 
 	"github.com/robfig/cron/v3"
 
+	"github.com/jobguard/jobguard/internal/cronkey"
 	"github.com/jobguard/jobguard/internal/every"
 	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/lockkit"
@@ -23,9 +24,6 @@ import (
 // when WithTolerance is not given. For an entry whose activations are closer
 // together than twice this, half the shortest interval is used instead.
 const DefaultTolerance = 2 * time.Second
-
-// keyPrefix is prepended to an entry's name to form its lockkit key.
-const keyPrefix = "cron:"
 
 // Errors of cronguard. Compare with errors.Is.
 var (
@@ -399,7 +397,7 @@ func (g *Guard) entry(name, spec string, loc *time.Location) (*entry, error) {
 				ErrInvalid, name, tol, gap, spec)
 		}
 	}
-	return &entry{g: g, name: name, key: keyPrefix + name, spec: spec, tag: specTag(spec, loc), sched: sched, loc: loc, tol: tol, gap: gap}, nil
+	return &entry{g: g, name: name, key: cronkey.Key(name), spec: spec, tag: specTag(spec, loc), sched: sched, loc: loc, tol: tol, gap: gap}, nil
 }
 
 // specTag is the epoch tag of an entry's claims: a hash of its spec and time

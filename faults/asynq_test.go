@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/asynqtest"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
@@ -308,7 +309,7 @@ func TestKilledAsynqWorker(t *testing.T) {
 
 	// asynq's 60s, simulated: every lease of the queue expired 60s earlier.
 	ctx := context.Background()
-	leaseKey := "asynq:{" + e.Queue + "}:lease"
+	leaseKey := asynqkey.Lease(e.Queue)
 	leases, err := e.RDB.ZRangeWithScores(ctx, leaseKey, 0, -1).Result()
 	require.NoError(t, err)
 	require.Len(t, leases, childConcurrency, "the killed worker's tasks are active")
@@ -663,7 +664,7 @@ func TestKilledWorkerLeavesNoParkedTaskBehind(t *testing.T) {
 	byKey.finish(deadKey, expires, false)
 
 	ctx := context.Background()
-	leaseKey := "asynq:{" + e.Queue + "}:lease"
+	leaseKey := asynqkey.Lease(e.Queue)
 	leases, err := e.RDB.ZRangeWithScores(ctx, leaseKey, 0, -1).Result()
 	require.NoError(t, err)
 	require.NotEmpty(t, leases, "the killed worker's task is active")

@@ -59,7 +59,13 @@ var (
 	ErrInvalid = invalid.New("middleware: invalid option")
 )
 
-// Job is one run of work to guard.
+// Job is one run of work to guard. Key, Name and ID are what every runtime
+// has; each other field is what a runtime may know of the work (which work
+// it is across deliveries, when and in which order it was asked for,
+// whether it is run again after a failure, whether it was reserved for, a
+// claim of it), and one that does not know it leaves it zero: cronguard
+// sets the Epoch fields (a tick is claimed once), singleton every field
+// but those.
 type Job struct {
 	// Key is the lock key; required.
 	Key string

@@ -6,18 +6,13 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/internal/glob"
 	"github.com/jobguard/jobguard/internal/printable"
 )
-
-// DefaultDecisionLog is the stream WithDecisionLog reads when it names
-// none: singleton.DecisionLog, where the asynq middleware records every task
-// that completed without running.
-const DefaultDecisionLog = "jobguard:decisions"
 
 // Bounds of one read of the decision log (GET api/decisions).
 const (
@@ -36,14 +31,15 @@ const (
 // asynq middleware (the tasks that completed without running: task, key,
 // reason, the run or task that held or covered it, when), newest first and
 // paged, read from stream on rdb (the servers' Redis); the page's key
-// filter applies. stream "" is DefaultDecisionLog. New returns an error
+// filter applies. stream "" is the one the asynq middleware writes,
+// singleton.DecisionLog ("jobguard:decisions"). New returns an error
 // matching ErrInvalid for a nil rdb. Defaults to none: the page has no
 // decisions section.
 func WithDecisionLog(rdb redis.UniversalClient, stream string) Option {
 	return func(h *Handler) {
 		h.decisions, h.stream, h.decisionsSet = rdb, stream, true
 		if stream == "" {
-			h.stream = DefaultDecisionLog
+			h.stream = decisionlog.Stream
 		}
 	}
 }
@@ -126,7 +122,7 @@ func (h *Handler) readDecisions(ctx context.Context, pattern, before string, lim
 	if before != "" {
 		from = "(" + before
 	}
-	calls := map[string]bool{}
+	calls := decisionlog.Calls{}
 	for range DecisionReads {
 		entries, err := h.decisions.XRevRangeN(ctx, h.stream, from, "-", DecisionChunk).Result()
 		if err != nil {
@@ -134,13 +130,11 @@ func (h *Handler) readDecisions(ctx context.Context, pattern, before string, lim
 		}
 		for i, e := range entries {
 			reply.Read++
-			key, _ := e.Values["key"].(string)
-			call, _ := e.Values["call"].(string)
-			if !glob.Match(pattern, key) || (call != "" && calls[call]) {
+			d := decisionlog.Decode(e)
+			if !glob.Match(pattern, d.Key) || calls.Repeated(d) {
 				continue // another key's, or a write go-redis sent again
 			}
-			calls[call] = call != ""
-			reply.Decisions = append(reply.Decisions, decisionOf(e))
+			reply.Decisions = append(reply.Decisions, viewOf(d))
 			if len(reply.Decisions) == limit {
 				if i < len(entries)-1 || len(entries) == DecisionChunk {
 					reply.Next = e.ID
@@ -157,16 +151,10 @@ func (h *Handler) readDecisions(ctx context.Context, pattern, before string, lim
 	return reply, nil
 }
 
-// decisionOf is e as the page shows it.
-func decisionOf(e redis.XMessage) decisionView {
-	v := decisionView{ID: e.ID, Fields: make(map[string]string, len(e.Values))}
-	if ms, _, ok := strings.Cut(e.ID, "-"); ok {
-		if n, err := strconv.ParseInt(ms, 10, 64); err == nil {
-			v.At = time.UnixMilli(n).UTC().Format(time.RFC3339Nano)
-		}
-	}
-	for k, x := range e.Values {
-		s, _ := x.(string)
+// viewOf is d as the page shows it.
+func viewOf(d decisionlog.Decision) decisionView {
+	v := decisionView{ID: d.ID, At: d.AtText(), Fields: make(map[string]string, len(d.Fields))}
+	for k, s := range d.Fields {
 		v.Fields[printable.String(k)] = printable.String(s)
 	}
 	return v

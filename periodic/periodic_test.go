@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/jobguard/jobguard/internal/periodickey"
 	"github.com/jobguard/jobguard/internal/testredis"
 )
 
@@ -498,7 +499,7 @@ func TestRevokedTickIsNotEnqueuedAgain(t *testing.T) {
 	}
 	waitFor(revoked, "the tick's task to run")
 	require.Eventually(t, func() bool {
-		_, err := asynq.NewInspectorFromRedisClient(c).GetTaskInfo(q, taskID(firstID(a), tick))
+		_, err := asynq.NewInspectorFromRedisClient(c).GetTaskInfo(q, periodickey.TaskID(firstID(a), tick))
 		return errors.Is(err, asynq.ErrTaskNotFound)
 	}, 5*time.Second, 5*time.Millisecond, "asynq deletes a revoked task")
 	srv.Shutdown()
@@ -629,8 +630,8 @@ func TestStalledEnqueueIsNotSentAfterTheWindow(t *testing.T) {
 	waitFor(enqueued, "the tick to be enqueued")
 	a.Shutdown()
 	// What a window plus the retention does: the task and the mark expire.
-	require.NoError(t, asynq.NewInspectorFromRedisClient(c).DeleteTask(q, taskID(id, tick)))
-	require.NoError(t, c.Del(context.Background(), prefix+"periodic:{"+id+"}:tick:"+strconv.FormatInt(tick.UnixMilli(), 10)).Err())
+	require.NoError(t, asynq.NewInspectorFromRedisClient(c).DeleteTask(q, periodickey.TaskID(id, tick)))
+	require.NoError(t, c.Del(context.Background(), periodickey.Mark(prefix, id, tick)).Err())
 	require.NoError(t, b.Start())
 	defer b.Shutdown()
 	close(expired)
@@ -649,7 +650,7 @@ func (failMark) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 func (f failMark) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			if k, _ := cmd.Args()[3].(string); strings.Contains(k, ":tick:") {
+			if k, _ := cmd.Args()[3].(string); periodickey.IsMark(k) {
 				f.calls.Add(1)
 				cmd.SetErr(errors.New("connection reset by peer"))
 				return cmd.Err()
@@ -770,7 +771,7 @@ func TestClaimantStalledPastItsClaimDoesNotEnqueueTheTick(t *testing.T) {
 	wait(stalled, "the replica ahead to claim the tick")
 	wait(revoked, "the other replica to enqueue the tick once the claim lapsed, and its task to run")
 	require.Eventually(t, func() bool {
-		_, err := asynq.NewInspectorFromRedisClient(c).GetTaskInfo(q, taskID(firstID(a), tick))
+		_, err := asynq.NewInspectorFromRedisClient(c).GetTaskInfo(q, periodickey.TaskID(firstID(a), tick))
 		return errors.Is(err, asynq.ErrTaskNotFound)
 	}, 5*time.Second, 5*time.Millisecond, "asynq deletes a revoked task")
 	close(release)
@@ -815,7 +816,7 @@ func (h slowClaimReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			if k, _ := cmd.Args()[3].(string); strings.Contains(k, ":tick:") {
+			if k, _ := cmd.Args()[3].(string); periodickey.IsMark(k) {
 				time.Sleep(h.d)
 			}
 		}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/jobguard/jobguard/internal/every"
 	"github.com/jobguard/jobguard/internal/invalid"
+	"github.com/jobguard/jobguard/internal/periodickey"
 )
 
 // DefaultWindow is how long after a tick a replica may still fire it and be
@@ -432,7 +433,7 @@ func (s *Scheduler) fire(e *entry, tick time.Time) bool {
 	if s.cfg.afterClaim != nil && s.cfg.afterClaim(tick) == hookDie {
 		return false
 	}
-	opts := append(slices.Clone(e.opts), asynq.TaskID(taskID(e.id, tick)), asynq.Retention(e.keep))
+	opts := append(slices.Clone(e.opts), asynq.TaskID(periodickey.TaskID(e.id, tick)), asynq.Retention(e.keep))
 	if f := s.opts.PreEnqueueFunc; f != nil {
 		f(e.task, opts)
 	}
@@ -568,11 +569,12 @@ func newOwner() string {
 	return hex.EncodeToString(b)
 }
 
-func (s *Scheduler) lastKey(e *entry) string { return s.cfg.prefix + "periodic:{" + e.id + "}:last" }
+// lastKey is the key that holds e's last tick enqueued.
+func (s *Scheduler) lastKey(e *entry) string { return periodickey.Last(s.cfg.prefix, e.id) }
 
 // markKey is the key that marks e's tick as enqueued.
 func (s *Scheduler) markKey(e *entry, tick time.Time) string {
-	return s.cfg.prefix + "periodic:{" + e.id + "}:tick:" + strconv.FormatInt(tick.UnixMilli(), 10)
+	return periodickey.Mark(s.cfg.prefix, e.id, tick)
 }
 
 // parse reads a spec as asynq's Scheduler does (five fields or a
@@ -610,9 +612,4 @@ func entryID(spec string, loc *time.Location, task *asynq.Task, opts []asynq.Opt
 		h.Write([]byte(p))
 	}
 	return hex.EncodeToString(h.Sum(nil))[:20]
-}
-
-// taskID names the task of entry id's tick.
-func taskID(id string, tick time.Time) string {
-	return "periodic:" + id + ":" + strconv.FormatInt(tick.UnixMilli(), 10)
 }

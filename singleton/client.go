@@ -16,6 +16,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/lockkit"
 )
 
@@ -244,7 +245,7 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 		return c.enqueueParked(ctx, stamped, key, id, queue, generated, opts)
 	}
 	if c.unique == nil {
-		order, err := orderCmd.Run(ctx, c.rdb, []string{"jobguard:order:" + key}, orderKeep.Milliseconds()).Text()
+		order, err := orderCmd.Run(ctx, c.rdb, []string{asynqkey.Order(key)}, orderKeep.Milliseconds()).Text()
 		if err != nil {
 			return nil, fmt.Errorf("singleton: task %q: taking its order: %w", task.Type(), err)
 		}

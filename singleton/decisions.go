@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -38,7 +37,7 @@ import (
 // for a task that ran although without WithShadow it would have been
 // refused and archived (ErrKey, ErrKeyMismatch, ParkAtEnqueue under
 // WithLimit(n > 1)): reason would_archive, cause the refusal.
-const DecisionLog = "jobguard:decisions"
+const DecisionLog = decisionlog.Stream
 
 // DefaultDecisionLogLen is about how many entries DecisionLog keeps (Redis
 // trims it approximately, XADD MAXLEN ~): about 3 MB of Redis memory with
@@ -61,41 +60,31 @@ func (m *guarded) logDecision(ctx context.Context, t *asynq.Task, dup *middlewar
 	if !m.logsDecisions() {
 		return
 	}
-	m.addDecision(ctx, dup.Job, decisionValues(ctx, t, dup))
+	m.addDecision(ctx, dup.Job, decisionOf(ctx, t, dup))
 }
 
 // logsDecisions tells whether the middleware adds entries to DecisionLog.
 func (m *guarded) logsDecisions() bool { return m.rdb != nil && m.decisions > 0 }
 
-// decisionValues is the DecisionLog entry of the decision not to run t.
-func decisionValues(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) []any {
+// decisionOf is the DecisionLog entry of the decision not to run t.
+func decisionOf(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) decisionlog.Entry {
 	why := whyOf(dup)
+	e := entryOf(ctx, t, dup.Job, why.Reason)
+	e.Key, e.ByTask, e.ByOwner, e.ByToken = why.Key, why.ByTask, why.ByOwner, why.ByToken
+	return e
+}
+
+// entryOf is the DecisionLog entry of job (t's), for reason.
+func entryOf(ctx context.Context, t *asynq.Task, job middleware.Job, reason string) decisionlog.Entry {
 	_, queue := taskIdentity(ctx)
-	// call names this write: go-redis sends an XADD again when its reply
-	// was lost, and the reader (jobguard why) shows one entry per call.
-	values := []any{"call", newTaskID(), "task", dup.Job.ID, "origin", dup.Job.Origin, "type", t.Type(), "queue", queue, "key", why.Key, "reason", why.Reason}
-	return byFields(values, why.ByTask, why.ByOwner, why.ByToken)
+	// Call names this write: go-redis sends an XADD again when its reply
+	// was lost, and the readers show one entry per call.
+	return decisionlog.Entry{Call: newTaskID(), Task: job.ID, Origin: job.Origin, Type: t.Type(), Queue: queue, Key: job.Key, Reason: reason}
 }
 
-// byFields appends the fields that name who held, covered or took over the
-// work, those that are known.
-func byFields(values []any, task, owner string, token int64) []any {
-	if task != "" {
-		values = append(values, "by_task", task)
-	}
-	if owner != "" {
-		values = append(values, "by_owner", owner)
-	}
-	if token != 0 {
-		values = append(values, "by_token", strconv.FormatInt(token, 10))
-	}
-	return values
-}
-
-// addDecision adds an entry of values to DecisionLog. A failed write is an
-// error event.
-func (m *guarded) addDecision(ctx context.Context, job middleware.Job, values []any) {
-	m.decisionWritten(ctx, job, addEntry(ctx, m.rdb, m.decisions, values))
+// addDecision adds e to DecisionLog. A failed write is an error event.
+func (m *guarded) addDecision(ctx context.Context, job middleware.Job, e decisionlog.Entry) {
+	m.decisionWritten(ctx, job, decisionlog.Add(ctx, m.rdb, m.decisions, e))
 }
 
 // decisionWritten reports a failed write of job's DecisionLog entry as an
@@ -122,17 +111,18 @@ func (m *guarded) logCutShort(ctx context.Context, t *asynq.Task, job middleware
 	if m.rdb == nil || m.decisions <= 0 || !out.Ran || !errors.Is(out.Err, lockkit.ErrLost) {
 		return
 	}
-	_, queue := taskIdentity(ctx)
-	values := []any{"call", newTaskID(), "task", job.ID, "origin", job.Origin, "type", t.Type(), "queue", queue, "key", job.Key}
 	if !errors.Is(out.Err, lockkit.ErrPreempted) {
-		m.addDecision(ctx, job, append(values, "reason", "lost", "cause", out.Err.Error()))
+		e := entryOf(ctx, t, job, decisionlog.ReasonLost)
+		e.Cause = out.Err.Error()
+		m.addDecision(ctx, job, e)
 		return
 	}
-	values = append(values, "reason", "preempted", "cause", out.Err.Error())
+	e := entryOf(ctx, t, job, decisionlog.ReasonPreempted)
+	e.Cause = out.Err.Error()
 	if h, ok := m.newerHolder(ctx, job); ok {
-		values = byFields(values, h.Label, h.Owner, h.Token)
+		e.ByTask, e.ByOwner, e.ByToken = h.Label, h.Owner, h.Token
 	}
-	m.addDecision(ctx, job, values)
+	m.addDecision(ctx, job, e)
 }
 
 // newerHolder looks for the holder of job's key that is not job's work:
@@ -170,18 +160,6 @@ func (c *Client) logRefusal(ctx context.Context, t *asynq.Task, id, queue string
 	if c.decisions <= 0 {
 		return
 	}
-	values := []any{"call", newTaskID(), "task", id, "origin", id, "type", t.Type(), "queue", queue, "key", dup.Key,
-		"reason", "refused", "by_task", dup.ID, "by_state", dup.State}
-	_ = addEntry(ctx, c.rdb, c.decisions, values)
-}
-
-// addEntry adds an entry of values to DecisionLog, which keeps about n.
-func addEntry(ctx context.Context, rdb redis.Cmdable, n int, values []any) error {
-	return rdb.XAdd(ctx, entryArgs(n, values)).Err()
-}
-
-// entryArgs is the XADD of an entry of values to DecisionLog, which keeps
-// about n.
-func entryArgs(n int, values []any) *redis.XAddArgs {
-	return &redis.XAddArgs{Stream: DecisionLog, MaxLen: int64(n), Approx: true, Values: values}
+	_ = decisionlog.Add(ctx, c.rdb, c.decisions, decisionlog.Entry{Call: newTaskID(), Task: id, Origin: id, Type: t.Type(), Queue: queue,
+		Key: dup.Key, Reason: decisionlog.ReasonRefused, ByTask: dup.ID, ByState: dup.State})
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
@@ -37,8 +38,8 @@ func TestDecisionLogIsTrimmedToItsLength(t *testing.T) {
 		for i := range 2 * n {
 			id := fmt.Sprintf("9f1c2d3e-4b5a-4c6d-8e7f-%012d", i)
 			job := middleware.Job{Key: `asynq:report:tenant_id="acme-corp-1234"`, ID: id, Origin: id}
-			m.addDecision(ctx, job, byFields([]any{"call", newTaskID(), "task", id, "origin", id, "type", "report", "queue", "default",
-				"key", job.Key, "reason", "held"}, "0b7e6f5d-4c3b-4a29-8f17-6e5d4c3b2a19", "report-worker-7c9d8f6b5-x2kqz:1:3f9a2c7d", 0))
+			m.addDecision(ctx, job, decisionlog.Entry{Call: newTaskID(), Task: id, Origin: id, Type: "report", Queue: "default",
+				Key: job.Key, Reason: "held", ByTask: "0b7e6f5d-4c3b-4a29-8f17-6e5d4c3b2a19", ByOwner: "report-worker-7c9d8f6b5-x2kqz:1:3f9a2c7d"})
 		}
 		length, err := rdb.XLen(ctx, DecisionLog).Result()
 		require.NoError(t, err)

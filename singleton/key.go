@@ -14,12 +14,13 @@ import (
 	"strings"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/jobguard/jobguard/internal/asynqkey"
 )
 
-// keyPrefix starts every key the built-in key options derive, so that they do
-// not collide with keys of other adapters sharing the Locker. KeyFunc keys are
-// used as returned.
-const keyPrefix = "asynq:"
+// The built-in key options' keys start with asynqkey.TypeKey, so that they
+// do not collide with keys of other adapters sharing the Locker. KeyFunc
+// keys are used as returned.
 
 // KeyByType keys a task by its type: one task of a type runs at a time (or
 // WithLimit of them). The key is "asynq:<type>". This is the default.
@@ -28,7 +29,7 @@ func KeyByType() ServerOption {
 }
 
 func keyByType(_ context.Context, t *asynq.Task) (string, error) {
-	return keyPrefix + t.Type(), nil
+	return asynqkey.TypeKey(t.Type()), nil
 }
 
 // KeyByTaskID keys a task by its asynq task ID (the key is
@@ -50,7 +51,7 @@ func keyByTaskID(ctx context.Context, t *asynq.Task) (string, error) {
 			return "", errors.New("no task ID in the context (the handler was not called by an asynq server)")
 		}
 	}
-	return keyPrefix + t.Type() + ":id:" + id, nil
+	return asynqkey.TypeKey(t.Type()) + ":id:" + id, nil
 }
 
 // KeyByPayload keys a task by its type and payload: identical tasks do not run
@@ -62,7 +63,7 @@ func KeyByPayload() ServerOption {
 
 func keyByPayload(_ context.Context, t *asynq.Task) (string, error) {
 	sum := sha256.Sum256(t.Payload())
-	return keyPrefix + t.Type() + ":payload:" + hex.EncodeToString(sum[:16]), nil
+	return asynqkey.TypeKey(t.Type()) + ":payload:" + hex.EncodeToString(sum[:16]), nil
 }
 
 // KeyByFields keys a task by its type and the values of fields of its JSON
@@ -205,7 +206,7 @@ func keyByFields(t *asynq.Task, fields []fieldPath) (string, error) {
 		return "", errors.New("payload is not a JSON object: null")
 	}
 	var b strings.Builder
-	b.WriteString(keyPrefix + t.Type() + ":")
+	b.WriteString(asynqkey.TypeKey(t.Type()) + ":")
 	for i, p := range fields {
 		f := p.name
 		raw, err := p.lookup(obj)

@@ -11,6 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -58,20 +59,17 @@ func parkID(ctx context.Context, job middleware.Job) string {
 // newCopyID is the ID of a Requeue copy of the work first enqueued as
 // origin: "<origin>~<random>", new for each copy, so that no copy takes the
 // ID of another, even one of an earlier task with the same ID that is kept
-// completed (asynq.Retention) or archived. The copy is named by copyKey,
+// completed (asynq.Retention) or archived. The copy is named by asynqkey.Copy,
 // which is how a resume and Unique find it.
 func newCopyID(origin string) string { return origin + "~" + newTaskID()[:16] }
 
-// copyKey is the key, beside asynq's keys of queue (its hash tag), that
-// names the latest copy of the work first enqueued as origin (its ID). It is
-// set before the copy is enqueued, and kept copyKeep past the copy's delay.
-func copyKey(queue, origin string) string { return asynqKeys(queue) + "jobguard-copy:" + origin }
-
-// copyKeep is how long copyKey outlives the time its copy is due.
+// copyKeep is how long the key that names the latest copy of a work
+// (asynqkey.Copy, set before the copy is enqueued) outlives the time its
+// copy is due.
 const copyKeep = 24 * time.Hour
 
 // deliveriesOf are the IDs a delivery of the work first enqueued as origin
-// can have besides the copy copyKey names: origin, and the IDs an earlier
+// can have besides the copy asynqkey.Copy names: origin, and the IDs an earlier
 // version gave its copies ("<origin>~a", and "<origin>~b" for a copy of
 // that one), which a rolling upgrade may leave in the queue. A task is
 // revoked once its copy is enqueued, so at most one of them is waiting or
@@ -91,10 +89,10 @@ func deliveriesOf(origin string) []string {
 // task waiting to run (scheduled, or waiting to retry) is moved: one that
 // completed (kept by asynq.Retention) or was archived is done, and a
 // resume must not run it again. And it is given the IDs of every delivery
-// of one work (deliveriesOf, and the copy copyKey names) and moves the one
+// of one work (deliveriesOf, and the copy asynqkey.Copy names) and moves the one
 // waiting, reading them all at once: a copy enqueued and its creator
 // revoked between two reads would otherwise be seen neither.
-// KEYS[1] the pending list, KEYS[2] the work's copyKey; ARGV[1] the
+// KEYS[1] the pending list, KEYS[2] the work's asynqkey.Copy; ARGV[1] the
 // queue's key prefix, ARGV[2..] the task IDs. Returns {code, id}: 1 and
 // the task moved, else the first state found of, in this order, -2 pending
 // already, -1 active, -3 another (done), with the first task in it, or 0
@@ -151,15 +149,8 @@ func (e *notWaitingError) Error() string {
 
 func (e *notWaitingError) Is(target error) bool { return target == errNotWaiting }
 
-// asynqKeys is the prefix of asynq's keys of queue (v0.26's layout,
-// "asynq:{<queue>}:"), which runFirst, Unique and ParkAtEnqueue read.
-func asynqKeys(queue string) string { return "asynq:{" + queue + "}:" }
-
-// taskKey is the key of asynq's hash of task id in queue (base.TaskKey).
-func taskKey(queue, id string) string { return asynqKeys(queue) + "t:" + id }
-
 // runFirst moves the one of the deliveries of the work first enqueued as
-// origin in queue (deliveriesOf, the copy copyKey names, and ids) that is
+// origin in queue (deliveriesOf, the copy asynqkey.Copy names, and ids) that is
 // waiting to run to the head of its pending list (runFirstCmd), or
 // reports, with the errors of asynq's Inspector.RunTask, the first it finds
 // of: one already in pending state, one already running, one done
@@ -167,7 +158,6 @@ func taskKey(queue, id string) string { return asynqKeys(queue) + "t:" + id }
 // to send again (go-redis does after a lost reply): the moved task is
 // pending then.
 func (m *guarded) runFirst(ctx context.Context, queue, origin string, ids ...string) error {
-	prefix := asynqKeys(queue)
 	all := deliveriesOf(origin)
 	for _, id := range ids {
 		if !slices.Contains(all, id) {
@@ -175,11 +165,11 @@ func (m *guarded) runFirst(ctx context.Context, queue, origin string, ids ...str
 		}
 	}
 	args := make([]any, 0, len(all)+1)
-	args = append(args, prefix)
+	args = append(args, asynqkey.Queue(queue))
 	for _, id := range all {
 		args = append(args, id)
 	}
-	vals, err := runFirstCmd.Run(ctx, m.rdb, []string{prefix + "pending", copyKey(queue, origin)}, args...).Slice()
+	vals, err := runFirstCmd.Run(ctx, m.rdb, []string{asynqkey.Pending(queue), asynqkey.Copy(queue, origin)}, args...).Slice()
 	var code int64
 	var id string
 	if err == nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
@@ -35,7 +36,7 @@ func TestRunFirstPutsTheTaskAtTheHead(t *testing.T) {
 
 	m := &guarded{rdb: rdb}
 	require.NoError(t, m.runFirst(ctx, queue, "parked"))
-	pending, err := rdb.LRange(ctx, "asynq:{"+queue+"}:pending", 0, -1).Result()
+	pending, err := rdb.LRange(ctx, asynqkey.Pending(queue), 0, -1).Result()
 	require.NoError(t, err)
 	// asynq takes from the right end (RPOPLPUSH).
 	require.Equal(t, []string{"p2", "p1", "p0", "parked"}, pending)
@@ -114,7 +115,7 @@ func TestResumeStartsTheDeliveryThatIsWaiting(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, state, info.State, "task %s", id)
 	}
-	pending, err := rdb.LRange(ctx, asynqKeys(queue)+"pending", 0, -1).Result()
+	pending, err := rdb.LRange(ctx, asynqkey.Pending(queue), 0, -1).Result()
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"o~a", "p~b"}, pending)
 	// Sent again (go-redis after a lost reply), the move finds it pending.
@@ -153,7 +154,7 @@ func TestResumeWaitsForAParkedTaskPastADoneCopyID(t *testing.T) {
 
 // Each copy gets an ID of its own, also a copy of a copy whose creator is
 // still active (chaos seed 425: copies that alternated between two IDs met
-// their creator under the ID they needed), named by its work's copyKey: a
+// their creator under the ID they needed), named by its work's asynqkey.Copy: a
 // resume of the parked work finds it and starts it.
 func TestCopyHasAnIDOfItsOwnThatAResumeFinds(t *testing.T) {
 	ctx := context.Background()
@@ -175,7 +176,7 @@ func TestCopyHasAnIDOfItsOwnThatAResumeFinds(t *testing.T) {
 		require.False(t, ids[id], "copy ID %s is new", id)
 		require.True(t, strings.HasPrefix(id, "o~"), id)
 		ids[id] = true
-		named, err := rdb.Get(ctx, copyKey(queue, "o")).Result()
+		named, err := rdb.Get(ctx, asynqkey.Copy(queue, "o")).Result()
 		require.NoError(t, err)
 		require.Equal(t, id, named)
 		info, err := insp.GetTaskInfo(queue, id)

@@ -11,6 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -135,7 +136,7 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 	if !generated {
 		// A duplicate ID must not leave an entry that would start the task
 		// that has it.
-		n, err := c.rdb.Exists(ctx, taskKey(queue, id)).Result()
+		n, err := c.rdb.Exists(ctx, asynqkey.Task(queue, id)).Result()
 		if err != nil {
 			return nil, fmt.Errorf("singleton: task %q: checking its ID %q: %w", task.Type(), id, err)
 		}

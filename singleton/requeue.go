@@ -11,6 +11,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -162,7 +163,7 @@ func wholeSecond(t time.Time) time.Time {
 
 // enqueueCopy enqueues a copy of the active task id to run after delay, with
 // the options that shape its processing. The copy gets an ID of its own
-// (newCopyID), named by copyKey before it is enqueued, and no Unique lock
+// (newCopyID), named by asynqkey.Copy before it is enqueued, and no Unique lock
 // (the original's is released when it is revoked); its headers carry
 // OriginHeader and copyHeader.
 func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue string, delay time.Duration) (string, error) {
@@ -199,7 +200,7 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 	}
 	headers[OriginHeader] = origin
 	headers[copyHeader] = newTaskID()
-	if err := m.rdb.Set(ctx, copyKey(queue, origin), copyID, delay+copyKeep).Err(); err != nil {
+	if err := m.rdb.Set(ctx, asynqkey.Copy(queue, origin), copyID, delay+copyKeep).Err(); err != nil {
 		return "", fmt.Errorf("name the copy %s: %w", copyID, err)
 	}
 	_, err = m.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)

@@ -11,6 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/debounce"
@@ -538,9 +539,9 @@ func (m *guarded) refuse(ctx context.Context, next asynq.Handler, t *asynq.Task,
 	}
 	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventShadowed, Job: job, Action: middleware.ActionFail, Err: err})
 	if m.logsDecisions() {
-		_, queue := taskIdentity(ctx)
-		m.addDecision(ctx, job, []any{"call", newTaskID(), "task", job.ID, "origin", job.Origin, "type", t.Type(), "queue", queue,
-			"key", job.Key, "reason", "would_archive", "cause", err.Error()})
+		e := entryOf(ctx, t, job, decisionlog.ReasonWouldArchive)
+		e.Cause = err.Error()
+		m.addDecision(ctx, job, e)
 	}
 	return next.ProcessTask(ctx, t)
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
+	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -170,9 +172,9 @@ func (m *guarded) recordSkip(ctx context.Context, t *asynq.Task, dup *middleware
 	var hset *redis.Cmd
 	var xadd *redis.StringCmd
 	_, _ = m.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		hset = p.Eval(ctx, resultIfTaskCmd, []string{taskKey(queue, w.TaskID())}, result)
+		hset = p.Eval(ctx, resultIfTaskCmd, []string{asynqkey.Task(queue, w.TaskID())}, result)
 		if m.logsDecisions() {
-			xadd = p.XAdd(ctx, entryArgs(m.decisions, decisionValues(ctx, t, dup)))
+			xadd = p.XAdd(ctx, decisionlog.AddArgs(m.decisions, decisionOf(ctx, t, dup)))
 		}
 		return nil
 	})

@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -16,7 +17,7 @@ import (
 // task again its success is kept (takenBack).
 const takenBackMargin = time.Minute
 
-// succeededField is the field of asynq's hash of a task (taskKey) in which a
+// succeededField is the field of asynq's hash of a task (asynqkey.Task) in which a
 // delivery that may have been taken back records its success while the
 // task is active (takenBack). It goes with the task: a later task that
 // reuses the ID has a new hash, without it.
@@ -74,7 +75,7 @@ func (m *guarded) takenBack(ctx context.Context, retried int) time.Duration {
 	if ok {
 		token = lease.Token()
 	}
-	vals, err := takenBackCmd.Run(rctx, m.rdb, []string{taskKey(queue, id), asynqKeys(queue) + "retry"}, id, token).StringSlice()
+	vals, err := takenBackCmd.Run(rctx, m.rdb, []string{asynqkey.Task(queue, id), asynqkey.Retry(queue)}, id, token).StringSlice()
 	if err != nil || len(vals) != 2 || vals[0] == "" || vals[0] == "active" {
 		return 0
 	}
@@ -101,7 +102,7 @@ func (m *guarded) ranBefore(ctx context.Context, job middleware.Job) bool {
 	if id == "" || id != job.ID {
 		return false
 	}
-	vals, err := m.rdb.HMGet(ctx, taskKey(queue, id), "state", succeededField).Result()
+	vals, err := m.rdb.HMGet(ctx, asynqkey.Task(queue, id), asynqkey.StateField, succeededField).Result()
 	if err != nil || len(vals) != 2 {
 		return false
 	}

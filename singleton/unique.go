@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -64,9 +65,6 @@ const DefaultReserveTTL = 24 * time.Hour
 // as an enqueue in flight rather than as abandoned (a quarter of the
 // reservation's TTL if that is shorter).
 const enqueueGrace = 5 * time.Second
-
-// reservePrefix is put before a task's key to name its reservation's key.
-const reservePrefix = "unique:"
 
 // ErrDuplicate is matched by every duplicate error of this package: the
 // middleware's (it is middleware.ErrDuplicate) and a refused enqueue's
@@ -195,7 +193,7 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 	u := c.unique
 	opt := &lockkit.AcquireOptions{Label: reservationLabel(queue, id), Detached: true, TTL: u.ttl}
 	for attempt := 0; ; attempt++ {
-		res, err := u.locker.TryAcquire(ctx, reservePrefix+key, opt)
+		res, err := u.locker.TryAcquire(ctx, asynqkey.Reservation(key), opt)
 		if err == nil {
 			return res, nil
 		}
@@ -208,7 +206,7 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 				// (an earlier enqueue of it) is that task's, and stays.
 				fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				if state, serr := c.taskState(fctx, queue, id); serr == nil && state == "" {
-					_, _ = u.locker.ForceRelease(fctx, reservePrefix+key, lockkit.Select{Label: opt.Label})
+					_, _ = u.locker.ForceRelease(fctx, asynqkey.Reservation(key), lockkit.Select{Label: opt.Label})
 				}
 				cancel()
 			}
@@ -248,7 +246,7 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 			return nil, &DuplicateTaskError{Key: key, ID: holderID, Queue: holderQueue, State: state}
 		}
 		// The reserving task is gone: its reservation must not block the key.
-		if _, err := u.locker.ForceRelease(ctx, reservePrefix+key, lockkit.Select{Label: ce.Label}); err != nil {
+		if _, err := u.locker.ForceRelease(ctx, asynqkey.Reservation(key), lockkit.Select{Label: ce.Label}); err != nil {
 			return nil, fmt.Errorf("singleton: reserving key %q: %w", key, err)
 		}
 	}
@@ -256,7 +254,7 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 
 // holderState is the state (taskState) of the task first enqueued as origin
 // in queue, or of the Requeue copy that stands for it (deliveriesOf, and the
-// copy copyKey names), with that delivery's ID: they are read at once
+// copy asynqkey.Copy names), with that delivery's ID: they are read at once
 // (deliveryStatesCmd), so that a copy replacing another between two reads
 // cannot hide them all.
 func (c *Client) holderState(ctx context.Context, queue, origin string) (state, id string, err error) {
@@ -265,19 +263,19 @@ func (c *Client) holderState(ctx context.Context, queue, origin string) (state, 
 
 // workState is the state (taskState) of the work first enqueued as origin
 // in queue on rdb, asynq's Redis: of the first of its deliveries
-// (deliveriesOf, the copy copyKey names, and ids) that still needs its key,
+// (deliveriesOf, the copy asynqkey.Copy names, and ids) that still needs its key,
 // with that delivery's ID, or "" and origin when none does. The states are
 // read at once (deliveryStatesCmd), so that a copy replacing another
 // between two reads cannot hide them all.
 func workState(ctx context.Context, rdb redis.UniversalClient, queue, origin string, ids ...string) (state, id string, err error) {
-	args := []any{asynqKeys(queue)}
+	args := []any{asynqkey.Queue(queue)}
 	for _, id := range deliveriesOf(origin) {
 		args = append(args, id)
 	}
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	vals, err := deliveryStatesCmd.Run(ctx, rdb, []string{copyKey(queue, origin)}, args...).StringSlice()
+	vals, err := deliveryStatesCmd.Run(ctx, rdb, []string{asynqkey.Copy(queue, origin)}, args...).StringSlice()
 	if err != nil {
 		return "", origin, err
 	}
@@ -290,7 +288,7 @@ func workState(ctx context.Context, rdb redis.UniversalClient, queue, origin str
 }
 
 // deliveryStatesCmd reads the asynq states of the deliveries of one work:
-// the tasks ARGV[2..] and the copy KEYS[1] (copyKey) names. ARGV[1] is the
+// the tasks ARGV[2..] and the copy KEYS[1] (asynqkey.Copy) names. ARGV[1] is the
 // queue's key prefix. Returns {id, state, ...}, the state "" for a task
 // that does not exist.
 var deliveryStatesCmd = redis.NewScript(`
@@ -356,7 +354,7 @@ func readTaskStates(ctx context.Context, rdb redis.UniversalClient, queue string
 	cmds := make([]*redis.StringCmd, len(ids))
 	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range ids {
-			cmds[i] = p.HGet(ctx, taskKey(queue, id), "state")
+			cmds[i] = p.HGet(ctx, asynqkey.Task(queue, id), asynqkey.StateField)
 		}
 		return nil
 	})
@@ -413,7 +411,7 @@ func (m *guarded) startReservation(ctx context.Context, t *asynq.Task, key, orig
 	}
 	_, queue := taskIdentity(ctx)
 	label := reservationLabel(queue, origin)
-	res, err := m.guard.Locker().TryAcquire(ctx, reservePrefix+key, &lockkit.AcquireOptions{Label: label, Adopt: true})
+	res, err := m.guard.Locker().TryAcquire(ctx, asynqkey.Reservation(key), &lockkit.AcquireOptions{Label: label, Adopt: true})
 	var ce *lockkit.ConflictError
 	switch {
 	case err == nil:
@@ -441,14 +439,14 @@ func (m *guarded) reserveAgain(ctx context.Context, t *asynq.Task, key, origin, 
 	opt := &lockkit.AcquireOptions{Label: label, Detached: true, TTL: ttl}
 	var err error
 	for range 2 {
-		if _, err = m.guard.Locker().TryAcquire(fctx, reservePrefix+key, opt); err == nil {
+		if _, err = m.guard.Locker().TryAcquire(fctx, asynqkey.Reservation(key), opt); err == nil {
 			return
 		}
 		var ce *lockkit.ConflictError
 		if !errors.As(err, &ce) || ce.Label != label {
 			break // another task took the key meanwhile, or Redis fails
 		}
-		if _, err = m.guard.Locker().ForceRelease(fctx, reservePrefix+key, lockkit.Select{Label: label}); err != nil {
+		if _, err = m.guard.Locker().ForceRelease(fctx, asynqkey.Reservation(key), lockkit.Select{Label: label}); err != nil {
 			break
 		}
 	}
@@ -501,7 +499,7 @@ func (m *guarded) endReservation(ctx context.Context, t *asynq.Task, key, origin
 func (m *guarded) freeReservation(ctx context.Context, t *asynq.Task, key, origin, label string) {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, err := m.guard.Locker().ForceRelease(fctx, reservePrefix+key, lockkit.Select{Label: label}); err != nil {
+	if _, err := m.guard.Locker().ForceRelease(fctx, asynqkey.Reservation(key), lockkit.Select{Label: label}); err != nil {
 		m.reservationError(ctx, t, key, origin, err)
 	}
 }

@@ -148,7 +148,7 @@ func TestUniqueLostReservationReplyDoesNotRefuseTheRetry(t *testing.T) {
 }
 
 // An UntilExecuted task with no retries left that the middleware requeues is
-// revoked and replaced by a copy, whose ID (named by its work's copyKey) the
+// revoked and replaced by a copy, whose ID (named by its work's asynqkey.Copy) the
 // next enqueue of the key finds from the reservation's: the key stays reserved for the copy,
 // past the grace of an enqueue in flight, and a second task is refused.
 func TestUniqueReservationFollowsTheRequeuedCopy(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/singleton"
@@ -474,7 +475,7 @@ func TestUniqueFindsACopyOfAnEarlierVersion(t *testing.T) {
 				singleton.KeyByFields("tenant_id"), singleton.Unique(locker, singleton.UntilExecuted, 400*time.Millisecond)) // grace 100ms
 			require.NoError(t, err)
 			key := `asynq:report:tenant_id="acme"`
-			_, err = locker.TryAcquire(context.Background(), "unique:"+key, &lockkit.AcquireOptions{Label: e.Queue + "/H", Detached: true, TTL: 20 * time.Second})
+			_, err = locker.TryAcquire(context.Background(), asynqkey.Reservation(key), &lockkit.AcquireOptions{Label: e.Queue + "/H", Detached: true, TTL: 20 * time.Second})
 			require.NoError(t, err)
 			task := asynq.NewTaskWithHeaders("report", []byte(`{"tenant_id":"acme","n":1}`), map[string]string{singleton.OriginHeader: "H"})
 			_, err = e.Client.Enqueue(task, asynq.Queue(e.Queue), asynq.TaskID(id), asynq.ProcessIn(time.Hour))

@@ -23,7 +23,6 @@ import (
 	"os"
 	"os/signal"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -31,6 +30,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/internal/printable"
 	"github.com/jobguard/jobguard/lockkit"
 )
@@ -124,7 +124,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.yes, "yes", false, "release: do not ask for confirmation")
 	fs.BoolVar(&o.force, "force", false, "release: free the key at once, while the runs may still be going (a new run may start beside them)")
 	fs.DurationVar(&o.interval, "interval", time.Second, "watch: time between two views")
-	fs.StringVar(&o.decisions, "decisions", decisionLog, "why: the decision log's stream (singleton.DecisionLog)")
+	fs.StringVar(&o.decisions, "decisions", decisionlog.Stream, "why: the decision log's stream (singleton.DecisionLog)")
 	fs.IntVar(&o.maxEntries, "max-entries", defaultWhyMax, "why: look through at most this many of the log's newest entries, 1,000 per read")
 	pos, err := parseInterleaved(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
@@ -528,10 +528,6 @@ func isTerminal(f *os.File) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-// decisionLog is singleton.DecisionLog (a test checks they agree), named
-// here so that the command does not link the asynq adapter.
-const decisionLog = "jobguard:decisions"
-
 // why reads the decision log newest first, decisionChunk entries per
 // XREVRANGE, and stops at the end of the chunk in which it finds the task,
 // or after --max-entries entries (defaultWhyMax: twice the log's default
@@ -541,8 +537,8 @@ const (
 	defaultWhyMax = 20000
 )
 
-// decisionView is one decision as printed: the stream entry's fields, and
-// when (the entry's ID, the Redis server's time in ms).
+// decisionView is one decision as --json prints it: the stream entry's
+// fields, and when (the entry's ID, the Redis server's time in ms).
 type decisionView struct {
 	At     string            `json:"at"`
 	Fields map[string]string `json:"fields"`
@@ -552,8 +548,8 @@ type decisionView struct {
 // Requeue copy), newest first: those of the first chunk of the log, read
 // newest first, in which it finds one, within --max-entries entries.
 func (c *cli) why(ctx context.Context, client redis.UniversalClient, id string) int {
-	var found []decisionView
-	calls := map[string]bool{}
+	var found []decisionlog.Decision
+	calls := decisionlog.Calls{}
 	read, from, end := 0, "+", false
 	for len(found) == 0 && read < c.o.maxEntries && !end {
 		n := min(decisionChunk, c.o.maxEntries-read)
@@ -566,18 +562,26 @@ func (c *cli) why(ctx context.Context, client redis.UniversalClient, id string) 
 		if len(entries) > 0 {
 			from = "(" + entries[len(entries)-1].ID
 		}
-		found = c.decisionsOf(entries, id, calls, found)
+		found = decisionsOf(entries, id, calls, found)
 	}
 	if c.o.json {
-		_ = json.NewEncoder(c.out).Encode(found)
+		views := make([]decisionView, len(found))
+		for i, d := range found {
+			views[i] = decisionView{At: d.AtText(), Fields: d.Fields}
+		}
+		if found == nil {
+			views = nil
+		}
+		_ = json.NewEncoder(c.out).Encode(views)
 	} else if len(found) == 0 {
 		fmt.Fprintf(c.out, "no decision recorded for task %s in %s: it ran (or waits to), or its record is older than the log keeps", shown(id), shown(c.o.decisions))
 		if !end {
 			fmt.Fprintf(c.out, " or than the newest %d entries looked through (--max-entries)", read)
 		}
 		fmt.Fprintln(c.out)
+	} else {
+		c.printDecisions(found)
 	}
-	c.printDecisions(found)
 	if len(found) == 0 {
 		return exitNotHeld
 	}
@@ -586,66 +590,49 @@ func (c *cli) why(ctx context.Context, client redis.UniversalClient, id string) 
 
 // decisionsOf appends to found the entries about task id, one per call
 // (calls: the calls seen).
-func (c *cli) decisionsOf(entries []redis.XMessage, id string, calls map[string]bool, found []decisionView) []decisionView {
+func decisionsOf(entries []redis.XMessage, id string, calls decisionlog.Calls, found []decisionlog.Decision) []decisionlog.Decision {
 	for _, e := range entries {
-		task, _ := e.Values["task"].(string)
-		origin, _ := e.Values["origin"].(string)
-		call, _ := e.Values["call"].(string)
-		if (task != id && origin != id) || (call != "" && calls[call]) {
+		d := decisionlog.Decode(e)
+		if (d.Task != id && d.Origin != id) || calls.Repeated(d) {
 			continue // another task's, or a write go-redis sent again
 		}
-		calls[call] = true
-		v := decisionView{Fields: map[string]string{}}
-		if ms, _, ok := strings.Cut(e.ID, "-"); ok {
-			if n, err := strconv.ParseInt(ms, 10, 64); err == nil {
-				v.At = time.UnixMilli(n).UTC().Format(time.RFC3339Nano)
-			}
-		}
-		for k, x := range e.Values {
-			s, _ := x.(string)
-			v.Fields[k] = s
-		}
-		found = append(found, v)
+		found = append(found, d)
 	}
 	return found
 }
 
 // printDecisions prints found as a table does (not with --json).
-func (c *cli) printDecisions(found []decisionView) {
-	for _, v := range found {
-		if c.o.json {
-			break
-		}
-		f := v.Fields
-		what := "completed without running: " + shown(f["reason"])
-		switch f["reason"] {
-		case "preempted":
+func (c *cli) printDecisions(found []decisionlog.Decision) {
+	for _, d := range found {
+		what := "completed without running: " + shown(d.Reason)
+		switch d.Reason {
+		case decisionlog.ReasonPreempted:
 			what = "was preempted while it ran (a newer task of its key cancelled it; not retried)"
-		case "lost":
+		case decisionlog.ReasonLost:
 			what = "lost its lease while it ran, and failed (asynq retries it while it has retries left)"
-		case "refused":
+		case decisionlog.ReasonRefused:
 			what = "was refused at enqueue (Unique): its key was reserved"
-		case "would_archive":
+		case decisionlog.ReasonWouldArchive:
 			what = "ran under WithShadow; without it, it would have been refused and archived"
 		}
-		fmt.Fprintf(c.out, "%s task %s (%s, queue %s) %s", v.At, shown(f["task"]), shown(f["type"]), shown(f["queue"]), what)
-		if f["key"] != "" {
-			fmt.Fprintf(c.out, ", key %s", shown(f["key"]))
+		fmt.Fprintf(c.out, "%s task %s (%s, queue %s) %s", d.AtText(), shown(d.Task), shown(d.Type), shown(d.Queue), what)
+		if d.Key != "" {
+			fmt.Fprintf(c.out, ", key %s", shown(d.Key))
 		}
-		if f["by_task"] != "" {
-			fmt.Fprintf(c.out, ", by task %s", shown(f["by_task"]))
+		if d.ByTask != "" {
+			fmt.Fprintf(c.out, ", by task %s", shown(d.ByTask))
 		}
-		if f["by_owner"] != "" {
-			fmt.Fprintf(c.out, ", run by %s", shown(f["by_owner"]))
+		if d.ByOwner != "" {
+			fmt.Fprintf(c.out, ", run by %s", shown(d.ByOwner))
 		}
-		if f["by_token"] != "" {
-			fmt.Fprintf(c.out, " (token %s)", shown(f["by_token"]))
+		if d.ByToken != 0 {
+			fmt.Fprintf(c.out, " (token %d)", d.ByToken)
 		}
-		if f["by_state"] != "" {
-			fmt.Fprintf(c.out, " (%s)", shown(f["by_state"]))
+		if d.ByState != "" {
+			fmt.Fprintf(c.out, " (%s)", shown(d.ByState))
 		}
-		if f["cause"] != "" {
-			fmt.Fprintf(c.out, ": %s", shown(f["cause"]))
+		if d.Cause != "" {
+			fmt.Fprintf(c.out, ": %s", shown(d.Cause))
 		}
 		fmt.Fprintln(c.out)
 	}

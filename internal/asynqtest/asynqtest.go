@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -160,6 +161,6 @@ return 1
 // due. The delivery runs on; asynq's completion of it then fails, and asynq
 // delivers the task again once the retry is due.
 func LateRetry(ctx context.Context, rdb redis.UniversalClient, queue, id string, due time.Time) error {
-	q := "asynq:{" + queue + "}:"
-	return lateRetryCmd.Run(ctx, rdb, []string{q + "t:" + id, q + "active", q + "lease", q + "retry"}, id, due.Unix()).Err()
+	keys := []string{asynqkey.Task(queue, id), asynqkey.Active(queue), asynqkey.Lease(queue), asynqkey.Retry(queue)}
+	return lateRetryCmd.Run(ctx, rdb, keys, id, due.Unix()).Err()
 }
