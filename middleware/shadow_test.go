@@ -8,6 +8,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
+	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -55,7 +57,7 @@ func TestShadowRunsEveryJobAndReportsTheDecision(t *testing.T) {
 	require.Len(t, shadowed, 1)
 	require.Equal(t, "second", shadowed[0].Job.ID)
 	require.Equal(t, middleware.ActionRequeue, shadowed[0].Action, "what the policy would have done")
-	require.Equal(t, one.Owner(), shadowed[0].Holder)
+	require.Equal(t, coretest.Of(t, one).Owner(), shadowed[0].Holder)
 	require.ErrorIs(t, shadowed[0].Err, lockkit.ErrNotAcquired)
 	require.Equal(t, "shadowed", middleware.EventShadowed.String())
 
@@ -109,7 +111,7 @@ func TestShadowReservedJobTakesItsReservationOver(t *testing.T) {
 	newLocker := backends(t)["redis"]
 	ctx := context.Background()
 	l := newLocker(t)
-	_, err := l.TryAcquire(ctx, "report", &lockkit.AcquireOptions{Label: "task-1", Detached: true, TTL: lockkit.MaxTTL})
+	_, err := coretest.Of(t, l).TryAcquire(ctx, "report", &lockcore.AcquireOptions{Label: "task-1", Detached: true, TTL: lockcore.MaxTTL})
 	require.NoError(t, err)
 	rec := &recorder{}
 	g, err := middleware.New(newLocker(t), middleware.WithShadow(), middleware.WithObserver(rec.observe))

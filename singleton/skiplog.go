@@ -12,7 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -106,8 +106,8 @@ type notRun struct {
 // whyOf is what dup says of a task that completes without running.
 func whyOf(dup *middleware.DuplicateError) notRun {
 	why := notRun{Outcome: "completed without running", Key: dup.Job.Key, Reason: reasonNames[dup.Reason]}
-	var ce *lockkit.ConflictError
-	var cov *lockkit.CoveredError
+	var ce *lockcore.ConflictError
+	var cov *lockcore.CoveredError
 	switch {
 	case errors.As(dup.Cause, &ce):
 		why.ByTask, why.ByOwner = ce.Label, ce.Owner
