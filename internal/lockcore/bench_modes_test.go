@@ -192,7 +192,8 @@ func commandStats(b *testing.B, c redis.UniversalClient) (calls, usec, all int64
 // waiter or the parked job). Run it on a Redis nobody else uses.
 //
 // With JOBGUARD_BENCH_OLD_RELEASE naming a former release.lua (as from git
-// show <commit>:lockkit/scripts/release.lua), each call is followed by one
+// show <commit>:internal/lockcore/scripts/release.lua, lockkit/scripts/ in
+// commits before the engine moved there), each call is followed by one
 // of that script on the same setup, keys and arguments, whose costs are
 // reported beside (old-…): a busy machine slows both alike.
 func BenchmarkReleaseModes(b *testing.B) {
