@@ -30,7 +30,7 @@ test-compat:
 ## bench: the comparison harness (bench/, a separate module) and the Go benchmarks.
 bench:
 	@tools/with-redis.sh sh -c 'cd bench && $(GO) run . -out ../BENCHMARKS.md'
-	@tools/with-redis.sh $(GO) test -run '^$$' -bench . -benchtime 2000x ./lockkit/
+	@tools/with-redis.sh $(GO) test -run '^$$' -bench . -benchtime 2000x ./internal/lockcore/
 
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 

@@ -198,7 +198,7 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 				mu.Lock()
 				running[k]--
 				mu.Unlock()
-				if errors.Is(context.Cause(ctx), lockkit.ErrPreempted) {
+				if errors.Is(context.Cause(ctx), middleware.ErrPreempted) {
 					preempted.Add(1)
 					t.add()
 				}

@@ -13,7 +13,7 @@ import (
 )
 
 // lockTTL is the lock TTL given to redislock; lockkit uses its default
-// (lockkit.DefaultTTL, the same 30s) and redsync its default expiry (8s).
+// (30s, lockkit.WithTTL's default, the same 30s) and redsync its default expiry (8s).
 const lockTTL = 30 * time.Second
 
 // redislockRetry is the retry strategy of redislock's waiting Obtain: a retry

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
 )
 
@@ -58,7 +59,7 @@ type cycleCost struct{ wall, cpu time.Duration }
 // renewal measures one lockkit RedisLocker holding b.leases leases with TTL
 // b.leaseTTL (renewed every TTL/3, DefaultRenewBatch leases per pipeline).
 func (b *bench) renewal(ctx context.Context) (renewalResult, error) {
-	res := renewalResult{leases: b.leases, batch: lockkit.DefaultRenewBatch, ttl: b.leaseTTL, interval: b.leaseTTL / 3}
+	res := renewalResult{leases: b.leases, batch: lockcore.DefaultRenewBatch, ttl: b.leaseTTL, interval: b.leaseTTL / 3}
 	client, ctr := b.client()
 	prefix := b.prefix + "renewal:"
 

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
 )
 
 type report struct {
@@ -78,7 +78,7 @@ func (r *report) markdown() string {
 		"(they are written without waiting for a reply).\n")
 	fmt.Fprintf(&w, "- Options: lockkit `Options{}` defaults (TTL %s, renewed every TTL/3); redislock TTL %s, and "+
 		"no retry (nil options) for a single attempt; redsync defaults (expiry 8s) with one pool, the goredis/v9 "+
-		"adapter on the shared Redis.\n", lockkit.DefaultTTL, lockTTL)
+		"adapter on the shared Redis.\n", lockcore.DefaultTTL, lockTTL)
 	fmt.Fprintf(&w, "- CPU: the benchmark process's user+system time (getrusage) and the Redis server's "+
 		"(`INFO cpu` used_cpu_user+used_cpu_sys). Client and server share this machine's CPUs. Redis command "+
 		"time is the execution time `INFO commandstats` reports for the commands the library sent (a script's "+
@@ -104,7 +104,7 @@ func (r *report) markdown() string {
 			"is a run of pipelines each sent less than %s after the previous reply. lockkit's renewer renews together "+
 			"the leases due within a quarter of the renew interval, so leases taken over a longer span may be "+
 			"renewed in more than one batch per tick until their renewal times draw together.\n",
-			r.leases, r.leaseTTL, r.leaseTTL/3, lockkit.DefaultRenewBatch, r.leases, r.warmTicks, r.ticks, batchGap)
+			r.leases, r.leaseTTL, r.leaseTTL/3, lockcore.DefaultRenewBatch, r.leases, r.warmTicks, r.ticks, batchGap)
 	}
 	if r.runs("throughput") || r.runs("burst") {
 		fmt.Fprintf(&w, "- asynq (sections on throughput, round trips and the burst): every run starts an "+

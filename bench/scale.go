@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
 )
 
 // How cost grows as work grows: each curve at sizes spanning 100×, on one
@@ -158,18 +158,18 @@ func (b *bench) usedMemory(ctx context.Context) (int64, error) {
 // 8 goroutines, then waits for the keys to expire.
 func (b *bench) scaleDistinct(ctx context.Context, n int, lease string, window time.Duration) (keysPoint, error) {
 	p := keysPoint{lease: lease, cycles: n}
-	opt := func(int) *lockkit.AcquireOptions { return &lockkit.AcquireOptions{NoRenew: true} }
+	opt := func(int) *lockcore.AcquireOptions { return &lockcore.AcquireOptions{NoRenew: true} }
 	if lease == "parking" {
 		// As singleton's Requeue takes a task's key: the lease parks
 		// duplicates (its own id), so it lives in the sorted set.
-		opt = func(i int) *lockkit.AcquireOptions {
+		opt = func(i int) *lockcore.AcquireOptions {
 			id := "task-" + strconv.Itoa(i)
-			return &lockkit.AcquireOptions{NoRenew: true, Label: id, Adopt: true,
-				Park: &lockkit.Parking{ID: id, OnParked: func(string) {}}}
+			return &lockcore.AcquireOptions{NoRenew: true, Label: id, Adopt: true,
+				Park: &lockcore.Parking{ID: id, OnParked: func(string) {}}}
 		}
 	}
 	c, _ := b.client()
-	l, err := lockkit.NewRedis(c, lockkit.WithPrefix(b.prefix+"scale:"))
+	l, err := lockcore.NewRedis(c, lockcore.WithPrefix(b.prefix+"scale:"))
 	if err != nil {
 		return p, err
 	}
@@ -238,7 +238,7 @@ func (b *bench) scaleDistinct(ctx context.Context, n int, lease string, window t
 func (b *bench) scalePark(ctx context.Context, n int) (parkPoint, error) {
 	p := parkPoint{parked: n}
 	c, ctr := b.client()
-	l, err := lockkit.NewRedis(c, lockkit.WithPrefix(b.prefix+"scale:"))
+	l, err := lockcore.NewRedis(c, lockcore.WithPrefix(b.prefix+"scale:"))
 	if err != nil {
 		return p, err
 	}
@@ -246,8 +246,8 @@ func (b *bench) scalePark(ctx context.Context, n int) (parkPoint, error) {
 	key := fmt.Sprintf("parked-%d", n)
 	ids := make(chan string, 1)
 	onParked := func(id string) { ids <- id }
-	opt := func(label, park string, adopt bool) *lockkit.AcquireOptions {
-		return &lockkit.AcquireOptions{Label: label, Adopt: adopt, Park: &lockkit.Parking{ID: park, OnParked: onParked}, NoRenew: true}
+	opt := func(label, park string, adopt bool) *lockcore.AcquireOptions {
+		return &lockcore.AcquireOptions{Label: label, Adopt: adopt, Park: &lockcore.Parking{ID: park, OnParked: onParked}, NoRenew: true}
 	}
 	holder, err := l.TryAcquire(ctx, key, opt("holder", "holder", false))
 	if err != nil {
@@ -260,7 +260,7 @@ func (b *bench) scalePark(ctx context.Context, n int) (parkPoint, error) {
 	for i := range n {
 		id := strconv.Itoa(i)
 		_, err := l.TryAcquire(ctx, key, opt(id, id, false))
-		if !errors.Is(err, lockkit.ErrNotAcquired) {
+		if !errors.Is(err, lockcore.ErrNotAcquired) {
 			return p, fmt.Errorf("scale: park %d: %v", i, err)
 		}
 	}
@@ -307,19 +307,19 @@ func (b *bench) scaleList(ctx context.Context, n int) (listPoint, error) {
 	p := listPoint{held: n}
 	c, _ := b.client()
 	prefix := fmt.Sprintf("%sscale-list-%d:", b.prefix, n)
-	l, err := lockkit.NewRedis(c, lockkit.WithPrefix(prefix))
+	l, err := lockcore.NewRedis(c, lockcore.WithPrefix(prefix))
 	if err != nil {
 		return p, err
 	}
 	defer l.Close(ctx)
 	if err := inParallel(n, func(i int) error {
-		_, err := l.TryAcquire(ctx, "held-"+strconv.Itoa(i), &lockkit.AcquireOptions{TTL: 10 * time.Minute, NoRenew: true})
+		_, err := l.TryAcquire(ctx, "held-"+strconv.Itoa(i), &lockcore.AcquireOptions{TTL: 10 * time.Minute, NoRenew: true})
 		return err
 	}); err != nil {
 		return p, err
 	}
 	lc, ctr := b.client()
-	lister, err := lockkit.NewRedis(lc, lockkit.WithPrefix(prefix))
+	lister, err := lockcore.NewRedis(lc, lockcore.WithPrefix(prefix))
 	if err != nil {
 		return p, err
 	}

@@ -11,8 +11,8 @@ import (
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/cronkey"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/periodickey"
-	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/lockkit/throttle"
 	"github.com/jobguard/jobguard/singleton"
@@ -1022,7 +1022,7 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 		var keep time.Duration
 		switch kind {
 		case "h":
-			keep = lockkit.CompletedRetention
+			keep = lockcore.CompletedRetention
 			if k.Type == "string" {
 				keep = fenceKeep
 			}
@@ -1040,7 +1040,7 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 		case "m", "u":
 			keep = parkKeep + h.w.TTL
 		case "c":
-			keep = lockkit.DefaultCoverFor
+			keep = lockcore.DefaultCoverFor
 		case "b":
 			keep = debounce.Retention + time.Minute
 		case "t", "tr":
@@ -1293,7 +1293,7 @@ func (h *history) checkShadow() []Violation {
 // failedUnique), kept for its TTL or until an enqueue of its key takes it
 // over (singleton.DefaultReserveTTL); or one that a task adopted on a worker
 // that was killed while it ran, which frees within the worker Locker's TTL
-// (docs/asynq.md; the chaos workers' Lockers have lockkit.DefaultTTL).
+// (docs/asynq.md; the chaos workers' Lockers have 30s, lockkit.WithTTL's default).
 func (h *history) keptReservation(k string) time.Duration {
 	for _, f := range h.w.Families {
 		if f.Client != cliUnique {
@@ -1308,7 +1308,7 @@ func (h *history) keptReservation(k string) time.Duration {
 				return singleton.DefaultReserveTTL
 			}
 			if slices.ContainsFunc(h.runs, func(ru *run) bool { return ru.key == f.Name+"/"+key && (ru.died || ru.killedBefore) }) {
-				return lockkit.DefaultTTL
+				return lockcore.DefaultTTL
 			}
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -214,7 +215,7 @@ func runSeed(o options, seed uint64) (result, error) {
 		phases[len(phases)-1].note = held
 	}
 	// Quiet for the longest TTL a key is held by a lease or a reservation.
-	time.Sleep(max(w.TTL, lockkit.DefaultParkHold) + time.Second)
+	time.Sleep(max(w.TTL, lockcore.DefaultParkHold) + time.Second)
 	keys, err := r.keysLeft()
 	if err != nil {
 		return result{}, err

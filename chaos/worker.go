@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/asynqtest"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/periodic"
@@ -398,7 +399,7 @@ func work(rec *recorder, rdb redis.UniversalClient, prefix string) asynq.Handler
 // task across every process.
 func takeBack(ctx context.Context, rdb redis.UniversalClient, prefix string, p payload) {
 	retried, _ := asynq.GetRetryCount(ctx)
-	lease, ok := lockkit.LeaseFromContext(ctx)
+	lease, ok := lockcore.LeaseFromContext(ctx)
 	if retried == 0 && !(ok && lease.WasParked()) {
 		return
 	}
@@ -416,7 +417,7 @@ func causeOf(ctx context.Context) string {
 	switch {
 	case c == nil:
 		return ""
-	case errors.Is(c, lockkit.ErrPreempted):
+	case errors.Is(c, lockcore.ErrPreempted):
 		return "preempted"
 	case errors.Is(c, lockkit.ErrLost):
 		return "lost"
@@ -446,13 +447,13 @@ func reasonOf(err error) string {
 		}
 	}
 	switch {
-	case errors.Is(err, lockkit.ErrCovered):
+	case errors.Is(err, lockcore.ErrCovered):
 		return "covered"
-	case errors.Is(err, lockkit.ErrCompleted):
+	case errors.Is(err, lockcore.ErrCompleted):
 		return "completed"
-	case errors.Is(err, lockkit.ErrSuperseded):
+	case errors.Is(err, lockcore.ErrSuperseded):
 		return "superseded"
-	case errors.Is(err, lockkit.ErrPreempted):
+	case errors.Is(err, lockcore.ErrPreempted):
 		return "preempted"
 	case errors.Is(err, lockkit.ErrLost):
 		return "lost"

@@ -16,6 +16,7 @@ import (
 	"github.com/jobguard/jobguard/internal/cronkey"
 	"github.com/jobguard/jobguard/internal/every"
 	"github.com/jobguard/jobguard/internal/invalid"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -96,7 +97,7 @@ func KeepNewest() Overlap { return Overlap{mode: overlapKeepNewest} }
 
 // Preempt makes a tick that finds an earlier tick still running on any
 // replica cancel it and run once it has returned: the earlier run's ctx is
-// cancelled with a cause matching lockkit.ErrPreempted (and lockkit.ErrLost)
+// cancelled with a cause matching middleware.ErrPreempted (and lockkit.ErrLost)
 // and its fencing token is superseded by the new run's. Only the newest
 // waiting tick runs, as with KeepNewest. grace bounds how long the cancelled
 // run may keep the entry after it was told to stop (zero: its remaining
@@ -154,11 +155,11 @@ func WithTolerance(d time.Duration) Option {
 func WithOverlap(o Overlap) Option { return func(c *config) { c.overlap = o } }
 
 // WithTTL overrides, for this Guard's leases, the TTL the Locker gives them
-// (lockkit.WithTTL; lockkit.DefaultTTL, 30s, unless set): the lease is
+// (lockkit.WithTTL; 30s unless set): the lease is
 // renewed every TTL/3 while the job runs, and the entry of a replica that dies
 // mid-run is free again at most this long after its last renewal. Zero means
-// the Locker's; otherwise it must be between lockkit.MinTTL and
-// lockkit.MaxTTL. Defaults to zero.
+// the Locker's; otherwise it must be between 100ms and
+// 100 years. Defaults to zero.
 func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl = ttl } }
 
 // WithObserver adds an observer of every run's events, the same
@@ -219,7 +220,8 @@ type added struct {
 }
 
 // New returns a Guard taking leases from locker. It returns an error matching
-// ErrInvalid for a nil locker or an invalid option.
+// ErrInvalid for a nil locker, a Locker that is not a *lockkit.RedisLocker
+// (naming its type) or an invalid option.
 func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	if locker == nil {
 		return nil, fmt.Errorf("%w: New: locker is nil", ErrInvalid)
@@ -252,8 +254,8 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	case overlapKeepNewest:
 		policy = middleware.KeepNewest()
 	case overlapPreempt:
-		if o.wait < 0 || o.wait > lockkit.MaxTTL {
-			return nil, fmt.Errorf("%w: WithOverlap(%s): the grace must not be negative nor longer than %s", ErrInvalid, o, lockkit.MaxTTL)
+		if o.wait < 0 || o.wait > lockcore.MaxTTL {
+			return nil, fmt.Errorf("%w: WithOverlap(%s): the grace must not be negative nor longer than %s", ErrInvalid, o, lockcore.MaxTTL)
 		}
 		policy = middleware.Preempt(o.wait)
 	default:
@@ -462,12 +464,12 @@ func (e *entry) run(job cron.Job) {
 	mj.Epoch = tick.UnixMilli()
 	// The claim outlives every run that can name this tick: replicas up to
 	// the tolerance apart, firing up to an interval late.
-	mj.EpochTTL = min(2*interval+2*e.tol, lockkit.MaxTTL)
+	mj.EpochTTL = min(2*interval+2*e.tol, lockcore.MaxTTL)
 	mj.EpochTag = e.tag
 	ctx = context.WithValue(ctx, tickKey{}, tick)
 	// Every outcome is reported through the observers (events) and the logger.
 	out := e.g.mw.Run(ctx, mj, func(ctx context.Context) error {
-		if l, ok := lockkit.LeaseFromContext(ctx); ok {
+		if l, ok := lockcore.LeaseFromContext(ctx); ok {
 			e.mismatch(ctx, mj, l.OtherEpochTag())
 		}
 		if cj, ok := job.(contextJob); ok {
@@ -476,7 +478,7 @@ func (e *entry) run(job cron.Job) {
 		job.Run()
 		return nil
 	})
-	if used := (*lockkit.EpochUsedError)(nil); errors.As(out.Err, &used) {
+	if used := (*lockcore.EpochUsedError)(nil); errors.As(out.Err, &used) {
 		e.mismatch(ctx, mj, used.OtherTag)
 	}
 }

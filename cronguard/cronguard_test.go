@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/cronguard"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/middleware"
@@ -384,6 +385,11 @@ func TestValidation(t *testing.T) {
 		})
 	}
 
+	// The guard takes its leases from the engine under a *lockkit.RedisLocker.
+	_, err := cronguard.New(struct{ lockkit.Locker }{locker})
+	require.ErrorIs(t, err, cronguard.ErrInvalid)
+	require.ErrorContains(t, err, "needs a *lockkit.RedisLocker")
+
 	g, err := cronguard.New(locker)
 	require.NoError(t, err)
 	_, err = g.Add(nil, "e", "@hourly", cron.FuncJob(func() {}))
@@ -479,7 +485,7 @@ func TestDefaultTTLIsTheLockers(t *testing.T) {
 	info, err := f.base.Inspect(context.Background(), "cron:e")
 	require.NoError(t, err)
 	require.Len(t, info.Holders, 1)
-	require.InDelta(t, lockkit.DefaultTTL.Seconds(), info.Holders[0].TTL.Seconds(), 1)
+	require.InDelta(t, lockcore.DefaultTTL.Seconds(), info.Holders[0].TTL.Seconds(), 1)
 	close(long.release)
 	<-done
 }
@@ -594,7 +600,7 @@ func testPreempt(t *testing.T, f *fleet) {
 		return nil
 	}))
 	err := recv(t, cause)
-	require.ErrorIs(t, err, lockkit.ErrPreempted)
+	require.ErrorIs(t, err, lockcore.ErrPreempted)
 	require.ErrorIs(t, err, lockkit.ErrLost)
 	require.Zero(t, newToken.Load(), "the new tick waits for the cancelled run to return")
 	close(returned)

@@ -31,7 +31,7 @@
 //
 // The tick, in Unix milliseconds, is the lockkit epoch of the entry's key
 // "cron:<name>": the first replica claims it and runs the job; every other
-// replica of that tick gets lockkit.ErrEpochUsed (EventClaimed) and skips,
+// replica of that tick finds it claimed (EventClaimed) and skips,
 // even after a 1 ms run has released the lease, because the claim is kept for
 // 2 × interval + 2 × tolerance and only a later tick can replace it. The
 // epoch is checked before the lease, so a late replica of a tick that is

@@ -13,8 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/testredis"
-	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/lockkit/throttle"
 )
@@ -22,7 +22,7 @@ import (
 // leaseSet is the leases a Locker handed out in one scenario.
 type leaseSet struct {
 	mu     sync.Mutex
-	leases []*lockkit.Lease
+	leases []*lockcore.Lease
 	kept   map[int64]bool // tokens of holders that stay by design (HoldAtLeast)
 }
 
@@ -36,7 +36,7 @@ func (s *leaseSet) keep(token int64) {
 	s.kept[token] = true
 }
 
-func (s *leaseSet) add(l *lockkit.Lease) *lockkit.Lease {
+func (s *leaseSet) add(l *lockcore.Lease) *lockcore.Lease {
 	if l != nil {
 		s.mu.Lock()
 		s.leases = append(s.leases, l)
@@ -75,7 +75,7 @@ type faultOp struct {
 	match func(redis.Cmder) bool
 	// run performs the operation on l (whose client is faulted once armed);
 	// other is a Locker on a clean client.
-	run func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error
+	run func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error
 }
 
 var (
@@ -99,9 +99,9 @@ const faultKey = "job"
 
 var faultOps = []faultOp{
 	{"acquire", plainAcquireCmd, acquireOp(nil)},
-	{"acquire-limit", acquireCmd, acquireOp(&lockkit.AcquireOptions{Limit: 2})},
-	{"acquire-coalesce", acquireCmd, acquireOp(&lockkit.AcquireOptions{FollowUp: lockkit.Coalesce{}})},
-	{"acquire-park", acquireCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"acquire-limit", acquireCmd, acquireOp(&lockcore.AcquireOptions{Limit: 2})},
+	{"acquire-coalesce", acquireCmd, acquireOp(&lockcore.AcquireOptions{FollowUp: lockcore.Coalesce{}})},
+	{"acquire-park", acquireCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		got.add(must(other.TryAcquire(context.Background(), faultKey, nil)))
@@ -110,27 +110,27 @@ var faultOps = []faultOp{
 		defer cancel()
 		// As singleton.ParkAtEnqueue parks a task: a reservation if the key
 		// is free, else a place in its parked queue.
-		_, err := l.TryAcquire(ctx, faultKey, &lockkit.AcquireOptions{Label: "j1", Detached: true, Park: &lockkit.Parking{ID: "p1"}})
-		var ce *lockkit.ConflictError
+		_, err := l.TryAcquire(ctx, faultKey, &lockcore.AcquireOptions{Label: "j1", Detached: true, Park: &lockcore.Parking{ID: "p1"}})
+		var ce *lockcore.ConflictError
 		if errors.As(err, &ce) {
 			require.Zero(t, ce.Parked, "parked first")
 			err = nil
 		}
 		// However its reply fared, the call parked once: one job is ahead
 		// of the next.
-		_, perr := other.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "j2", Detached: true, Park: &lockkit.Parking{ID: "p2"}})
+		_, perr := other.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{Label: "j2", Detached: true, Park: &lockcore.Parking{ID: "p2"}})
 		require.ErrorAs(t, perr, &ce)
 		require.Equal(t, 1, ce.Parked, "p1 is parked exactly once")
 		return err
 	}},
-	{"acquire-supersede-park", acquireCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"acquire-supersede-park", acquireCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		got.add(must(other.TryAcquire(context.Background(), faultKey, nil)))
-		follow := func(label string) *lockkit.AcquireOptions {
-			return &lockkit.AcquireOptions{Label: label, FollowUp: lockkit.KeepNewest{}, Adopt: true, Park: &lockkit.Parking{ID: "p-" + label}}
+		follow := func(label string) *lockcore.AcquireOptions {
+			return &lockcore.AcquireOptions{Label: label, FollowUp: lockcore.KeepNewest{}, Adopt: true, Park: &lockcore.Parking{ID: "p-" + label}}
 		}
-		var ce *lockkit.ConflictError
+		var ce *lockcore.ConflictError
 		_, err := other.TryAcquire(context.Background(), faultKey, follow("j1"))
 		require.ErrorAs(t, err, &ce)
 		hook.Arm(f, 1)
@@ -148,22 +148,22 @@ var faultOps = []faultOp{
 		require.NoError(t, ierr)
 		require.Equal(t, 1, info.Parked, "only j2 is parked")
 		_, serr := other.TryAcquire(context.Background(), faultKey, follow("j1"))
-		require.ErrorIs(t, serr, lockkit.ErrSuperseded)
+		require.ErrorIs(t, serr, lockcore.ErrSuperseded)
 		_, serr = other.TryAcquire(context.Background(), faultKey, follow("j1"))
 		require.ErrorAs(t, serr, &ce, "j1 gave up once")
 		require.Equal(t, "p-j2", ce.Superseded)
 		return err
 	}},
-	{"acquire-superseded", acquireCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"acquire-superseded", acquireCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		got.add(must(other.TryAcquire(context.Background(), faultKey, nil)))
-		follow := func(label string) *lockkit.AcquireOptions {
-			return &lockkit.AcquireOptions{Label: label, FollowUp: lockkit.KeepNewest{}, Adopt: true, Park: &lockkit.Parking{ID: "p-" + label}}
+		follow := func(label string) *lockcore.AcquireOptions {
+			return &lockcore.AcquireOptions{Label: label, FollowUp: lockcore.KeepNewest{}, Adopt: true, Park: &lockcore.Parking{ID: "p-" + label}}
 		}
 		for _, j := range []string{"j1", "j2"} {
 			_, err := other.TryAcquire(context.Background(), faultKey, follow(j))
-			require.ErrorIs(t, err, lockkit.ErrNotAcquired, "%s parks", j)
+			require.ErrorIs(t, err, lockcore.ErrNotAcquired, "%s parks", j)
 		}
 		hook.Arm(f, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -171,12 +171,12 @@ var faultOps = []faultOp{
 		// j2 replaced j1: j1's next acquire gives up, and so does a repeat
 		// of that call (a conflict here fails the row).
 		_, err := l.TryAcquire(ctx, faultKey, follow("j1"))
-		if errors.Is(err, lockkit.ErrSuperseded) {
+		if errors.Is(err, lockcore.ErrSuperseded) {
 			err = nil
 		}
 		return err
 	}},
-	{"throttle", throttleCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"throttle", throttleCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		_, err := startsOf(t, l, 2, time.Minute).Take(ctx, faultKey)
@@ -189,7 +189,7 @@ var faultOps = []faultOp{
 		require.Positive(t, wait)
 		return err
 	}},
-	{"throttle-reserve", throttleCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"throttle-reserve", throttleCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		_, err := startsOf(t, l, 2, time.Minute).Reserve(ctx, faultKey, "s1")
@@ -206,7 +206,7 @@ var faultOps = []faultOp{
 		require.Positive(t, wait)
 		return err
 	}},
-	{"throttle-turn", throttleCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"throttle-turn", throttleCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		_, err := startsOf(t, l, 1, time.Minute).Start(context.Background(), faultKey, "s0")
@@ -231,18 +231,18 @@ var faultOps = []faultOp{
 		require.Positive(t, wait, "a repeated or lost reply reserved a second start")
 		return err
 	}},
-	{"free", freeCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"free", freeCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
-		_, err := other.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "q/t1", Detached: true})
+		_, err := other.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{Label: "q/t1", Detached: true})
 		require.NoError(t, err)
 		hook.Arm(f, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		_, err = l.ForceRelease(ctx, faultKey, lockkit.Select{Label: "q/t1"})
+		_, err = l.ForceRelease(ctx, faultKey, lockcore.Select{Label: "q/t1"})
 		return err
 	}},
-	{"acquire-wait", acquireCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"acquire-wait", acquireCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		holder, err := other.TryAcquire(context.Background(), faultKey, nil)
@@ -253,7 +253,7 @@ var faultOps = []faultOp{
 		go func() {
 			// With an epoch the waiter is woken to try again, not handed
 			// the key by the release (release-handover covers that).
-			lease, err := l.Acquire(ctx, faultKey, &lockkit.AcquireOptions{Epoch: 1})
+			lease, err := l.Acquire(ctx, faultKey, &lockcore.AcquireOptions{Epoch: 1})
 			got.add(lease)
 			done <- err
 		}()
@@ -269,10 +269,10 @@ var faultOps = []faultOp{
 		require.NoError(t, holder.Release(context.Background()))
 		return <-done
 	}},
-	{"acquire-preempt", acquireCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"acquire-preempt", acquireCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
-		pre := &lockkit.AcquireOptions{FollowUp: lockkit.Preempt{}}
+		pre := &lockcore.AcquireOptions{FollowUp: lockcore.Preempt{}}
 		holder, err := other.TryAcquire(context.Background(), faultKey, pre)
 		require.NoError(t, err)
 		ran := make(chan error, 1)
@@ -289,10 +289,10 @@ var faultOps = []faultOp{
 		got.add(lease)
 		// However the reply fared, the script ran: the holder was preempted
 		// once, and nothing else was.
-		require.ErrorIs(t, <-ran, lockkit.ErrPreempted)
+		require.ErrorIs(t, <-ran, lockcore.ErrPreempted)
 		return err
 	}},
-	{"debounce", debounceCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"debounce", debounceCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		r, err := requestsOf(t, l).Debounce(ctx, faultKey, "t1", time.Second, 0)
@@ -315,7 +315,7 @@ var faultOps = []faultOp{
 		require.True(t, ok)
 		return err
 	}},
-	{"claim", claimCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"claim", claimCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		older, err := requestsOf(t, other).Debounce(context.Background(), faultKey, "t1", time.Second, 0)
@@ -337,7 +337,7 @@ var faultOps = []faultOp{
 		require.True(t, n.Claimed)
 		return err
 	}},
-	{"force-release", evictCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"force-release", evictCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		holder, err := other.TryAcquire(context.Background(), faultKey, nil)
@@ -345,7 +345,7 @@ var faultOps = []faultOp{
 		hook.Arm(f, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		n, err := l.ForceRelease(ctx, faultKey, lockkit.Select{})
+		n, err := l.ForceRelease(ctx, faultKey, lockcore.Select{})
 		if err == nil {
 			require.Equal(t, 1, n, "a repeated call reports the first run's count")
 		}
@@ -353,10 +353,10 @@ var faultOps = []faultOp{
 		info, ierr := other.Inspect(context.Background(), faultKey)
 		require.NoError(t, ierr)
 		require.Empty(t, info.Holders)
-		require.ErrorIs(t, holder.Extend(context.Background(), 0), lockkit.ErrNotHeld)
+		require.ErrorIs(t, holder.Extend(context.Background(), 0), lockcore.ErrNotHeld)
 		return err
 	}},
-	{"force-release-token", evictCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"force-release-token", evictCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		holder, err := other.TryAcquire(context.Background(), faultKey, nil)
@@ -366,18 +366,18 @@ var faultOps = []faultOp{
 		defer cancel()
 		// A repeated call finds its first run's record: no error that the
 		// holder is gone.
-		_, err = l.ForceRelease(ctx, faultKey, lockkit.Select{Token: holder.Token()})
-		require.NotErrorIs(t, err, lockkit.ErrNotHeld)
+		_, err = l.ForceRelease(ctx, faultKey, lockcore.Select{Token: holder.Token()})
+		require.NotErrorIs(t, err, lockcore.ErrNotHeld)
 		// However its reply fared, the holder is gone and learns why.
 		info, ierr := other.Inspect(context.Background(), faultKey)
 		require.NoError(t, ierr)
 		require.Empty(t, info.Holders)
 		xerr := holder.Extend(context.Background(), 0)
-		require.ErrorIs(t, xerr, lockkit.ErrNotHeld)
+		require.ErrorIs(t, xerr, lockcore.ErrNotHeld)
 		require.ErrorContains(t, xerr, "released by an operator")
 		return err
 	}},
-	{"cancel-run", cancelCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"cancel-run", cancelCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		holder, err := other.TryAcquire(context.Background(), faultKey, nil)
@@ -388,7 +388,7 @@ var faultOps = []faultOp{
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		// A repeated call finds its first run's record: the same count.
-		n, err := l.CancelRun(ctx, faultKey, lockkit.Select{Token: holder.Token()})
+		n, err := l.CancelRun(ctx, faultKey, lockcore.Select{Token: holder.Token()})
 		if err == nil {
 			require.Equal(t, 1, n, "a repeated call reports the first run's count")
 		}
@@ -396,7 +396,7 @@ var faultOps = []faultOp{
 		// the key until it returns; its release hands the key on.
 		select {
 		case <-hctx.Done():
-			require.ErrorIs(t, context.Cause(hctx), lockkit.ErrCancelled)
+			require.ErrorIs(t, context.Cause(hctx), lockcore.ErrCancelled)
 		case <-time.After(2 * time.Second):
 			t.Fatal("the run's ctx was not cancelled")
 		}
@@ -411,22 +411,22 @@ var faultOps = []faultOp{
 		return err
 	}},
 	{"release", plainReleaseCmd, releaseOp(nil)},
-	{"release-limit", releaseCmd, releaseOp(&lockkit.AcquireOptions{Limit: 2})},
-	{"release-promoted", releaseCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"release-limit", releaseCmd, releaseOp(&lockcore.AcquireOptions{Limit: 2})},
+	{"release-promoted", releaseCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		// Taken in the plain form; a conflicting acquire with a limit turns
 		// the key into the sorted set, so the release goes on to release.lua.
 		lease, err := l.TryAcquire(context.Background(), faultKey, nil)
 		require.NoError(t, err)
-		_, err = other.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Limit: 1, Fair: true})
-		require.ErrorIs(t, err, lockkit.ErrNotAcquired)
+		_, err = other.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{Limit: 1, Fair: true})
+		require.ErrorIs(t, err, lockcore.ErrNotAcquired)
 		hook.Arm(f, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		return lease.Release(ctx)
 	}},
-	{"release-handover", releaseCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"release-handover", releaseCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		lease, err := l.TryAcquire(context.Background(), faultKey, nil)
@@ -453,20 +453,20 @@ var faultOps = []faultOp{
 		require.NoError(t, <-handed)
 		return err
 	}},
-	{"release-park", releaseCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"release-park", releaseCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		var mu sync.Mutex
 		var resumed []string
-		lease, err := l.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "j0", Park: &lockkit.Parking{OnParked: func(id string) {
+		lease, err := l.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{Label: "j0", Park: &lockcore.Parking{OnParked: func(id string) {
 			mu.Lock()
 			resumed = append(resumed, id)
 			mu.Unlock()
 		}}})
 		require.NoError(t, err)
 		for _, j := range []string{"1", "2"} {
-			_, err := other.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "j" + j, Detached: true, Park: &lockkit.Parking{ID: "p" + j}})
-			require.ErrorIs(t, err, lockkit.ErrNotAcquired)
+			_, err := other.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{Label: "j" + j, Detached: true, Park: &lockcore.Parking{ID: "p" + j}})
+			require.ErrorIs(t, err, lockcore.ErrNotAcquired)
 		}
 		hook.Arm(f, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -474,7 +474,7 @@ var faultOps = []faultOp{
 		err = lease.Release(ctx)
 		// However the reply fared, the key was reserved once, for the oldest
 		// parked job, and only that job was resumed.
-		var res lockkit.Holder
+		var res lockcore.Holder
 		require.Eventually(t, func() bool {
 			info, ierr := other.Inspect(context.Background(), faultKey)
 			require.NoError(t, ierr)
@@ -489,7 +489,7 @@ var faultOps = []faultOp{
 		require.NoError(t, l.Close(context.Background())) // waits for OnParked and the cleanup
 		info, err2 := other.Inspect(context.Background(), faultKey)
 		require.NoError(t, err2)
-		require.Equal(t, []lockkit.Holder{res}, clearTTL(info.Holders, res.TTL), "the cleanup of a failed release reserved nothing more")
+		require.Equal(t, []lockcore.Holder{res}, clearTTL(info.Holders, res.TTL), "the cleanup of a failed release reserved nothing more")
 		mu.Lock()
 		defer mu.Unlock()
 		if err == nil {
@@ -499,10 +499,10 @@ var faultOps = []faultOp{
 		}
 		return err
 	}},
-	{"release-hold", releaseCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"release-hold", releaseCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
-		lease, err := l.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{HoldAtLeast: time.Minute})
+		lease, err := l.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{HoldAtLeast: time.Minute})
 		require.NoError(t, err)
 		got.keep(lease.Token())
 		hook.Arm(f, 1)
@@ -520,10 +520,10 @@ var faultOps = []faultOp{
 		}, 200*time.Millisecond, 5*time.Millisecond, "the hold outlives the release and its cleanup")
 		return err
 	}},
-	{"detach", detachCmd, func(t *testing.T, l, other *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"detach", detachCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
-		lease, err := l.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{Label: "q/t1"})
+		lease, err := l.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{Label: "q/t1"})
 		require.NoError(t, err)
 		got.keep(lease.Token())
 		hook.Arm(f, 1)
@@ -539,21 +539,21 @@ var faultOps = []faultOp{
 		require.Greater(t, info.Holders[0].TTL, 30*time.Second, "the reservation's TTL, not the lease's")
 		return err
 	}},
-	{"extend", extendCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"extend", extendCmd, func(t *testing.T, l, _ *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
-		lease := got.add(must(l.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{NoRenew: true, TTL: 5 * time.Second})))
+		lease := got.add(must(l.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{NoRenew: true, TTL: 5 * time.Second})))
 		hook.Arm(f, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		return lease.Extend(ctx, 10*time.Second)
 	}},
-	{"renewal", extendCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
-		got.add(must(l.TryAcquire(context.Background(), faultKey, &lockkit.AcquireOptions{TTL: 900 * time.Millisecond})))
+	{"renewal", extendCmd, func(t *testing.T, l, _ *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+		got.add(must(l.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{TTL: 900 * time.Millisecond})))
 		require.Eventually(t, func() bool { return hook.Hits() == 1 }, 5*time.Second, time.Millisecond)
 		return nil
 	}},
-	{"inspect", inspectCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"inspect", inspectCmd, func(t *testing.T, l, _ *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		got.add(must(l.TryAcquire(context.Background(), faultKey, nil)))
@@ -563,7 +563,7 @@ var faultOps = []faultOp{
 		_, err := l.Inspect(ctx, faultKey)
 		return err
 	}},
-	{"close", plainReleaseCmd, func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	{"close", plainReleaseCmd, func(t *testing.T, l, _ *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		for i := range 3 {
@@ -577,8 +577,8 @@ var faultOps = []faultOp{
 }
 
 // acquireOp takes the key with opt while the acquire is faulted.
-func acquireOp(opt *lockkit.AcquireOptions) func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
-	return func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+func acquireOp(opt *lockcore.AcquireOptions) func(t *testing.T, l, _ *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	return func(t *testing.T, l, _ *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		lease, err := l.TryAcquire(ctx, faultKey, opt)
@@ -588,8 +588,8 @@ func acquireOp(opt *lockkit.AcquireOptions) func(t *testing.T, l, _ *lockkit.Red
 }
 
 // releaseOp releases a lease taken with opt while the release is faulted.
-func releaseOp(opt *lockkit.AcquireOptions) func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
-	return func(t *testing.T, l, _ *lockkit.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+func releaseOp(opt *lockcore.AcquireOptions) func(t *testing.T, l, _ *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
+	return func(t *testing.T, l, _ *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
 		lease, err := l.TryAcquire(context.Background(), faultKey, opt)
@@ -602,8 +602,8 @@ func releaseOp(opt *lockkit.AcquireOptions) func(t *testing.T, l, _ *lockkit.Red
 }
 
 // clearTTL returns hs with every TTL set to ttl, to compare holders.
-func clearTTL(hs []lockkit.Holder, ttl time.Duration) []lockkit.Holder {
-	out := make([]lockkit.Holder, len(hs))
+func clearTTL(hs []lockcore.Holder, ttl time.Duration) []lockcore.Holder {
+	out := make([]lockcore.Holder, len(hs))
 	for i, h := range hs {
 		h.TTL = ttl
 		out[i] = h
@@ -611,7 +611,7 @@ func clearTTL(hs []lockkit.Holder, ttl time.Duration) []lockkit.Holder {
 	return out
 }
 
-func must(l *lockkit.Lease, err error) *lockkit.Lease {
+func must(l *lockcore.Lease, err error) *lockcore.Lease {
 	if err != nil {
 		panic(err)
 	}
@@ -649,17 +649,17 @@ func TestOperationsUnderReplyFaults(t *testing.T) {
 					hook := &testredis.Faults{Match: op.match, Delay: 200 * time.Millisecond}
 					faulty.AddHook(hook)
 					prefix := testredis.Prefix(t, clean)
-					lost := make(chan lockkit.Event, 16)
+					lost := make(chan lockcore.Event, 16)
 					ttl := 900 * time.Millisecond
-					l, err := lockkit.NewRedis(faulty, lockkit.WithPrefix(prefix), lockkit.WithTTL(ttl), lockkit.WithOwner("faulty"),
-						lockkit.WithObserver(func(e lockkit.Event) {
-							if e.Kind == lockkit.EventLost {
+					l, err := lockcore.NewRedis(faulty, lockcore.WithPrefix(prefix), lockcore.WithTTL(ttl), lockcore.WithOwner("faulty"),
+						lockcore.WithObserver(func(e lockcore.Event) {
+							if e.Kind == lockcore.EventLost {
 								lost <- e
 							}
 						}))
 					require.NoError(t, err)
 					defer l.Close(context.Background())
-					other, err := lockkit.NewRedis(clean, lockkit.WithPrefix(prefix), lockkit.WithOwner("observer"))
+					other, err := lockcore.NewRedis(clean, lockcore.WithPrefix(prefix), lockcore.WithOwner("observer"))
 					require.NoError(t, err)
 					defer other.Close(context.Background())
 
@@ -669,7 +669,7 @@ func TestOperationsUnderReplyFaults(t *testing.T) {
 					err = op.run(t, l, other, hook, got)
 					returned := time.Now()
 					require.EqualValues(t, 1, hook.Hits(), "the fault was injected once")
-					if err != nil && errors.Is(err, lockkit.ErrNotAcquired) {
+					if err != nil && errors.Is(err, lockcore.ErrNotAcquired) {
 						t.Fatalf("a fault was reported as a conflict: %v", err)
 					}
 
@@ -697,7 +697,7 @@ func TestOperationsUnderReplyFaults(t *testing.T) {
 					// A held lease keeps the key: nobody else gets it.
 					for tok := range got.held() {
 						_, err := other.TryAcquire(context.Background(), faultKey, nil)
-						require.ErrorIs(t, err, lockkit.ErrNotAcquired, "token %d is held", tok)
+						require.ErrorIs(t, err, lockcore.ErrNotAcquired, "token %d is held", tok)
 					}
 					select {
 					case e := <-lost:
@@ -714,7 +714,7 @@ func TestOperationsUnderReplyFaults(t *testing.T) {
 
 // startsOf returns the Throttle of n starts per period on l's Redis and
 // prefix.
-func startsOf(t *testing.T, l *lockkit.RedisLocker, n int, period time.Duration) *throttle.Throttle {
+func startsOf(t *testing.T, l *lockcore.RedisLocker, n int, period time.Duration) *throttle.Throttle {
 	t.Helper()
 	client, prefix := l.Redis()
 	th, err := throttle.New(client, n, period, throttle.WithPrefix(prefix))
@@ -723,7 +723,7 @@ func startsOf(t *testing.T, l *lockkit.RedisLocker, n int, period time.Duration)
 }
 
 // requestsOf returns the Debouncer on l's Redis and prefix.
-func requestsOf(t *testing.T, l *lockkit.RedisLocker) *debounce.Debouncer {
+func requestsOf(t *testing.T, l *lockcore.RedisLocker) *debounce.Debouncer {
 	t.Helper()
 	client, prefix := l.Redis()
 	d, err := debounce.New(client, debounce.WithPrefix(prefix))

@@ -41,6 +41,7 @@ import (
 
 	"github.com/jobguard/jobguard/internal/every"
 	"github.com/jobguard/jobguard/internal/invalid"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/elect"
 )
@@ -110,7 +111,7 @@ func WithLocation(loc *time.Location) Option { return func(l *Locker) { l.loc = 
 
 // Locker is a gocron.Locker on a lockkit.Locker.
 type Locker struct {
-	l      lockkit.Locker
+	l      *lockcore.RedisLocker // the engine under the lockkit.Locker given
 	hold   time.Duration
 	tol    time.Duration
 	now    func() time.Time
@@ -128,13 +129,18 @@ type schedule struct {
 var _ gocron.Locker = (*Locker)(nil)
 
 // NewLocker returns a gocron.Locker on l. It returns an error matching
-// ErrInvalid for a nil l, a spec that does not parse, two WithSchedule of
-// one job, or a non-positive duration.
+// ErrInvalid for a nil l, an l that is not a *lockkit.RedisLocker, a spec
+// that does not parse, two WithSchedule of one job, or a non-positive
+// duration.
 func NewLocker(l lockkit.Locker, opts ...Option) (*Locker, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: NewLocker: locker is nil", ErrInvalid)
 	}
-	lk := &Locker{l: l, hold: DefaultHoldAtLeast, now: time.Now, loc: time.Local, specs: map[string]string{}, scheds: map[string]schedule{}}
+	core, err := lockcore.Of("gocronguard.NewLocker", l)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	lk := &Locker{l: core, hold: DefaultHoldAtLeast, now: time.Now, loc: time.Local, specs: map[string]string{}, scheds: map[string]schedule{}}
 	for _, o := range opts {
 		if o != nil {
 			o(lk)
@@ -187,18 +193,18 @@ func parse(spec string, loc *time.Location) (cron.Schedule, error) {
 
 // Lock implements gocron.Locker: it takes the job's lease for this run, or
 // returns why the run must be skipped (the run was claimed by another
-// scheduler, or its key is held: an error matching lockkit.ErrEpochUsed or
-// lockkit.ErrNotAcquired; ErrNoTick; a Redis error). The lease is renewed
+// scheduler, or its key is held: an error (the tick's claim is used, or
+// one matching lockkit.ErrNotAcquired); ErrNoTick; a Redis error). The lease is renewed
 // until Unlock.
 func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
-	opt := &lockkit.AcquireOptions{HoldAtLeast: l.hold}
+	opt := &lockcore.AcquireOptions{HoldAtLeast: l.hold}
 	if s, ok := l.scheds[key]; ok {
 		now := l.now()
 		tick := s.s.Next(now.Add(-s.tol))
 		if tick.IsZero() || tick.After(now.Add(s.tol)) {
 			return nil, fmt.Errorf("%w: job %q fired at %s", ErrNoTick, key, now.Format(time.RFC3339Nano))
 		}
-		opt = &lockkit.AcquireOptions{Epoch: tick.UnixMilli(), EpochTTL: time.Hour, Label: tick.UTC().Format(time.RFC3339Nano)}
+		opt = &lockcore.AcquireOptions{Epoch: tick.UnixMilli(), EpochTTL: time.Hour, Label: tick.UTC().Format(time.RFC3339Nano)}
 	}
 	lease, err := l.l.TryAcquire(ctx, KeyPrefix+key, opt)
 	if err != nil {
@@ -207,7 +213,7 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	return lock{lease}, nil
 }
 
-type lock struct{ lease *lockkit.Lease }
+type lock struct{ lease *lockcore.Lease }
 
 // Unlock implements gocron.Lock.
 func (k lock) Unlock(ctx context.Context) error { return k.lease.Release(ctx) }

@@ -159,7 +159,7 @@ func (m *Metrics) Observer() middleware.Observer {
 			m.hold.WithLabelValues(name).Observe(e.Duration.Seconds())
 			outcome := "ok"
 			switch {
-			case errors.Is(e.Err, lockkit.ErrPreempted):
+			case errors.Is(e.Err, middleware.ErrPreempted):
 				outcome = "preempted"
 			case errors.Is(e.Err, lockkit.ErrLost):
 				outcome = "lost"

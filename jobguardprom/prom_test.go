@@ -15,6 +15,7 @@ import (
 
 	"github.com/jobguard/jobguard/cronguard"
 	"github.com/jobguard/jobguard/internal/asynqtest"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/jobguardprom"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
@@ -257,7 +258,7 @@ func TestPreemptionIsNotALostLease(t *testing.T) {
 	go func() { done <- g.Run(ctx, job, block(started)) }()
 	<-started
 	require.True(t, g.Run(ctx, job, func(context.Context) error { return nil }).Ran)
-	require.ErrorIs(t, (<-done).Err, lockkit.ErrPreempted)
+	require.ErrorIs(t, (<-done).Err, lockcore.ErrPreempted)
 	require.Equal(t, 1.0, value(t, reg, "jobguard_runs_total", map[string]string{"name": "sync", "outcome": "preempted"}))
 	require.Equal(t, 0.0, value(t, reg, "jobguard_runs_total", map[string]string{"name": "sync", "outcome": "lost"}))
 	require.Equal(t, 0.0, value(t, reg, "jobguard_leases_lost_total", map[string]string{"name": "sync"}))
@@ -270,7 +271,7 @@ func TestPreemptionIsNotALostLease(t *testing.T) {
 	require.Equal(t, 1, n)
 	out := <-done
 	require.ErrorIs(t, out.Err, lockkit.ErrLost)
-	require.NotErrorIs(t, out.Err, lockkit.ErrPreempted)
+	require.NotErrorIs(t, out.Err, lockcore.ErrPreempted)
 	require.Equal(t, 1.0, value(t, reg, "jobguard_runs_total", map[string]string{"name": "sync", "outcome": "lost"}))
 	require.Equal(t, 1.0, value(t, reg, "jobguard_leases_lost_total", map[string]string{"name": "sync"}))
 	require.Equal(t, 1.0, value(t, reg, "jobguard_runs_total", map[string]string{"name": "sync", "outcome": "preempted"}))

@@ -31,20 +31,19 @@
 //   - Every acquire returns a fencing token (Lease.Token) greater than any
 //     earlier token of the key; resources that must never see a stale holder
 //     check it.
-//   - AcquireOptions.Limit allows N holders of a key at once; AcquireOptions.Fair serves
-//     waiters in arrival order; AcquireOptions.Epoch claims a unit of work once.
-//   - AcquireOptions.FollowUp says what an acquire does about the key's other
-//     runs: give way to a later run (Coalesce), keep only the newest pending
-//     call (KeepNewest), or end the running one (Preempt).
-//     AcquireOptions.Park queues jobs for a held key (Parking).
-//   - Inspect and RedisLocker.Keys show holders and waiters; CancelRun asks
-//     runs to stop and keeps the key held until they return (an operator's
-//     release); ForceRelease removes holders at once (all, one owner's, one
-//     fencing token's, or a reservation by its label: Select).
+//   - AcquireOptions.Limit allows N holders of a key at once;
+//     AcquireOptions.Fair serves waiters in arrival order;
+//     AcquireOptions.HoldAtLeast keeps a key taken for a period.
+//   - Inspect and Keys show holders and waiters; CancelRun asks runs to stop
+//     and keeps the key held until they return (an operator's release);
+//     ForceRelease removes holders at once (all, one owner's, or one fencing
+//     token's: Select).
 //   - Close stops the renewer and releases every lease the Locker holds.
 //
-// Beside leases, on the same Redis and prefix (RedisLocker.Redis) but
-// apart from them: package lockkit/throttle keeps a budget of starts per
-// key, lockkit/debounce the newest request of a burst. Package
+// The adapters build on a *RedisLocker: middleware (conflict policies,
+// follow-ups, events), singleton (asynq), cronguard (robfig/cron) and
+// opsview (an operator's page). Beside leases, on the same Redis and
+// prefix but apart from them: package lockkit/throttle keeps a budget of
+// starts per key, lockkit/debounce the newest request of a burst. Package
 // lockkit/elect elects a leader on any Locker.
 package lockkit

@@ -2,172 +2,74 @@ package lockkit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jobguard/jobguard/internal/lockcore"
 )
 
-// Defaults used when an option or field is left at its zero value.
-const (
-	// DefaultTTL is a lease's time to live when neither WithTTL nor AcquireOptions.TTL sets one.
-	DefaultTTL = 30 * time.Second
-	// DefaultPrefix is prepended to every Redis key and channel when WithPrefix is not given.
-	DefaultPrefix = "jobguard:"
-	// CompletedRetention is how long Lease.Run remembers that the work of a
-	// labeled lease succeeded after its caller had given up on it.
-	CompletedRetention = 24 * time.Hour
-	// DefaultCoverFor is how long a Coalesce lease's success is remembered
-	// when Coalesce.CoverFor is zero.
-	DefaultCoverFor = 24 * time.Hour
-	// DefaultParkHold is how long the key is reserved for a parked job
-	// when Parking.Hold is zero.
-	DefaultParkHold = 5 * time.Second
-	// DefaultPollInterval bounds how long a waiter sleeps between attempts when no
-	// release notification reaches it (a missed wake-up or a holder that died).
-	DefaultPollInterval = 250 * time.Millisecond
-	// DefaultRenewBatch is how many renewals the renewer pipelines in one round trip.
-	DefaultRenewBatch = 1000
-	// MinTTL is the shortest lease TTL accepted: anything shorter cannot be renewed
-	// reliably over a network.
-	MinTTL = 100 * time.Millisecond
-	// MaxTTL is the longest TTL, EpochTTL or Complete keep accepted (100 years
-	// of 365 days): longer values would not fit Redis' expiry arithmetic. Both
-	// Lockers reject a longer value with ErrInvalid.
-	MaxTTL = 100 * 365 * 24 * time.Hour
-	// MaxEpochTag is the longest AcquireOptions.EpochTag accepted, in bytes.
-	MaxEpochTag = 64
-	// MinRedisVersion is the oldest Redis server RedisLocker works with: its
-	// scripts renew with ZADD GT (6.2), and asynq needs 6.2 as well.
-	MinRedisVersion = "6.2.0"
-)
+func init() {
+	lockcore.SetUnwrap(func(l any) (*lockcore.RedisLocker, bool) {
+		rl, ok := l.(*RedisLocker)
+		if !ok || rl == nil {
+			return nil, false
+		}
+		return rl.core, true
+	})
+}
 
-// Errors returned by lockkit. Compare with errors.Is.
+// Errors returned by lockkit. Compare with errors.Is. The adapters built on
+// lockkit (middleware, singleton, cronguard) return the same values.
 var (
 	// ErrNotAcquired is returned by TryAcquire when the key already has as many
 	// holders as its limit allows, and wrapped by Acquire when its ctx ends first.
 	// The error is a *ConflictError that names the current holder.
-	ErrNotAcquired = errors.New("lockkit: not acquired")
+	ErrNotAcquired = lockcore.ErrNotAcquired
 	// ErrNotHeld is returned by Release and Extend when the lease is no longer held:
 	// it was released already, it expired, or it was lost. It never deletes another
 	// owner's lock. ForceRelease returns it when the Select.Token it names is gone.
-	ErrNotHeld = errors.New("lockkit: lease not held")
+	ErrNotHeld = lockcore.ErrNotHeld
 	// ErrLost is the cause of a lease context's cancellation (context.Cause) when the
 	// lease could not be renewed: the key was taken over or deleted, or Redis stayed
 	// unreachable until the TTL would have run out.
-	ErrLost = errors.New("lockkit: lease lost")
-	// ErrEpochUsed is returned when AcquireOptions.Epoch is not greater than the last epoch
-	// that acquired the key: that unit of work was already claimed. The error is
-	// an *EpochUsedError.
-	ErrEpochUsed = errors.New("lockkit: epoch already used")
+	ErrLost = lockcore.ErrLost
 	// ErrClosed is returned by a Locker after Close, and is the cause (together with
 	// ErrLost) of cancelling the contexts of leases that Close released.
-	ErrClosed = errors.New("lockkit: locker closed")
+	ErrClosed = lockcore.ErrClosed
 	// ErrInvalid is wrapped by every validation error; the message names the field
 	// and the bad value.
-	ErrInvalid = errors.New("lockkit: invalid argument")
-	// ErrCompleted is returned by an acquire whose AcquireOptions.Label was recorded as
-	// completed on the key by Lease.Complete, while that record lasts: the work
-	// it names is done.
-	ErrCompleted = errors.New("lockkit: already completed")
-	// ErrSuperseded is returned by a KeepNewest or Preempt acquire (see
-	// AcquireOptions.FollowUp) that a later one of the key replaced as its
-	// pending follow-up, or that is older than the key's follow-up or run.
-	ErrSuperseded = errors.New("lockkit: superseded by a newer follow-up")
-	// ErrCovered is matched by the *CoveredError of a Coalesce acquire
-	// whose work a run of the key that began after it already covers.
-	ErrCovered = errors.New("lockkit: covered by another run")
-	// ErrPreempted is the cause (context.Cause) of the cancellation of a
-	// lease's contexts when a Preempt acquire of its key took over: the
-	// lease is lost, so it also matches ErrLost.
-	ErrPreempted = fmt.Errorf("%w: preempted", ErrLost)
+	ErrInvalid = lockcore.ErrInvalid
 	// ErrCancelled is the cause (context.Cause) of the cancellation of a
 	// lease's contexts when an operator asked its run to stop
 	// (Locker.CancelRun). The lease is not lost (it does not match
 	// ErrLost): it stays held and renewed, its fencing token valid, until
 	// the run returns and releases it, which hands the key on.
-	ErrCancelled = errors.New("lockkit: run cancelled by an operator")
+	ErrCancelled = lockcore.ErrCancelled
 	// ErrUnsupported is returned by the first call of a RedisLocker on a Redis
-	// server older than MinRedisVersion; the message names the version found.
-	ErrUnsupported = errors.New("lockkit: unsupported Redis server")
+	// server older than 6.2 (its scripts renew with ZADD GT); the message
+	// names the version found.
+	ErrUnsupported = lockcore.ErrUnsupported
 )
 
 // ConflictError is returned when a key has no free holder slot. It matches
-// ErrNotAcquired with errors.Is and tells who holds the key now.
-type ConflictError struct {
-	Key string
-	// Owner is the owner id of the holder whose lease runs out first, or of
-	// the holder carrying the caller's AcquireOptions.Label; empty when the slot is
-	// free but earlier waiters are queued ahead (fair mode).
-	Owner string
-	// Label is that holder's AcquireOptions.Label. When it equals the caller's label,
-	// the key is held by the same work (see AcquireOptions.Label).
-	Label string
-	// Token is that holder's fencing token.
-	Token int64
-	// TTL is the time that holder's lease has left.
-	TTL time.Duration
-	// Holders is the number of live holders.
-	Holders int
-	// Ahead is the number of live fair waiters queued before the caller.
-	Ahead int
-	// Parked, for an acquire with a Parking.ID, is the number of
-	// parked jobs ahead of the caller's in the key's parked queue; -1 when
-	// the caller did not park.
-	Parked int
-	// Superseded, for a KeepNewest or Preempt acquire with a Parking.ID, is
-	// the Parking.ID of the parked follow-up that this call replaced; empty
-	// when it replaced none (a later call with the same Parking.ID, such as
-	// the job delivered again, replaced no one). That job's next acquire
-	// with Park carrying its Label fails with ErrSuperseded: start it, so
-	// that it completes.
-	Superseded string
-}
+// ErrNotAcquired with errors.Is; errors.As finds it in the errors of
+// lockkit and of the adapters built on it. Its fields tell who holds the
+// key now: Key; Owner, Label, Token and TTL of the holder whose lease runs
+// out first (Owner is empty when the slot is free but earlier waiters are
+// queued ahead, AcquireOptions.Fair); Holders, the number of live holders;
+// Ahead, the number of live fair waiters queued before the caller.
+type ConflictError = lockcore.ConflictError
 
-// Error implements error.
-func (e *ConflictError) Error() string {
-	if e.Owner == "" {
-		return fmt.Sprintf("lockkit: not acquired: %q has %d holder(s) and %d waiter(s) ahead", e.Key, e.Holders, e.Ahead)
-	}
-	label := ""
-	if e.Label != "" {
-		label = fmt.Sprintf(" for %q", e.Label)
-	}
-	return fmt.Sprintf("lockkit: not acquired: %q is held by %s%s (token %d, ttl %s, %d holder(s))",
-		e.Key, e.Owner, label, e.Token, e.TTL.Round(time.Millisecond), e.Holders)
-}
-
-// Is reports whether target is ErrNotAcquired.
-func (e *ConflictError) Is(target error) bool { return target == ErrNotAcquired }
-
-// EpochUsedError is returned when an acquire's AcquireOptions.Epoch was
-// claimed already. It matches ErrEpochUsed with errors.Is.
-type EpochUsedError struct {
-	Key string
-	// Epoch is the acquire's, Last the key's last claimed epoch.
-	Epoch, Last int64
-	// OtherTag is the AcquireOptions.EpochTag of the key's last claim when
-	// it is not the acquire's (both not empty); empty otherwise.
-	OtherTag string
-}
-
-// Error implements error.
-func (e *EpochUsedError) Error() string {
-	return fmt.Sprintf("%s: %q epoch %d is not after %d", ErrEpochUsed, e.Key, e.Epoch, e.Last)
-}
-
-// Is reports whether target is ErrEpochUsed.
-func (e *EpochUsedError) Is(target error) bool { return target == ErrEpochUsed }
-
-// Locker hands out leases on keys. The layers above lockkit take their
-// leases through this interface; what is kept beside leases (lockkit/throttle's
-// budgets, lockkit/debounce's requests) and the logger they default to come
-// from a *RedisLocker's Redis, prefix (RedisLocker.Redis) and options. RedisLocker implements it for
-// a fleet of processes sharing a Redis (or one process with an embedded
-// Redis: package lockkit/inprocess).
+// Locker hands out leases on keys. RedisLocker implements it for a fleet of
+// processes sharing a Redis (or one process with an embedded Redis: package
+// lockkit/inprocess). The adapters (middleware, singleton, cronguard,
+// periodic, opsview, lockkit/throttle, lockkit/debounce) take a Locker and
+// need a *RedisLocker under it: given another, they fail at construction
+// with ErrInvalid.
 type Locker interface {
 	// TryAcquire makes one attempt. It returns a held lease, or an error that
-	// matches ErrNotAcquired (a *ConflictError), ErrEpochUsed, ErrInvalid,
-	// ErrClosed, or a Redis error.
+	// matches ErrNotAcquired (a *ConflictError), ErrInvalid, ErrClosed, or a
+	// Redis error.
 	TryAcquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error)
 	// Acquire waits until the key can be acquired or ctx ends. Waiters are woken
 	// when a holder releases. When ctx ends first the error wraps ctx.Err() and
@@ -180,56 +82,28 @@ type Locker interface {
 	// included; '?' one character; "[a-z]", "[^a]" a class; '\' escapes).
 	Keys(ctx context.Context, pattern string) ([]string, error)
 	// ForceRelease removes the live holders of key that which selects,
-	// whoever holds them, and wakes waiters. It returns how many holders
-	// were removed (a repeated call, as after a lost reply, returns the
-	// first run's count), ErrInvalid for an empty key or an invalid
-	// Select, and ErrNotHeld (naming the key's holders now) when which
-	// names a Token whose holder no longer holds the key.
-	//
-	// Selected by owner or token (or all, the zero Select), it is an
-	// operator's release of a stuck key: a removed holder can no longer be
-	// renewed, and every later acquire of the key gets a greater fencing
-	// token, so a resource that checks tokens refuses the removed holder's
-	// late writes. Its work's ctx is cancelled with a cause matching ErrLost
-	// that says an operator released it, within milliseconds: every
-	// RedisLocker that holds a lease listens on its prefix's operators'
-	// channel (one subscription per Locker). A Locker that missed the
-	// notice (its pub/sub connection was down) learns it at the lease's
-	// next renewal attempt, within its RenewInterval (TTL/3 by default)
-	// plus one round trip.
-	//
-	// The key is free at once, while the removed holder's work may still
-	// run (a handler that ignores its ctx): a new run may start beside it.
-	// To stop a run without that, use CancelRun.
-	//
-	// Selected by Label, it gives up the work carrying the label from
-	// another process: the one live holder carrying it, a reservation (a
-	// Detached lease), is removed, nobody is notified (a reservation has no
-	// work running), and its own Release then returns ErrNotHeld; the jobs
-	// parked for the key with the label (AcquireOptions.Park) leave its
-	// parked queue, so that no release reserves the key for them. It
-	// returns 1 when such a holder was removed, by this call or an earlier
-	// run of it, and 0 otherwise (parked jobs removed are not counted).
+	// whoever holds them, and wakes waiters: an operator's release of a
+	// stuck key. It returns how many holders were removed (a repeated call,
+	// as after a lost reply, returns the first run's count), ErrInvalid for
+	// an empty key or an invalid Select, and ErrNotHeld (naming the key's
+	// holders now) when which names a Token whose holder no longer holds
+	// the key. A removed holder can no longer be renewed, and every later
+	// acquire of the key gets a greater fencing token; its work's ctx is
+	// cancelled with a cause matching ErrLost within milliseconds (or at
+	// its next renewal when its Locker missed the notice). The key is free
+	// at once, while the removed holder's work may still run: to stop a
+	// run without that, use CancelRun.
 	ForceRelease(ctx context.Context, key string, which Select) (int, error)
-	// CancelRun asks the runs holding key that which selects (by Owner,
-	// Token, or all: the zero Select) to stop, whoever holds them: an
-	// operator's release that never lets two runs of the key overlap. The
+	// CancelRun asks the runs holding key that which selects to stop,
+	// whoever holds them, and never lets two runs of the key overlap: the
 	// contexts of each selected lease are cancelled with a cause matching
-	// ErrCancelled (not ErrLost), within milliseconds (the notice comes on
-	// the operators' channel, as ForceRelease's does) or at its next
-	// renewal (RenewInterval, TTL/3 by default) when its Locker missed the
-	// notice. The lease stays held and renewed until its run returns; its
-	// release then hands the key on as any release does. A process that
-	// stopped renewing (dead or cut off) loses the key when its TTL runs
-	// out, as always. Inspect shows the request (Holder.Cancelling) until
-	// the holder's release, for a day at most.
-	//
-	// Reservations (Holder.Reserved) run no work and are never selected.
-	// It returns how many runs were selected (a repeated call, as after a
-	// lost reply, returns the same and keeps the first request's time),
-	// ErrInvalid for an empty key, a Select with more than one field, a
-	// negative Token or a Label, and ErrNotHeld (naming the key's holders
-	// now) when which names a Token that no run holds.
+	// ErrCancelled (not ErrLost), within milliseconds or at its next
+	// renewal; the lease stays held and renewed until its run returns and
+	// releases it. Inspect shows the request (Holder.Cancelling) until
+	// then, for a day at most. It returns how many runs were selected (a
+	// repeated call returns the same), ErrInvalid for an empty key or an
+	// invalid Select, and ErrNotHeld when which names a Token that no run
+	// holds.
 	CancelRun(ctx context.Context, key string, which Select) (int, error)
 	// Close stops renewal and releases every lease the Locker still holds.
 	// A release that fails (Redis unreachable) leaves its leases to expire
@@ -241,7 +115,7 @@ type Locker interface {
 // AcquireOptions are per-acquire settings. A nil *AcquireOptions means all defaults.
 type AcquireOptions struct {
 	// TTL is how long the lease lives without renewal. Zero means the Locker's
-	// default (DefaultTTL unless WithTTL). Must be at least MinTTL.
+	// default (WithTTL, 30s unless set). Must be between 100ms and 100 years.
 	TTL time.Duration
 	// RenewInterval is how often the lease is renewed while held. Zero means TTL/3.
 	// Must be shorter than TTL.
@@ -258,79 +132,35 @@ type AcquireOptions struct {
 	// dropped from the queue after 4 poll intervals. Callers that do not queue
 	// also respect the queue. Defaults to false.
 	Fair bool
-	// Epoch, when positive, makes the acquire succeed only if it is greater than
-	// the epoch of the previous successful acquire of the key; otherwise it fails
-	// with ErrEpochUsed. Use it to claim a unit of work (such as a cron tick) once.
-	// Zero means no epoch check.
-	Epoch int64
-	// EpochTag, with Epoch, is kept with the claim: an acquire whose
-	// EpochTag is not the one kept with the key's last claim (both not
-	// empty) is told it, by Lease.OtherEpochTag, or EpochUsedError.OtherTag
-	// when the epoch was used. Callers that should claim the same units of
-	// work (cronguard: replicas of one entry, tagged with their schedule)
-	// learn so that one of them claims others. At most MaxEpochTag bytes;
-	// needs Epoch. Empty means none.
-	EpochTag string
-	// EpochTTL is how long the key remembers its last epoch. Zero means TTL.
-	// Must not exceed MaxTTL.
-	EpochTTL time.Duration
-	// Label names the work that takes the lease, such as a task ID; empty means
-	// none. It is recorded with the holder (Holder.Label, ConflictError.Label).
-	// Two live holders of a key never share a label: an acquire whose label a
-	// live holder carries fails with a *ConflictError naming that holder, even
-	// below Limit. An acquire whose label was recorded by Lease.Complete fails
-	// with ErrCompleted.
-	Label string
-	// FollowUp says what the acquire does about the key's other runs: give
-	// way to a later run (Coalesce), keep only the newest pending call
-	// (KeepNewest), or end the running ones (Preempt). Nil means none: a
-	// plain lease.
-	FollowUp FollowUp
-	// AsyncRelease makes Lease.Run return without waiting for Redis: the
-	// lease ends when fn returns (it is no longer renewed, its contexts are
-	// cancelled), and its release, with what Run records on success, is
-	// sent by the Locker's background releaser. The releaser gathers
-	// releases for up to 1ms (or until 64 are queued) and sends them in
-	// one pipeline per server, and what is queued while a batch is in
-	// flight as soon as that batch returns: a release reaches Redis within
-	// about 1ms plus two round trips after Run returns. An acquire of the
-	// same key by this Locker has it sent at once and waits for it, so
-	// work that one process runs one after another never meets its own
-	// release. Release,
-	// Succeed and Complete stay synchronous. A release that fails is retried
-	// in the background until the lease would have expired; Close sends the
-	// queued releases. A process that dies before sending leaves the key
-	// held until its TTL, as any crash does. Defaults to false.
-	AsyncRelease bool
 	// HoldAtLeast keeps the key held for at least this long after the
 	// lease was acquired, even when it is released sooner: a release before
-	// then leaves the holder in place, no longer renewed, until then (with
-	// Park.OnParked, the Locker reserves the key for the oldest parked job
-	// when the hold ends, as a release that frees the key at once does). It
-	// makes "at most one run per period" of a fast job. A Lease.Run whose
-	// fn fails or panics releases at once: failed work holds nothing back,
-	// such as its own retry. Zero means none; at most MaxTTL.
+	// then leaves the holder in place, no longer renewed, until then. It
+	// makes "at most one run per period" of a fast job. Do releases at once
+	// when fn fails or panics: failed work holds nothing back. Zero means
+	// none; at most 100 years.
 	HoldAtLeast time.Duration
-	// Detached makes the lease a reservation: it stands for work that no
-	// process runs yet (a queued task), so it is not renewed, Close does not
-	// release it, and it lasts for TTL unless Release or another process's
-	// ForceRelease by its Label (Select.Label) ends it first. Defaults to false.
-	Detached bool
-	// Adopt, with Label, takes over a reservation (a Detached lease) of the
-	// key that carries Label: it is replaced by this lease, which is renewed
-	// like any other; Lease.Detach turns it back into a reservation. It
-	// needs a Label and excludes Detached (ErrInvalid otherwise). Defaults
-	// to false.
-	Adopt bool
-	// Park queues the caller's job for the key while it is held, and lets
-	// the lease's release hand the key to the jobs so queued (see Parking).
-	// Nil means neither.
-	Park *Parking
+	// AsyncRelease makes Do return without waiting for Redis: the lease
+	// ends when fn returns (it is no longer renewed, its contexts are
+	// cancelled), and its release is sent by the Locker's background
+	// releaser within about 1ms plus two round trips, pipelined with other
+	// releases; an acquire of the same key by this Locker waits for it.
+	// Release stays synchronous. A process that dies before sending leaves
+	// the key held until its TTL, as any crash does. Defaults to false.
+	AsyncRelease bool
 }
 
-// Select selects the live holders of a key that Locker.ForceRelease
-// removes. The zero Select selects every holder; at most one field may be
-// set (ErrInvalid otherwise).
+// core returns the engine's options for o (nil for nil).
+func (o *AcquireOptions) core() *lockcore.AcquireOptions {
+	if o == nil {
+		return nil
+	}
+	return &lockcore.AcquireOptions{TTL: o.TTL, RenewInterval: o.RenewInterval, NoRenew: o.NoRenew,
+		Limit: o.Limit, Fair: o.Fair, HoldAtLeast: o.HoldAtLeast, AsyncRelease: o.AsyncRelease}
+}
+
+// Select selects the live holders of a key that Locker.ForceRelease and
+// Locker.CancelRun act on. The zero Select selects every holder; at most
+// one field may be set (ErrInvalid otherwise).
 type Select struct {
 	// Owner, when not empty, selects the holders of that owner id.
 	Owner string
@@ -338,55 +168,7 @@ type Select struct {
 	// the holder an operator saw (Inspect), not whoever holds the key by
 	// the time the operator confirms. Must not be negative.
 	Token int64
-	// Label, when not empty, selects the holder carrying that
-	// AcquireOptions.Label, such as a reservation (see Locker.ForceRelease).
-	Label string
 }
-
-// Coverage says how a Coalesce acquire's work is covered.
-type Coverage int
-
-// Coverages of a CoveredError.
-const (
-	CoveredBySuccess  Coverage = iota + 1 // a run that began after the acquire succeeded
-	CoveredByRun                          // a run that began after the acquire holds the key
-	CoveredByFollowUp                     // another Coalesce acquire waits for the key
-)
-
-var coverageNames = [...]string{"", "a run that began later succeeded", "a run that began later is running", "a follow-up run is pending"}
-
-// String describes the coverage.
-func (c Coverage) String() string {
-	if c > 0 && int(c) < len(coverageNames) {
-		return coverageNames[c]
-	}
-	return fmt.Sprintf("Coverage(%d)", int(c))
-}
-
-// CoveredError is returned by a Coalesce acquire that gave way.
-type CoveredError struct {
-	Key string
-	By  Coverage
-	// Token is the covering run's fencing token (its start, in server
-	// microseconds); zero for CoveredByFollowUp.
-	Token int64
-	// Owner is the owner of the covering run when it holds the key.
-	Owner string
-}
-
-// Error implements error.
-func (e *CoveredError) Error() string {
-	if e.Owner != "" {
-		return fmt.Sprintf("lockkit: %q is covered: %s (token %d, owner %s)", e.Key, e.By, e.Token, e.Owner)
-	}
-	if e.Token != 0 {
-		return fmt.Sprintf("lockkit: %q is covered: %s (token %d)", e.Key, e.By, e.Token)
-	}
-	return fmt.Sprintf("lockkit: %q is covered: %s", e.Key, e.By)
-}
-
-// Is reports whether target is ErrCovered.
-func (e *CoveredError) Is(target error) bool { return target == ErrCovered }
 
 // Info describes a key's state, as returned by Inspect.
 type Info struct {
@@ -394,24 +176,19 @@ type Info struct {
 	Holders []Holder
 	// Waiters is the number of live callers waiting in Acquire.
 	Waiters int
-	// Parked is the number of jobs parked for the key (Parking.ID)
-	// that no release has started yet.
-	Parked int
-	// ParkedIDs are the ids (Parking.ID) of the first 20 of them,
-	// oldest first.
-	ParkedIDs []string
 }
 
 // Holder is one live lease on a key.
 type Holder struct {
 	Owner string
-	// Label is the AcquireOptions.Label the holder acquired with.
-	Label string
 	Token int64
 	TTL   time.Duration
-	// Reserved is true for a reservation, which runs no work: a lease
-	// acquired Detached or turned into one by Lease.Detach, or a release's
-	// reservation for a parked job (Parking). False for a run.
+	// Label names the work of a holder that an adapter (middleware,
+	// singleton, cronguard) took, such as a task ID; empty for a lease of
+	// this package.
+	Label string
+	// Reserved is true for a reservation that an adapter holds for work
+	// that no process runs yet (a queued task); false for a run.
 	Reserved bool
 	// Cancelling is true when an operator asked the holder's run to stop
 	// (Locker.CancelRun): the key stays held until the run returns.
@@ -421,48 +198,18 @@ type Holder struct {
 	CancelAge  time.Duration
 }
 
-// EventKind names what happened to a lease.
-type EventKind int
-
-// Event kinds reported to the observer set with WithObserver.
-const (
-	EventAcquired    EventKind = iota + 1 // a lease was acquired (Event.Wait tells how long it waited)
-	EventContended                        // an acquire found the key held
-	EventReleased                         // a lease was released by its holder
-	EventRenewed                          // a lease was renewed
-	EventRenewFailed                      // a renewal failed but the lease is still valid (Event.Err)
-	EventLost                             // a lease was lost (Event.Err wraps ErrLost)
-)
-
-var eventNames = [...]string{"", "acquired", "contended", "released", "renewed", "renew_failed", "lost"}
-
-// String returns the event kind in snake case, such as "renew_failed".
-func (k EventKind) String() string {
-	if k > 0 && int(k) < len(eventNames) {
-		return eventNames[k]
-	}
-	return fmt.Sprintf("EventKind(%d)", int(k))
-}
-
-// Event is reported to the observer for every lease transition.
-type Event struct {
-	Kind  EventKind
-	Key   string
-	Owner string
-	Token int64
-	// Wait is how long Acquire waited (EventAcquired only).
-	Wait time.Duration
-	// Err is the failure for EventRenewFailed, EventLost and EventContended.
-	Err error
-}
-
 // Do acquires key on l (waiting, bounded by ctx), runs fn under the lease and
 // releases it when fn returns or panics. fn's ctx is cancelled with a cause
-// matching ErrLost if the lease is lost. See Lease.Run for the returned error.
+// matching ErrLost if the lease is lost, and carries the lease
+// (LeaseFromContext). It returns fn's error, else the release's: one
+// matching ErrLost (and ErrNotHeld) if the lease was lost while fn ran.
 func Do(ctx context.Context, l Locker, key string, opt *AcquireOptions, fn func(context.Context) error) error {
 	lease, err := l.Acquire(ctx, key, opt)
 	if err != nil {
 		return err
 	}
-	return lease.Run(ctx, fn)
+	if lease == nil || lease.c == nil {
+		return fmt.Errorf("%w: Do: the Locker (%T) returned no lease of a RedisLocker", ErrInvalid, l)
+	}
+	return lease.c.Run(ctx, fn)
 }

@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
 )
 
 // EventKind names what happened to a guarded job.
@@ -38,7 +38,7 @@ const (
 	EventError
 	// EventPreempted: a newer job of the key preempted the running one
 	// (ModePreempt), as asked; its ctx was cancelled with a cause
-	// matching lockkit.ErrPreempted. It is not an EventLost.
+	// matching ErrPreempted. It is not an EventLost.
 	EventPreempted
 	// EventShadowed: under WithShadow, the job ran without a lease although
 	// the policy would not have run it now; Event.Action is what the policy
@@ -85,7 +85,7 @@ type Observer func(ctx context.Context, e Event)
 
 // logObserver returns an Observer that logs to l: EventLost, EventError and
 // an EventReleased whose job failed at Warn, except a preemption
-// (EventPreempted, lockkit.ErrPreempted, ModePreempt), which is asked for
+// (EventPreempted, ErrPreempted, ModePreempt), which is asked for
 // and logged at Info; everything else at Debug.
 func logObserver(l *slog.Logger) Observer {
 	return func(ctx context.Context, e Event) {
@@ -95,7 +95,7 @@ func logObserver(l *slog.Logger) Observer {
 		}
 		if e.Kind == EventLost || e.Kind == EventPreempted || e.Kind == EventError || (e.Kind == EventReleased && e.Err != nil) {
 			lvl = slog.LevelWarn
-			if errors.Is(e.Err, lockkit.ErrPreempted) {
+			if errors.Is(e.Err, lockcore.ErrPreempted) {
 				lvl = slog.LevelInfo
 			}
 		}

@@ -10,7 +10,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
 )
 
 // PassOn hands the key on from a parked job that cannot be started (see
@@ -25,15 +25,15 @@ func (g *Guard) PassOn(ctx context.Context, key, origin string) {
 	if p == nil || key == "" || origin == "" {
 		return
 	}
-	l, err := g.locker.TryAcquire(ctx, key, &lockkit.AcquireOptions{TTL: g.ttl, Label: origin, Adopt: true,
-		Park: &lockkit.Parking{OnParked: func(id string) { p.Resume(key, id) }}})
+	l, err := g.core.TryAcquire(ctx, key, &lockcore.AcquireOptions{TTL: g.ttl, Label: origin, Adopt: true,
+		Park: &lockcore.Parking{OnParked: func(id string) { p.Resume(key, id) }}})
 	if err != nil {
-		if !errors.Is(err, lockkit.ErrNotAcquired) && !errors.Is(err, lockkit.ErrClosed) {
+		if !errors.Is(err, lockcore.ErrNotAcquired) && !errors.Is(err, lockcore.ErrClosed) {
 			g.Emit(ctx, Event{Kind: EventError, Job: Job{Key: key, Origin: origin}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
 		}
 		return
 	}
-	if err := l.Release(ctx); err != nil && !errors.Is(err, lockkit.ErrClosed) {
+	if err := l.Release(ctx); err != nil && !errors.Is(err, lockcore.ErrClosed) {
 		g.Emit(ctx, Event{Kind: EventError, Job: Job{Key: key, Origin: origin}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
 	}
 }
@@ -58,12 +58,12 @@ func (g *Guard) parks() bool {
 // and the run that frees the key resumes it. A KeepNewest job that takes the
 // place of a parked follow-up resumes that one, which then completes
 // without running (ReasonSuperseded).
-func (g *Guard) parkFollowUp(ctx context.Context, job Job, opt *lockkit.AcquireOptions) (*lockkit.Lease, time.Duration, error) {
-	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)
+func (g *Guard) parkFollowUp(ctx context.Context, job Job, opt *lockcore.AcquireOptions) (*lockcore.Lease, time.Duration, error) {
+	lease, err := g.core.TryAcquire(ctx, job.Key, opt)
 	if err == nil {
 		return lease, 0, nil
 	}
-	var ce *lockkit.ConflictError
+	var ce *lockcore.ConflictError
 	if !errors.As(err, &ce) || ce.Parked < 0 {
 		return nil, 0, g.notAcquired(ctx, job, err, 0)
 	}
@@ -75,11 +75,11 @@ func (g *Guard) parkFollowUp(ctx context.Context, job Job, opt *lockkit.AcquireO
 }
 
 // parked reports whether opt parks the job when its key is held.
-func parked(opt *lockkit.AcquireOptions) bool { return opt.Park != nil && opt.Park.ID != "" }
+func parked(opt *lockcore.AcquireOptions) bool { return opt.Park != nil && opt.Park.ID != "" }
 
 // markParked sets Parked in err's DuplicateError when the acquire with opt
 // parked the job.
-func markParked(err error, opt *lockkit.AcquireOptions) error {
+func markParked(err error, opt *lockcore.AcquireOptions) error {
 	var dup *DuplicateError
 	if parked(opt) && errors.As(err, &dup) && dup.Reason == ReasonHeld && dup.Action == ActionRequeue {
 		dup.Parked = true
@@ -90,14 +90,14 @@ func markParked(err error, opt *lockkit.AcquireOptions) error {
 // followUp takes the key for a Coalesce, KeepNewest or Preempt job in one waiting
 // call, bounded by ctx: the job either gives way (to a run that began after
 // it, or to a newer follow-up) or waits for the key as its follow-up.
-func (g *Guard) followUp(ctx context.Context, job Job, opt *lockkit.AcquireOptions) (*lockkit.Lease, time.Duration, error) {
+func (g *Guard) followUp(ctx context.Context, job Job, opt *lockcore.AcquireOptions) (*lockcore.Lease, time.Duration, error) {
 	start := time.Now()
-	lease, err := g.locker.Acquire(ctx, job.Key, opt)
+	lease, err := g.core.Acquire(ctx, job.Key, opt)
 	waited := time.Since(start)
 	switch {
 	case err == nil:
 		return lease, waited, nil // EventAcquired reports the wait
-	case errors.Is(err, lockkit.ErrCovered), errors.Is(err, lockkit.ErrSuperseded), errors.Is(err, lockkit.ErrCompleted), errors.Is(err, lockkit.ErrEpochUsed):
+	case errors.Is(err, lockcore.ErrCovered), errors.Is(err, lockcore.ErrSuperseded), errors.Is(err, lockcore.ErrCompleted), errors.Is(err, lockcore.ErrEpochUsed):
 		return nil, waited, g.notAcquired(ctx, job, err, waited)
 	}
 	err = fmt.Errorf("middleware: %s: waiting for %q: %w", job.label(), job.Key, err)
@@ -124,7 +124,7 @@ func (g *Guard) admitJob(ctx context.Context, job Job) error {
 
 // ownRun reports whether err is a conflict with a run of the same work.
 func ownRun(job Job, err error) bool {
-	var ce *lockkit.ConflictError
+	var ce *lockcore.ConflictError
 	return job.Origin != "" && errors.As(err, &ce) && ce.Label == job.Origin
 }
 
@@ -145,25 +145,25 @@ func (g *Guard) doneAfterFailedWait(ctx context.Context, job Job) bool {
 // work to end: a delivery is never skipped as a duplicate of itself. When
 // that run succeeded after the runtime delivered the work again, the
 // runtime's record says so (WithDone) and the job completes without running.
-func (g *Guard) awaitOwnRun(ctx context.Context, job Job, opt *lockkit.AcquireOptions) (*lockkit.Lease, time.Duration, error) {
+func (g *Guard) awaitOwnRun(ctx context.Context, job Job, opt *lockcore.AcquireOptions) (*lockcore.Lease, time.Duration, error) {
 	start := time.Now()
-	lease, err := g.locker.Acquire(ctx, job.Key, opt)
+	lease, err := g.core.Acquire(ctx, job.Key, opt)
 	waited := time.Since(start)
 	switch {
 	case err == nil && g.done != nil && g.done(ctx, job):
 		_ = lease.Run(ctx, func(context.Context) error { return errDoneBefore })
-		err = fmt.Errorf("%w: %s: the earlier run of %q did the work", lockkit.ErrCompleted, job.label(), job.Origin)
+		err = fmt.Errorf("%w: %s: the earlier run of %q did the work", lockcore.ErrCompleted, job.label(), job.Origin)
 		return nil, waited, g.notAcquired(ctx, job, err, waited)
 	case err == nil:
 		g.Emit(ctx, Event{Kind: EventWaited, Job: job, Wait: waited})
 		return lease, waited, nil
-	case errors.Is(err, lockkit.ErrCompleted):
+	case errors.Is(err, lockcore.ErrCompleted):
 		return nil, waited, g.notAcquired(ctx, job, err, waited)
 	case g.done != nil && g.doneAfterFailedWait(ctx, job):
 		// The wait failed (a Redis error, ctx ended), but the earlier run
 		// did the work meanwhile: the job is not to run at its next
 		// delivery either, which need not wait for that run.
-		err = fmt.Errorf("%w: %s: the earlier run of %q did the work (%w)", lockkit.ErrCompleted, job.label(), job.Origin, err)
+		err = fmt.Errorf("%w: %s: the earlier run of %q did the work (%w)", lockcore.ErrCompleted, job.label(), job.Origin, err)
 		return nil, waited, g.notAcquired(ctx, job, err, waited)
 	}
 	err = fmt.Errorf("middleware: %s: waiting for the earlier delivery of %q: %w", job.label(), job.Origin, err)

@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/jobguard/jobguard/internal/invalid"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/throttle"
 )
@@ -57,6 +58,10 @@ var (
 	// invalid option; it also matches lockkit.ErrInvalid. The message names
 	// the option and the bad value.
 	ErrInvalid = invalid.New("middleware: invalid option")
+	// ErrPreempted is the cause (context.Cause) of the cancellation of a
+	// run's ctx when a newer job of its key took over (Preempt): the run's
+	// lease is lost, so it also matches lockkit.ErrLost.
+	ErrPreempted = lockcore.ErrPreempted
 )
 
 // Job is one run of work to guard. Key, Name and ID are what every runtime
@@ -115,7 +120,7 @@ type Job struct {
 	Reserved bool
 	// Final says that the runtime does not run the job again if this run
 	// fails (an asynq task with no retries left). Under Coalesce such a job
-	// covers no other (lockkit.Coalesce.Final): a failure of its run
+	// covers no other (the engine's Coalesce.Final): a failure of its run
 	// loses no other job's work. Defaults to false.
 	Final bool
 }
@@ -131,6 +136,7 @@ func (j Job) label() string {
 // use and holds no goroutine of its own.
 type Guard struct {
 	locker     lockkit.Locker
+	core       *lockcore.RedisLocker // the engine under locker
 	policy     Policy
 	limit      int
 	hold       time.Duration
@@ -151,16 +157,19 @@ type Guard struct {
 	shadow     bool
 }
 
-// New returns a Guard that takes leases from locker. It returns an error
-// matching ErrInvalid for a nil locker or an invalid option, naming the option
-// and the value, and for WithThrottle with a Locker that is not a
-// *lockkit.RedisLocker (whose Redis keeps the budget), naming the Locker's
-// type.
+// New returns a Guard that takes leases from locker, a *lockkit.RedisLocker.
+// It returns an error matching ErrInvalid for a nil locker, a Locker that is
+// not a *lockkit.RedisLocker (naming its type), or an invalid option, naming
+// the option and the value.
 func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	if locker == nil {
 		return nil, fmt.Errorf("%w: New: locker is nil", ErrInvalid)
 	}
-	g := &Guard{locker: locker, policy: Skip(), limit: 1}
+	core, err := lockcore.Of("middleware.New", locker)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	g := &Guard{locker: locker, core: core, policy: Skip(), limit: 1}
 	for _, o := range opts {
 		if o != nil {
 			o(g)
@@ -173,12 +182,12 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	switch {
 	case g.limit < 1:
 		return nil, fmt.Errorf("%w: WithLimit(%d): must be at least 1", ErrInvalid, g.limit)
-	case g.throttle != nil && (g.throttle.n < 1 || g.throttle.period < time.Millisecond || g.throttle.period > lockkit.MaxTTL):
-		return nil, fmt.Errorf("%w: WithThrottle(%d, %s): n must be at least 1 and period between 1ms and %s", ErrInvalid, g.throttle.n, g.throttle.period, lockkit.MaxTTL)
+	case g.throttle != nil && (g.throttle.n < 1 || g.throttle.period < time.Millisecond || g.throttle.period > lockcore.MaxTTL):
+		return nil, fmt.Errorf("%w: WithThrottle(%d, %s): n must be at least 1 and period between 1ms and %s", ErrInvalid, g.throttle.n, g.throttle.period, lockcore.MaxTTL)
 	case g.throttle != nil && g.throttle.then != ActionSkip && g.throttle.then != ActionRequeue:
 		return nil, fmt.Errorf("%w: WithThrottle: then must be ActionSkip or ActionRequeue, not %s", ErrInvalid, g.throttle.then)
-	case g.hold < 0 || g.hold > lockkit.MaxTTL:
-		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): must not be negative nor longer than %s", ErrInvalid, g.hold, lockkit.MaxTTL)
+	case g.hold < 0 || g.hold > lockcore.MaxTTL:
+		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): must not be negative nor longer than %s", ErrInvalid, g.hold, lockcore.MaxTTL)
 	case g.limit > 1 && g.policy.mode == ModeKeepNewest:
 		return nil, fmt.Errorf("%w: WithLimit(%d): KeepNewest runs one job per key at a time", ErrInvalid, g.limit)
 	case g.limit > 1 && g.policy.mode == ModePreempt:
@@ -187,8 +196,8 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): Preempt ends runs early, so it cannot keep a key held", ErrInvalid, g.hold)
 	case g.limit > 1 && g.policy.mode == ModeCoalesce:
 		return nil, fmt.Errorf("%w: WithLimit(%d): Coalesce runs one job per key at a time", ErrInvalid, g.limit)
-	case g.ttl != 0 && (g.ttl < lockkit.MinTTL || g.ttl > lockkit.MaxTTL):
-		return nil, fmt.Errorf("%w: WithTTL(%s): must be zero (the Locker's) or between %s and %s", ErrInvalid, g.ttl, lockkit.MinTTL, lockkit.MaxTTL)
+	case g.ttl != 0 && (g.ttl < lockcore.MinTTL || g.ttl > lockcore.MaxTTL):
+		return nil, fmt.Errorf("%w: WithTTL(%s): must be zero (the Locker's) or between %s and %s", ErrInvalid, g.ttl, lockcore.MinTTL, lockcore.MaxTTL)
 	case g.loggerSet && g.logger == nil:
 		return nil, fmt.Errorf("%w: WithLogger(nil)", ErrInvalid)
 	case g.admitSet && g.admit == nil:
@@ -197,8 +206,8 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("%w: WithDone(nil)", ErrInvalid)
 	case g.parkingSet && (g.parking.ID == nil || g.parking.Resume == nil):
 		return nil, fmt.Errorf("%w: WithParking: ID and Resume must not be nil", ErrInvalid)
-	case g.parkingSet && (g.parking.Hold < 0 || g.parking.Hold > lockkit.MaxTTL):
-		return nil, fmt.Errorf("%w: WithParking: Hold %s must not be negative nor longer than %s", ErrInvalid, g.parking.Hold, lockkit.MaxTTL)
+	case g.parkingSet && (g.parking.Hold < 0 || g.parking.Hold > lockcore.MaxTTL):
+		return nil, fmt.Errorf("%w: WithParking: Hold %s must not be negative nor longer than %s", ErrInvalid, g.parking.Hold, lockcore.MaxTTL)
 
 	}
 	for i, o := range g.observers {
@@ -206,22 +215,14 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 			return nil, fmt.Errorf("%w: WithObserver #%d is nil", ErrInvalid, i+1)
 		}
 	}
-	rl, _ := locker.(*lockkit.RedisLocker)
 	if g.throttle != nil {
-		if rl == nil {
-			return nil, fmt.Errorf("%w: WithThrottle(%d, %s): the budget is kept in the Redis of a *lockkit.RedisLocker, and the Locker is a %T", ErrInvalid, g.throttle.n, g.throttle.period, locker)
-		}
-		client, prefix := rl.Redis()
-		var err error
+		client, prefix := core.Redis()
 		if g.starts, err = throttle.New(client, g.throttle.n, g.throttle.period, throttle.WithPrefix(prefix)); err != nil {
 			return nil, fmt.Errorf("%w: WithThrottle: %w", ErrInvalid, err)
 		}
 	}
 	if g.logger == nil {
-		g.logger = slog.Default()
-		if rl != nil {
-			g.logger = rl.Logger()
-		}
+		g.logger = core.Logger()
 	}
 	g.log = logObserver(g.logger)
 	return g, nil
@@ -313,9 +314,9 @@ func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error
 // errPanicked ends a lease whose work panicked: never a success.
 var errPanicked = errors.New("middleware: the work panicked")
 
-// run runs fn under lease (lockkit.Lease.Run derives fn's context and ends
+// run runs fn under lease (the engine's Lease.Run derives fn's context and ends
 // the lease) and reports it.
-func (g *Guard) run(ctx context.Context, job Job, lease *lockkit.Lease, waited time.Duration, fn func(context.Context) error) error {
+func (g *Guard) run(ctx context.Context, job Job, lease *lockcore.Lease, waited time.Duration, fn func(context.Context) error) error {
 	g.emitLease(ctx, EventAcquired, job, lease, waited, 0, nil)
 	start := time.Now()
 	var (
@@ -333,7 +334,7 @@ func (g *Guard) run(ctx context.Context, job Job, lease *lockkit.Lease, waited t
 				<-reported // EventLost comes before EventReleased
 			}
 			lost = lease.Err()
-			if c := context.Cause(wctx); lost == nil && errors.Is(c, lockkit.ErrCancelled) {
+			if c := context.Cause(wctx); lost == nil && errors.Is(c, lockcore.ErrCancelled) {
 				cancelled = c // an operator asked the run to stop (lockkit's Locker.CancelRun)
 			}
 			if p = recover(); p != nil {
@@ -347,7 +348,7 @@ func (g *Guard) run(ctx context.Context, job Job, lease *lockkit.Lease, waited t
 	if p == nil && err == nil {
 		rerr = end
 	}
-	if err != nil && cancelled != nil && !errors.Is(err, lockkit.ErrCancelled) {
+	if err != nil && cancelled != nil && !errors.Is(err, lockcore.ErrCancelled) {
 		err = fmt.Errorf("%w (%w)", err, cancelled)
 	}
 	return g.finish(ctx, job, lease, start, p, err, lost, rerr)
@@ -359,15 +360,15 @@ func (g *Guard) emptyKey(ctx context.Context, job Job) error {
 	return err
 }
 
-func (g *Guard) emitLease(ctx context.Context, kind EventKind, job Job, lease *lockkit.Lease, wait, took time.Duration, err error) {
+func (g *Guard) emitLease(ctx context.Context, kind EventKind, job Job, lease *lockcore.Lease, wait, took time.Duration, err error) {
 	g.Emit(ctx, Event{Kind: kind, Job: job, Token: lease.Token(), Wait: wait, Duration: took, Err: err})
 }
 
-func (g *Guard) reportLost(ctx, wctx context.Context, job Job, lease *lockkit.Lease) {
+func (g *Guard) reportLost(ctx, wctx context.Context, job Job, lease *lockcore.Lease) {
 	switch cause := context.Cause(wctx); {
-	case errors.Is(cause, lockkit.ErrPreempted):
+	case errors.Is(cause, lockcore.ErrPreempted):
 		g.emitLease(ctx, EventPreempted, job, lease, 0, 0, cause)
-	case errors.Is(cause, lockkit.ErrLost):
+	case errors.Is(cause, lockcore.ErrLost):
 		g.emitLease(ctx, EventLost, job, lease, 0, 0, cause)
 	}
 }
@@ -375,14 +376,14 @@ func (g *Guard) reportLost(ctx, wctx context.Context, job Job, lease *lockkit.Le
 // finish reports a run whose work returned err or panicked with p (re-raised
 // here), with the lease lost (lost) or not and ended with rerr, and returns
 // the work's error, annotated with the loss cause if the lease was lost.
-func (g *Guard) finish(ctx context.Context, job Job, lease *lockkit.Lease, start time.Time, p any, err, lost, rerr error) error {
+func (g *Guard) finish(ctx context.Context, job Job, lease *lockcore.Lease, start time.Time, p any, err, lost, rerr error) error {
 	if p != nil {
 		perr := fmt.Errorf("middleware: %s panicked: %v", job.label(), p)
 		g.emitLease(ctx, EventError, job, lease, 0, time.Since(start), perr)
 		g.emitLease(ctx, EventReleased, job, lease, 0, time.Since(start), perr) // the run ended
 		panic(p)
 	}
-	if err != nil && lost != nil && !errors.Is(err, lockkit.ErrLost) {
+	if err != nil && lost != nil && !errors.Is(err, lockcore.ErrLost) {
 		err = fmt.Errorf("%w (%w)", err, lost)
 	}
 	if rerr != nil && lost == nil {
@@ -405,7 +406,7 @@ type attempt struct {
 
 // acquire takes job's key under the policy. A job about to wait for the
 // key gives back its reserved throttle start first.
-func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Lease, time.Duration, error) {
+func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockcore.Lease, time.Duration, error) {
 	if g.admit != nil {
 		if err := g.admitJob(ctx, job); err != nil {
 			return nil, 0, err
@@ -415,11 +416,11 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Leas
 	opt.Fair = g.policy.fair
 	switch g.policy.mode {
 	case ModeCoalesce:
-		opt.FollowUp = lockkit.Coalesce{Since: job.EnqueuedAt, Final: job.Final}
+		opt.FollowUp = lockcore.Coalesce{Since: job.EnqueuedAt, Final: job.Final}
 	case ModeKeepNewest:
-		opt.FollowUp = lockkit.KeepNewest{Order: job.Order}
+		opt.FollowUp = lockcore.KeepNewest{Order: job.Order}
 	case ModePreempt:
-		opt.FollowUp = lockkit.Preempt{Order: job.Order, Grace: g.policy.grace}
+		opt.FollowUp = lockcore.Preempt{Order: job.Order, Grace: g.policy.grace}
 	}
 	if opt.FollowUp != nil {
 		if parked(opt) {
@@ -427,11 +428,11 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Leas
 		}
 		return g.followUp(ctx, job, opt)
 	}
-	lease, err := g.locker.TryAcquire(ctx, job.Key, opt)
+	lease, err := g.core.TryAcquire(ctx, job.Key, opt)
 	if err == nil {
 		return lease, 0, nil
 	}
-	if !errors.Is(err, lockkit.ErrNotAcquired) {
+	if !errors.Is(err, lockcore.ErrNotAcquired) {
 		return nil, 0, g.notAcquired(ctx, job, err, 0)
 	}
 	if ownRun(job, err) {
@@ -451,12 +452,12 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockkit.Leas
 // reservation over, and under WithParking (and a limit of 1) the run's end
 // resumes the key's oldest parked job; with park, a job of a policy that
 // parks is parked when the key is held.
-func (g *Guard) leaseOptions(ctx context.Context, job Job, park bool) *lockkit.AcquireOptions {
-	opt := &lockkit.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, EpochTag: job.EpochTag, Label: job.Origin, HoldAtLeast: g.hold,
+func (g *Guard) leaseOptions(ctx context.Context, job Job, park bool) *lockcore.AcquireOptions {
+	opt := &lockcore.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, EpochTag: job.EpochTag, Label: job.Origin, HoldAtLeast: g.hold,
 		AsyncRelease: g.async, Adopt: job.Reserved && job.Origin != ""}
 	if p := g.parking; p != nil && g.limit <= 1 {
 		// Every run resumes the key's oldest parked job when it ends.
-		opt.Park = &lockkit.Parking{OnParked: func(id string) { p.Resume(job.Key, id) }}
+		opt.Park = &lockcore.Parking{OnParked: func(id string) { p.Resume(job.Key, id) }}
 		if g.parks() && job.Origin != "" {
 			opt.Adopt = true
 			if park {
@@ -468,10 +469,10 @@ func (g *Guard) leaseOptions(ctx context.Context, job Job, park bool) *lockkit.A
 }
 
 // acquireWaiting waits up to the policy's bound.
-func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockkit.AcquireOptions, a *attempt) (*lockkit.Lease, time.Duration, error) {
+func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockcore.AcquireOptions, a *attempt) (*lockcore.Lease, time.Duration, error) {
 	start := time.Now()
 	wctx, cancel := context.WithTimeout(ctx, g.policy.wait)
-	lease, err := g.locker.Acquire(wctx, job.Key, opt)
+	lease, err := g.core.Acquire(wctx, job.Key, opt)
 	cancel()
 	waited := time.Since(start)
 	switch {
@@ -494,26 +495,26 @@ func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockkit.Acquir
 // or the epoch claimed) or a wrapped lockkit error, and reports it.
 func (g *Guard) notAcquired(ctx context.Context, job Job, err error, waited time.Duration) error {
 	switch {
-	case errors.Is(err, lockkit.ErrEpochUsed):
+	case errors.Is(err, lockcore.ErrEpochUsed):
 		g.Emit(ctx, Event{Kind: EventClaimed, Job: job, Action: ActionSkip, Wait: waited, Err: err})
 		return &DuplicateError{Job: job, Reason: ReasonClaimed, Action: ActionSkip, Waited: waited, Cause: err}
-	case errors.Is(err, lockkit.ErrCompleted):
+	case errors.Is(err, lockcore.ErrCompleted):
 		g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Wait: waited, Err: err})
 		return &DuplicateError{Job: job, Reason: ReasonCompleted, Action: ActionSkip, Waited: waited, Cause: err}
-	case errors.Is(err, lockkit.ErrSuperseded):
+	case errors.Is(err, lockcore.ErrSuperseded):
 		g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Wait: waited, Err: err})
 		return &DuplicateError{Job: job, Reason: ReasonSuperseded, Action: ActionSkip, Waited: waited, Cause: err}
-	case errors.Is(err, lockkit.ErrCovered):
+	case errors.Is(err, lockcore.ErrCovered):
 		ev := Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Wait: waited, Err: err}
-		var ce *lockkit.CoveredError
+		var ce *lockcore.CoveredError
 		if errors.As(err, &ce) {
 			ev.Holder = ce.Owner
 		}
 		g.Emit(ctx, ev)
 		return &DuplicateError{Job: job, Reason: ReasonCovered, Action: ActionSkip, Waited: waited, Cause: err}
-	case errors.Is(err, lockkit.ErrNotAcquired):
+	case errors.Is(err, lockcore.ErrNotAcquired):
 		dup := &DuplicateError{Job: job, Reason: ReasonHeld, Action: g.policy.action, Waited: waited, Cause: err}
-		var ce *lockkit.ConflictError
+		var ce *lockcore.ConflictError
 		if errors.As(err, &ce) {
 			dup.Cause = ce
 		}

@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
+	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/internal/logbuf"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
@@ -270,7 +272,7 @@ func TestEpochRunsOnce(t *testing.T) {
 				var dup *middleware.DuplicateError
 				require.ErrorAs(t, err, &dup)
 				require.Equal(t, middleware.ReasonClaimed, dup.Reason)
-				require.ErrorIs(t, err, lockkit.ErrEpochUsed)
+				require.ErrorIs(t, err, lockcore.ErrEpochUsed)
 				require.Equal(t, []middleware.EventKind{middleware.EventClaimed}, rec.kinds())
 			}
 			require.EqualValues(t, 1, runs.Load())
@@ -376,7 +378,7 @@ func TestNewValidation(t *testing.T) {
 		{"zero wait in order", []middleware.Option{middleware.WithPolicy(middleware.WaitInOrder(0, middleware.Fail()))}, "the wait 0s must be positive"},
 		{"wait around a wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Wait(time.Hour, middleware.Skip())))}, "then waits already: Wait(1h0m0s, Skip())"},
 		{"negative delay", []middleware.Option{middleware.WithPolicy(middleware.Requeue(-time.Second))}, "the requeue delay must not be negative nor longer than"},
-		{"delay past MaxTTL", []middleware.Option{middleware.WithPolicy(middleware.Requeue(lockkit.MaxTTL + time.Hour))}, "the requeue delay must not be negative nor longer than"},
+		{"delay past MaxTTL", []middleware.Option{middleware.WithPolicy(middleware.Requeue(lockcore.MaxTTL + time.Hour))}, "the requeue delay must not be negative nor longer than"},
 		{"nil admit", []middleware.Option{middleware.WithAdmit(nil)}, "WithAdmit(nil)"},
 		{"nil done", []middleware.Option{middleware.WithDone(nil)}, "WithDone(nil)"},
 		{"preempt and wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Preempt(0)))}, "Preempt(0s) waits for its turn itself"},
@@ -416,26 +418,17 @@ func TestNewValidation(t *testing.T) {
 // instrumenting wrapper.
 type wrapped struct{ lockkit.Locker }
 
-// The throttle's budget lives in the Redis of a *lockkit.RedisLocker: with
-// another Locker, WithThrottle is refused by New, naming the Locker's type;
-// jobs run, and the guard logs through slog.Default().
+// A Guard takes its leases from the engine under a *lockkit.RedisLocker:
+// New refuses another Locker (a user's wrapper), naming its type, whatever
+// the options.
 func TestGuardOnAnotherLocker(t *testing.T) {
 	l := wrapped{lockkittest.New(t, lockkit.WithLogger(slog.New(slog.DiscardHandler)))}
-	_, err := middleware.New(l, middleware.WithThrottle(1, time.Second, middleware.ActionSkip))
-	require.ErrorIs(t, err, middleware.ErrInvalid)
-	require.ErrorContains(t, err, "WithThrottle(1, 1s): the budget is kept in the Redis of a *lockkit.RedisLocker, and the Locker is a middleware_test.wrapped")
-
-	var logs logbuf.Buffer
-	prev := slog.Default()
-	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	t.Cleanup(func() { slog.SetDefault(prev) })
-	g, err := middleware.New(l, middleware.WithPolicy(middleware.KeepNewest()))
-	require.NoError(t, err)
-	ctx := context.Background()
-	out := g.Run(ctx, middleware.Job{Key: "k", Name: "sync"}, func(context.Context) error { return nil })
-	require.True(t, out.Ran)
-	require.NoError(t, out.Err)
-	require.Contains(t, logs.String(), "sync", "logged through slog.Default()")
+	for _, opts := range [][]middleware.Option{nil, {middleware.WithThrottle(1, time.Second, middleware.ActionSkip)}} {
+		_, err := middleware.New(l, opts...)
+		require.ErrorIs(t, err, middleware.ErrInvalid)
+		require.ErrorIs(t, err, lockkit.ErrInvalid)
+		require.ErrorContains(t, err, "middleware.New needs a *lockkit.RedisLocker (lockkit.NewRedis, inprocess or lockkittest), and the Locker is middleware_test.wrapped")
+	}
 }
 
 // The TTL and the logger given once at the Locker are what the guard uses;
@@ -530,7 +523,7 @@ func TestOwnEarlierDeliveryIsNeverADuplicate(t *testing.T) {
 					require.ErrorAs(t, err, &dup)
 					require.Equal(t, middleware.ReasonCompleted, dup.Reason)
 					require.Equal(t, middleware.ActionSkip, dup.Action)
-					require.ErrorIs(t, err, lockkit.ErrCompleted)
+					require.ErrorIs(t, err, lockcore.ErrCompleted)
 					require.False(t, ran.Load())
 				} else {
 					require.NoError(t, err)
@@ -599,7 +592,7 @@ func TestCoalescePolicy(t *testing.T) {
 	require.NotNil(t, out.Duplicate)
 	require.Equal(t, middleware.ReasonCovered, out.Duplicate.Reason)
 	require.Equal(t, middleware.ActionSkip, out.Duplicate.Action)
-	require.ErrorIs(t, out.Err, lockkit.ErrCovered)
+	require.ErrorIs(t, out.Err, lockcore.ErrCovered)
 	require.ErrorIs(t, out.Err, middleware.ErrDuplicate)
 	ev, ok := rec.find(middleware.EventDuplicate)
 	require.True(t, ok)
@@ -684,11 +677,11 @@ func TestPreemptPolicy(t *testing.T) {
 	require.NoError(t, out.Err)
 	prev := <-old
 	require.True(t, prev.Ran)
-	require.ErrorIs(t, prev.Err, lockkit.ErrPreempted)
+	require.ErrorIs(t, prev.Err, lockcore.ErrPreempted)
 	require.ErrorIs(t, prev.Err, lockkit.ErrLost)
 	preempted, ok := events.find(middleware.EventPreempted)
 	require.True(t, ok, "a preemption is reported as such")
-	require.ErrorIs(t, preempted.Err, lockkit.ErrPreempted)
+	require.ErrorIs(t, preempted.Err, lockcore.ErrPreempted)
 	require.Equal(t, "preempted", preempted.Kind.String())
 	_, ok = events.find(middleware.EventLost)
 	require.False(t, ok, "a preemption is not a lost lease")
@@ -806,7 +799,7 @@ func TestAdmit(t *testing.T) {
 
 // WithDone: a job that waited for an earlier run of the same work (its
 // Origin) reads the runtime's record when it has the key: true completes it
-// without running (ReasonCompleted, matching lockkit.ErrCompleted) and frees
+// without running (ReasonCompleted, the engine's ErrCompleted) and frees
 // the key; false runs it. A job that did not wait is not asked.
 func TestDoneIsReadAfterWaitingForTheOwnRun(t *testing.T) {
 	l := lockkittest.New(t)
@@ -843,7 +836,7 @@ func TestDoneIsReadAfterWaitingForTheOwnRun(t *testing.T) {
 		if d {
 			require.NotNil(t, out.Duplicate)
 			require.Equal(t, middleware.ReasonCompleted, out.Duplicate.Reason)
-			require.ErrorIs(t, out.Err, lockkit.ErrCompleted)
+			require.ErrorIs(t, out.Err, lockcore.ErrCompleted)
 		}
 		info, err := l.Inspect(ctx, "k")
 		require.NoError(t, err)
@@ -884,7 +877,7 @@ func TestDoneIsReadWhenTheWaitForTheOwnRunFails(t *testing.T) {
 		if d {
 			require.NotNil(t, out.Duplicate, "%v", out.Err)
 			require.Equal(t, middleware.ReasonCompleted, out.Duplicate.Reason)
-			require.ErrorIs(t, out.Err, lockkit.ErrCompleted)
+			require.ErrorIs(t, out.Err, lockcore.ErrCompleted)
 		} else {
 			require.Nil(t, out.Duplicate)
 			require.ErrorIs(t, out.Err, context.DeadlineExceeded)
@@ -1040,7 +1033,7 @@ func TestReservedJobAdoptsItsReservation(t *testing.T) {
 	l := lockkittest.New(t)
 	ctx := context.Background()
 	g, _ := newGuard(t, l, middleware.WithPolicy(middleware.Skip()))
-	_, err := l.TryAcquire(ctx, "k", &lockkit.AcquireOptions{Label: "a", Detached: true, TTL: time.Minute})
+	_, err := coretest.Of(t, l).TryAcquire(ctx, "k", &lockcore.AcquireOptions{Label: "a", Detached: true, TTL: time.Minute})
 	require.NoError(t, err)
 
 	out := g.Run(ctx, middleware.Job{Key: "k", Origin: "b"}, func(context.Context) error { return nil })
@@ -1363,7 +1356,7 @@ func TestThrottleReservedStartDoesNotDropAWaitingJob(t *testing.T) {
 			l := newLocker(t)
 			held, err := l.TryAcquire(ctx, "k", nil) // not a throttled run
 			require.NoError(t, err)
-			client, prefix := l.(*lockkit.RedisLocker).Redis()
+			client, prefix := coretest.Of(t, l).Redis()
 			starts, err := throttle.New(client, 1, time.Minute, throttle.WithPrefix(prefix))
 			require.NoError(t, err)
 			wait, err := starts.Reserve(ctx, "k", "x") // a job about to take the key

@@ -22,12 +22,12 @@ func WithLimit(n int) Option { return func(g *Guard) { g.limit = n } }
 // even when the run ends sooner (lockkit.AcquireOptions.HoldAtLeast): with
 // Skip, a key runs at most once per d. A run that fails holds nothing back:
 // its retry runs as soon as it comes. Zero means none; at most
-// lockkit.MaxTTL. Defaults to zero.
+// 100 years. Defaults to zero.
 func WithHoldAtLeast(d time.Duration) Option { return func(g *Guard) { g.hold = d } }
 
 // WithThrottle allows at most n runs of a key to begin in any window of one
 // period across every process (a throttle.Throttle on the Redis and prefix
-// of the Locker, which must be a *lockkit.RedisLocker), each start dated
+// of the Locker), each start dated
 // when its run begins. A job over the budget does not run: Run returns a
 // *DuplicateError with ReasonThrottled, then as its Action (ActionSkip, or
 // ActionRequeue to run it again when the next start opens, RetryAfter), and
@@ -47,9 +47,8 @@ func WithHoldAtLeast(d time.Duration) Option { return func(g *Guard) { g.hold = 
 // and Preempt, whatever then is: other jobs folded into it or gave way to
 // it). A delivery that waited for its own earlier run
 // is that run's retry and spends no start. n must be at least 1, period between a millisecond and
-// lockkit.MaxTTL. New refuses it (ErrInvalid, naming the Locker's type) when
-// the Locker is not a *lockkit.RedisLocker, which keeps the budget. Defaults
-// to no throttle.
+// 100 years. The budget is kept in the Redis of the *lockkit.RedisLocker.
+// Defaults to no throttle.
 func WithThrottle(n int, period time.Duration, then Action) Option {
 	return func(g *Guard) { g.throttle = &throttleSpec{n: n, period: period, then: then} }
 }
@@ -80,8 +79,7 @@ func WithAdmit(a Admit) Option { return func(g *Guard) { g.admit, g.admitSet = a
 // same work (Job.Origin) to end: the runtime may have delivered the work
 // again while that run went on, unaware of it (singleton: asynq took the
 // task back), and that run may have done it. true completes the job without
-// running (ReasonCompleted, ActionSkip, its Cause matching
-// lockkit.ErrCompleted); false, also when the record cannot be read, runs
+// running (ReasonCompleted, ActionSkip); false, also when the record cannot be read, runs
 // it: a second run is better than a lost one.
 type Done func(ctx context.Context, job Job) bool
 
@@ -127,7 +125,7 @@ type Parking struct {
 
 // WithParking makes ActionRequeue park its duplicates, and Coalesce and
 // KeepNewest their follow-ups instead of waiting for the key: a job with an
-// Origin whose key is held is queued for the key (lockkit.Parking)
+// Origin whose key is held is queued for the key (the engine's parking)
 // and reported with ActionRequeue and DuplicateError.Parked (a Coalesce job
 // that a run covers, or that the key's parked follow-up will cover, still
 // completes without running, as does a KeepNewest follow-up that a newer
@@ -141,15 +139,14 @@ type Parking struct {
 func WithParking(p Parking) Option { return func(g *Guard) { g.parking, g.parkingSet = &p, true } }
 
 // WithTTL overrides, for this guard's leases, the TTL the Locker gives them
-// (lockkit.WithTTL, lockkit.DefaultTTL unless set); the lease is renewed every
+// (lockkit.WithTTL, 30s unless set); the lease is renewed every
 // TTL/3 while the work runs. Zero means the Locker's. Must be zero or between
-// lockkit.MinTTL and lockkit.MaxTTL. Defaults to zero.
+// 100ms and 100 years. Defaults to zero.
 func WithTTL(ttl time.Duration) Option { return func(g *Guard) { g.ttl = ttl } }
 
 // WithLogger sets the guard's logger: lost leases, errors and jobs that
 // failed at Warn, everything else at Debug. Must not be nil. Defaults to the
-// logger of the Locker when it is a *lockkit.RedisLocker (lockkit.WithLogger),
-// slog.Default() otherwise.
+// logger of the Locker (lockkit.WithLogger).
 func WithLogger(l *slog.Logger) Option {
 	return func(g *Guard) { g.logger, g.loggerSet = l, true }
 }

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
 )
 
 // Action is what happens to a job whose key is held.
@@ -62,7 +62,7 @@ const (
 	// Origin parks as that follow-up instead of waiting.
 	ModeKeepNewest
 	// ModePreempt: a job cancels the run that holds its key: that run's ctx
-	// is cancelled with a cause matching lockkit.ErrPreempted (and
+	// is cancelled with a cause matching ErrPreempted (and
 	// lockkit.ErrLost), its lease is no longer renewed and its fencing token
 	// is superseded by this job's; the run is reported as EventPreempted,
 	// not EventLost. The job waits, bounded by its ctx only, as the key's
@@ -123,7 +123,7 @@ func (p Policy) Grace() time.Duration { return p.grace }
 // Preempt returns the policy under which a job cancels the run holding its
 // key and runs after it (ModePreempt); grace bounds how long the cancelled
 // run may keep the key, zero meaning its remaining TTL (it is no longer
-// renewed). grace must be between 0 and lockkit.MaxTTL.
+// renewed). grace must be between 0 and 100 years.
 func Preempt(grace time.Duration) Policy {
 	return Policy{mode: ModePreempt, action: ActionSkip, grace: grace}
 }
@@ -175,7 +175,7 @@ func Fail() Policy { return Policy{action: ActionFail} }
 
 // Requeue returns the policy that runs duplicates again after delay (plus up
 // to 50% jitter). Zero means DefaultRequeueDelay; it must not be negative
-// nor longer than lockkit.MaxTTL (New refuses it with ErrInvalid).
+// nor longer than 100 years (New refuses it with ErrInvalid).
 func Requeue(delay time.Duration) Policy {
 	return Policy{action: ActionRequeue, delay: delay}
 }
@@ -210,10 +210,10 @@ func (p Policy) validate() error {
 		return fmt.Errorf("%w: WithPolicy: Wait: %s", ErrInvalid, p.bad)
 	case p.action < 0 || int(p.action) >= len(actionNames):
 		return fmt.Errorf("%w: WithPolicy(%s): unknown action %d", ErrInvalid, p, int(p.action))
-	case p.delay < 0 || p.delay > lockkit.MaxTTL:
-		return fmt.Errorf("%w: WithPolicy(%s): the requeue delay must not be negative nor longer than %s", ErrInvalid, p, lockkit.MaxTTL)
-	case p.grace < 0 || p.grace > lockkit.MaxTTL:
-		return fmt.Errorf("%w: WithPolicy(%s): the grace must not be negative nor longer than %s", ErrInvalid, p, lockkit.MaxTTL)
+	case p.delay < 0 || p.delay > lockcore.MaxTTL:
+		return fmt.Errorf("%w: WithPolicy(%s): the requeue delay must not be negative nor longer than %s", ErrInvalid, p, lockcore.MaxTTL)
+	case p.grace < 0 || p.grace > lockcore.MaxTTL:
+		return fmt.Errorf("%w: WithPolicy(%s): the grace must not be negative nor longer than %s", ErrInvalid, p, lockcore.MaxTTL)
 	}
 	return nil
 }
@@ -246,8 +246,8 @@ const (
 )
 
 // DuplicateError is returned by Guard.Run when the work did not run. It
-// matches ErrDuplicate and, for ReasonHeld, lockkit.ErrNotAcquired; for
-// ReasonCompleted, lockkit.ErrCompleted; for ReasonCovered, lockkit.ErrCovered.
+// matches ErrDuplicate and, for ReasonHeld, lockkit.ErrNotAcquired; Reason
+// tells why it did not run.
 type DuplicateError struct {
 	Job    Job
 	Reason Reason
@@ -262,8 +262,9 @@ type DuplicateError struct {
 	// queued for its key: it is started again when the key is free (the
 	// runtime's requeue after the policy's delay is the backstop).
 	Parked bool
-	// Cause is the lockkit error: a *lockkit.ConflictError (naming the holder)
-	// or one matching lockkit.ErrEpochUsed.
+	// Cause is the lease's error: a *lockkit.ConflictError (naming the
+	// holder), or the refusal of a claimed epoch (ReasonClaimed), a
+	// completed or covered work (ReasonCompleted, ReasonCovered).
 	Cause error
 }
 
@@ -277,7 +278,7 @@ func (e *DuplicateError) Error() string {
 	case ReasonCovered:
 		return fmt.Sprintf("middleware: duplicate %s (key %q): covered: %v", e.Job.label(), e.Job.Key, e.Cause)
 	case ReasonSuperseded:
-		if e.Cause != nil && !errors.Is(e.Cause, lockkit.ErrSuperseded) {
+		if e.Cause != nil && !errors.Is(e.Cause, lockcore.ErrSuperseded) {
 			return fmt.Sprintf("middleware: duplicate %s (key %q): superseded: %v", e.Job.label(), e.Job.Key, e.Cause)
 		}
 		return fmt.Sprintf("middleware: duplicate %s (key %q): a newer follow-up took its place", e.Job.label(), e.Job.Key)

@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
 )
 
 // WithShadow runs every job: the guard decides as the policy would, and a
@@ -41,20 +41,20 @@ func (g *Guard) shadowRun(ctx context.Context, job Job, fn func(context.Context)
 	// A job reserved for takes its reservation over, and the run's end
 	// hands the key to the next parked job, as without shadow; nothing is
 	// parked.
-	lease, err := g.locker.TryAcquire(ctx, job.Key, g.leaseOptions(ctx, job, false))
+	lease, err := g.core.TryAcquire(ctx, job.Key, g.leaseOptions(ctx, job, false))
 	if err == nil {
 		return Outcome{Ran: true, Err: g.run(ctx, job, lease, 0, fn)}
 	}
 	e := Event{Kind: EventShadowed, Job: job, Action: g.policy.action, Err: err}
-	var ce *lockkit.ConflictError
+	var ce *lockcore.ConflictError
 	switch {
 	case errors.As(err, &ce) && job.Origin != "" && ce.Label == job.Origin:
 		e = Event{} // its own earlier delivery: not a duplicate
 	case errors.As(err, &ce):
 		e.Holder = ce.Owner
-	case errors.Is(err, lockkit.ErrEpochUsed):
+	case errors.Is(err, lockcore.ErrEpochUsed):
 		e.Action = ActionSkip
-	case errors.Is(err, lockkit.ErrCompleted):
+	case errors.Is(err, lockcore.ErrCompleted):
 		e.Action = ActionSkip
 	default:
 		e.Kind, e.Action, e.Err = EventError, 0, fmt.Errorf("middleware: shadow: %q: %w; the job runs anyway", job.Key, err)
@@ -68,7 +68,7 @@ func (g *Guard) shadowRun(ctx context.Context, job Job, fn func(context.Context)
 		// reservation it could not take over, would hold the key for work
 		// that is done (lockkit: ForceRelease by Label gives up both).
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		if _, ferr := g.locker.ForceRelease(fctx, job.Key, lockkit.Select{Label: job.Origin}); ferr != nil {
+		if _, ferr := g.core.ForceRelease(fctx, job.Key, lockcore.Select{Label: job.Origin}); ferr != nil {
 			g.Emit(ctx, Event{Kind: EventError, Job: job, Err: fmt.Errorf("middleware: shadow: %q: giving up the place kept for %q: %w", job.Key, job.Origin, ferr)})
 		}
 		cancel()

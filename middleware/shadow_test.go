@@ -9,6 +9,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
+	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -56,7 +58,7 @@ func TestShadowRunsEveryJobAndReportsTheDecision(t *testing.T) {
 	require.Len(t, shadowed, 1)
 	require.Equal(t, "second", shadowed[0].Job.ID)
 	require.Equal(t, middleware.ActionRequeue, shadowed[0].Action, "what the policy would have done")
-	require.Equal(t, one.Owner(), shadowed[0].Holder)
+	require.Equal(t, coretest.Of(t, one).Owner(), shadowed[0].Holder)
 	require.ErrorIs(t, shadowed[0].Err, lockkit.ErrNotAcquired)
 	require.Equal(t, "shadowed", middleware.EventShadowed.String())
 
@@ -110,7 +112,7 @@ func TestShadowReservedJobTakesItsReservationOver(t *testing.T) {
 	newLocker := backends(t)["redis"]
 	ctx := context.Background()
 	l := newLocker(t)
-	_, err := l.TryAcquire(ctx, "report", &lockkit.AcquireOptions{Label: "task-1", Detached: true, TTL: lockkit.MaxTTL})
+	_, err := coretest.Of(t, l).TryAcquire(ctx, "report", &lockcore.AcquireOptions{Label: "task-1", Detached: true, TTL: lockcore.MaxTTL})
 	require.NoError(t, err)
 	rec := &recorder{}
 	g, err := middleware.New(newLocker(t), middleware.WithShadow(), middleware.WithObserver(rec.observe))
@@ -134,11 +136,11 @@ func TestShadowReservedJobTakesItsReservationOver(t *testing.T) {
 func TestShadowDuplicateGivesUpItsParkedPlace(t *testing.T) {
 	newLocker := backends(t)["redis"]
 	ctx := context.Background()
-	l := newLocker(t)
-	holder, err := l.TryAcquire(ctx, "report", &lockkit.AcquireOptions{Label: "task-1"})
+	l := coretest.Of(t, newLocker(t))
+	holder, err := l.TryAcquire(ctx, "report", &lockcore.AcquireOptions{Label: "task-1"})
 	require.NoError(t, err)
 	defer holder.Release(ctx)
-	_, err = l.TryAcquire(ctx, "report", &lockkit.AcquireOptions{Label: "task-2", Park: &lockkit.Parking{ID: "q\ntask-2\ntask-2", Hold: time.Minute}})
+	_, err = l.TryAcquire(ctx, "report", &lockcore.AcquireOptions{Label: "task-2", Park: &lockcore.Parking{ID: "q\ntask-2\ntask-2", Hold: time.Minute}})
 	require.ErrorIs(t, err, lockkit.ErrNotAcquired)
 	info, err := l.Inspect(ctx, "report")
 	require.NoError(t, err)

@@ -11,7 +11,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
 )
 
 // errNotBegun ends the lease of a run that did not begin after all.
@@ -64,7 +64,7 @@ func (g *Guard) ownRunHolds(ctx context.Context, job Job) bool {
 	if job.Origin == "" {
 		return false
 	}
-	info, err := g.locker.Inspect(ctx, job.Key)
+	info, err := g.core.Inspect(ctx, job.Key)
 	if err != nil {
 		return false
 	}
@@ -107,7 +107,7 @@ func (g *Guard) reserveInTurn(ctx context.Context, job Job, id string) (time.Dur
 // the start it reserved, or a new one if the budget allows. Otherwise it
 // ends lease, taken after waiting for waited, as a run that did nothing
 // (no HoldAtLeast, no success) and returns why the job does not run.
-func (g *Guard) beginStart(ctx context.Context, job Job, lease *lockkit.Lease, a *attempt, waited time.Duration) error {
+func (g *Guard) beginStart(ctx context.Context, job Job, lease *lockcore.Lease, a *attempt, waited time.Duration) error {
 	t := g.throttle
 	wait, err := g.starts.Start(ctx, job.Key, a.start)
 	if err == nil && wait == 0 {

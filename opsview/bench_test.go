@@ -14,6 +14,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
+	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/opsview"
@@ -66,7 +68,7 @@ func BenchmarkPageRefresh(b *testing.B) {
 			defer wg.Done()
 			for i := w; i < n; i += 16 {
 				key := fmt.Sprintf("asynq:report:tenant_id=org_%06d", i)
-				if _, err := l.TryAcquire(ctx, key, &lockkit.AcquireOptions{TTL: 30 * time.Minute, NoRenew: true, Label: fmt.Sprintf("task-%06d", i)}); err != nil {
+				if _, err := coretest.Of(b, l).TryAcquire(ctx, key, &lockcore.AcquireOptions{TTL: 30 * time.Minute, NoRenew: true, Label: fmt.Sprintf("task-%06d", i)}); err != nil {
 					failed.Add(1)
 				}
 			}

@@ -38,6 +38,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/invalid"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/printable"
 	"github.com/jobguard/jobguard/lockkit"
 )
@@ -99,6 +100,7 @@ func WithFrameAncestors(origins ...string) Option {
 // go on. The page's Confirm sends the tokens it showed.
 type Handler struct {
 	l       lockkit.Locker
+	core    *lockcore.RedisLocker // the engine under l; nil when l is not a *lockkit.RedisLocker
 	release bool
 	refresh time.Duration
 	pattern string
@@ -124,6 +126,7 @@ func New(locker lockkit.Locker, opts ...Option) (*Handler, error) {
 		return nil, fmt.Errorf("%w: New: locker is nil", ErrInvalid)
 	}
 	h := &Handler{l: locker, refresh: DefaultRefresh, pattern: "*"}
+	h.core, _ = lockcore.Of("opsview.New", locker) // nil: the page lists with Keys and shows no parked jobs
 	for _, o := range opts {
 		if o != nil {
 			o(h)
@@ -165,7 +168,7 @@ func WithActorHeader(name string) Option { return func(h *Handler) { h.actor = n
 
 // WithScanBudget bounds the work of one listing of the held keys, whatever
 // the size of the keyspace: at most calls SCAN calls of COUNT count each
-// (lockkit's RedisLocker.ScanKeys); a page may then show fewer keys than
+// (the engine's ScanKeys under a *lockkit.RedisLocker); a page may then show fewer keys than
 // its size, and Next goes on from where it stopped. A Locker without
 // ScanKeys lists every key (Locker.Keys) on every refresh. New returns an
 // error matching ErrInvalid for a negative count or calls. Zero means
@@ -307,7 +310,7 @@ func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
 	}
 	cursor := r.URL.Query().Get("cursor")
 	keys, next, err := h.page(r.Context(), pattern, cursor, limit)
-	if errors.Is(err, lockkit.ErrInvalid) {
+	if errors.Is(err, lockcore.ErrInvalid) {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
@@ -325,10 +328,22 @@ func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, reply)
 }
 
-// scanner is what a Locker needs for the page to list its keys a bounded
-// page at a time (lockkit's *RedisLocker).
-type scanner interface {
-	ScanKeys(ctx context.Context, pattern, cursor string, opt *lockkit.ScanOptions) ([]string, string, error)
+// inspect returns key's state: with the parked jobs from the engine under
+// a *lockkit.RedisLocker, from Locker.Inspect otherwise.
+func (h *Handler) inspect(ctx context.Context, key string) (*lockcore.Info, error) {
+	if h.core != nil {
+		return h.core.Inspect(ctx, key)
+	}
+	in, err := h.l.Inspect(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	info := &lockcore.Info{Key: in.Key, Waiters: in.Waiters}
+	for _, hd := range in.Holders {
+		info.Holders = append(info.Holders, lockcore.Holder{Owner: hd.Owner, Label: hd.Label, Token: hd.Token, TTL: hd.TTL,
+			Reserved: hd.Reserved, Cancelling: hd.Cancelling, CancelAge: hd.CancelAge})
+	}
+	return info, nil
 }
 
 // page returns the keys of the page at cursor and the next page's cursor:
@@ -337,8 +352,8 @@ type scanner interface {
 // list is an error matching ErrInvalid (a 400), as is one that is not a
 // cursor at all.
 func (h *Handler) page(ctx context.Context, pattern, cursor string, limit int) ([]string, string, error) {
-	if s, ok := h.l.(scanner); ok {
-		return s.ScanKeys(ctx, pattern, cursor, &lockkit.ScanOptions{Count: h.scanCount, Calls: h.scanCalls, Limit: limit})
+	if h.core != nil {
+		return h.core.ScanKeys(ctx, pattern, cursor, &lockcore.ScanOptions{Count: h.scanCount, Calls: h.scanCalls, Limit: limit})
 	}
 	offset := 0
 	if cursor != "" {
@@ -394,7 +409,7 @@ func (h *Handler) inspectPage(ctx context.Context, keys []string) []*lockView {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			v := &lockView{Key: k, KeyText: printable.String(k), Holders: []holderView{}, ParkedIDs: []string{}}
-			info, err := h.l.Inspect(ctx, k)
+			info, err := h.inspect(ctx, k)
 			if err != nil {
 				v.Error = printable.String(err.Error())
 				views[i] = v
@@ -447,8 +462,8 @@ func (h *Handler) audit(r *http.Request, key string, tokens []int64, owner strin
 		attrs = append(attrs, slog.String("err", err.Error()))
 	}
 	logger := slog.Default()
-	if rl, ok := h.l.(*lockkit.RedisLocker); ok {
-		logger = rl.Logger()
+	if h.core != nil {
+		logger = h.core.Logger()
 	}
 	logger.LogAttrs(r.Context(), slog.LevelInfo, "opsview: release", attrs...)
 }
@@ -515,7 +530,7 @@ func (h *Handler) releaseKey(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case err == nil:
 			n++
-		case errors.Is(err, lockkit.ErrNotHeld):
+		case errors.Is(err, lockcore.ErrNotHeld):
 			gone = append(gone, err)
 		default:
 			h.audit(r, key, tokens, "", force, n, err)

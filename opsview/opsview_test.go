@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
+	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/opsview"
@@ -22,11 +24,11 @@ import (
 func TestEndpoints(t *testing.T) {
 	ctx := context.Background()
 	l := lockkittest.New(t, lockkit.WithOwner("worker-a"))
-	lease, err := l.TryAcquire(ctx, "tenant:42", &lockkit.AcquireOptions{Label: "task-1"})
+	lease, err := coretest.Of(t, l).TryAcquire(ctx, "tenant:42", &lockcore.AcquireOptions{Label: "task-1"})
 	require.NoError(t, err)
 	_, err = l.TryAcquire(ctx, "report", nil)
 	require.NoError(t, err)
-	_, err = l.TryAcquire(ctx, "tenant:42", &lockkit.AcquireOptions{Label: "task-2", Detached: true, Park: &lockkit.Parking{ID: "task-2"}})
+	_, err = coretest.Of(t, l).TryAcquire(ctx, "tenant:42", &lockcore.AcquireOptions{Label: "task-2", Detached: true, Park: &lockcore.Parking{ID: "task-2"}})
 	require.ErrorIs(t, err, lockkit.ErrNotAcquired) // parked for the key
 
 	ro, err := opsview.New(l)
@@ -164,7 +166,7 @@ func releaseRequest(form url.Values) *http.Request {
 func TestControlBytesShownEscaped(t *testing.T) {
 	ctx := context.Background()
 	l := lockkittest.New(t, lockkit.WithOwner("parked:default\nid-1\nid-2"))
-	_, err := l.TryAcquire(ctx, "job:\x1b[2J\nforged", &lockkit.AcquireOptions{Label: "id\r\n\u202e"})
+	_, err := coretest.Of(t, l).TryAcquire(ctx, "job:\x1b[2J\nforged", &lockcore.AcquireOptions{Label: "id\r\n\u202e"})
 	require.NoError(t, err)
 	h, err := opsview.New(l)
 	require.NoError(t, err)
@@ -245,7 +247,7 @@ func TestTaskStateOfHolders(t *testing.T) {
 		"t-js": "javascript:alert(1)", "t-proto": "//evil.example.com/x", "t-ctl": "/a\nb",
 	}
 	for label := range links {
-		_, err := l.TryAcquire(ctx, "key:"+label, &lockkit.AcquireOptions{Label: label})
+		_, err := coretest.Of(t, l).TryAcquire(ctx, "key:"+label, &lockcore.AcquireOptions{Label: label})
 		require.NoError(t, err)
 	}
 	_, err := l.TryAcquire(ctx, "key:none", nil)

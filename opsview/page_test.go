@@ -19,6 +19,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
+	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/internal/logbuf"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
@@ -347,7 +349,7 @@ func TestRefreshInspectsOnlyTheRowsItShows(t *testing.T) {
 	// Keys whose holders left but whose records stay (completed labels)
 	// keep their holders in the sorted form.
 	for i := range 300 {
-		lease, err := l.TryAcquire(ctx, fmt.Sprintf("done:%03d", i), &lockkit.AcquireOptions{Label: fmt.Sprintf("task-%03d", i)})
+		lease, err := coretest.Of(t, l).TryAcquire(ctx, fmt.Sprintf("done:%03d", i), &lockcore.AcquireOptions{Label: fmt.Sprintf("task-%03d", i)})
 		require.NoError(t, err)
 		require.NoError(t, lease.Complete(ctx, time.Minute))
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
 )
 
@@ -276,7 +277,7 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 // with the ID that is not this one (not its type, payload and
 // EnqueuedAtHeader: another task whose ID made asynq refuse this one) does
 // not keep it.
-func (c *Client) giveBack(ctx context.Context, res *lockkit.Lease, task *asynq.Task, id, queue string) {
+func (c *Client) giveBack(ctx context.Context, res *lockcore.Lease, task *asynq.Task, id, queue string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	state, err := c.taskState(rctx, queue, id)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/middleware"
@@ -32,8 +33,8 @@ const DebounceGenHeader = "jobguard-debounce-gen"
 // EventDuplicate and logged) when a newer one is pending or ran. A burst
 // ends when its newest task starts. The generation comes from Redis, so the
 // newest task wins however enqueues race across processes. quiet must be
-// between a millisecond and lockkit.MaxTTL, maxWait zero or between quiet
-// and lockkit.MaxTTL; Debounce excludes Unique. Use it with
+// between a millisecond and 100 years, maxWait zero or between quiet
+// and 100 years; Debounce excludes Unique. Use it with
 // middleware.KeepNewest or middleware.Preempt, so that the newest task
 // waits for a run of the key still going instead of being skipped.
 //
@@ -56,13 +57,16 @@ func (d *debounceSpec) validate() error {
 	switch {
 	case d.locker == nil:
 		return fmt.Errorf("%w: Debounce: locker is nil", ErrInvalid)
-	case d.quiet < time.Millisecond || d.quiet > lockkit.MaxTTL:
-		return fmt.Errorf("%w: Debounce: quiet %s must be between 1ms and %s", ErrInvalid, d.quiet, lockkit.MaxTTL)
-	case d.maxWait != 0 && (d.maxWait < d.quiet || d.maxWait > lockkit.MaxTTL):
-		return fmt.Errorf("%w: Debounce: maxWait %s must be zero or between quiet (%s) and %s", ErrInvalid, d.maxWait, d.quiet, lockkit.MaxTTL)
+	case d.quiet < time.Millisecond || d.quiet > lockcore.MaxTTL:
+		return fmt.Errorf("%w: Debounce: quiet %s must be between 1ms and %s", ErrInvalid, d.quiet, lockcore.MaxTTL)
+	case d.maxWait != 0 && (d.maxWait < d.quiet || d.maxWait > lockcore.MaxTTL):
+		return fmt.Errorf("%w: Debounce: maxWait %s must be zero or between quiet (%s) and %s", ErrInvalid, d.maxWait, d.quiet, lockcore.MaxTTL)
 	}
-	client, prefix := d.locker.Redis()
-	var err error
+	core, err := lockcore.Of("Debounce", d.locker)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	client, prefix := core.Redis()
 	d.requests, err = debounce.New(client, debounce.WithPrefix(prefix))
 	return err
 }
@@ -99,18 +103,13 @@ type genKey struct{}
 // key's newest request, which ends the key's burst (debounce.Debouncer.Claim),
 // or if the newest request's task does not exist (its enqueue failed, or it
 // was archived before it started): then it runs in its place. Otherwise it
-// completes without running (ReasonSuperseded, ActionSkip). A Middleware
-// whose Locker is not a *lockkit.RedisLocker cannot tell: the task fails with
-// an error matching ErrInvalid.
+// completes without running (ReasonSuperseded, ActionSkip).
 func (m *guarded) admitNewest(ctx context.Context, job middleware.Job) error {
 	gen, _ := ctx.Value(genKey{}).(int64)
 	if gen <= 0 {
 		return nil
 	}
 	fail := func(err error) error { return fmt.Errorf("claim %q: %w", job.Key, err) }
-	if m.requests == nil {
-		return fail(fmt.Errorf("%w: generation %d: the requests are kept in the Redis of a *lockkit.RedisLocker, and the Locker is a %T", ErrInvalid, gen, m.guard.Locker()))
-	}
 	newest, ok, err := m.requests.Claim(ctx, job.Key, gen, false)
 	if err != nil {
 		return fail(err)

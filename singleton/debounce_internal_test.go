@@ -2,7 +2,6 @@ package singleton
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -51,22 +50,16 @@ func TestLatestRequestWins(t *testing.T) {
 	require.NoError(t, m.admitNewest(ctx, middleware.Job{Key: "k"}), "a task that is not debounced is not asked about")
 }
 
-// The requests live in the Redis of a *lockkit.RedisLocker: with another
-// Locker a debounced task fails with an error naming the Locker's type, and
-// other tasks run.
+// The requests live in the Redis of a *lockkit.RedisLocker, beside the
+// leases: Middleware refuses another Locker, naming its type.
 func TestDebouncedTaskOnAnotherLocker(t *testing.T) {
 	rdb := testredis.Client(t)
 	l, err := lockkit.NewRedis(rdb)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
-	var c config
-	m, err := c.build(otherLocker{l})
-	require.NoError(t, err)
-	err = m.admitNewest(context.WithValue(context.Background(), genKey{}, int64(7)), middleware.Job{Key: "k"})
+	_, err = Middleware(otherLocker{l})
 	require.ErrorIs(t, err, ErrInvalid)
-	require.ErrorContains(t, err, "generation 7: the requests are kept in the Redis of a *lockkit.RedisLocker, and the Locker is a singleton.otherLocker")
-	require.False(t, errors.As(err, new(*middleware.DuplicateError)))
-	require.NoError(t, m.admitNewest(context.Background(), middleware.Job{Key: "k"}))
+	require.ErrorContains(t, err, "Middleware needs a *lockkit.RedisLocker (lockkit.NewRedis, inprocess or lockkittest), and the Locker is singleton.otherLocker")
 }
 
 // otherLocker is a Locker that is not a *lockkit.RedisLocker.

@@ -9,7 +9,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/jobguard/jobguard/internal/decisionlog"
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -108,10 +108,10 @@ const (
 // lease was lost. One XADD, and for a preemption up to preemptLooks
 // Inspects of the key, on the path of a run that was cut short only.
 func (m *guarded) logCutShort(ctx context.Context, t *asynq.Task, job middleware.Job, out middleware.Outcome) {
-	if m.rdb == nil || m.decisions <= 0 || !out.Ran || !errors.Is(out.Err, lockkit.ErrLost) {
+	if m.rdb == nil || m.decisions <= 0 || !out.Ran || !errors.Is(out.Err, lockcore.ErrLost) {
 		return
 	}
-	if !errors.Is(out.Err, lockkit.ErrPreempted) {
+	if !errors.Is(out.Err, lockcore.ErrPreempted) {
 		e := entryOf(ctx, t, job, decisionlog.ReasonLost)
 		e.Cause = out.Err.Error()
 		m.addDecision(ctx, job, e)
@@ -127,12 +127,12 @@ func (m *guarded) logCutShort(ctx context.Context, t *asynq.Task, job middleware
 
 // newerHolder looks for the holder of job's key that is not job's work:
 // the task that preempted it, once it has the key.
-func (m *guarded) newerHolder(ctx context.Context, job middleware.Job) (lockkit.Holder, bool) {
+func (m *guarded) newerHolder(ctx context.Context, job middleware.Job) (lockcore.Holder, bool) {
 	if m.onPreempted != nil {
 		m.onPreempted()
 	}
 	for i := range preemptLooks {
-		info, err := m.guard.Locker().Inspect(ctx, job.Key)
+		info, err := m.core.Inspect(ctx, job.Key)
 		if err == nil {
 			for _, h := range info.Holders {
 				if h.Label != "" && h.Label != job.Origin {
@@ -145,11 +145,11 @@ func (m *guarded) newerHolder(ctx context.Context, job middleware.Job) (lockkit.
 		}
 		select {
 		case <-ctx.Done():
-			return lockkit.Holder{}, false
+			return lockcore.Holder{}, false
 		case <-time.After(preemptLookEvery):
 		}
 	}
-	return lockkit.Holder{}, false
+	return lockcore.Holder{}, false
 }
 
 // logRefusal adds to DecisionLog an enqueue of t (ID id, in queue) that

@@ -13,7 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
+	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -24,14 +25,14 @@ import (
 // follow-up would have held, and v1's end starts v3 at once, long before
 // the parked tasks' backstop.
 func TestKeepNewestParksItsFollowUp(t *testing.T) {
-	testParkedFollowUp(t, middleware.KeepNewest(), []string{"v1", "v3"}, lockkit.ErrSuperseded)
+	testParkedFollowUp(t, middleware.KeepNewest(), []string{"v1", "v3"}, lockcore.ErrSuperseded)
 }
 
 // With WithRedis, a Coalesce follow-up is parked, not waited for: while "v1"
 // runs, "v2" (delivered after v1 began) parks as the key's follow-up, "v3"
 // folds into it and completes without running, and v1's end starts v2.
 func TestCoalesceParksItsFollowUp(t *testing.T) {
-	testParkedFollowUp(t, middleware.Coalesce(), []string{"v1", "v2"}, lockkit.ErrCovered)
+	testParkedFollowUp(t, middleware.Coalesce(), []string{"v1", "v2"}, lockcore.ErrCovered)
 }
 
 // testParkedFollowUp runs v1, v2 and v3 of one key, and a task of another
@@ -371,7 +372,7 @@ func TestParkedDuplicatesOfAHeldKeyComeBackSoon(t *testing.T) {
 		// Parked (a parked task that comes back by itself is put back in
 		// its place, so the requeues counted may run ahead of the tasks).
 		require.Eventually(t, func() bool {
-			info, err := l.Inspect(context.Background(), "k")
+			info, err := coretest.Of(t, l).Inspect(context.Background(), "k")
 			require.NoError(t, err)
 			return info.Parked == i+1
 		}, 10*time.Second, 5*time.Millisecond, "%s parks behind v0's run", v)

@@ -14,7 +14,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
+	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -171,7 +172,7 @@ func (h *logLines) with(msg string) []slog.Record {
 func TestSkippedTaskIsLogged(t *testing.T) {
 	e := newEnvOn(t, standalone)
 	l := e.locker()
-	lease, err := l.TryAcquire(context.Background(), "asynq:report", nil)
+	lease, err := coretest.Of(t, l).TryAcquire(context.Background(), "asynq:report", nil)
 	require.NoError(t, err)
 	logs := &logLines{}
 	mw, err := singleton.Middleware(l, singleton.WithLogger(slog.New(logs)))
@@ -206,7 +207,7 @@ func TestKeyByNestedFieldRunsEveryTask(t *testing.T) {
 	require.NoError(t, err)
 	tr := newTracker()
 	e.start(singleton.ServerConfig(e.config(4)), mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
-		lease, ok := lockkit.LeaseFromContext(ctx)
+		lease, ok := lockcore.LeaseFromContext(ctx)
 		require.True(t, ok)
 		tr.start(lease.Key())
 		defer tr.end(lease.Key(), string(task.Payload()))

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
@@ -70,7 +71,7 @@ func (o *orderRuns) handle(ctx context.Context, task *asynq.Task) error {
 		select {
 		case <-finish:
 		case <-ctx.Done():
-			if errors.Is(context.Cause(ctx), lockkit.ErrPreempted) {
+			if errors.Is(context.Cause(ctx), lockcore.ErrPreempted) {
 				o.mu.Lock()
 				o.preempted = append(o.preempted, p)
 				o.mu.Unlock()

@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -216,15 +216,15 @@ func (m *guarded) passOn(ctx context.Context, dup *middleware.DuplicateError, ke
 		(dup.Reason == middleware.ReasonThrottled && dup.Action == middleware.ActionRequeue) {
 		return
 	}
-	var ce *lockkit.ConflictError
-	var cov *lockkit.CoveredError
+	var ce *lockcore.ConflictError
+	var cov *lockcore.CoveredError
 	if (errors.As(dup.Cause, &ce) && ce.Holders > 0 && ce.Label != origin) || (errors.As(dup.Cause, &cov) && cov.Owner != "") {
 		return
 	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resumeTimeout)
 	defer cancel()
-	info, err := m.guard.Locker().Inspect(pctx, key)
-	if err != nil || !slices.ContainsFunc(info.Holders, func(h lockkit.Holder) bool { return h.Label == origin }) {
+	info, err := m.core.Inspect(pctx, key)
+	if err != nil || !slices.ContainsFunc(info.Holders, func(h lockcore.Holder) bool { return h.Label == origin }) {
 		return
 	}
 	m.guard.PassOn(pctx, key, origin)

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -31,7 +32,7 @@ const parkedHeader = "jobguard-parked"
 //     task's ID, for backstop) and is enqueued as asked; the middleware takes
 //     the reservation over when the task starts.
 //   - A task whose key is held or reserved is parked for it
-//     (lockkit.Parking) and enqueued to be processed backstop
+//     (the engine's parking) and enqueued to be processed backstop
 //     from now (asynq.ProcessIn; the TaskInfo says "scheduled"). The run
 //     that frees the key, in a Middleware with WithRedis, reserves it for
 //     the oldest parked task and moves that task to the head of its
@@ -53,7 +54,7 @@ const parkedHeader = "jobguard-parked"
 // that queue; each such refusal also drops the entries of tasks that will
 // not come (deleted or archived). Zero backstop
 // means ParkBackstop; it must be between a
-// second (asynq schedules in seconds) and lockkit.MaxTTL.
+// second (asynq schedules in seconds) and 100 years.
 //
 // It queues work and folds none: every task parked at enqueue runs in its
 // turn, whatever the middleware's policy. Each is delivered once if it
@@ -80,6 +81,7 @@ func ParkAtEnqueue(locker lockkit.Locker, backstop time.Duration) ClientOption {
 
 type parkSpec struct {
 	locker   lockkit.Locker
+	core     *lockcore.RedisLocker // the engine under locker, set by validate
 	backstop time.Duration
 	resumer  *guarded // starts the task parked behind a reservation given back
 }
@@ -94,11 +96,15 @@ func (p *parkSpec) validate(rdb redis.UniversalClient) error {
 		return fmt.Errorf("%w: ParkAtEnqueue: %w", ErrInvalid, err)
 	}
 	p.resumer.guard = g
+	if p.core, err = lockcore.Of("ParkAtEnqueue", p.locker); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	p.resumer.core = p.core
 	if p.backstop == 0 {
 		p.backstop = ParkBackstop
 	}
-	if p.backstop < time.Second || p.backstop > lockkit.MaxTTL {
-		return fmt.Errorf("%w: ParkAtEnqueue: backstop %s must be between 1s and %s", ErrInvalid, p.backstop, lockkit.MaxTTL)
+	if p.backstop < time.Second || p.backstop > lockcore.MaxTTL {
+		return fmt.Errorf("%w: ParkAtEnqueue: backstop %s must be between 1s and %s", ErrInvalid, p.backstop, lockcore.MaxTTL)
 	}
 	return nil
 }
@@ -144,10 +150,10 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 			return c.c.EnqueueContext(ctx, task, opts...) // refused as a duplicate ID
 		}
 	}
-	res, err := p.locker.TryAcquire(ctx, key, &lockkit.AcquireOptions{TTL: p.backstop, Label: id, Detached: true,
-		Park: &lockkit.Parking{ID: parkEntry(queue, id, id), Hold: ParkBackstop,
+	res, err := p.core.TryAcquire(ctx, key, &lockcore.AcquireOptions{TTL: p.backstop, Label: id, Detached: true,
+		Park: &lockcore.Parking{ID: parkEntry(queue, id, id), Hold: ParkBackstop,
 			OnParked: func(id string) { p.resumer.resume(key, id) }}}) // when given back
-	var ce *lockkit.ConflictError
+	var ce *lockcore.ConflictError
 	switch {
 	case err == nil:
 	case errors.As(err, &ce) && ce.Parked >= 0:
@@ -173,7 +179,7 @@ func (m *guarded) refuseParked(ctx context.Context, job middleware.Job) error {
 		ErrInvalid, m.limit, job.Name, job.Key, asynq.SkipRetry)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, ferr := m.guard.Locker().ForceRelease(fctx, job.Key, lockkit.Select{Label: job.Origin}); ferr != nil {
+	if _, ferr := m.core.ForceRelease(fctx, job.Key, lockcore.Select{Label: job.Origin}); ferr != nil {
 		err = fmt.Errorf("%w; giving back its reservation: %w", err, ferr)
 	} else if ferr := m.dropGoneParked(fctx, job.Key); ferr != nil {
 		err = fmt.Errorf("%w; dropping the parked entries of deleted or archived tasks: %w", err, ferr)
@@ -193,7 +199,7 @@ func (m *guarded) dropGoneParked(ctx context.Context, key string) error {
 	if m.rdb == nil {
 		return nil
 	}
-	info, err := m.guard.Locker().Inspect(ctx, key)
+	info, err := m.core.Inspect(ctx, key)
 	if err != nil {
 		return err
 	}
@@ -207,7 +213,7 @@ func (m *guarded) dropGoneParked(ctx context.Context, key string) error {
 		} else if state != "" {
 			continue
 		}
-		if _, err := m.guard.Locker().ForceRelease(ctx, key, lockkit.Select{Label: origin}); err != nil {
+		if _, err := m.core.ForceRelease(ctx, key, lockcore.Select{Label: origin}); err != nil {
 			return err
 		}
 	}

@@ -14,6 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
+	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
@@ -227,8 +229,8 @@ func TestParkAtEnqueueNeverStrandsATask(t *testing.T) {
 			return len(info.Holders) == 0
 		}, 5*time.Second, time.Millisecond)
 		require.Equal(t, asynq.TaskStatePending, enqueueSlow(10))
-		_, err = e.locker().TryAcquire(ctx, "k", &lockkit.AcquireOptions{Label: "ghost", Detached: true,
-			Park: &lockkit.Parking{ID: e.Queue + "\nghost\nghost", Hold: singleton.ParkBackstop}})
+		_, err = coretest.Of(t, e.locker()).TryAcquire(ctx, "k", &lockcore.AcquireOptions{Label: "ghost", Detached: true,
+			Park: &lockcore.Parking{ID: e.Queue + "\nghost\nghost", Hold: singleton.ParkBackstop}})
 		require.ErrorIs(t, err, lockkit.ErrNotAcquired)
 		require.Equal(t, asynq.TaskStateScheduled, enqueueSlow(11))
 		require.Eventually(t, func() bool { return log.runs() == 5 }, 10*time.Second, 5*time.Millisecond, "the ghost was passed over")
@@ -254,7 +256,7 @@ func TestParkAtEnqueueNeverStrandsATask(t *testing.T) {
 		}, 5*time.Second, time.Millisecond)
 		_, err = client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"k","n":98}`)), asynq.Queue(e.Queue), asynq.TaskID(later.ID))
 		require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
-		kinfo, err := e.locker().Inspect(ctx, "k")
+		kinfo, err := coretest.Of(t, e.locker()).Inspect(ctx, "k")
 		require.NoError(t, err)
 		require.Zero(t, kinfo.Parked, "the refused task is not parked")
 		require.NoError(t, busy.Release(ctx))
@@ -376,7 +378,7 @@ func TestParkAtEnqueueLapsedReservationLeavesTheNextTaskToItsBackstop(t *testing
 	keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
 	client, err := singleton.NewClient(e.Client, e.RDB, keyOf, singleton.ParkAtEnqueue(e.locker(), 2*time.Second))
 	require.NoError(t, err)
-	_, err = e.locker().TryAcquire(ctx, "k", &lockkit.AcquireOptions{Label: "ghost", Detached: true, TTL: 200 * time.Millisecond})
+	_, err = coretest.Of(t, e.locker()).TryAcquire(ctx, "k", &lockcore.AcquireOptions{Label: "ghost", Detached: true, TTL: 200 * time.Millisecond})
 	require.NoError(t, err)
 	enqueued := time.Now()
 	parked, err := client.Enqueue(asynq.NewTask("report", []byte("1")), asynq.Queue(e.Queue))
@@ -406,7 +408,7 @@ func TestParkAtEnqueueEntriesGoWithTheirTasks(t *testing.T) {
 	keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
 	parked := func(t *testing.T, e *env) int {
 		t.Helper()
-		info, err := e.locker().Inspect(ctx, "k")
+		info, err := coretest.Of(t, e.locker()).Inspect(ctx, "k")
 		require.NoError(t, err)
 		return info.Parked
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -106,7 +106,7 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.Du
 		// backstop.
 		re.Delay = ParkBackstop
 	}
-	var ce *lockkit.ConflictError
+	var ce *lockcore.ConflictError
 	if dup.Parked && errors.As(dup.Cause, &ce) {
 		re.Delay = parkedDelay(re.Delay, ce)
 	}
@@ -232,7 +232,7 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 // Under WithHoldAtLeast a run shorter than the hold ends in a held release,
 // which frees the key at the hold's end: its Locker resumes the next in line
 // then, and the holder's TTL the conflict reports is the hold left.
-func parkedDelay(d time.Duration, ce *lockkit.ConflictError) time.Duration {
+func parkedDelay(d time.Duration, ce *lockcore.ConflictError) time.Duration {
 	if ce.Parked > 0 {
 		return max(d, ParkBackstop)
 	}

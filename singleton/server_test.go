@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
+	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/debounce"
@@ -257,7 +259,7 @@ func testCoalesceSteadyStream(t *testing.T, parked bool) {
 			out := map[string]bool{}
 			for _, x := range ev.list {
 				if x.Kind == middleware.EventDuplicate && x.Action == middleware.ActionSkip {
-					require.ErrorIs(t, x.Err, lockkit.ErrCovered)
+					require.ErrorIs(t, x.Err, lockcore.ErrCovered)
 					out[x.Job.ID] = true
 				}
 			}
@@ -1078,7 +1080,7 @@ func TestPreemptCancelsTheRunningTask(t *testing.T) {
 		require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(ran) == 1 }, 10*time.Second, 5*time.Millisecond)
 		e.Enqueue(asynq.NewTask("sync", []byte("v2")))
 		cause := recv(t, cancelled, 10*time.Second)
-		require.ErrorIs(t, cause, lockkit.ErrPreempted)
+		require.ErrorIs(t, cause, lockcore.ErrPreempted)
 		require.ErrorIs(t, cause, lockkit.ErrLost)
 		waiters(1)
 		e.Enqueue(asynq.NewTask("sync", []byte("v3")))
@@ -1093,7 +1095,7 @@ func TestPreemptCancelsTheRunningTask(t *testing.T) {
 		defer mu.Unlock()
 		require.Equal(t, []string{"v1", "v3"}, ran)
 		require.Greater(t, tokens["v3"], tokens["v1"])
-		require.True(t, errs.any(func(err error) bool { return errors.Is(err, lockkit.ErrPreempted) && errors.Is(err, asynq.RevokeTask) }), errs.String())
+		require.True(t, errs.any(func(err error) bool { return errors.Is(err, lockcore.ErrPreempted) && errors.Is(err, asynq.RevokeTask) }), errs.String())
 		qi := e.QueueInfo()
 		require.Zero(t, qi.FailedTotal)
 		require.Zero(t, qi.Archived)
@@ -1201,7 +1203,7 @@ func TestDebounceRunsTheNewestTask(t *testing.T) {
 // failed), an older task of the burst runs in its place.
 func TestDebounceRunsAnOlderTaskWhenTheNewestIsMissing(t *testing.T) {
 	testDebounceOlderRuns(t, func(t *testing.T, e *env, _ *singleton.Client, locker *lockkit.RedisLocker) {
-		client, prefix := locker.Redis()
+		client, prefix := coretest.Of(t, locker).Redis()
 		requests, err := debounce.New(client, debounce.WithPrefix(prefix))
 		require.NoError(t, err)
 		_, err = requests.Debounce(context.Background(), "asynq:sync", "lost-task", 50*time.Millisecond, 0)
@@ -1377,7 +1379,7 @@ func TestThrottledResumedTaskKeepsTheOthersParked(t *testing.T) {
 		for i := range parked {
 			e.Enqueue(asynq.NewTask("sync", nil))
 			require.Eventually(t, func() bool {
-				info, err := l.Inspect(context.Background(), "asynq:sync")
+				info, err := coretest.Of(t, l).Inspect(context.Background(), "asynq:sync")
 				require.NoError(t, err)
 				return info.Parked == i+1
 			}, 10*time.Second, 5*time.Millisecond, "the others park behind the first run")
@@ -1408,7 +1410,7 @@ func TestThrottledResumedTaskKeepsTheOthersParked(t *testing.T) {
 			}
 		}
 		mu.Unlock()
-		info, err := l.Inspect(context.Background(), "asynq:sync")
+		info, err := coretest.Of(t, l).Inspect(context.Background(), "asynq:sync")
 		require.NoError(t, err)
 		require.Greater(t, info.Parked, 0, "the tasks behind it stayed parked")
 	})
@@ -1440,7 +1442,7 @@ func TestThrottleSkippedResumedTaskPassesTheKeyOn(t *testing.T) {
 	for i := range parked {
 		e.Enqueue(asynq.NewTask("sync", nil))
 		require.Eventually(t, func() bool {
-			info, err := l.Inspect(context.Background(), "asynq:sync")
+			info, err := coretest.Of(t, l).Inspect(context.Background(), "asynq:sync")
 			require.NoError(t, err)
 			return info.Parked == i+1
 		}, 10*time.Second, 5*time.Millisecond)
@@ -1494,7 +1496,7 @@ func TestOperatorReleaseOfAHungHandler(t *testing.T) {
 			e.Enqueue(asynq.NewTask("sync", []byte("v2")))
 			op := e.locker()
 			require.Eventually(t, func() bool { // v2 waits, or is parked, for the key
-				info, err := op.Inspect(context.Background(), "asynq:sync")
+				info, err := coretest.Of(t, op).Inspect(context.Background(), "asynq:sync")
 				require.NoError(t, err)
 				return info.Waiters+info.Parked > 0
 			}, 10*time.Second, 5*time.Millisecond)

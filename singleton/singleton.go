@@ -13,6 +13,7 @@ import (
 
 	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/internal/invalid"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/middleware"
@@ -146,7 +147,7 @@ func WithLimit(n int) ServerOption {
 // start opens (which needs WithRedis, like the Requeue policy). Under
 // Coalesce, KeepNewest and Preempt a follow-up throttled when it gets the key
 // is always put back, so those policies need WithRedis with a throttle. n must be at
-// least 1 and period between a millisecond and lockkit.MaxTTL. Defaults to
+// least 1 and period between a millisecond and 100 years. Defaults to
 // no throttle.
 func WithThrottle(n int, period time.Duration, then middleware.Action) ServerOption {
 	return serverOpt(func(c *config) {
@@ -159,7 +160,7 @@ func WithThrottle(n int, period time.Duration, then middleware.Action) ServerOpt
 // WithHoldAtLeast keeps a task's key held for at least d after its run
 // began, even when the handler returns sooner: with Skip (the default), the
 // tasks of a key run at most once per d, and a duplicate delivered within d
-// of a run's start is skipped. Zero means none; at most lockkit.MaxTTL.
+// of a run's start is skipped. Zero means none; at most 100 years.
 // Defaults to zero.
 func WithHoldAtLeast(d time.Duration) ServerOption {
 	return serverOpt(func(c *config) {
@@ -177,12 +178,12 @@ func WithAsyncRelease() ServerOption {
 }
 
 // WithTTL overrides, for this middleware's leases, the TTL the Locker gives
-// them (lockkit.WithTTL; lockkit.DefaultTTL, 30s, unless set). The lease is
+// them (lockkit.WithTTL; 30s unless set). The lease is
 // renewed every TTL/3 while the handler runs; a crashed worker's key frees
 // after at most TTL. asynq re-delivers a crashed worker's task only after its
 // own 30s worker lease has expired and its recoverer has run, so with 30s the
 // key is free by then. Zero means the Locker's; otherwise it must be between
-// lockkit.MinTTL and lockkit.MaxTTL. Defaults to zero.
+// 100ms and 100 years. Defaults to zero.
 func WithTTL(ttl time.Duration) ServerOption {
 	return serverOpt(func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithTTL(ttl)) })
 }
@@ -192,8 +193,7 @@ func WithTTL(ttl time.Duration) ServerOption {
 // every task that completes without running is logged at Info with the
 // reason and, where known, the run or task that covers it: at most one line
 // per key per second, the next one counting the lines left out. Must not be
-// nil. Defaults to the Locker's when it is a *lockkit.RedisLocker (New's
-// always is), slog.Default() otherwise.
+// nil. Defaults to the Locker's.
 func WithLogger(l *slog.Logger) ServerOption {
 	return serverOpt(func(c *config) {
 		c.guardOpts = append(c.guardOpts, middleware.WithLogger(l))
@@ -264,11 +264,10 @@ func PerQueue() ServerOption { return keyOpt(func(c *config) { c.perQueue = true
 //
 // Without options the key is the task type, a duplicate is skipped, one task
 // per key runs at a time, and the lease TTL and the logger are the Locker's
-// (see lockkit.WithTTL and lockkit.WithLogger; slog.Default() for a Locker
-// that is not a *lockkit.RedisLocker). WithThrottle needs a
-// *lockkit.RedisLocker, which keeps the budget. Middleware returns
-// an error matching ErrInvalid, naming the option and the value, for a nil
-// locker or an invalid option; it never panics on options.
+// (see lockkit.WithTTL and lockkit.WithLogger). Middleware returns an error
+// matching ErrInvalid, naming the option and the value, for a nil locker, a
+// Locker that is not a *lockkit.RedisLocker (naming its type) or an invalid
+// option; it never panics on options.
 //
 // A re-delivery of a task whose earlier delivery still holds the key (same
 // task ID, or the original of a Requeue copy) is never a duplicate: it waits
@@ -292,7 +291,7 @@ func PerQueue() ServerOption { return keyOpt(func(c *config) { c.perQueue = true
 // under WithLimit(n > 1) (under WithShadow these three run, and the error is
 // reported: see WithShadow); for a handler that
 // failed because a newer task preempted it (middleware.Preempt), an error
-// matching lockkit.ErrPreempted and asynq.RevokeTask, so the task is neither
+// matching middleware.ErrPreempted and asynq.RevokeTask, so the task is neither
 // retried nor archived; for a handler that failed after an operator
 // cancelled its run (lockkit's Locker.CancelRun: the key stays held until
 // the handler returns, then goes to the next task), an error matching
@@ -386,10 +385,13 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	if c.rdb != nil {
 		opts = append(opts[:len(opts):len(opts)], middleware.WithParking(m.parking()), middleware.WithDone(m.ranBefore))
 	}
-	if rl, ok := locker.(*lockkit.RedisLocker); ok {
-		client, prefix := rl.Redis()
-		m.requests, _ = debounce.New(client, debounce.WithPrefix(prefix)) // a Locker's client is not nil
+	core, err := lockcore.Of("Middleware", locker)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	m.core = core
+	client, prefix := core.Redis()
+	m.requests, _ = debounce.New(client, debounce.WithPrefix(prefix)) // a Locker's client is not nil
 	opts = append(opts[:len(opts):len(opts)], middleware.WithAdmit(m.admitNewest))
 	g, err := middleware.New(locker, opts...)
 	if err != nil {
@@ -419,10 +421,7 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	}
 	logger := c.logger
 	if logger == nil {
-		logger = slog.Default()
-		if rl, ok := locker.(*lockkit.RedisLocker); ok {
-			logger = rl.Logger()
-		}
+		logger = core.Logger()
 	}
 	m.skips, m.hooks = newSkipLog(logger), &hookCheck{}
 	if c.rdb != nil {
@@ -434,13 +433,14 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 // guarded is a built middleware.
 type guarded struct {
 	guard     *middleware.Guard
+	core      *lockcore.RedisLocker // the engine under the guard's Locker
 	key       keyFunc
 	keyName   string // the key option as written; "" for the default
 	perQueue  bool
 	types     map[string]bool // nil: every type
 	client    *asynq.Client
 	inspector *asynq.Inspector
-	requests  *debounce.Debouncer   // debounced tasks' requests; nil without a RedisLocker
+	requests  *debounce.Debouncer   // debounced tasks' requests, beside the leases
 	rdb       redis.UniversalClient // asynq's Redis, with WithRedis
 	limit     int                   // the WithLimit value; 0 when not given
 	shadow    bool                  // WithShadow: refused tasks run too
@@ -490,7 +490,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 			if keep := m.takenBack(ctx, retried); keep > 0 {
 				// asynq will deliver the task again although its work is
 				// done: its success is recorded until that delivery.
-				if lease, ok := lockkit.LeaseFromContext(ctx); ok {
+				if lease, ok := lockcore.LeaseFromContext(ctx); ok {
 					lease.CompleteOnSuccess(keep)
 				}
 			}
@@ -503,12 +503,12 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	}
 	if out.Duplicate == nil {
 		m.logCutShort(ctx, t, job, out)
-		if out.Ran && errors.Is(out.Err, lockkit.ErrCancelled) {
+		if out.Ran && errors.Is(out.Err, lockcore.ErrCancelled) {
 			// An operator cancelled the run (lockkit's Locker.CancelRun):
 			// the task is done, neither retried nor archived.
 			return fmt.Errorf("singleton: task %q (key %q): an operator cancelled its run: %w (%w)", t.Type(), key, out.Err, asynq.RevokeTask)
 		}
-		if out.Ran && errors.Is(out.Err, lockkit.ErrPreempted) {
+		if out.Ran && errors.Is(out.Err, lockcore.ErrPreempted) {
 			// A newer task of the key took over: this one is done, neither
 			// retried nor archived.
 			return fmt.Errorf("singleton: task %q (key %q) was preempted by a newer task: %w (%w)", t.Type(), key, out.Err, asynq.RevokeTask)

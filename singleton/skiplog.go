@@ -14,7 +14,7 @@ import (
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/decisionlog"
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -108,8 +108,8 @@ type notRun struct {
 // whyOf is what dup says of a task that completes without running.
 func whyOf(dup *middleware.DuplicateError) notRun {
 	why := notRun{Outcome: "completed without running", Key: dup.Job.Key, Reason: reasonNames[dup.Reason]}
-	var ce *lockkit.ConflictError
-	var cov *lockkit.CoveredError
+	var ce *lockcore.ConflictError
+	var cov *lockcore.CoveredError
 	switch {
 	case errors.As(dup.Cause, &ce):
 		why.ByTask, why.ByOwner = ce.Label, ce.Owner

@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -63,7 +63,7 @@ func (m *guarded) takenBack(ctx context.Context, retried int) time.Duration {
 	if m.rdb == nil {
 		return 0
 	}
-	lease, ok := lockkit.LeaseFromContext(ctx)
+	lease, ok := lockcore.LeaseFromContext(ctx)
 	if retried == 0 && !(ok && lease.WasParked()) {
 		return 0
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/internal/asynqtest"
-	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -97,7 +97,7 @@ func lateRetryWrite(t *testing.T, earlier string, redeliveredWhileRunning bool) 
 		completedOf := func() int {
 			n := 0
 			for _, d := range ev.all() {
-				if d.Kind == middleware.EventDuplicate && errors.Is(d.Err, lockkit.ErrCompleted) && d.Job.ID == x.ID {
+				if d.Kind == middleware.EventDuplicate && errors.Is(d.Err, lockcore.ErrCompleted) && d.Job.ID == x.ID {
 					n++
 				}
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -98,8 +99,8 @@ func (e *DuplicateTaskError) Is(target error) bool {
 // refused with a *DuplicateTaskError; a reservation whose task no longer
 // exists (deleted, archived, completed, its queue deleted) is taken over.
 // life says when the reservation ends (zero means UntilExecuted); ttl bounds
-// it (zero means DefaultReserveTTL; at least lockkit.MinTTL, at most
-// lockkit.MaxTTL). A reservation is made just before its task is enqueued,
+// it (zero means DefaultReserveTTL; at least 100ms, at most
+// 100 years). A reservation is made just before its task is enqueued,
 // so one whose task is not found is taken over only once it is 5 seconds
 // old (a quarter of ttl if that is shorter): until then its enqueue may be
 // in flight. It is a Client option: Middleware rejects it.
@@ -109,6 +110,7 @@ func Unique(locker lockkit.Locker, life Lifetime, ttl time.Duration) ClientOptio
 
 type uniqueSpec struct {
 	locker lockkit.Locker
+	core   *lockcore.RedisLocker // the engine under locker, set by validate
 	life   Lifetime
 	ttl    time.Duration
 }
@@ -117,6 +119,11 @@ func (u *uniqueSpec) validate() error {
 	if u.locker == nil {
 		return fmt.Errorf("%w: Unique: locker is nil", ErrInvalid)
 	}
+	core, err := lockcore.Of("Unique", u.locker)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	u.core = core
 	if u.life == 0 {
 		u.life = UntilExecuted
 	}
@@ -126,8 +133,8 @@ func (u *uniqueSpec) validate() error {
 	if u.ttl == 0 {
 		u.ttl = DefaultReserveTTL
 	}
-	if u.ttl < lockkit.MinTTL || u.ttl > lockkit.MaxTTL {
-		return fmt.Errorf("%w: Unique: ttl %s must be between %s and %s", ErrInvalid, u.ttl, lockkit.MinTTL, lockkit.MaxTTL)
+	if u.ttl < lockcore.MinTTL || u.ttl > lockcore.MaxTTL {
+		return fmt.Errorf("%w: Unique: ttl %s must be between %s and %s", ErrInvalid, u.ttl, lockcore.MinTTL, lockcore.MaxTTL)
 	}
 	return nil
 }
@@ -189,24 +196,24 @@ func optionValues(opts []asynq.Option) (id, queue string) {
 
 // reserve reserves the key of a task with ID id in queue, taking over a
 // reservation whose task no longer exists. It returns the reservation.
-func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.Lease, error) {
+func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockcore.Lease, error) {
 	u := c.unique
-	opt := &lockkit.AcquireOptions{Label: reservationLabel(queue, id), Detached: true, TTL: u.ttl}
+	opt := &lockcore.AcquireOptions{Label: reservationLabel(queue, id), Detached: true, TTL: u.ttl}
 	for attempt := 0; ; attempt++ {
-		res, err := u.locker.TryAcquire(ctx, asynqkey.Reservation(key), opt)
+		res, err := u.core.TryAcquire(ctx, asynqkey.Reservation(key), opt)
 		if err == nil {
 			return res, nil
 		}
-		var ce *lockkit.ConflictError
+		var ce *lockcore.ConflictError
 		if !errors.As(err, &ce) {
-			if !errors.Is(err, lockkit.ErrNotAcquired) {
+			if !errors.Is(err, lockcore.ErrNotAcquired) {
 				// The reservation may have been made (its reply lost): no
 				// task comes with it, so it must not refuse the caller's
 				// retry. A reservation of a task with this ID that exists
 				// (an earlier enqueue of it) is that task's, and stays.
 				fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				if state, serr := c.taskState(fctx, queue, id); serr == nil && state == "" {
-					_, _ = u.locker.ForceRelease(fctx, asynqkey.Reservation(key), lockkit.Select{Label: opt.Label})
+					_, _ = u.core.ForceRelease(fctx, asynqkey.Reservation(key), lockcore.Select{Label: opt.Label})
 				}
 				cancel()
 			}
@@ -246,7 +253,7 @@ func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockkit.L
 			return nil, &DuplicateTaskError{Key: key, ID: holderID, Queue: holderQueue, State: state}
 		}
 		// The reserving task is gone: its reservation must not block the key.
-		if _, err := u.locker.ForceRelease(ctx, asynqkey.Reservation(key), lockkit.Select{Label: ce.Label}); err != nil {
+		if _, err := u.core.ForceRelease(ctx, asynqkey.Reservation(key), lockcore.Select{Label: ce.Label}); err != nil {
 			return nil, fmt.Errorf("singleton: reserving key %q: %w", key, err)
 		}
 	}
@@ -390,7 +397,7 @@ func uniqueOf(t *asynq.Task) (Lifetime, time.Duration) {
 	life, ttl, _ := strings.Cut(t.Headers()[uniqueHeaderName], " ")
 	ms, err := strconv.ParseInt(ttl, 10, 64)
 	d := time.Duration(ms) * time.Millisecond
-	if err != nil || d < lockkit.MinTTL || d > lockkit.MaxTTL {
+	if err != nil || d < lockcore.MinTTL || d > lockcore.MaxTTL {
 		d = DefaultReserveTTL
 	}
 	return lifetimeOf(life), d
@@ -404,19 +411,19 @@ func uniqueHeader(life Lifetime, ttl time.Duration) string {
 // startReservation is called when a task is delivered: UntilExecuted
 // adopts the reservation, so that it is renewed while the task runs, and
 // returns the lease. (UntilStarted's ends when the run starts: started.)
-func (m *guarded) startReservation(ctx context.Context, t *asynq.Task, key, origin string) *lockkit.Lease {
+func (m *guarded) startReservation(ctx context.Context, t *asynq.Task, key, origin string) *lockcore.Lease {
 	life, _ := uniqueOf(t)
 	if life != UntilExecuted {
 		return nil
 	}
 	_, queue := taskIdentity(ctx)
 	label := reservationLabel(queue, origin)
-	res, err := m.guard.Locker().TryAcquire(ctx, asynqkey.Reservation(key), &lockkit.AcquireOptions{Label: label, Adopt: true})
-	var ce *lockkit.ConflictError
+	res, err := m.core.TryAcquire(ctx, asynqkey.Reservation(key), &lockcore.AcquireOptions{Label: label, Adopt: true})
+	var ce *lockcore.ConflictError
 	switch {
 	case err == nil:
 		return res
-	case errors.Is(err, lockkit.ErrNotAcquired) || errors.As(err, &ce):
+	case errors.Is(err, lockcore.ErrNotAcquired) || errors.As(err, &ce):
 		// Gone (its TTL passed) or held by another task: nothing to adopt.
 		return nil
 	}
@@ -436,17 +443,17 @@ func (m *guarded) reserveAgain(ctx context.Context, t *asynq.Task, key, origin, 
 	_, ttl := uniqueOf(t)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	opt := &lockkit.AcquireOptions{Label: label, Detached: true, TTL: ttl}
+	opt := &lockcore.AcquireOptions{Label: label, Detached: true, TTL: ttl}
 	var err error
 	for range 2 {
-		if _, err = m.guard.Locker().TryAcquire(fctx, asynqkey.Reservation(key), opt); err == nil {
+		if _, err = m.core.TryAcquire(fctx, asynqkey.Reservation(key), opt); err == nil {
 			return
 		}
-		var ce *lockkit.ConflictError
+		var ce *lockcore.ConflictError
 		if !errors.As(err, &ce) || ce.Label != label {
 			break // another task took the key meanwhile, or Redis fails
 		}
-		if _, err = m.guard.Locker().ForceRelease(fctx, asynqkey.Reservation(key), lockkit.Select{Label: label}); err != nil {
+		if _, err = m.core.ForceRelease(fctx, asynqkey.Reservation(key), lockcore.Select{Label: label}); err != nil {
 			break
 		}
 	}
@@ -466,7 +473,7 @@ func (m *guarded) started(ctx context.Context, t *asynq.Task, key, origin string
 // endReservation is called when the middleware is done with a task that
 // ran, or did not, with outcome out: an UntilExecuted reservation ends when
 // asynq will not run the task again, and otherwise stays for its TTL.
-func (m *guarded) endReservation(ctx context.Context, t *asynq.Task, key, origin string, res *lockkit.Lease, out middleware.Outcome) {
+func (m *guarded) endReservation(ctx context.Context, t *asynq.Task, key, origin string, res *lockcore.Lease, out middleware.Outcome) {
 	life, ttl := uniqueOf(t)
 	if life == UntilStarted && !out.Ran && m.doneWith(ctx, out) {
 		// It never started and never will (it completed without running):
@@ -491,7 +498,7 @@ func (m *guarded) endReservation(ctx context.Context, t *asynq.Task, key, origin
 		_, queue := taskIdentity(ctx)
 		m.freeReservation(ctx, t, key, origin, reservationLabel(queue, origin))
 	}
-	if err != nil && !errors.Is(err, lockkit.ErrNotHeld) {
+	if err != nil && !errors.Is(err, lockcore.ErrNotHeld) {
 		m.reservationError(ctx, t, key, origin, err)
 	}
 }
@@ -499,7 +506,7 @@ func (m *guarded) endReservation(ctx context.Context, t *asynq.Task, key, origin
 func (m *guarded) freeReservation(ctx context.Context, t *asynq.Task, key, origin, label string) {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, err := m.guard.Locker().ForceRelease(fctx, asynqkey.Reservation(key), lockkit.Select{Label: label}); err != nil {
+	if _, err := m.core.ForceRelease(fctx, asynqkey.Reservation(key), lockcore.Select{Label: label}); err != nil {
 		m.reservationError(ctx, t, key, origin, err)
 	}
 }
@@ -523,7 +530,7 @@ func (m *guarded) doneWith(ctx context.Context, out middleware.Outcome) bool {
 	if out.Err == nil {
 		return true
 	}
-	if errors.Is(out.Err, asynq.SkipRetry) || (out.Ran && errors.Is(out.Err, lockkit.ErrCancelled)) {
+	if errors.Is(out.Err, asynq.SkipRetry) || (out.Ran && errors.Is(out.Err, lockcore.ErrCancelled)) {
 		return true // archived, or revoked after an operator cancelled the run
 	}
 	if errors.Is(out.Err, asynq.RevokeTask) {

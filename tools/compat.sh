@@ -37,5 +37,5 @@ for m in gocronguard jobguardprom jobguardotel; do
 	(cd "$m" && "$go" vet ./...)
 done
 GO=$go "$root/tools/together.sh" test-compat \
-	'core' '"$GO" test -count=1 -timeout 5m ./lockkit/... && "$GO" test -count=1 -timeout 5m -run "DecisionLog|LateRetryWrite|ParkAtEnqueue|ClientStamp|OneKeyForTheRetryWindow|Debounce" ./singleton/' \
+	'core' '"$GO" test -count=1 -timeout 5m ./lockkit/... ./internal/lockcore/... && "$GO" test -count=1 -timeout 5m -run "DecisionLog|LateRetryWrite|ParkAtEnqueue|ClientStamp|OneKeyForTheRetryWindow|Debounce" ./singleton/' \
 	'integration modules' 'for m in gocronguard jobguardprom jobguardotel; do (cd $m && "$GO" test -count=1 -timeout 5m ./...) || exit 1; done'

@@ -15,6 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
+	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/opsview"
@@ -69,14 +71,14 @@ func TestOperatorReleasesAStuckKey(t *testing.T) {
 	worker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix), lockkit.WithOwner("worker-7"))
 	require.NoError(t, err)
 	defer worker.Close(ctx)
-	stuck, err := worker.TryAcquire(ctx, "tenant:42", &lockkit.AcquireOptions{Label: "task-abc", TTL: 1500 * time.Millisecond})
+	stuck, err := coretest.Of(t, worker).TryAcquire(ctx, "tenant:42", &lockcore.AcquireOptions{Label: "task-abc", TTL: 1500 * time.Millisecond})
 	require.NoError(t, err)
 	work, cancel := stuck.Context(ctx)
 	defer cancel()
 	other, err := worker.TryAcquire(ctx, "report:daily", nil)
 	require.NoError(t, err)
 	defer other.Release(ctx)
-	_, err = worker.TryAcquire(ctx, "report:daily", &lockkit.AcquireOptions{Label: "task-9", Detached: true, Park: &lockkit.Parking{ID: "task-9"}})
+	_, err = coretest.Of(t, worker).TryAcquire(ctx, "report:daily", &lockcore.AcquireOptions{Label: "task-9", Detached: true, Park: &lockcore.Parking{ID: "task-9"}})
 	require.ErrorIs(t, err, lockkit.ErrNotAcquired) // parked for the key
 
 	view, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix))
@@ -217,14 +219,14 @@ func TestPageHoldsRealisticData(t *testing.T) {
 	l := lockkittest.New(t, lockkit.WithOwner("report-worker-7c9d8f6b5-x2kqz:1:3f9a2c7d"))
 	long := "asynq:report:build:tenant_id=\"org_2b7c9e4f1a3d5b6c8e0f2a4c6e8b0d2f\":region=\"eu-west-1\":period=\"2026-11\""
 	for i := range 24 {
-		_, err := l.TryAcquire(ctx, fmt.Sprintf("asynq:report:build:tenant_id=\"org_%04d\"", i), &lockkit.AcquireOptions{Label: fmt.Sprintf("0c636fe2-2986-4526-941b-fe6074c0%04d", i)})
+		_, err := coretest.Of(t, l).TryAcquire(ctx, fmt.Sprintf("asynq:report:build:tenant_id=\"org_%04d\"", i), &lockcore.AcquireOptions{Label: fmt.Sprintf("0c636fe2-2986-4526-941b-fe6074c0%04d", i)})
 		require.NoError(t, err)
 	}
 	// The release of the long key reserves it for the job parked for it:
 	// the reservation's owner is "parked:" and the job's id, newlines and all.
-	first, err := l.TryAcquire(ctx, long, &lockkit.AcquireOptions{Label: "b225dc7119beeb5c63e9fd535b4ee120", Park: &lockkit.Parking{OnParked: func(string) {}}})
+	first, err := coretest.Of(t, l).TryAcquire(ctx, long, &lockcore.AcquireOptions{Label: "b225dc7119beeb5c63e9fd535b4ee120", Park: &lockcore.Parking{OnParked: func(string) {}}})
 	require.NoError(t, err)
-	_, err = l.TryAcquire(ctx, long, &lockkit.AcquireOptions{Label: "parked\nlabel", Detached: true, Park: &lockkit.Parking{ID: "default\nid-1\nid-1"}})
+	_, err = coretest.Of(t, l).TryAcquire(ctx, long, &lockcore.AcquireOptions{Label: "parked\nlabel", Detached: true, Park: &lockcore.Parking{ID: "default\nid-1\nid-1"}})
 	require.ErrorIs(t, err, lockkit.ErrNotAcquired)
 	require.NoError(t, first.Release(ctx))
 	h, err := opsview.New(l, opsview.WithRelease())
@@ -305,7 +307,7 @@ func TestDecisionLogRendersRealisticData(t *testing.T) {
 		require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: values}).Err())
 	}
 	l := lockkittest.New(t, lockkit.WithOwner("report-worker-7c9d8f6b5-x2kqz:1:3f9a2c7d"))
-	_, err := l.TryAcquire(ctx, "asynq:report:build:tenant_id=org_0001", &lockkit.AcquireOptions{Label: "0c636fe2-2986-4526-941b-fe6074c00001"})
+	_, err := coretest.Of(t, l).TryAcquire(ctx, "asynq:report:build:tenant_id=org_0001", &lockcore.AcquireOptions{Label: "0c636fe2-2986-4526-941b-fe6074c00001"})
 	require.NoError(t, err)
 	// The holder's task state in asynq and its asynqmon page, as
 	// singleton.TaskState gives them.

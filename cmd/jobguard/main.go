@@ -31,8 +31,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/decisionlog"
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/printable"
-	"github.com/jobguard/jobguard/lockkit"
 )
 
 // Exit codes.
@@ -64,7 +64,7 @@ Examples:
 A release acts only on the holders it showed (by fencing token): if the key
 changed hands before the answer, it touches nothing of the new holder and
 exits 3 naming it. It asks their runs to stop (lockkit's Locker.CancelRun):
-their ctx is cancelled at once with lockkit.ErrCancelled (their Locker
+their ctx is cancelled at once with lockcore.ErrCancelled (their Locker
 listens on the operators' channel; at its next renewal, TTL/3 by default,
 if it missed the notice), and the key stays held, shown by inspect as
 "cancelling", until the run returns; then it goes to the next task. A run
@@ -117,7 +117,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.tls, "tls", false, "connect with TLS")
 	fs.StringVar(&o.tlsCA, "tls-ca", "", "PEM file of the CA that signed the server's certificate (implies --tls)")
 	fs.BoolVar(&o.tlsInsecure, "tls-insecure", false, "with --tls, do not verify the server's certificate")
-	fs.StringVar(&o.prefix, "prefix", lockkit.DefaultPrefix, "key prefix the Lockers use (lockkit.WithPrefix)")
+	fs.StringVar(&o.prefix, "prefix", lockcore.DefaultPrefix, "key prefix the Lockers use (lockcore.WithPrefix)")
 	fs.BoolVar(&o.json, "json", false, "print JSON")
 	fs.StringVar(&o.owner, "owner", "", "release: only this owner's holders")
 	fs.Int64Var(&o.token, "token", 0, "release: only the holder of this fencing token (as inspect shows it)")
@@ -173,7 +173,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer client.Close()
-	locker, err := lockkit.NewRedis(client, lockkit.WithPrefix(o.prefix), lockkit.WithOwner("jobguard-cli"))
+	locker, err := lockcore.NewRedis(client, lockcore.WithPrefix(o.prefix), lockcore.WithOwner("jobguard-cli"))
 	if err != nil {
 		fmt.Fprintln(stderr, "jobguard:", err)
 		return exitError
@@ -254,7 +254,7 @@ func (o options) client() (redis.UniversalClient, error) {
 
 type cli struct {
 	o      options
-	l      *lockkit.RedisLocker
+	l      *lockcore.RedisLocker
 	stdin  io.Reader
 	out    io.Writer
 	errOut io.Writer
@@ -283,7 +283,7 @@ type holderView struct {
 	CancelMs   int64 `json:"cancel_ms,omitempty"`
 }
 
-func view(info *lockkit.Info) keyView {
+func view(info *lockcore.Info) keyView {
 	v := keyView{Key: info.Key, Waiters: info.Waiters, Parked: info.Parked, ParkedIDs: info.ParkedIDs, Holders: []holderView{}}
 	for _, h := range info.Holders {
 		v.Holders = append(v.Holders, holderView{Owner: h.Owner, Label: h.Label, Token: h.Token, TTLms: h.TTL.Milliseconds(),
@@ -395,7 +395,7 @@ func (c *cli) release(ctx context.Context, key string) int {
 	if err != nil {
 		return c.fail(err)
 	}
-	var targets []lockkit.Holder
+	var targets []lockcore.Holder
 	for _, h := range info.Holders {
 		if (c.o.owner == "" || h.Owner == c.o.owner) && (c.o.token == 0 || h.Token == c.o.token) {
 			targets = append(targets, h)
@@ -456,11 +456,11 @@ func (c *cli) release(ctx context.Context, key string) int {
 	}
 	n, gone := 0, false
 	for _, h := range targets {
-		_, err := op(ctx, key, lockkit.Select{Token: h.Token})
+		_, err := op(ctx, key, lockcore.Select{Token: h.Token})
 		switch {
 		case err == nil:
 			n++
-		case errors.Is(err, lockkit.ErrNotHeld):
+		case errors.Is(err, lockcore.ErrNotHeld):
 			fmt.Fprintln(c.errOut, "jobguard:", err)
 			gone = true
 		default:

@@ -19,8 +19,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/testredis"
-	"github.com/jobguard/jobguard/lockkit"
 )
 
 var bin string // the built jobguard binary
@@ -59,8 +59,8 @@ func jobguard(t *testing.T, prefix, stdin string, args ...string) (string, strin
 	return out.String(), errOut.String(), code
 }
 
-func locker(t *testing.T, c redis.UniversalClient, prefix, owner string) *lockkit.RedisLocker {
-	l, err := lockkit.NewRedis(c, lockkit.WithPrefix(prefix), lockkit.WithOwner(owner))
+func locker(t *testing.T, c redis.UniversalClient, prefix, owner string) *lockcore.RedisLocker {
+	l, err := lockcore.NewRedis(c, lockcore.WithPrefix(prefix), lockcore.WithOwner(owner))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	return l
@@ -71,16 +71,16 @@ func TestListInspectRelease(t *testing.T) {
 	c := testredis.Client(t)
 	prefix := testredis.Prefix(t, c)
 	a, b := locker(t, c, prefix, "worker-a"), locker(t, c, prefix, "worker-b")
-	la, err := a.TryAcquire(ctx, "tenant:42", &lockkit.AcquireOptions{Limit: 2, Label: "task-1", TTL: 3 * time.Second})
+	la, err := a.TryAcquire(ctx, "tenant:42", &lockcore.AcquireOptions{Limit: 2, Label: "task-1", TTL: 3 * time.Second})
 	require.NoError(t, err)
 	work, cancel := la.Context(ctx)
 	defer cancel()
-	_, err = b.TryAcquire(ctx, "tenant:42", &lockkit.AcquireOptions{Limit: 2})
+	_, err = b.TryAcquire(ctx, "tenant:42", &lockcore.AcquireOptions{Limit: 2})
 	require.NoError(t, err)
 	_, err = b.TryAcquire(ctx, "report", nil)
 	require.NoError(t, err)
-	_, err = a.TryAcquire(ctx, "report", &lockkit.AcquireOptions{Label: "task-9", Detached: true, Park: &lockkit.Parking{ID: "task-9"}})
-	require.ErrorIs(t, err, lockkit.ErrNotAcquired) // parked for the key
+	_, err = a.TryAcquire(ctx, "report", &lockcore.AcquireOptions{Label: "task-9", Detached: true, Park: &lockcore.Parking{ID: "task-9"}})
+	require.ErrorIs(t, err, lockcore.ErrNotAcquired) // parked for the key
 
 	out, _, code := jobguard(t, prefix, "", "ls")
 	require.Zero(t, code)
@@ -120,7 +120,7 @@ func TestListInspectRelease(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("the released holder's work was not cancelled")
 	}
-	require.ErrorIs(t, context.Cause(work), lockkit.ErrCancelled)
+	require.ErrorIs(t, context.Cause(work), lockcore.ErrCancelled)
 	// The run still holds the key until it returns, and inspect says so.
 	require.NoError(t, la.Err())
 	out, _, code = jobguard(t, prefix, "", "inspect", "tenant:42")
@@ -228,7 +228,7 @@ func TestControlBytesEscaped(t *testing.T) {
 	c := testredis.Client(t)
 	prefix := testredis.Prefix(t, c)
 	l := locker(t, c, prefix, "worker\x1b[31m-a")
-	_, err := l.TryAcquire(ctx, "job:\x1b[2J\nforged  9  9  9  root  1h", &lockkit.AcquireOptions{Label: "id\r\nfake\u202e\tx\\n"})
+	_, err := l.TryAcquire(ctx, "job:\x1b[2J\nforged  9  9  9  root  1h", &lockcore.AcquireOptions{Label: "id\r\nfake\u202e\tx\\n"})
 	require.NoError(t, err)
 	check := func(out string, rows int) {
 		t.Helper()

@@ -9,13 +9,12 @@
 //	// When a request is due (after req.Wait): only the newest one runs.
 //	newest, claimed, err := requests.Claim(ctx, "reindex:tenant-42", req.Gen, false)
 //
-// Requests live under lockkit's key prefix (WithPrefix, lockkit.DefaultPrefix
+// Requests live under lockkit's key prefix (WithPrefix, "jobguard:"
 // by default) beside the leases of a lockkit.RedisLocker, and apart from
-// them; a Debouncer on a Locker's Redis and prefix comes from
-// RedisLocker.Redis:
+// them; a Debouncer on a Locker's Redis and prefix shares them:
 //
-//	client, prefix := locker.Redis()
-//	requests, err := debounce.New(client, debounce.WithPrefix(prefix))
+//	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix))
+//	requests, err := debounce.New(rdb, debounce.WithPrefix(prefix))
 package debounce
 
 import (
@@ -28,6 +27,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/rediskey"
 	"github.com/jobguard/jobguard/lockkit"
 )
@@ -78,7 +78,7 @@ type Option func(*Debouncer)
 
 // WithPrefix sets the prefix of the Debouncer's Redis keys: Debouncers on
 // the same Redis and prefix share their requests. Defaults to
-// lockkit.DefaultPrefix, the prefix of a RedisLocker built without
+// "jobguard:", the prefix of a RedisLocker built without
 // lockkit.WithPrefix.
 func WithPrefix(prefix string) Option {
 	return func(d *Debouncer) { d.prefix = rediskey.Key(prefix) }
@@ -90,7 +90,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Debouncer, error) {
 	if v := reflect.ValueOf(client); client == nil || v.Kind() == reflect.Pointer && v.IsNil() {
 		return nil, fmt.Errorf("%w: debounce.New: client is nil", lockkit.ErrInvalid)
 	}
-	d := &Debouncer{c: client, prefix: rediskey.Key(lockkit.DefaultPrefix)}
+	d := &Debouncer{c: client, prefix: rediskey.Key(lockcore.DefaultPrefix)}
 	for _, o := range opts {
 		if o != nil {
 			o(d)
@@ -107,17 +107,17 @@ func New(client redis.UniversalClient, opts ...Option) (*Debouncer, error) {
 // ends when one of its requests is claimed (Claim). Repeating a call with
 // the same id while it is still the newest returns the same Request. The
 // newest request is remembered for Retention after it is due. quiet must
-// be between a millisecond and lockkit.MaxTTL, maxWait zero or between
-// quiet and lockkit.MaxTTL, key and id not empty (lockkit.ErrInvalid); a
+// be between a millisecond and 100 years, maxWait zero or between
+// quiet and 100 years, key and id not empty (lockkit.ErrInvalid); a
 // Redis error is returned wrapped.
 func (d *Debouncer) Debounce(ctx context.Context, key, id string, quiet, maxWait time.Duration) (Request, error) {
 	switch {
 	case key == "" || id == "":
 		return Request{}, fmt.Errorf("%w: Debounce(%q, %q): key and id must not be empty", lockkit.ErrInvalid, key, id)
-	case quiet < time.Millisecond || quiet > lockkit.MaxTTL:
-		return Request{}, fmt.Errorf("%w: Debounce(%q): quiet %s must be between 1ms and %s", lockkit.ErrInvalid, key, quiet, lockkit.MaxTTL)
-	case maxWait != 0 && (maxWait < quiet || maxWait > lockkit.MaxTTL):
-		return Request{}, fmt.Errorf("%w: Debounce(%q): maxWait %s must be zero or between quiet (%s) and %s", lockkit.ErrInvalid, key, maxWait, quiet, lockkit.MaxTTL)
+	case quiet < time.Millisecond || quiet > lockcore.MaxTTL:
+		return Request{}, fmt.Errorf("%w: Debounce(%q): quiet %s must be between 1ms and %s", lockkit.ErrInvalid, key, quiet, lockcore.MaxTTL)
+	case maxWait != 0 && (maxWait < quiet || maxWait > lockcore.MaxTTL):
+		return Request{}, fmt.Errorf("%w: Debounce(%q): maxWait %s must be zero or between quiet (%s) and %s", lockkit.ErrInvalid, key, maxWait, quiet, lockcore.MaxTTL)
 	}
 	vals, err := debounceScript.Run(ctx, d.c, []string{d.key(key)}, ms(quiet), ms(maxWait), id, ms(Retention)).Slice()
 	if err == nil && len(vals) != 2 {

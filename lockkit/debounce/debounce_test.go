@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/debounce"
@@ -133,7 +134,9 @@ func TestNew(t *testing.T) {
 	l, err := lockkit.NewRedis(c, lockkit.WithPrefix("p:{x}"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(ctx) })
-	client, prefix := l.Redis()
+	rl, err := lockcore.Of("test", l)
+	require.NoError(t, err)
+	client, prefix := rl.Redis()
 	own, err := debounce.New(client, debounce.WithPrefix(prefix))
 	require.NoError(t, err)
 	same, err := debounce.New(c, debounce.WithPrefix("p:{x}"))
@@ -156,5 +159,5 @@ func TestNew(t *testing.T) {
 	require.True(t, ok)
 	_, err = other.Debounce(ctx, "k{1}", "t3", time.Minute, 0)
 	require.NoError(t, err)
-	require.Equal(t, int64(1), c.Exists(ctx, lockkit.DefaultPrefix+"{k%7B1%7D}:b").Val(), "the default prefix")
+	require.Equal(t, int64(1), c.Exists(ctx, lockcore.DefaultPrefix+"{k%7B1%7D}:b").Val(), "the default prefix")
 }

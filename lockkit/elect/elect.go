@@ -46,17 +46,12 @@ const resignTimeout = 5 * time.Second
 // than every earlier term of the key. When lead returns, Elect resigns
 // (releases the key) and returns lead's error; or the error of the campaign
 // if ctx ended first (wrapping ctx.Err()). opt is as for Locker.Acquire
-// (nil: defaults), except that a reservation (Detached), which nothing
-// renews, is refused with an error matching lockkit.ErrInvalid.
+// (nil: defaults).
 func Elect(ctx context.Context, l lockkit.Locker, key string, opt *lockkit.AcquireOptions, lead func(ctx context.Context, term int64) error) error {
-	if opt != nil && opt.Detached {
-		return fmt.Errorf("%w: elect.Elect(%q): a Detached lease is not renewed, so it cannot lead", lockkit.ErrInvalid, key)
-	}
-	lease, err := l.Acquire(ctx, key, opt)
-	if err != nil {
-		return err
-	}
-	return lease.Run(ctx, func(ctx context.Context) error { return lead(ctx, lease.Token()) })
+	return lockkit.Do(ctx, l, key, opt, func(ctx context.Context) error {
+		lease, _ := lockkit.LeaseFromContext(ctx)
+		return lead(ctx, lease.Token())
+	})
 }
 
 // Campaign keeps campaigning for a key in the background: whenever the key
@@ -78,16 +73,13 @@ type Campaign struct {
 
 // New starts campaigning for key on l with opt (nil: defaults; it must not
 // wait forever, so its TTL bounds how long a dead leader blocks the
-// others). It returns an error matching lockkit.ErrInvalid for a nil l, an
-// empty key, or a Detached opt (a reservation, which nothing renews). A Locker that fails an acquire (Redis unreachable, an
+// others). It returns an error matching lockkit.ErrInvalid for a nil l or
+// an empty key. A Locker that fails an acquire (Redis unreachable, an
 // invalid opt) is tried again with a backoff of up to 5s; a closed one
 // (lockkit.ErrClosed) ends the campaign.
 func New(l lockkit.Locker, key string, opt *lockkit.AcquireOptions) (*Campaign, error) {
 	if l == nil || key == "" {
 		return nil, fmt.Errorf("%w: elect.New(%v, %q): locker and key are required", lockkit.ErrInvalid, l, key)
-	}
-	if opt != nil && opt.Detached {
-		return nil, fmt.Errorf("%w: elect.New(%q): a Detached lease is not renewed, so it cannot lead", lockkit.ErrInvalid, key)
 	}
 	c := &Campaign{l: l, key: key, done: make(chan struct{})}
 	if opt != nil {

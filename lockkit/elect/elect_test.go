@@ -139,18 +139,3 @@ func TestNewRequiresALockerAndAKey(t *testing.T) {
 	_, err = elect.New(l, "", nil)
 	require.ErrorIs(t, err, lockkit.ErrInvalid)
 }
-
-// A reservation (Detached) is not renewed, so it cannot lead: New and Elect
-// refuse it.
-func TestDetachedCannotLead(t *testing.T) {
-	_, client := testredis.Mini(t)
-	l, err := lockkit.NewRedis(client)
-	require.NoError(t, err)
-	defer l.Close(context.Background())
-	opt := &lockkit.AcquireOptions{Detached: true, TTL: time.Second}
-	_, err = elect.New(l, "k", opt)
-	require.ErrorIs(t, err, lockkit.ErrInvalid)
-	require.ErrorContains(t, err, "Detached")
-	err = elect.Elect(context.Background(), l, "k", opt, func(context.Context, int64) error { return nil })
-	require.ErrorIs(t, err, lockkit.ErrInvalid)
-}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/inprocess"
 	"github.com/jobguard/jobguard/lockkit/throttle"
 )
@@ -32,11 +33,10 @@ func ExampleNew_locker() {
 	ctx := context.Background()
 	srv, _ := inprocess.Start()
 	defer srv.Close()
-	locker, _ := srv.Locker()
+	locker, _ := srv.Locker(lockkit.WithPrefix("jobs:"))
 	defer locker.Close(ctx)
 
-	client, prefix := locker.Redis()
-	starts, _ := throttle.New(client, 1, time.Minute, throttle.WithPrefix(prefix))
+	starts, _ := throttle.New(srv.Client(), 1, time.Minute, throttle.WithPrefix("jobs:"))
 	wait, _ := starts.Take(ctx, "rebuild-index")
 	fmt.Println("first start allowed:", wait == 0)
 	// Output:

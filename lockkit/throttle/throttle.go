@@ -14,13 +14,12 @@
 // booked distinct slots, so that it comes back spread over the periods,
 // each try about when its own start opens, not all at the first opening.
 //
-// Budgets live under lockkit's key prefix (WithPrefix, lockkit.DefaultPrefix
+// Budgets live under lockkit's key prefix (WithPrefix, "jobguard:"
 // by default) beside the leases of a lockkit.RedisLocker, and apart from
-// them; a Throttle on a Locker's Redis and prefix comes from
-// RedisLocker.Redis:
+// them; a Throttle on a Locker's Redis and prefix shares them:
 //
-//	client, prefix := locker.Redis()
-//	starts, err := throttle.New(client, n, period, throttle.WithPrefix(prefix))
+//	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix))
+//	starts, err := throttle.New(rdb, n, period, throttle.WithPrefix(prefix))
 package throttle
 
 import (
@@ -34,6 +33,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/rediskey"
 	"github.com/jobguard/jobguard/lockkit"
 )
@@ -69,7 +69,7 @@ type Option func(*Throttle)
 
 // WithPrefix sets the prefix of the Throttle's Redis keys: Throttles on the
 // same Redis and prefix share their budgets. Defaults to
-// lockkit.DefaultPrefix, the prefix of a RedisLocker built without
+// "jobguard:", the prefix of a RedisLocker built without
 // lockkit.WithPrefix.
 func WithPrefix(prefix string) Option {
 	return func(t *Throttle) { t.prefix = rediskey.Key(prefix) }
@@ -78,7 +78,7 @@ func WithPrefix(prefix string) Option {
 // New returns a Throttle of n starts per period on client, which it does
 // not close. It returns an error matching lockkit.ErrInvalid for a nil
 // client (also a typed nil), n below 1, or a period shorter than a
-// millisecond or longer than lockkit.MaxTTL.
+// millisecond or longer than 100 years.
 func New(client redis.UniversalClient, n int, period time.Duration, opts ...Option) (*Throttle, error) {
 	if v := reflect.ValueOf(client); client == nil || v.Kind() == reflect.Pointer && v.IsNil() {
 		return nil, fmt.Errorf("%w: throttle.New: client is nil", lockkit.ErrInvalid)
@@ -86,10 +86,10 @@ func New(client redis.UniversalClient, n int, period time.Duration, opts ...Opti
 	switch {
 	case n < 1:
 		return nil, fmt.Errorf("%w: throttle.New: n %d must be at least 1", lockkit.ErrInvalid, n)
-	case period < time.Millisecond || period > lockkit.MaxTTL:
-		return nil, fmt.Errorf("%w: throttle.New: period %s must be between 1ms and %s", lockkit.ErrInvalid, period, lockkit.MaxTTL)
+	case period < time.Millisecond || period > lockcore.MaxTTL:
+		return nil, fmt.Errorf("%w: throttle.New: period %s must be between 1ms and %s", lockkit.ErrInvalid, period, lockcore.MaxTTL)
 	}
-	t := &Throttle{c: client, prefix: rediskey.Key(lockkit.DefaultPrefix), n: n, period: period}
+	t := &Throttle{c: client, prefix: rediskey.Key(lockcore.DefaultPrefix), n: n, period: period}
 	for _, o := range opts {
 		if o != nil {
 			o(t)

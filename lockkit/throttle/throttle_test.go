@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/throttle"
@@ -187,7 +188,7 @@ func TestNew(t *testing.T) {
 		"typed nil client": func() (*throttle.Throttle, error) { return throttle.New(nilClient, 1, time.Second) },
 		"n 0":              func() (*throttle.Throttle, error) { return throttle.New(c, 0, time.Second) },
 		"period 0":         func() (*throttle.Throttle, error) { return throttle.New(c, 1, 0) },
-		"period too long":  func() (*throttle.Throttle, error) { return throttle.New(c, 1, lockkit.MaxTTL+time.Millisecond) },
+		"period too long":  func() (*throttle.Throttle, error) { return throttle.New(c, 1, lockcore.MaxTTL+time.Millisecond) },
 	} {
 		_, err := make()
 		require.ErrorIs(t, err, lockkit.ErrInvalid, name)
@@ -196,7 +197,9 @@ func TestNew(t *testing.T) {
 	l, err := lockkit.NewRedis(c, lockkit.WithPrefix("p:{x}"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(ctx) })
-	client, prefix := l.Redis()
+	rl, err := lockcore.Of("test", l)
+	require.NoError(t, err)
+	client, prefix := rl.Redis()
 	require.Equal(t, "p:{x}", prefix)
 	own, err := throttle.New(client, 1, time.Minute, throttle.WithPrefix(prefix))
 	require.NoError(t, err)
@@ -208,7 +211,7 @@ func TestNew(t *testing.T) {
 	require.Positive(t, must(same.Take(ctx, "k{1}")), "the same Redis and prefix: the same budget")
 	require.Zero(t, must(other.Take(ctx, "k{1}")), "another prefix: another budget")
 	require.Equal(t, int64(1), c.Exists(ctx, "p:%7Bx%7D{k%7B1%7D}:t").Val(), "the key name of the budget")
-	require.Equal(t, int64(1), c.Exists(ctx, lockkit.DefaultPrefix+"{k%7B1%7D}:t").Val(), "the default prefix")
+	require.Equal(t, int64(1), c.Exists(ctx, lockcore.DefaultPrefix+"{k%7B1%7D}:t").Val(), "the default prefix")
 }
 
 func must[T any](v T, err error) T {

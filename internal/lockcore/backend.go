@@ -1,0 +1,717 @@
+package lockcore
+
+// redisBackend: the calls of the scripts (acquire, release, renew, extend,
+// free, evict, inspect), pipelined per server.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/internal/rediskey"
+)
+
+type redisBackend struct {
+	c      redis.UniversalClient
+	prefix string        // escaped
+	grace  time.Duration // how long a released holder is remembered
+
+	mu   sync.Mutex
+	ps   *redis.PubSub
+	subs map[string]*subscribers
+	// onOperators receives the notices of the operators' channel.
+	onOperators func(key, notice string)
+	wg          sync.WaitGroup
+	done        bool
+
+	// sorted remembers, until when, the keys a plain script found in the
+	// sorted set: their acquires and releases skip the plain script, which
+	// would only defer to the full one (one more round trip).
+	sortedMu sync.Mutex
+	sorted   map[string]time.Time
+}
+
+// Keys found in the sorted set are remembered for sortedFor, at most
+// sortedMax of them.
+const (
+	sortedFor = time.Minute
+	sortedMax = 4096
+)
+
+// isSorted reports whether key was lately found in the sorted set.
+func (b *redisBackend) isSorted(key string) bool {
+	b.sortedMu.Lock()
+	defer b.sortedMu.Unlock()
+	until, ok := b.sorted[key]
+	if ok && time.Now().After(until) {
+		delete(b.sorted, key)
+		return false
+	}
+	return ok
+}
+
+// markSorted remembers that key was found in the sorted set.
+func (b *redisBackend) markSorted(key string) {
+	b.sortedMu.Lock()
+	defer b.sortedMu.Unlock()
+	if b.sorted == nil || len(b.sorted) >= sortedMax {
+		b.sorted = make(map[string]time.Time)
+	}
+	b.sorted[key] = time.Now().Add(sortedFor)
+}
+
+type lockKeys struct{ holders, meta, queue, waiters, fence, channel, cover, released, parked, follow string }
+
+func (b *redisBackend) keys(key string) lockKeys {
+	base := b.base(key)
+	return lockKeys{base + ":h", base + ":m", base + ":q", base + ":w", base + ":f", base + ":r", base + ":c", base + ":d", base + ":k", base + ":u"}
+}
+
+// base is the prefix of every key of key's lock: "<prefix>{<key>}".
+func (b *redisBackend) base(key string) string { return rediskey.Base(b.prefix, key) }
+
+// plainKeys are the keys of plain_release.lua for the lease with member
+// "<token>:...": its holders key and the key its release's record moves to
+// when the key is taken again, "<released>:<token>".
+func (b *redisBackend) plainKeys(key, member string) []string {
+	base := b.base(key)
+	return []string{base + ":h", base + ":d:" + member[:strings.IndexByte(member, ':')]}
+}
+
+// plain reports whether r can use the plain form of a holders key
+// (plain_acquire.lua): limit 1, no waiting, queue, epoch, Coalesce,
+// Supersede, Preempt, Adopt or Park.
+func plain(r *request) bool {
+	return r.limit == 1 && r.waiter == "" && !r.fair && r.epoch == 0 && !r.coalesce &&
+		r.preempt == "0" && !r.adopt && r.park == ""
+}
+
+func ms(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+
+// ready fails with ErrUnsupported when the server is older than
+// MinRedisVersion. A server that does not report its version (INFO renamed
+// or limited) is accepted.
+func (b *redisBackend) ready(ctx context.Context) error {
+	info, err := b.c.Info(ctx, "server").Result()
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("lockkit: checking the Redis version: %w", err)
+		}
+		return nil
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			if versionLess(v, MinRedisVersion) {
+				return fmt.Errorf("%w: Redis %s is older than %s", ErrUnsupported, v, MinRedisVersion)
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+// versionLess compares dotted version numbers.
+func versionLess(a, b string) bool {
+	as, bs := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < max(len(as), len(bs)); i++ {
+		var x, y int
+		if i < len(as) {
+			x, _ = strconv.Atoi(as[i])
+		}
+		if i < len(bs) {
+			y, _ = strconv.Atoi(bs[i])
+		}
+		if x != y {
+			return x < y
+		}
+	}
+	return false
+}
+
+// parkKeep is how long a parked id is kept after its last park.
+const parkKeep = 10 * time.Minute
+
+// parkEntry is r's entry in its key's parked queue, "" when r does not park:
+// "<ParkHold ms>:<escaped label>:<Park>".
+func parkEntry(r *request) string {
+	if r.park == "" {
+		return ""
+	}
+	return strconv.FormatInt(ms(r.parkHold), 10) + ":" + escapeLabel(r.label) + ":" + r.park
+}
+
+// parkedID is the job id of a parked-queue entry (parkEntry): what follows
+// its hold and its escaped label, which holds no ':'.
+func parkedID(entry string) string {
+	if _, rest, ok := strings.Cut(entry, ":"); ok {
+		if _, id, ok := strings.Cut(rest, ":"); ok {
+			return id
+		}
+	}
+	return entry
+}
+
+// acquireCall is the acquire script of r's modes, with its keys and
+// arguments (see acquire_core.lua and the files of the modes).
+func (b *redisBackend) acquireCall(r *request) (*redis.Script, []string, []any) {
+	k := b.keys(r.key)
+	fair := "0"
+	if r.fair {
+		fair = "1"
+	}
+	since := int64(0)
+	if r.coalesce {
+		since = r.since
+	}
+	adopt := "0"
+	if r.adopt {
+		adopt = "1"
+	}
+	sup := r.supersede
+	if r.waiter == "" && r.park == "" {
+		sup = "0" // only a waiting or parking call is a follow-up
+	}
+	return acquireScripts[acquireModes(r, sup)], []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
+		[]any{r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel, r.preempt, ms(r.grace),
+			parkEntry(r), ms(parkKeep), r.order, r.epochTag}
+}
+
+func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
+	if plain(r) && !b.isSorted(r.key) {
+		v, err := plainAcquireScript.Run(ctx, b.c, []string{b.base(r.key) + ":h"},
+			":"+r.aid+":"+r.owner+":"+escapeLabel(r.label), ms(r.ttl)).Result()
+		if err != nil {
+			return acquireResult{}, err
+		}
+		if token, ok := v.(string); ok {
+			return acquireResult{ok: true, token: toInt(token), plain: true}, nil
+		}
+		vals, _ := v.([]any)
+		switch {
+		case len(vals) >= 2 && toInt(vals[0]) == 1:
+			res := acquireResult{ok: true, token: toInt(vals[1]), plain: true}
+			if len(vals) > 2 {
+				res.left = time.Duration(toInt(vals[2])) * time.Millisecond
+			}
+			return res, nil
+		case len(vals) >= 1 && toInt(vals[0]) == 0:
+			return conflictOf(r.key, vals)
+		case len(vals) != 1 || toInt(vals[0]) != -9:
+			return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
+		}
+		// The key's holders are in the sorted set: acquire.lua.
+		b.markSorted(r.key)
+	}
+	script, keys, args := b.acquireCall(r)
+	vals, err := script.Run(ctx, b.c, keys, args...).Slice()
+	if err != nil {
+		return acquireResult{}, err
+	}
+	if len(vals) < 1 {
+		return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
+	}
+	switch toInt(vals[0]) {
+	case 1:
+		if len(vals) < 2 {
+			return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
+		}
+		res := acquireResult{ok: true, token: toInt(vals[1])}
+		if len(vals) > 2 {
+			// Found taken by an earlier run, or handed over by a release:
+			// its TTL left, counted from now.
+			res.left = time.Duration(toInt(vals[2])) * time.Millisecond
+		}
+		res.wasParked = len(vals) > 3 && toInt(vals[3]) == 1
+		if len(vals) > 4 {
+			res.otherTag, _ = vals[4].(string)
+		}
+		return res, nil
+	case -1:
+		if len(vals) < 2 {
+			return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
+		}
+		res := acquireResult{lastEpoch: toInt(vals[1])}
+		if len(vals) > 2 {
+			res.otherTag, _ = vals[2].(string)
+		}
+		return res, nil
+	case -2:
+		return acquireResult{completed: true}, nil
+	case -3:
+		return acquireResult{abandoned: true}, nil
+	case -5:
+		return acquireResult{superseded: true}, nil
+	case -4:
+		if len(vals) < 5 {
+			return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
+		}
+		c := &CoveredError{Key: r.key, By: Coverage(toInt(vals[1])), Token: toInt(vals[2])}
+		if m, _ := vals[3].(string); m != "" {
+			_, c.Owner, _ = parseMember(m)
+		}
+		return acquireResult{covered: c, since: toInt(vals[4])}, nil
+	}
+	return conflictOf(r.key, vals)
+}
+
+// conflictOf reads the acquire script's reply for a held key.
+func conflictOf(key string, vals []any) (acquireResult, error) {
+	if len(vals) < 5 {
+		return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
+	}
+	c := &ConflictError{Key: key, TTL: time.Duration(toInt(vals[2])) * time.Millisecond, Holders: int(toInt(vals[3])), Ahead: int(toInt(vals[4]))}
+	if m, _ := vals[1].(string); m != "" {
+		c.Token, c.Owner, c.Label = parseMember(m)
+	}
+	res := acquireResult{conflict: c}
+	if len(vals) > 5 {
+		res.since = toInt(vals[5])
+	}
+	c.Parked = -1
+	if len(vals) > 6 {
+		c.Parked = int(toInt(vals[6]))
+	}
+	if len(vals) > 7 {
+		// The replaced entry, "<hold ms>:<label>:<id>": its id.
+		if e, _ := vals[7].(string); e != "" {
+			if _, rest, ok := strings.Cut(e, ":"); ok {
+				_, c.Superseded, _ = strings.Cut(rest, ":")
+			}
+		}
+	}
+	return res, nil
+}
+
+func toInt(v any) int64 {
+	switch x := v.(type) {
+	case int64:
+		return x
+	case string:
+		n, _ := strconv.ParseInt(x, 10, 64)
+		return n
+	}
+	return 0
+}
+
+// pipelineScript runs script once per lease in one pipeline (see
+// pipelineEval).
+func (b *redisBackend) pipelineScript(ctx context.Context, s *redis.Script, leases []*Lease, keys func(lockKeys) []string, args func(*Lease) []any) []*redis.Cmd {
+	return b.pipelineEval(ctx, s, len(leases),
+		func(i int) []string { return keys(b.keys(leases[i].key)) },
+		func(i int) []any { return args(leases[i]) })
+}
+
+// pipelineEval runs n calls of script in one pipeline, call i with keys(i)
+// and args(i), retrying with EVAL the calls that found the script cache
+// empty (after a Redis restart).
+func (b *redisBackend) pipelineEval(ctx context.Context, s *redis.Script, n int, keys func(int) []string, args func(int) []any) []*redis.Cmd {
+	return b.pipelineScripts(ctx, n, func(p redis.Pipeliner, i int, eval bool) *redis.Cmd {
+		if eval {
+			return s.Eval(ctx, p, keys(i), args(i)...)
+		}
+		return s.EvalSha(ctx, p, keys(i), args(i)...)
+	})
+}
+
+// pipelineScripts sends n script calls in one pipeline, call i with send(p,
+// i, false) (EVALSHA), and sends again, with send(p, i, true) (EVAL), the
+// calls that found the script cache empty (after a Redis restart).
+func (b *redisBackend) pipelineScripts(ctx context.Context, n int, send func(p redis.Pipeliner, i int, eval bool) *redis.Cmd) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, n)
+	run := func(idx []int, eval bool) {
+		_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, i := range idx {
+				cmds[i] = send(p, i, eval)
+			}
+			return nil
+		})
+	}
+	all := make([]int, n)
+	for i := range all {
+		all[i] = i
+	}
+	run(all, false)
+	var again []int
+	for i, c := range cmds {
+		if err := c.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		run(again, true)
+	}
+	return cmds
+}
+
+func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []ending) ([]bool, error) {
+	idx := make(map[*Lease]int, len(leases))
+	for i, l := range leases {
+		idx[l] = i
+	}
+	held := make([]bool, len(leases))
+	var errs []error
+	// A lease taken in the plain form is released with plain_release.lua
+	// when the release records nothing else; the script defers to
+	// release.lua when the key's holders are in the sorted set by now, and
+	// the key is remembered (isSorted).
+	var plains, full []*Lease
+	for i, l := range leases {
+		var end ending
+		if ends != nil {
+			end = ends[i]
+		}
+		if l.plain && l.member != "" && end.done <= 0 && end.cover <= 0 && l.holdFor(end) <= 0 && !end.handOver && !b.isSorted(l.key) {
+			plains = append(plains, l)
+		} else {
+			full = append(full, l)
+		}
+	}
+	if len(plains) > 0 {
+		cmds := b.run(ctx, plainReleaseScript, plains,
+			func(l *Lease) []string { return b.plainKeys(l.key, l.member) },
+			func(l *Lease) []any {
+				return []any{l.member, ms(b.grace), "~" + l.member[:strings.IndexByte(l.member, ':')] + "."}
+			})
+		for i, c := range cmds {
+			n, err := c.Int64()
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case n == -9:
+				b.markSorted(plains[i].key)
+				full = append(full, plains[i])
+			default:
+				held[idx[plains[i]]] = n == 1
+			}
+		}
+	}
+	if len(full) == 0 {
+		return held, errors.Join(errs...)
+	}
+	cmds := b.runEach(ctx, full, func(l *Lease) (*redis.Script, []string, []any) {
+		var end ending
+		if ends != nil {
+			end = ends[idx[l]]
+		}
+		return b.releaseCall(l, end)
+	})
+	for i, c := range cmds {
+		v, err := c.Result()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		// 1 or 0, {1, id of the parked job the key was reserved for}, or
+		// {2, ms the release is held for} (with OnParked).
+		if vals, ok := v.([]any); ok && len(vals) == 2 {
+			v = vals[0]
+			if id, _ := vals[1].(string); id != "" {
+				full[i].parked.Store(&id)
+			}
+			if toInt(v) == 2 {
+				full[i].holdLeft.Store(int64(time.Duration(max(toInt(vals[1]), 1)) * time.Millisecond))
+				v = int64(1)
+			}
+		}
+		held[idx[full[i]]] = toInt(v) == 1
+	}
+	return held, errors.Join(errs...)
+}
+
+// run runs script once for each lease, with keys(lease, its keys) and
+// args(lease): one call alone, more in one pipeline (see pipelineEval).
+func (b *redisBackend) run(ctx context.Context, s *redis.Script, leases []*Lease, keys func(*Lease) []string, args func(*Lease) []any) []*redis.Cmd {
+	if len(leases) == 1 {
+		l := leases[0]
+		return []*redis.Cmd{s.Run(ctx, b.c, keys(l), args(l)...)}
+	}
+	return b.pipelineEval(ctx, s, len(leases),
+		func(i int) []string { return keys(leases[i]) },
+		func(i int) []any { return args(leases[i]) })
+}
+
+// releaseCall is the release script of l's options under end, with its
+// keys and arguments.
+func (b *redisBackend) releaseCall(l *Lease, end ending) (*redis.Script, []string, []any) {
+	k := b.keys(l.key)
+	// The eighth key: the record a plain release of it left (none for a
+	// lease with no member).
+	rec := k.released + ":"
+	if l.member != "" {
+		rec = b.plainKeys(l.key, l.member)[1]
+	}
+	label := ""
+	if end.done > 0 {
+		label = escapeLabel(l.label)
+	}
+	resume, handOver := "0", "0"
+	if l.onParked != nil {
+		resume = "1"
+	}
+	if end.handOver {
+		handOver = "1"
+	}
+	return releaseScripts[releaseModes(l, end)],
+		[]string{k.holders, k.waiters, k.cover, k.released, k.queue, k.fence, k.parked, rec},
+		[]any{l.member, l.aid, k.channel, ms(b.grace), label, ms(end.done), ms(l.ttlLocked()), ms(end.cover), ms(l.holdFor(end)), resume, handOver}
+}
+
+// runEach runs the script call(lease) gives once for each lease, with the
+// keys and arguments it gives: one call alone, more in one pipeline (see
+// pipelineScripts).
+func (b *redisBackend) runEach(ctx context.Context, leases []*Lease, call func(*Lease) (*redis.Script, []string, []any)) []*redis.Cmd {
+	if len(leases) == 1 {
+		s, keys, args := call(leases[0])
+		return []*redis.Cmd{s.Run(ctx, b.c, keys, args...)}
+	}
+	return b.pipelineScripts(ctx, len(leases), func(p redis.Pipeliner, i int, eval bool) *redis.Cmd {
+		s, keys, args := call(leases[i])
+		if eval {
+			return s.Eval(ctx, p, keys, args...)
+		}
+		return s.EvalSha(ctx, p, keys, args...)
+	})
+}
+
+// renewArgs are a lease's keys and member argument for renew.lua, built
+// once and boxed once, so that a renewal allocates nothing per lease.
+type renewArgs struct {
+	holders, meta, member any
+}
+
+// renewPerCall is how many leases one renew.lua call renews at most.
+const renewPerCall = 100
+
+// renewMany renews leases with renew.lua, up to renewPerCall leases per
+// call (on Redis Cluster, per hash slot: a script's keys share one), all
+// calls in one pipeline: a renewal costs one script call per many leases
+// instead of one each.
+func (b *redisBackend) renewMany(ctx context.Context, leases []*Lease, ttls []time.Duration) []error {
+	bySlot := make(map[uint16][]int)
+	var slots []uint16
+	_, cluster := b.c.(*redis.ClusterClient)
+	for i, l := range leases {
+		var slot uint16 // one server holds every key: any mix goes in one call
+		if cluster {
+			slot = keySlot(escapeKey(l.key))
+		}
+		if _, ok := bySlot[slot]; !ok {
+			slots = append(slots, slot)
+		}
+		bySlot[slot] = append(bySlot[slot], i)
+	}
+	var calls [][]int // the leases of each script call
+	for _, slot := range slots {
+		idx := bySlot[slot]
+		for start := 0; start < len(idx); start += renewPerCall {
+			calls = append(calls, idx[start:min(start+renewPerCall, len(idx))])
+		}
+	}
+	for _, l := range leases {
+		if l.renewArgs == nil {
+			k := b.keys(l.key)
+			l.renewArgs = &renewArgs{holders: k.holders, meta: k.meta, member: l.member}
+		}
+	}
+	// Leases mostly share a TTL: each call states one, and only a lease with
+	// another, or one that claimed an epoch, carries its own. Each call's
+	// command is built whole, from the leases' boxed keys and members.
+	ttlArgs := make(map[int64]any, 1)
+	cmds := b.pipelineScripts(ctx, len(calls), func(p redis.Pipeliner, c int, eval bool) *redis.Cmd {
+		idx := calls[c]
+		nkeys := len(idx)
+		for _, i := range idx {
+			if leases[i].epoch {
+				nkeys++
+			}
+		}
+		cmd := make([]any, 3, 3+nkeys+1+len(idx))
+		cmd[0], cmd[1], cmd[2] = "evalsha", renewScript.Hash(), nkeys
+		if eval {
+			cmd[0], cmd[1] = "eval", renewSrc
+		}
+		for _, i := range idx {
+			a := leases[i].renewArgs
+			cmd = append(cmd, a.holders)
+			if leases[i].epoch {
+				cmd = append(cmd, a.meta)
+			}
+		}
+		common := ms(ttls[idx[0]])
+		arg, ok := ttlArgs[common]
+		if !ok {
+			arg = common
+			ttlArgs[common] = arg
+		}
+		cmd = append(cmd, arg)
+		for _, i := range idx {
+			if ttl := ms(ttls[i]); ttl != common || leases[i].epoch {
+				if leases[i].epoch {
+					ttl = -ttl
+				}
+				cmd = append(cmd, "!"+strconv.FormatInt(ttl, 10))
+			}
+			cmd = append(cmd, leases[i].renewArgs.member)
+		}
+		return p.Do(ctx, cmd...)
+	})
+	errs := make([]error, len(leases))
+	for c, idx := range calls {
+		vals, err := cmds[c].Int64Slice()
+		for j, i := range idx {
+			switch {
+			case err != nil:
+				errs[i] = err
+			case j >= len(vals):
+				errs[i] = fmt.Errorf("unexpected renew reply %v", vals)
+			case vals[j] == 2:
+				errs[i] = errPreempted
+			case vals[j] == 3:
+				errs[i] = errEvicted
+			case vals[j] == 4:
+				errs[i] = errCancelAsked
+			case vals[j] != 1:
+				errs[i] = errNotHeld
+			}
+		}
+	}
+	return errs
+}
+
+func (b *redisBackend) extend(ctx context.Context, leases []*Lease, ttls []time.Duration, renew bool) []error {
+	if renew && len(leases) > 1 {
+		return b.renewMany(ctx, leases, ttls)
+	}
+	mode := "0"
+	if renew {
+		mode = "1"
+	}
+	idx := make(map[*Lease]int, len(leases))
+	for i, l := range leases {
+		idx[l] = i
+	}
+	cmds := b.pipelineScript(ctx, extendScript, leases,
+		func(k lockKeys) []string { return []string{k.holders, k.meta} },
+		func(l *Lease) []any {
+			epoch := "0"
+			if l.epoch {
+				epoch = "1"
+			}
+			return []any{l.member, ms(ttls[idx[l]]), epoch, mode}
+		})
+	errs := make([]error, len(leases))
+	for i, c := range cmds {
+		n, err := c.Int64()
+		switch {
+		case err != nil:
+			errs[i] = err
+		case n == 2:
+			errs[i] = errPreempted
+		case n == 3:
+			errs[i] = errEvicted
+		case n == 4:
+			errs[i] = errCancelAsked
+		case n != 1:
+			errs[i] = errNotHeld
+		}
+	}
+	return errs
+}
+
+// groups splits leases by the Cluster master that stores them; on any other
+// client they are one group.
+func (b *redisBackend) groups(leases []*Lease) [][]*Lease {
+	cc, ok := b.c.(*redis.ClusterClient)
+	if !ok {
+		return [][]*Lease{leases}
+	}
+	byNode := make(map[string][]*Lease)
+	var order []string
+	for _, l := range leases {
+		addr := ""
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if c, err := cc.MasterForKey(ctx, b.keys(l.key).holders); err == nil {
+			addr = c.Options().Addr
+		}
+		cancel()
+		if _, seen := byNode[addr]; !seen {
+			order = append(order, addr)
+		}
+		byNode[addr] = append(byNode[addr], l)
+	}
+	out := make([][]*Lease, len(order))
+	for i, a := range order {
+		out[i] = byNode[a]
+	}
+	return out
+}
+
+func (b *redisBackend) detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error) {
+	k := b.keys(l.key)
+	n, err := detachScript.Run(ctx, b.c, []string{k.holders, k.fence}, l.member, member, ms(ttl)).Int64()
+	return n == 1, err
+}
+
+func (b *redisBackend) free(ctx context.Context, key, label string) (bool, error) {
+	k := b.keys(key)
+	n, err := freeScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence, k.parked}, escapeLabel(label), k.channel, ms(b.grace)).Int64()
+	return n == 1, err
+}
+
+func (b *redisBackend) evict(ctx context.Context, key, owner string, token int64, call string) (int, error) {
+	k := b.keys(key)
+	n, err := evictScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence}, owner, k.channel, call, ms(b.grace), token, b.operators(), key).Int()
+	return n, err
+}
+
+func (b *redisBackend) cancel(ctx context.Context, key, owner string, token int64) (int, error) {
+	k := b.keys(key)
+	return cancelScript.Run(ctx, b.c, []string{k.holders, k.fence}, owner, token, b.operators(), key, ms(cancelKeep)).Int()
+}
+
+func (b *redisBackend) leave(ctx context.Context, key, waiter, aid string) error {
+	k := b.keys(key)
+	return leaveScript.Run(ctx, b.c, []string{k.queue, k.waiters, k.holders, k.fence}, waiter, k.channel, aid).Err()
+}
+
+func (b *redisBackend) inspect(ctx context.Context, key string) (*Info, error) {
+	k := b.keys(key)
+	vals, err := inspectScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.parked}, ms(cancelKeep)).Slice()
+	if err != nil {
+		return nil, err
+	}
+	info := &Info{Key: key}
+	if len(vals) > 1 {
+		info.Waiters, info.Parked = int(toInt(vals[0])), int(toInt(vals[1]))
+	}
+	if len(vals) > 2 {
+		entries, _ := vals[2].([]any)
+		for _, e := range entries {
+			if s, ok := e.(string); ok {
+				info.ParkedIDs = append(info.ParkedIDs, parkedID(s))
+			}
+		}
+	}
+	asked := map[int64]time.Duration{} // how long ago each holder asked to stop was asked
+	if len(vals) > 3 && (len(vals)-3)%2 == 1 {
+		pairs, _ := vals[len(vals)-1].([]any)
+		for i := 0; i+1 < len(pairs); i += 2 {
+			tok, _ := strconv.ParseInt(fmt.Sprint(pairs[i]), 10, 64)
+			asked[tok] = time.Duration(max(toInt(pairs[i+1]), 0)) * time.Millisecond
+		}
+	}
+	for i := 3; i+1 < len(vals); i += 2 {
+		m, _ := vals[i].(string)
+		tok, owner, label := parseMember(m)
+		since, cancelling := asked[tok]
+		info.Holders = append(info.Holders, Holder{Owner: owner, Label: label, Token: tok, TTL: time.Duration(toInt(vals[i+1])) * time.Millisecond,
+			Reserved: reservedMember(m), Cancelling: cancelling, CancelAge: since})
+	}
+	return info, nil
+}

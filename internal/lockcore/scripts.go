@@ -1,0 +1,212 @@
+package lockcore
+
+// The Lua scripts: their sources, embedded, and the assembly of one acquire
+// and one release script per set of modes from their sections.
+
+import (
+	_ "embed"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed scripts/acquire_core.lua
+	acquireCoreSrc string
+	//go:embed scripts/acquire_coalesce.lua
+	acquireCoalesceSrc string
+	//go:embed scripts/acquire_supersede.lua
+	acquireSupersedeSrc string
+	//go:embed scripts/acquire_preempt.lua
+	acquirePreemptSrc string
+	//go:embed scripts/acquire_park.lua
+	acquireParkSrc string
+	//go:embed scripts/acquire.lua
+	acquireSrc string
+	//go:embed scripts/release.lua
+	releaseSrc string
+	//go:embed scripts/release_grant.lua
+	releaseGrantSrc string
+	//go:embed scripts/release_hold.lua
+	releaseHoldSrc string
+	//go:embed scripts/release_cover.lua
+	releaseCoverSrc string
+	//go:embed scripts/release_done.lua
+	releaseDoneSrc string
+	//go:embed scripts/release_park.lua
+	releaseParkSrc string
+	//go:embed scripts/extend.lua
+	extendSrc string
+	//go:embed scripts/leave.lua
+	leaveSrc string
+	//go:embed scripts/inspect.lua
+	inspectSrc string
+	//go:embed scripts/free.lua
+	freeSrc string
+	//go:embed scripts/detach.lua
+	detachSrc string
+	//go:embed scripts/evict.lua
+	evictSrc string
+	//go:embed scripts/cancel.lua
+	cancelSrc string
+	//go:embed scripts/renew.lua
+	renewSrc string
+	//go:embed scripts/promote.lua
+	promoteSrc string
+	//go:embed scripts/plain_acquire.lua
+	plainAcquireFile string
+	// plainAcquireSrc calls keep_release of promote.lua.
+	plainAcquireSrc = promoteSrc + plainAcquireFile
+	//go:embed scripts/plain_release.lua
+	plainReleaseSrc string
+
+	// The scripts that change a holders key start with promote.lua.
+	acquireScripts     = newScripts(modeAll, acquireSource)
+	releaseScripts     = newScripts(releaseAll, releaseSource)
+	plainAcquireScript = redis.NewScript(plainAcquireSrc)
+	plainReleaseScript = redis.NewScript(plainReleaseSrc)
+	extendScript       = redis.NewScript(extendSrc)
+	leaveScript        = redis.NewScript(promoteSrc + leaveSrc)
+	inspectScript      = redis.NewScript(inspectSrc)
+	freeScript         = redis.NewScript(promoteSrc + freeSrc)
+	detachScript       = redis.NewScript(promoteSrc + detachSrc)
+	evictScript        = redis.NewScript(promoteSrc + evictSrc)
+	cancelScript       = redis.NewScript(promoteSrc + cancelSrc)
+	renewScript        = redis.NewScript(renewSrc)
+)
+
+// acquireMode is a set of the follow-up modes of an acquire call, each with
+// its own part of the acquire script.
+type acquireMode uint8
+
+const (
+	modeCoalesce  acquireMode = 1 << iota // acquire_coalesce.lua
+	modeSupersede                         // acquire_supersede.lua
+	modePreempt                           // acquire_preempt.lua
+	modePark                              // acquire_park.lua
+	modeAll       = modeCoalesce | modeSupersede | modePreempt | modePark
+)
+
+// newScripts builds the script source(m) of every set m of modes up to
+// all, indexed by m.
+func newScripts[M ~uint8](all M, source func(M) string) []*redis.Script {
+	s := make([]*redis.Script, all+1)
+	for m := range s {
+		s[m] = redis.NewScript(source(M(m)))
+	}
+	return s
+}
+
+// acquireSource is the acquire script of the modes m: promote.lua,
+// acquire_core.lua, what the files of the modes declare, and acquire.lua with
+// their sections at its places (see acquire_core.lua). A mode's code only
+// acts when its arguments ask for it, so a script with more modes than a
+// call has gives the same answer; a plain waiting acquire runs the core
+// alone.
+func acquireSource(m acquireMode) string {
+	parts := []string{acquireCoalesceSrc, acquireSupersedeSrc, acquirePreemptSrc, acquireParkSrc}
+	return inlineSource(promoteSrc+acquireCoreSrc, acquireSrc, parts, uint(m))
+}
+
+// inlineSource is head, what the parts whose bits are set in m begin with
+// (before their first place), and body with the parts' sections at its
+// places: the lines after a line "-- @<place>" of a part go at the line of
+// the same name in body, and the places of the parts left out stay empty.
+func inlineSource(head, body string, parts []string, m uint) string {
+	src := head
+	places := make(map[string]string)
+	for i, part := range parts {
+		if m&(1<<i) == 0 {
+			continue
+		}
+		place := ""
+		for _, line := range strings.SplitAfter(part, "\n") {
+			if name, ok := placeOf(line); ok {
+				place = name
+			}
+			if place == "" {
+				src += line
+			} else {
+				places[place] += line
+			}
+		}
+	}
+	for _, line := range strings.SplitAfter(body, "\n") {
+		if name, ok := placeOf(line); ok {
+			line = places[name]
+		}
+		src += line
+	}
+	return src
+}
+
+// placeOf reads a line "-- @<place>" (or "-- @<place>: what goes there") of
+// the acquire and release scripts.
+func placeOf(line string) (string, bool) {
+	rest, ok := strings.CutPrefix(strings.TrimSpace(line), "-- @")
+	if !ok {
+		return "", false
+	}
+	name, _, _ := strings.Cut(rest, ":")
+	return name, true
+}
+
+// acquireModes is the set of modes whose code r's acquire script needs, with
+// sup its Supersede argument: a Preempt call's first attempt only preempts.
+func acquireModes(r *request, sup string) acquireMode {
+	var m acquireMode
+	if r.coalesce {
+		m |= modeCoalesce
+	}
+	if sup != "0" || r.order > 0 {
+		m |= modeSupersede
+	}
+	if r.preempt == "1" && r.waiter != "" {
+		m |= modePreempt
+	}
+	if r.park != "" {
+		m |= modePark
+	}
+	return m
+}
+
+// releaseMode is the set of the options of a release call that need their
+// own part of the release script.
+type releaseMode uint8
+
+const (
+	releaseHold  releaseMode = 1 << iota // release_hold.lua: HoldAtLeast
+	releaseCover                         // release_cover.lua: a Coalesce run's success
+	releaseDone                          // release_done.lua: a completed label
+	releasePark                          // release_park.lua: reserve the key for a parked job
+	releaseAll   = releaseHold | releaseCover | releaseDone | releasePark
+)
+
+// releaseSource is the release script of the options m: promote.lua and
+// release.lua with the hand-over (release_grant.lua, in every release
+// script) and the sections of the options at its places. A section only
+// acts when its arguments ask for it, so a script with more sections than a
+// call needs gives the same answer.
+func releaseSource(m releaseMode) string {
+	parts := []string{releaseGrantSrc, releaseHoldSrc, releaseCoverSrc, releaseDoneSrc, releaseParkSrc}
+	return inlineSource(promoteSrc, releaseSrc, parts, 1|uint(m)<<1)
+}
+
+// releaseModes is the set of options whose sections the release of l under
+// end needs.
+func releaseModes(l *Lease, end ending) releaseMode {
+	var m releaseMode
+	if l.holdFor(end) > 0 {
+		m |= releaseHold
+	}
+	if end.cover > 0 {
+		m |= releaseCover
+	}
+	if end.done > 0 {
+		m |= releaseDone
+	}
+	if l.onParked != nil {
+		m |= releasePark
+	}
+	return m
+}
