@@ -42,7 +42,7 @@
 // Each entry has its own name: a Guard's Add and Wrap refuse a name it
 // already has (ErrDuplicateEntry), since two entries of one name would share
 // the claims and each tick would run only one of them. Every claim keeps a
-// hash of the entry's spec and time zone (lockkit's AcquireOptions.EpochTag),
+// hash of the entry's spec and time zone (kept with the claim),
 // so a replica that finds the entry claimed with another spec reports it,
 // once per entry: an EventError matching ErrSpecMismatch, logged at Error.
 // It costs no round trip more.

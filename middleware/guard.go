@@ -107,10 +107,10 @@ type Job struct {
 	Epoch int64
 	// EpochTTL is how long the claim is remembered. Zero means the lease TTL.
 	EpochTTL time.Duration
-	// EpochTag, with Epoch, is kept with the claim
-	// (lockkit.AcquireOptions.EpochTag): a run whose tag is not the last
-	// claim's finds that one in its lease (lockkit.Lease.OtherEpochTag) or in
-	// the *lockkit.EpochUsedError its DuplicateError wraps. Empty means none.
+	// EpochTag, with Epoch, is kept with the claim: a run whose tag is not
+	// the last claim's finds that one in its lease (the engine's
+	// Lease.OtherEpochTag) or in the engine's EpochUsedError its
+	// DuplicateError wraps. Empty means none.
 	EpochTag string
 	// Reserved says that the key may be reserved for the job (a Detached
 	// lease carrying its Origin, such as singleton.ParkAtEnqueue makes, or
