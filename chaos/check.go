@@ -489,7 +489,10 @@ func (t *taskHist) exempt(h *history) bool {
 	}
 	// Its last delivery failed (a requeue, or a throttled or parked task put
 	// back, is no failure: asynq retries it whatever its retries).
-	failed := last != nil && last.Ev == evReturn && last.Err != "" && last.Reason == "" && !strings.Contains(last.Err, ", requeue")
+	// A put back whose own Redis call failed (a copy's enqueue, for a task
+	// with no retries left) is a failure.
+	failed := last != nil && last.Ev == evReturn && last.Err != "" &&
+		(last.Reason == "" && !strings.Contains(last.Err, ", requeue") || last.Reason != "" && redisError(last.Err))
 	if failed && redisFailed {
 		return true
 	}

@@ -846,3 +846,25 @@ func TestUniqueRefusalNamingATaskWhoseCompletionMayHaveFailed(t *testing.T) {
 		}
 	}
 }
+
+// A duplicate with no retries left is put back as a copy; when the copy's
+// enqueue fails on a Redis error, the delivery fails and asynq archives the
+// task: held to what asynq does with it, no violation. A put back that
+// returned as a requeue (asynq retries it) and never ran is one.
+func TestParkedTaskArchivedAfterItsCopyFailedIsExempt(t *testing.T) {
+	for _, redisErr := range []bool{true, false} {
+		h := newHist(polRequeue)
+		h.w.Ops = h.w.Ops[:1]
+		h.w.Ops[0].MaxRetry = 0
+		h.enqueue(0, "a")
+		h.add(10, "w1", evDeliver, "a", nil)
+		err := "middleware: duplicate f (key k0), requeue: lockkit: not acquired"
+		if redisErr {
+			err = "singleton: re-enqueue duplicate: read task options: CLUSTERDOWN The cluster is down (" + err + ")"
+		}
+		h.add(20, "w1", evReturn, "a", func(r *Record) { r.Reason, r.Err = "held", err })
+		if got := h.check()[ruleRuns]; got != map[bool]int{true: 0, false: 1}[redisErr] {
+			t.Fatalf("Redis error %v: got %d runs violations", redisErr, got)
+		}
+	}
+}
