@@ -136,18 +136,33 @@ func (t *taskHist) oks() []*run {
 }
 
 // pausedRepeat reports whether all but one of a task's runs that completed
-// ran in a process paused past the lease TTL while it went (SIGSTOP): such a
-// run's lease ran out and another delivery took the key and did the work,
-// and only a fencing token protects what the paused one does when it
-// resumes (README: a paused holder).
+// ran in a process paused past the lease TTL while it went (SIGSTOP), or
+// could not record its success (unrecorded). A paused run's lease ran out and another
+// delivery took the key and did the work, and only a fencing token protects
+// what the paused one does when it resumes (README: a paused holder); a run
+// whose success could not be recorded (a Redis error, reported) for the
+// delivery asynq made of its task meanwhile lets that one run (docs/rules.md
+// case 6: a second run is better than a lost one).
 func (h *history) pausedRepeat(oks []*run) bool {
 	clean := 0
 	for _, r := range oks {
-		if !h.paused(r.proc, r.start, r.end) {
+		if !h.paused(r.proc, r.start, r.end) && !h.unrecorded(r) {
 			clean++
 		}
 	}
 	return clean <= 1
+}
+
+// unrecorded reports whether r's worker reported, after r ended, that a Redis
+// error kept it from recording r's success (singleton's EventError
+// "recording its run's success").
+func (h *history) unrecorded(r *run) bool {
+	for _, d := range h.tasks[r.task].decs {
+		if d.Proc == r.proc && d.Kind == "error" && d.T >= r.end && strings.Contains(d.Err, "recording its run's success") && redisError(d.Err) {
+			return true
+		}
+	}
+	return false
 }
 
 // stoppedByOperator reports whether an operator asked a run of t to stop
@@ -1074,6 +1089,25 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 	return vs
 }
 
+// redisDown is when Redis did not serve: from a second before each Redis
+// fault to a second after it was up again, and on a Cluster a second past
+// the last CLUSTERDOWN an error named (a Cluster serves again only once its
+// nodes agree that the restarted master is back, a while after it is up).
+func (h *history) redisDown() []interval {
+	var down []interval
+	for _, r := range h.records {
+		switch {
+		case r.Ev == evFault && r.Fault == faultRedis:
+			down = append(down, interval{r.T - int64(time.Second), h.lastT})
+		case r.Ev == evFault && r.Fault == "redis-up" && len(down) > 0:
+			down[len(down)-1].to = r.T + int64(time.Second)
+		case strings.Contains(r.Err, "CLUSTERDOWN") && len(down) > 0:
+			down[len(down)-1].to = max(down[len(down)-1].to, r.T+int64(time.Second))
+		}
+	}
+	return down
+}
+
 // checkPeriodic: the Schedulers of the worker processes, each firing by a
 // clock of its own (Workload.Offsets), enqueue every tick of a periodic
 // family once (periodic's package doc): no two enqueues of one tick (its
@@ -1091,17 +1125,9 @@ func (h *history) checkPeriodic() []Violation {
 	}
 	seen := map[tick]bool{}
 	accepted := map[string][]Record{}
-	var down []interval
+	down := h.redisDown()
 	for _, r := range h.records {
 		switch {
-		case r.Ev == evFault && r.Fault == faultRedis:
-			down = append(down, interval{r.T - int64(time.Second), h.lastT})
-		case r.Ev == evFault && r.Fault == "redis-up" && len(down) > 0:
-			down[len(down)-1].to = r.T + int64(time.Second)
-		case strings.Contains(r.Err, "CLUSTERDOWN") && len(down) > 0:
-			// A Cluster serves again only once its nodes agree that the
-			// restarted master is back, a while after it is up.
-			down[len(down)-1].to = max(down[len(down)-1].to, r.T+int64(time.Second))
 		case (r.Ev == evEnqueue && r.Accepted || r.Ev == evDeliver) && h.fams[r.Fam].Client == cliPeriodic:
 			ms, ok := periodickey.Tick(r.Task)
 			if !ok {

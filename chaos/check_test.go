@@ -868,3 +868,29 @@ func TestParkedTaskArchivedAfterItsCopyFailedIsExempt(t *testing.T) {
 		}
 	}
 }
+
+// A run whose worker reports that a Redis error kept it from recording its
+// success (singleton's "recording its run's success") lets the delivery
+// asynq made of its task meanwhile run the work again (a second run is
+// better than a lost one): no violation. The same two completions without
+// that report are one.
+func TestRunWhoseSuccessWasNotRecordedMayRunAgain(t *testing.T) {
+	for _, reported := range []bool{true, false} {
+		h := newHist(polRequeue)
+		h.w.Ops = h.w.Ops[:1]
+		h.w.Ops[0].MaxRetry = 3
+		h.enqueue(0, "a")
+		h.run(10, 500, "w1", "a", "ok")
+		if reported {
+			h.add(501, "w1", evDecision, "a", func(r *Record) {
+				r.Kind, r.Err = "error", "singleton: task a: recording its run's success: CLUSTERDOWN The cluster is down"
+			})
+		}
+		h.add(520, "w2", evDeliver, "a", nil)
+		s := h.add(2600, "w2", evStart, "a", nil)
+		h.add(2700, "w2", evEnd, "a", func(r *Record) { r.Outcome, r.Run = "ok", s })
+		if got, want := h.check()[ruleRuns], map[bool]int{true: 0, false: 1}[reported]; got != want {
+			t.Fatalf("reported %v: want %d runs violations, got %d", reported, want, got)
+		}
+	}
+}

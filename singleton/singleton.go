@@ -487,7 +487,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		m.started(ctx, t, key, origin)
 		err := next.ProcessTask(ctx, t)
 		if err == nil {
-			if keep := m.takenBack(ctx, retried); keep > 0 {
+			if keep := m.takenBack(ctx, job, retried); keep > 0 {
 				// asynq will deliver the task again although its work is
 				// done: its success is recorded until that delivery.
 				if lease, ok := lockcore.LeaseFromContext(ctx); ok {

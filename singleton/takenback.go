@@ -2,6 +2,7 @@ package singleton
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"time"
@@ -57,9 +58,9 @@ return {state, redis.call("ZSCORE", KEYS[2], ARGV[1]) or ""}
 // the ID is not taken for it. A task that is active again (the retry came
 // due while this run went on, and asynq's next delivery waits for it) has
 // the success recorded in its hash instead, which that delivery reads
-// (ranBefore). A state that cannot be read counts as running: a second run
-// is better than a lost one.
-func (m *guarded) takenBack(ctx context.Context, retried int) time.Duration {
+// (ranBefore). A state that cannot be read counts as running (an
+// EventError says so): a second run is better than a lost one.
+func (m *guarded) takenBack(ctx context.Context, job middleware.Job, retried int) time.Duration {
 	if m.rdb == nil {
 		return 0
 	}
@@ -76,7 +77,14 @@ func (m *guarded) takenBack(ctx context.Context, retried int) time.Duration {
 		token = lease.Token()
 	}
 	vals, err := takenBackCmd.Run(rctx, m.rdb, []string{asynqkey.Task(queue, id), asynqkey.Retry(queue)}, id, token).StringSlice()
-	if err != nil || len(vals) != 2 || vals[0] == "" || vals[0] == "active" {
+	if err != nil {
+		// Not recorded: a delivery asynq made of the task meanwhile runs
+		// the work again (a second run is better than a lost one).
+		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job,
+			Err: fmt.Errorf("singleton: task %s: recording its run's success: %w", id, err)})
+		return 0
+	}
+	if len(vals) != 2 || vals[0] == "" || vals[0] == "active" {
 		return 0
 	}
 	keep := ParkBackstop + takenBackMargin
