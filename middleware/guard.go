@@ -274,7 +274,7 @@ type Outcome struct {
 //
 // When fn succeeds after ctx ended (the runtime gave up on the run and may
 // deliver it again) and job.Origin is set, the success is remembered for
-// lockkit.CompletedRetention: a later delivery with the same Origin returns a
+// 24 hours (the engine's CompletedRetention): a later delivery with the same Origin returns a
 // *DuplicateError with ReasonCompleted instead of running.
 func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error) Outcome {
 	if job.Key == "" {

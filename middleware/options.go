@@ -119,7 +119,7 @@ type Parking struct {
 	// (ReasonSuperseded). Must not be nil.
 	Resume func(key, id string)
 	// Hold is how long the key stays reserved for a parked job to start
-	// and take it over. Zero means lockkit.DefaultParkHold.
+	// and take it over. Zero means the engine's default, 5 seconds.
 	Hold time.Duration
 }
 

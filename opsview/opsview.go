@@ -172,8 +172,8 @@ func WithActorHeader(name string) Option { return func(h *Handler) { h.actor = n
 // its size, and Next goes on from where it stopped. A Locker without
 // ScanKeys lists every key (Locker.Keys) on every refresh. New returns an
 // error matching ErrInvalid for a negative count or calls. Zero means
-// lockkit's default; defaults to lockkit.DefaultScanCount (1000) and
-// lockkit.DefaultScanCalls (10).
+// the default; defaults to 1000 keys a SCAN and
+// 10 SCAN calls.
 func WithScanBudget(count, calls int) Option {
 	return func(h *Handler) { h.scanCount, h.scanCalls = count, calls }
 }
