@@ -425,7 +425,14 @@ func TestReserveInTurnKeepsTheBudget(t *testing.T) {
 			require.GreaterOrEqual(t, ended[i].Sub(began[i-n]), period-time.Millisecond, "start %d and %d are in one window", i-n, i)
 		}
 		for i, k := range tries {
-			require.LessOrEqual(t, k, 4+lateTries, "turn %d tried %d times (%d comebacks late)", i, k, lateTries)
+			// A turn that came back early (i%3 == 0) gave its booked
+			// opening up: the turn it books then may meet a newcomer's
+			// start first, one try more.
+			most := 4 + lateTries
+			if i%3 == 0 {
+				most++
+			}
+			require.LessOrEqual(t, k, most, "turn %d tried %d times (%d comebacks late)", i, k, lateTries)
 		}
 	})
 }
