@@ -4,6 +4,10 @@
 // types, read with go/parser from the package's non-test files.
 //
 //	go run ./internal/apicount ./lockkit ./middleware
+//	go run ./internal/apicount -names ./middleware
+//
+// With -names it prints each package's exported names instead, one a line
+// ("pkg Name" or "pkg Type.Method"), sorted.
 //
 // An argument ending in "/..." counts every package under it, skipping
 // testdata, internal directories, other modules and packages main; a TOTAL
@@ -27,8 +31,9 @@ import (
 // count is one package's exported API.
 type count struct {
 	dir     string
-	top     int // exported funcs, types, consts and vars
-	methods int // exported methods of exported types
+	top     int      // exported funcs, types, consts and vars
+	methods int      // exported methods of exported types
+	names   []string // each counted name, methods as Type.Method
 }
 
 func main() {
@@ -36,8 +41,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: apicount DIR|DIR/... ...")
 		os.Exit(2)
 	}
+	args := os.Args[1:]
+	names := false
+	if args[0] == "-names" {
+		names, args = true, args[1:]
+	}
 	var dirs []string
-	for _, arg := range os.Args[1:] {
+	for _, arg := range args {
 		if root, ok := strings.CutSuffix(arg, "/..."); ok {
 			found, err := walk(root)
 			if err != nil {
@@ -63,9 +73,19 @@ func main() {
 			continue
 		}
 		n++
+		if names {
+			sort.Strings(c.names)
+			for _, name := range c.names {
+				fmt.Println(c.dir, name)
+			}
+			continue
+		}
 		total.top += c.top
 		total.methods += c.methods
 		fmt.Fprintf(w, "%s\t%d\t%d\t\n", c.dir, c.top, c.top+c.methods)
+	}
+	if names {
+		return
 	}
 	if n > 1 {
 		fmt.Fprintf(w, "TOTAL\t%d\t%d\t\n", total.top, total.top+total.methods)
@@ -131,8 +151,10 @@ func countFile(f *ast.File, c *count) {
 			}
 			if d.Recv == nil {
 				c.top++
-			} else if recvExported(d.Recv) {
+				c.names = append(c.names, d.Name.Name)
+			} else if recv, ok := recvName(d.Recv); ok {
 				c.methods++
+				c.names = append(c.names, recv+"."+d.Name.Name)
 			}
 		case *ast.GenDecl:
 			for _, spec := range d.Specs {
@@ -140,12 +162,17 @@ func countFile(f *ast.File, c *count) {
 				case *ast.TypeSpec:
 					if s.Name.IsExported() {
 						c.top++
-						c.methods += interfaceMethods(s)
+						c.names = append(c.names, s.Name.Name)
+						for _, m := range interfaceMethods(s) {
+							c.methods++
+							c.names = append(c.names, s.Name.Name+"."+m)
+						}
 					}
 				case *ast.ValueSpec:
 					for _, n := range s.Names {
 						if n.IsExported() {
 							c.top++
+							c.names = append(c.names, n.Name)
 						}
 					}
 				}
@@ -154,10 +181,11 @@ func countFile(f *ast.File, c *count) {
 	}
 }
 
-// recvExported reports whether a method's receiver type is exported.
-func recvExported(recv *ast.FieldList) bool {
+// recvName names a method's receiver type; ok is false when that type is
+// not exported.
+func recvName(recv *ast.FieldList) (name string, ok bool) {
 	if len(recv.List) == 0 {
-		return false
+		return "", false
 	}
 	t := recv.List[0].Type
 	for {
@@ -169,28 +197,28 @@ func recvExported(recv *ast.FieldList) bool {
 		case *ast.IndexListExpr:
 			t = x.X
 		case *ast.Ident:
-			return x.IsExported()
+			return x.Name, x.IsExported()
 		default:
-			return false
+			return "", false
 		}
 	}
 }
 
-// interfaceMethods counts the exported methods an exported interface
+// interfaceMethods names the exported methods an exported interface
 // declares (embedded interfaces are not counted again).
-func interfaceMethods(s *ast.TypeSpec) int {
+func interfaceMethods(s *ast.TypeSpec) []string {
 	it, ok := s.Type.(*ast.InterfaceType)
 	if !ok {
-		return 0
+		return nil
 	}
-	n := 0
+	var n []string
 	for _, m := range it.Methods.List {
 		if _, isFunc := m.Type.(*ast.FuncType); !isFunc {
 			continue
 		}
 		for _, name := range m.Names {
 			if name.IsExported() {
-				n++
+				n = append(n, name.Name)
 			}
 		}
 	}
