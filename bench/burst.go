@@ -70,9 +70,9 @@ func (b *bench) flow(ctx context.Context, env *asynqEnv) ([]burstRun, counts, er
 		{"Debounce(100ms), KeepNewest", "`singleton.Client` with `singleton.Debounce(locker, 100*time.Millisecond, 0)`; `middleware.KeepNewest()`, `WithRedis`",
 			ptr(middleware.KeepNewest()), false, "debounce", nil, 0, false},
 		{"Throttle(5 per s), skip", "`singleton.WithThrottle(5, time.Second, middleware.ActionSkip)`, `WithLimit(5)`", ptr(middleware.Skip()), false, "",
-			[]singleton.Option{singleton.WithThrottle(5, time.Second, middleware.ActionSkip), singleton.WithLimit(5)}, 0, false},
+			[]singleton.ServerOption{singleton.WithThrottle(5, time.Second, middleware.ActionSkip), singleton.WithLimit(5)}, 0, false},
 		{"HoldAtLeast(200ms)", "`singleton.WithHoldAtLeast(200 * time.Millisecond)`, Skip", ptr(middleware.Skip()), false, "",
-			[]singleton.Option{singleton.WithHoldAtLeast(200 * time.Millisecond)}, 0, false},
+			[]singleton.ServerOption{singleton.WithHoldAtLeast(200 * time.Millisecond)}, 0, false},
 	}
 	return b.burstRuns(ctx, env, "flow", b.flowTasks, variants)
 }
@@ -97,7 +97,7 @@ type burstVariant struct {
 	p            *middleware.Policy
 	stamped      bool   // enqueued with singleton.Client
 	unique       string // "asynq": asynq.Unique; "jobguard": singleton.Unique; "debounce": singleton.Debounce; "park": singleton.ParkAtEnqueue
-	opts         []singleton.Option
+	opts         []singleton.ServerOption
 	work         time.Duration // the handler's time; zero means b.burstWork
 	noRedis      bool          // the middleware without WithRedis: nothing is parked
 }
@@ -219,7 +219,7 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 			if err != nil {
 				return nil, enq, err
 			}
-			mwOpts := []singleton.Option{singleton.KeyByFields("k"), singleton.WithPolicy(*v.p)}
+			mwOpts := []singleton.ServerOption{singleton.KeyByFields("k"), singleton.WithPolicy(*v.p)}
 			if !v.noRedis {
 				mwOpts = append(mwOpts, singleton.WithRedis(srvClient))
 			}

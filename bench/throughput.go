@@ -126,7 +126,7 @@ func (b *bench) throughput(ctx context.Context, env *asynqEnv) ([]tputResult, re
 					if err != nil {
 						return nil, renewRun{}, err
 					}
-					opts := []singleton.Option{singleton.KeyByPayload()}
+					opts := []singleton.ServerOption{singleton.KeyByPayload()}
 					if w.async {
 						opts = append(opts, singleton.WithAsyncRelease())
 					}

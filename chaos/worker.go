@@ -164,7 +164,7 @@ func workerMain(args []string) error {
 			if *broken == brokenSkip {
 				pol = middleware.Skip()
 			}
-			opts := []singleton.Option{singleton.KeyByFields("k"),
+			opts := []singleton.ServerOption{singleton.KeyByFields("k"),
 				singleton.WithPolicy(pol), singleton.WithLimit(f.Limit), singleton.WithTTL(w.TTL),
 				singleton.WithRedis(rdb), singleton.WithObserver(observe)}
 			if f.Throttle > 0 {

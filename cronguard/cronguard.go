@@ -15,6 +15,7 @@ import (
 
 	"github.com/jobguard/jobguard/internal/cronkey"
 	"github.com/jobguard/jobguard/internal/every"
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
@@ -32,7 +33,7 @@ var (
 	// it also matches lockkit.ErrInvalid. The message names the option or
 	// argument and the bad value.
 	ErrInvalid = invalid.New("cronguard: invalid argument")
-	// ErrNoTick is wrapped by the error reported (middleware.EventError and the
+	// ErrNoTick is wrapped by the error reported (guard.EventError and the
 	// logger) when a run cannot be matched to an activation of its schedule; the
 	// job is not run.
 	ErrNoTick = errors.New("cronguard: no tick")
@@ -42,7 +43,7 @@ var (
 	// name would share their ticks' claims, so each tick would run only one of
 	// them.
 	ErrDuplicateEntry = errors.New("cronguard: entry name already used")
-	// ErrSpecMismatch is wrapped by the error reported (middleware.EventError
+	// ErrSpecMismatch is wrapped by the error reported (guard.EventError
 	// and the logger), once per entry and process, when a replica finds that
 	// another one claims the entry's ticks with another spec (or time zone):
 	// they run at each other's ticks, or skip them. The job runs as usual.
@@ -90,19 +91,19 @@ func AllowOverlap(max int) Overlap { return Overlap{mode: overlapAllow, limit: m
 // replica wait until it ends and then run, keeping only the newest such
 // tick: a newer waiting tick takes the place of an older one, which is
 // reported as a duplicate (EventDuplicate) and does not run. It is
-// middleware.KeepNewest for cron ticks (Temporal calls it BufferOne). A
+// guard.KeepNewest for cron ticks (Temporal calls it BufferOne). A
 // waiting tick waits as long as the earlier run lasts (cron.Stop waits for
 // it too).
 func KeepNewest() Overlap { return Overlap{mode: overlapKeepNewest} }
 
 // Preempt makes a tick that finds an earlier tick still running on any
 // replica cancel it and run once it has returned: the earlier run's ctx is
-// cancelled with a cause matching middleware.ErrPreempted (and lockkit.ErrLost)
+// cancelled with a cause matching guard.ErrPreempted (and lockkit.ErrLost)
 // and its fencing token is superseded by the new run's. Only the newest
 // waiting tick runs, as with KeepNewest. grace bounds how long the cancelled
 // run may keep the entry after it was told to stop (zero: its remaining
 // lease TTL); after it the new tick runs anyway, and its higher fencing token
-// lets a resource refuse the old run's late writes. It is middleware.Preempt
+// lets a resource refuse the old run's late writes. It is guard.Preempt
 // for cron ticks (Temporal calls it CancelOther). grace must not be negative.
 func Preempt(grace time.Duration) Overlap {
 	return Overlap{mode: overlapPreempt, wait: grace}
@@ -131,7 +132,7 @@ type config struct {
 	tolSet    bool
 	overlap   Overlap
 	ttl       time.Duration
-	observers []middleware.Observer
+	observers []guard.Observer
 	logger    cron.Logger
 	loggerSet bool
 	clock     func() time.Time
@@ -163,7 +164,7 @@ func WithOverlap(o Overlap) Option { return func(c *config) { c.overlap = o } }
 func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl = ttl } }
 
 // WithObserver adds an observer of every run's events, the same
-// middleware.Observer the other jobguard adapters take. Tick(ctx) gives the
+// guard.Observer the other jobguard adapters take. Tick(ctx) gives the
 // tick inside the observer. It may be given more than once. Must not be nil.
 // Defaults to none.
 func WithObserver(o middleware.Observer) Option {
@@ -205,7 +206,7 @@ func WithSeconds() Option {
 // its Locker's Redis. It is safe for concurrent use and owns no goroutine.
 // Each of its entries has its own name (ErrDuplicateEntry).
 type Guard struct {
-	mw  *middleware.Guard
+	mw  *guard.Guard
 	cfg config
 	// mu guards names: the Cron and id of each entry added (id 0 while Add
 	// schedules it), a nil Cron for a name given to Wrap.
@@ -236,28 +237,28 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 			o(&cfg)
 		}
 	}
-	var policy middleware.Policy
+	var policy guard.Policy
 	limit := 1
 	switch o := cfg.overlap; o.mode {
 	case overlapSkip:
-		policy = middleware.Skip()
+		policy = guard.Skip()
 	case overlapDelay:
 		if o.wait <= 0 {
 			return nil, fmt.Errorf("%w: WithOverlap(%s): the wait must be positive", ErrInvalid, o)
 		}
-		policy = middleware.WaitInOrder(o.wait, middleware.Skip())
+		policy = guard.WaitInOrder(o.wait, guard.Skip())
 	case overlapAllow:
 		if o.limit < 1 {
 			return nil, fmt.Errorf("%w: WithOverlap(%s): must allow at least 1 run", ErrInvalid, o)
 		}
-		policy, limit = middleware.Skip(), o.limit
+		policy, limit = guard.Skip(), o.limit
 	case overlapKeepNewest:
-		policy = middleware.KeepNewest()
+		policy = guard.KeepNewest()
 	case overlapPreempt:
 		if o.wait < 0 || o.wait > lockcore.MaxTTL {
 			return nil, fmt.Errorf("%w: WithOverlap(%s): the grace must not be negative nor longer than %s", ErrInvalid, o, lockcore.MaxTTL)
 		}
-		policy = middleware.Preempt(o.wait)
+		policy = guard.Preempt(o.wait)
 	default:
 		return nil, fmt.Errorf("%w: WithOverlap: unknown mode %d", ErrInvalid, o.mode)
 	}
@@ -273,17 +274,17 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	case cfg.parser == nil:
 		return nil, fmt.Errorf("%w: WithParser(nil)", ErrInvalid)
 	}
-	mopts := []middleware.Option{middleware.WithPolicy(policy), middleware.WithLimit(limit), middleware.WithTTL(cfg.ttl)}
+	mopts := []guard.Option{guard.WithPolicy(policy), guard.WithLimit(limit), guard.WithTTL(cfg.ttl)}
 	for i, o := range cfg.observers {
 		if o == nil {
 			return nil, fmt.Errorf("%w: WithObserver #%d is nil", ErrInvalid, i+1)
 		}
-		mopts = append(mopts, middleware.WithObserver(o))
+		mopts = append(mopts, guard.WithObserver(o))
 	}
 	if cfg.loggerSet {
-		mopts = append(mopts, middleware.WithLogger(slog.New(slog.DiscardHandler)), middleware.WithObserver(logObserver(cfg.logger)))
+		mopts = append(mopts, guard.WithLogger(slog.New(slog.DiscardHandler)), guard.WithObserver(logObserver(cfg.logger)))
 	}
-	mw, err := middleware.New(locker, mopts...)
+	mw, err := guard.New(locker, mopts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
@@ -427,11 +428,11 @@ type entry struct {
 // mismatch reports, once per entry, that a replica claims the entry's ticks
 // with another spec: tag is its claim's, "" when the claim was the entry's
 // own spec's (or untagged).
-func (e *entry) mismatch(ctx context.Context, mj middleware.Job, tag string) {
+func (e *entry) mismatch(ctx context.Context, mj guard.Job, tag string) {
 	if tag == "" || tag == e.tag || !e.mismatched.CompareAndSwap(false, true) {
 		return
 	}
-	e.g.mw.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: mj, Err: fmt.Errorf(
+	guard.Emit(e.g.mw, ctx, guard.Event{Kind: guard.EventError, Job: mj, Err: fmt.Errorf(
 		"%w: entry %q: a replica claims its ticks with another spec or time zone (hash %s) than this one's %q in %s (hash %s); give every replica the same",
 		ErrSpecMismatch, e.name, tag, e.spec, e.loc, e.tag)})
 }
@@ -443,7 +444,7 @@ func (e *entry) wrap(job cron.Job) cron.Job {
 // run is one firing: name the tick, claim it, run the job under the lease.
 func (e *entry) run(job cron.Job) {
 	ctx := context.Background()
-	mj := middleware.Job{Key: e.key, Name: e.name}
+	mj := guard.Job{Key: e.key, Name: e.name}
 	tick, err := tickAt(e.sched, e.g.cfg.clock().In(e.loc), e.gap)
 	if err == nil && tick.UnixMilli() <= 0 {
 		err = fmt.Errorf("%w: tick %s is not after 1970", ErrNoTick, tick.Format(time.RFC3339Nano))
@@ -452,7 +453,7 @@ func (e *entry) run(job cron.Job) {
 		err = fmt.Errorf("cronguard: the wrapped job is nil")
 	}
 	if err != nil {
-		e.g.mw.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: mj, Err: fmt.Errorf("cronguard: entry %q: %w", e.name, err)})
+		guard.Emit(e.g.mw, ctx, guard.Event{Kind: guard.EventError, Job: mj, Err: fmt.Errorf("cronguard: entry %q: %w", e.name, err)})
 		return
 	}
 	next := e.sched.Next(tick)
@@ -461,11 +462,9 @@ func (e *entry) run(job cron.Job) {
 		interval = next.Sub(tick)
 	}
 	mj.ID = tick.UTC().Format(time.RFC3339Nano)
-	mj.Epoch = tick.UnixMilli()
 	// The claim outlives every run that can name this tick: replicas up to
 	// the tolerance apart, firing up to an interval late.
-	mj.EpochTTL = min(2*interval+2*e.tol, lockcore.MaxTTL)
-	mj.EpochTag = e.tag
+	mj = guard.With(mj, guard.Work{Epoch: tick.UnixMilli(), EpochTTL: min(2*interval+2*e.tol, lockcore.MaxTTL), EpochTag: e.tag})
 	ctx = context.WithValue(ctx, tickKey{}, tick)
 	// Every outcome is reported through the observers (events) and the logger.
 	out := e.g.mw.Run(ctx, mj, func(ctx context.Context) error {
@@ -512,32 +511,32 @@ func Tick(ctx context.Context) (time.Time, bool) {
 }
 
 // logObserver reports events to l.
-func logObserver(l cron.Logger) middleware.Observer {
-	return func(ctx context.Context, e middleware.Event) {
+func logObserver(l cron.Logger) guard.Observer {
+	return func(ctx context.Context, e guard.Event) {
 		kv := []any{"entry", e.Job.Name}
 		if e.Job.ID != "" {
 			kv = append(kv, "tick", e.Job.ID)
 		}
 		switch e.Kind {
-		case middleware.EventAcquired:
+		case guard.EventAcquired:
 			l.Info("run", kv...)
-		case middleware.EventWaited:
+		case guard.EventWaited:
 			l.Info("delayed", append(kv, "wait", e.Wait)...)
-		case middleware.EventClaimed:
+		case guard.EventClaimed:
 			l.Info("skip", append(kv, "reason", "ran on another replica")...)
-		case middleware.EventDuplicate:
+		case guard.EventDuplicate:
 			l.Info("skip", append(kv, "reason", "still running", "holder", e.Holder, "waited", e.Wait)...)
-		case middleware.EventReleased:
+		case guard.EventReleased:
 			if e.Err != nil {
 				l.Error(e.Err, "job failed", append(kv, "duration", e.Duration)...)
 			} else {
 				l.Info("done", append(kv, "duration", e.Duration)...)
 			}
-		case middleware.EventLost:
+		case guard.EventLost:
 			l.Error(e.Err, "lease lost", kv...)
-		case middleware.EventPreempted:
+		case guard.EventPreempted:
 			l.Info("preempted", kv...)
-		case middleware.EventError:
+		case guard.EventError:
 			l.Error(e.Err, "guard error", kv...)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/cronguard"
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
@@ -58,7 +59,7 @@ func TestRunIsCountedForTheTickThatFiredIt(t *testing.T) {
 			require.True(t, tc.want.Equal(got), "want %s, got %s", tc.want, got)
 			ev, ok := rec.find(middleware.EventAcquired)
 			require.True(t, ok)
-			require.Equal(t, tc.want.UnixMilli(), ev.Job.Epoch)
+			require.Equal(t, tc.want.UnixMilli(), guard.WorkOf(ev.Job).Epoch)
 			require.Equal(t, tc.want.UTC().Format(time.RFC3339Nano), ev.Job.ID)
 			require.Equal(t, "cron:entry", ev.Job.Key)
 		})
@@ -418,7 +419,7 @@ func TestDefaultTolerance(t *testing.T) {
 		r.fire(t0, cron.FuncJob(func() {}))
 		ev, ok := rec.find(middleware.EventAcquired)
 		require.True(t, ok)
-		require.Equal(t, tc.want, ev.Job.EpochTTL, tc.spec)
+		require.Equal(t, tc.want, guard.WorkOf(ev.Job).EpochTTL, tc.spec)
 	}
 }
 

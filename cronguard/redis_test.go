@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/cronguard"
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
@@ -48,10 +49,10 @@ func (o *outcomes) observer(i int) middleware.Observer {
 		if e.Kind == middleware.EventDuplicate {
 			o.dups++
 		}
-		m := o.byTick[e.Job.Epoch]
+		m := o.byTick[guard.WorkOf(e.Job).Epoch]
 		if m == nil {
 			m = make(map[int]middleware.EventKind)
-			o.byTick[e.Job.Epoch] = m
+			o.byTick[guard.WorkOf(e.Job).Epoch] = m
 		}
 		m[i] = e.Kind
 		o.mu.Unlock()

@@ -43,13 +43,13 @@ func newAsynqEnv(t *testing.T) *asynqtest.Env {
 // asynqGuard is the singleton middleware every worker of a scenario uses: tasks
 // keyed by their task ID (or all by sharedKey, see keyOption), duplicates
 // requeued after 50ms. held, if not nil, counts the duplicates it holds back.
-func asynqGuard(rdb redis.UniversalClient, prefix, owner string, ttl time.Duration, held *atomic.Int32, key ...singleton.Option) (asynq.MiddlewareFunc, *lockkit.RedisLocker, error) {
+func asynqGuard(rdb redis.UniversalClient, prefix, owner string, ttl time.Duration, held *atomic.Int32, key ...singleton.ServerOption) (asynq.MiddlewareFunc, *lockkit.RedisLocker, error) {
 	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix), lockkit.WithOwner(owner))
 	if err != nil {
 		return nil, nil, err
 	}
 	if len(key) == 0 {
-		key = []singleton.Option{singleton.KeyByTaskID()}
+		key = []singleton.ServerOption{singleton.KeyByTaskID()}
 	}
 	mw, err := singleton.Middleware(locker,
 		key[0],
@@ -591,12 +591,14 @@ const sharedKey = "shared"
 
 // keyOption is the key option a child worker is told to use: "shared" for
 // sharedKey, anything else for asynqGuard's default (KeyByTaskID).
-func keyOption(name string) []singleton.Option {
+func keyOption(name string) []singleton.ServerOption {
 	if name != sharedKey {
 		return nil
 	}
-	return []singleton.Option{singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return sharedKey, nil })}
+	return []singleton.ServerOption{singleton.KeyFunc(sharedKeyFunc)}
 }
+
+func sharedKeyFunc(context.Context, *asynq.Task) (string, error) { return sharedKey, nil }
 
 // A worker process is SIGKILLed while it runs the first of a burst of tasks
 // that share one key and were queued for it by singleton.ParkAtEnqueue
@@ -619,7 +621,7 @@ func TestKilledWorkerLeavesNoParkedTaskBehind(t *testing.T) {
 	enq, err := lockkit.NewRedis(e.RDB, lockkit.WithPrefix(e.Prefix))
 	require.NoError(t, err)
 	defer enq.Close(context.Background())
-	client, err := singleton.NewClient(e.Client, e.RDB, append(keyOption(sharedKey), singleton.ParkAtEnqueue(enq, time.Second))...)
+	client, err := singleton.NewClient(e.Client, e.RDB, singleton.KeyFunc(sharedKeyFunc), singleton.ParkAtEnqueue(enq, time.Second))
 	require.NoError(t, err)
 	var ids []string
 	for i := range tasks {

@@ -111,16 +111,16 @@ type Client struct {
 // task's ID and queue are known to the key options but not to
 // asynq.GetTaskID.
 //
-// It returns an error matching ErrInvalid for a nil c or rdb, an invalid
-// option, or an option that only Middleware takes (WithPolicy, WithLimit,
-// WithTTL, WithLogger, WithObserver, WithRedis).
-func NewClient(c *asynq.Client, rdb redis.UniversalClient, opts ...Option) (*Client, error) {
-	return newClient(c, rdb, nil, opts)
+// It returns an error matching ErrInvalid for a nil c or rdb or an invalid
+// option.
+func NewClient(c *asynq.Client, rdb redis.UniversalClient, opts ...ClientOption) (*Client, error) {
+	return newClient(c, rdb, nil, opts, nil)
 }
 
 // newClient is NewClient; locker, when not nil, is the Locker of the
-// Unique, Debounce or ParkAtEnqueue option given a nil one (Guard.Client).
-func newClient(c *asynq.Client, rdb redis.UniversalClient, locker *lockkit.RedisLocker, opts []Option) (*Client, error) {
+// Unique, Debounce or ParkAtEnqueue option given a nil one, and logLen,
+// when not nil, the Guard's decision log length (Guard.Client).
+func newClient(c *asynq.Client, rdb redis.UniversalClient, locker *lockkit.RedisLocker, opts []ClientOption, logLen *int) (*Client, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: NewClient: asynq client is nil", ErrInvalid)
 	}
@@ -133,14 +133,14 @@ func newClient(c *asynq.Client, rdb redis.UniversalClient, locker *lockkit.Redis
 	var cfg config
 	for _, o := range opts {
 		if o != nil {
-			o.apply(&cfg)
+			o.applyClient(&cfg)
 		}
 	}
 	if locker != nil {
 		cfg.defaultLocker(locker)
 	}
-	if len(cfg.guardOpts) > 0 || cfg.rdbSet || cfg.lockerOptsSet {
-		return nil, fmt.Errorf("%w: NewClient: WithPolicy, WithLimit, WithHoldAtLeast, WithThrottle, WithTTL, WithLogger, WithObserver and WithRedis are Middleware options, WithLockerOptions one of New", ErrInvalid)
+	if logLen != nil {
+		cfg.decisions, cfg.decisionsSet = *logLen, true
 	}
 	keys, err := cfg.buildKeys()
 	if err != nil {

@@ -26,9 +26,7 @@ func TestDecisionLogRecordsRunsCutShort(t *testing.T) {
 	l, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(testredis.Prefix(t, rdb)), lockkit.WithOwner("worker-1"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(ctx) })
-	cfg := &config{}
-	WithRedis(rdb).apply(cfg)
-	WithPolicy(middleware.Preempt(0)).apply(cfg)
+	cfg := serverConfig([]ServerOption{WithRedis(rdb), WithPolicy(middleware.Preempt(0))})
 	m, err := cfg.build(l)
 	require.NoError(t, err)
 	newerRuns, finish := make(chan struct{}), make(chan struct{})

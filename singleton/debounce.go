@@ -10,10 +10,10 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/debounce"
-	"github.com/jobguard/jobguard/middleware"
 )
 
 // DebounceGenHeader is the task header in which a Client with Debounce
@@ -29,13 +29,13 @@ const DebounceGenHeader = "jobguard-debounce-gen"
 // scheduled (asynq.ProcessAt) for when it would be due, rounded up to a
 // whole second (asynq schedules in seconds), and carries DebounceGenHeader;
 // Middleware, keyed the same way, completes an older task of the burst
-// without running it (middleware.ReasonSuperseded, reported as
+// without running it (guard.ReasonSuperseded, reported as
 // EventDuplicate and logged) when a newer one is pending or ran. A burst
 // ends when its newest task starts. The generation comes from Redis, so the
 // newest task wins however enqueues race across processes. quiet must be
 // between a millisecond and 100 years, maxWait zero or between quiet
 // and 100 years; Debounce excludes Unique. Use it with
-// middleware.KeepNewest or middleware.Preempt, so that the newest task
+// guard.KeepNewest or guard.Preempt, so that the newest task
 // waits for a run of the key still going instead of being skipped.
 //
 // The requests are kept in locker's Redis under its prefix (a
@@ -98,13 +98,13 @@ func debounceID(queue, id string) string { return queue + "\n" + id }
 // debounceGen), which admitNewest reads.
 type genKey struct{}
 
-// admitNewest is the guard's check (middleware.WithAdmit) of a debounced
+// admitNewest is the guard's check (guard.WithAdmit) of a debounced
 // task, whose generation process put in ctx: the task runs only if it is its
 // key's newest request, which ends the key's burst (debounce.Debouncer.Claim),
 // or if the newest request's task does not exist (its enqueue failed, or it
 // was archived before it started): then it runs in its place. Otherwise it
 // completes without running (ReasonSuperseded, ActionSkip).
-func (m *guarded) admitNewest(ctx context.Context, job middleware.Job) error {
+func (m *guarded) admitNewest(ctx context.Context, job guard.Job) error {
 	gen, _ := ctx.Value(genKey{}).(int64)
 	if gen <= 0 {
 		return nil
@@ -140,7 +140,7 @@ func (m *guarded) admitNewest(ctx context.Context, job middleware.Job) error {
 		state = "ran or runs"
 	}
 	cause := fmt.Errorf("a newer request of the key, %q (generation %d), %s", newest.ID, newest.Gen, state)
-	return &middleware.DuplicateError{Reason: middleware.ReasonSuperseded, Action: middleware.ActionSkip, Cause: cause}
+	return &guard.DuplicateError{Reason: guard.ReasonSuperseded, Action: guard.ActionSkip, Cause: cause}
 }
 
 // newestPending tells whether the task of newest, a newer request of the

@@ -9,8 +9,8 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/jobguard/jobguard/internal/decisionlog"
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
-	"github.com/jobguard/jobguard/middleware"
 )
 
 // DecisionLog is the Redis stream to which a middleware with WithRedis adds
@@ -25,7 +25,7 @@ import (
 // call). Its ID is the Redis server's time of the decision. The reasons of a
 // task that completed without running: held, claimed, superseded,
 // throttled, covered, completed. Of a run that ended early: preempted (a
-// newer task of the key cancelled it under middleware.Preempt, and the task
+// newer task of the key cancelled it under guard.Preempt, and the task
 // is done, neither retried nor archived; by_task is the newer task, found
 // holding the key once the run returned) and lost (its lease was lost while
 // it ran, as when an operator released the key or Redis stayed unreachable
@@ -49,14 +49,14 @@ const DefaultDecisionLogLen = 10000
 // Guard's), keeps when it adds one; 0 adds none. The middleware's log needs
 // WithRedis (New sets it). Defaults to DefaultDecisionLogLen. A negative n
 // is refused with an error matching ErrInvalid.
-func WithDecisionLog(n int) ServerOption {
-	return serverOpt(func(c *config) { c.decisions, c.decisionsSet = n, true })
+func WithDecisionLog(n int) Option {
+	return keyOpt(func(c *config) { c.decisions, c.decisionsSet = n, true })
 }
 
 // logDecision adds the decision not to run t to DecisionLog: one XADD on the
 // path of a task that does not run (pipelined with its result by
 // recordSkip). A failed write is an error event; the task still completes.
-func (m *guarded) logDecision(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) {
+func (m *guarded) logDecision(ctx context.Context, t *asynq.Task, dup *guard.DuplicateError) {
 	if !m.logsDecisions() {
 		return
 	}
@@ -67,7 +67,7 @@ func (m *guarded) logDecision(ctx context.Context, t *asynq.Task, dup *middlewar
 func (m *guarded) logsDecisions() bool { return m.rdb != nil && m.decisions > 0 }
 
 // decisionOf is the DecisionLog entry of the decision not to run t.
-func decisionOf(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) decisionlog.Entry {
+func decisionOf(ctx context.Context, t *asynq.Task, dup *guard.DuplicateError) decisionlog.Entry {
 	why := whyOf(dup)
 	e := entryOf(ctx, t, dup.Job, why.Reason)
 	e.Key, e.ByTask, e.ByOwner, e.ByToken = why.Key, why.ByTask, why.ByOwner, why.ByToken
@@ -75,23 +75,23 @@ func decisionOf(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateErr
 }
 
 // entryOf is the DecisionLog entry of job (t's), for reason.
-func entryOf(ctx context.Context, t *asynq.Task, job middleware.Job, reason string) decisionlog.Entry {
+func entryOf(ctx context.Context, t *asynq.Task, job guard.Job, reason string) decisionlog.Entry {
 	_, queue := taskIdentity(ctx)
 	// Call names this write: go-redis sends an XADD again when its reply
 	// was lost, and the readers show one entry per call.
-	return decisionlog.Entry{Call: newTaskID(), Task: job.ID, Origin: job.Origin, Type: t.Type(), Queue: queue, Key: job.Key, Reason: reason}
+	return decisionlog.Entry{Call: newTaskID(), Task: job.ID, Origin: guard.WorkOf(job).Label, Type: t.Type(), Queue: queue, Key: job.Key, Reason: reason}
 }
 
 // addDecision adds e to DecisionLog. A failed write is an error event.
-func (m *guarded) addDecision(ctx context.Context, job middleware.Job, e decisionlog.Entry) {
+func (m *guarded) addDecision(ctx context.Context, job guard.Job, e decisionlog.Entry) {
 	m.decisionWritten(ctx, job, decisionlog.Add(ctx, m.rdb, m.decisions, e))
 }
 
 // decisionWritten reports a failed write of job's DecisionLog entry as an
 // error event.
-func (m *guarded) decisionWritten(ctx context.Context, job middleware.Job, err error) {
+func (m *guarded) decisionWritten(ctx context.Context, job guard.Job, err error) {
 	if err != nil {
-		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job,
+		guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventError, Job: job,
 			Err: fmt.Errorf("singleton: recording why task %s did not run in %s: %w", job.ID, DecisionLog, err)})
 	}
 }
@@ -107,7 +107,7 @@ const (
 // did (out.Err): preempted by a newer task of the key, or failed after its
 // lease was lost. One XADD, and for a preemption up to preemptLooks
 // Inspects of the key, on the path of a run that was cut short only.
-func (m *guarded) logCutShort(ctx context.Context, t *asynq.Task, job middleware.Job, out middleware.Outcome) {
+func (m *guarded) logCutShort(ctx context.Context, t *asynq.Task, job guard.Job, out guard.Outcome) {
 	if m.rdb == nil || m.decisions <= 0 || !out.Ran || !errors.Is(out.Err, lockcore.ErrLost) {
 		return
 	}
@@ -127,7 +127,7 @@ func (m *guarded) logCutShort(ctx context.Context, t *asynq.Task, job middleware
 
 // newerHolder looks for the holder of job's key that is not job's work:
 // the task that preempted it, once it has the key.
-func (m *guarded) newerHolder(ctx context.Context, job middleware.Job) (lockcore.Holder, bool) {
+func (m *guarded) newerHolder(ctx context.Context, job guard.Job) (lockcore.Holder, bool) {
 	if m.onPreempted != nil {
 		m.onPreempted()
 	}
@@ -135,7 +135,7 @@ func (m *guarded) newerHolder(ctx context.Context, job middleware.Job) (lockcore
 		info, err := m.core.Inspect(ctx, job.Key)
 		if err == nil {
 			for _, h := range info.Holders {
-				if h.Label != "" && h.Label != job.Origin {
+				if h.Label != "" && h.Label != guard.WorkOf(job).Label {
 					return h, true
 				}
 			}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/internal/decisionlog"
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
@@ -30,14 +31,12 @@ func TestDecisionLogIsTrimmedToItsLength(t *testing.T) {
 	t.Cleanup(func() { _ = l.Close(ctx) })
 	for _, n := range []int{500, DefaultDecisionLogLen} {
 		require.NoError(t, rdb.Del(ctx, DecisionLog).Err())
-		cfg := &config{}
-		WithRedis(rdb).apply(cfg)
-		WithDecisionLog(n).apply(cfg)
+		cfg := serverConfig([]ServerOption{WithRedis(rdb), WithDecisionLog(n)})
 		m, err := cfg.build(l)
 		require.NoError(t, err)
 		for i := range 2 * n {
 			id := fmt.Sprintf("9f1c2d3e-4b5a-4c6d-8e7f-%012d", i)
-			job := middleware.Job{Key: `asynq:report:tenant_id="acme-corp-1234"`, ID: id, Origin: id}
+			job := guard.With(middleware.Job{Key: `asynq:report:tenant_id="acme-corp-1234"`, ID: id}, guard.Work{Label: id})
 			m.addDecision(ctx, job, decisionlog.Entry{Call: newTaskID(), Task: id, Origin: id, Type: "report", Queue: "default",
 				Key: job.Key, Reason: "held", ByTask: "0b7e6f5d-4c3b-4a29-8f17-6e5d4c3b2a19", ByOwner: "report-worker-7c9d8f6b5-x2kqz:1:3f9a2c7d"})
 		}

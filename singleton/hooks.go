@@ -9,7 +9,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/jobguard/jobguard/middleware"
+	"github.com/jobguard/jobguard/internal/guard"
 )
 
 // ErrNoRetryHooks is matched by the error event a middleware whose policy
@@ -91,6 +91,6 @@ func (m *guarded) putBack(ctx context.Context, re *RequeueError, queue, id strin
 			missing = append(missing, "RetryDelayFunc: singleton.RetryDelay (a requeued duplicate waits asynq's retry delay, not the policy's)")
 		}
 		err = fmt.Errorf("%w: asynq.Config lacks %s; build the servers' config with singleton.ServerConfig", ErrNoRetryHooks, strings.Join(missing, " and "))
-		m.guard.Emit(cctx, middleware.Event{Kind: middleware.EventError, Job: job, Err: err})
+		guard.Emit(m.guard, cctx, guard.Event{Kind: guard.EventError, Job: job, Err: err})
 	})
 }

@@ -24,7 +24,7 @@ import (
 
 // KeyByType keys a task by its type: one task of a type runs at a time (or
 // WithLimit of them). The key is "asynq:<type>". This is the default.
-func KeyByType() ServerOption {
+func KeyByType() Option {
 	return keyOpt(func(c *config) { c.keys = append(c.keys, keySpec{name: "KeyByType()", fn: keyByType}) })
 }
 
@@ -40,7 +40,7 @@ func keyByType(_ context.Context, t *asynq.Task) (string, error) {
 // Whatever the policy, a re-delivery waits for the run in progress (see
 // Middleware). The handler must be called by an asynq server; otherwise the
 // task fails with ErrKey.
-func KeyByTaskID() ServerOption {
+func KeyByTaskID() Option {
 	return keyOpt(func(c *config) { c.keys = append(c.keys, keySpec{name: "KeyByTaskID()", fn: keyByTaskID}) })
 }
 
@@ -57,7 +57,7 @@ func keyByTaskID(ctx context.Context, t *asynq.Task) (string, error) {
 // KeyByPayload keys a task by its type and payload: identical tasks do not run
 // at once, different payloads do. The key is "asynq:<type>:payload:<hash>",
 // the hash being the first 128 bits of the payload's SHA-256 in hex.
-func KeyByPayload() ServerOption {
+func KeyByPayload() Option {
 	return keyOpt(func(c *config) { c.keys = append(c.keys, keySpec{name: "KeyByPayload()", fn: keyByPayload}) })
 }
 
@@ -87,7 +87,7 @@ func keyByPayload(_ context.Context, t *asynq.Task) (string, error) {
 // be non-empty and distinct, and a path's members non-empty (not "a..b",
 // ".a" or "a."), with a backslash only before a dot or a backslash:
 // ErrInvalid otherwise, naming the field.
-func KeyByFields(fields ...string) ServerOption {
+func KeyByFields(fields ...string) Option {
 	spec := keySpec{name: fmt.Sprintf("KeyByFields(%s)", quoteAll(fields))}
 	seen := make(map[string]bool, len(fields))
 	paths := make([]fieldPath, len(fields))
@@ -295,7 +295,7 @@ func canonicalNumber(n string) string {
 // KeyFunc keys a task by fn's result, used as the key as returned (no
 // prefix). An error from fn, or an empty key, fails the task with ErrKey,
 // wrapping fn's error. fn must not be nil.
-func KeyFunc(fn func(ctx context.Context, t *asynq.Task) (string, error)) ServerOption {
+func KeyFunc(fn func(ctx context.Context, t *asynq.Task) (string, error)) Option {
 	spec := keySpec{name: "KeyFunc(nil)", fn: fn}
 	if fn == nil {
 		spec.err = errors.New("func is nil")

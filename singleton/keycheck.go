@@ -9,7 +9,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/jobguard/jobguard/middleware"
+	"github.com/jobguard/jobguard/internal/guard"
 )
 
 // KeyHeader is the task header in which a Client whose key is finer than
@@ -53,7 +53,7 @@ func (m *guarded) keyOptions() string {
 
 // checkKey returns an error matching ErrKeyMismatch and asynq.SkipRetry
 // when t carries a KeyHeader that key, derived by m, does not match.
-func (m *guarded) checkKey(t *asynq.Task, job middleware.Job, key string) error {
+func (m *guarded) checkKey(t *asynq.Task, job guard.Job, key string) error {
 	h, ok := t.Headers()[KeyHeader]
 	if !ok {
 		return nil

@@ -94,7 +94,7 @@ func TestKeyHeaderOnEveryClientPathAndRequeueCopy(t *testing.T) {
 		e := newEnvOn(t, r)
 		l := e.locker()
 		want := keyHeaderOf(`asynq:report:tenant_id="acme"`, `KeyByFields("tenant_id")`)
-		modes := map[string][]singleton.Option{
+		modes := map[string][]singleton.ClientOption{
 			"keys":          nil,
 			"Unique":        {singleton.Unique(l, singleton.UntilExecuted, time.Hour)},
 			"Debounce":      {singleton.Debounce(l, time.Millisecond, time.Second)},

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
@@ -138,9 +139,9 @@ func TestNewestMeansNewestEnqueued(t *testing.T) {
 			recv(t, hook.arrived, 10*time.Second) // v1's acquire is held back
 			enqueue("v2")
 			switch {
-			case tc.policy.Mode() == middleware.ModePreempt && tc.until == "queued":
+			case guard.ModeOf(tc.policy) == guard.ModePreempt && tc.until == "queued":
 				e.waiters("asynq:sync", 1) // v2 preempted v0 and waits for it
-			case tc.policy.Mode() == middleware.ModePreempt:
+			case guard.ModeOf(tc.policy) == guard.ModePreempt:
 				close(runs.finish["v0"]) // v2 preempted v0, and runs
 				require.Equal(t, "v2", recv(t, runs.started, 10*time.Second))
 			case tc.until == "queued":
@@ -175,7 +176,7 @@ func TestNewestMeansNewestEnqueued(t *testing.T) {
 			require.Equal(t, []string{"v0", "v2"}, runs.runs(), "the newest task runs last; the older never")
 			runs.mu.Lock()
 			defer runs.mu.Unlock()
-			if tc.policy.Mode() == middleware.ModePreempt {
+			if guard.ModeOf(tc.policy) == guard.ModePreempt {
 				require.NotContains(t, runs.preempted, "v2", "the older task preempts no newer run")
 			}
 		})

@@ -12,8 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
-	"github.com/jobguard/jobguard/middleware"
 )
 
 const (
@@ -36,13 +36,13 @@ const (
 	ParkBackstop = 30 * time.Second
 )
 
-// parking is the middleware.Parking of a requeueing middleware: a parked
+// parking is the guard.Parking of a requeueing middleware: a parked
 // duplicate is named by its queue and the work it delivers (its origin), and
 // resumed by moving whichever delivery of that work is waiting from asynq's
 // retry set (or, parked at enqueue, its scheduled set) to the head of
 // pending (runFirst).
-func (m *guarded) parking() middleware.Parking {
-	return middleware.Parking{ID: parkID, Resume: m.resume, Hold: ParkBackstop}
+func (m *guarded) parking() guard.Parking {
+	return guard.Parking{ID: parkID, Resume: m.resume, Hold: ParkBackstop}
 }
 
 // parkID is "<queue>\n<origin>\n<origin>" (parkEntry; ParkAtEnqueue parks
@@ -51,9 +51,9 @@ func (m *guarded) parking() middleware.Parking {
 // parked under one entry, so a delivery parked again keeps the place of the
 // first (lockkit parks an entry once). resume finds the delivery that is
 // waiting.
-func parkID(ctx context.Context, job middleware.Job) string {
+func parkID(ctx context.Context, job guard.Job) string {
 	_, queue := taskIdentity(ctx)
-	return parkEntry(queue, job.Origin, job.Origin)
+	return parkEntry(queue, guard.WorkOf(job).Label, guard.WorkOf(job).Label)
 }
 
 // newCopyID is the ID of a Requeue copy of the work first enqueued as
@@ -211,9 +211,9 @@ func (m *guarded) runFirst(ctx context.Context, queue, origin string, ids ...str
 // then runs it. Passing the key on would resume the next parked task only
 // to be throttled too, and the next, each an extra delivery, all put back
 // together. (One that the throttle skips passes the key on.)
-func (m *guarded) passOn(ctx context.Context, dup *middleware.DuplicateError, key, origin string) {
+func (m *guarded) passOn(ctx context.Context, dup *guard.DuplicateError, key, origin string) {
 	if m.inspector == nil || origin == "" || m.limit > 1 ||
-		(dup.Reason == middleware.ReasonThrottled && dup.Action == middleware.ActionRequeue) {
+		(dup.Reason == guard.ReasonThrottled && dup.Action == guard.ActionRequeue) {
 		return
 	}
 	var ce *lockcore.ConflictError
@@ -227,7 +227,7 @@ func (m *guarded) passOn(ctx context.Context, dup *middleware.DuplicateError, ke
 	if err != nil || !slices.ContainsFunc(info.Holders, func(h lockcore.Holder) bool { return h.Label == origin }) {
 		return
 	}
-	m.guard.PassOn(pctx, key, origin)
+	guard.PassOn(m.guard, pctx, key, origin)
 }
 
 // resume runs the parked work entry (parkEntry) now: whichever of its
@@ -285,12 +285,12 @@ func (m *guarded) resume(key, entry string) {
 		}
 		if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) && !errors.Is(err, errNotWaiting) &&
 			!(active && ctx.Err() != nil) {
-			m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: middleware.Job{Key: key, ID: taskID, Origin: origin},
+			guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventError, Job: guard.With(guard.Job{Key: key, ID: taskID}, guard.Work{Label: origin}),
 				Err: fmt.Errorf("singleton: resume parked task %s in queue %q: %w", taskID, queue, err)})
 		}
 		// ctx may have run out during runFirst: passing on gets its own.
 		pctx, pcancel := context.WithTimeout(context.Background(), resumeTimeout)
-		m.guard.PassOn(pctx, key, origin)
+		guard.PassOn(m.guard, pctx, key, origin)
 		pcancel()
 		return
 	}

@@ -203,14 +203,11 @@ func parkedGuard(t *testing.T, rdb redis.UniversalClient) (*guarded, *atomic.Int
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	var errs atomic.Int32
-	cfg := &config{}
-	for _, o := range []Option{WithRedis(rdb), WithObserver(func(_ context.Context, e middleware.Event) {
+	cfg := serverConfig([]ServerOption{WithRedis(rdb), WithObserver(func(_ context.Context, e middleware.Event) {
 		if e.Kind == middleware.EventError {
 			errs.Add(1)
 		}
-	})} {
-		o.apply(cfg)
-	}
+	})})
 	m, err := cfg.build(l)
 	require.NoError(t, err)
 	return m, &errs

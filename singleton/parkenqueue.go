@@ -12,14 +12,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
-	"github.com/jobguard/jobguard/middleware"
 )
 
 // parkedHeader is the task header ("1") of a task that a Client with
 // ParkAtEnqueue queued for its key: Middleware takes over the reservation
-// made for it (middleware.Job.Reserved), whatever its policy.
+// made for it (guard.Job.Reserved), whatever its policy.
 const parkedHeader = "jobguard-parked"
 
 // ParkAtEnqueue makes Client queue each task for its key when it enqueues
@@ -42,7 +42,7 @@ const parkedHeader = "jobguard-parked"
 // process died, its Middleware has no WithRedis, or the reservation of a
 // task that never started lapsed. asynq then delivers the task at its
 // backstop and the middleware's policy applies if its key is still held:
-// under middleware.Requeue (the policy to use with this option) it is
+// under guard.Requeue (the policy to use with this option) it is
 // parked again, keeping its place; under Skip it completes without
 // running, as any duplicate does. It needs a Middleware with WithLimit(1)
 // (the default): Guard.Client refuses it on a Guard with a higher limit
@@ -91,7 +91,7 @@ func (p *parkSpec) validate(rdb redis.UniversalClient) error {
 		return fmt.Errorf("%w: ParkAtEnqueue: locker is nil", ErrInvalid)
 	}
 	p.resumer = &guarded{rdb: rdb, inspector: asynq.NewInspectorFromRedisClient(rdb)}
-	g, err := middleware.New(p.locker, middleware.WithParking(p.resumer.parking()))
+	g, err := guard.New(p.locker, guard.WithParking(p.resumer.parking()))
 	if err != nil {
 		return fmt.Errorf("%w: ParkAtEnqueue: %w", ErrInvalid, err)
 	}
@@ -174,12 +174,12 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 // (ForceRelease by its label): under such a limit no run resumes parked
 // tasks or takes them out of the key's parked queue. It also drops the
 // entries of tasks that will not come (dropGoneParked).
-func (m *guarded) refuseParked(ctx context.Context, job middleware.Job) error {
+func (m *guarded) refuseParked(ctx context.Context, job guard.Job) error {
 	err := fmt.Errorf("%w: WithLimit(%d): task %q (key %q) was enqueued with ParkAtEnqueue, which needs WithLimit(1) (%w)",
 		ErrInvalid, m.limit, job.Name, job.Key, asynq.SkipRetry)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, ferr := m.core.ForceRelease(fctx, job.Key, lockcore.Select{Label: job.Origin}); ferr != nil {
+	if _, ferr := m.core.ForceRelease(fctx, job.Key, lockcore.Select{Label: guard.WorkOf(job).Label}); ferr != nil {
 		err = fmt.Errorf("%w; giving back its reservation: %w", err, ferr)
 	} else if ferr := m.dropGoneParked(fctx, job.Key); ferr != nil {
 		err = fmt.Errorf("%w; dropping the parked entries of deleted or archived tasks: %w", err, ferr)

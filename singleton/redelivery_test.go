@@ -158,7 +158,7 @@ func TestRedeliveryDuringADeployIsNotCoveredByItsOwnRun(t *testing.T) {
 				return nil
 			})
 			newMW := func(l lockkit.Locker) asynq.MiddlewareFunc {
-				opts := []singleton.Option{singleton.WithPolicy(middleware.Coalesce()), singleton.WithObserver(ev.observe)}
+				opts := []singleton.ServerOption{singleton.WithPolicy(middleware.Coalesce()), singleton.WithObserver(ev.observe)}
 				if park {
 					opts = append(opts, singleton.WithRedis(e.RDB))
 				}

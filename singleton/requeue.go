@@ -12,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -39,8 +40,8 @@ func IsFailure(next func(error) bool) func(error) bool {
 }
 
 // RequeueError is what the middleware returns for a duplicate that Requeue
-// puts back: it wraps the *middleware.DuplicateError (so it matches
-// middleware.ErrDuplicate) and carries the delay after which the duplicate
+// puts back: it wraps the *guard.DuplicateError (so it matches
+// guard.ErrDuplicate) and carries the delay after which the duplicate
 // runs again.
 type RequeueError struct {
 	Duplicate *middleware.DuplicateError
@@ -93,14 +94,14 @@ func RetryDelay(next asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 // retries (IsFailure and RetryDelay make that retry free and timed by the
 // policy). With none left a retry would archive the task, so it enqueues a
 // copy and revokes the original.
-func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) error {
-	p := m.guard.Policy()
-	d := p.RequeueDelay()
+func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *guard.DuplicateError) error {
+	p := guard.PolicyOf(m.guard)
+	d := guard.DelayOf(p)
 	re := &RequeueError{Duplicate: dup, Delay: d + rand.N(d/2+1)}
 	switch {
-	case dup.Reason == middleware.ReasonThrottled:
+	case dup.Reason == guard.ReasonThrottled:
 		re.Delay = wholeSeconds(dup.RetryAfter) // when the key's next start opens
-	case dup.Parked && (p.Mode() == middleware.ModeCoalesce || p.Mode() == middleware.ModeKeepNewest):
+	case dup.Parked && (guard.ModeOf(p) == guard.ModeCoalesce || guard.ModeOf(p) == guard.ModeKeepNewest):
 		// A parked follow-up has no delay of its own: the run that frees
 		// the key starts it, and it comes back by itself only as the
 		// backstop.
@@ -120,7 +121,7 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.Du
 		return re
 	}
 	if retried < maxRetry {
-		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventRequeued, Job: dup.Job, Delay: re.Delay})
+		guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventRequeued, Job: dup.Job, Delay: re.Delay})
 		m.putBack(ctx, re, queue, id)
 		return re
 	}
@@ -129,16 +130,16 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *middleware.Du
 		// put back whatever the throttle's action): asynq archives the task,
 		// which stays visible.
 		err := fmt.Errorf("singleton: task %q (id %s) has no retries left and cannot be put back without WithRedis: %w", t.Type(), id, dup)
-		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: dup.Job, Err: err})
+		guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventError, Job: dup.Job, Err: err})
 		return err
 	}
 	copyID, err := m.enqueueCopy(ctx, t, id, queue, re.Delay)
 	if err != nil {
 		err = fmt.Errorf("singleton: task %q (id %s): re-enqueue duplicate: %w (%w)", t.Type(), id, err, dup)
-		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: dup.Job, Err: err})
+		guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventError, Job: dup.Job, Err: err})
 		return err
 	}
-	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventRequeued, Job: dup.Job, Delay: re.Delay})
+	guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventRequeued, Job: dup.Job, Delay: re.Delay})
 	return fmt.Errorf("%w; re-enqueued as task %s (%w)", re, copyID, asynq.RevokeTask)
 }
 

@@ -51,7 +51,7 @@ func TestDecisionLogSaysWhyATaskDidNotRun(t *testing.T) {
 	onEachRedis(t, func(t *testing.T, r connect) {
 		e := newEnvOn(t, r)
 		for _, n := range []int{singleton.DefaultDecisionLogLen, 0} {
-			opts := []singleton.Option{singleton.WithRedis(e.RDB)}
+			opts := []singleton.ServerOption{singleton.WithRedis(e.RDB)}
 			if n == 0 {
 				opts = append(opts, singleton.WithDecisionLog(0))
 			}

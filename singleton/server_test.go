@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/internal/testredis"
@@ -47,10 +48,10 @@ func TestBurstAcrossServers(t *testing.T) {
 		name   string
 		policy middleware.Policy
 		limit  int
-		opts   []singleton.Option
+		opts   []singleton.ServerOption
 	}{
 		{"skip", middleware.Skip(), 1, nil},
-		{"requeue, async release", middleware.Requeue(50 * time.Millisecond), 1, []singleton.Option{singleton.WithAsyncRelease()}},
+		{"requeue, async release", middleware.Requeue(50 * time.Millisecond), 1, []singleton.ServerOption{singleton.WithAsyncRelease()}},
 		{"requeue", middleware.Requeue(50 * time.Millisecond), 1, nil},
 		// A minute's delay outlasts the test: only parking (the run that
 		// frees the key starts the oldest parked duplicate) finishes it.
@@ -58,7 +59,7 @@ func TestBurstAcrossServers(t *testing.T) {
 		{"wait in order then requeue", middleware.WaitInOrder(100*time.Millisecond, middleware.Requeue(50*time.Millisecond)), 1, nil},
 		{"limit 2 then requeue", middleware.Requeue(50 * time.Millisecond), 2, nil},
 		{"coalesce", middleware.Coalesce(), 1, nil},
-		{"coalesce, async release", middleware.Coalesce(), 1, []singleton.Option{singleton.WithAsyncRelease()}},
+		{"coalesce, async release", middleware.Coalesce(), 1, []singleton.ServerOption{singleton.WithAsyncRelease()}},
 	}
 	onEachRedis(t, func(t *testing.T, r connect) {
 		for _, c := range cases {
@@ -68,7 +69,7 @@ func TestBurstAcrossServers(t *testing.T) {
 }
 
 // testBurst is one case of TestBurstAcrossServers.
-func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int, opts ...singleton.Option) {
+func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int, opts ...singleton.ServerOption) {
 	const servers, concurrency, tenants, perTenant = 3, 4, 3, 8
 	tr := newTracker()
 	ev := &events{}
@@ -87,7 +88,7 @@ func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int, opts .
 	}
 	for i := range servers {
 		mw, err := singleton.Middleware(e.locker(lockkit.WithOwner(fmt.Sprintf("server-%d", i))),
-			append([]singleton.Option{singleton.KeyByFields("tenant_id"),
+			append([]singleton.ServerOption{singleton.KeyByFields("tenant_id"),
 				singleton.WithPolicy(policy),
 				singleton.WithLimit(limit),
 				singleton.WithRedis(e.RDB),
@@ -160,15 +161,15 @@ func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int, opts .
 	require.Zero(t, qi.FailedTotal, "duplicates are not counted as failures")
 	require.Empty(t, ev.errs(middleware.EventError))
 	switch {
-	case policy.MaxWait() > 0:
+	case strings.HasPrefix(policy.String(), "Wait"):
 		// The waits outlast the work, so the duplicates waited and ran.
 		require.Len(t, completed, tenants*perTenant, "every task ran")
 		require.Positive(t, ev.count(middleware.EventWaited, 0))
-	case policy.Action() == middleware.ActionRequeue:
+	case guard.ActionOf(policy) == guard.ActionRequeue:
 		require.Len(t, completed, tenants*perTenant, "every requeued task ran")
 		require.Positive(t, ev.count(middleware.EventRequeued, 0))
 		require.Positive(t, copiesRan.Load(), "MaxRetry(0) duplicates were re-enqueued as copies and ran")
-	case policy.Mode() == middleware.ModeCoalesce:
+	case guard.ModeOf(policy) == guard.ModeCoalesce:
 		// Every task was enqueued before the servers started: a run covers
 		// the tasks delivered after it began, a follow-up those delivered
 		// while it ran. The deliveries spread over a few runs at most.
@@ -210,7 +211,7 @@ func testCoalesceSteadyStream(t *testing.T, parked bool) {
 			ran      = map[string]bool{}
 		)
 		for i := range 2 {
-			opts := []singleton.Option{singleton.WithPolicy(middleware.Coalesce()), singleton.WithObserver(ev.observe)}
+			opts := []singleton.ServerOption{singleton.WithPolicy(middleware.Coalesce()), singleton.WithObserver(ev.observe)}
 			if parked {
 				opts = append(opts, singleton.WithRedis(e.RDB))
 			}
@@ -304,18 +305,18 @@ func TestRollingDeployDoesTheWorkOnce(t *testing.T) {
 	onEachRedis(t, func(t *testing.T, r connect) {
 		cases := []struct {
 			name     string
-			opts     []singleton.Option
+			opts     []singleton.ServerOption
 			maxRetry int
 			firstErr error
 		}{
 			{"defaults", nil, 3, nil},
 			{"defaults/first run fails", nil, 3, errors.New("interrupted")},
-			{"KeyByTaskID/Requeue", []singleton.Option{singleton.KeyByTaskID(), singleton.WithPolicy(middleware.Requeue(50 * time.Millisecond))}, 3, nil},
-			{"KeyByTaskID/Requeue/MaxRetry(0)", []singleton.Option{singleton.KeyByTaskID(), singleton.WithPolicy(middleware.Requeue(50 * time.Millisecond))}, 0, nil},
-			{"Fail/first run fails", []singleton.Option{singleton.WithPolicy(middleware.Fail())}, 3, errors.New("interrupted")},
+			{"KeyByTaskID/Requeue", []singleton.ServerOption{singleton.KeyByTaskID(), singleton.WithPolicy(middleware.Requeue(50 * time.Millisecond))}, 3, nil},
+			{"KeyByTaskID/Requeue/MaxRetry(0)", []singleton.ServerOption{singleton.KeyByTaskID(), singleton.WithPolicy(middleware.Requeue(50 * time.Millisecond))}, 0, nil},
+			{"Fail/first run fails", []singleton.ServerOption{singleton.WithPolicy(middleware.Fail())}, 3, errors.New("interrupted")},
 			// The first run spent the throttle's only start: its re-delivery
 			// still waits for it, and runs when it failed.
-			{"Throttle(1)/first run fails", []singleton.Option{singleton.WithThrottle(1, time.Minute, middleware.ActionSkip)}, 3, errors.New("interrupted")},
+			{"Throttle(1)/first run fails", []singleton.ServerOption{singleton.WithThrottle(1, time.Minute, middleware.ActionSkip)}, 3, errors.New("interrupted")},
 		}
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
@@ -345,7 +346,7 @@ func TestRollingDeployDoesTheWorkOnce(t *testing.T) {
 					return nil
 				})
 				newMW := func(l lockkit.Locker) asynq.MiddlewareFunc {
-					mw, err := singleton.Middleware(l, append([]singleton.Option{singleton.WithRedis(e.RDB)}, tc.opts...)...)
+					mw, err := singleton.Middleware(l, append([]singleton.ServerOption{singleton.WithRedis(e.RDB)}, tc.opts...)...)
 					require.NoError(t, err)
 					return mw
 				}
@@ -435,12 +436,12 @@ func TestUnderivableKeyArchivesTheTask(t *testing.T) {
 		errs := &errorLog{}
 		cfg := e.config(4)
 		cfg.ErrorHandler = errs
-		keyFn := func(key string, err error) singleton.Option {
+		keyFn := func(key string, err error) singleton.ServerOption {
 			return singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return key, err })
 		}
 		cases := []struct {
 			typ, payload string
-			key          singleton.Option
+			key          singleton.ServerOption
 			want         string
 		}{
 			{"report:not-json", `tenant=acme`, singleton.KeyByFields("tenant_id"), "payload is not a JSON object"},

@@ -28,7 +28,7 @@ type Guard struct {
 	m      *guarded
 	locker *lockkit.RedisLocker
 	rdb    redis.UniversalClient
-	keys   []Option // the key options given to New, for Client
+	keys   []ClientOption // the key options given to New, for Client
 }
 
 // New returns a Guard whose Locker is lockkit.NewRedis(rdb) with its
@@ -44,13 +44,9 @@ func New(rdb redis.UniversalClient, opts ...ServerOption) (*Guard, error) {
 	if rdb == nil || reflect.ValueOf(rdb).IsNil() {
 		return nil, fmt.Errorf("%w: New: redis client is nil", ErrInvalid)
 	}
-	var c config
-	var keys []Option
+	c := serverConfig(opts)
+	var keys []ClientOption
 	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		o.apply(&c)
 		if k, ok := o.(keyOpt); ok {
 			keys = append(keys, k)
 		}
@@ -112,12 +108,13 @@ func (g *Guard) Configure(cfg *asynq.Config) {
 // Guard whose middleware has WithLimit(n > 1), which would refuse every
 // task the Client enqueues (see ParkAtEnqueue).
 func (g *Guard) Client(c *asynq.Client, opts ...ClientOption) (*Client, error) {
-	all := append(g.keys[:len(g.keys):len(g.keys)], make([]Option, 0, len(opts))...)
 	for _, o := range opts {
-		all = append(all, o)
+		if _, ok := o.(keyOpt); ok {
+			return nil, fmt.Errorf("%w: Guard.Client: a key option: the Client derives keys with the ones given to New", ErrInvalid)
+		}
 	}
-	all = append(all, WithDecisionLog(g.m.decisions))
-	client, err := newClient(c, g.m.rdb, g.locker, all) // the Redis the servers use (WithRedis)
+	all := append(g.keys[:len(g.keys):len(g.keys)], opts...)
+	client, err := newClient(c, g.m.rdb, g.locker, all, &g.m.decisions) // the Redis the servers use (WithRedis)
 	if err == nil && client.park != nil && g.m.limit > 1 {
 		return nil, fmt.Errorf("%w: ParkAtEnqueue with the Guard's WithLimit(%d): it needs WithLimit(1), under which a run starts the next parked task; the middleware would refuse every task the Client enqueues", ErrInvalid, g.m.limit)
 	}

@@ -115,26 +115,38 @@ func TestGuardClientUsesTheGuardsLocker(t *testing.T) {
 	require.ErrorContains(t, err, "Unique: locker is nil")
 }
 
-// The kinds of options are types: New takes key and middleware options,
-// Guard.Client only the Client's; Middleware and NewClient, which take any
-// option, refuse New's own at run time.
+// The kinds of options are types: New and Middleware take key options,
+// the server's own and the guard's settings (middleware's options, the same
+// values), NewClient key options and the Client's, Guard.Client only the
+// Client's (a key option there is refused at run time: the Guard has its
+// keys); middleware.New refuses this package's own options.
 func TestOptionKinds(t *testing.T) {
-	var server, client []any
+	var serverOnly, keys, client []any
 	for _, o := range []singleton.ServerOption{
-		singleton.KeyByType(), singleton.KeyByTaskID(), singleton.KeyByPayload(), singleton.KeyByFields("a"),
-		singleton.PerQueue(), singleton.ForTypes("a"), singleton.WithPolicy(middleware.Skip()), singleton.WithLimit(2),
-		singleton.WithTTL(time.Second), singleton.WithLockerOptions(), singleton.WithAsyncRelease(),
+		singleton.WithPolicy(singleton.Skip()), singleton.WithLimit(2), middleware.WithLimit(2),
+		singleton.WithTTL(time.Second), singleton.WithLockerOptions(), singleton.WithAsyncRelease(), singleton.WithRedis(nil),
 	} {
-		server = append(server, o)
+		serverOnly = append(serverOnly, o)
+	}
+	for _, o := range []singleton.Option{
+		singleton.KeyByType(), singleton.KeyByTaskID(), singleton.KeyByPayload(), singleton.KeyByFields("a"),
+		singleton.PerQueue(), singleton.ForTypes("a"),
+	} {
+		keys = append(keys, o)
 	}
 	for _, o := range []singleton.ClientOption{
 		singleton.Unique(nil, singleton.UntilStarted, time.Second), singleton.Debounce(nil, time.Second, 0), singleton.ParkAtEnqueue(nil, 0),
 	} {
 		client = append(client, o)
 	}
-	for _, o := range server {
+	for _, o := range serverOnly {
 		_, isClient := o.(singleton.ClientOption)
 		require.False(t, isClient, "%T is a server option only", o)
+	}
+	for _, o := range keys {
+		_, isClient := o.(singleton.ClientOption)
+		_, isServer := o.(singleton.ServerOption)
+		require.True(t, isClient && isServer, "%T is a key option, of both sides", o)
 	}
 	for _, o := range client {
 		_, isServer := o.(singleton.ServerOption)
@@ -157,8 +169,12 @@ func TestOptionKinds(t *testing.T) {
 	_, err = singleton.Middleware(l, singleton.WithLockerOptions(lockkit.WithPrefix("x:")))
 	require.ErrorIs(t, err, singleton.ErrInvalid)
 	require.ErrorContains(t, err, "WithLockerOptions")
-	_, err = singleton.NewClient(asynq.NewClientFromRedisClient(rdb), rdb, singleton.WithLockerOptions())
-	require.ErrorIs(t, err, singleton.ErrInvalid)
+	_, err = middleware.New(l, singleton.KeyByFields("tenant_id"))
+	require.ErrorIs(t, err, middleware.ErrInvalid, "a singleton option is not middleware.New's")
+	require.ErrorContains(t, err, "package singleton")
+	_, err = singleton.Middleware(l, middleware.WithPolicy(middleware.Requeue(time.Second)))
+	require.ErrorIs(t, err, singleton.ErrInvalid, "middleware's options are the server's: Requeue needs WithRedis")
+	require.ErrorContains(t, err, "WithRedis")
 
 	var cfg asynq.Config
 	var called atomic.Bool
@@ -167,6 +183,8 @@ func TestOptionKinds(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = g.Close(context.Background()) })
 	g.Configure(&cfg)
+	_, err = g.Client(asynq.NewClientFromRedisClient(rdb), singleton.KeyByTaskID())
+	require.ErrorIs(t, err, singleton.ErrInvalid, "the Guard's Client derives keys with New's key options")
 	require.False(t, cfg.IsFailure(errors.New("x")))
 	require.True(t, called.Load(), "Configure wraps the program's IsFailure")
 	require.NotNil(t, cfg.RetryDelayFunc)

@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
-	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/decisionlog"
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
@@ -30,7 +29,7 @@ const OriginHeader = "jobguard-origin-id"
 // lost reply) only when the task there carries the same value.
 const copyHeader = "jobguard-copy"
 
-// Errors returned by the middleware. Compare with errors.Is.
+// Errors returned by the guard. Compare with errors.Is.
 var (
 	// ErrKey is matched by the error a task fails with when its key cannot be
 	// derived: the payload is not JSON, a field is missing or empty, a KeyFunc
@@ -44,46 +43,67 @@ var (
 	ErrInvalid = invalid.New("singleton: invalid option")
 )
 
-// Option is any option of this package. Middleware and NewClient take every
-// option and refuse one of the other's at run time (ErrInvalid); New and
-// Guard.Client take only their own kind (ServerOption, ClientOption), so the
-// compiler refuses a misplaced one.
-type Option interface{ apply(*config) }
-
-// ServerOption configures the server side: a key option (KeyByType,
-// KeyByTaskID, KeyByPayload, KeyByFields, KeyFunc, PerQueue, ForTypes), which
-// New also hands to Guard.Client, or a middleware option (WithPolicy,
-// WithLimit, WithThrottle, WithHoldAtLeast, WithAsyncRelease, WithTTL,
-// WithLogger, WithObserver, WithRedis).
-type ServerOption interface {
-	Option
-	server()
-}
+// ServerOption configures the server side (New, Middleware): a key option
+// (KeyByType, KeyByTaskID, KeyByPayload, KeyByFields, KeyFunc, PerQueue,
+// ForTypes), which New also hands to Guard.Client; WithRedis,
+// WithDecisionLog, WithLockerOptions; or one of the guard's settings, which
+// are package middleware's options (WithPolicy, WithLimit, WithThrottle,
+// WithShadow, ... below). It is middleware.Option: middleware.New refuses
+// this package's own with ErrInvalid.
+type ServerOption = middleware.Option
 
 // ClientOption configures what a Client does at enqueue: Unique, Debounce or
-// ParkAtEnqueue.
-type ClientOption interface {
-	Option
-	client()
+// ParkAtEnqueue, and for NewClient the key options.
+type ClientOption interface{ applyClient(*config) }
+
+// Option is an option of both sides, which New, Middleware and NewClient
+// take: a key option (KeyByType, KeyByTaskID, KeyByPayload, KeyByFields,
+// KeyFunc, PerQueue, ForTypes), so that the server and the Client derive the
+// same key, or WithDecisionLog.
+type Option interface {
+	ServerOption
+	ClientOption
 }
 
-// keyOpt is a key option: the Client derives keys with it too.
+// keyOpt is a key option: the server and the Client derive keys with it.
 type keyOpt func(*config)
 
-func (o keyOpt) apply(c *config) { o(c) }
-func (keyOpt) server()           {}
+func (o keyOpt) Apply(s *guard.Settings) { applyServer(s, o) }
+func (o keyOpt) applyClient(c *config)   { o(c) }
 
-// serverOpt is an option of the middleware only.
+// serverOpt is an option of the server side only.
 type serverOpt func(*config)
 
-func (o serverOpt) apply(c *config) { o(c) }
-func (serverOpt) server()           {}
+func (o serverOpt) Apply(s *guard.Settings) { applyServer(s, o) }
 
 // clientOpt is an option of the Client only.
 type clientOpt func(*config)
 
-func (o clientOpt) apply(c *config) { o(c) }
-func (clientOpt) client()           {}
+func (o clientOpt) applyClient(c *config) { o(c) }
+
+// applyServer applies one of this package's server options to the config
+// that s collects for; another package's constructor refuses it.
+func applyServer(s *guard.Settings, f func(*config)) {
+	c, ok := s.Adapter.(*config)
+	if !ok {
+		s.Refuse(errors.New("an option of package singleton (a key option, ForTypes, PerQueue, WithRedis, WithDecisionLog or WithLockerOptions) is not an option of this constructor"))
+		return
+	}
+	f(c)
+}
+
+// serverConfig applies opts to a new config; c.guard holds the guard's
+// settings among them.
+func serverConfig(opts []ServerOption) *config {
+	c := &config{}
+	c.guard = &guard.Settings{Adapter: c}
+	for _, o := range opts {
+		if o != nil {
+			o.Apply(c.guard)
+		}
+	}
+	return c
+}
 
 type keyFunc func(ctx context.Context, t *asynq.Task) (string, error)
 
@@ -94,143 +114,21 @@ type keySpec struct {
 }
 
 type config struct {
-	keys      []keySpec
-	perQueue  bool
-	types     []string
-	typesSet  bool
-	guardOpts []middleware.Option
-	policy    string // the WithPolicy value as written, for errors
-	limit     int    // the WithLimit value; 0 when not given
-	rdb       redis.UniversalClient
-	rdbSet    bool
-	unique    *uniqueSpec // a Client option
-	debounce  *debounceSpec
-	park      *parkSpec
+	keys     []keySpec
+	perQueue bool
+	types    []string
+	typesSet bool
+	guard    *guard.Settings // what the server options collected for the guard
+	rdb      redis.UniversalClient
+	rdbSet   bool
+	unique   *uniqueSpec // a Client option
+	debounce *debounceSpec
+	park     *parkSpec
 
 	lockerOpts    []lockkit.Option // WithLockerOptions: New's only
 	lockerOptsSet bool
 	decisions     int // WithDecisionLog
 	decisionsSet  bool
-
-	throttleRequeues bool
-	throttled        bool
-	shadow           bool         // WithShadow
-	logger           *slog.Logger // the WithLogger value
-}
-
-// WithPolicy sets what happens to a task whose key is held: middleware.Skip(),
-// middleware.Requeue(delay), middleware.Fail(), or middleware.Wait(max, then).
-// A policy that can requeue needs WithRedis. Defaults to middleware.Skip().
-func WithPolicy(p middleware.Policy) ServerOption {
-	return serverOpt(func(c *config) {
-		c.guardOpts = append(c.guardOpts, middleware.WithPolicy(p))
-		c.policy = fmt.Sprintf("%+v", p)
-	})
-}
-
-// WithLimit sets how many tasks with the same key may run at once across
-// every server (per-key concurrency, such as per tenant). Must be at least 1.
-// Every server must use the same limit for a key. Above 1 a task enqueued
-// with ParkAtEnqueue is refused, and so is ParkAtEnqueue by Guard.Client
-// (see ParkAtEnqueue). Defaults to 1.
-func WithLimit(n int) ServerOption {
-	return serverOpt(func(c *config) {
-		c.guardOpts = append(c.guardOpts, middleware.WithLimit(n))
-		c.limit = n
-	})
-}
-
-// WithThrottle allows at most n runs of a key to start in any window of one
-// period across every server. A task
-// over the budget does not run: with middleware.ActionSkip it completes,
-// with middleware.ActionRequeue it is put back to run when the key's next
-// start opens (which needs WithRedis, like the Requeue policy). Under
-// Coalesce, KeepNewest and Preempt a follow-up throttled when it gets the key
-// is always put back, so those policies need WithRedis with a throttle. n must be at
-// least 1 and period between a millisecond and 100 years. Defaults to
-// no throttle.
-func WithThrottle(n int, period time.Duration, then middleware.Action) ServerOption {
-	return serverOpt(func(c *config) {
-		c.guardOpts = append(c.guardOpts, middleware.WithThrottle(n, period, then))
-		c.throttleRequeues = then == middleware.ActionRequeue
-		c.throttled = true
-	})
-}
-
-// WithHoldAtLeast keeps a task's key held for at least d after its run
-// began, even when the handler returns sooner: with Skip (the default), the
-// tasks of a key run at most once per d, and a duplicate delivered within d
-// of a run's start is skipped. Zero means none; at most 100 years.
-// Defaults to zero.
-func WithHoldAtLeast(d time.Duration) ServerOption {
-	return serverOpt(func(c *config) {
-		c.guardOpts = append(c.guardOpts, middleware.WithHoldAtLeast(d))
-	})
-}
-
-// WithAsyncRelease makes the middleware return to asynq as soon as the
-// handler has: the lease's release is sent by the Locker's background
-// releaser, pipelined with other releases, so each task pays one Redis round
-// trip on its path (the acquire) instead of two (middleware.WithAsyncRelease
-// says what changes). Defaults to off.
-func WithAsyncRelease() ServerOption {
-	return serverOpt(func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithAsyncRelease()) })
-}
-
-// WithTTL overrides, for this middleware's leases, the TTL the Locker gives
-// them (lockkit.WithTTL; 30s unless set). The lease is
-// renewed every TTL/3 while the handler runs; a crashed worker's key frees
-// after at most TTL. asynq re-delivers a crashed worker's task only after its
-// own 30s worker lease has expired and its recoverer has run, so with 30s the
-// key is free by then. Zero means the Locker's; otherwise it must be between
-// 100ms and 100 years. Defaults to zero.
-func WithTTL(ttl time.Duration) ServerOption {
-	return serverOpt(func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithTTL(ttl)) })
-}
-
-// WithLogger overrides, for this middleware, the logger the Locker logs
-// through (lockkit.WithLogger). Besides the guard's lines (middleware.WithLogger),
-// every task that completes without running is logged at Info with the
-// reason and, where known, the run or task that covers it: at most one line
-// per key per second, the next one counting the lines left out. Must not be
-// nil. Defaults to the Locker's.
-func WithLogger(l *slog.Logger) ServerOption {
-	return serverOpt(func(c *config) {
-		c.guardOpts = append(c.guardOpts, middleware.WithLogger(l))
-		c.logger = l
-	})
-}
-
-// WithObserver adds an observer of the guard's events, including
-// middleware.EventRequeued (Event.Delay) and middleware.EventError for a key
-// that cannot be derived. It may be given more than once. Must not be nil.
-// Defaults to none.
-func WithObserver(o middleware.Observer) ServerOption {
-	return serverOpt(func(c *config) { c.guardOpts = append(c.guardOpts, middleware.WithObserver(o)) })
-}
-
-// WithShadow runs every task, to roll the middleware out safely: a task
-// whose key is free runs under its lease as usual; a task the policy would
-// not run then (its key held by another task, its work completed) runs
-// anyway, without a lease, and is reported: an EventShadowed whose Action
-// is what the policy would have done, logged at Info and counted by
-// jobguardprom (shadowed_total) and jobguardotel (jobguard.shadowed).
-// Nothing waits, parks, is requeued or completes without running. A task
-// the key is reserved for (ParkAtEnqueue, or a parked duplicate resumed by
-// a server with or without WithShadow) takes the reservation over, and its
-// run's end starts the key's next parked task, as without WithShadow. Nor
-// is anything archived: a task the middleware would refuse (ErrKey,
-// ErrKeyMismatch, or parked at enqueue under WithLimit(n > 1), whose
-// reservation is given back) runs too, without a lease, reported as an
-// EventShadowed with middleware.ActionFail and the refusal as Event.Err,
-// and with WithRedis in DecisionLog (reason would_archive). The decision
-// is the key's (middleware.WithShadow says what is and is not simulated).
-// Remove the option to apply the policy. Defaults to off.
-func WithShadow() ServerOption {
-	return serverOpt(func(c *config) {
-		c.guardOpts = append(c.guardOpts, middleware.WithShadow())
-		c.shadow = true
-	})
 }
 
 // WithRedis sets the Redis that the asynq servers use. Requeue enqueues the
@@ -249,14 +147,14 @@ func WithRedis(client redis.UniversalClient) ServerOption {
 // ForTypes guards only the tasks of the listed types; tasks of other types
 // run unguarded. At least one non-empty type is required. Defaults to every
 // task the middleware wraps.
-func ForTypes(types ...string) ServerOption {
+func ForTypes(types ...string) Option {
 	return keyOpt(func(c *config) { c.types, c.typesSet = append(c.types, types...), true })
 }
 
 // PerQueue scopes the key to the queue the task came from: "@<queue>" is
 // appended to whatever key the key option derives, so the same work in two
 // queues does not conflict. Defaults to off (one key across all queues).
-func PerQueue() ServerOption { return keyOpt(func(c *config) { c.perQueue = true }) }
+func PerQueue() Option { return keyOpt(func(c *config) { c.perQueue = true }) }
 
 // Middleware returns an asynq.MiddlewareFunc that runs each task under a lease
 // on its key, taken from locker. Use it with mux.Use(m) for every handler of a
@@ -273,16 +171,16 @@ func PerQueue() ServerOption { return keyOpt(func(c *config) { c.perQueue = true
 // task ID, or the original of a Requeue copy) is never a duplicate: it waits
 // for that run, whatever the policy, bounded by its ctx. If that run succeeded
 // after asynq had given up on it, the work is done and the re-delivery
-// completes without running (middleware.ReasonCompleted); otherwise it runs.
+// completes without running (guard.ReasonCompleted); otherwise it runs.
 // A task completes without running only then and, under Skip, when another
 // task holds its key. A Redis error or an acquire whose outcome is unknown
 // fails the task, so asynq retries it.
 //
 // The wrapped handler returns: the handler's own error when it ran (annotated
 // with the loss cause if the lease was lost); nil for a skipped duplicate; a
-// *middleware.DuplicateError for Fail; a *RequeueError (wrapping the
-// *middleware.DuplicateError) for Requeue while the task has retries left; an
-// error matching *RequeueError, middleware.ErrDuplicate and asynq.RevokeTask
+// *guard.DuplicateError for Fail; a *RequeueError (wrapping the
+// *guard.DuplicateError) for Requeue while the task has retries left; an
+// error matching *RequeueError, guard.ErrDuplicate and asynq.RevokeTask
 // after Requeue enqueued a copy; an error matching ErrKey and
 // asynq.SkipRetry for a key that cannot be derived; an error matching
 // ErrKeyMismatch and asynq.SkipRetry for a task whose KeyHeader names
@@ -290,24 +188,19 @@ func PerQueue() ServerOption { return keyOpt(func(c *config) { c.perQueue = true
 // ErrInvalid and asynq.SkipRetry for a task enqueued with ParkAtEnqueue
 // under WithLimit(n > 1) (under WithShadow these three run, and the error is
 // reported: see WithShadow); for a handler that
-// failed because a newer task preempted it (middleware.Preempt), an error
-// matching middleware.ErrPreempted and asynq.RevokeTask, so the task is neither
+// failed because a newer task preempted it (guard.Preempt), an error
+// matching guard.ErrPreempted and asynq.RevokeTask, so the task is neither
 // retried nor archived; for a handler that failed after an operator
 // cancelled its run (lockkit's Locker.CancelRun: the key stays held until
 // the handler returns, then goes to the next task), an error matching
 // lockkit.ErrCancelled and asynq.RevokeTask (its Unique reservation ends
 // with the run); a lockkit error when the
 // lease could not be taken (Redis unreachable), which asynq retries.
-func Middleware(locker lockkit.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
+func Middleware(locker lockkit.Locker, opts ...ServerOption) (asynq.MiddlewareFunc, error) {
 	if locker == nil {
 		return nil, fmt.Errorf("%w: Middleware: locker is nil", ErrInvalid)
 	}
-	var c config
-	for _, o := range opts {
-		if o != nil {
-			o.apply(&c)
-		}
-	}
+	c := serverConfig(opts)
 	m, err := c.build(locker)
 	if err != nil {
 		return nil, err
@@ -321,15 +214,6 @@ func Middleware(locker lockkit.Locker, opts ...Option) (asynq.MiddlewareFunc, er
 
 // build validates c and returns the middleware it describes.
 func (c *config) build(locker lockkit.Locker) (*guarded, error) {
-	if c.unique != nil {
-		return nil, fmt.Errorf("%w: Unique: it is an option of NewClient, not of Middleware", ErrInvalid)
-	}
-	if c.debounce != nil {
-		return nil, fmt.Errorf("%w: Debounce: it is an option of NewClient, not of Middleware", ErrInvalid)
-	}
-	if c.park != nil {
-		return nil, fmt.Errorf("%w: ParkAtEnqueue: it is an option of NewClient, not of Middleware", ErrInvalid)
-	}
 	if c.lockerOptsSet {
 		return nil, fmt.Errorf("%w: WithLockerOptions: it is an option of New, which makes the Locker; Middleware is given one", ErrInvalid)
 	}
@@ -377,13 +261,13 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	if c.rdbSet && c.rdb == nil {
 		return nil, fmt.Errorf("%w: WithRedis(nil): client is nil", ErrInvalid)
 	}
-	opts := c.guardOpts
+	opts := []guard.Option{c.guard}
 	if c.rdb != nil {
 		m.inspector = asynq.NewInspectorFromRedisClient(c.rdb)
 		m.rdb = c.rdb
 	}
 	if c.rdb != nil {
-		opts = append(opts[:len(opts):len(opts)], middleware.WithParking(m.parking()), middleware.WithDone(m.ranBefore))
+		opts = append(opts[:len(opts):len(opts)], guard.WithParking(m.parking()), guard.WithDone(m.ranBefore))
 	}
 	core, err := lockcore.Of("Middleware", locker)
 	if err != nil {
@@ -392,23 +276,24 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 	m.core = core
 	client, prefix := core.Redis()
 	m.requests, _ = debounce.New(client, debounce.WithPrefix(prefix)) // a Locker's client is not nil
-	opts = append(opts[:len(opts):len(opts)], middleware.WithAdmit(m.admitNewest))
-	g, err := middleware.New(locker, opts...)
+	opts = append(opts[:len(opts):len(opts)], guard.WithAdmit(m.admitNewest))
+	g, err := guard.New(locker, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	if c.throttleRequeues && c.rdb == nil {
+	set := guard.ConfigOf(g)
+	if set.Throttled && set.ThrottleThen == guard.ActionRequeue && c.rdb == nil {
 		return nil, fmt.Errorf("%w: WithThrottle(..., requeue): requeueing needs WithRedis(client) to re-enqueue tasks that have no retries left", ErrInvalid)
 	}
-	if p := g.Policy(); c.throttled && c.rdb == nil && p.Mode() != middleware.ModeAction {
+	if set.Throttled && c.rdb == nil && guard.ModeOf(set.Policy) != guard.ModeAction {
 		// A follow-up throttled when it gets the key is put back whatever
 		// the throttle's action (other tasks folded into it or gave way).
-		return nil, fmt.Errorf("%w: WithThrottle with WithPolicy(%s): a throttled follow-up is requeued, which needs WithRedis(client) to re-enqueue tasks that have no retries left", ErrInvalid, c.policy)
+		return nil, fmt.Errorf("%w: WithThrottle with WithPolicy(%s): a throttled follow-up is requeued, which needs WithRedis(client) to re-enqueue tasks that have no retries left", ErrInvalid, set.Policy)
 	}
-	if g.Policy().Action() == middleware.ActionRequeue && c.rdb == nil {
-		return nil, fmt.Errorf("%w: WithPolicy(%s): a policy that requeues needs WithRedis(client) to re-enqueue duplicates that have no retries left", ErrInvalid, c.policy)
+	if guard.ActionOf(set.Policy) == guard.ActionRequeue && c.rdb == nil {
+		return nil, fmt.Errorf("%w: WithPolicy(%s): a policy that requeues needs WithRedis(client) to re-enqueue duplicates that have no retries left", ErrInvalid, set.Policy)
 	}
-	m.guard, m.limit, m.shadow = g, c.limit, c.shadow
+	m.guard, m.limit, m.shadow = g, set.Limit, set.Shadow
 	m.decisions = DefaultDecisionLogLen
 	if c.decisionsSet {
 		switch {
@@ -419,20 +304,16 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 		}
 		m.decisions = c.decisions
 	}
-	logger := c.logger
-	if logger == nil {
-		logger = core.Logger()
-	}
-	m.skips, m.hooks = newSkipLog(logger), &hookCheck{}
+	m.skips, m.hooks = newSkipLog(set.Logger), &hookCheck{}
 	if c.rdb != nil {
 		m.client = asynq.NewClientFromRedisClient(c.rdb)
 	}
 	return m, nil
 }
 
-// guarded is a built middleware.
+// guarded is a built guard.
 type guarded struct {
-	guard     *middleware.Guard
+	guard     *guard.Guard
 	core      *lockcore.RedisLocker // the engine under the guard's Locker
 	key       keyFunc
 	keyName   string // the key option as written; "" for the default
@@ -466,8 +347,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	}
 	retried, _ := asynq.GetRetryCount(ctx)
 	maxRetry, ok := asynq.GetMaxRetry(ctx)
-	job := middleware.Job{Name: t.Type(), ID: id, Origin: origin, EnqueuedAt: enqueuedAt(t), Order: taskOrder(t),
-		Reserved: t.Headers()[parkedHeader] != "", Final: ok && retried >= maxRetry}
+	job := guard.With(guard.Job{Name: t.Type(), ID: id}, guard.Work{Label: origin, EnqueuedAt: enqueuedAt(t), Order: taskOrder(t), Reserved: t.Headers()[parkedHeader] != "", Final: ok && retried >= maxRetry})
 	key, err := m.keyOf(ctx, t)
 	if err != nil {
 		return m.refuse(ctx, next, t, job, fmt.Errorf("%w: task %q: %w (%w)", ErrKey, t.Type(), err, asynq.SkipRetry))
@@ -476,7 +356,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	if err := m.checkKey(t, job, key); err != nil {
 		return m.refuse(ctx, next, t, job, err)
 	}
-	if job.Reserved && m.limit > 1 {
+	if guard.WorkOf(job).Reserved && m.limit > 1 {
 		return m.refuse(ctx, next, t, job, m.refuseParked(ctx, job))
 	}
 	if gen := debounceGen(t); gen > 0 {
@@ -516,11 +396,11 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		return out.Err
 	}
 	switch out.Duplicate.Action {
-	case middleware.ActionSkip:
+	case guard.ActionSkip:
 		m.skips.log(ctx, out.Duplicate)
 		m.recordSkip(ctx, t, out.Duplicate)
 		return nil
-	case middleware.ActionRequeue:
+	case guard.ActionRequeue:
 		return m.requeue(ctx, t, out.Duplicate)
 	default:
 		return out.Duplicate
@@ -532,12 +412,12 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 // an EventError. Under WithShadow t runs instead, without a lease, and what
 // would have happened is reported: an EventShadowed with ActionFail and
 // err, and a DecisionLog entry (reason would_archive, cause err).
-func (m *guarded) refuse(ctx context.Context, next asynq.Handler, t *asynq.Task, job middleware.Job, err error) error {
+func (m *guarded) refuse(ctx context.Context, next asynq.Handler, t *asynq.Task, job guard.Job, err error) error {
 	if !m.shadow {
-		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job, Err: err})
+		guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventError, Job: job, Err: err})
 		return err
 	}
-	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventShadowed, Job: job, Action: middleware.ActionFail, Err: err})
+	guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventShadowed, Job: job, Action: guard.ActionFail, Err: err})
 	if m.logsDecisions() {
 		e := entryOf(ctx, t, job, decisionlog.ReasonWouldArchive)
 		e.Cause = err.Error()

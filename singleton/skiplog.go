@@ -14,8 +14,8 @@ import (
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/decisionlog"
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
-	"github.com/jobguard/jobguard/middleware"
 )
 
 // skipLogEvery is how often a key's tasks that complete without running
@@ -43,14 +43,14 @@ func newSkipLog(l *slog.Logger) *skipLog {
 	return &skipLog{l: l, now: time.Now, last: make(map[string]skipped)}
 }
 
-var reasonNames = map[middleware.Reason]string{
-	middleware.ReasonHeld: "held", middleware.ReasonClaimed: "claimed", middleware.ReasonSuperseded: "superseded",
-	middleware.ReasonThrottled: "throttled", middleware.ReasonCovered: "covered", middleware.ReasonCompleted: "completed",
+var reasonNames = map[guard.Reason]string{
+	guard.ReasonHeld: "held", guard.ReasonClaimed: "claimed", guard.ReasonSuperseded: "superseded",
+	guard.ReasonThrottled: "throttled", guard.ReasonCovered: "covered", guard.ReasonCompleted: "completed",
 }
 
 // log logs that dup's task completes without running, unless a line for its
 // key was logged less than skipLogEvery ago.
-func (s *skipLog) log(ctx context.Context, dup *middleware.DuplicateError) {
+func (s *skipLog) log(ctx context.Context, dup *guard.DuplicateError) {
 	if !s.l.Enabled(ctx, slog.LevelInfo) {
 		return
 	}
@@ -106,7 +106,7 @@ type notRun struct {
 }
 
 // whyOf is what dup says of a task that completes without running.
-func whyOf(dup *middleware.DuplicateError) notRun {
+func whyOf(dup *guard.DuplicateError) notRun {
 	why := notRun{Outcome: "completed without running", Key: dup.Job.Key, Reason: reasonNames[dup.Reason]}
 	var ce *lockcore.ConflictError
 	var cov *lockcore.CoveredError
@@ -116,8 +116,8 @@ func whyOf(dup *middleware.DuplicateError) notRun {
 	case errors.As(dup.Cause, &cov):
 		why.ByOwner, why.ByToken = cov.Owner, cov.Token
 	}
-	if dup.Reason == middleware.ReasonCompleted {
-		why.ByTask = dup.Job.Origin
+	if dup.Reason == guard.ReasonCompleted {
+		why.ByTask = guard.WorkOf(dup.Job).Label
 	}
 	return why
 }
@@ -127,7 +127,7 @@ func whyOf(dup *middleware.DuplicateError) notRun {
 // is kept (asynq.Retention). A task that is not a server's delivery has no
 // result writer; a failed write is an error event, and the task still
 // completes.
-func (m *guarded) writeResult(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) {
+func (m *guarded) writeResult(ctx context.Context, t *asynq.Task, dup *guard.DuplicateError) {
 	w := t.ResultWriter()
 	if w == nil {
 		return
@@ -141,9 +141,9 @@ func (m *guarded) writeResult(ctx context.Context, t *asynq.Task, dup *middlewar
 
 // resultWritten reports a failed write of why job did not run, as its
 // result, as an error event.
-func (m *guarded) resultWritten(ctx context.Context, job middleware.Job, err error) {
+func (m *guarded) resultWritten(ctx context.Context, job guard.Job, err error) {
 	if err != nil {
-		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job,
+		guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventError, Job: job,
 			Err: fmt.Errorf("singleton: writing why task %s did not run as its result: %w", job.ID, err)})
 	}
 }
@@ -155,7 +155,7 @@ func (m *guarded) resultWritten(ctx context.Context, job middleware.Job, err err
 // exists: resultIfTaskCmd; on a Cluster, one pipeline per node that holds
 // one of the keys, sent at once), each a round trip of its own otherwise. Both writes are safe to send twice. A
 // failed write is an error event, and the task still completes.
-func (m *guarded) recordSkip(ctx context.Context, t *asynq.Task, dup *middleware.DuplicateError) {
+func (m *guarded) recordSkip(ctx context.Context, t *asynq.Task, dup *guard.DuplicateError) {
 	w := t.ResultWriter()
 	queue, _ := asynq.GetQueueName(ctx)
 	if w == nil || queue == "" || m.rdb == nil {

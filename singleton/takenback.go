@@ -10,8 +10,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
-	"github.com/jobguard/jobguard/middleware"
 )
 
 // takenBackMargin is how long past the time asynq will deliver a taken-back
@@ -60,7 +60,7 @@ return {state, redis.call("ZSCORE", KEYS[2], ARGV[1]) or ""}
 // the success recorded in its hash instead, which that delivery reads
 // (ranBefore). A state that cannot be read counts as running (an
 // EventError says so): a second run is better than a lost one.
-func (m *guarded) takenBack(ctx context.Context, job middleware.Job, retried int) time.Duration {
+func (m *guarded) takenBack(ctx context.Context, job guard.Job, retried int) time.Duration {
 	if m.rdb == nil {
 		return 0
 	}
@@ -80,7 +80,7 @@ func (m *guarded) takenBack(ctx context.Context, job middleware.Job, retried int
 	if err != nil {
 		// Not recorded: a delivery asynq made of the task meanwhile runs
 		// the work again (a second run is better than a lost one).
-		m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: job,
+		guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventError, Job: job,
 			Err: fmt.Errorf("singleton: task %s: recording its run's success: %w", id, err)})
 		return 0
 	}
@@ -97,7 +97,7 @@ func (m *guarded) takenBack(ctx context.Context, job middleware.Job, retried int
 	return keep
 }
 
-// ranBefore is the guard's record (middleware.WithDone) for a delivery that
+// ranBefore is the guard's record (guard.WithDone) for a delivery that
 // took its key after waiting for an earlier run of its task: whether that
 // run did the work while asynq had this delivery active. asynq's
 // completion of that run, meeting this delivery's entry, completes the task
@@ -105,7 +105,7 @@ func (m *guarded) takenBack(ctx context.Context, job middleware.Job, retried int
 // followed a late write has recorded its success in the hash (takenBack).
 // One HMGET; false when it cannot be read, or when the task waits for a
 // retry or was archived (that run failed).
-func (m *guarded) ranBefore(ctx context.Context, job middleware.Job) bool {
+func (m *guarded) ranBefore(ctx context.Context, job guard.Job) bool {
 	id, queue := taskIdentity(ctx)
 	if id == "" || id != job.ID {
 		return false

@@ -14,9 +14,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
-	"github.com/jobguard/jobguard/middleware"
 )
 
 // Lifetime says how long a reservation that Client makes keeps a key.
@@ -68,9 +68,9 @@ const DefaultReserveTTL = 24 * time.Hour
 const enqueueGrace = 5 * time.Second
 
 // ErrDuplicate is matched by every duplicate error of this package: the
-// middleware's (it is middleware.ErrDuplicate) and a refused enqueue's
+// middleware's (it is guard.ErrDuplicate) and a refused enqueue's
 // (*DuplicateTaskError).
-var ErrDuplicate = middleware.ErrDuplicate
+var ErrDuplicate = guard.ErrDuplicate
 
 // DuplicateTaskError is returned by Client.Enqueue when the task's key is
 // reserved by another task that still exists. It matches ErrDuplicate and
@@ -473,7 +473,7 @@ func (m *guarded) started(ctx context.Context, t *asynq.Task, key, origin string
 // endReservation is called when the middleware is done with a task that
 // ran, or did not, with outcome out: an UntilExecuted reservation ends when
 // asynq will not run the task again, and otherwise stays for its TTL.
-func (m *guarded) endReservation(ctx context.Context, t *asynq.Task, key, origin string, res *lockcore.Lease, out middleware.Outcome) {
+func (m *guarded) endReservation(ctx context.Context, t *asynq.Task, key, origin string, res *lockcore.Lease, out guard.Outcome) {
 	life, ttl := uniqueOf(t)
 	if life == UntilStarted && !out.Ran && m.doneWith(ctx, out) {
 		// It never started and never will (it completed without running):
@@ -512,18 +512,18 @@ func (m *guarded) freeReservation(ctx context.Context, t *asynq.Task, key, origi
 }
 
 func (m *guarded) reservationError(ctx context.Context, t *asynq.Task, key, origin string, err error) {
-	m.guard.Emit(ctx, middleware.Event{Kind: middleware.EventError, Job: middleware.Job{Key: key, Name: t.Type(), Origin: origin},
+	guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventError, Job: guard.With(guard.Job{Key: key, Name: t.Type()}, guard.Work{Label: origin}),
 		Err: fmt.Errorf("singleton: the reservation of task %s: %w", origin, err)})
 }
 
 // doneWith reports whether asynq is done with a task after out: it will not
 // run it again.
-func (m *guarded) doneWith(ctx context.Context, out middleware.Outcome) bool {
+func (m *guarded) doneWith(ctx context.Context, out guard.Outcome) bool {
 	if out.Duplicate != nil {
 		switch out.Duplicate.Action {
-		case middleware.ActionSkip:
+		case guard.ActionSkip:
 			return true
-		case middleware.ActionRequeue:
+		case guard.ActionRequeue:
 			return false // it runs later (a copy ends the same reservation)
 		}
 	}

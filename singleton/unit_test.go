@@ -31,33 +31,31 @@ func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 	keyFn := func(context.Context, *asynq.Task) (string, error) { return "k", nil }
 	cases := []struct {
 		name string
-		opts []singleton.Option
+		opts []singleton.ServerOption
 		want string
 	}{
-		{"no fields", []singleton.Option{singleton.KeyByFields()}, "KeyByFields(): no field given"},
-		{"empty field", []singleton.Option{singleton.KeyByFields("tenant_id", "")}, `KeyByFields("tenant_id", ""): field name is empty`},
-		{"field twice", []singleton.Option{singleton.KeyByFields("a", "a")}, `KeyByFields("a", "a"): field "a" is given twice`},
-		{"empty path step", []singleton.Option{singleton.KeyByFields("tenant..id")}, `KeyByFields("tenant..id"): field "tenant..id": member 2 of the path is empty (write \. for a dot in a member's name)`},
-		{"path ends with a dot", []singleton.Option{singleton.KeyByFields("tenant.")}, `field "tenant.": member 2 of the path is empty`},
-		{"path starts with a dot", []singleton.Option{singleton.KeyByFields(".id")}, `field ".id": member 1 of the path is empty`},
-		{"trailing backslash", []singleton.Option{singleton.KeyByFields(`tenant\`)}, `field "tenant\\": a backslash must be followed by '.' or another backslash`},
-		{"unknown escape", []singleton.Option{singleton.KeyByFields(`ten\ant`)}, `field "ten\\ant": a backslash must be followed by '.' or another backslash`},
-		{"nil key func", []singleton.Option{singleton.KeyFunc(nil)}, "KeyFunc(nil): func is nil"},
-		{"two key options", []singleton.Option{singleton.KeyByType(), singleton.KeyFunc(keyFn)}, "KeyByType(), KeyFunc(fn): give one key option"},
-		{"no types", []singleton.Option{singleton.ForTypes()}, "ForTypes(): no task type given"},
-		{"empty type", []singleton.Option{singleton.ForTypes("a", " ")}, `ForTypes(" "): task type is empty`},
-		{"nil redis", []singleton.Option{singleton.WithRedis(nil)}, "WithRedis(nil): client is nil"},
-		{"limit", []singleton.Option{singleton.WithLimit(0)}, "WithLimit(0): must be at least 1"},
-		{"ttl", []singleton.Option{singleton.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
-		{"negative wait", []singleton.Option{singleton.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "Wait: the wait -1s must be positive"},
-		{"requeue without redis", []singleton.Option{singleton.WithPolicy(middleware.Requeue(time.Second))},
+		{"no fields", []singleton.ServerOption{singleton.KeyByFields()}, "KeyByFields(): no field given"},
+		{"empty field", []singleton.ServerOption{singleton.KeyByFields("tenant_id", "")}, `KeyByFields("tenant_id", ""): field name is empty`},
+		{"field twice", []singleton.ServerOption{singleton.KeyByFields("a", "a")}, `KeyByFields("a", "a"): field "a" is given twice`},
+		{"empty path step", []singleton.ServerOption{singleton.KeyByFields("tenant..id")}, `KeyByFields("tenant..id"): field "tenant..id": member 2 of the path is empty (write \. for a dot in a member's name)`},
+		{"path ends with a dot", []singleton.ServerOption{singleton.KeyByFields("tenant.")}, `field "tenant.": member 2 of the path is empty`},
+		{"path starts with a dot", []singleton.ServerOption{singleton.KeyByFields(".id")}, `field ".id": member 1 of the path is empty`},
+		{"trailing backslash", []singleton.ServerOption{singleton.KeyByFields(`tenant\`)}, `field "tenant\\": a backslash must be followed by '.' or another backslash`},
+		{"unknown escape", []singleton.ServerOption{singleton.KeyByFields(`ten\ant`)}, `field "ten\\ant": a backslash must be followed by '.' or another backslash`},
+		{"nil key func", []singleton.ServerOption{singleton.KeyFunc(nil)}, "KeyFunc(nil): func is nil"},
+		{"two key options", []singleton.ServerOption{singleton.KeyByType(), singleton.KeyFunc(keyFn)}, "KeyByType(), KeyFunc(fn): give one key option"},
+		{"no types", []singleton.ServerOption{singleton.ForTypes()}, "ForTypes(): no task type given"},
+		{"empty type", []singleton.ServerOption{singleton.ForTypes("a", " ")}, `ForTypes(" "): task type is empty`},
+		{"nil redis", []singleton.ServerOption{singleton.WithRedis(nil)}, "WithRedis(nil): client is nil"},
+		{"limit", []singleton.ServerOption{singleton.WithLimit(0)}, "WithLimit(0): must be at least 1"},
+		{"ttl", []singleton.ServerOption{singleton.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
+		{"negative wait", []singleton.ServerOption{singleton.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "Wait: the wait -1s must be positive"},
+		{"requeue without redis", []singleton.ServerOption{singleton.WithPolicy(middleware.Requeue(time.Second))},
 			"WithPolicy(Requeue(1s)): a policy that requeues needs WithRedis(client)"},
-		{"wait then requeue without redis", []singleton.Option{singleton.WithPolicy(middleware.Wait(time.Second, middleware.Requeue(0)))},
+		{"wait then requeue without redis", []singleton.ServerOption{singleton.WithPolicy(middleware.Wait(time.Second, middleware.Requeue(0)))},
 			"a policy that requeues needs WithRedis(client)"},
-		{"throttled follow-ups without redis", []singleton.Option{singleton.WithPolicy(middleware.Coalesce()), singleton.WithThrottle(1, time.Second, middleware.ActionSkip)},
+		{"throttled follow-ups without redis", []singleton.ServerOption{singleton.WithPolicy(middleware.Coalesce()), singleton.WithThrottle(1, time.Second, middleware.ActionSkip)},
 			"a throttled follow-up is requeued, which needs WithRedis(client)"},
-		{"debounce is a client option", []singleton.Option{singleton.Debounce(lockkittest.New(t), time.Second, 0)}, "Debounce: it is an option of NewClient"},
-		{"park at enqueue is a client option", []singleton.Option{singleton.ParkAtEnqueue(lockkittest.New(t), 0)}, "ParkAtEnqueue: it is an option of NewClient"},
 	}
 	l := lockkittest.New(t)
 	for _, c := range cases {
@@ -73,7 +71,7 @@ func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 	require.ErrorIs(t, err, singleton.ErrInvalid)
 	require.ErrorContains(t, err, "locker is nil")
 
-	for _, opts := range [][]singleton.Option{
+	for _, opts := range [][]singleton.ServerOption{
 		nil,
 		{nil},
 		{singleton.WithPolicy(middleware.Requeue(time.Second)), singleton.WithRedis(rdb)},
@@ -86,7 +84,7 @@ func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 
 // keyOf runs t through a middleware built with opts on a fresh Locker
 // and returns the key the lease was taken on, or the handler's error.
-func keyOf(t *testing.T, ctx context.Context, task *asynq.Task, opts ...singleton.Option) (string, error) {
+func keyOf(t *testing.T, ctx context.Context, task *asynq.Task, opts ...singleton.ServerOption) (string, error) {
 	t.Helper()
 	var key string
 	opts = append(opts, singleton.WithObserver(func(_ context.Context, e middleware.Event) {
@@ -109,39 +107,39 @@ func TestKeyDerivation(t *testing.T) {
 	cases := []struct {
 		name string
 		task *asynq.Task
-		opts []singleton.Option
+		opts []singleton.ServerOption
 		want string
 	}{
 		{"type by default", asynq.NewTask("report", payload), nil, "asynq:report"},
-		{"type", asynq.NewTask("report", payload), []singleton.Option{singleton.KeyByType()}, "asynq:report"},
-		{"payload", asynq.NewTask("report", []byte("abc")), []singleton.Option{singleton.KeyByPayload()},
+		{"type", asynq.NewTask("report", payload), []singleton.ServerOption{singleton.KeyByType()}, "asynq:report"},
+		{"payload", asynq.NewTask("report", []byte("abc")), []singleton.ServerOption{singleton.KeyByPayload()},
 			"asynq:report:payload:ba7816bf8f01cfea414140de5dae2223"},
-		{"one field", asynq.NewTask("report", payload), []singleton.Option{singleton.KeyByFields("tenant_id")}, `asynq:report:tenant_id="acme"`},
-		{"two fields in the given order", asynq.NewTask("report", payload), []singleton.Option{singleton.KeyByFields("region", "tenant_id")},
+		{"one field", asynq.NewTask("report", payload), []singleton.ServerOption{singleton.KeyByFields("tenant_id")}, `asynq:report:tenant_id="acme"`},
+		{"two fields in the given order", asynq.NewTask("report", payload), []singleton.ServerOption{singleton.KeyByFields("region", "tenant_id")},
 			`asynq:report:region=7,tenant_id="acme"`},
-		{"object field is compacted", asynq.NewTask("report", []byte(`{"t": {"a": 1,  "b": [1, 2]}}`)), []singleton.Option{singleton.KeyByFields("t")},
+		{"object field is compacted", asynq.NewTask("report", []byte(`{"t": {"a": 1,  "b": [1, 2]}}`)), []singleton.ServerOption{singleton.KeyByFields("t")},
 			`asynq:report:t={"a":1,"b":[1,2]}`},
-		{"object members sorted", asynq.NewTask("report", []byte(`{"t": {"b": 1, "a": 2}}`)), []singleton.Option{singleton.KeyByFields("t")},
+		{"object members sorted", asynq.NewTask("report", []byte(`{"t": {"b": 1, "a": 2}}`)), []singleton.ServerOption{singleton.KeyByFields("t")},
 			`asynq:report:t={"a":2,"b":1}`},
-		{"escaped unicode is one key with UTF-8", asynq.NewTask("report", []byte(`{"t": "caf\u00e9"}`)), []singleton.Option{singleton.KeyByFields("t")},
+		{"escaped unicode is one key with UTF-8", asynq.NewTask("report", []byte(`{"t": "caf\u00e9"}`)), []singleton.ServerOption{singleton.KeyByFields("t")},
 			`asynq:report:t="café"`},
-		{"HTML-escaped characters are one key with plain ones", asynq.NewTask("report", []byte(`{"t": "a\u003cb\u0026c"}`)), []singleton.Option{singleton.KeyByFields("t")},
+		{"HTML-escaped characters are one key with plain ones", asynq.NewTask("report", []byte(`{"t": "a\u003cb\u0026c"}`)), []singleton.ServerOption{singleton.KeyByFields("t")},
 			`asynq:report:t="a<b&c"`},
-		{"numbers by value", asynq.NewTask("report", []byte(`{"t": 1.0, "u": 1e2, "v": 0.50}`)), []singleton.Option{singleton.KeyByFields("t", "u", "v")},
+		{"numbers by value", asynq.NewTask("report", []byte(`{"t": 1.0, "u": 1e2, "v": 0.50}`)), []singleton.ServerOption{singleton.KeyByFields("t", "u", "v")},
 			`asynq:report:t=1,u=100,v=0.5`},
-		{"a number and a string differ", asynq.NewTask("report", []byte(`{"t": "42"}`)), []singleton.Option{singleton.KeyByFields("t")},
+		{"a number and a string differ", asynq.NewTask("report", []byte(`{"t": "42"}`)), []singleton.ServerOption{singleton.KeyByFields("t")},
 			`asynq:report:t="42"`},
 		{"a dotted name is a path into nested objects", asynq.NewTask("report", []byte(`{"tenant": {"id": "acme", "n": 2}, "n": 1}`)),
-			[]singleton.Option{singleton.KeyByFields("tenant.id")}, `asynq:report:tenant.id="acme"`},
-		{"a path of three members", asynq.NewTask("report", []byte(`{"a": {"b": {"c": 7}}}`)), []singleton.Option{singleton.KeyByFields("a.b.c", "a.b")},
+			[]singleton.ServerOption{singleton.KeyByFields("tenant.id")}, `asynq:report:tenant.id="acme"`},
+		{"a path of three members", asynq.NewTask("report", []byte(`{"a": {"b": {"c": 7}}}`)), []singleton.ServerOption{singleton.KeyByFields("a.b.c", "a.b")},
 			`asynq:report:a.b.c=7,a.b={"c":7}`},
 		{"a top-level member named with the dots, when the path leads nowhere", asynq.NewTask("report", []byte(`{"tenant.id": "acme"}`)),
-			[]singleton.Option{singleton.KeyByFields("tenant.id")}, `asynq:report:tenant.id="acme"`},
+			[]singleton.ServerOption{singleton.KeyByFields("tenant.id")}, `asynq:report:tenant.id="acme"`},
 		{"an escaped dot is part of the member's name", asynq.NewTask("report", []byte(`{"tenant.id": "acme", "tenant": {"id": "globex"}}`)),
-			[]singleton.Option{singleton.KeyByFields(`tenant\.id`)}, `asynq:report:tenant\.id="acme"`},
-		{"an escaped backslash", asynq.NewTask("report", []byte(`{"a\\b": 1}`)), []singleton.Option{singleton.KeyByFields(`a\\b`)}, `asynq:report:a\\b=1`},
-		{"task ID of a requeued copy", origin, []singleton.Option{singleton.KeyByTaskID()}, "asynq:report:id:task-1"},
-		{"func", asynq.NewTask("report", nil), []singleton.Option{singleton.KeyFunc(keyFn)}, "custom:report"},
+			[]singleton.ServerOption{singleton.KeyByFields(`tenant\.id`)}, `asynq:report:tenant\.id="acme"`},
+		{"an escaped backslash", asynq.NewTask("report", []byte(`{"a\\b": 1}`)), []singleton.ServerOption{singleton.KeyByFields(`a\\b`)}, `asynq:report:a\\b=1`},
+		{"task ID of a requeued copy", origin, []singleton.ServerOption{singleton.KeyByTaskID()}, "asynq:report:id:task-1"},
+		{"func", asynq.NewTask("report", nil), []singleton.ServerOption{singleton.KeyFunc(keyFn)}, "custom:report"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -157,26 +155,26 @@ func TestKeyErrorsNameTheTaskAndTheReason(t *testing.T) {
 	cases := []struct {
 		name    string
 		payload string
-		opts    []singleton.Option
+		opts    []singleton.ServerOption
 		want    string
 	}{
-		{"not JSON", `tenant=acme`, []singleton.Option{fields}, "payload is not a JSON object: invalid character"},
-		{"JSON array", `[1,2]`, []singleton.Option{fields}, "payload is not a JSON object: json: cannot unmarshal array"},
-		{"JSON null", `null`, []singleton.Option{fields}, "payload is not a JSON object: null"},
-		{"empty payload", ``, []singleton.Option{fields}, "payload is not a JSON object: unexpected end of JSON input"},
-		{"missing field", `{"tenant":"acme"}`, []singleton.Option{fields}, `payload has no field "tenant_id"`},
-		{"missing path", `{"tenant":"acme"}`, []singleton.Option{singleton.KeyByFields("tenant.id")},
+		{"not JSON", `tenant=acme`, []singleton.ServerOption{fields}, "payload is not a JSON object: invalid character"},
+		{"JSON array", `[1,2]`, []singleton.ServerOption{fields}, "payload is not a JSON object: json: cannot unmarshal array"},
+		{"JSON null", `null`, []singleton.ServerOption{fields}, "payload is not a JSON object: null"},
+		{"empty payload", ``, []singleton.ServerOption{fields}, "payload is not a JSON object: unexpected end of JSON input"},
+		{"missing field", `{"tenant":"acme"}`, []singleton.ServerOption{fields}, `payload has no field "tenant_id"`},
+		{"missing path", `{"tenant":"acme"}`, []singleton.ServerOption{singleton.KeyByFields("tenant.id")},
 			`payload has no field "tenant.id" (member "id" of member "tenant"), nor a top-level member named "tenant.id"`},
-		{"path and top-level member both", `{"tenant":{"id":"acme"},"tenant.id":"globex"}`, []singleton.Option{singleton.KeyByFields("tenant.id")},
+		{"path and top-level member both", `{"tenant":{"id":"acme"},"tenant.id":"globex"}`, []singleton.ServerOption{singleton.KeyByFields("tenant.id")},
 			`field "tenant.id" is ambiguous: the payload has both the path (member "id" of member "tenant") and a top-level member named "tenant.id" (write "tenant\\.id" for the top-level member)`},
-		{"null field", `{"tenant_id":null}`, []singleton.Option{fields}, `field "tenant_id" is null`},
-		{"empty field", `{"tenant_id":""}`, []singleton.Option{fields}, `field "tenant_id" is empty`},
-		{"func error", `{}`, []singleton.Option{singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) {
+		{"null field", `{"tenant_id":null}`, []singleton.ServerOption{fields}, `field "tenant_id" is null`},
+		{"empty field", `{"tenant_id":""}`, []singleton.ServerOption{fields}, `field "tenant_id" is empty`},
+		{"func error", `{}`, []singleton.ServerOption{singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) {
 			return "", errors.New("no region in payload")
 		})}, "no region in payload"},
-		{"func empty key", `{}`, []singleton.Option{singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "", nil })}, "the key is empty"},
-		{"task ID outside a server", `{}`, []singleton.Option{singleton.KeyByTaskID()}, "no task ID in the context"},
-		{"queue outside a server", `{}`, []singleton.Option{singleton.PerQueue()}, "no queue name in the context"},
+		{"func empty key", `{}`, []singleton.ServerOption{singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "", nil })}, "the key is empty"},
+		{"task ID outside a server", `{}`, []singleton.ServerOption{singleton.KeyByTaskID()}, "no task ID in the context"},
+		{"queue outside a server", `{}`, []singleton.ServerOption{singleton.PerQueue()}, "no queue name in the context"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -232,7 +230,7 @@ func TestDuplicateOutcomeOutsideAServer(t *testing.T) {
 		}},
 	}
 	for _, c := range cases {
-		t.Run(c.policy.Action().String(), func(t *testing.T) {
+		t.Run(c.policy.String(), func(t *testing.T) {
 			l := lockkittest.New(t)
 			holder, err := l.TryAcquire(context.Background(), "asynq:report", nil)
 			require.NoError(t, err)
@@ -296,7 +294,7 @@ func TestSettingsComeFromTheLocker(t *testing.T) {
 	l := lockkittest.New(t, lockkit.WithTTL(2*time.Second),
 		lockkit.WithLogger(slog.New(slog.NewTextHandler(&lockerLog, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	var seen []middleware.EventKind
-	run := func(opts ...singleton.Option) time.Duration {
+	run := func(opts ...singleton.ServerOption) time.Duration {
 		mw, err := singleton.Middleware(l, opts...)
 		require.NoError(t, err)
 		var ttl time.Duration
@@ -328,7 +326,7 @@ func TestNewClientRejectsInvalidDebounce(t *testing.T) {
 	defer rdb.Close()
 	ac := asynq.NewClientFromRedisClient(rdb)
 	l := lockkittest.New(t)
-	for want, opts := range map[string][]singleton.Option{
+	for want, opts := range map[string][]singleton.ClientOption{
 		"Debounce: locker is nil":                {singleton.Debounce(nil, time.Second, 0)},
 		"Debounce: quiet 0s must be between":     {singleton.Debounce(l, 0, 0)},
 		"Debounce: maxWait 1ms must be zero or":  {singleton.Debounce(l, time.Second, time.Millisecond)},
@@ -347,7 +345,7 @@ func TestNewClientRejectsInvalidParkAtEnqueue(t *testing.T) {
 	defer rdb.Close()
 	ac := asynq.NewClientFromRedisClient(rdb)
 	l := lockkittest.New(t)
-	for want, opts := range map[string][]singleton.Option{
+	for want, opts := range map[string][]singleton.ClientOption{
 		"ParkAtEnqueue: locker is nil":                       {singleton.ParkAtEnqueue(nil, 0)},
 		"ParkAtEnqueue: backstop 500ms must be between 1s":   {singleton.ParkAtEnqueue(l, 500*time.Millisecond)},
 		"ParkAtEnqueue: backstop -1s must be between 1s":     {singleton.ParkAtEnqueue(l, -time.Second)},

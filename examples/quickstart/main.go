@@ -13,13 +13,12 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
 
 func main() {
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")}) // "": localhost:6379
-	g, err := singleton.New(rdb, singleton.KeyByFields("tenant_id"), singleton.WithPolicy(middleware.Requeue(time.Second)))
+	g, err := singleton.New(rdb, singleton.KeyByFields("tenant_id"), singleton.WithPolicy(singleton.Requeue(time.Second)))
 	check(err)
 	defer g.Close(context.Background()) // after the server has stopped
 	client, err := g.Client(asynq.NewClientFromRedisClient(rdb))

@@ -232,10 +232,10 @@ func (s *summary) observer(replica string) middleware.Observer {
 		if !ok {
 			return
 		}
-		r := s.ticks[e.Job.Epoch]
+		r := s.ticks[tick.UnixMilli()]
 		if r == nil {
 			r = &tickResult{tick: tick}
-			s.ticks[e.Job.Epoch] = r
+			s.ticks[tick.UnixMilli()] = r
 		}
 		switch e.Kind {
 		case middleware.EventReleased:

@@ -101,7 +101,7 @@ func startMachine(rdb redis.UniversalClient, name string, obs middleware.Observe
 	perTenant, err := singleton.Middleware(locker,
 		singleton.ForTypes("report:build"),
 		singleton.KeyByFields("tenant_id"),
-		singleton.WithPolicy(middleware.Requeue(100*time.Millisecond)),
+		singleton.WithPolicy(singleton.Requeue(100*time.Millisecond)),
 		singleton.WithRedis(rdb),
 		singleton.WithObserver(obs))
 	if err != nil {

@@ -9,6 +9,13 @@
 // With -names it prints each package's exported names instead, one a line
 // ("pkg Name" or "pkg Type.Method"), sorted.
 //
+// A name declared as another's alias (type T = pkg.U, var V = pkg.W, const
+// C = pkg.D, pkg one of this repository's packages) is the same piece of
+// API as the name it stands for: the DISTINCT line counts each piece once,
+// wherever it is reachable from, and counts the exported methods of an
+// aliased type (read from the package that declares it, an internal one
+// included) as reachable through the alias.
+//
 // An argument ending in "/..." counts every package under it, skipping
 // testdata, internal directories, other modules and packages main; a TOTAL
 // line follows when more than one package is counted. An interface's
@@ -24,9 +31,14 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 )
+
+// module is this repository's module path; its packages resolve to
+// directories under root.
+const module = "github.com/jobguard/jobguard"
 
 // count is one package's exported API.
 type count struct {
@@ -34,11 +46,12 @@ type count struct {
 	top     int      // exported funcs, types, consts and vars
 	methods int      // exported methods of exported types
 	names   []string // each counted name, methods as Type.Method
+	ids     []string // the piece of API each name is ("path.Name", an alias's target's)
 }
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: apicount DIR|DIR/... ...")
+		fmt.Fprintln(os.Stderr, "usage: apicount [-names] DIR|DIR/... ...")
 		os.Exit(2)
 	}
 	args := os.Args[1:]
@@ -46,10 +59,15 @@ func main() {
 	if args[0] == "-names" {
 		names, args = true, args[1:]
 	}
+	root, err := repoRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "apicount:", err)
+		os.Exit(1)
+	}
 	var dirs []string
 	for _, arg := range args {
-		if root, ok := strings.CutSuffix(arg, "/..."); ok {
-			found, err := walk(root)
+		if r, ok := strings.CutSuffix(arg, "/..."); ok {
+			found, err := walk(r)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "apicount:", err)
 				os.Exit(1)
@@ -62,9 +80,10 @@ func main() {
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "package\ttop-level\twith methods\t")
 	var total count
+	distinct := map[string]bool{}
 	n := 0
 	for _, dir := range dirs {
-		c, ok, err := countDir(dir)
+		c, ok, err := countDir(root, dir)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "apicount:", err)
 			os.Exit(1)
@@ -80,6 +99,9 @@ func main() {
 			}
 			continue
 		}
+		for _, id := range c.ids {
+			distinct[id] = true
+		}
 		total.top += c.top
 		total.methods += c.methods
 		fmt.Fprintf(w, "%s\t%d\t%d\t\n", c.dir, c.top, c.top+c.methods)
@@ -89,8 +111,29 @@ func main() {
 	}
 	if n > 1 {
 		fmt.Fprintf(w, "TOTAL\t%d\t%d\t\n", total.top, total.top+total.methods)
+		fmt.Fprintf(w, "DISTINCT (aliases once)\t\t%d\t\n", len(distinct))
 	}
 	w.Flush()
+}
+
+// repoRoot is the directory of the go.mod declaring module, found upwards
+// from the working directory.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && strings.HasPrefix(string(b), "module "+module+"\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod of %s above the working directory", module)
+		}
+		dir = parent
+	}
 }
 
 // walk lists the directories under root, skipping testdata, internal,
@@ -120,29 +163,92 @@ func walk(root string) ([]string, error) {
 	return dirs, err
 }
 
+// parse reads the non-test files of the package in dir; it returns none
+// when dir holds no package other than main.
+func parse(dir string) ([]*ast.File, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	fset := token.NewFileSet()
+	var files []*ast.File
+	for _, e := range entries {
+		name := e.Name()
+		if e.IsDir() || !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, filepath.Join(dir, name), nil, parser.SkipObjectResolution)
+		if err != nil {
+			return nil, err
+		}
+		if f.Name.Name == "main" {
+			return nil, nil
+		}
+		files = append(files, f)
+	}
+	return files, nil
+}
+
 // countDir counts the exported API of the package in dir. ok is false when
 // dir holds no non-test Go file of a package other than main.
-func countDir(dir string) (c count, ok bool, err error) {
-	fset := token.NewFileSet()
-	skipTests := func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }
-	pkgs, err := parser.ParseDir(fset, dir, skipTests, parser.SkipObjectResolution)
+func countDir(root, dir string) (c count, ok bool, err error) {
+	files, err := parse(dir)
+	if err != nil || len(files) == 0 {
+		return c, false, err
+	}
+	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return c, false, err
 	}
-	c.dir = filepath.Clean(dir)
-	for name, pkg := range pkgs {
-		if name == "main" {
-			continue
-		}
-		ok = true
-		for _, f := range pkg.Files {
-			countFile(f, &c)
-		}
+	rel, err := filepath.Rel(root, abs)
+	if err != nil {
+		return c, false, err
 	}
-	return c, ok, nil
+	path := module
+	if rel != "." {
+		path += "/" + filepath.ToSlash(rel)
+	}
+	c.dir = filepath.Clean(dir)
+	for _, f := range files {
+		countFile(root, path, f, &c)
+	}
+	return c, true, nil
 }
 
-func countFile(f *ast.File, c *count) {
+func countFile(root, path string, f *ast.File, c *count) {
+	imports := map[string]string{} // local name → import path
+	for _, im := range f.Imports {
+		p, _ := strconv.Unquote(im.Path.Value)
+		name := p[strings.LastIndex(p, "/")+1:]
+		if im.Name != nil {
+			name = im.Name.Name
+		}
+		imports[name] = p
+	}
+	target := func(x ast.Expr) (string, bool) {
+		sel, ok := x.(*ast.SelectorExpr)
+		if !ok {
+			return "", false
+		}
+		id, ok := sel.X.(*ast.Ident)
+		if !ok {
+			return "", false
+		}
+		p, ok := imports[id.Name]
+		if !ok || !strings.HasPrefix(p, module) {
+			return "", false
+		}
+		return p + "." + sel.Sel.Name, true
+	}
+	add := func(name, id string, method bool) {
+		if method {
+			c.methods++
+		} else {
+			c.top++
+		}
+		c.names = append(c.names, name)
+		c.ids = append(c.ids, id)
+	}
 	for _, decl := range f.Decls {
 		switch d := decl.(type) {
 		case *ast.FuncDecl:
@@ -150,35 +256,78 @@ func countFile(f *ast.File, c *count) {
 				continue
 			}
 			if d.Recv == nil {
-				c.top++
-				c.names = append(c.names, d.Name.Name)
+				add(d.Name.Name, path+"."+d.Name.Name, false)
 			} else if recv, ok := recvName(d.Recv); ok {
-				c.methods++
-				c.names = append(c.names, recv+"."+d.Name.Name)
+				add(recv+"."+d.Name.Name, path+"."+recv+"."+d.Name.Name, true)
 			}
 		case *ast.GenDecl:
 			for _, spec := range d.Specs {
 				switch s := spec.(type) {
 				case *ast.TypeSpec:
-					if s.Name.IsExported() {
-						c.top++
-						c.names = append(c.names, s.Name.Name)
-						for _, m := range interfaceMethods(s) {
-							c.methods++
-							c.names = append(c.names, s.Name.Name+"."+m)
+					if !s.Name.IsExported() {
+						continue
+					}
+					if t, ok := target(s.Type); ok && s.Assign.IsValid() {
+						add(s.Name.Name, t, false)
+						for _, m := range aliasedMethods(root, t) {
+							add(s.Name.Name+"."+m, t+"."+m, true)
 						}
+						continue
+					}
+					add(s.Name.Name, path+"."+s.Name.Name, false)
+					for _, m := range interfaceMethods(s) {
+						add(s.Name.Name+"."+m, path+"."+s.Name.Name+"."+m, true)
 					}
 				case *ast.ValueSpec:
-					for _, n := range s.Names {
-						if n.IsExported() {
-							c.top++
-							c.names = append(c.names, n.Name)
+					for i, n := range s.Names {
+						if !n.IsExported() {
+							continue
 						}
+						id := path + "." + n.Name
+						if i < len(s.Values) {
+							if t, ok := target(s.Values[i]); ok {
+								id = t
+							}
+						}
+						add(n.Name, id, false)
 					}
 				}
 			}
 		}
 	}
+}
+
+// aliasedMethods names the exported methods of the type t ("path.Type"),
+// read from the package that declares it.
+func aliasedMethods(root, t string) []string {
+	i := strings.LastIndex(t, ".")
+	path, typ := t[:i], t[i+1:]
+	dir := filepath.Join(root, filepath.FromSlash(strings.TrimPrefix(strings.TrimPrefix(path, module), "/")))
+	files, err := parse(dir)
+	if err != nil {
+		return nil
+	}
+	var ms []string
+	for _, f := range files {
+		for _, decl := range f.Decls {
+			switch d := decl.(type) {
+			case *ast.FuncDecl:
+				if d.Recv != nil && d.Name.IsExported() {
+					if recv, _ := recvName(d.Recv); recv == typ {
+						ms = append(ms, d.Name.Name)
+					}
+				}
+			case *ast.GenDecl:
+				for _, spec := range d.Specs {
+					if s, ok := spec.(*ast.TypeSpec); ok && s.Name.Name == typ {
+						ms = append(ms, interfaceMethods(s)...)
+					}
+				}
+			}
+		}
+	}
+	sort.Strings(ms)
+	return ms
 }
 
 // recvName names a method's receiver type; ok is false when that type is

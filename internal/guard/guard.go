@@ -1,33 +1,12 @@
-// Package middleware is the runtime-agnostic guard that the asynq adapter
-// (singleton) and the cron adapter (cronguard) share: key → lease → run →
-// release, the conflict policies and the events. It knows neither asynq nor
-// cron.
-//
-//	g, err := middleware.New(locker, middleware.WithPolicy(middleware.Wait(10*time.Second, middleware.Skip())))
-//	if err != nil { ... }
-//	out := g.Run(ctx, middleware.Job{Key: "tenant:42", Name: "report"}, func(ctx context.Context) error {
-//		return work(ctx) // ctx is cancelled (cause lockkit.ErrLost) if the lease is lost
-//	})
-//	switch {
-//	case out.Ran: // out.Err is work's error
-//	case out.Duplicate != nil: // another run holds the key; out.Duplicate.Action says what to do
-//	default: // out.Err kept the work from running (Redis unreachable, ...)
-//	}
-//
-// The lease is renewed until fn returns, even after ctx is cancelled, and is
-// released when fn returns or panics.
-//
-// # How it relates to the other packages
-//
-// A Guard runs jobs on lockkit leases: lockkit.Event reports what happens to
-// a lease (acquired, renewed, lost) to the Locker's observer, while Event
-// here reports what happens to a job (ran, duplicate, waited, lost) to the
-// Guard's observers; the two share kind names where a job's step is a
-// lease's (EventAcquired, EventReleased, EventLost). cronguard.Guard is the
-// cron adapter built on a Guard of this package. ErrInvalid here, in
-// singleton and in cronguard also matches lockkit.ErrInvalid. The TTL and
-// the logger are the Locker's unless WithTTL or WithLogger overrides them.
-package middleware
+// Package guard is the engine of package middleware: key → lease → run →
+// release, the policies, the events. middleware is its public front
+// (aliases of its types, its options and policies, documented there); the
+// adapters (singleton, cronguard) build on it directly, with what only an
+// adapter sets: the Work a job carries besides its key (With, WorkOf),
+// their own checks (WithAdmit, WithDone), parking (WithParking, PassOn),
+// their own options in the same list (Settings.Adapter), and what they
+// read of a built Guard (PolicyOf, ModeOf, ActionOf, DelayOf, Emit).
+package guard
 
 import (
 	"context"
@@ -64,13 +43,8 @@ var (
 	ErrPreempted = lockcore.ErrPreempted
 )
 
-// Job is one run of work to guard. Key, Name and ID are what every runtime
-// has; each other field is what a runtime may know of the work (which work
-// it is across deliveries, when and in which order it was asked for,
-// whether it is run again after a failure, whether it was reserved for, a
-// claim of it), and one that does not know it leaves it zero: cronguard
-// sets the Epoch fields (a tick is claimed once), singleton every field
-// but those.
+// Job is one run of work to guard: what every runtime has (Key, Name, ID),
+// and what an adapter knows of the work besides (Work, set with With).
 type Job struct {
 	// Key is the lock key; required.
 	Key string
@@ -78,15 +52,26 @@ type Job struct {
 	Name string
 	// ID identifies this run in events (a task id, a tick). Optional.
 	ID string
-	// Origin identifies the work across the deliveries a runtime may make of
-	// it (an asynq task's ID, kept by its requeued copies). Optional. A job
-	// whose key is held by a run with the same Origin is never a duplicate of
-	// it: it waits for that run to end, bounded only by ctx, and then runs;
-	// unless that run succeeded after its ctx had ended, or the runtime's
-	// record says that it did the work (WithDone), in which case the job
-	// does not run (ReasonCompleted, ActionSkip). Two runs with one Origin
-	// never hold a key at once, whatever WithLimit says.
-	Origin string
+	w  Work
+}
+
+// Work is what an adapter may know of a job's work beyond its key, name and
+// ID: which work it is across deliveries, when and in which order it was
+// asked for, whether it is run again after a failure, whether the key was
+// reserved for it, a claim of it. One that does not know a field leaves it
+// zero: cronguard sets the Epoch fields (a tick is claimed once), singleton
+// every field but those.
+type Work struct {
+	// Label identifies the work across the deliveries a runtime may make of
+	// it (an asynq task's ID, kept by its requeued copies), and is the label
+	// of its lease (lockkit's Holder.Label). Optional. A job whose key is
+	// held by a run with the same Label is never a duplicate of it: it waits
+	// for that run to end, bounded only by ctx, and then runs; unless that
+	// run succeeded after its ctx had ended, or the runtime's record says
+	// that it did the work (WithDone), in which case the job does not run
+	// (ReasonCompleted, ActionSkip). Two runs with one Label never hold a
+	// key at once, whatever WithLimit says.
+	Label string
 	// EnqueuedAt is when the work was asked for, on the Redis server's clock
 	// (singleton.Client stamps it); zero means unknown. Under Coalesce only a
 	// run that began after it, or after Run was called if that is earlier,
@@ -112,20 +97,28 @@ type Job struct {
 	// Lease.OtherEpochTag) or in the engine's EpochUsedError its
 	// DuplicateError wraps. Empty means none.
 	EpochTag string
-	// Reserved says that the key may be reserved for the job (a Detached
-	// lease carrying its Origin, such as singleton.ParkAtEnqueue makes, or
-	// the reservation a run's end makes for a parked job): its acquire
-	// takes such a reservation over (lockkit.AcquireOptions.Adopt), whatever
-	// the policy. It needs Origin. Defaults to false.
+	// Reserved says that the key may be reserved for the job (a reservation
+	// carrying its Label, such as singleton.ParkAtEnqueue makes, or the
+	// reservation a run's end makes for a parked job): its acquire takes
+	// such a reservation over, whatever the policy. It needs Label.
 	Reserved bool
 	// Final says that the runtime does not run the job again if this run
 	// fails (an asynq task with no retries left). Under Coalesce such a job
 	// covers no other (the engine's Coalesce.Final): a failure of its run
-	// loses no other job's work. Defaults to false.
+	// loses no other job's work.
 	Final bool
 }
 
-func (j Job) label() string {
+// With returns job carrying w.
+func With(job Job, w Work) Job {
+	job.w = w
+	return job
+}
+
+// WorkOf returns what job carries besides its key, name and ID.
+func WorkOf(job Job) Work { return job.w }
+
+func (j Job) what() string {
 	if j.Name == "" {
 		return "job"
 	}
@@ -170,12 +163,19 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	g := &Guard{locker: locker, core: core, policy: Skip(), limit: 1}
+	s := &Settings{}
 	for _, o := range opts {
 		if o != nil {
-			o(g)
+			o.Apply(s)
 		}
 	}
-	g.policy.action, g.policy.delay = g.policy.Action(), g.policy.RequeueDelay()
+	if s.err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, s.err)
+	}
+	for _, fn := range s.fns {
+		fn(g)
+	}
+	g.policy.action, g.policy.delay = ActionOf(g.policy), DelayOf(g.policy)
 	if err := g.policy.validate(); err != nil {
 		return nil, err
 	}
@@ -228,15 +228,14 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	return g, nil
 }
 
-// Policy returns the guard's conflict policy with defaults filled in.
-func (g *Guard) Policy() Policy { return g.policy }
+// PolicyOf returns g's conflict policy with defaults filled in.
+func PolicyOf(g *Guard) Policy { return g.policy }
 
-// Locker returns the Locker the guard takes its leases from.
-func (g *Guard) Locker() lockkit.Locker { return g.locker }
+// Emit reports an event to g's observers. Adapters use it for what happens
+// outside Run, such as a requeue.
+func Emit(g *Guard, ctx context.Context, e Event) { g.emit(ctx, e) }
 
-// Emit reports an event to the guard's observers. Adapters use it for what
-// happens outside Run, such as a requeue.
-func (g *Guard) Emit(ctx context.Context, e Event) {
+func (g *Guard) emit(ctx context.Context, e Event) {
 	g.log(ctx, e)
 	for _, o := range g.observers {
 		o(ctx, e)
@@ -273,7 +272,7 @@ type Outcome struct {
 // matching ErrInvalid, and nothing is acquired.
 //
 // When fn succeeds after ctx ended (the runtime gave up on the run and may
-// deliver it again) and job.Origin is set, the success is remembered for
+// deliver it again) and job.w.Label is set, the success is remembered for
 // 24 hours (the engine's CompletedRetention): a later delivery with the same Origin returns a
 // *DuplicateError with ReasonCompleted instead of running.
 func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error) Outcome {
@@ -281,8 +280,8 @@ func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error
 		return Outcome{Err: g.emptyKey(ctx, job)}
 	}
 	if fn == nil {
-		err := fmt.Errorf("%w: middleware: %s: Run: fn is nil", ErrInvalid, job.label())
-		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+		err := fmt.Errorf("%w: middleware: %s: Run: fn is nil", ErrInvalid, job.what())
+		g.emit(ctx, Event{Kind: EventError, Job: job, Err: err})
 		return Outcome{Err: err}
 	}
 	if g.shadow {
@@ -355,13 +354,13 @@ func (g *Guard) run(ctx context.Context, job Job, lease *lockcore.Lease, waited 
 }
 
 func (g *Guard) emptyKey(ctx context.Context, job Job) error {
-	err := fmt.Errorf("middleware: %s: empty key", job.label())
-	g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+	err := fmt.Errorf("middleware: %s: empty key", job.what())
+	g.emit(ctx, Event{Kind: EventError, Job: job, Err: err})
 	return err
 }
 
 func (g *Guard) emitLease(ctx context.Context, kind EventKind, job Job, lease *lockcore.Lease, wait, took time.Duration, err error) {
-	g.Emit(ctx, Event{Kind: kind, Job: job, Token: lease.Token(), Wait: wait, Duration: took, Err: err})
+	g.emit(ctx, Event{Kind: kind, Job: job, Token: lease.Token(), Wait: wait, Duration: took, Err: err})
 }
 
 func (g *Guard) reportLost(ctx, wctx context.Context, job Job, lease *lockcore.Lease) {
@@ -378,7 +377,7 @@ func (g *Guard) reportLost(ctx, wctx context.Context, job Job, lease *lockcore.L
 // the work's error, annotated with the loss cause if the lease was lost.
 func (g *Guard) finish(ctx context.Context, job Job, lease *lockcore.Lease, start time.Time, p any, err, lost, rerr error) error {
 	if p != nil {
-		perr := fmt.Errorf("middleware: %s panicked: %v", job.label(), p)
+		perr := fmt.Errorf("middleware: %s panicked: %v", job.what(), p)
 		g.emitLease(ctx, EventError, job, lease, 0, time.Since(start), perr)
 		g.emitLease(ctx, EventReleased, job, lease, 0, time.Since(start), perr) // the run ended
 		panic(p)
@@ -416,11 +415,11 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockcore.Lea
 	opt.Fair = g.policy.fair
 	switch g.policy.mode {
 	case ModeCoalesce:
-		opt.FollowUp = lockcore.Coalesce{Since: job.EnqueuedAt, Final: job.Final}
+		opt.FollowUp = lockcore.Coalesce{Since: job.w.EnqueuedAt, Final: job.w.Final}
 	case ModeKeepNewest:
-		opt.FollowUp = lockcore.KeepNewest{Order: job.Order}
+		opt.FollowUp = lockcore.KeepNewest{Order: job.w.Order}
 	case ModePreempt:
-		opt.FollowUp = lockcore.Preempt{Order: job.Order, Grace: g.policy.grace}
+		opt.FollowUp = lockcore.Preempt{Order: job.w.Order, Grace: g.policy.grace}
 	}
 	if opt.FollowUp != nil {
 		if parked(opt) {
@@ -453,12 +452,12 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockcore.Lea
 // resumes the key's oldest parked job; with park, a job of a policy that
 // parks is parked when the key is held.
 func (g *Guard) leaseOptions(ctx context.Context, job Job, park bool) *lockcore.AcquireOptions {
-	opt := &lockcore.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.Epoch, EpochTTL: job.EpochTTL, EpochTag: job.EpochTag, Label: job.Origin, HoldAtLeast: g.hold,
-		AsyncRelease: g.async, Adopt: job.Reserved && job.Origin != ""}
+	opt := &lockcore.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.w.Epoch, EpochTTL: job.w.EpochTTL, EpochTag: job.w.EpochTag, Label: job.w.Label, HoldAtLeast: g.hold,
+		AsyncRelease: g.async, Adopt: job.w.Reserved && job.w.Label != ""}
 	if p := g.parking; p != nil && g.limit <= 1 {
 		// Every run resumes the key's oldest parked job when it ends.
 		opt.Park = &lockcore.Parking{OnParked: func(id string) { p.Resume(job.Key, id) }}
-		if g.parks() && job.Origin != "" {
+		if g.parks() && job.w.Label != "" {
 			opt.Adopt = true
 			if park {
 				opt.Park.ID, opt.Park.Hold = p.ID(ctx, job), p.Hold
@@ -477,12 +476,12 @@ func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockcore.Acqui
 	waited := time.Since(start)
 	switch {
 	case err == nil:
-		g.Emit(ctx, Event{Kind: EventWaited, Job: job, Wait: waited})
+		g.emit(ctx, Event{Kind: EventWaited, Job: job, Wait: waited})
 		return lease, waited, nil
 	case ctx.Err() != nil:
 		// The caller gave up, not the policy: report that, not a duplicate.
-		err = fmt.Errorf("middleware: %s: waiting for %q: %w", job.label(), job.Key, err)
-		g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
+		err = fmt.Errorf("middleware: %s: waiting for %q: %w", job.what(), job.Key, err)
+		g.emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
 		return nil, waited, err
 	case ownRun(job, err):
 		a.own = true
@@ -496,13 +495,13 @@ func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockcore.Acqui
 func (g *Guard) notAcquired(ctx context.Context, job Job, err error, waited time.Duration) error {
 	switch {
 	case errors.Is(err, lockcore.ErrEpochUsed):
-		g.Emit(ctx, Event{Kind: EventClaimed, Job: job, Action: ActionSkip, Wait: waited, Err: err})
+		g.emit(ctx, Event{Kind: EventClaimed, Job: job, Action: ActionSkip, Wait: waited, Err: err})
 		return &DuplicateError{Job: job, Reason: ReasonClaimed, Action: ActionSkip, Waited: waited, Cause: err}
 	case errors.Is(err, lockcore.ErrCompleted):
-		g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Wait: waited, Err: err})
+		g.emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Wait: waited, Err: err})
 		return &DuplicateError{Job: job, Reason: ReasonCompleted, Action: ActionSkip, Waited: waited, Cause: err}
 	case errors.Is(err, lockcore.ErrSuperseded):
-		g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Wait: waited, Err: err})
+		g.emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Wait: waited, Err: err})
 		return &DuplicateError{Job: job, Reason: ReasonSuperseded, Action: ActionSkip, Waited: waited, Cause: err}
 	case errors.Is(err, lockcore.ErrCovered):
 		ev := Event{Kind: EventDuplicate, Job: job, Action: ActionSkip, Wait: waited, Err: err}
@@ -510,7 +509,7 @@ func (g *Guard) notAcquired(ctx context.Context, job Job, err error, waited time
 		if errors.As(err, &ce) {
 			ev.Holder = ce.Owner
 		}
-		g.Emit(ctx, ev)
+		g.emit(ctx, ev)
 		return &DuplicateError{Job: job, Reason: ReasonCovered, Action: ActionSkip, Waited: waited, Cause: err}
 	case errors.Is(err, lockcore.ErrNotAcquired):
 		dup := &DuplicateError{Job: job, Reason: ReasonHeld, Action: g.policy.action, Waited: waited, Cause: err}
@@ -522,11 +521,11 @@ func (g *Guard) notAcquired(ctx context.Context, job Job, err error, waited time
 		if ce != nil {
 			ev.Holder = ce.Owner
 		}
-		g.Emit(ctx, ev)
+		g.emit(ctx, ev)
 		return dup
 	default:
-		err = fmt.Errorf("middleware: %s: acquire %q: %w", job.label(), job.Key, err)
-		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+		err = fmt.Errorf("middleware: %s: acquire %q: %w", job.what(), job.Key, err)
+		g.emit(ctx, Event{Kind: EventError, Job: job, Err: err})
 		return err
 	}
 }

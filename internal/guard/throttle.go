@@ -1,4 +1,4 @@
-package middleware
+package guard
 
 // WithThrottle: a run's start is reserved or checked before the key is
 // taken, dated when the run begins, and given back when the job does not run.
@@ -31,7 +31,7 @@ func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
 	if g.policy.wait > 0 || g.policy.mode != ModeAction {
 		wait, err = g.starts.Next(ctx, job.Key)
 	} else {
-		if g.throttle.then == ActionRequeue && job.Origin != "" {
+		if g.throttle.then == ActionRequeue && job.w.Label != "" {
 			wait, err = g.reserveInTurn(ctx, job, a.start)
 		} else {
 			wait, err = g.starts.Reserve(ctx, job.Key, a.start)
@@ -42,8 +42,8 @@ func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
 		}
 	}
 	if err != nil {
-		err = fmt.Errorf("middleware: %s: throttle %q: %w", job.label(), job.Key, err)
-		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+		err = fmt.Errorf("middleware: %s: throttle %q: %w", job.what(), job.Key, err)
+		g.emit(ctx, Event{Kind: EventError, Job: job, Err: err})
 		return err
 	}
 	if wait > 0 && !g.ownRunHolds(ctx, job) {
@@ -61,7 +61,7 @@ func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
 // put back in its place). Read only when job would be throttled; a key that
 // cannot be read counts as not held.
 func (g *Guard) ownRunHolds(ctx context.Context, job Job) bool {
-	if job.Origin == "" {
+	if job.w.Label == "" {
 		return false
 	}
 	info, err := g.core.Inspect(ctx, job.Key)
@@ -69,7 +69,7 @@ func (g *Guard) ownRunHolds(ctx context.Context, job Job) bool {
 		return false
 	}
 	for _, h := range info.Holders {
-		if h.Label == job.Origin && !h.Reserved {
+		if h.Label == job.w.Label && !h.Reserved {
 			return true
 		}
 	}
@@ -89,7 +89,7 @@ const turnWait = 250 * time.Millisecond
 // opening within turnWait is waited for.
 func (g *Guard) reserveInTurn(ctx context.Context, job Job, id string) (time.Duration, error) {
 	for tries := 0; ; tries++ {
-		wait, err := g.starts.ReserveInTurn(ctx, job.Key, id, job.Origin)
+		wait, err := g.starts.ReserveInTurn(ctx, job.Key, id, job.w.Label)
 		if err != nil || wait == 0 || wait > turnWait || tries == 3 {
 			return wait, err
 		}
@@ -117,8 +117,8 @@ func (g *Guard) beginStart(ctx context.Context, job Job, lease *lockcore.Lease, 
 	_ = lease.Run(ctx, func(context.Context) error { return errNotBegun })
 	if err != nil {
 		a.reserved = true // in case it was taken: give it back
-		err = fmt.Errorf("middleware: %s: throttle %q: %w", job.label(), job.Key, err)
-		g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
+		err = fmt.Errorf("middleware: %s: throttle %q: %w", job.what(), job.Key, err)
+		g.emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
 		return err
 	}
 	action := t.then
@@ -142,7 +142,7 @@ func (g *Guard) throttledAs(ctx context.Context, job Job, wait, waited time.Dura
 	t := g.throttle
 	dup := &DuplicateError{Job: job, Reason: ReasonThrottled, Action: action, RetryAfter: wait, Waited: waited,
 		Cause: fmt.Errorf("%d starts per %s spent; the next in %s", t.n, t.period, wait)}
-	g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: action, Delay: wait, Wait: waited, Err: dup.Cause})
+	g.emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: action, Delay: wait, Wait: waited, Err: dup.Cause})
 	return dup
 }
 
@@ -168,6 +168,6 @@ func (g *Guard) returnStart(ctx context.Context, job Job, id string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := g.starts.Return(rctx, job.Key, id); err != nil {
-		g.Emit(ctx, Event{Kind: EventError, Job: job, Err: fmt.Errorf("middleware: %s: return throttle start %q: %w", job.label(), job.Key, err)})
+		g.emit(ctx, Event{Kind: EventError, Job: job, Err: fmt.Errorf("middleware: %s: return throttle start %q: %w", job.what(), job.Key, err)})
 	}
 }

@@ -1,4 +1,4 @@
-package middleware
+package guard
 
 // What happens to a job whose key is held: the Policy values, the actions
 // they take, and the DuplicateError a job that does not run reports.
@@ -86,50 +86,34 @@ type Policy struct {
 	bad    string        // why Wait or WaitInOrder made a policy New refuses
 }
 
-// Mode returns what the policy does with a job whose key is held.
-func (p Policy) Mode() Mode { return p.mode }
+// ModeOf returns what p does with a job whose key is held.
+func ModeOf(p Policy) Mode { return p.mode }
 
-// Action returns what happens to a duplicate under ModeAction (after its
+// ActionOf returns what happens to a duplicate under ModeAction (after its
 // wait, if any): skip, requeue or fail. Under the other modes a job that does
 // not run completes without running (ActionSkip).
-func (p Policy) Action() Action {
+func ActionOf(p Policy) Action {
 	if p.action == 0 {
 		return ActionSkip
 	}
 	return p.action
 }
 
-// RequeueDelay returns the base delay of ActionRequeue (up to 50% jitter is
+// DelayOf returns the base delay of p's ActionRequeue (up to 50% jitter is
 // added): DefaultRequeueDelay unless Requeue was given another.
-func (p Policy) RequeueDelay() time.Duration {
+func DelayOf(p Policy) time.Duration {
 	if p.delay == 0 {
 		return DefaultRequeueDelay
 	}
 	return p.delay
 }
 
-// MaxWait returns how long a duplicate waits for the key before its Action
-// applies (Wait, WaitInOrder); zero when it does not wait.
-func (p Policy) MaxWait() time.Duration { return p.wait }
-
-// InOrder reports whether waiting duplicates take the key in arrival order
-// (WaitInOrder).
-func (p Policy) InOrder() bool { return p.fair }
-
-// Grace returns how long a run that ModePreempt cancelled may keep the key
-// after it was told to stop; zero means until its lease runs out.
-func (p Policy) Grace() time.Duration { return p.grace }
-
-// Preempt returns the policy under which a job cancels the run holding its
-// key and runs after it (ModePreempt); grace bounds how long the cancelled
-// run may keep the key, zero meaning its remaining TTL (it is no longer
-// renewed). grace must be between 0 and 100 years.
+// Preempt is middleware.Preempt, which documents it.
 func Preempt(grace time.Duration) Policy {
 	return Policy{mode: ModePreempt, action: ActionSkip, grace: grace}
 }
 
-// KeepNewest returns the policy that keeps one follow-up per key, the newest
-// (ModeKeepNewest).
+// KeepNewest is middleware.KeepNewest, which documents it.
 func KeepNewest() Policy { return Policy{mode: ModeKeepNewest, action: ActionSkip} }
 
 // String writes the policy the way it is built: "Skip()", "Requeue(1s)",
@@ -163,26 +147,21 @@ func (p Policy) String() string {
 	return s
 }
 
-// Coalesce returns the policy that folds duplicates into a run that began
-// after them (ModeCoalesce).
+// Coalesce is middleware.Coalesce, which documents it.
 func Coalesce() Policy { return Policy{mode: ModeCoalesce, action: ActionSkip} }
 
-// Skip returns the policy that drops duplicates.
+// Skip is middleware.Skip, which documents it.
 func Skip() Policy { return Policy{action: ActionSkip} }
 
-// Fail returns the policy that fails duplicates with a *DuplicateError.
+// Fail is middleware.Fail, which documents it.
 func Fail() Policy { return Policy{action: ActionFail} }
 
-// Requeue returns the policy that runs duplicates again after delay (plus up
-// to 50% jitter). Zero means DefaultRequeueDelay; it must not be negative
-// nor longer than 100 years (New refuses it with ErrInvalid).
+// Requeue is middleware.Requeue, which documents it.
 func Requeue(delay time.Duration) Policy {
 	return Policy{action: ActionRequeue, delay: delay}
 }
 
-// Wait returns then (Skip, Requeue or Fail), made to first wait up to max for
-// the key, woken when it is released. max must be positive, and then a
-// ModeAction policy that does not wait already.
+// Wait is middleware.Wait, which documents it.
 func Wait(max time.Duration, then Policy) Policy {
 	switch {
 	case then.mode != ModeAction:
@@ -196,8 +175,7 @@ func Wait(max time.Duration, then Policy) Policy {
 	return then
 }
 
-// WaitInOrder is Wait, with the waiting duplicates taking the key in
-// arrival order.
+// WaitInOrder is middleware.WaitInOrder, which documents it.
 func WaitInOrder(max time.Duration, then Policy) Policy {
 	p := Wait(max, then)
 	p.fair = true
@@ -272,20 +250,20 @@ type DuplicateError struct {
 func (e *DuplicateError) Error() string {
 	switch e.Reason {
 	case ReasonClaimed:
-		return fmt.Sprintf("middleware: duplicate %s (key %q): already claimed: %v", e.Job.label(), e.Job.Key, e.Cause)
+		return fmt.Sprintf("middleware: duplicate %s (key %q): already claimed: %v", e.Job.what(), e.Job.Key, e.Cause)
 	case ReasonCompleted:
-		return fmt.Sprintf("middleware: duplicate %s (key %q): delivery of %q that completed already: %v", e.Job.label(), e.Job.Key, e.Job.Origin, e.Cause)
+		return fmt.Sprintf("middleware: duplicate %s (key %q): delivery of %q that completed already: %v", e.Job.what(), e.Job.Key, e.Job.w.Label, e.Cause)
 	case ReasonCovered:
-		return fmt.Sprintf("middleware: duplicate %s (key %q): covered: %v", e.Job.label(), e.Job.Key, e.Cause)
+		return fmt.Sprintf("middleware: duplicate %s (key %q): covered: %v", e.Job.what(), e.Job.Key, e.Cause)
 	case ReasonSuperseded:
 		if e.Cause != nil && !errors.Is(e.Cause, lockcore.ErrSuperseded) {
-			return fmt.Sprintf("middleware: duplicate %s (key %q): superseded: %v", e.Job.label(), e.Job.Key, e.Cause)
+			return fmt.Sprintf("middleware: duplicate %s (key %q): superseded: %v", e.Job.what(), e.Job.Key, e.Cause)
 		}
-		return fmt.Sprintf("middleware: duplicate %s (key %q): a newer follow-up took its place", e.Job.label(), e.Job.Key)
+		return fmt.Sprintf("middleware: duplicate %s (key %q): a newer follow-up took its place", e.Job.what(), e.Job.Key)
 	case ReasonThrottled:
-		return fmt.Sprintf("middleware: %s (key %q) throttled, %s: next start in %s", e.Job.label(), e.Job.Key, e.Action, e.RetryAfter)
+		return fmt.Sprintf("middleware: %s (key %q) throttled, %s: next start in %s", e.Job.what(), e.Job.Key, e.Action, e.RetryAfter)
 	}
-	return fmt.Sprintf("middleware: duplicate %s (key %q), %s: %v", e.Job.label(), e.Job.Key, e.Action, e.Cause)
+	return fmt.Sprintf("middleware: duplicate %s (key %q), %s: %v", e.Job.what(), e.Job.Key, e.Action, e.Cause)
 }
 
 // Is reports whether target is ErrDuplicate.

@@ -1,4 +1,4 @@
-package middleware_test
+package guard_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/internal/logbuf"
@@ -22,7 +23,6 @@ import (
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/lockkit/throttle"
-	"github.com/jobguard/jobguard/middleware"
 )
 
 // go-redis v9.17's process-wide clock goroutine is go-redis's, not a leak.
@@ -74,26 +74,26 @@ func backends(t *testing.T) map[string]func(t *testing.T, hooks ...redis.Hook) l
 
 type recorder struct {
 	mu     sync.Mutex
-	events []middleware.Event
+	events []guard.Event
 }
 
-func (r *recorder) observe(_ context.Context, e middleware.Event) {
+func (r *recorder) observe(_ context.Context, e guard.Event) {
 	r.mu.Lock()
 	r.events = append(r.events, e)
 	r.mu.Unlock()
 }
 
-func (r *recorder) kinds() []middleware.EventKind {
+func (r *recorder) kinds() []guard.EventKind {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []middleware.EventKind
+	var out []guard.EventKind
 	for _, e := range r.events {
 		out = append(out, e.Kind)
 	}
 	return out
 }
 
-func (r *recorder) find(k middleware.EventKind) (middleware.Event, bool) {
+func (r *recorder) find(k guard.EventKind) (guard.Event, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, e := range r.events {
@@ -101,24 +101,24 @@ func (r *recorder) find(k middleware.EventKind) (middleware.Event, bool) {
 			return e, true
 		}
 	}
-	return middleware.Event{}, false
+	return guard.Event{}, false
 }
 
-func newGuard(t *testing.T, l lockkit.Locker, opts ...middleware.Option) (*middleware.Guard, *recorder) {
+func newGuard(t *testing.T, l lockkit.Locker, opts ...guard.Option) (*guard.Guard, *recorder) {
 	rec := &recorder{}
-	g, err := middleware.New(l, append(opts, middleware.WithObserver(rec.observe))...)
+	g, err := guard.New(l, append(opts, guard.WithObserver(rec.observe))...)
 	require.NoError(t, err)
 	return g, rec
 }
 
 // holdKey runs a job on g that holds key until release is closed.
-func holdKey(t *testing.T, g *middleware.Guard, key string) (release func()) {
+func holdKey(t *testing.T, g *guard.Guard, key string) (release func()) {
 	started := make(chan struct{})
 	done := make(chan struct{})
 	stop := make(chan struct{})
 	go func() {
 		defer close(done)
-		err := runErr(g, context.Background(), middleware.Job{Key: key, Name: "holder"}, func(context.Context) error {
+		err := runErr(g, context.Background(), guard.Job{Key: key, Name: "holder"}, func(context.Context) error {
 			close(started)
 			<-stop
 			return nil
@@ -145,45 +145,45 @@ func TestPolicies(t *testing.T) {
 			t.Run("skip", func(t *testing.T) {
 				g, rec := newGuard(t, newLocker(t))
 				ran := false
-				out := g.Run(ctx, middleware.Job{Key: "k", Name: "report"}, func(context.Context) error { ran = true; return nil })
+				out := g.Run(ctx, guard.Job{Key: "k", Name: "report"}, func(context.Context) error { ran = true; return nil })
 				require.False(t, ran)
 				require.False(t, out.Ran)
 				require.NotNil(t, out.Duplicate)
 				require.Same(t, out.Duplicate, out.Err)
 				err := out.Err
-				require.ErrorIs(t, err, middleware.ErrDuplicate)
+				require.ErrorIs(t, err, guard.ErrDuplicate)
 				require.ErrorIs(t, err, lockkit.ErrNotAcquired)
-				var dup *middleware.DuplicateError
+				var dup *guard.DuplicateError
 				require.ErrorAs(t, err, &dup)
-				require.Equal(t, middleware.ActionSkip, dup.Action)
-				require.Equal(t, middleware.ReasonHeld, dup.Reason)
-				ev, ok := rec.find(middleware.EventDuplicate)
+				require.Equal(t, guard.ActionSkip, dup.Action)
+				require.Equal(t, guard.ReasonHeld, dup.Reason)
+				ev, ok := rec.find(guard.EventDuplicate)
 				require.True(t, ok)
-				require.Equal(t, middleware.ActionSkip, ev.Action)
+				require.Equal(t, guard.ActionSkip, ev.Action)
 				require.NotEmpty(t, ev.Holder)
 			})
 			t.Run("requeue", func(t *testing.T) {
-				g, _ := newGuard(t, newLocker(t), middleware.WithPolicy(middleware.Requeue(time.Second)))
-				err := runErr(g, ctx, middleware.Job{Key: "k"}, func(context.Context) error { return nil })
-				var dup *middleware.DuplicateError
+				g, _ := newGuard(t, newLocker(t), guard.WithPolicy(guard.Requeue(time.Second)))
+				err := runErr(g, ctx, guard.Job{Key: "k"}, func(context.Context) error { return nil })
+				var dup *guard.DuplicateError
 				require.ErrorAs(t, err, &dup)
-				require.Equal(t, middleware.ActionRequeue, dup.Action)
+				require.Equal(t, guard.ActionRequeue, dup.Action)
 			})
 			t.Run("fail", func(t *testing.T) {
-				g, _ := newGuard(t, newLocker(t), middleware.WithPolicy(middleware.Fail()))
-				err := runErr(g, ctx, middleware.Job{Key: "k"}, func(context.Context) error { return nil })
-				var dup *middleware.DuplicateError
+				g, _ := newGuard(t, newLocker(t), guard.WithPolicy(guard.Fail()))
+				err := runErr(g, ctx, guard.Job{Key: "k"}, func(context.Context) error { return nil })
+				var dup *guard.DuplicateError
 				require.ErrorAs(t, err, &dup)
-				require.Equal(t, middleware.ActionFail, dup.Action)
+				require.Equal(t, guard.ActionFail, dup.Action)
 			})
 			t.Run("wait then fall back", func(t *testing.T) {
-				g, rec := newGuard(t, newLocker(t), middleware.WithPolicy(middleware.Wait(150*time.Millisecond, middleware.Requeue(0))))
-				err := runErr(g, ctx, middleware.Job{Key: "k"}, func(context.Context) error { return nil })
-				var dup *middleware.DuplicateError
+				g, rec := newGuard(t, newLocker(t), guard.WithPolicy(guard.Wait(150*time.Millisecond, guard.Requeue(0))))
+				err := runErr(g, ctx, guard.Job{Key: "k"}, func(context.Context) error { return nil })
+				var dup *guard.DuplicateError
 				require.ErrorAs(t, err, &dup)
-				require.Equal(t, middleware.ActionRequeue, dup.Action)
+				require.Equal(t, guard.ActionRequeue, dup.Action)
 				require.GreaterOrEqual(t, dup.Waited, 150*time.Millisecond)
-				require.Equal(t, []middleware.EventKind{middleware.EventDuplicate}, rec.kinds())
+				require.Equal(t, []guard.EventKind{guard.EventDuplicate}, rec.kinds())
 			})
 		})
 	}
@@ -197,10 +197,10 @@ func TestWaitRunsAfterRelease(t *testing.T) {
 			}
 			holder, _ := newGuard(t, newLocker(t))
 			release := holdKey(t, holder, "k")
-			g, rec := newGuard(t, newLocker(t), middleware.WithPolicy(middleware.Wait(time.Minute, middleware.Skip())))
+			g, rec := newGuard(t, newLocker(t), guard.WithPolicy(guard.Wait(time.Minute, guard.Skip())))
 			done := make(chan error, 1)
 			go func() {
-				done <- runErr(g, context.Background(), middleware.Job{Key: "k"}, func(context.Context) error { return nil })
+				done <- runErr(g, context.Background(), guard.Job{Key: "k"}, func(context.Context) error { return nil })
 			}()
 			require.Eventually(t, func() bool {
 				info, err := newLocker(t).Inspect(context.Background(), "k")
@@ -208,7 +208,7 @@ func TestWaitRunsAfterRelease(t *testing.T) {
 			}, 10*time.Second, time.Millisecond)
 			release()
 			require.NoError(t, <-done)
-			require.Equal(t, []middleware.EventKind{middleware.EventWaited, middleware.EventAcquired, middleware.EventReleased}, rec.kinds())
+			require.Equal(t, []guard.EventKind{guard.EventWaited, guard.EventAcquired, guard.EventReleased}, rec.kinds())
 		})
 	}
 }
@@ -224,11 +224,11 @@ func TestLimitAllowsNConcurrentRuns(t *testing.T) {
 			gate := make(chan struct{})
 			var wg sync.WaitGroup
 			for range jobs {
-				g, _ := newGuard(t, newLocker(t), middleware.WithLimit(limit))
+				g, _ := newGuard(t, newLocker(t), guard.WithLimit(limit))
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					err := runErr(g, context.Background(), middleware.Job{Key: "tenant"}, func(context.Context) error {
+					err := runErr(g, context.Background(), guard.Job{Key: "tenant"}, func(context.Context) error {
 						n := running.Add(1)
 						for m := maxRunning.Load(); n > m && !maxRunning.CompareAndSwap(m, n); m = maxRunning.Load() {
 						}
@@ -237,7 +237,7 @@ func TestLimitAllowsNConcurrentRuns(t *testing.T) {
 						running.Add(-1)
 						return nil
 					})
-					if errors.Is(err, middleware.ErrDuplicate) {
+					if errors.Is(err, guard.ErrDuplicate) {
 						dups.Add(1)
 					} else if err != nil {
 						t.Error(err)
@@ -261,7 +261,7 @@ func TestEpochRunsOnce(t *testing.T) {
 				testredis.Addr(t)
 			}
 			var runs atomic.Int32
-			job := middleware.Job{Key: "cron:report", Name: "report", Epoch: 1700000000, EpochTTL: time.Minute}
+			job := guard.With(guard.Job{Key: "cron:report", Name: "report"}, guard.Work{Epoch: 1700000000, EpochTTL: time.Minute})
 			for i := range 3 {
 				g, rec := newGuard(t, newLocker(t))
 				err := runErr(g, context.Background(), job, func(context.Context) error { runs.Add(1); return nil })
@@ -269,11 +269,11 @@ func TestEpochRunsOnce(t *testing.T) {
 					require.NoError(t, err)
 					continue
 				}
-				var dup *middleware.DuplicateError
+				var dup *guard.DuplicateError
 				require.ErrorAs(t, err, &dup)
-				require.Equal(t, middleware.ReasonClaimed, dup.Reason)
+				require.Equal(t, guard.ReasonClaimed, dup.Reason)
 				require.ErrorIs(t, err, lockcore.ErrEpochUsed)
-				require.Equal(t, []middleware.EventKind{middleware.EventClaimed}, rec.kinds())
+				require.Equal(t, []guard.EventKind{guard.EventClaimed}, rec.kinds())
 			}
 			require.EqualValues(t, 1, runs.Load())
 		})
@@ -284,15 +284,15 @@ func TestPanicReleasesAndRepanics(t *testing.T) {
 	l := lockkittest.New(t)
 	g, rec := newGuard(t, l)
 	require.PanicsWithValue(t, "boom", func() {
-		_ = runErr(g, context.Background(), middleware.Job{Key: "k"}, func(context.Context) error { panic("boom") })
+		_ = runErr(g, context.Background(), guard.Job{Key: "k"}, func(context.Context) error { panic("boom") })
 	})
 	info, err := l.Inspect(context.Background(), "k")
 	require.NoError(t, err)
 	require.Empty(t, info.Holders)
-	ev, ok := rec.find(middleware.EventError)
+	ev, ok := rec.find(guard.EventError)
 	require.True(t, ok)
 	require.ErrorContains(t, ev.Err, "panicked: boom")
-	ev, ok = rec.find(middleware.EventReleased)
+	ev, ok = rec.find(guard.EventReleased)
 	require.True(t, ok, "the run ended: EventReleased follows")
 	require.ErrorContains(t, ev.Err, "panicked: boom")
 }
@@ -308,7 +308,7 @@ func TestLeaseHeldUntilWorkReturnsAfterCancel(t *testing.T) {
 	b, err := lockkit.NewRedis(c, lockkit.WithPrefix(prefix))
 	require.NoError(t, err)
 	defer b.Close(context.Background())
-	ga, _ := newGuard(t, a, middleware.WithTTL(300*time.Millisecond))
+	ga, _ := newGuard(t, a, guard.WithTTL(300*time.Millisecond))
 	gb, _ := newGuard(t, b)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -317,7 +317,7 @@ func TestLeaseHeldUntilWorkReturnsAfterCancel(t *testing.T) {
 	finish := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- runErr(ga, ctx, middleware.Job{Key: "k"}, func(ctx context.Context) error {
+		done <- runErr(ga, ctx, guard.Job{Key: "k"}, func(ctx context.Context) error {
 			close(started)
 			<-ctx.Done()
 			close(cancelled)
@@ -330,16 +330,16 @@ func TestLeaseHeldUntilWorkReturnsAfterCancel(t *testing.T) {
 	<-cancelled
 	renewedPast := time.Now().Add(time.Second) // > 3 TTLs
 	for time.Now().Before(renewedPast) {
-		err := runErr(gb, context.Background(), middleware.Job{Key: "k"}, func(context.Context) error {
+		err := runErr(gb, context.Background(), guard.Job{Key: "k"}, func(context.Context) error {
 			t.Error("a second run overlapped the cancelled one")
 			return nil
 		})
-		require.ErrorIs(t, err, middleware.ErrDuplicate)
+		require.ErrorIs(t, err, guard.ErrDuplicate)
 		time.Sleep(20 * time.Millisecond)
 	}
 	close(finish)
 	require.NoError(t, <-done)
-	require.NoError(t, runErr(gb, context.Background(), middleware.Job{Key: "k"}, func(context.Context) error { return nil }))
+	require.NoError(t, runErr(gb, context.Background(), guard.Job{Key: "k"}, func(context.Context) error { return nil }))
 }
 
 func TestLostLeaseCancelsWork(t *testing.T) {
@@ -348,8 +348,8 @@ func TestLostLeaseCancelsWork(t *testing.T) {
 	l, err := lockkit.NewRedis(c, lockkit.WithPrefix(prefix))
 	require.NoError(t, err)
 	defer l.Close(context.Background())
-	g, rec := newGuard(t, l, middleware.WithTTL(300*time.Millisecond))
-	err = runErr(g, context.Background(), middleware.Job{Key: "k"}, func(ctx context.Context) error {
+	g, rec := newGuard(t, l, guard.WithTTL(300*time.Millisecond))
+	err = runErr(g, context.Background(), guard.Job{Key: "k"}, func(ctx context.Context) error {
 		require.NoError(t, c.Del(context.Background(), prefix+"{k}:h").Err()) // the key is stolen
 		<-ctx.Done()
 		require.ErrorIs(t, context.Cause(ctx), lockkit.ErrLost)
@@ -357,56 +357,56 @@ func TestLostLeaseCancelsWork(t *testing.T) {
 	})
 	require.ErrorIs(t, err, context.Canceled)
 	require.ErrorIs(t, err, lockkit.ErrLost)
-	require.Eventually(t, func() bool { _, ok := rec.find(middleware.EventLost); return ok }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { _, ok := rec.find(guard.EventLost); return ok }, 5*time.Second, time.Millisecond)
 }
 
 func TestNewValidation(t *testing.T) {
 	l := lockkittest.New(t)
 	cases := []struct {
 		name string
-		opts []middleware.Option
+		opts []guard.Option
 		want string
 	}{
-		{"limit", []middleware.Option{middleware.WithLimit(0)}, "WithLimit(0): must be at least 1"},
-		{"ttl", []middleware.Option{middleware.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
-		{"keep newest and wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.KeepNewest()))}, "KeepNewest() waits for its turn itself"},
-		{"throttle n", []middleware.Option{middleware.WithThrottle(0, time.Second, middleware.ActionSkip)}, "WithThrottle(0, 1s): n must be at least 1"},
-		{"throttle then", []middleware.Option{middleware.WithThrottle(1, time.Second, middleware.ActionFail)}, "then must be ActionSkip or ActionRequeue, not fail"},
-		{"negative hold", []middleware.Option{middleware.WithHoldAtLeast(-time.Second)}, "WithHoldAtLeast(-1s): must not be negative"},
-		{"negative wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "the wait -1s must be positive"},
-		{"zero wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(0, middleware.Skip()))}, "the wait 0s must be positive"},
-		{"zero wait in order", []middleware.Option{middleware.WithPolicy(middleware.WaitInOrder(0, middleware.Fail()))}, "the wait 0s must be positive"},
-		{"wait around a wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Wait(time.Hour, middleware.Skip())))}, "then waits already: Wait(1h0m0s, Skip())"},
-		{"negative delay", []middleware.Option{middleware.WithPolicy(middleware.Requeue(-time.Second))}, "the requeue delay must not be negative nor longer than"},
-		{"delay past MaxTTL", []middleware.Option{middleware.WithPolicy(middleware.Requeue(lockcore.MaxTTL + time.Hour))}, "the requeue delay must not be negative nor longer than"},
-		{"nil admit", []middleware.Option{middleware.WithAdmit(nil)}, "WithAdmit(nil)"},
-		{"nil done", []middleware.Option{middleware.WithDone(nil)}, "WithDone(nil)"},
-		{"preempt and wait", []middleware.Option{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Preempt(0)))}, "Preempt(0s) waits for its turn itself"},
-		{"negative grace", []middleware.Option{middleware.WithPolicy(middleware.Preempt(-time.Second))}, "the grace must not be negative"},
-		{"preempt and limit", []middleware.Option{middleware.WithPolicy(middleware.Preempt(0)), middleware.WithLimit(2)}, "Preempt runs one job per key"},
-		{"preempt and hold", []middleware.Option{middleware.WithPolicy(middleware.Preempt(0)), middleware.WithHoldAtLeast(time.Second)}, "Preempt ends runs early"},
+		{"limit", []guard.Option{guard.WithLimit(0)}, "WithLimit(0): must be at least 1"},
+		{"ttl", []guard.Option{guard.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
+		{"keep newest and wait", []guard.Option{guard.WithPolicy(guard.Wait(time.Second, guard.KeepNewest()))}, "KeepNewest() waits for its turn itself"},
+		{"throttle n", []guard.Option{guard.WithThrottle(0, time.Second, guard.ActionSkip)}, "WithThrottle(0, 1s): n must be at least 1"},
+		{"throttle then", []guard.Option{guard.WithThrottle(1, time.Second, guard.ActionFail)}, "then must be ActionSkip or ActionRequeue, not fail"},
+		{"negative hold", []guard.Option{guard.WithHoldAtLeast(-time.Second)}, "WithHoldAtLeast(-1s): must not be negative"},
+		{"negative wait", []guard.Option{guard.WithPolicy(guard.Wait(-time.Second, guard.Skip()))}, "the wait -1s must be positive"},
+		{"zero wait", []guard.Option{guard.WithPolicy(guard.Wait(0, guard.Skip()))}, "the wait 0s must be positive"},
+		{"zero wait in order", []guard.Option{guard.WithPolicy(guard.WaitInOrder(0, guard.Fail()))}, "the wait 0s must be positive"},
+		{"wait around a wait", []guard.Option{guard.WithPolicy(guard.Wait(time.Second, guard.Wait(time.Hour, guard.Skip())))}, "then waits already: Wait(1h0m0s, Skip())"},
+		{"negative delay", []guard.Option{guard.WithPolicy(guard.Requeue(-time.Second))}, "the requeue delay must not be negative nor longer than"},
+		{"delay past MaxTTL", []guard.Option{guard.WithPolicy(guard.Requeue(lockcore.MaxTTL + time.Hour))}, "the requeue delay must not be negative nor longer than"},
+		{"nil admit", []guard.Option{guard.WithAdmit(nil)}, "WithAdmit(nil)"},
+		{"nil done", []guard.Option{guard.WithDone(nil)}, "WithDone(nil)"},
+		{"preempt and wait", []guard.Option{guard.WithPolicy(guard.Wait(time.Second, guard.Preempt(0)))}, "Preempt(0s) waits for its turn itself"},
+		{"negative grace", []guard.Option{guard.WithPolicy(guard.Preempt(-time.Second))}, "the grace must not be negative"},
+		{"preempt and limit", []guard.Option{guard.WithPolicy(guard.Preempt(0)), guard.WithLimit(2)}, "Preempt runs one job per key"},
+		{"preempt and hold", []guard.Option{guard.WithPolicy(guard.Preempt(0)), guard.WithHoldAtLeast(time.Second)}, "Preempt ends runs early"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := middleware.New(l, c.opts...)
-			require.ErrorIs(t, err, middleware.ErrInvalid)
+			_, err := guard.New(l, c.opts...)
+			require.ErrorIs(t, err, guard.ErrInvalid)
 			require.ErrorIs(t, err, lockkit.ErrInvalid)
 			require.ErrorContains(t, err, c.want)
 		})
 	}
-	_, err := middleware.New(nil)
+	_, err := guard.New(nil)
 	require.ErrorContains(t, err, "locker is nil")
 
-	g, err := middleware.New(l)
+	g, err := guard.New(l)
 	require.NoError(t, err)
-	require.Equal(t, middleware.ModeAction, g.Policy().Mode())
-	require.Equal(t, middleware.ActionSkip, g.Policy().Action())
-	require.Equal(t, middleware.DefaultRequeueDelay, g.Policy().RequeueDelay())
-	require.Zero(t, g.Policy().MaxWait())
-	err = runErr(g, context.Background(), middleware.Job{Name: "report"}, func(context.Context) error { return nil })
+	require.Equal(t, guard.ModeAction, guard.ModeOf(guard.PolicyOf(g)))
+	require.Equal(t, guard.ActionSkip, guard.ActionOf(guard.PolicyOf(g)))
+	require.Equal(t, guard.DefaultRequeueDelay, guard.DelayOf(guard.PolicyOf(g)))
+	require.Equal(t, "Skip()", guard.PolicyOf(g).String())
+	err = runErr(g, context.Background(), guard.Job{Name: "report"}, func(context.Context) error { return nil })
 	require.ErrorContains(t, err, "report: empty key")
-	out := g.Run(context.Background(), middleware.Job{Key: "k", Name: "report"}, nil)
-	require.ErrorIs(t, out.Err, middleware.ErrInvalid)
+	out := g.Run(context.Background(), guard.Job{Key: "k", Name: "report"}, nil)
+	require.ErrorIs(t, out.Err, guard.ErrInvalid)
 	require.ErrorContains(t, out.Err, "fn is nil")
 	require.False(t, out.Ran)
 	info, err := l.Inspect(context.Background(), "k")
@@ -423,11 +423,11 @@ type wrapped struct{ lockkit.Locker }
 // the options.
 func TestGuardOnAnotherLocker(t *testing.T) {
 	l := wrapped{lockkittest.New(t, lockkit.WithLogger(slog.New(slog.DiscardHandler)))}
-	for _, opts := range [][]middleware.Option{nil, {middleware.WithThrottle(1, time.Second, middleware.ActionSkip)}} {
-		_, err := middleware.New(l, opts...)
-		require.ErrorIs(t, err, middleware.ErrInvalid)
+	for _, opts := range [][]guard.Option{nil, {guard.WithThrottle(1, time.Second, guard.ActionSkip)}} {
+		_, err := guard.New(l, opts...)
+		require.ErrorIs(t, err, guard.ErrInvalid)
 		require.ErrorIs(t, err, lockkit.ErrInvalid)
-		require.ErrorContains(t, err, "middleware.New needs a *lockkit.RedisLocker (lockkit.NewRedis, inprocess or lockkittest), and the Locker is middleware_test.wrapped")
+		require.ErrorContains(t, err, "middleware.New needs a *lockkit.RedisLocker (lockkit.NewRedis, inprocess or lockkittest), and the Locker is guard_test.wrapped")
 	}
 }
 
@@ -438,9 +438,9 @@ func TestSettingsComeFromTheLocker(t *testing.T) {
 	var lockerLog, guardLog logbuf.Buffer
 	l := lockkittest.New(t, lockkit.WithTTL(2*time.Second),
 		lockkit.WithLogger(slog.New(slog.NewTextHandler(&lockerLog, &slog.HandlerOptions{Level: slog.LevelWarn}))))
-	ttlOf := func(g *middleware.Guard, key string) time.Duration {
+	ttlOf := func(g *guard.Guard, key string) time.Duration {
 		var ttl time.Duration
-		err := runErr(g, ctx, middleware.Job{Key: key, Name: "report", ID: "t1"}, func(ctx context.Context) error {
+		err := runErr(g, ctx, guard.Job{Key: key, Name: "report", ID: "t1"}, func(ctx context.Context) error {
 			info, err := l.Inspect(ctx, key)
 			require.NoError(t, err)
 			ttl = info.Holders[0].TTL
@@ -450,7 +450,7 @@ func TestSettingsComeFromTheLocker(t *testing.T) {
 		return ttl
 	}
 
-	g, err := middleware.New(l)
+	g, err := guard.New(l)
 	require.NoError(t, err)
 	require.InDelta(t, 2, ttlOf(g, "a").Seconds(), 0.1, "the Locker's TTL")
 	out := lockerLog.String()
@@ -458,8 +458,8 @@ func TestSettingsComeFromTheLocker(t *testing.T) {
 	require.Contains(t, out, `err="smtp down"`)
 	require.NotContains(t, out, "acquired", "routine events stay at Debug")
 
-	g, err = middleware.New(l, middleware.WithTTL(5*time.Second),
-		middleware.WithLogger(slog.New(slog.NewTextHandler(&guardLog, nil))))
+	g, err = guard.New(l, guard.WithTTL(5*time.Second),
+		guard.WithLogger(slog.New(slog.NewTextHandler(&guardLog, nil))))
 	require.NoError(t, err)
 	require.InDelta(t, 5, ttlOf(g, "b").Seconds(), 0.1, "the guard's own TTL")
 	require.Contains(t, guardLog.String(), "key=b")
@@ -476,12 +476,12 @@ func TestOwnEarlierDeliveryIsNeverADuplicate(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/first err %v", name, firstErr), func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 				defer cancel()
-				a, err := middleware.New(newLocker(t), middleware.WithPolicy(middleware.Skip()))
+				a, err := guard.New(newLocker(t), guard.WithPolicy(guard.Skip()))
 				require.NoError(t, err)
-				b, err := middleware.New(newLocker(t))
+				b, err := guard.New(newLocker(t))
 				require.NoError(t, err)
 				key := t.Name()
-				job := middleware.Job{Key: key, Name: "sync", Origin: "task-1"}
+				job := guard.With(guard.Job{Key: key, Name: "sync"}, guard.Work{Label: "task-1"})
 
 				// The first delivery: its runtime gives up on it (ctx cancelled)
 				// while it keeps working.
@@ -498,8 +498,8 @@ func TestOwnEarlierDeliveryIsNeverADuplicate(t *testing.T) {
 				<-started
 				giveUp()
 				// Another job of the key is a duplicate as usual.
-				err = runErr(b, ctx, middleware.Job{Key: key, Name: "sync", Origin: "task-2"}, func(context.Context) error { return nil })
-				require.ErrorIs(t, err, middleware.ErrDuplicate)
+				err = runErr(b, ctx, guard.With(guard.Job{Key: key, Name: "sync"}, guard.Work{Label: "task-2"}), func(context.Context) error { return nil })
+				require.ErrorIs(t, err, guard.ErrDuplicate)
 
 				var ran atomic.Bool
 				second := make(chan error, 1)
@@ -519,10 +519,10 @@ func TestOwnEarlierDeliveryIsNeverADuplicate(t *testing.T) {
 				}
 				err = <-second
 				if firstErr == nil {
-					var dup *middleware.DuplicateError
+					var dup *guard.DuplicateError
 					require.ErrorAs(t, err, &dup)
-					require.Equal(t, middleware.ReasonCompleted, dup.Reason)
-					require.Equal(t, middleware.ActionSkip, dup.Action)
+					require.Equal(t, guard.ReasonCompleted, dup.Reason)
+					require.Equal(t, guard.ActionSkip, dup.Action)
 					require.ErrorIs(t, err, lockcore.ErrCompleted)
 					require.False(t, ran.Load())
 				} else {
@@ -535,7 +535,7 @@ func TestOwnEarlierDeliveryIsNeverADuplicate(t *testing.T) {
 }
 
 // runErr runs fn under g and returns the outcome's error.
-func runErr(g *middleware.Guard, ctx context.Context, job middleware.Job, fn func(context.Context) error) error {
+func runErr(g *guard.Guard, ctx context.Context, job guard.Job, fn func(context.Context) error) error {
 	return g.Run(ctx, job, fn).Err
 }
 
@@ -547,22 +547,22 @@ func TestOutcome(t *testing.T) {
 	ctx := context.Background()
 
 	boom := errors.New("boom")
-	out := g.Run(ctx, middleware.Job{Key: "k"}, func(context.Context) error { return boom })
-	require.Equal(t, middleware.Outcome{Ran: true, Err: boom}, out)
+	out := g.Run(ctx, guard.Job{Key: "k"}, func(context.Context) error { return boom })
+	require.Equal(t, guard.Outcome{Ran: true, Err: boom}, out)
 
-	out = g.Run(ctx, middleware.Job{Key: "k"}, func(context.Context) error { return nil })
-	require.Equal(t, middleware.Outcome{Ran: true}, out)
+	out = g.Run(ctx, guard.Job{Key: "k"}, func(context.Context) error { return nil })
+	require.Equal(t, guard.Outcome{Ran: true}, out)
 
-	out = g.Run(ctx, middleware.Job{Name: "report"}, func(context.Context) error { return nil })
+	out = g.Run(ctx, guard.Job{Name: "report"}, func(context.Context) error { return nil })
 	require.False(t, out.Ran)
 	require.Nil(t, out.Duplicate)
 	require.ErrorContains(t, out.Err, "empty key")
-	require.NotErrorIs(t, out.Err, middleware.ErrDuplicate)
+	require.NotErrorIs(t, out.Err, guard.ErrDuplicate)
 
 	closed := lockkittest.New(t)
 	require.NoError(t, closed.Close(ctx))
 	gc, _ := newGuard(t, closed)
-	out = gc.Run(ctx, middleware.Job{Key: "k"}, func(context.Context) error { return nil })
+	out = gc.Run(ctx, guard.Job{Key: "k"}, func(context.Context) error { return nil })
 	require.False(t, out.Ran)
 	require.Nil(t, out.Duplicate)
 	require.ErrorIs(t, out.Err, lockkit.ErrClosed)
@@ -576,10 +576,10 @@ func TestCoalescePolicy(t *testing.T) {
 	holder, _ := newGuard(t, l)
 	release := holdKey(t, holder, "k")
 
-	g, rec := newGuard(t, l, middleware.WithPolicy(middleware.Coalesce()))
-	follow := make(chan middleware.Outcome, 1)
+	g, rec := newGuard(t, l, guard.WithPolicy(guard.Coalesce()))
+	follow := make(chan guard.Outcome, 1)
 	go func() {
-		follow <- g.Run(ctx, middleware.Job{Key: "k", ID: "t1"}, func(context.Context) error { return nil })
+		follow <- g.Run(ctx, guard.Job{Key: "k", ID: "t1"}, func(context.Context) error { return nil })
 	}()
 	require.Eventually(t, func() bool {
 		info, err := l.Inspect(ctx, "k")
@@ -587,20 +587,20 @@ func TestCoalescePolicy(t *testing.T) {
 		return info.Waiters == 1
 	}, 5*time.Second, time.Millisecond)
 
-	out := g.Run(ctx, middleware.Job{Key: "k", ID: "t2"}, func(context.Context) error { t.Error("t2 ran"); return nil })
+	out := g.Run(ctx, guard.Job{Key: "k", ID: "t2"}, func(context.Context) error { t.Error("t2 ran"); return nil })
 	require.False(t, out.Ran)
 	require.NotNil(t, out.Duplicate)
-	require.Equal(t, middleware.ReasonCovered, out.Duplicate.Reason)
-	require.Equal(t, middleware.ActionSkip, out.Duplicate.Action)
+	require.Equal(t, guard.ReasonCovered, out.Duplicate.Reason)
+	require.Equal(t, guard.ActionSkip, out.Duplicate.Action)
 	require.ErrorIs(t, out.Err, lockcore.ErrCovered)
-	require.ErrorIs(t, out.Err, middleware.ErrDuplicate)
-	ev, ok := rec.find(middleware.EventDuplicate)
+	require.ErrorIs(t, out.Err, guard.ErrDuplicate)
+	ev, ok := rec.find(guard.EventDuplicate)
 	require.True(t, ok)
 	require.Equal(t, "t2", ev.Job.ID)
 
 	release()
 	require.True(t, (<-follow).Ran, "the follow-up runs")
-	out = g.Run(ctx, middleware.Job{Key: "k", ID: "t3"}, func(context.Context) error { return nil })
+	out = g.Run(ctx, guard.Job{Key: "k", ID: "t3"}, func(context.Context) error { return nil })
 	require.True(t, out.Ran, "a job that began after the follow-up started is not covered by it")
 
 	cctx, cancel := context.WithCancel(ctx)
@@ -613,33 +613,33 @@ func TestCoalescePolicy(t *testing.T) {
 		}, 5*time.Second, time.Millisecond)
 		cancel()
 	}()
-	out = g.Run(cctx, middleware.Job{Key: "k", ID: "t4"}, func(context.Context) error { return nil })
+	out = g.Run(cctx, guard.Job{Key: "k", ID: "t4"}, func(context.Context) error { return nil })
 	release()
 	require.False(t, out.Ran)
 	require.Nil(t, out.Duplicate, "a follow-up whose wait ended is an error, so the runtime retries it")
 	require.ErrorIs(t, out.Err, context.Canceled)
 
-	for _, opts := range [][]middleware.Option{
-		{middleware.WithPolicy(middleware.Wait(time.Second, middleware.Coalesce()))},
-		{middleware.WithPolicy(middleware.Coalesce()), middleware.WithLimit(2)},
+	for _, opts := range [][]guard.Option{
+		{guard.WithPolicy(guard.Wait(time.Second, guard.Coalesce()))},
+		{guard.WithPolicy(guard.Coalesce()), guard.WithLimit(2)},
 	} {
-		_, err := middleware.New(l, opts...)
-		require.ErrorIs(t, err, middleware.ErrInvalid)
+		_, err := guard.New(l, opts...)
+		require.ErrorIs(t, err, guard.ErrInvalid)
 		require.ErrorContains(t, err, "Coalesce")
 	}
 }
 
 func TestPolicyString(t *testing.T) {
-	for want, p := range map[string]middleware.Policy{
-		"Skip()":                  middleware.Skip(),
+	for want, p := range map[string]guard.Policy{
+		"Skip()":                  guard.Skip(),
 		"Skip()\x00zero":          {},
-		"Fail()":                  middleware.Fail(),
-		"Requeue(1s)":             middleware.Requeue(time.Second),
-		"Wait(10s, Fail())":       middleware.Wait(10*time.Second, middleware.Fail()),
-		"WaitInOrder(5s, Skip())": middleware.WaitInOrder(5*time.Second, middleware.Skip()),
-		"Coalesce()":              middleware.Coalesce(),
-		"KeepNewest()":            middleware.KeepNewest(),
-		"Preempt(2s)":             middleware.Preempt(2 * time.Second),
+		"Fail()":                  guard.Fail(),
+		"Requeue(1s)":             guard.Requeue(time.Second),
+		"Wait(10s, Fail())":       guard.Wait(10*time.Second, guard.Fail()),
+		"WaitInOrder(5s, Skip())": guard.WaitInOrder(5*time.Second, guard.Skip()),
+		"Coalesce()":              guard.Coalesce(),
+		"KeepNewest()":            guard.KeepNewest(),
+		"Preempt(2s)":             guard.Preempt(2 * time.Second),
 	} {
 		want, _, _ = strings.Cut(want, "\x00")
 		require.Equal(t, want, p.String())
@@ -652,14 +652,14 @@ func TestPolicyString(t *testing.T) {
 func TestPreemptPolicy(t *testing.T) {
 	l := lockkittest.New(t)
 	var events recorder
-	g, err := middleware.New(l, middleware.WithPolicy(middleware.Preempt(0)), middleware.WithObserver(events.observe))
+	g, err := guard.New(l, guard.WithPolicy(guard.Preempt(0)), guard.WithObserver(events.observe))
 	require.NoError(t, err)
 	ctx := context.Background()
 	started := make(chan struct{})
 	var returned atomic.Bool
-	old := make(chan middleware.Outcome, 1)
+	old := make(chan guard.Outcome, 1)
 	go func() {
-		old <- g.Run(ctx, middleware.Job{Key: "k", Name: "sync"}, func(ctx context.Context) error {
+		old <- g.Run(ctx, guard.Job{Key: "k", Name: "sync"}, func(ctx context.Context) error {
 			close(started)
 			<-ctx.Done()
 			returned.Store(true)
@@ -667,7 +667,7 @@ func TestPreemptPolicy(t *testing.T) {
 		})
 	}()
 	<-started
-	out := g.Run(ctx, middleware.Job{Key: "k", Name: "sync"}, func(ctx context.Context) error {
+	out := g.Run(ctx, guard.Job{Key: "k", Name: "sync"}, func(ctx context.Context) error {
 		if !returned.Load() {
 			t.Error("the newer job ran before the preempted one returned")
 		}
@@ -679,11 +679,11 @@ func TestPreemptPolicy(t *testing.T) {
 	require.True(t, prev.Ran)
 	require.ErrorIs(t, prev.Err, lockcore.ErrPreempted)
 	require.ErrorIs(t, prev.Err, lockkit.ErrLost)
-	preempted, ok := events.find(middleware.EventPreempted)
+	preempted, ok := events.find(guard.EventPreempted)
 	require.True(t, ok, "a preemption is reported as such")
 	require.ErrorIs(t, preempted.Err, lockcore.ErrPreempted)
 	require.Equal(t, "preempted", preempted.Kind.String())
-	_, ok = events.find(middleware.EventLost)
+	_, ok = events.find(guard.EventLost)
 	require.False(t, ok, "a preemption is not a lost lease")
 }
 
@@ -691,16 +691,16 @@ func TestPreemptPolicy(t *testing.T) {
 // follow-up or its latest run does not run, whatever order the jobs arrive
 // in; a job without an order goes by arrival.
 func TestOlderJobGivesWayToNewerOrder(t *testing.T) {
-	for _, policy := range []middleware.Policy{middleware.KeepNewest(), middleware.Preempt(0)} {
+	for _, policy := range []guard.Policy{guard.KeepNewest(), guard.Preempt(0)} {
 		t.Run(policy.String(), func(t *testing.T) {
 			l := lockkittest.New(t)
 			ctx := context.Background()
-			g, err := middleware.New(l, middleware.WithPolicy(policy))
+			g, err := guard.New(l, guard.WithPolicy(policy))
 			require.NoError(t, err)
 			var mu sync.Mutex
 			var ran []string
-			job := func(origin string, order int64) middleware.Job {
-				return middleware.Job{Key: "k", Name: "sync", Origin: origin, Order: order}
+			job := func(origin string, order int64) guard.Job {
+				return guard.With(guard.Job{Key: "k", Name: "sync"}, guard.Work{Label: origin, Order: order})
 			}
 			work := func(name string, hold <-chan struct{}) func(context.Context) error {
 				return func(context.Context) error {
@@ -721,7 +721,7 @@ func TestOlderJobGivesWayToNewerOrder(t *testing.T) {
 				})
 			}()
 			<-holding
-			newest := make(chan middleware.Outcome, 1)
+			newest := make(chan guard.Outcome, 1)
 			go func() { newest <- g.Run(ctx, job("c", 3), work("c", nil)) }()
 			require.Eventually(t, func() bool {
 				info, err := l.Inspect(ctx, "k")
@@ -731,7 +731,7 @@ func TestOlderJobGivesWayToNewerOrder(t *testing.T) {
 			out := g.Run(ctx, job("b", 2), work("b", nil)) // arrives after c
 			require.False(t, out.Ran)
 			require.NotNil(t, out.Duplicate)
-			require.Equal(t, middleware.ReasonSuperseded, out.Duplicate.Reason)
+			require.Equal(t, guard.ReasonSuperseded, out.Duplicate.Reason)
 			close(hold)
 			require.True(t, (<-newest).Ran)
 			out = g.Run(ctx, job("b", 2), work("b", nil)) // b delivered again, after c ran
@@ -753,28 +753,28 @@ func TestAdmit(t *testing.T) {
 	var verdict error
 	var asked []string
 	ev := &recorder{}
-	admit := middleware.WithAdmit(func(_ context.Context, job middleware.Job) error {
+	admit := guard.WithAdmit(func(_ context.Context, job guard.Job) error {
 		asked = append(asked, job.ID)
 		return verdict
 	})
-	g, err := middleware.New(l, admit, middleware.WithObserver(ev.observe))
+	g, err := guard.New(l, admit, guard.WithObserver(ev.observe))
 	require.NoError(t, err)
-	run := func(g *middleware.Guard, id string) middleware.Outcome {
-		return g.Run(ctx, middleware.Job{Key: "k", Name: "sync", ID: id}, func(context.Context) error { return nil })
+	run := func(g *guard.Guard, id string) guard.Outcome {
+		return g.Run(ctx, guard.Job{Key: "k", Name: "sync", ID: id}, func(context.Context) error { return nil })
 	}
 
 	cause := errors.New(`a newer request of the key, "t2", is pending`)
-	verdict = &middleware.DuplicateError{Reason: middleware.ReasonSuperseded, Action: middleware.ActionSkip, Cause: cause}
+	verdict = &guard.DuplicateError{Reason: guard.ReasonSuperseded, Action: guard.ActionSkip, Cause: cause}
 	out := run(g, "t1")
 	require.False(t, out.Ran)
 	require.NotNil(t, out.Duplicate)
-	require.Equal(t, middleware.ReasonSuperseded, out.Duplicate.Reason)
+	require.Equal(t, guard.ReasonSuperseded, out.Duplicate.Reason)
 	require.Equal(t, "t1", out.Duplicate.Job.ID, "Run names the job")
-	require.ErrorIs(t, out.Err, middleware.ErrDuplicate)
+	require.ErrorIs(t, out.Err, guard.ErrDuplicate)
 	require.ErrorIs(t, out.Err, cause)
-	dup, ok := ev.find(middleware.EventDuplicate)
+	dup, ok := ev.find(guard.EventDuplicate)
 	require.True(t, ok)
-	require.Equal(t, middleware.ActionSkip, dup.Action)
+	require.Equal(t, guard.ActionSkip, dup.Action)
 	require.ErrorIs(t, dup.Err, cause)
 
 	verdict = errors.New("asynq unreachable")
@@ -783,7 +783,7 @@ func TestAdmit(t *testing.T) {
 	require.Nil(t, out.Duplicate)
 	require.ErrorIs(t, out.Err, verdict)
 	require.ErrorContains(t, out.Err, "middleware: sync: asynq unreachable")
-	_, ok = ev.find(middleware.EventError)
+	_, ok = ev.find(guard.EventError)
 	require.True(t, ok)
 
 	verdict = nil
@@ -791,7 +791,7 @@ func TestAdmit(t *testing.T) {
 	require.Equal(t, []string{"t1", "t2", "t3"}, asked)
 
 	verdict = errors.New("not asked")
-	shadow, err := middleware.New(l, admit, middleware.WithShadow())
+	shadow, err := guard.New(l, admit, guard.WithShadow())
 	require.NoError(t, err)
 	require.True(t, run(shadow, "t4").Ran)
 	require.Equal(t, []string{"t1", "t2", "t3"}, asked, "not asked under WithShadow")
@@ -806,20 +806,20 @@ func TestDoneIsReadAfterWaitingForTheOwnRun(t *testing.T) {
 	ctx := context.Background()
 	var done atomic.Bool
 	var asked atomic.Int32
-	g, _ := newGuard(t, l, middleware.WithDone(func(_ context.Context, job middleware.Job) bool {
+	g, _ := newGuard(t, l, guard.WithDone(func(_ context.Context, job guard.Job) bool {
 		asked.Add(1)
 		return done.Load()
 	}))
-	job := middleware.Job{Key: "k", Name: "sync", ID: "t1", Origin: "t1"}
+	job := guard.With(guard.Job{Key: "k", Name: "sync", ID: "t1"}, guard.Work{Label: "t1"})
 	for _, d := range []bool{true, false} {
 		done.Store(d)
 		started, release := make(chan struct{}), make(chan struct{})
-		first := make(chan middleware.Outcome, 1)
+		first := make(chan guard.Outcome, 1)
 		go func() {
 			first <- g.Run(ctx, job, func(context.Context) error { close(started); <-release; return nil })
 		}()
 		<-started
-		second := make(chan middleware.Outcome, 1)
+		second := make(chan guard.Outcome, 1)
 		ran := false
 		go func() {
 			second <- g.Run(ctx, job, func(context.Context) error { ran = true; return nil })
@@ -835,7 +835,7 @@ func TestDoneIsReadAfterWaitingForTheOwnRun(t *testing.T) {
 		require.Equal(t, !d, ran)
 		if d {
 			require.NotNil(t, out.Duplicate)
-			require.Equal(t, middleware.ReasonCompleted, out.Duplicate.Reason)
+			require.Equal(t, guard.ReasonCompleted, out.Duplicate.Reason)
 			require.ErrorIs(t, out.Err, lockcore.ErrCompleted)
 		}
 		info, err := l.Inspect(ctx, "k")
@@ -856,12 +856,12 @@ func TestDoneIsReadWhenTheWaitForTheOwnRunFails(t *testing.T) {
 	l := lockkittest.New(t)
 	ctx := context.Background()
 	var done atomic.Bool
-	g, _ := newGuard(t, l, middleware.WithDone(func(dctx context.Context, job middleware.Job) bool {
+	g, _ := newGuard(t, l, guard.WithDone(func(dctx context.Context, job guard.Job) bool {
 		return dctx.Err() == nil && done.Load()
 	}))
-	job := middleware.Job{Key: "k", Name: "sync", ID: "t1", Origin: "t1"}
+	job := guard.With(guard.Job{Key: "k", Name: "sync", ID: "t1"}, guard.Work{Label: "t1"})
 	started, release := make(chan struct{}), make(chan struct{})
-	first := make(chan middleware.Outcome, 1)
+	first := make(chan guard.Outcome, 1)
 	go func() {
 		first <- g.Run(ctx, job, func(context.Context) error { close(started); <-release; return nil })
 	}()
@@ -876,7 +876,7 @@ func TestDoneIsReadWhenTheWaitForTheOwnRunFails(t *testing.T) {
 		require.False(t, out.Ran)
 		if d {
 			require.NotNil(t, out.Duplicate, "%v", out.Err)
-			require.Equal(t, middleware.ReasonCompleted, out.Duplicate.Reason)
+			require.Equal(t, guard.ReasonCompleted, out.Duplicate.Reason)
 			require.ErrorIs(t, out.Err, lockcore.ErrCompleted)
 		} else {
 			require.Nil(t, out.Duplicate)
@@ -892,12 +892,12 @@ func TestDoneIsReadWhenTheWaitForTheOwnRunFails(t *testing.T) {
 // reservation while other jobs stay out.
 func TestParkingResumesTheOldestDuplicate(t *testing.T) {
 	l, parking, resumed := parkingLocker(t)
-	g, rec := newGuard(t, l, middleware.WithPolicy(middleware.Requeue(time.Minute)), middleware.WithParking(parking))
+	g, rec := newGuard(t, l, guard.WithPolicy(guard.Requeue(time.Minute)), guard.WithParking(parking))
 	ctx := context.Background()
 	holding := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
-		_ = runErr(g, ctx, middleware.Job{Key: "k", Origin: "a"}, func(context.Context) error {
+		_ = runErr(g, ctx, guard.With(guard.Job{Key: "k"}, guard.Work{Label: "a"}), func(context.Context) error {
 			close(holding)
 			<-done
 			return nil
@@ -905,44 +905,44 @@ func TestParkingResumesTheOldestDuplicate(t *testing.T) {
 	}()
 	<-holding
 	for _, origin := range []string{"b", "c"} {
-		out := g.Run(ctx, middleware.Job{Key: "k", Origin: origin}, func(context.Context) error { return nil })
+		out := g.Run(ctx, guard.With(guard.Job{Key: "k"}, guard.Work{Label: origin}), func(context.Context) error { return nil })
 		require.False(t, out.Ran)
 		require.NotNil(t, out.Duplicate)
-		require.Equal(t, middleware.ActionRequeue, out.Duplicate.Action)
+		require.Equal(t, guard.ActionRequeue, out.Duplicate.Action)
 		require.True(t, out.Duplicate.Parked)
 	}
 	close(done)
 	require.Equal(t, "k id-b", <-resumed, "the oldest parked job")
-	out := g.Run(ctx, middleware.Job{Key: "k", Origin: "d"}, func(context.Context) error { return nil })
+	out := g.Run(ctx, guard.With(guard.Job{Key: "k"}, guard.Work{Label: "d"}), func(context.Context) error { return nil })
 	require.True(t, out.Duplicate.Parked, "the key is reserved for b")
-	out = g.Run(ctx, middleware.Job{Key: "k", Origin: "b"}, func(context.Context) error { return nil })
+	out = g.Run(ctx, guard.With(guard.Job{Key: "k"}, guard.Work{Label: "b"}), func(context.Context) error { return nil })
 	require.True(t, out.Ran, "b adopts its reservation")
 	require.Equal(t, "k id-c", <-resumed)
 
 	// A parked job that cannot be started passes the key on to the next.
-	out = g.Run(ctx, middleware.Job{Key: "k2", Origin: "x"}, func(ctx context.Context) error {
+	out = g.Run(ctx, guard.With(guard.Job{Key: "k2"}, guard.Work{Label: "x"}), func(ctx context.Context) error {
 		for _, origin := range []string{"y", "z"} {
-			dup := g.Run(ctx, middleware.Job{Key: "k2", Origin: origin}, func(context.Context) error { return nil })
+			dup := g.Run(ctx, guard.With(guard.Job{Key: "k2"}, guard.Work{Label: origin}), func(context.Context) error { return nil })
 			require.True(t, dup.Duplicate.Parked)
 		}
 		return nil
 	})
 	require.True(t, out.Ran)
 	require.Equal(t, "k2 id-y", <-resumed)
-	g.PassOn(ctx, "k2", "y")
+	guard.PassOn(g, ctx, "k2", "y")
 	require.Equal(t, "k2 id-z", <-resumed)
-	g.PassOn(ctx, "k2", "y") // nothing reserved for y any more: no-op
+	guard.PassOn(g, ctx, "k2", "y") // nothing reserved for y any more: no-op
 	require.Empty(t, resumed)
 
 	// Once the Locker is closed there is nothing to pass on: z's
 	// reservation ends with its hold. No error is reported.
 	require.NoError(t, l.Close(ctx))
-	g.PassOn(ctx, "k2", "z")
-	_, failed := rec.find(middleware.EventError)
+	guard.PassOn(g, ctx, "k2", "z")
+	_, failed := rec.find(guard.EventError)
 	require.False(t, failed, "a closed Locker is no error")
 
-	_, err := middleware.New(l, middleware.WithParking(middleware.Parking{}))
-	require.ErrorIs(t, err, middleware.ErrInvalid)
+	_, err := guard.New(l, guard.WithParking(guard.Parking{}))
+	require.ErrorIs(t, err, guard.ErrInvalid)
 }
 
 // Under WithParking a KeepNewest follow-up parks instead of waiting: a newer
@@ -950,25 +950,25 @@ func TestParkingResumesTheOldestDuplicate(t *testing.T) {
 // and the run that frees the key resumes the newest.
 func TestParkingKeepsTheNewestFollowUp(t *testing.T) {
 	l, parking, resumed := parkingLocker(t)
-	g, _ := newGuard(t, l, middleware.WithPolicy(middleware.KeepNewest()), middleware.WithParking(parking))
+	g, _ := newGuard(t, l, guard.WithPolicy(guard.KeepNewest()), guard.WithParking(parking))
 	ctx := context.Background()
 	nop := func(context.Context) error { return nil }
-	out := g.Run(ctx, middleware.Job{Key: "k", Origin: "a"}, func(ctx context.Context) error {
+	out := g.Run(ctx, guard.With(guard.Job{Key: "k"}, guard.Work{Label: "a"}), func(ctx context.Context) error {
 		for _, origin := range []string{"b", "c"} {
-			dup := g.Run(ctx, middleware.Job{Key: "k", Origin: origin}, nop)
+			dup := g.Run(ctx, guard.With(guard.Job{Key: "k"}, guard.Work{Label: origin}), nop)
 			require.False(t, dup.Ran)
-			require.Equal(t, middleware.ActionRequeue, dup.Duplicate.Action, origin)
+			require.Equal(t, guard.ActionRequeue, dup.Duplicate.Action, origin)
 			require.True(t, dup.Duplicate.Parked, origin)
 		}
 		require.Equal(t, "k id-b", <-resumed, "c took b's place and started it")
-		dup := g.Run(ctx, middleware.Job{Key: "k", Origin: "b"}, nop)
-		require.Equal(t, middleware.ReasonSuperseded, dup.Duplicate.Reason, "b completes without running")
-		require.Equal(t, middleware.ActionSkip, dup.Duplicate.Action)
+		dup := g.Run(ctx, guard.With(guard.Job{Key: "k"}, guard.Work{Label: "b"}), nop)
+		require.Equal(t, guard.ReasonSuperseded, dup.Duplicate.Reason, "b completes without running")
+		require.Equal(t, guard.ActionSkip, dup.Duplicate.Action)
 		return nil
 	})
 	require.True(t, out.Ran)
 	require.Equal(t, "k id-c", <-resumed, "a's end starts the newest")
-	out = g.Run(ctx, middleware.Job{Key: "k", Origin: "c"}, nop)
+	out = g.Run(ctx, guard.With(guard.Job{Key: "k"}, guard.Work{Label: "c"}), nop)
 	require.True(t, out.Ran)
 	require.Empty(t, resumed)
 }
@@ -978,15 +978,15 @@ func TestParkingKeepsTheNewestFollowUp(t *testing.T) {
 // asks after its run began parks behind it and runs.
 func TestParkingCoalesceReservedFollowUpCovers(t *testing.T) {
 	l, parking, resumed := parkingLocker(t)
-	g, _ := newGuard(t, l, middleware.WithPolicy(middleware.Coalesce()), middleware.WithParking(parking))
+	g, _ := newGuard(t, l, guard.WithPolicy(guard.Coalesce()), guard.WithParking(parking))
 	ctx := context.Background()
 	var ran []string
 	asked := map[string]time.Time{}
-	job := func(origin string) middleware.Job {
+	job := func(origin string) guard.Job {
 		if _, ok := asked[origin]; !ok {
 			asked[origin] = time.Now() // its enqueue
 		}
-		return middleware.Job{Key: "k", Origin: origin, EnqueuedAt: asked[origin]}
+		return guard.With(guard.Job{Key: "k"}, guard.Work{Label: origin, EnqueuedAt: asked[origin]})
 	}
 	work := func(origin string) func(context.Context) error {
 		return func(context.Context) error { ran = append(ran, origin); return nil }
@@ -1002,7 +1002,7 @@ func TestParkingCoalesceReservedFollowUpCovers(t *testing.T) {
 	out = g.Run(ctx, job("t4"), work("t4"))
 	require.False(t, out.Ran)
 	require.NotNil(t, out.Duplicate)
-	require.Equal(t, middleware.ReasonCovered, out.Duplicate.Reason, "t4 folds into p, for which the key is reserved")
+	require.Equal(t, guard.ReasonCovered, out.Duplicate.Reason, "t4 folds into p, for which the key is reserved")
 	out = g.Run(ctx, job("p"), func(ctx context.Context) error {
 		dup := g.Run(ctx, job("t5"), work("t5"))
 		require.True(t, dup.Duplicate.Parked, "t5 asked after p began: it parks as the next follow-up")
@@ -1018,11 +1018,11 @@ func TestParkingCoalesceReservedFollowUpCovers(t *testing.T) {
 
 // parkingLocker returns a Locker, closed when the test ends, and a Parking
 // whose Resume sends "<key> <id>" to resumed.
-func parkingLocker(t *testing.T) (*lockkit.RedisLocker, middleware.Parking, chan string) {
+func parkingLocker(t *testing.T) (*lockkit.RedisLocker, guard.Parking, chan string) {
 	l := lockkittest.New(t)
 	resumed := make(chan string, 4)
-	return l, middleware.Parking{
-		ID:     func(_ context.Context, job middleware.Job) string { return "id-" + job.Origin },
+	return l, guard.Parking{
+		ID:     func(_ context.Context, job guard.Job) string { return "id-" + guard.WorkOf(job).Label },
 		Resume: func(key, id string) { resumed <- key + " " + id },
 	}, resumed
 }
@@ -1032,20 +1032,20 @@ func parkingLocker(t *testing.T) (*lockkit.RedisLocker, middleware.Parking, chan
 func TestReservedJobAdoptsItsReservation(t *testing.T) {
 	l := lockkittest.New(t)
 	ctx := context.Background()
-	g, _ := newGuard(t, l, middleware.WithPolicy(middleware.Skip()))
+	g, _ := newGuard(t, l, guard.WithPolicy(guard.Skip()))
 	_, err := coretest.Of(t, l).TryAcquire(ctx, "k", &lockcore.AcquireOptions{Label: "a", Detached: true, TTL: time.Minute})
 	require.NoError(t, err)
 
-	out := g.Run(ctx, middleware.Job{Key: "k", Origin: "b"}, func(context.Context) error { return nil })
+	out := g.Run(ctx, guard.With(guard.Job{Key: "k"}, guard.Work{Label: "b"}), func(context.Context) error { return nil })
 	require.NotNil(t, out.Duplicate, "another job finds the key reserved")
-	require.Equal(t, middleware.ActionSkip, out.Duplicate.Action)
+	require.Equal(t, guard.ActionSkip, out.Duplicate.Action)
 
 	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
-	out = g.Run(cctx, middleware.Job{Key: "k", Origin: "a"}, func(context.Context) error { return nil })
+	out = g.Run(cctx, guard.With(guard.Job{Key: "k"}, guard.Work{Label: "a"}), func(context.Context) error { return nil })
 	require.False(t, out.Ran, "without Reserved, the job waits for what it takes for its own run")
 
-	out = g.Run(ctx, middleware.Job{Key: "k", Origin: "a", Reserved: true}, func(context.Context) error { return nil })
+	out = g.Run(ctx, guard.With(guard.Job{Key: "k"}, guard.Work{Label: "a", Reserved: true}), func(context.Context) error { return nil })
 	require.True(t, out.Ran, "a Reserved job adopts the reservation")
 	info, err := l.Inspect(ctx, "k")
 	require.NoError(t, err)
@@ -1063,24 +1063,24 @@ func TestThrottleCountsOnlyRuns(t *testing.T) {
 			}
 			ctx := context.Background()
 			ran := func(context.Context) error { return nil }
-			throttled := []middleware.Option{middleware.WithThrottle(2, time.Minute, middleware.ActionSkip)}
+			throttled := []guard.Option{guard.WithThrottle(2, time.Minute, guard.ActionSkip)}
 			a, _ := newGuard(t, newLocker(t), throttled...)
 			release := holdKey(t, a, "k") // start 1 of 2
 			b, _ := newGuard(t, newLocker(t), throttled...)
-			out := b.Run(ctx, middleware.Job{Key: "k", Name: "b"}, ran)
+			out := b.Run(ctx, guard.Job{Key: "k", Name: "b"}, ran)
 			require.NotNil(t, out.Duplicate)
-			require.Equal(t, middleware.ReasonHeld, out.Duplicate.Reason)
+			require.Equal(t, guard.ReasonHeld, out.Duplicate.Reason)
 			release()
-			out = b.Run(ctx, middleware.Job{Key: "k", Name: "c"}, ran)
+			out = b.Run(ctx, guard.Job{Key: "k", Name: "c"}, ran)
 			require.True(t, out.Ran, "start 2 of 2: the duplicate spent none (%v)", out.Err)
-			out = b.Run(ctx, middleware.Job{Key: "k", Name: "d"}, ran)
+			out = b.Run(ctx, guard.Job{Key: "k", Name: "d"}, ran)
 			require.NotNil(t, out.Duplicate, "start 3 of 2")
-			require.Equal(t, middleware.ReasonThrottled, out.Duplicate.Reason)
+			require.Equal(t, guard.ReasonThrottled, out.Duplicate.Reason)
 
 			// A redelivery waits for its own earlier run, which fails, and
 			// runs: it is that run's retry, and spends no start of its own.
-			again := redeliveryRunsAfterItsOwnRunFails(t, newLocker, middleware.Job{Key: "own", Name: "t1", Origin: "t1"}, throttled)
-			out = again.Run(ctx, middleware.Job{Key: "own", Name: "t2"}, ran)
+			again := redeliveryRunsAfterItsOwnRunFails(t, newLocker, guard.With(guard.Job{Key: "own", Name: "t1"}, guard.Work{Label: "t1"}), throttled)
+			out = again.Run(ctx, guard.Job{Key: "own", Name: "t2"}, ran)
 			require.True(t, out.Ran, "start 2 of 2: the redelivery spent none (%v)", out.Err)
 		})
 	}
@@ -1098,15 +1098,15 @@ func TestThrottleOfOneLetsARedeliveryWaitForItsOwnRun(t *testing.T) {
 				testredis.Addr(t)
 			}
 			for i, c := range []struct {
-				policy   middleware.Policy
+				policy   guard.Policy
 				reserved bool
-			}{{middleware.Skip(), false}, {middleware.Wait(time.Minute, middleware.Skip()), false}, {middleware.Skip(), true}} {
-				throttled := []middleware.Option{middleware.WithThrottle(1, time.Minute, middleware.ActionSkip), middleware.WithPolicy(c.policy)}
+			}{{guard.Skip(), false}, {guard.Wait(time.Minute, guard.Skip()), false}, {guard.Skip(), true}} {
+				throttled := []guard.Option{guard.WithThrottle(1, time.Minute, guard.ActionSkip), guard.WithPolicy(c.policy)}
 				key := fmt.Sprint("own-", i)
-				again := redeliveryRunsAfterItsOwnRunFails(t, newLocker, middleware.Job{Key: key, Name: "t1", Origin: "t1", Reserved: c.reserved}, throttled)
-				out := again.Run(context.Background(), middleware.Job{Key: key, Name: "t2"}, func(context.Context) error { return nil })
+				again := redeliveryRunsAfterItsOwnRunFails(t, newLocker, guard.With(guard.Job{Key: key, Name: "t1"}, guard.Work{Label: "t1", Reserved: c.reserved}), throttled)
+				out := again.Run(context.Background(), guard.Job{Key: key, Name: "t2"}, func(context.Context) error { return nil })
 				require.NotNil(t, out.Duplicate, "start 2 of 1")
-				require.Equal(t, middleware.ReasonThrottled, out.Duplicate.Reason)
+				require.Equal(t, guard.ReasonThrottled, out.Duplicate.Reason)
 			}
 		})
 	}
@@ -1115,13 +1115,13 @@ func TestThrottleOfOneLetsARedeliveryWaitForItsOwnRun(t *testing.T) {
 // redeliveryRunsAfterItsOwnRunFails runs job with opts and, while it runs,
 // a redelivery of it on a second guard; it checks that the redelivery waits
 // for the run, which then fails, and runs. It returns the second guard.
-func redeliveryRunsAfterItsOwnRunFails(t *testing.T, newLocker func(*testing.T, ...redis.Hook) lockkit.Locker, job middleware.Job, opts []middleware.Option) *middleware.Guard {
+func redeliveryRunsAfterItsOwnRunFails(t *testing.T, newLocker func(*testing.T, ...redis.Hook) lockkit.Locker, job guard.Job, opts []guard.Option) *guard.Guard {
 	t.Helper()
 	ctx := context.Background()
 	first, _ := newGuard(t, newLocker(t), opts...)
 	again, _ := newGuard(t, newLocker(t), opts...)
 	fail := make(chan struct{})
-	firstDone := make(chan middleware.Outcome, 1)
+	firstDone := make(chan guard.Outcome, 1)
 	started := make(chan struct{})
 	go func() {
 		firstDone <- first.Run(ctx, job, func(context.Context) error {
@@ -1135,7 +1135,7 @@ func redeliveryRunsAfterItsOwnRunFails(t *testing.T, newLocker func(*testing.T, 
 	case out := <-firstDone:
 		t.Fatalf("the first run did not start: %v", out.Err)
 	}
-	redelivered := make(chan middleware.Outcome, 1)
+	redelivered := make(chan guard.Outcome, 1)
 	go func() { redelivered <- again.Run(ctx, job, func(context.Context) error { return nil }) }()
 	l := newLocker(t)
 	waiting := func() bool {
@@ -1167,8 +1167,8 @@ func TestHoldAtLeastLetsTheRetryOfAFailedRunRun(t *testing.T) {
 			if name == "redis" {
 				testredis.Addr(t)
 			}
-			opts := []middleware.Option{middleware.WithHoldAtLeast(time.Minute)}
-			job := middleware.Job{Key: "k", ID: "t1", Origin: "t1"}
+			opts := []guard.Option{guard.WithHoldAtLeast(time.Minute)}
+			job := guard.With(guard.Job{Key: "k", ID: "t1"}, guard.Work{Label: "t1"})
 			a, _ := newGuard(t, newLocker(t), opts...)
 			out := a.Run(context.Background(), job, func(context.Context) error { return errors.New("failed") })
 			require.True(t, out.Ran)
@@ -1177,7 +1177,7 @@ func TestHoldAtLeastLetsTheRetryOfAFailedRunRun(t *testing.T) {
 			defer cancel()
 			out = b.Run(ctx, job, func(context.Context) error { return nil })
 			require.True(t, out.Ran, "the retry runs (%v)", out.Err)
-			out = b.Run(ctx, middleware.Job{Key: "k", Name: "other"}, func(context.Context) error { return nil })
+			out = b.Run(ctx, guard.Job{Key: "k", Name: "other"}, func(context.Context) error { return nil })
 			require.NotNil(t, out.Duplicate, "the successful retry holds the key")
 		})
 	}
@@ -1193,17 +1193,17 @@ func TestThrottleWaitingJobHoldsNoStart(t *testing.T) {
 				testredis.Addr(t)
 			}
 			ctx := context.Background()
-			opts := []middleware.Option{middleware.WithThrottle(2, time.Minute, middleware.ActionSkip),
-				middleware.WithPolicy(middleware.Wait(time.Minute, middleware.Skip()))}
+			opts := []guard.Option{guard.WithThrottle(2, time.Minute, guard.ActionSkip),
+				guard.WithPolicy(guard.Wait(time.Minute, guard.Skip()))}
 			a, _ := newGuard(t, newLocker(t), opts...)
 			release := sync.OnceFunc(holdKey(t, a, "k")) // start 1 of 2
 			defer release()
 			w, _ := newGuard(t, newLocker(t), opts...)
 			wctx, giveUp := context.WithCancel(ctx)
 			defer giveUp()
-			waited := make(chan middleware.Outcome, 1)
+			waited := make(chan guard.Outcome, 1)
 			go func() {
-				waited <- w.Run(wctx, middleware.Job{Key: "k", Name: "w"}, func(context.Context) error { return nil })
+				waited <- w.Run(wctx, guard.Job{Key: "k", Name: "w"}, func(context.Context) error { return nil })
 			}()
 			l := newLocker(t)
 			waiters := func(n int) func() bool {
@@ -1215,9 +1215,9 @@ func TestThrottleWaitingJobHoldsNoStart(t *testing.T) {
 			require.Eventually(t, waiters(1), 10*time.Second, time.Millisecond, "w waits for the key")
 
 			c, _ := newGuard(t, newLocker(t), opts...)
-			ran := make(chan middleware.Outcome, 1)
+			ran := make(chan guard.Outcome, 1)
 			go func() {
-				ran <- c.Run(ctx, middleware.Job{Key: "k", Name: "c"}, func(context.Context) error { return nil })
+				ran <- c.Run(ctx, guard.Job{Key: "k", Name: "c"}, func(context.Context) error { return nil })
 			}()
 			require.Eventually(t, func() bool { return len(ran) == 1 || waiters(2)() }, 10*time.Second, time.Millisecond)
 			giveUp()
@@ -1228,14 +1228,14 @@ func TestThrottleWaitingJobHoldsNoStart(t *testing.T) {
 			require.True(t, out.Ran, "start 2 of 2: only one run had begun (%v)", out.Err)
 
 			// Nor does a KeepNewest follow-up: a newer job takes its place.
-			opts = []middleware.Option{middleware.WithThrottle(2, time.Minute, middleware.ActionSkip),
-				middleware.WithPolicy(middleware.KeepNewest())}
+			opts = []guard.Option{guard.WithThrottle(2, time.Minute, guard.ActionSkip),
+				guard.WithPolicy(guard.KeepNewest())}
 			a, _ = newGuard(t, newLocker(t), opts...)
 			release = sync.OnceFunc(holdKey(t, a, "f")) // start 1 of 2
 			defer release()
 			w, _ = newGuard(t, newLocker(t), opts...)
 			go func() {
-				waited <- w.Run(ctx, middleware.Job{Key: "f", Name: "w"}, func(context.Context) error { return nil })
+				waited <- w.Run(ctx, guard.Job{Key: "f", Name: "w"}, func(context.Context) error { return nil })
 			}()
 			require.Eventually(t, func() bool {
 				info, err := l.Inspect(ctx, "f")
@@ -1243,7 +1243,7 @@ func TestThrottleWaitingJobHoldsNoStart(t *testing.T) {
 			}, 10*time.Second, time.Millisecond, "w waits as the key's follow-up")
 			c, _ = newGuard(t, newLocker(t), opts...)
 			go func() {
-				ran <- c.Run(ctx, middleware.Job{Key: "f", Name: "c"}, func(context.Context) error { return nil })
+				ran <- c.Run(ctx, guard.Job{Key: "f", Name: "c"}, func(context.Context) error { return nil })
 			}()
 			select {
 			case out = <-waited:
@@ -1251,7 +1251,7 @@ func TestThrottleWaitingJobHoldsNoStart(t *testing.T) {
 				require.True(t, out.Ran, "c, the newest follow-up, ran (%v)", out.Err)
 			}
 			require.NotNil(t, out.Duplicate, "w gives way to c")
-			require.Equal(t, middleware.ReasonSuperseded, out.Duplicate.Reason)
+			require.Equal(t, guard.ReasonSuperseded, out.Duplicate.Reason)
 			release()
 			out = <-ran
 			require.True(t, out.Ran, "c, the newest follow-up, runs: start 2 of 2 (%v)", out.Err)
@@ -1270,16 +1270,16 @@ func TestThrottleDatesTheStartWhenTheRunBegins(t *testing.T) {
 			}
 			ctx := context.Background()
 			const period = time.Second
-			opts := []middleware.Option{middleware.WithThrottle(1, period, middleware.ActionSkip),
-				middleware.WithPolicy(middleware.Wait(time.Minute, middleware.Skip()))}
+			opts := []guard.Option{guard.WithThrottle(1, period, guard.ActionSkip),
+				guard.WithPolicy(guard.Wait(time.Minute, guard.Skip()))}
 			l := newLocker(t)
 			held, err := l.TryAcquire(ctx, "k", nil) // not a throttled run
 			require.NoError(t, err)
 			a, _ := newGuard(t, newLocker(t), opts...)
 			began := make(chan time.Time, 1)
-			done := make(chan middleware.Outcome, 1)
+			done := make(chan guard.Outcome, 1)
 			go func() {
-				done <- a.Run(ctx, middleware.Job{Key: "k", Name: "a"}, func(context.Context) error {
+				done <- a.Run(ctx, guard.Job{Key: "k", Name: "a"}, func(context.Context) error {
 					began <- time.Now()
 					return nil
 				})
@@ -1297,13 +1297,13 @@ func TestThrottleDatesTheStartWhenTheRunBegins(t *testing.T) {
 
 			b, _ := newGuard(t, newLocker(t), opts...)
 			var bBegan time.Time
-			out := b.Run(ctx, middleware.Job{Key: "k", Name: "b"}, func(context.Context) error {
+			out := b.Run(ctx, guard.Job{Key: "k", Name: "b"}, func(context.Context) error {
 				bBegan = time.Now()
 				return nil
 			})
 			require.False(t, out.Ran, "b would begin %s after a began", bBegan.Sub(aBegan))
 			require.NotNil(t, out.Duplicate)
-			require.Equal(t, middleware.ReasonThrottled, out.Duplicate.Reason)
+			require.Equal(t, guard.ReasonThrottled, out.Duplicate.Reason)
 			require.LessOrEqual(t, out.Duplicate.RetryAfter, time.Until(aBegan.Add(period))+50*time.Millisecond,
 				"the next start opens one period after a began")
 		})
@@ -1321,24 +1321,24 @@ func TestThrottleRequeueTellsTurns(t *testing.T) {
 			}
 			ctx := context.Background()
 			const period = 300 * time.Millisecond
-			g, _ := newGuard(t, newLocker(t), middleware.WithThrottle(1, period, middleware.ActionRequeue), middleware.WithLimit(10))
+			g, _ := newGuard(t, newLocker(t), guard.WithThrottle(1, period, guard.ActionRequeue), guard.WithLimit(10))
 			work := func(context.Context) error { return nil }
-			require.True(t, g.Run(ctx, middleware.Job{Key: "k", Name: "a", Origin: "a"}, work).Ran)
+			require.True(t, g.Run(ctx, guard.With(guard.Job{Key: "k", Name: "a"}, guard.Work{Label: "a"}), work).Ran)
 			var waits []time.Duration
 			for _, origin := range []string{"b", "c", "d"} {
-				out := g.Run(ctx, middleware.Job{Key: "k", Name: origin, Origin: origin}, work)
+				out := g.Run(ctx, guard.With(guard.Job{Key: "k", Name: origin}, guard.Work{Label: origin}), work)
 				require.False(t, out.Ran)
-				require.Equal(t, middleware.ReasonThrottled, out.Duplicate.Reason)
-				require.Equal(t, middleware.ActionRequeue, out.Duplicate.Action)
+				require.Equal(t, guard.ReasonThrottled, out.Duplicate.Reason)
+				require.Equal(t, guard.ActionRequeue, out.Duplicate.Action)
 				waits = append(waits, out.Duplicate.RetryAfter)
 			}
 			require.InDelta(t, period, waits[0], float64(50*time.Millisecond))
 			require.InDelta(t, waits[0]+period, waits[1], float64(50*time.Millisecond), "c's turn is after b's")
 			require.InDelta(t, waits[1]+period, waits[2], float64(50*time.Millisecond), "d's turn is after c's")
 			time.Sleep(waits[0])
-			out := g.Run(ctx, middleware.Job{Key: "k", Name: "e"}, work)
+			out := g.Run(ctx, guard.Job{Key: "k", Name: "e"}, work)
 			require.False(t, out.Ran, "a newcomer without an Origin is behind the turns")
-			require.True(t, g.Run(ctx, middleware.Job{Key: "k", Name: "b", Origin: "b"}, work).Ran, "b back in its turn runs")
+			require.True(t, g.Run(ctx, guard.With(guard.Job{Key: "k", Name: "b"}, guard.Work{Label: "b"}), work).Ran, "b back in its turn runs")
 		})
 	}
 }
@@ -1363,11 +1363,11 @@ func TestThrottleReservedStartDoesNotDropAWaitingJob(t *testing.T) {
 			require.NoError(t, err)
 			require.Zero(t, wait)
 
-			c, _ := newGuard(t, newLocker(t), middleware.WithThrottle(1, time.Minute, middleware.ActionSkip),
-				middleware.WithPolicy(middleware.Wait(time.Minute, middleware.Skip())))
-			ran := make(chan middleware.Outcome, 1)
+			c, _ := newGuard(t, newLocker(t), guard.WithThrottle(1, time.Minute, guard.ActionSkip),
+				guard.WithPolicy(guard.Wait(time.Minute, guard.Skip())))
+			ran := make(chan guard.Outcome, 1)
 			go func() {
-				ran <- c.Run(ctx, middleware.Job{Key: "k", Name: "c"}, func(context.Context) error { return nil })
+				ran <- c.Run(ctx, guard.Job{Key: "k", Name: "c"}, func(context.Context) error { return nil })
 			}()
 			require.Eventually(t, func() bool {
 				if len(ran) == 1 {
@@ -1415,35 +1415,37 @@ func TestThrottledFollowUpIsPutBackNotSkipped(t *testing.T) {
 	for name, newLocker := range backends(t) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			opts := []middleware.Option{middleware.WithThrottle(1, time.Minute, middleware.ActionSkip),
-				middleware.WithPolicy(middleware.Coalesce())}
+			opts := []guard.Option{guard.WithThrottle(1, time.Minute, guard.ActionSkip),
+				guard.WithPolicy(guard.Coalesce())}
 			gate := make(chan struct{})
 			r, _ := newGuard(t, newLocker(t, gatedStart{gate}), opts...)
 			f, _ := newGuard(t, newLocker(t), opts...)
 			x, _ := newGuard(t, newLocker(t), opts...)
 			l := newLocker(t)
 			work := func(context.Context) error { return nil }
-			rOut := make(chan middleware.Outcome, 1)
-			go func() { rOut <- r.Run(ctx, middleware.Job{Key: "k", Name: "R", EnqueuedAt: time.Now()}, work) }()
+			rOut := make(chan guard.Outcome, 1)
+			go func() {
+				rOut <- r.Run(ctx, guard.With(guard.Job{Key: "k", Name: "R"}, guard.Work{EnqueuedAt: time.Now()}), work)
+			}()
 			require.Eventually(t, func() bool { i, err := l.Inspect(ctx, "k"); return err == nil && len(i.Holders) == 1 }, 5*time.Second, time.Millisecond)
-			fOut := make(chan middleware.Outcome, 1)
+			fOut := make(chan guard.Outcome, 1)
 			// Enqueued after R began: R does not cover F.
 			go func() {
-				fOut <- f.Run(ctx, middleware.Job{Key: "k", Name: "F", EnqueuedAt: time.Now().Add(time.Hour)}, work)
+				fOut <- f.Run(ctx, guard.With(guard.Job{Key: "k", Name: "F"}, guard.Work{EnqueuedAt: time.Now().Add(time.Hour)}), work)
 			}()
 			require.Eventually(t, func() bool { i, err := l.Inspect(ctx, "k"); return err == nil && i.Waiters == 1 }, 5*time.Second, time.Millisecond,
 				"F waits as the key's follow-up")
-			xo := x.Run(ctx, middleware.Job{Key: "k", Name: "X", EnqueuedAt: time.Now()}, work)
+			xo := x.Run(ctx, guard.With(guard.Job{Key: "k", Name: "X"}, guard.Work{EnqueuedAt: time.Now()}), work)
 			require.False(t, xo.Ran)
 			require.NotNil(t, xo.Duplicate)
-			require.Equal(t, middleware.ReasonCovered, xo.Duplicate.Reason, "X folds into F")
+			require.Equal(t, guard.ReasonCovered, xo.Duplicate.Reason, "X folds into F")
 			close(gate)
 			require.True(t, (<-rOut).Ran)
 			fo := <-fOut
 			require.False(t, fo.Ran, "R's start spent the budget")
 			require.NotNil(t, fo.Duplicate)
-			require.Equal(t, middleware.ReasonThrottled, fo.Duplicate.Reason)
-			require.Equal(t, middleware.ActionRequeue, fo.Duplicate.Action, "F, which X folded into, is put back, not skipped")
+			require.Equal(t, guard.ReasonThrottled, fo.Duplicate.Reason)
+			require.Equal(t, guard.ActionRequeue, fo.Duplicate.Action, "F, which X folded into, is put back, not skipped")
 		})
 	}
 }

@@ -1,4 +1,4 @@
-package middleware
+package guard
 
 // Follow-ups (Coalesce, KeepNewest, Preempt), parking, the pass-on of a
 // reserved key, the runtime's own check (WithAdmit), and a delivery that
@@ -15,12 +15,14 @@ import (
 
 // PassOn hands the key on from a parked job that cannot be started (see
 // WithParking): it takes over the key's reservation carrying origin, the
-// job's Origin, and releases it, which reserves the key for the next parked
+// job's Label, and releases it, which reserves the key for the next parked
 // job and resumes that one. It does nothing when the key is held otherwise
 // (a run of that job or of another: that run's end passes the key on),
 // without WithParking, and once the Locker is closed (the reservation ends
 // with its hold). Errors are reported as EventError.
-func (g *Guard) PassOn(ctx context.Context, key, origin string) {
+func PassOn(g *Guard, ctx context.Context, key, origin string) { g.passOn(ctx, key, origin) }
+
+func (g *Guard) passOn(ctx context.Context, key, origin string) {
 	p := g.parking
 	if p == nil || key == "" || origin == "" {
 		return
@@ -29,12 +31,12 @@ func (g *Guard) PassOn(ctx context.Context, key, origin string) {
 		Park: &lockcore.Parking{OnParked: func(id string) { p.Resume(key, id) }}})
 	if err != nil {
 		if !errors.Is(err, lockcore.ErrNotAcquired) && !errors.Is(err, lockcore.ErrClosed) {
-			g.Emit(ctx, Event{Kind: EventError, Job: Job{Key: key, Origin: origin}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
+			g.emit(ctx, Event{Kind: EventError, Job: Job{Key: key, w: Work{Label: origin}}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
 		}
 		return
 	}
 	if err := l.Release(ctx); err != nil && !errors.Is(err, lockcore.ErrClosed) {
-		g.Emit(ctx, Event{Kind: EventError, Job: Job{Key: key, Origin: origin}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
+		g.emit(ctx, Event{Kind: EventError, Job: Job{Key: key, w: Work{Label: origin}}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
 	}
 }
 
@@ -49,7 +51,7 @@ func (g *Guard) parks() bool {
 	case g.policy.mode == ModeCoalesce, g.policy.mode == ModeKeepNewest:
 		return true
 	}
-	return g.policy.Action() == ActionRequeue
+	return ActionOf(g.policy) == ActionRequeue
 }
 
 // parkFollowUp takes the key for a Coalesce or KeepNewest job under
@@ -70,7 +72,7 @@ func (g *Guard) parkFollowUp(ctx context.Context, job Job, opt *lockcore.Acquire
 	if ce.Superseded != "" {
 		g.parking.Resume(job.Key, ce.Superseded)
 	}
-	g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionRequeue, Holder: ce.Owner, Err: ce})
+	g.emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionRequeue, Holder: ce.Owner, Err: ce})
 	return nil, 0, &DuplicateError{Job: job, Reason: ReasonHeld, Action: ActionRequeue, Parked: true, Cause: ce}
 }
 
@@ -100,8 +102,8 @@ func (g *Guard) followUp(ctx context.Context, job Job, opt *lockcore.AcquireOpti
 	case errors.Is(err, lockcore.ErrCovered), errors.Is(err, lockcore.ErrSuperseded), errors.Is(err, lockcore.ErrCompleted), errors.Is(err, lockcore.ErrEpochUsed):
 		return nil, waited, g.notAcquired(ctx, job, err, waited)
 	}
-	err = fmt.Errorf("middleware: %s: waiting for %q: %w", job.label(), job.Key, err)
-	g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
+	err = fmt.Errorf("middleware: %s: waiting for %q: %w", job.what(), job.Key, err)
+	g.emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
 	return nil, waited, err
 }
 
@@ -114,18 +116,18 @@ func (g *Guard) admitJob(ctx context.Context, job Job) error {
 	var dup *DuplicateError
 	if errors.As(err, &dup) {
 		dup.Job = job
-		g.Emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: dup.Action, Err: dup.Cause})
+		g.emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: dup.Action, Err: dup.Cause})
 		return dup
 	}
-	err = fmt.Errorf("middleware: %s: %w", job.label(), err)
-	g.Emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+	err = fmt.Errorf("middleware: %s: %w", job.what(), err)
+	g.emit(ctx, Event{Kind: EventError, Job: job, Err: err})
 	return err
 }
 
 // ownRun reports whether err is a conflict with a run of the same work.
 func ownRun(job Job, err error) bool {
 	var ce *lockcore.ConflictError
-	return job.Origin != "" && errors.As(err, &ce) && ce.Label == job.Origin
+	return job.w.Label != "" && errors.As(err, &ce) && ce.Label == job.w.Label
 }
 
 // errDoneBefore ends, as a run that did nothing (no HoldAtLeast hold), the
@@ -152,10 +154,10 @@ func (g *Guard) awaitOwnRun(ctx context.Context, job Job, opt *lockcore.AcquireO
 	switch {
 	case err == nil && g.done != nil && g.done(ctx, job):
 		_ = lease.Run(ctx, func(context.Context) error { return errDoneBefore })
-		err = fmt.Errorf("%w: %s: the earlier run of %q did the work", lockcore.ErrCompleted, job.label(), job.Origin)
+		err = fmt.Errorf("%w: %s: the earlier run of %q did the work", lockcore.ErrCompleted, job.what(), job.w.Label)
 		return nil, waited, g.notAcquired(ctx, job, err, waited)
 	case err == nil:
-		g.Emit(ctx, Event{Kind: EventWaited, Job: job, Wait: waited})
+		g.emit(ctx, Event{Kind: EventWaited, Job: job, Wait: waited})
 		return lease, waited, nil
 	case errors.Is(err, lockcore.ErrCompleted):
 		return nil, waited, g.notAcquired(ctx, job, err, waited)
@@ -163,10 +165,10 @@ func (g *Guard) awaitOwnRun(ctx context.Context, job Job, opt *lockcore.AcquireO
 		// The wait failed (a Redis error, ctx ended), but the earlier run
 		// did the work meanwhile: the job is not to run at its next
 		// delivery either, which need not wait for that run.
-		err = fmt.Errorf("%w: %s: the earlier run of %q did the work (%w)", lockcore.ErrCompleted, job.label(), job.Origin, err)
+		err = fmt.Errorf("%w: %s: the earlier run of %q did the work (%w)", lockcore.ErrCompleted, job.what(), job.w.Label, err)
 		return nil, waited, g.notAcquired(ctx, job, err, waited)
 	}
-	err = fmt.Errorf("middleware: %s: waiting for the earlier delivery of %q: %w", job.label(), job.Origin, err)
-	g.Emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
+	err = fmt.Errorf("middleware: %s: waiting for the earlier delivery of %q: %w", job.what(), job.w.Label, err)
+	g.emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
 	return nil, waited, err
 }

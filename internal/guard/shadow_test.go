@@ -1,4 +1,4 @@
-package middleware_test
+package guard_test
 
 import (
 	"context"
@@ -9,10 +9,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/lockkit"
-	"github.com/jobguard/jobguard/middleware"
 )
 
 // Under WithShadow a job the policy would not run now runs anyway, without
@@ -22,14 +22,14 @@ func TestShadowRunsEveryJobAndReportsTheDecision(t *testing.T) {
 	newLocker := backends(t)["redis"]
 	rec := &recorder{}
 	one, two := newLocker(t).(*lockkit.RedisLocker), newLocker(t)
-	a, err := middleware.New(one, middleware.WithShadow(), middleware.WithPolicy(middleware.Requeue(0)), middleware.WithObserver(rec.observe))
+	a, err := guard.New(one, guard.WithShadow(), guard.WithPolicy(guard.Requeue(0)), guard.WithObserver(rec.observe))
 	require.NoError(t, err)
-	b, err := middleware.New(two, middleware.WithShadow(), middleware.WithPolicy(middleware.Requeue(0)), middleware.WithObserver(rec.observe))
+	b, err := guard.New(two, guard.WithShadow(), guard.WithPolicy(guard.Requeue(0)), guard.WithObserver(rec.observe))
 	require.NoError(t, err)
 
-	started, release, done := make(chan struct{}), make(chan struct{}), make(chan middleware.Outcome)
+	started, release, done := make(chan struct{}), make(chan struct{}), make(chan guard.Outcome)
 	go func() {
-		done <- a.Run(context.Background(), middleware.Job{Key: "report", ID: "first", Origin: "first"}, func(ctx context.Context) error {
+		done <- a.Run(context.Background(), guard.With(guard.Job{Key: "report", ID: "first"}, guard.Work{Label: "first"}), func(ctx context.Context) error {
 			close(started)
 			<-release
 			return nil
@@ -37,7 +37,7 @@ func TestShadowRunsEveryJobAndReportsTheDecision(t *testing.T) {
 	}()
 	<-started
 	ranSecond := false
-	out := b.Run(context.Background(), middleware.Job{Key: "report", ID: "second", Origin: "second"}, func(ctx context.Context) error {
+	out := b.Run(context.Background(), guard.With(guard.Job{Key: "report", ID: "second"}, guard.Work{Label: "second"}), func(ctx context.Context) error {
 		ranSecond = true
 		return errors.New("the job's own error")
 	})
@@ -49,54 +49,54 @@ func TestShadowRunsEveryJobAndReportsTheDecision(t *testing.T) {
 	require.True(t, first.Ran)
 	require.NoError(t, first.Err)
 
-	var shadowed []middleware.Event
+	var shadowed []guard.Event
 	for _, e := range rec.events {
-		if e.Kind == middleware.EventShadowed {
+		if e.Kind == guard.EventShadowed {
 			shadowed = append(shadowed, e)
 		}
 	}
 	require.Len(t, shadowed, 1)
 	require.Equal(t, "second", shadowed[0].Job.ID)
-	require.Equal(t, middleware.ActionRequeue, shadowed[0].Action, "what the policy would have done")
+	require.Equal(t, guard.ActionRequeue, shadowed[0].Action, "what the policy would have done")
 	require.Equal(t, coretest.Of(t, one).Owner(), shadowed[0].Holder)
 	require.ErrorIs(t, shadowed[0].Err, lockkit.ErrNotAcquired)
-	require.Equal(t, "shadowed", middleware.EventShadowed.String())
+	require.Equal(t, "shadowed", guard.EventShadowed.String())
 
 	// Its own earlier delivery holding the key is no duplicate: nothing is
 	// reported. And Redis unreachable: the job runs, with an error event.
 	started, release = make(chan struct{}), make(chan struct{})
 	go func() {
-		done <- a.Run(context.Background(), middleware.Job{Key: "report", ID: "third", Origin: "third"}, func(context.Context) error {
+		done <- a.Run(context.Background(), guard.With(guard.Job{Key: "report", ID: "third"}, guard.Work{Label: "third"}), func(context.Context) error {
 			close(started)
 			<-release
 			return nil
 		})
 	}()
 	<-started
-	out = b.Run(context.Background(), middleware.Job{Key: "report", ID: "third", Origin: "third"}, func(context.Context) error { return nil })
+	out = b.Run(context.Background(), guard.With(guard.Job{Key: "report", ID: "third"}, guard.Work{Label: "third"}), func(context.Context) error { return nil })
 	require.True(t, out.Ran)
 	close(release)
 	<-done
-	require.Len(t, kindsOf(rec, middleware.EventShadowed), 1, "a re-delivery of the running job is not shadowed")
+	require.Len(t, kindsOf(rec, guard.EventShadowed), 1, "a re-delivery of the running job is not shadowed")
 
 	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { _ = down.Close() })
 	dl, err := lockkit.NewRedis(down)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = dl.Close(context.Background()) })
-	g, err := middleware.New(dl, middleware.WithShadow(), middleware.WithObserver(rec.observe))
+	g, err := guard.New(dl, guard.WithShadow(), guard.WithObserver(rec.observe))
 	require.NoError(t, err)
 	ran := false
-	out = g.Run(context.Background(), middleware.Job{Key: "report"}, func(context.Context) error { ran = true; return nil })
+	out = g.Run(context.Background(), guard.Job{Key: "report"}, func(context.Context) error { ran = true; return nil })
 	require.True(t, out.Ran && ran, "a Redis error does not keep a shadowed job from running")
-	require.Len(t, kindsOf(rec, middleware.EventError), 1)
+	require.Len(t, kindsOf(rec, guard.EventError), 1)
 }
 
 // kindsOf returns the events of kind k that r recorded.
-func kindsOf(r *recorder, k middleware.EventKind) []middleware.Event {
+func kindsOf(r *recorder, k guard.EventKind) []guard.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []middleware.Event
+	var out []guard.Event
 	for _, e := range r.events {
 		if e.Kind == k {
 			out = append(out, e)
@@ -115,9 +115,9 @@ func TestShadowReservedJobTakesItsReservationOver(t *testing.T) {
 	_, err := coretest.Of(t, l).TryAcquire(ctx, "report", &lockcore.AcquireOptions{Label: "task-1", Detached: true, TTL: lockcore.MaxTTL})
 	require.NoError(t, err)
 	rec := &recorder{}
-	g, err := middleware.New(newLocker(t), middleware.WithShadow(), middleware.WithObserver(rec.observe))
+	g, err := guard.New(newLocker(t), guard.WithShadow(), guard.WithObserver(rec.observe))
 	require.NoError(t, err)
-	out := g.Run(ctx, middleware.Job{Key: "report", ID: "task-1", Origin: "task-1", Reserved: true}, func(ctx context.Context) error {
+	out := g.Run(ctx, guard.With(guard.Job{Key: "report", ID: "task-1"}, guard.Work{Label: "task-1", Reserved: true}), func(ctx context.Context) error {
 		_, ok := lockkit.LeaseFromContext(ctx)
 		require.True(t, ok, "it runs under its lease")
 		return nil
@@ -127,7 +127,7 @@ func TestShadowReservedJobTakesItsReservationOver(t *testing.T) {
 	info, err := l.Inspect(ctx, "report")
 	require.NoError(t, err)
 	require.Empty(t, info.Holders, "its run's end gave the key back")
-	require.Empty(t, kindsOf(rec, middleware.EventShadowed))
+	require.Empty(t, kindsOf(rec, guard.EventShadowed))
 }
 
 // Under WithShadow a job the key is reserved for that runs beside another
@@ -145,9 +145,9 @@ func TestShadowDuplicateGivesUpItsParkedPlace(t *testing.T) {
 	info, err := l.Inspect(ctx, "report")
 	require.NoError(t, err)
 	require.Equal(t, 1, info.Parked, "task-2 is parked")
-	g, err := middleware.New(newLocker(t), middleware.WithShadow())
+	g, err := guard.New(newLocker(t), guard.WithShadow())
 	require.NoError(t, err)
-	out := g.Run(ctx, middleware.Job{Key: "report", ID: "task-2", Origin: "task-2", Reserved: true}, func(context.Context) error { return nil })
+	out := g.Run(ctx, guard.With(guard.Job{Key: "report", ID: "task-2"}, guard.Work{Label: "task-2", Reserved: true}), func(context.Context) error { return nil })
 	require.True(t, out.Ran)
 	info, err = l.Inspect(ctx, "report")
 	require.NoError(t, err)

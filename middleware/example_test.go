@@ -1,0 +1,59 @@
+package middleware_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jobguard/jobguard/lockkit/inprocess"
+	"github.com/jobguard/jobguard/middleware"
+)
+
+// A runtime of your own guards its jobs with a Guard: the second job of a
+// key, run while the first holds it, is a duplicate, and the policy (Skip,
+// the default) drops it.
+func ExampleNew() {
+	ctx := context.Background()
+	store, err := inprocess.Start() // an embedded Redis; use lockkit.NewRedis(rdb) in production
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	locker, err := store.Locker()
+	if err != nil {
+		panic(err)
+	}
+	defer locker.Close(ctx)
+	g, err := middleware.New(locker, middleware.WithTTL(10*time.Second))
+	if err != nil {
+		panic(err)
+	}
+	job := middleware.Job{Key: "tenant:42", Name: "report"}
+	out := g.Run(ctx, job, func(ctx context.Context) error {
+		inner := g.Run(ctx, job, func(context.Context) error { return nil })
+		fmt.Println("second run:", inner.Duplicate.Reason == middleware.ReasonHeld, inner.Duplicate.Action)
+		return nil
+	})
+	fmt.Println("first run:", out.Ran, out.Err)
+	// Output:
+	// second run: true skip
+	// first run: true <nil>
+}
+
+// A combination that cannot work is refused when the Guard is built.
+func ExampleWithLimit() {
+	store, err := inprocess.Start()
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	locker, err := store.Locker()
+	if err != nil {
+		panic(err)
+	}
+	defer locker.Close(context.Background())
+	_, err = middleware.New(locker, middleware.WithPolicy(middleware.KeepNewest()), middleware.WithLimit(2))
+	fmt.Println(err)
+	// Output:
+	// middleware: invalid option: WithLimit(2): KeepNewest runs one job per key at a time
+}
