@@ -39,17 +39,13 @@ import (
 	"github.com/jobguard/jobguard/middleware"
 )
 
-// Holder is a Locker that reports how many leases it holds, as
-// lockkit.RedisLocker does.
-type Holder interface{ Held() int }
-
 // Option configures the metrics.
 type Option func(*config)
 
 type config struct {
 	namespace string
 	buckets   []float64
-	lockers   []Holder
+	lockers   []interface{ Held() int } // WithLockers
 }
 
 // WithNamespace sets the metric name prefix. Defaults to "jobguard".
@@ -66,8 +62,9 @@ var defaultBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10,
 func WithBuckets(b ...float64) Option { return func(c *config) { c.buckets = b } }
 
 // WithLockers makes jobguard_leases_held sum the leases these Lockers hold
-// when scraped. Defaults to no such gauge.
-func WithLockers(ls ...Holder) Option {
+// when scraped: any value whose Held method reports how many leases it
+// holds, as *lockkit.RedisLocker's does. Defaults to no such gauge.
+func WithLockers(ls ...interface{ Held() int }) Option {
 	return func(c *config) { c.lockers = append(c.lockers, ls...) }
 }
 
