@@ -13,8 +13,6 @@ import (
 	"github.com/jobguard/jobguard/internal/cronkey"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/periodickey"
-	"github.com/jobguard/jobguard/lockkit/debounce"
-	"github.com/jobguard/jobguard/lockkit/throttle"
 	"github.com/jobguard/jobguard/singleton"
 )
 
@@ -1013,11 +1011,12 @@ func releasedKeep() time.Duration {
 //   - P{K}:m (last epoch, latest run's order) and P{K}:u (follow-up), for
 //     parkKeep plus a lease TTL;
 //   - P{K}:c, the last Coalesce success, for lockkit.DefaultCoverFor;
-//   - P{K}:b, Debounce's newest request, for debounce.Retention
-//     after it was due;
+//   - P{K}:b, Debounce's newest request, for 24 hours (lockkit/debounce's
+//     retention) after it was due;
 //   - P{K}:t and P{K}:tr, a throttle's starts and reservations, for its period;
-//   - P{K}:tq, a throttle's booked turns, for throttle.TurnKept past the
-//     last booked slot (a period after the run went quiet at most);
+//   - P{K}:tq, a throttle's booked turns, for a minute (lockkit/throttle's
+//     turnKept) past the last booked slot (a period after the run went
+//     quiet at most);
 //   - P{K}:f, the last fencing token, for fenceKeep.
 //
 // Waiters (P{K}:w, P{K}:q) and parked jobs (P{K}:k) are state, not records:
@@ -1060,11 +1059,11 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 		case "c":
 			keep = lockcore.DefaultCoverFor
 		case "b":
-			keep = debounce.Retention + time.Minute
+			keep = 24*time.Hour + time.Minute // lockkit/debounce's retention, plus a margin
 		case "t", "tr":
 			keep = period
 		case "tq":
-			keep = throttle.TurnKept + period
+			keep = time.Minute + period // lockkit/throttle's turnKept, plus a period
 		case "f":
 			keep = fenceKeep
 		}

@@ -22,10 +22,10 @@ import (
 	"github.com/jobguard/jobguard/middleware"
 )
 
-// DefaultTolerance is the clock skew between replicas that a Guard absorbs
+// defaultTolerance is the clock skew between replicas that a Guard absorbs
 // when WithTolerance is not given. For an entry whose activations are closer
 // together than twice this, half the shortest interval is used instead.
-const DefaultTolerance = 2 * time.Second
+const defaultTolerance = 2 * time.Second
 
 // Errors of cronguard. Compare with errors.Is.
 var (
@@ -145,7 +145,7 @@ type config struct {
 // × its interval + 2 × d, so that a replica firing up to an interval late with
 // a clock up to d behind still finds it. It must not be negative and must be
 // shorter than the shortest interval of every schedule wrapped (Wrap and Add
-// return an error otherwise). Defaults to DefaultTolerance (2s), capped at
+// return an error otherwise). Defaults to 2s, capped at
 // half the entry's shortest interval.
 func WithTolerance(d time.Duration) Option {
 	return func(c *config) { c.tol, c.tolSet = d, true }
@@ -392,7 +392,7 @@ func (g *Guard) entry(name, spec string, loc *time.Location) (*entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: entry %q: spec %q: %v", ErrInvalid, name, spec, err)
 	}
-	tol := min(DefaultTolerance, gap/2)
+	tol := min(defaultTolerance, gap/2)
 	if g.cfg.tolSet {
 		tol = g.cfg.tol
 		if tol >= gap {

@@ -401,14 +401,15 @@ func TestValidation(t *testing.T) {
 	require.ErrorIs(t, err, cronguard.ErrInvalid)
 }
 
+// The tolerance defaults to 2s (WithTolerance), capped at half the
+// entry's shortest interval.
 func TestDefaultTolerance(t *testing.T) {
-	require.Equal(t, 2*time.Second, cronguard.DefaultTolerance)
 	for _, tc := range []struct {
 		spec string
 		opts []cronguard.Option
 		want time.Duration // the claim's lifetime: 2 × interval + 2 × tolerance
 	}{
-		{"@hourly", nil, 2*time.Hour + 2*cronguard.DefaultTolerance},
+		{"@hourly", nil, 2*time.Hour + 2*2*time.Second},                 // the default tolerance, 2s
 		{"*/3 * * * * *", nil, 6*time.Second + 2*1500*time.Millisecond}, // capped at half the interval
 		{"* * * * * *", nil, 2*time.Second + 2*500*time.Millisecond},
 		{"@hourly", []cronguard.Option{cronguard.WithTolerance(time.Minute)}, 2*time.Hour + 2*time.Minute},

@@ -26,7 +26,7 @@
 // interval to the next activation, still names the activation that fired it,
 // and replicas whose clocks are skewed name the same tick: they only fire it
 // at real times up to the skew apart. The tolerance (WithTolerance, default
-// DefaultTolerance, at most half the entry's shortest interval) is the skew
+// 2s, at most half the entry's shortest interval) is the skew
 // the fleet absorbs.
 //
 // The tick, in Unix milliseconds, is the lockkit epoch of the entry's key

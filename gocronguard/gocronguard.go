@@ -14,16 +14,15 @@
 //     lockkit epoch: each activation runs once, however late a scheduler
 //     fires it. Give the job's own cron spec (gocron.CronJob), or "@every d"
 //     for jobs that fire on multiples of d since the epoch.
-//   - Otherwise the key stays held for WithHoldAtLeast (default
-//     DefaultHoldAtLeast) after a run starts: the runs of the job start at
-//     least that long apart across the fleet, and that is all this mode
-//     promises. Each run runs once only if every scheduler fires it within
-//     the hold of the others, and the hold is shorter than the job's
-//     interval: the same clock-aligned schedule (a CronJob, or a DurationJob
-//     aligned with gocron.WithStartAt) on clocks closer than the hold. A
-//     DurationJob started at different times fires at each scheduler's own
-//     phase; a hold close to its interval (less the schedulers' timing
-//     jitter) spaces its runs about one interval apart.
+//   - Otherwise the key stays held for WithHoldAtLeast (default 1s) after a
+//     run starts: the runs of the job start at least that long apart across
+//     the fleet, and that is all this mode promises. Each run runs once only
+//     if every scheduler fires it within the hold of the others, and the hold
+//     is shorter than the job's interval: the same clock-aligned schedule (a
+//     CronJob, or a DurationJob aligned with gocron.WithStartAt) on clocks
+//     closer than the hold. A DurationJob started at different times fires at
+//     each scheduler's own phase; a hold close to its interval (less the
+//     schedulers' timing jitter) spaces its runs about one interval apart.
 //
 // With the Elector, only the leader runs jobs, and a new leader waits for
 // the handover (WithHandover) before it does (see Elector).
@@ -46,19 +45,19 @@ import (
 	"github.com/jobguard/jobguard/lockkit/elect"
 )
 
-// Defaults of a Locker.
+// Defaults of a Locker and an Elector.
 const (
-	// DefaultHoldAtLeast is how long the key of a job without a schedule
+	// defaultHoldAtLeast is how long the key of a job without a schedule
 	// stays held after its run starts.
-	DefaultHoldAtLeast = time.Second
-	// DefaultTolerance bounds how far from an activation a scheduler may fire
+	defaultHoldAtLeast = time.Second
+	// defaultTolerance bounds how far from an activation a scheduler may fire
 	// it and still name it, unless half the schedule's interval is shorter.
-	DefaultTolerance = time.Second
-	// KeyPrefix is prepended to a job's name to make its lockkit key.
-	KeyPrefix = "gocron:"
-	// DefaultHandover is how long an Elector that became the leader waits
+	defaultTolerance = time.Second
+	// keyPrefix is prepended to a job's name to make its lockkit key.
+	keyPrefix = "gocron:"
+	// defaultHandover is how long an Elector that became the leader waits
 	// before its scheduler runs jobs.
-	DefaultHandover = time.Second
+	defaultHandover = time.Second
 )
 
 var (
@@ -91,12 +90,12 @@ func WithSchedule(job, spec string) Option {
 // WithHoldAtLeast sets how long the key of a job without a schedule stays
 // held after its run starts: the job's runs start at least that long apart
 // across the fleet (see the package doc). It is one duration for every job
-// without a schedule. Must be positive. Defaults to DefaultHoldAtLeast.
+// without a schedule. Must be positive. Defaults to 1s.
 func WithHoldAtLeast(d time.Duration) Option { return func(l *Locker) { l.hold = d } }
 
 // WithTolerance sets how far from an activation a scheduler may fire it and
-// still run it. Must be positive. Defaults to DefaultTolerance, or half the
-// schedule's interval when that is shorter.
+// still run it. Must be positive. Defaults to 1s, or half the schedule's
+// interval when that is shorter.
 func WithTolerance(d time.Duration) Option { return func(l *Locker) { l.tol = d } }
 
 // WithClock sets the clock ticks are named by; give the gocron scheduler's.
@@ -109,7 +108,8 @@ func WithClock(now func() time.Time) Option { return func(l *Locker) { l.now = n
 // time.Local, as gocron's.
 func WithLocation(loc *time.Location) Option { return func(l *Locker) { l.loc = loc } }
 
-// Locker is a gocron.Locker on a lockkit.Locker.
+// Locker is a gocron.Locker on a lockkit.Locker. The lockkit key of a job
+// is "gocron:" followed by the job's name (under the Locker's own prefix).
 type Locker struct {
 	l      *lockcore.RedisLocker // the engine under the lockkit.Locker given
 	hold   time.Duration
@@ -140,7 +140,7 @@ func NewLocker(l lockkit.Locker, opts ...Option) (*Locker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	lk := &Locker{l: core, hold: DefaultHoldAtLeast, now: time.Now, loc: time.Local, specs: map[string]string{}, scheds: map[string]schedule{}}
+	lk := &Locker{l: core, hold: defaultHoldAtLeast, now: time.Now, loc: time.Local, specs: map[string]string{}, scheds: map[string]schedule{}}
 	for _, o := range opts {
 		if o != nil {
 			o(lk)
@@ -170,7 +170,7 @@ func NewLocker(l lockkit.Locker, opts ...Option) (*Locker, error) {
 		}
 		tol := lk.tol
 		if tol == 0 {
-			tol = min(DefaultTolerance, gap/2)
+			tol = min(defaultTolerance, gap/2)
 		}
 		lk.scheds[job] = schedule{s: s, tol: tol}
 	}
@@ -206,7 +206,7 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 		}
 		opt = &lockcore.AcquireOptions{Epoch: tick.UnixMilli(), EpochTTL: time.Hour, Label: tick.UTC().Format(time.RFC3339Nano)}
 	}
-	lease, err := l.l.TryAcquire(ctx, KeyPrefix+key, opt)
+	lease, err := l.l.TryAcquire(ctx, keyPrefix+key, opt)
 	if err != nil {
 		return nil, err
 	}
@@ -241,7 +241,7 @@ type ElectorOption func(*Elector)
 
 // WithHandover sets how long a scheduler that became the leader waits
 // before it runs jobs (see Elector). Make it longer than the clock skew
-// between schedulers. Must be positive. Defaults to DefaultHandover.
+// between schedulers. Must be positive. Defaults to 1s.
 func WithHandover(d time.Duration) ElectorOption { return func(e *Elector) { e.handover = d } }
 
 // NewElector starts campaigning for key on l (opt as for lockkit.Acquire,
@@ -249,7 +249,7 @@ func WithHandover(d time.Duration) ElectorOption { return func(e *Elector) { e.h
 // resign. It returns an error matching lockkit.ErrInvalid for a nil l, an
 // empty key or an invalid option (ErrInvalid).
 func NewElector(l lockkit.Locker, key string, opt *lockkit.AcquireOptions, opts ...ElectorOption) (*Elector, error) {
-	e := &Elector{handover: DefaultHandover}
+	e := &Elector{handover: defaultHandover}
 	for _, o := range opts {
 		if o != nil {
 			o(e)

@@ -229,7 +229,7 @@ func TestScheduleInTheSchedulersLocation(t *testing.T) {
 // A leader that resigns right after running a second's tick hands over
 // within milliseconds; the new leader, whose clock is 300ms behind, fires
 // the same second after that and does not run it again: a new leader leads
-// only after the handover (DefaultHandover), longer than the skew.
+// only after the handover (1s by default), longer than the skew.
 func TestElectorLeaderChangeRunsEachTickOnce(t *testing.T) {
 	rdb := redisClient(t)
 	p := prefix()

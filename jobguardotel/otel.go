@@ -1,8 +1,10 @@
 // Package jobguardotel reports jobguard's guarded runs to OpenTelemetry:
 // spans and metrics through the OpenTelemetry Go API only (the SDK is the
 // application's choice), with the global providers unless others are given.
-// It is a Go module of its own, so that OpenTelemetry is in the build of no
-// one who does not use it.
+// The tracer and the meter have the instrumentation scope
+// "github.com/jobguard/jobguard/jobguardotel", the package's import path,
+// by which an SDK View can select its instruments. It is a Go module of its
+// own, so that OpenTelemetry is in the build of no one who does not use it.
 //
 //	tel, err := jobguardotel.New() // otel.GetTracerProvider(), otel.GetMeterProvider()
 //	mw, err := singleton.Middleware(locker, singleton.WithObserver(tel.Observer()))
@@ -61,8 +63,9 @@ import (
 	"github.com/jobguard/jobguard/middleware"
 )
 
-// ScopeName is the instrumentation scope of the tracer and the meter.
-const ScopeName = "github.com/jobguard/jobguard/jobguardotel"
+// scopeName is the instrumentation scope of the tracer and the meter (the
+// package doc states it).
+const scopeName = "github.com/jobguard/jobguard/jobguardotel"
 
 // Option configures New.
 type Option func(*config)
@@ -104,8 +107,8 @@ func New(opts ...Option) (*Telemetry, error) {
 	if c.mp == nil {
 		c.mp = otel.GetMeterProvider()
 	}
-	meter := c.mp.Meter(ScopeName)
-	t := &Telemetry{tracer: c.tp.Tracer(ScopeName)}
+	meter := c.mp.Meter(scopeName)
+	t := &Telemetry{tracer: c.tp.Tracer(scopeName)}
 	var errs []error
 	var err error
 	t.wait, err = meter.Float64Histogram("jobguard.lease.wait", metric.WithUnit("s"), metric.WithDescription("How long a run waited for its key."))

@@ -108,6 +108,7 @@ func TestSpansAndMetrics(t *testing.T) {
 	require.NotNil(t, task)
 	require.Equal(t, task.SpanContext().SpanID(), acq.Parent().SpanID())
 	require.Equal(t, trace.SpanKindInternal, acq.SpanKind())
+	require.Equal(t, "github.com/jobguard/jobguard/jobguardotel", acq.InstrumentationScope().Name, "the documented scope")
 	for k, want := range map[string]string{"messaging.system": "asynq", "messaging.destination.name": e.Queue,
 		"messaging.message.id": first.ID, "jobguard.outcome": "acquired", "jobguard.job.name": "sync"} {
 		got, ok := attr(acq.Attributes(), k)
@@ -129,6 +130,7 @@ func TestSpansAndMetrics(t *testing.T) {
 	sums := map[string]int64{}
 	hists := map[string]uint64{}
 	for _, sm := range rm.ScopeMetrics {
+		require.Equal(t, "github.com/jobguard/jobguard/jobguardotel", sm.Scope.Name, "the documented scope")
 		for _, m := range sm.Metrics {
 			switch d := m.Data.(type) {
 			case metricdata.Sum[int64]:

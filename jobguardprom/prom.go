@@ -39,34 +39,32 @@ import (
 	"github.com/jobguard/jobguard/middleware"
 )
 
-// Holder is a Locker that reports how many leases it holds, as
-// lockkit.RedisLocker does.
-type Holder interface{ Held() int }
-
 // Option configures the metrics.
 type Option func(*config)
 
 type config struct {
 	namespace string
 	buckets   []float64
-	lockers   []Holder
+	lockers   []interface{ Held() int } // WithLockers
 }
 
 // WithNamespace sets the metric name prefix. Defaults to "jobguard".
 func WithNamespace(ns string) Option { return func(c *config) { c.namespace = ns } }
 
-// DefaultBuckets are the buckets, in seconds, of the two histograms unless
-// WithBuckets is given: from 5 ms to 2 hours, since guarded jobs often run
-// for minutes (Prometheus' DefBuckets end at 10 s).
-var DefaultBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200}
+// defaultBuckets are the buckets, in seconds, of the two histograms unless
+// WithBuckets is given (WithBuckets' doc lists them).
+var defaultBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200}
 
 // WithBuckets sets the buckets of the two histograms, in seconds. Defaults
-// to DefaultBuckets.
+// to .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
+// 1800, 3600 and 7200: from 5 ms to 2 hours, since guarded jobs often run
+// for minutes (Prometheus' DefBuckets end at 10 s).
 func WithBuckets(b ...float64) Option { return func(c *config) { c.buckets = b } }
 
 // WithLockers makes jobguard_leases_held sum the leases these Lockers hold
-// when scraped. Defaults to no such gauge.
-func WithLockers(ls ...Holder) Option {
+// when scraped: any value whose Held method reports how many leases it
+// holds, as *lockkit.RedisLocker's does. Defaults to no such gauge.
+func WithLockers(ls ...interface{ Held() int }) Option {
 	return func(c *config) { c.lockers = append(c.lockers, ls...) }
 }
 
@@ -85,7 +83,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	if reg == nil {
 		return nil, errors.New("jobguardprom: New: registerer is nil")
 	}
-	c := config{namespace: "jobguard", buckets: DefaultBuckets}
+	c := config{namespace: "jobguard", buckets: defaultBuckets}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)

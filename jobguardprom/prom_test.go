@@ -3,6 +3,7 @@ package jobguardprom_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -213,8 +214,8 @@ func bucketCounts(t *testing.T, reg *prometheus.Registry, name string) map[float
 	return nil
 }
 
-// The default buckets tell a 20-minute run from a 2-hour one; WithBuckets
-// replaces them.
+// The default buckets, from 5 ms to 2 hours, tell a 20-minute run from a
+// 2-hour one; WithBuckets replaces them.
 func TestHoldBucketsFitLongJobs(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := jobguardprom.New(reg)
@@ -224,7 +225,13 @@ func TestHoldBucketsFitLongJobs(t *testing.T) {
 	b := bucketCounts(t, reg, "jobguard_lease_hold_seconds")
 	require.Equal(t, uint64(0), b[600], "a 20-minute run is above the 10-minute bucket")
 	require.Equal(t, uint64(1), b[1800], "and within the 30-minute one")
-	require.Equal(t, jobguardprom.DefaultBuckets[len(jobguardprom.DefaultBuckets)-1], 7200.0)
+	var bounds []float64
+	for le := range b {
+		bounds = append(bounds, le)
+	}
+	slices.Sort(bounds)
+	require.Equal(t, []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200}, bounds,
+		"WithBuckets' documented default")
 
 	reg = prometheus.NewRegistry()
 	m, err = jobguardprom.New(reg, jobguardprom.WithBuckets(1, 60))

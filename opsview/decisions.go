@@ -16,15 +16,15 @@ import (
 
 // Bounds of one read of the decision log (GET api/decisions).
 const (
-	// DefaultDecisionPage is how many decisions a page shows (the limit
-	// parameter may ask for up to MaxPageSize).
-	DefaultDecisionPage = 50
-	// DecisionChunk is the COUNT of each XREVRANGE of a page.
-	DecisionChunk = 200
-	// DecisionReads bounds the XREVRANGE calls of a page: with a filter,
-	// a page looks through at most DecisionChunk*DecisionReads (1,000)
+	// decisionPage is how many decisions a page shows when the limit
+	// parameter is absent (it may ask for up to maxPageSize).
+	decisionPage = 50
+	// decisionChunk is the COUNT of each XREVRANGE of a page.
+	decisionChunk = 200
+	// decisionReads bounds the XREVRANGE calls of a page: with a filter,
+	// a page looks through at most decisionChunk*decisionReads (1,000)
 	// entries, and Older goes on from there.
-	DecisionReads = 5
+	decisionReads = 5
 )
 
 // WithDecisionLog shows, under the locks, the latest decisions of the
@@ -32,9 +32,11 @@ const (
 // reason, the run or task that held or covered it, when), newest first and
 // paged, read from stream on rdb (the servers' Redis); the page's key
 // filter applies. stream "" is the one the asynq middleware writes,
-// singleton.DecisionLog ("jobguard:decisions"). New returns an error
-// matching ErrInvalid for a nil rdb. Defaults to none: the page has no
-// decisions section.
+// singleton.DecisionLog ("jobguard:decisions"). A page shows 50 decisions
+// (the limit parameter may ask for up to 1000); with a filter it looks
+// through at most 1,000 entries of the log (5 XREVRANGE calls of 200), and
+// Older goes on from there. New returns an error matching ErrInvalid for a
+// nil rdb. Defaults to none: the page has no decisions section.
 func WithDecisionLog(rdb redis.UniversalClient, stream string) Option {
 	return func(h *Handler) {
 		h.decisions, h.stream, h.decisionsSet = rdb, stream, true
@@ -94,7 +96,7 @@ func (h *Handler) decisionsPage(w http.ResponseWriter, r *http.Request) {
 	if pattern == "" {
 		pattern = h.pattern
 	}
-	limit, err := limitOf(r, DefaultDecisionPage)
+	limit, err := limitOf(r, decisionPage)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return
@@ -113,8 +115,8 @@ func (h *Handler) decisionsPage(w http.ResponseWriter, r *http.Request) {
 }
 
 // readDecisions reads the log from before (exclusive; "" for its newest
-// entry) towards its oldest, DecisionChunk entries per XREVRANGE and at
-// most DecisionReads of them, until limit entries of keys matching pattern
+// entry) towards its oldest, decisionChunk entries per XREVRANGE and at
+// most decisionReads of them, until limit entries of keys matching pattern
 // are found.
 func (h *Handler) readDecisions(ctx context.Context, pattern, before string, limit int) (decisionsReply, error) {
 	reply := decisionsReply{Pattern: pattern, Decisions: []decisionView{}, Before: before}
@@ -123,8 +125,8 @@ func (h *Handler) readDecisions(ctx context.Context, pattern, before string, lim
 		from = "(" + before
 	}
 	calls := decisionlog.Calls{}
-	for range DecisionReads {
-		entries, err := h.decisions.XRevRangeN(ctx, h.stream, from, "-", DecisionChunk).Result()
+	for range decisionReads {
+		entries, err := h.decisions.XRevRangeN(ctx, h.stream, from, "-", decisionChunk).Result()
 		if err != nil {
 			return reply, err
 		}
@@ -136,13 +138,13 @@ func (h *Handler) readDecisions(ctx context.Context, pattern, before string, lim
 			}
 			reply.Decisions = append(reply.Decisions, viewOf(d))
 			if len(reply.Decisions) == limit {
-				if i < len(entries)-1 || len(entries) == DecisionChunk {
+				if i < len(entries)-1 || len(entries) == decisionChunk {
 					reply.Next = e.ID
 				}
 				return reply, nil
 			}
 		}
-		if len(entries) < DecisionChunk {
+		if len(entries) < decisionChunk {
 			return reply, nil // the oldest entry was read
 		}
 		from = "(" + entries[len(entries)-1].ID

@@ -43,18 +43,18 @@ import (
 	"github.com/jobguard/jobguard/lockkit"
 )
 
-// DefaultRefresh is how often the page reloads the locks when WithRefresh
+// defaultRefresh is how often the page reloads the locks when WithRefresh
 // is not given.
-const DefaultRefresh = 2 * time.Second
+const defaultRefresh = 2 * time.Second
 
 // ErrInvalid is matched by every error New returns; it also matches
 // lockkit.ErrInvalid.
 var ErrInvalid = invalid.New("opsview: invalid option")
 
-// ReleaseHeader must be sent, with the value "release", by a request to
+// releaseHeader must be sent, with the value "release", by a request to
 // release a key: a cross-site form cannot set it, so a page elsewhere cannot
-// make an operator's browser release keys.
-const ReleaseHeader = "X-Jobguard-Action"
+// make an operator's browser release keys. page.html sends it.
+const releaseHeader = "X-Jobguard-Action"
 
 //go:embed page.html
 var page string
@@ -69,7 +69,7 @@ type Option func(*Handler)
 func WithRelease() Option { return func(h *Handler) { h.release = true } }
 
 // WithRefresh sets how often the page reloads the locks. Must be at least
-// 100ms. Defaults to DefaultRefresh.
+// 100ms. Defaults to 2s.
 func WithRefresh(d time.Duration) Option { return func(h *Handler) { h.refresh = d } }
 
 // WithPattern sets the Redis glob of the keys shown when the page's filter
@@ -87,14 +87,17 @@ func WithFrameAncestors(origins ...string) Option {
 
 // Handler serves the page at its root and its JSON endpoints: GET api/locks
 // (a page of the held keys; query pattern, a Redis glob, cursor, the next
-// cursor of the page before, and limit), GET api/decisions (with
-// WithDecisionLog: a page of the decision log; query pattern, before and
-// limit) and POST api/release (form
+// cursor of the page before, and limit, from 1 to 1000, defaulting to 100),
+// GET api/decisions (with WithDecisionLog: a page of the decision log; query
+// pattern, before and limit, from 1 to 1000, defaulting to 50) and POST
+// api/release (form
 // key, and either token, repeated, the fencing tokens of the holders to
 // release (409 Conflict when one of them no longer holds the key, or, for
 // a release that is not forced, holds it as a reservation), or optional
-// owner; force=1 frees the key at once; needs WithRelease and
-// ReleaseHeader). A release asks the runs to stop (lockkit's
+// owner; force=1 frees the key at once; needs WithRelease and the header
+// "X-Jobguard-Action: release", which a cross-site form cannot send, so a
+// page elsewhere cannot make an operator's browser release keys: 403
+// Forbidden without it). A release asks the runs to stop (lockkit's
 // Locker.CancelRun) and the key goes to the next task when they return; a
 // forced one removes the holders (Locker.ForceRelease) while their runs may
 // go on. The page's Confirm sends the tokens it showed.
@@ -125,7 +128,7 @@ func New(locker lockkit.Locker, opts ...Option) (*Handler, error) {
 	if locker == nil {
 		return nil, fmt.Errorf("%w: New: locker is nil", ErrInvalid)
 	}
-	h := &Handler{l: locker, refresh: DefaultRefresh, pattern: "*"}
+	h := &Handler{l: locker, refresh: defaultRefresh, pattern: "*"}
 	h.core, _ = lockcore.Of("opsview.New", locker) // nil: the page lists with Keys and shows no parked jobs
 	for _, o := range opts {
 		if o != nil {
@@ -201,11 +204,11 @@ func (h *Handler) taskState(ctx context.Context, v *holderView) {
 	}
 }
 
-// DefaultPageSize is how many held keys one page shows (the page's limit
-// parameter may ask for up to MaxPageSize).
+// pageSize is how many held keys one page shows when the limit parameter
+// is absent; the limit parameter may ask for up to maxPageSize.
 const (
-	DefaultPageSize = 100
-	MaxPageSize     = 1000
+	pageSize    = 100
+	maxPageSize = 1000
 )
 
 // ServeHTTP implements http.Handler.
@@ -303,7 +306,7 @@ func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
 	if pattern == "" {
 		pattern = h.pattern
 	}
-	limit, err := limitOf(r, DefaultPageSize)
+	limit, err := limitOf(r, pageSize)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return
@@ -369,7 +372,7 @@ func (h *Handler) page(ctx context.Context, pattern, cursor string, limit int) (
 	if offset > len(keys) {
 		return nil, "", fmt.Errorf("%w: cursor %q: past the end of the %d held keys", ErrInvalid, cursor, len(keys))
 	}
-	// offset <= len(keys) and limit <= MaxPageSize: the sum cannot overflow.
+	// offset <= len(keys) and limit <= maxPageSize: the sum cannot overflow.
 	end := offset + min(limit, len(keys)-offset)
 	next := ""
 	if end < len(keys) {
@@ -385,8 +388,8 @@ func limitOf(r *http.Request, def int) (int, error) {
 		return def, nil
 	}
 	limit, err := strconv.Atoi(v)
-	if err != nil || limit < 1 || limit > MaxPageSize {
-		return 0, fmt.Errorf("limit %q: want a number from 1 to %d", v, MaxPageSize)
+	if err != nil || limit < 1 || limit > maxPageSize {
+		return 0, fmt.Errorf("limit %q: want a number from 1 to %d", v, maxPageSize)
 	}
 	return limit, nil
 }
@@ -476,8 +479,8 @@ func (h *Handler) releaseKey(w http.ResponseWriter, r *http.Request) {
 	case !h.release:
 		writeError(w, http.StatusForbidden, errors.New("this view is read-only (opsview.WithRelease)"))
 		return
-	case r.Header.Get(ReleaseHeader) != "release":
-		writeError(w, http.StatusForbidden, fmt.Errorf("a release needs the %s: release header", ReleaseHeader))
+	case r.Header.Get(releaseHeader) != "release":
+		writeError(w, http.StatusForbidden, fmt.Errorf("a release needs the %s: release header", releaseHeader))
 		return
 	}
 	key := r.FormValue("key")

@@ -70,7 +70,7 @@ func TestEndpoints(t *testing.T) {
 		r := httptest.NewRequest(http.MethodPost, "/api/release", strings.NewReader(form.Encode()))
 		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		if header {
-			r.Header.Set(opsview.ReleaseHeader, "release")
+			r.Header.Set("X-Jobguard-Action", "release")
 		}
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
@@ -155,7 +155,7 @@ func TestFramingDenied(t *testing.T) {
 func releaseRequest(form url.Values) *http.Request {
 	r := httptest.NewRequest(http.MethodPost, "/api/release", strings.NewReader(form.Encode()))
 	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	r.Header.Set(opsview.ReleaseHeader, "release")
+	r.Header.Set("X-Jobguard-Action", "release")
 	return r
 }
 

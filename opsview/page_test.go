@@ -39,6 +39,7 @@ type lockReply struct {
 type pageReply struct {
 	Cursor, Next string
 	Limit        int
+	RefreshMs    int64 `json:"refresh_ms"`
 	Locks        []lockReply
 }
 
@@ -116,7 +117,8 @@ func TestLocksArePaged(t *testing.T) {
 	require.NoError(t, err)
 	w, r := getPage(t, h, "pattern=tenant:*")
 	require.Equal(t, http.StatusOK, w.Code)
-	require.Equal(t, opsview.DefaultPageSize, r.Limit)
+	require.Equal(t, 100, r.Limit, "a page's default size")
+	require.Equal(t, int64(2000), r.RefreshMs, "WithRefresh's default, 2s")
 	locks, _ := allPages(t, h, "pattern=tenant:*")
 	require.Equal(t, want, keysOf(locks))
 	for _, lock := range locks {
@@ -213,7 +215,7 @@ func TestReleasesAreAudited(t *testing.T) {
 		form := url.Values{"key": {"tenant:7"}, "token": {fmt.Sprint(token)}, "force": {"1"}}
 		req := httptest.NewRequest(http.MethodPost, "/api/release", strings.NewReader(form.Encode()))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		req.Header.Set(opsview.ReleaseHeader, "release")
+		req.Header.Set("X-Jobguard-Action", "release")
 		req.Header.Set("X-Forwarded-User", "alice@example.com")
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, req)

@@ -14,7 +14,7 @@
 // asynq's own script: no replica can claim a tick and die before enqueueing
 // it, and a replica that dies leaves the others to enqueue its ticks. A
 // replica whose clock is behind fires later and is refused; replicas must
-// fire each tick within the window (WithWindow, DefaultWindow). A task that
+// fire each tick within the window (WithWindow, 1 minute by default). A task that
 // ends without completing (asynq.RevokeTask, as a Preempt or Requeue policy
 // returns) is deleted at once, so each tick also has a mark in Redis: a
 // replica claims the tick in it (for 5 s, or a quarter of the window if

@@ -10,9 +10,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// DefaultSyncInterval is how often a PeriodicTaskManager reads its configs
+// defaultSyncInterval is how often a PeriodicTaskManager reads its configs
 // when PeriodicTaskManagerOpts.SyncInterval is zero, as in asynq.
-const DefaultSyncInterval = 3 * time.Minute
+const defaultSyncInterval = 3 * time.Minute
 
 // PeriodicTaskManager is a drop-in for asynq.PeriodicTaskManager that every
 // replica can run: it keeps a Scheduler's entries in line with the configs
@@ -31,8 +31,9 @@ type PeriodicTaskManager struct {
 }
 
 // NewPeriodicTaskManager takes asynq's options (the provider, the Redis
-// connection or client, SchedulerOpts and SyncInterval) and this package's
-// Scheduler options. It returns an error matching ErrInvalid for a nil
+// connection or client, SchedulerOpts and SyncInterval, which defaults to 3
+// minutes when zero, as in asynq) and this package's Scheduler options. It
+// returns an error matching ErrInvalid for a nil
 // provider, no Redis, or an invalid option.
 func NewPeriodicTaskManager(opts asynq.PeriodicTaskManagerOpts, options ...Option) (*PeriodicTaskManager, error) {
 	if opts.PeriodicTaskConfigProvider == nil {
@@ -54,7 +55,7 @@ func NewPeriodicTaskManager(opts asynq.PeriodicTaskManagerOpts, options ...Optio
 	}
 	interval := opts.SyncInterval
 	if interval <= 0 {
-		interval = DefaultSyncInterval
+		interval = defaultSyncInterval
 	}
 	return &PeriodicTaskManager{s: s, p: opts.PeriodicTaskConfigProvider, interval: interval, ids: map[string]bool{}, stop: make(chan struct{})}, nil
 }

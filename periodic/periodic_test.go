@@ -314,6 +314,17 @@ func TestValidation(t *testing.T) {
 	require.ErrorIs(t, s.Unregister(id), ErrNotFound)
 }
 
+// The documented defaults: a window of 1 minute (WithWindow) and, for a
+// PeriodicTaskManager whose SyncInterval is zero, a sync every 3 minutes.
+func TestDefaults(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer c.Close()
+	require.Equal(t, time.Minute, NewSchedulerFromRedisClient(c, nil).cfg.window)
+	m, err := NewPeriodicTaskManager(asynq.PeriodicTaskManagerOpts{PeriodicTaskConfigProvider: &provider{}, RedisUniversalClient: c})
+	require.NoError(t, err)
+	require.Equal(t, 3*time.Minute, m.interval)
+}
+
 // A Scheduler that was shut down does not start again: Start returns an
 // error, whether it had started before or not, and a second Shutdown
 // returns (a loop started after the first would keep it waiting).

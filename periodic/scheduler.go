@@ -27,10 +27,10 @@ import (
 	"github.com/jobguard/jobguard/internal/periodickey"
 )
 
-// DefaultWindow is how long after a tick a replica may still fire it and be
+// defaultWindow is how long after a tick a replica may still fire it and be
 // refused, when WithWindow is not given: the task of a tick is kept for that
 // long after it completes.
-const DefaultWindow = time.Minute
+const defaultWindow = time.Minute
 
 // Errors of the package. Compare with errors.Is.
 var (
@@ -88,7 +88,7 @@ const (
 // enqueueing it a second time: the completed task of a tick is kept that long
 // (asynq.Retention, or the task's own Retention if longer). Make it longer
 // than the clock skew between replicas plus the longest pause of a replica.
-// Must be at least a second. Defaults to DefaultWindow.
+// Must be at least a second. Defaults to 1 minute.
 func WithWindow(d time.Duration) Option { return func(c *config) { c.window = d } }
 
 // CatchUp makes Start enqueue the ticks of each entry that no replica
@@ -175,7 +175,7 @@ func NewSchedulerFromRedisClient(c redis.UniversalClient, opts *asynq.SchedulerO
 	if s.opts.Location == nil {
 		s.opts.Location = time.UTC
 	}
-	s.cfg = config{window: DefaultWindow, clock: time.Now, logger: slog.Default(), prefix: "jobguard:"}
+	s.cfg = config{window: defaultWindow, clock: time.Now, logger: slog.Default(), prefix: "jobguard:"}
 	s.owner = "c:" + newOwner()
 	for _, o := range options {
 		if o != nil {

@@ -32,9 +32,9 @@ import (
 	"github.com/jobguard/jobguard/lockkit"
 )
 
-// Retention is how long Debounce remembers a key's newest request after it
+// retention is how long Debounce remembers a key's newest request after it
 // was due, so that Claim can tell an older request of the burst from it.
-const Retention = 24 * time.Hour
+const retention = 24 * time.Hour
 
 var (
 	//go:embed debounce.lua
@@ -106,7 +106,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Debouncer, error) {
 // returned Request's Wait says when that is for this request. The burst
 // ends when one of its requests is claimed (Claim). Repeating a call with
 // the same id while it is still the newest returns the same Request. The
-// newest request is remembered for Retention after it is due. quiet must
+// newest request is remembered for 24 hours after it is due. quiet must
 // be between a millisecond and 100 years, maxWait zero or between
 // quiet and 100 years, key and id not empty (lockkit.ErrInvalid); a
 // Redis error is returned wrapped.
@@ -119,7 +119,7 @@ func (d *Debouncer) Debounce(ctx context.Context, key, id string, quiet, maxWait
 	case maxWait != 0 && (maxWait < quiet || maxWait > lockcore.MaxTTL):
 		return Request{}, fmt.Errorf("%w: Debounce(%q): maxWait %s must be zero or between quiet (%s) and %s", lockkit.ErrInvalid, key, maxWait, quiet, lockcore.MaxTTL)
 	}
-	vals, err := debounceScript.Run(ctx, d.c, []string{d.key(key)}, ms(quiet), ms(maxWait), id, ms(Retention)).Slice()
+	vals, err := debounceScript.Run(ctx, d.c, []string{d.key(key)}, ms(quiet), ms(maxWait), id, ms(retention)).Slice()
 	if err == nil && len(vals) != 2 {
 		err = fmt.Errorf("unexpected debounce reply %v", vals)
 	}
@@ -134,7 +134,7 @@ func (d *Debouncer) Debounce(ctx context.Context, key, id string, quiet, maxWait
 // one. Otherwise it returns the newest request and false. force claims gen
 // even then (the newest request's work is known not to exist), unless the
 // newest request was claimed meanwhile: its work ran or runs. A key with no
-// request remembered (see Retention) is claimed. It returns
+// request remembered (for 24 hours after it was due) is claimed. It returns
 // lockkit.ErrInvalid for an empty key or a gen that is not positive, and a
 // Redis error wrapped.
 func (d *Debouncer) Claim(ctx context.Context, key string, gen int64, force bool) (newest Request, claimed bool, err error) {

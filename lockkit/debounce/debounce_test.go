@@ -146,6 +146,9 @@ func TestNew(t *testing.T) {
 	r1, err := own.Debounce(ctx, "k{1}", "t1", time.Minute, 0)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), c.Exists(ctx, "p:%7Bx%7D{k%7B1%7D}:b").Val(), "the key name of the requests")
+	// miniredis' TTLs stand still: the request is remembered for 24 hours
+	// after it is due, a minute from now.
+	require.Equal(t, 24*time.Hour+time.Minute, c.PTTL(ctx, "p:%7Bx%7D{k%7B1%7D}:b").Val(), "remembered 24 hours after it is due")
 	r2, err := same.Debounce(ctx, "k{1}", "t2", time.Minute, 0)
 	require.NoError(t, err)
 	_, ok, err := own.Claim(ctx, "k{1}", r1.Gen, false)

@@ -58,11 +58,11 @@ type Throttle struct {
 	period time.Duration
 }
 
-// TurnKept is how long a turn that ReserveInTurn booked is still known
+// turnKept is how long a turn that ReserveInTurn booked is still known
 // after its booking lapsed: work back that late, as when its runtime
 // schedules in whole seconds or polls for due work, still reserves before
 // newcomers instead of booking a new turn behind them.
-const TurnKept = time.Minute
+const turnKept = time.Minute
 
 // Option configures a Throttle.
 type Option func(*Throttle)
@@ -147,9 +147,11 @@ func (t *Throttle) Reserve(ctx context.Context, key, id string) (time.Duration, 
 // its booking stays and it returns how long until a start opens (until
 // its slot, if that is later). A booking nobody claims lapses one period
 // after its slot, when newcomers stop counting it; its turn is still known
-// for TurnKept. A repeat of a call that booked the turn, as after a lost
-// reply, is its claimant. Errors are those of Reserve, and
-// lockkit.ErrInvalid for an empty turn.
+// for a minute more: work back that late, as when its runtime schedules in
+// whole seconds or polls for due work, still reserves before newcomers
+// instead of booking a new turn behind them. A repeat of a call that
+// booked the turn, as after a lost reply, is its claimant. Errors are
+// those of Reserve, and lockkit.ErrInvalid for an empty turn.
 func (t *Throttle) ReserveInTurn(ctx context.Context, key, id, turn string) (time.Duration, error) {
 	switch {
 	case id == "":
@@ -206,7 +208,7 @@ func (t *Throttle) call(ctx context.Context, op, key, id string, reserve bool, t
 		r = "1"
 	}
 	period := (t.period + time.Millisecond - 1) / time.Millisecond // rounded up
-	wait, err := throttleScript.Run(ctx, t.c, t.keys(key), t.n, int64(period), id, r, turn, int64(TurnKept/time.Millisecond)).Int64()
+	wait, err := throttleScript.Run(ctx, t.c, t.keys(key), t.n, int64(period), id, r, turn, int64(turnKept/time.Millisecond)).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("throttle: %q: %w", key, err)
 	}

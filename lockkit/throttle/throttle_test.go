@@ -212,6 +212,12 @@ func TestNew(t *testing.T) {
 	require.Zero(t, must(other.Take(ctx, "k{1}")), "another prefix: another budget")
 	require.Equal(t, int64(1), c.Exists(ctx, "p:%7Bx%7D{k%7B1%7D}:t").Val(), "the key name of the budget")
 	require.Equal(t, int64(1), c.Exists(ctx, lockcore.DefaultPrefix+"{k%7B1%7D}:t").Val(), "the default prefix")
+
+	// A booked turn is known until a period after its slot, and a minute
+	// more (miniredis' TTLs stand still).
+	w := must(own.ReserveInTurn(ctx, "k{1}", "r", "T"))
+	require.Positive(t, w)
+	require.Equal(t, w+time.Minute+time.Minute, c.PTTL(ctx, "p:%7Bx%7D{k%7B1%7D}:tq").Val(), "the slot, a period, a minute")
 }
 
 func must[T any](v T, err error) T {
@@ -342,7 +348,7 @@ func TestReserveInTurnBookingLapses(t *testing.T) {
 		time.Sleep(time.Until(booked.Add(w + period + 20*time.Millisecond)))
 		require.Zero(t, must(th.Take(ctx, "k")), "a period after its slot, it lapsed")
 
-		// Its turn, back late, is still known (TurnKept): not booked behind
+		// Its turn, back late, is still known (for a minute): not booked behind
 		// the turns booked since, it waits only for the start in the window.
 		wy := must(th.ReserveInTurn(ctx, "k", "y", "Y"))
 		require.Greater(t, wy, period/2)
