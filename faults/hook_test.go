@@ -13,10 +13,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/debounce"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/testredis"
-	"github.com/jobguard/jobguard/lockkit/debounce"
-	"github.com/jobguard/jobguard/lockkit/throttle"
+	"github.com/jobguard/jobguard/internal/throttle"
 )
 
 // leaseSet is the leases a Locker handed out in one scenario.

@@ -223,14 +223,14 @@ func WithPolicy(p Policy) Option { return guard.WithPolicy(p) }
 func WithLimit(n int) Option { return guard.WithLimit(n) }
 
 // WithThrottle allows at most n runs of a key to begin in any window of one
-// period across every process (a throttle.Throttle on the Redis and prefix
+// period across every process (a budget kept on the Redis and under the prefix
 // of the Locker), each start dated
 // when its run begins. A job over the budget does not run: Run returns a
 // *DuplicateError with ReasonThrottled, then as its Action (ActionSkip, or
 // ActionRequeue to run it again when the next start opens, RetryAfter), and
 // reports EventDuplicate, whatever holds its key. Before it takes its key a
 // job whose policy does not wait for it (Skip, Requeue, Fail) reserves a
-// start (throttle.Throttle.Reserve), so that jobs arriving together past
+// start, so that jobs arriving together past
 // the budget meet the throttle rather than the policy; the reservation
 // counts against the budget until the run begins, when it is taken and
 // dated. Only a run spends a start: a job that does not run after all (a

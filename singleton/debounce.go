@@ -10,10 +10,10 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobguard/jobguard/internal/debounce"
 	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
-	"github.com/jobguard/jobguard/lockkit/debounce"
 )
 
 // DebounceGenHeader is the task header in which a Client with Debounce
@@ -39,7 +39,7 @@ const DebounceGenHeader = "jobguard-debounce-gen"
 // waits for a run of the key still going instead of being skipped.
 //
 // The requests are kept in locker's Redis under its prefix (a
-// debounce.Debouncer on locker.Redis()), where the Middleware's Locker,
+// request record on the Locker's Redis), where the Middleware's Locker,
 // which must be on the same Redis and prefix, claims them; nil is refused
 // (ErrInvalid) by NewClient and means the Guard's Locker under
 // Guard.Client.

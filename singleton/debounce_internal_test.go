@@ -7,9 +7,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/debounce"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
-	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/middleware"
 )
 

@@ -17,12 +17,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/debounce"
 	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
-	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )

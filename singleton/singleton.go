@@ -9,12 +9,12 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/debounce"
 	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
-	"github.com/jobguard/jobguard/lockkit/debounce"
 	"github.com/jobguard/jobguard/middleware"
 )
 

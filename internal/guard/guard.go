@@ -17,8 +17,8 @@ import (
 
 	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/internal/lockcore"
+	"github.com/jobguard/jobguard/internal/throttle"
 	"github.com/jobguard/jobguard/lockkit"
-	"github.com/jobguard/jobguard/lockkit/throttle"
 )
 
 // Defaults of a Guard.

@@ -20,9 +20,9 @@ import (
 	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/internal/logbuf"
 	"github.com/jobguard/jobguard/internal/testredis"
+	"github.com/jobguard/jobguard/internal/throttle"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
-	"github.com/jobguard/jobguard/lockkit/throttle"
 )
 
 // go-redis v9.17's process-wide clock goroutine is go-redis's, not a leak.

@@ -12,8 +12,8 @@ import (
 
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/testredis"
+	"github.com/jobguard/jobguard/internal/throttle"
 	"github.com/jobguard/jobguard/lockkit"
-	"github.com/jobguard/jobguard/lockkit/throttle"
 )
 
 func TestMain(m *testing.M) {

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jobguard/jobguard/internal/throttle"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/inprocess"
-	"github.com/jobguard/jobguard/lockkit/throttle"
 )
 
 // A Throttle spends a key's budget of starts: here 2 per minute, shared by

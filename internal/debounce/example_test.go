@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jobguard/jobguard/lockkit/debounce"
+	"github.com/jobguard/jobguard/internal/debounce"
 	"github.com/jobguard/jobguard/lockkit/inprocess"
 )
 
