@@ -458,7 +458,7 @@ var faultOps = []faultOp{
 		hook.Disarm()
 		var mu sync.Mutex
 		var resumed []string
-		lease, err := l.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{Label: "j0", Park: &lockcore.Parking{OnParked: func(id string) {
+		lease, err := l.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{Label: "j0", Park: &lockcore.Parking{OnParked: func(_, id string) {
 			mu.Lock()
 			resumed = append(resumed, id)
 			mu.Unlock()

@@ -152,7 +152,7 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 	}
 	res, err := p.core.TryAcquire(ctx, key, &lockcore.AcquireOptions{TTL: p.backstop, Label: id, Detached: true,
 		Park: &lockcore.Parking{ID: parkEntry(queue, id, id), Hold: ParkBackstop,
-			OnParked: func(id string) { p.resumer.resume(key, id) }}}) // when given back
+			OnParked: p.resumer.resume}}) // when given back
 	var ce *lockcore.ConflictError
 	switch {
 	case err == nil:

@@ -110,6 +110,11 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *guard.Duplica
 	var ce *lockcore.ConflictError
 	if dup.Parked && errors.As(dup.Cause, &ce) {
 		re.Delay = parkedDelay(re.Delay, ce)
+		if ce.Superseded != "" && m.inspector != nil {
+			// This follow-up took the place of a parked one (KeepNewest):
+			// started now, that one completes without running.
+			m.resume(dup.Job.Key, ce.Superseded)
+		}
 	}
 	retried, ok := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)

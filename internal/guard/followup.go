@@ -28,7 +28,7 @@ func (g *Guard) passOn(ctx context.Context, key, origin string) {
 		return
 	}
 	l, err := g.core.TryAcquire(ctx, key, &lockcore.AcquireOptions{TTL: g.ttl, Label: origin, Adopt: true,
-		Park: &lockcore.Parking{OnParked: func(id string) { p.Resume(key, id) }}})
+		Park: &lockcore.Parking{OnParked: p.Resume}})
 	if err != nil {
 		if !errors.Is(err, lockcore.ErrNotAcquired) && !errors.Is(err, lockcore.ErrClosed) {
 			g.emit(ctx, Event{Kind: EventError, Job: Job{Key: key, w: Work{Label: origin}}, Err: fmt.Errorf("middleware: pass on %q: %w", key, err)})
@@ -58,8 +58,9 @@ func (g *Guard) parks() bool {
 // WithParking, or parks the job as the key's follow-up instead of waiting
 // for it: the job is reported with ActionRequeue and DuplicateError.Parked,
 // and the run that frees the key resumes it. A KeepNewest job that takes the
-// place of a parked follow-up resumes that one, which then completes
-// without running (ReasonSuperseded).
+// place of a parked follow-up names that one in its DuplicateError's Cause
+// (lockcore.ConflictError.Superseded), for the adapter to start it: it then
+// completes without running (ReasonSuperseded).
 func (g *Guard) parkFollowUp(ctx context.Context, job Job, opt *lockcore.AcquireOptions) (*lockcore.Lease, time.Duration, error) {
 	lease, err := g.core.TryAcquire(ctx, job.Key, opt)
 	if err == nil {
@@ -68,9 +69,6 @@ func (g *Guard) parkFollowUp(ctx context.Context, job Job, opt *lockcore.Acquire
 	var ce *lockcore.ConflictError
 	if !errors.As(err, &ce) || ce.Parked < 0 {
 		return nil, 0, g.notAcquired(ctx, job, err, 0)
-	}
-	if ce.Superseded != "" {
-		g.parking.Resume(job.Key, ce.Superseded)
 	}
 	g.emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: ActionRequeue, Holder: ce.Owner, Err: ce})
 	return nil, 0, &DuplicateError{Job: job, Reason: ReasonHeld, Action: ActionRequeue, Parked: true, Cause: ce}

@@ -456,7 +456,7 @@ func (g *Guard) leaseOptions(ctx context.Context, job Job, park bool) *lockcore.
 		AsyncRelease: g.async, Adopt: job.w.Reserved && job.w.Label != ""}
 	if p := g.parking; p != nil && g.limit <= 1 {
 		// Every run resumes the key's oldest parked job when it ends.
-		opt.Park = &lockcore.Parking{OnParked: func(id string) { p.Resume(job.Key, id) }}
+		opt.Park = &lockcore.Parking{OnParked: p.Resume} // the Locker calls the adapter: the guard is not on that path
 		if g.parks() && job.w.Label != "" {
 			opt.Adopt = true
 			if park {

@@ -946,8 +946,9 @@ func TestParkingResumesTheOldestDuplicate(t *testing.T) {
 }
 
 // Under WithParking a KeepNewest follow-up parks instead of waiting: a newer
-// one takes its place and resumes it, so that it completes without running,
-// and the run that frees the key resumes the newest.
+// one takes its place and names it for the adapter to start (the guard does
+// not call the adapter), so that it completes without running, and the run
+// that frees the key resumes the newest.
 func TestParkingKeepsTheNewestFollowUp(t *testing.T) {
 	l, parking, resumed := parkingLocker(t)
 	g, _ := newGuard(t, l, guard.WithPolicy(guard.KeepNewest()), guard.WithParking(parking))
@@ -959,8 +960,15 @@ func TestParkingKeepsTheNewestFollowUp(t *testing.T) {
 			require.False(t, dup.Ran)
 			require.Equal(t, guard.ActionRequeue, dup.Duplicate.Action, origin)
 			require.True(t, dup.Duplicate.Parked, origin)
+			var ce *lockcore.ConflictError
+			require.ErrorAs(t, dup.Duplicate.Cause, &ce)
+			if origin == "c" {
+				require.Equal(t, "id-b", ce.Superseded, "c took b's place and names it")
+			} else {
+				require.Empty(t, ce.Superseded)
+			}
 		}
-		require.Equal(t, "k id-b", <-resumed, "c took b's place and started it")
+		require.Empty(t, resumed, "the guard calls no adapter: the one whose job c is starts b")
 		dup := g.Run(ctx, guard.With(guard.Job{Key: "k"}, guard.Work{Label: "b"}), nop)
 		require.Equal(t, guard.ReasonSuperseded, dup.Duplicate.Reason, "b completes without running")
 		require.Equal(t, guard.ActionSkip, dup.Duplicate.Action)

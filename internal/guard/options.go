@@ -107,15 +107,16 @@ type Parking struct {
 	// ID names a job to start again later (for asynq: its queue and task
 	// ID); ctx is the job's. Must not be nil.
 	ID func(ctx context.Context, job Job) string
-	// Resume starts the parked job id now, for which the key was just
-	// reserved. It runs on a goroutine of its own (lockkit's OnParked),
-	// which the Locker's Close waits for: it should return once the job is
-	// started, or soon after the Locker closes. If the job cannot be
-	// started it should call Guard.PassOn, so that the next parked job gets
-	// the key. It is also called, on the newer job's goroutine, with a
-	// KeepNewest follow-up that a newer job replaced while it was parked:
-	// nothing is reserved for it, and started, it completes without running
-	// (ReasonSuperseded). Must not be nil.
+	// Resume starts the parked job id now, for which key was just
+	// reserved. The Locker calls it directly (lockcore's Parking.OnParked;
+	// the guard is not on that path), on a goroutine of its own, which the
+	// Locker's Close waits for: it should return once the job is started,
+	// or soon after the Locker closes. If the job cannot be started it
+	// should call PassOn, so that the next parked job gets the key. A
+	// KeepNewest follow-up that a newer job replaced while it was parked is
+	// not passed here: the newer job's DuplicateError names it (its Cause,
+	// a lockcore.ConflictError, Superseded), and the adapter starts it: it
+	// then completes without running (ReasonSuperseded). Must not be nil.
 	Resume func(key, id string)
 	// Hold is how long the key stays reserved for a parked job to start
 	// and take it over. Zero means the engine's default, 5 seconds.

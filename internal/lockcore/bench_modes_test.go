@@ -250,7 +250,7 @@ func benchReleaseMode(b *testing.B, m releaseMode, behind string, old *redis.Scr
 		end.done = time.Minute
 	}
 	if m&releasePark != 0 {
-		lease.onParked = func(string) {}
+		lease.onParked = func(string, string) {}
 	}
 	script, keys, args := l.r.releaseCall(lease, end)
 	if script != releaseScripts[m] {

@@ -73,7 +73,7 @@ func ExampleParking() {
 	defer locker.Close(ctx)
 	// OnParked runs on a goroutine of its own; here it hands the id over.
 	started := make(chan string, 1)
-	start := func(id string) { started <- id } // e.g. move a queued task to pending
+	start := func(key, id string) { started <- id } // e.g. move a queued task to pending
 	running, _ := locker.TryAcquire(ctx, "tenant:7", &lockcore.AcquireOptions{Label: "job-1", Park: &lockcore.Parking{OnParked: start}})
 	for _, job := range []string{"job-2", "job-3"} {
 		_, err := locker.TryAcquire(ctx, "tenant:7", &lockcore.AcquireOptions{Label: job, Park: &lockcore.Parking{ID: "queue/" + job}})

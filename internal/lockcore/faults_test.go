@@ -341,7 +341,7 @@ func TestHandOverWhoseReplyWasLostIsSentAgain(t *testing.T) {
 	}
 	l, hook, observer := faultyLocker(t, isHandOver)
 	calls := make(chan string, 4)
-	onParked := func(id string) { calls <- id }
+	onParked := func(_, id string) { calls <- id }
 	holder, err := l.TryAcquire(ctx, "job", &AcquireOptions{HoldAtLeast: 200 * time.Millisecond, Park: &Parking{OnParked: onParked}})
 	require.NoError(t, err)
 	_, err = observer.TryAcquire(ctx, "job", &AcquireOptions{Label: "j1", Adopt: true, Park: &Parking{ID: "id-j1", OnParked: onParked}})

@@ -136,12 +136,12 @@ type Parking struct {
 	// lasts before the job adopts it. Zero means DefaultParkHold (5s);
 	// negative or above MaxTTL is an error.
 	Hold time.Duration
-	// OnParked, when set, is called with the id of the parked job for
-	// which this lease's release reserved the key, on a goroutine of its
-	// own once the release returned (for a release held by HoldAtLeast,
+	// OnParked, when set, is called with the key and the id of the parked
+	// job for which this lease's release reserved the key, on a goroutine of
+	// its own once the release returned (for a release held by HoldAtLeast,
 	// once the hold ended: the Locker reserves the key for the job then,
 	// unless it was closed meanwhile): it should start the job, and return
 	// soon, as Close waits for it. Nil means the release leaves parked
 	// jobs queued.
-	OnParked func(id string)
+	OnParked func(key, id string)
 }

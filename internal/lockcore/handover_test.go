@@ -212,7 +212,7 @@ func TestHandOverSteps(t *testing.T) {
 		// A repeated release (go-redis sending it again after a lost
 		// reply) reports the parked job it reserved the key for again.
 		parker := take("g")
-		parker.onParked = func(string) {}
+		parker.onParked = func(string, string) {}
 		pr, err := l.e.cfg.request("g", &AcquireOptions{Label: "job-7", Park: &Parking{ID: "queue/7"}})
 		require.NoError(t, err)
 		res, err = b.acquire(ctx, &pr)

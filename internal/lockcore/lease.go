@@ -50,9 +50,9 @@ type Lease struct {
 	// coverFor.
 	coalesce bool
 	coverFor time.Duration
-	hold     time.Duration // AcquireOptions.HoldAtLeast
-	async    bool          // AcquireOptions.AsyncRelease: Run releases in the background
-	onParked func(string)  // Parking.OnParked
+	hold     time.Duration        // AcquireOptions.HoldAtLeast
+	async    bool                 // AcquireOptions.AsyncRelease: Run releases in the background
+	onParked func(key, id string) // Parking.OnParked
 	// parked is the id of the parked job the lease's release reserved the
 	// key for; set by the store's release and taken once by resumeParked,
 	// possibly on another goroutine (a Close beside the lease's own release).
@@ -436,14 +436,14 @@ func (l *Lease) resumeParked() {
 	e.mu.Lock()
 	if e.parkedDone {
 		e.mu.Unlock()
-		fn(id)
+		fn(l.key, id)
 		return
 	}
 	e.parkedCalls.Add(1)
 	e.mu.Unlock()
 	go func() {
 		defer e.parkedCalls.Done()
-		fn(id)
+		fn(l.key, id)
 	}()
 }
 

@@ -136,7 +136,7 @@ type request struct {
 	// (DefaultParkHold when zero) and OnParked.
 	park     string
 	parkHold time.Duration
-	onParked func(id string)
+	onParked func(key, id string)
 }
 
 func (c *config) request(key string, o *AcquireOptions) (request, error) {

@@ -213,7 +213,7 @@ func TestCloseWaitsForOnParked(t *testing.T) {
 	l := miniLocker(t)
 	called := make(chan string, 1)
 	unblock := make(chan struct{})
-	holder, err := l.TryAcquire(ctx, "k", &AcquireOptions{Label: "first", Park: &Parking{OnParked: func(id string) {
+	holder, err := l.TryAcquire(ctx, "k", &AcquireOptions{Label: "first", Park: &Parking{OnParked: func(_, id string) {
 		called <- id
 		<-unblock
 	}}})

@@ -74,7 +74,7 @@ func TestReleaseScriptOfTheOptionsAnswersAsTheOneWithEvery(t *testing.T) {
 		advance(0)
 		l.onParked = nil
 		if m&releasePark != 0 {
-			l.onParked = func(string) {}
+			l.onParked = func(string, string) {}
 		}
 		var replies []any
 		for try := range 2 {

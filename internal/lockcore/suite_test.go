@@ -1639,7 +1639,7 @@ func testPark(t *testing.T, h *harness) {
 	b := h.locker(t, WithOwner("b"))
 	// OnParked runs on a goroutine of its own once the release returned.
 	calls := make(chan string, 16)
-	onParked := func(id string) { calls <- id }
+	onParked := func(_, id string) { calls <- id }
 	var resumed []string
 	// settle collects the calls the releases so far started: n of them,
 	// then none for a while.
@@ -1747,7 +1747,7 @@ func testParkFollowUp(t *testing.T, h *harness) {
 	a := h.locker(t, WithOwner("a"))
 	b := h.locker(t, WithOwner("b"))
 	calls := make(chan string, 16)
-	onParked := func(id string) { calls <- id }
+	onParked := func(_, id string) { calls <- id }
 	follow := func(label string) *AcquireOptions {
 		return &AcquireOptions{Label: label, Adopt: true, FollowUp: KeepNewest{}, Park: &Parking{ID: "id-" + label, Hold: time.Minute, OnParked: onParked}}
 	}
@@ -1902,7 +1902,7 @@ func testRedelivery(t *testing.T, h *harness) {
 		}
 	}))
 	calls := make(chan string, 16)
-	onParked := func(id string) { calls <- id }
+	onParked := func(_, id string) { calls <- id }
 	started := func(want string) {
 		t.Helper()
 		select {
@@ -2051,7 +2051,7 @@ func testHandOverBeforeParked(t *testing.T, h *harness) {
 	b := h.locker(t, WithOwner("b"))
 	c := h.locker(t, WithOwner("c"))
 	calls := make(chan string, 4)
-	holder, err := a.TryAcquire(ctx, "k", &AcquireOptions{Park: &Parking{OnParked: func(id string) { calls <- id }}})
+	holder, err := a.TryAcquire(ctx, "k", &AcquireOptions{Park: &Parking{OnParked: func(_, id string) { calls <- id }}})
 	require.NoError(t, err)
 	_, err = b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", Adopt: true, Park: &Parking{ID: "id-j1", Hold: time.Minute}})
 	require.ErrorIs(t, err, ErrNotAcquired)
@@ -2082,7 +2082,7 @@ func testCloseResumesParked(t *testing.T, h *harness) {
 	a := h.locker(t, WithOwner("a"))
 	b := h.locker(t, WithOwner("b"))
 	calls := make(chan string, 4)
-	_, err := a.TryAcquire(ctx, "k", &AcquireOptions{Park: &Parking{OnParked: func(id string) { calls <- id }}})
+	_, err := a.TryAcquire(ctx, "k", &AcquireOptions{Park: &Parking{OnParked: func(_, id string) { calls <- id }}})
 	require.NoError(t, err)
 	_, err = b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", Adopt: true, Park: &Parking{ID: "id-j1", Hold: time.Minute}})
 	require.ErrorIs(t, err, ErrNotAcquired)
@@ -2147,7 +2147,7 @@ func testOrder(t *testing.T, h *harness) {
 
 	// Parked follow-ups: the older gives up, the newer's entry stays.
 	resumed := make(chan string, 1)
-	holder, err = a.TryAcquire(ctx, "q", &AcquireOptions{Park: &Parking{OnParked: func(id string) { resumed <- id }}})
+	holder, err = a.TryAcquire(ctx, "q", &AcquireOptions{Park: &Parking{OnParked: func(_, id string) { resumed <- id }}})
 	require.NoError(t, err)
 	park := func(label string, order int64) error {
 		l, err := b.TryAcquire(ctx, "q", &AcquireOptions{Label: label, Adopt: true, FollowUp: KeepNewest{Order: order}, Park: &Parking{ID: "id-" + label}})
@@ -2224,7 +2224,7 @@ func testHoldHandOver(t *testing.T, h *harness) {
 	a := h.locker(t, WithOwner("a"))
 	b := h.locker(t, WithOwner("b"))
 	calls := make(chan string, 4)
-	onParked := func(id string) { calls <- id }
+	onParked := func(_, id string) { calls <- id }
 	next := func() string {
 		t.Helper()
 		select {
