@@ -16,10 +16,11 @@ import (
 
 // rawAcquire runs the acquire script with every mode for a limit-1 call with
 // a chosen parked-queue keep (ms).
-func rawAcquire(t *testing.T, c redis.UniversalClient, k lockKeys, owner string, ttl int64, aid, label, entry, sup string, keep int64) []any {
+func rawAcquire(t *testing.T, c redis.UniversalClient, k lockKeys, owner string, ttl int64, aid, label, entry string, mode followUpMode, keep int64) []any {
 	t.Helper()
-	vals, err := acquireScripts[modeAll].Run(context.Background(), c, []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
-		owner, ttl, 1, "", "0", 1000, 0, ttl, aid, label, 0, "1", sup, k.channel, "0", 0, entry, keep).Slice()
+	a := acquireArgs{Owner: owner, TTL: time.Duration(ttl) * time.Millisecond, Limit: 1, WaiterTTL: time.Second, EpochKeep: time.Duration(ttl) * time.Millisecond,
+		AcquireID: aid, Label: label, TakeReserved: true, Mode: mode, Channel: k.channel, First: true, ParkEntry: entry, ParkKeep: time.Duration(keep) * time.Millisecond}
+	vals, err := acquireScripts[partsAll].Run(context.Background(), c, k.acquireKeys(), a.list()...).Slice()
 	require.NoError(t, err)
 	return vals
 }
@@ -34,16 +35,16 @@ func TestSupersededRecordKeepsTheHoldersKey(t *testing.T) {
 	b := &redisBackend{c: c, prefix: testredis.Prefix(t, c)}
 	k := b.keys("k")
 	const short, keep = 1000, 60000
-	require.EqualValues(t, 1, toInt(rawAcquire(t, c, k, "h", 200, "h1", "h", "", "0", short)[0]))
-	require.EqualValues(t, 0, toInt(rawAcquire(t, c, k, "b", 1000, "ax", "lx", "60000:lx:idx", "1", short)[0]), "x parks")
-	r := rawAcquire(t, c, k, "b", 1000, "ay", "ly", "60000:ly:idy", "1", short)
+	require.EqualValues(t, 1, toInt(rawAcquire(t, c, k, "h", 200, "h1", "h", "", modeNone, short)[0]))
+	require.EqualValues(t, 0, toInt(rawAcquire(t, c, k, "b", 1000, "ax", "lx", "60000:lx:idx", modeKeepNewest, short)[0]), "x parks")
+	r := rawAcquire(t, c, k, "b", 1000, "ay", "ly", "60000:ly:idy", modeKeepNewest, short)
 	require.Equal(t, "60000:lx:idx", r[7], "y replaced x")
 	require.LessOrEqual(t, c.PTTL(context.Background(), k.holders).Val(), short*time.Millisecond)
-	first := rawAcquire(t, c, k, "b", 1000, "ax2", "lx", "60000:lx:idx", "1", keep)
+	first := rawAcquire(t, c, k, "b", 1000, "ax2", "lx", "60000:lx:idx", modeKeepNewest, keep)
 	require.EqualValues(t, -5, toInt(first[0]), "x gives up")
 	require.Greater(t, c.PTTL(context.Background(), k.holders).Val(), keep/2*time.Millisecond,
 		"the holders key lives as long as the S: record")
-	require.Equal(t, first, rawAcquire(t, c, k, "b", 1000, "ax2", "lx", "60000:lx:idx", "1", keep), "a repeat gives up too")
+	require.Equal(t, first, rawAcquire(t, c, k, "b", 1000, "ax2", "lx", "60000:lx:idx", modeKeepNewest, keep), "a repeat gives up too")
 }
 
 // A run's order (KeepNewest.Order) is kept while its lease is renewed,
@@ -69,8 +70,8 @@ func TestRunOrderOutlivesItsKeepWhileRenewed(t *testing.T) {
 }
 
 // acquireSources are the sources of the acquire scripts, one per set of
-// modes.
-func acquireSources() []string { return scriptSources(modeAll, acquireSource) }
+// parts.
+func acquireSources() []string { return scriptSources(partsAll, acquireSource) }
 
 // scriptSources are the sources source(m) of every set m of modes up to all.
 func scriptSources[M ~uint8](all M, source func(M) string) []string {
@@ -167,7 +168,7 @@ func TestAcquireScriptOfTheModesAnswersAsTheOneWithEvery(t *testing.T) {
 			require.NoError(t, err)
 			if st.wait {
 				r.waiter = fmt.Sprintf("%02d", i)
-				if r.coalesce && !r.final {
+				if r.mode == modeCoalesce && !r.final {
 					r.waiter = "y" + r.waiter
 				}
 				if hold := handOverTTL(&r); hold > 0 {
@@ -185,24 +186,21 @@ func TestAcquireScriptOfTheModesAnswersAsTheOneWithEvery(t *testing.T) {
 				got, err = script.Run(ctx, own.c, keys, args...).Slice()
 				require.NoError(t, err)
 				_, keys, args = every.b.acquireCall(r)
-				want, err := acquireScripts[modeAll].Run(ctx, every.c, keys, args...).Slice()
+				want, err := acquireScripts[partsAll].Run(ctx, every.c, keys, args...).Slice()
 				require.NoError(t, err)
 				require.Equal(t, want, got, "step %d %+v, attempt %d", i, st.opt, attempt)
 				require.Equal(t, every.mr.Dump(), own.mr.Dump(), "step %d %+v, attempt %d", i, st.opt, attempt)
 			}
 			// The later attempts of a waiting call (engine_wait.go).
-			if len(got) > 5 && r.coalesce {
+			if len(got) > 5 && r.mode == modeCoalesce {
 				r.since = toInt(got[5])
 			}
-			if r.supersede == "1" {
-				r.supersede = "2"
+			if !r.later && r.mode.keepsNewest() {
 				if len(got) > 1 && toInt(got[0]) == 0 && r.label != "" && strings.HasSuffix(fmt.Sprint(got[1]), ":"+r.label) {
-					r.supersede = "0" // its own earlier delivery holds the key
+					r.behindOwnRun = true // its own earlier delivery holds the key
 				}
 			}
-			if r.preempt == "1" {
-				r.preempt = "2"
-			}
+			r.later = true
 		}
 	}
 }

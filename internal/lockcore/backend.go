@@ -88,8 +88,8 @@ func (b *redisBackend) plainKeys(key, member string) []string {
 // (plain_acquire.lua): limit 1, no waiting, queue, epoch, Coalesce,
 // Supersede, Preempt, Adopt or Park.
 func plain(r *request) bool {
-	return r.limit == 1 && r.waiter == "" && !r.fair && r.epoch == 0 && !r.coalesce &&
-		r.preempt == "0" && !r.adopt && r.park == ""
+	return r.limit == 1 && r.waiter == "" && !r.fair && r.epoch == 0 && r.mode != modeCoalesce &&
+		r.mode != modePreempt && !r.takeReserved && r.park == ""
 }
 
 func ms(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
@@ -157,29 +157,78 @@ func parkedID(entry string) string {
 	return entry
 }
 
-// acquireCall is the acquire script of r's modes, with its keys and
-// arguments (see acquire_core.lua and the files of the modes).
+// flag is a script's boolean argument: "1" for true, "" for false (the
+// scripts test it with == '1').
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return ""
+}
+
+// acquireArgs are the arguments of every acquire script, in the order of
+// the table at the top of acquire_core.lua (list lays them out).
+type acquireArgs struct {
+	Owner     string
+	TTL       time.Duration
+	Limit     int
+	Waiter    string // the waiter id, "" when the call does not wait
+	Fair      bool
+	WaiterTTL time.Duration
+	Epoch     int64 // 0 for none
+	EpochKeep time.Duration
+	AcquireID string
+	Label     string // escaped (escapeLabel)
+	// Since is when a Coalesce call's work was asked for (server us), -1
+	// (or 0) for its first attempt.
+	Since int64
+	// TakeReserved replaces a live reservation carrying Label (Adopt).
+	TakeReserved bool
+	// Mode is the FollowUp's mode; modeNone also for a KeepNewest or
+	// Preempt call that is no follow-up (neither waiting nor parking, or
+	// waiting for its own earlier delivery).
+	Mode    followUpMode
+	Channel string // the release channel
+	// First is the call's first attempt (not a waiting call's later one).
+	First     bool
+	Grace     time.Duration // Preempt.Grace
+	ParkEntry string        // the parked-queue entry, "" when the call does not park
+	ParkKeep  time.Duration // how long the parked queue and follow-up records are kept
+	Order     int64         // KeepNewest/Preempt Order, 0 for none
+	EpochTag  string
+}
+
+// list lays a out as the scripts' ARGV.
+func (a *acquireArgs) list() []any {
+	return []any{a.Owner, ms(a.TTL), a.Limit, a.Waiter, flag(a.Fair), ms(a.WaiterTTL), a.Epoch, ms(a.EpochKeep), a.AcquireID, a.Label,
+		a.Since, flag(a.TakeReserved), string(a.Mode), a.Channel, flag(a.First), ms(a.Grace), a.ParkEntry, ms(a.ParkKeep), a.Order, a.EpochTag}
+}
+
+// acquireArgsOf are the acquire script's arguments for r.
+func (b *redisBackend) acquireArgsOf(r *request) acquireArgs {
+	a := acquireArgs{Owner: r.owner, TTL: r.ttl, Limit: r.limit, Waiter: r.waiter, Fair: r.fair, WaiterTTL: r.waiterTTL,
+		Epoch: r.epoch, EpochKeep: r.epochTTL, AcquireID: r.aid, Label: escapeLabel(r.label), TakeReserved: r.takeReserved,
+		Mode: r.mode, Channel: b.keys(r.key).channel, First: !r.later, Grace: r.grace, ParkEntry: parkEntry(r), ParkKeep: parkKeep,
+		Order: r.order, EpochTag: r.epochTag}
+	if r.mode == modeCoalesce {
+		a.Since = r.since
+	}
+	if r.mode.keepsNewest() && ((r.waiter == "" && r.park == "") || r.behindOwnRun) {
+		a.Mode = modeNone // only a waiting or parking call is a follow-up
+	}
+	return a
+}
+
+// acquireKeys are the keys of every acquire script (see acquire_core.lua).
+func (k lockKeys) acquireKeys() []string {
+	return []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow}
+}
+
+// acquireCall is the acquire script of r's parts, with its keys and
+// arguments (see acquire_core.lua and the files of the parts).
 func (b *redisBackend) acquireCall(r *request) (*redis.Script, []string, []any) {
-	k := b.keys(r.key)
-	fair := "0"
-	if r.fair {
-		fair = "1"
-	}
-	since := int64(0)
-	if r.coalesce {
-		since = r.since
-	}
-	adopt := "0"
-	if r.adopt {
-		adopt = "1"
-	}
-	sup := r.supersede
-	if r.waiter == "" && r.park == "" {
-		sup = "0" // only a waiting or parking call is a follow-up
-	}
-	return acquireScripts[acquireModes(r, sup)], []string{k.holders, k.meta, k.queue, k.waiters, k.fence, k.cover, k.parked, k.follow},
-		[]any{r.owner, ms(r.ttl), r.limit, r.waiter, fair, ms(r.waiterTTL), r.epoch, ms(r.epochTTL), r.aid, escapeLabel(r.label), since, adopt, sup, k.channel, r.preempt, ms(r.grace),
-			parkEntry(r), ms(parkKeep), r.order, r.epochTag}
+	a := b.acquireArgsOf(r)
+	return acquireScripts[partsOf(&a)], b.keys(r.key).acquireKeys(), a.list()
 }
 
 func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
@@ -366,7 +415,7 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 		if ends != nil {
 			end = ends[i]
 		}
-		if l.plain && l.member != "" && end.done <= 0 && end.cover <= 0 && l.holdFor(end) <= 0 && !end.handOver && !b.isSorted(l.key) {
+		if l.plain && l.member != "" && end.done <= 0 && end.coalesce <= 0 && l.holdFor(end) <= 0 && !end.handOver && !b.isSorted(l.key) {
 			plains = append(plains, l)
 		} else {
 			full = append(full, l)
@@ -436,6 +485,30 @@ func (b *redisBackend) run(ctx context.Context, s *redis.Script, leases []*Lease
 		func(i int) []any { return args(leases[i]) })
 }
 
+// releaseArgs are the arguments of every release script, in the order of
+// the table at the top of release.lua (list lays them out).
+type releaseArgs struct {
+	Member    string // the lease's member, "" to find the holder by AcquireID
+	AcquireID string
+	Channel   string // the release channel
+	Grace     time.Duration
+	DoneLabel string        // the label to record as completed (escaped), "" for none
+	DoneFor   time.Duration // how long the completion is remembered
+	// RefuseFor: with Member "", how long an acquire with AcquireID stays
+	// refused when no holder has it.
+	RefuseFor        time.Duration
+	CoalesceFor      time.Duration // how long a Coalesce run's success is remembered, 0 for none
+	Hold             time.Duration // HoldAtLeast left to the holder, 0 for none
+	ReserveForParked bool          // reserve the left key for the oldest parked job
+	HandOver         bool          // the hand-over of a held release
+}
+
+// list lays a out as the scripts' ARGV.
+func (a *releaseArgs) list() []any {
+	return []any{a.Member, a.AcquireID, a.Channel, ms(a.Grace), a.DoneLabel, ms(a.DoneFor), ms(a.RefuseFor), ms(a.CoalesceFor), ms(a.Hold),
+		flag(a.ReserveForParked), flag(a.HandOver)}
+}
+
 // releaseCall is the release script of l's options under end, with its
 // keys and arguments.
 func (b *redisBackend) releaseCall(l *Lease, end ending) (*redis.Script, []string, []any) {
@@ -446,20 +519,14 @@ func (b *redisBackend) releaseCall(l *Lease, end ending) (*redis.Script, []strin
 	if l.member != "" {
 		rec = b.plainKeys(l.key, l.member)[1]
 	}
-	label := ""
+	a := releaseArgs{Member: l.member, AcquireID: l.aid, Channel: k.channel, Grace: b.grace, DoneFor: end.done, RefuseFor: l.ttlLocked(),
+		CoalesceFor: end.coalesce, Hold: l.holdFor(end), ReserveForParked: l.onParked != nil, HandOver: end.handOver}
 	if end.done > 0 {
-		label = escapeLabel(l.label)
+		a.DoneLabel = escapeLabel(l.label)
 	}
-	resume, handOver := "0", "0"
-	if l.onParked != nil {
-		resume = "1"
-	}
-	if end.handOver {
-		handOver = "1"
-	}
-	return releaseScripts[releaseModes(l, end)],
+	return releaseScripts[releaseModesOf(&a)],
 		[]string{k.holders, k.waiters, k.cover, k.released, k.queue, k.fence, k.parked, rec},
-		[]any{l.member, l.aid, k.channel, ms(b.grace), label, ms(end.done), ms(l.ttlLocked()), ms(end.cover), ms(l.holdFor(end)), resume, handOver}
+		a.list()
 }
 
 // runEach runs the script call(lease) gives once for each lease, with the
@@ -652,9 +719,9 @@ func (b *redisBackend) groups(leases []*Lease) [][]*Lease {
 	return out
 }
 
-func (b *redisBackend) detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error) {
+func (b *redisBackend) reserve(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error) {
 	k := b.keys(l.key)
-	n, err := detachScript.Run(ctx, b.c, []string{k.holders, k.fence}, l.member, member, ms(ttl)).Int64()
+	n, err := reserveScript.Run(ctx, b.c, []string{k.holders, k.fence}, l.member, member, ms(ttl)).Int64()
 	return n == 1, err
 }
 

@@ -80,7 +80,7 @@ func benchAcquireMode(b *testing.B, opt AcquireOptions, wait, held bool) {
 		}
 		if wait {
 			r.waiter = randomID(8)
-			if r.coalesce {
+			if r.mode == modeCoalesce {
 				r.waiter = "y" + r.waiter
 			}
 			if ttl := handOverTTL(&r); ttl > 0 {
@@ -243,8 +243,8 @@ func benchReleaseMode(b *testing.B, m releaseMode, behind string, old *redis.Scr
 	if m&releaseHold != 0 {
 		lease.hold = time.Minute
 	}
-	if m&releaseCover != 0 {
-		end.cover = time.Minute
+	if m&releaseCoalesce != 0 {
+		end.coalesce = time.Minute
 	}
 	if m&releaseDone != 0 {
 		end.done = time.Minute

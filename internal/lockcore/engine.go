@@ -29,8 +29,8 @@ type backend interface {
 	// leave removes a waiter that gave up, and gives back the key if it
 	// was handed to the waiter's acquire call aid meanwhile.
 	leave(ctx context.Context, key, waiter, aid string) error
-	// detach replaces l's holder by member, a reservation living for ttl.
-	detach(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error)
+	// reserve replaces l's holder by member, a reservation living for ttl.
+	reserve(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error)
 	// evict removes key's live holders, of owner or all ("").
 	evict(ctx context.Context, key, owner string, token int64, call string) (int, error)
 	// cancel records an operator's request that key's live runs, of owner
@@ -78,10 +78,10 @@ type acquireResult struct {
 }
 
 // ending says what a release records besides freeing the holder: the label
-// as completed for done, and the run's success for cover (both when > 0).
+// as completed for done, and the run's success for coalesce (both when > 0).
 type ending struct {
-	done, cover time.Duration
-	nohold      bool // a failed run: released without its HoldAtLeast hold
+	done, coalesce time.Duration
+	nohold         bool // a failed run: released without its HoldAtLeast hold
 	// handOver: the hand-over a held release left for its hold's end
 	// (release_park.lua), sent then by the renewer.
 	handOver bool
@@ -258,7 +258,7 @@ func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent t
 		aid:          r.aid,
 		token:        token,
 		epoch:        r.epoch > 0 || r.order > 0,
-		coalesce:     r.coalesce,
+		coalesce:     r.mode == modeCoalesce,
 		coverFor:     r.coverFor,
 		hold:         r.hold,
 		async:        r.async,
@@ -277,7 +277,7 @@ func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent t
 		l.validUntil = validUntil(sent, left)
 		l.nextRenew = sent.Add(min(r.interval, left/3))
 	}
-	if r.detached {
+	if r.reserved {
 		// A reservation: its TTL alone bounds it; nothing here renews or
 		// releases it.
 		e.emit(Event{Kind: EventAcquired, Key: l.key, Owner: l.owner, Token: token, Wait: waited})
@@ -311,7 +311,7 @@ func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent t
 	// From the first lease on, listen for operators' releases; not under
 	// e.mu, since a subscribe may dial.
 	e.opsOnce.Do(func() { e.b.watchOperators(e.operatorRelease) })
-	if r.preempt != "0" {
+	if r.mode == modePreempt {
 		stop := e.b.watch(l, sent)
 		e.mu.Lock()
 		held := l.state == stateHeld

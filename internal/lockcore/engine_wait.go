@@ -38,7 +38,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 	defer e.calls.Done()
 	e.awaitOwnRelease(ctx, r.key)
 	r.waiter = randomID(8)
-	if r.coalesce && !r.final {
+	if r.mode == modeCoalesce && !r.final {
 		r.waiter = "y" + r.waiter // a Coalesce follow-up, which others may fold into ("y" is no hex digit)
 	}
 	handTTL := handOverTTL(&r)
@@ -88,17 +88,16 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 		if res.since > 0 {
 			r.since = res.since
 		}
-		if r.supersede == "1" {
-			r.supersede = "2" // claimed on the first attempt
+		if !r.later && r.mode.keepsNewest() {
 			if c := res.conflict; c != nil && r.label != "" && c.Label == r.label {
 				// Its own earlier delivery holds the key: this call claimed
 				// nothing and waits for the key as a plain call does.
-				r.supersede = "0"
+				r.behindOwnRun = true
 			}
 		}
-		if r.preempt == "1" {
-			r.preempt = "2" // the holders it found are preempted
-		}
+		// The first attempt claimed the follow-up place and preempted the
+		// holders it found.
+		r.later = true
 		if err != nil {
 			// The script may have run: make sure what it took is given back.
 			e.orphan(r.key, r.aid, sent.Add(r.ttl), 0)
@@ -163,8 +162,7 @@ func handOverID(id string, ttl time.Duration, r *request) string {
 // (a live waiter's Locker renews it within a third of it): its waiter TTL,
 // at least 200ms, at most its TTL.
 func handOverTTL(r *request) time.Duration {
-	if r.limit != 1 || r.epoch != 0 || r.coalesce || r.supersede != "0" || r.preempt != "0" ||
-		r.adopt || r.detached || r.interval <= 0 {
+	if r.limit != 1 || r.epoch != 0 || r.mode != modeNone || r.takeReserved || r.reserved || r.interval <= 0 {
 		return 0
 	}
 	return min(max(r.waiterTTL, 200*time.Millisecond), r.ttl)

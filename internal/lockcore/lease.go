@@ -306,7 +306,7 @@ func (l *Lease) Succeed(ctx context.Context) error { return l.release(ctx, l.suc
 func (l *Lease) success(done time.Duration) ending {
 	end := ending{done: done}
 	if l.coalesce {
-		end.cover = l.coverFor
+		end.coalesce = l.coverFor
 	}
 	return end
 }
@@ -329,7 +329,7 @@ func (l *Lease) Detach(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("%w: %q token %d was released or lost already", ErrNotHeld, l.key, l.token)
 	}
 	member := memberOf(l.token, "r"+l.aid, l.owner, l.label)
-	held, err := l.e.b.detach(ctx, l, member, ttl)
+	held, err := l.e.b.reserve(ctx, l, member, ttl)
 	if err != nil {
 		return fmt.Errorf("lockkit: detach %q: %w", l.key, err)
 	}

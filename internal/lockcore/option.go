@@ -116,22 +116,29 @@ type request struct {
 	// waiter is set when the caller waits: it registers in the key's waiter set.
 	waiter    string
 	waiterTTL time.Duration
-	// coalesce: since is when the call's first attempt reached the store
+	// mode is the FollowUp's mode, modeNone without one.
+	mode followUpMode
+	// later: the call's first attempt reached the store (the later attempts
+	// of a waiting call). On its first, a KeepNewest or Preempt call takes
+	// the key's follow-up place and a Preempt call preempts the holders.
+	later bool
+	// behindOwnRun: a KeepNewest or Preempt call whose own earlier delivery
+	// holds the key waits for it as a plain call: it is no follow-up.
+	behindOwnRun bool
+	final        bool // a Coalesce call that covers no other (its acquire id starts with "z")
+	// since is when a Coalesce call's first attempt reached the store
 	// (server microseconds), -1 before it did.
-	coalesce bool
-	final    bool // a Coalesce call that covers no other (its acquire id starts with "z")
 	since    int64
 	coverFor time.Duration
-	detached bool
-	adopt    bool
-	hold     time.Duration
-	// supersede: "1" on a Supersede Acquire's first attempt, "2" after.
-	supersede string
-	// preempt: "1" on a Preempt Acquire's first attempt, "2" after, "0" off.
-	preempt string
-	order   int64 // the Order of a KeepNewest or Preempt FollowUp
-	async   bool  // AcquireOptions.AsyncRelease
-	grace   time.Duration
+	// reserved: the holder is a reservation from the start
+	// (AcquireOptions.Detached); takeReserved: it replaces a live
+	// reservation carrying its label (AcquireOptions.Adopt).
+	reserved     bool
+	takeReserved bool
+	hold         time.Duration
+	order        int64 // the Order of a KeepNewest or Preempt FollowUp
+	async        bool  // AcquireOptions.AsyncRelease
+	grace        time.Duration
 	// park, parkHold and onParked are AcquireOptions.Park's ID, Hold
 	// (DefaultParkHold when zero) and OnParked.
 	park     string
@@ -144,7 +151,7 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 		o = &AcquireOptions{}
 	}
 	r := request{key: key, owner: c.owner, label: o.Label, ttl: o.TTL, limit: o.Limit, fair: o.Fair, epoch: o.Epoch, epochTTL: o.EpochTTL, epochTag: o.EpochTag,
-		since: -1, coverFor: DefaultCoverFor, detached: o.Detached, supersede: "0", preempt: "0"}
+		since: -1, coverFor: DefaultCoverFor, reserved: o.Detached}
 	if key == "" {
 		return r, fmt.Errorf("%w: key is empty", ErrInvalid)
 	}
@@ -192,7 +199,7 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	}
 	r.waiterTTL = 4 * c.poll
 	r.aid = randomID(8)
-	if r.detached {
+	if r.reserved {
 		r.aid = "r" + r.aid // marks a reservation, which Adopt may replace
 		r.final = false     // a reservation's id does not mark a final call
 	} else if r.final {
@@ -201,10 +208,10 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	if o.Adopt && r.label == "" {
 		return r, fmt.Errorf("%w: key %q: Adopt needs a Label", ErrInvalid, key)
 	}
-	if o.Adopt && r.detached {
+	if o.Adopt && r.reserved {
 		return r, fmt.Errorf("%w: key %q: Adopt and Detached exclude each other", ErrInvalid, key)
 	}
-	r.adopt = o.Adopt
+	r.takeReserved = o.Adopt
 	if o.HoldAtLeast < 0 || o.HoldAtLeast > MaxTTL {
 		return r, fmt.Errorf("%w: key %q: HoldAtLeast %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, o.HoldAtLeast, MaxTTL)
 	}
@@ -266,7 +273,7 @@ func (r *request) followUp(f FollowUp) error {
 		if f.CoverFor > 0 {
 			r.coverFor = f.CoverFor
 		}
-		r.coalesce, r.final = true, f.Final
+		r.mode, r.final = modeCoalesce, f.Final
 		return nil
 	case KeepNewest:
 		return r.keepNewest("KeepNewest", f.Order)
@@ -277,8 +284,12 @@ func (r *request) followUp(f FollowUp) error {
 		if f.Grace < 0 || f.Grace > MaxTTL {
 			return fmt.Errorf("%w: key %q: Preempt.Grace %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, r.key, f.Grace, MaxTTL)
 		}
-		r.preempt, r.grace = "1", f.Grace
-		return r.keepNewest("Preempt", f.Order)
+		r.grace = f.Grace
+		if err := r.keepNewest("Preempt", f.Order); err != nil {
+			return err
+		}
+		r.mode = modePreempt
+		return nil
 	}
 	return fmt.Errorf("%w: key %q: FollowUp %T is not a Coalesce, KeepNewest or Preempt value", ErrInvalid, r.key, f)
 }
@@ -298,6 +309,6 @@ func (r *request) keepNewest(mode string, order int64) error {
 	if order < 0 {
 		return fmt.Errorf("%w: key %q: %s.Order %d must not be negative", ErrInvalid, r.key, mode, order)
 	}
-	r.supersede, r.order = "1", order
+	r.mode, r.order = modeKeepNewest, order
 	return nil
 }

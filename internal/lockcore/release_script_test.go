@@ -56,7 +56,7 @@ func TestReleaseScriptOfTheOptionsAnswersAsTheOneWithEvery(t *testing.T) {
 		var vals []any
 		for _, s := range []scriptServer{own, every} {
 			_, keys, args := s.b.acquireCall(&r)
-			vals, err = acquireScripts[modeAll].Run(ctx, s.c, keys, args...).Slice()
+			vals, err = acquireScripts[partsAll].Run(ctx, s.c, keys, args...).Slice()
 			require.NoError(t, err)
 		}
 		same(fmt.Sprintf("acquire %s %+v", key, opt))
@@ -102,8 +102,8 @@ func TestReleaseScriptOfTheOptionsAnswersAsTheOneWithEvery(t *testing.T) {
 	for m := range releaseAll + 1 {
 		k := fmt.Sprintf("k%d", m)
 		var end ending
-		if m&releaseCover != 0 {
-			end.cover = 3 * time.Second
+		if m&releaseCoalesce != 0 {
+			end.coalesce = 3 * time.Second
 		}
 		if m&releaseDone != 0 {
 			end.done = 5 * time.Second

@@ -146,7 +146,7 @@ func TestRepeatedReleaseAfterEachOperation(t *testing.T) {
 				case "detachOther":
 					b, err := take("k", &AcquireOptions{Limit: 2})
 					require.NoError(t, err)
-					ok, err := l.r.detach(ctx, b, b.member+"r", time.Minute)
+					ok, err := l.r.reserve(ctx, b, b.member+"r", time.Minute)
 					require.NoError(t, err)
 					require.True(t, ok)
 				case "leave":

@@ -15,8 +15,8 @@ var (
 	acquireCoreSrc string
 	//go:embed scripts/acquire_coalesce.lua
 	acquireCoalesceSrc string
-	//go:embed scripts/acquire_supersede.lua
-	acquireSupersedeSrc string
+	//go:embed scripts/acquire_keepnewest.lua
+	acquireKeepNewestSrc string
 	//go:embed scripts/acquire_preempt.lua
 	acquirePreemptSrc string
 	//go:embed scripts/acquire_park.lua
@@ -29,8 +29,8 @@ var (
 	releaseGrantSrc string
 	//go:embed scripts/release_hold.lua
 	releaseHoldSrc string
-	//go:embed scripts/release_cover.lua
-	releaseCoverSrc string
+	//go:embed scripts/release_coalesce.lua
+	releaseCoalesceSrc string
 	//go:embed scripts/release_done.lua
 	releaseDoneSrc string
 	//go:embed scripts/release_park.lua
@@ -43,8 +43,8 @@ var (
 	inspectSrc string
 	//go:embed scripts/free.lua
 	freeSrc string
-	//go:embed scripts/detach.lua
-	detachSrc string
+	//go:embed scripts/reserve.lua
+	reserveSrc string
 	//go:embed scripts/evict.lua
 	evictSrc string
 	//go:embed scripts/cancel.lua
@@ -61,7 +61,7 @@ var (
 	plainReleaseSrc string
 
 	// The scripts that change a holders key start with promote.lua.
-	acquireScripts     = newScripts(modeAll, acquireSource)
+	acquireScripts     = newScripts(partsAll, acquireSource)
 	releaseScripts     = newScripts(releaseAll, releaseSource)
 	plainAcquireScript = redis.NewScript(plainAcquireSrc)
 	plainReleaseScript = redis.NewScript(plainReleaseSrc)
@@ -69,22 +69,37 @@ var (
 	leaveScript        = redis.NewScript(promoteSrc + leaveSrc)
 	inspectScript      = redis.NewScript(inspectSrc)
 	freeScript         = redis.NewScript(promoteSrc + freeSrc)
-	detachScript       = redis.NewScript(promoteSrc + detachSrc)
+	reserveScript      = redis.NewScript(promoteSrc + reserveSrc)
 	evictScript        = redis.NewScript(promoteSrc + evictSrc)
 	cancelScript       = redis.NewScript(promoteSrc + cancelSrc)
 	renewScript        = redis.NewScript(renewSrc)
 )
 
-// acquireMode is a set of the follow-up modes of an acquire call, each with
-// its own part of the acquire script.
-type acquireMode uint8
+// followUpMode is the mode of an acquire call's FollowUp, as the acquire
+// scripts name it (their argument mode, see acquire_core.lua).
+type followUpMode string
 
 const (
-	modeCoalesce  acquireMode = 1 << iota // acquire_coalesce.lua
-	modeSupersede                         // acquire_supersede.lua
-	modePreempt                           // acquire_preempt.lua
-	modePark                              // acquire_park.lua
-	modeAll       = modeCoalesce | modeSupersede | modePreempt | modePark
+	modeNone       followUpMode = ""
+	modeCoalesce   followUpMode = "coalesce"   // Coalesce: acquire_coalesce.lua
+	modeKeepNewest followUpMode = "keepnewest" // KeepNewest: acquire_keepnewest.lua
+	modePreempt    followUpMode = "preempt"    // Preempt: KeepNewest's part and acquire_preempt.lua
+)
+
+// keepsNewest tells whether the call is the key's one pending follow-up
+// (KeepNewest and Preempt).
+func (m followUpMode) keepsNewest() bool { return m == modeKeepNewest || m == modePreempt }
+
+// acquireParts is a set of the parts of an acquire script, each in its own
+// file, that only some calls need.
+type acquireParts uint8
+
+const (
+	partCoalesce   acquireParts = 1 << iota // acquire_coalesce.lua
+	partKeepNewest                          // acquire_keepnewest.lua
+	partPreempt                             // acquire_preempt.lua
+	partPark                                // acquire_park.lua
+	partsAll       = partCoalesce | partKeepNewest | partPreempt | partPark
 )
 
 // newScripts builds the script source(m) of every set m of modes up to
@@ -97,14 +112,14 @@ func newScripts[M ~uint8](all M, source func(M) string) []*redis.Script {
 	return s
 }
 
-// acquireSource is the acquire script of the modes m: promote.lua,
-// acquire_core.lua, what the files of the modes declare, and acquire.lua with
-// their sections at its places (see acquire_core.lua). A mode's code only
-// acts when its arguments ask for it, so a script with more modes than a
-// call has gives the same answer; a plain waiting acquire runs the core
+// acquireSource is the acquire script of the parts m: promote.lua,
+// acquire_core.lua, what the files of the parts declare, and acquire.lua with
+// their sections at its places (see acquire_core.lua). A part's code only
+// acts when its arguments ask for it, so a script with more parts than a
+// call needs gives the same answer; a plain waiting acquire runs the core
 // alone.
-func acquireSource(m acquireMode) string {
-	parts := []string{acquireCoalesceSrc, acquireSupersedeSrc, acquirePreemptSrc, acquireParkSrc}
+func acquireSource(m acquireParts) string {
+	parts := []string{acquireCoalesceSrc, acquireKeepNewestSrc, acquirePreemptSrc, acquireParkSrc}
 	return inlineSource(promoteSrc+acquireCoreSrc, acquireSrc, parts, uint(m))
 }
 
@@ -151,21 +166,21 @@ func placeOf(line string) (string, bool) {
 	return name, true
 }
 
-// acquireModes is the set of modes whose code r's acquire script needs, with
-// sup its Supersede argument: a Preempt call's first attempt only preempts.
-func acquireModes(r *request, sup string) acquireMode {
-	var m acquireMode
-	if r.coalesce {
-		m |= modeCoalesce
+// partsOf is the set of parts whose code a call with the arguments a needs:
+// a Preempt call's later attempts only keep the newest.
+func partsOf(a *acquireArgs) acquireParts {
+	var m acquireParts
+	if a.Mode == modeCoalesce {
+		m |= partCoalesce
 	}
-	if sup != "0" || r.order > 0 {
-		m |= modeSupersede
+	if a.Mode.keepsNewest() || a.Order > 0 {
+		m |= partKeepNewest
 	}
-	if r.preempt == "1" && r.waiter != "" {
-		m |= modePreempt
+	if a.Mode == modePreempt && a.First && a.Waiter != "" {
+		m |= partPreempt
 	}
-	if r.park != "" {
-		m |= modePark
+	if a.ParkEntry != "" {
+		m |= partPark
 	}
 	return m
 }
@@ -175,11 +190,11 @@ func acquireModes(r *request, sup string) acquireMode {
 type releaseMode uint8
 
 const (
-	releaseHold  releaseMode = 1 << iota // release_hold.lua: HoldAtLeast
-	releaseCover                         // release_cover.lua: a Coalesce run's success
-	releaseDone                          // release_done.lua: a completed label
-	releasePark                          // release_park.lua: reserve the key for a parked job
-	releaseAll   = releaseHold | releaseCover | releaseDone | releasePark
+	releaseHold     releaseMode = 1 << iota // release_hold.lua: HoldAtLeast
+	releaseCoalesce                         // release_coalesce.lua: a Coalesce run's success
+	releaseDone                             // release_done.lua: a completed label
+	releasePark                             // release_park.lua: reserve the key for a parked job
+	releaseAll      = releaseHold | releaseCoalesce | releaseDone | releasePark
 )
 
 // releaseSource is the release script of the options m: promote.lua and
@@ -188,24 +203,24 @@ const (
 // acts when its arguments ask for it, so a script with more sections than a
 // call needs gives the same answer.
 func releaseSource(m releaseMode) string {
-	parts := []string{releaseGrantSrc, releaseHoldSrc, releaseCoverSrc, releaseDoneSrc, releaseParkSrc}
+	parts := []string{releaseGrantSrc, releaseHoldSrc, releaseCoalesceSrc, releaseDoneSrc, releaseParkSrc}
 	return inlineSource(promoteSrc, releaseSrc, parts, 1|uint(m)<<1)
 }
 
-// releaseModes is the set of options whose sections the release of l under
-// end needs.
-func releaseModes(l *Lease, end ending) releaseMode {
+// releaseModesOf is the set of options whose sections a release with the
+// arguments a needs.
+func releaseModesOf(a *releaseArgs) releaseMode {
 	var m releaseMode
-	if l.holdFor(end) > 0 {
+	if a.Hold > 0 {
 		m |= releaseHold
 	}
-	if end.cover > 0 {
-		m |= releaseCover
+	if a.CoalesceFor > 0 {
+		m |= releaseCoalesce
 	}
-	if end.done > 0 {
+	if a.DoneFor > 0 {
 		m |= releaseDone
 	}
-	if l.onParked != nil {
+	if a.ReserveForParked {
 		m |= releasePark
 	}
 	return m

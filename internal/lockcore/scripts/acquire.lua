@@ -1,18 +1,18 @@
 -- The last part of every acquire script (see acquire_core.lua): acquires one
 -- holder slot of a lock, or reports why not. Safe to run twice: a repeat with
 -- the same acquire id returns the lease the first run took. It touches
--- KEYS[1] holders, KEYS[2] epoch (e, d, a, t), KEYS[3] queue, KEYS[4] waiters
--- and KEYS[5] fence; the sections of the call's modes, placed at the lines
+-- holders_key, epoch_key (e, d, a, t), queue_key, waiters_key and fence_key
+-- (named in acquire_core.lua); the sections of the call's modes, placed at the lines
 -- "-- @<place>", touch the rest. The reply's first element says what the
 -- others are:
 --   1  acquired: {1, token}; {1, token, '0', 1} when the call had been parked
---      (it adopted its reservation or found its parked entry); {1, token,
+--      (it took_reserved its reservation or found its parked entry); {1, token,
 --      ttl left (ms)} when an earlier run of this acquire took it or a
 --      release handed it over (release_grant.lua); {1, token, '0', 0 or 1,
 --      other tag} when the epoch claimed before carried another tag
 --   0  held: {0, holder member, its ttl (ms), holders, waiters ahead, since,
 --      parked jobs ahead of a parking call (-1 for none), the parked
---      follow-up that this Supersede call replaced ("" for none; a repeat of
+--      follow-up that this KeepNewest call replaced ("" for none; a repeat of
 --      the call reports it too)}
 --  -1  the epoch was already used: {-1, last epoch, other tag}
 -- The other tag is the epoch tag of the key's last claim when it and this
@@ -21,14 +21,14 @@
 --  -3  this acquire call was abandoned: {-3}
 --  -4  a Coalesce call is covered: {-4, coverage, covering token, holder
 --      member, since} (acquire_coalesce.lua)
---  -5  a Supersede call was replaced by a later one, or is older than the
+--  -5  a KeepNewest call was replaced by a later one, or is older than the
 --      key's run or follow-up: {-5}
-promote(KEYS[1], KEYS[5])
+promote(holders_key, fence_key)
 
 local kept_until = 0
 local other_tag = ''
 if epoch > 0 then
-  local meta = redis.call('HMGET', KEYS[2], 'e', 'd', 'a', 't')
+  local meta = redis.call('HMGET', epoch_key, 'e', 'd', 'a', 't')
   local last_epoch = tonumber(meta[1] or '0')
   kept_until = tonumber(meta[2] or '0')
   if epoch_tag ~= '' and meta[4] and meta[4] ~= '' and meta[4] ~= epoch_tag then
@@ -43,20 +43,20 @@ end
 -- @cover_by_success
 
 -- A free key with nobody queued (the common case) costs one EXISTS.
-existed = redis.call('EXISTS', KEYS[1]) == 1
+existed = redis.call('EXISTS', holders_key) == 1
 if existed then
   -- Drop expired holders and forgotten records.
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], -now, now)
-  if adopt and label ~= '' and not redis.call('ZSCORE', KEYS[1], 'x:' .. aid) then
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+  redis.call('ZREMRANGEBYSCORE', holders_key, -now, now)
+  if take_reserved and label ~= '' and not redis.call('ZSCORE', holders_key, 'x:' .. aid) then
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', holders_key, '(' .. now, '+inf')) do
       if string.find(m, '^%d+:r') and string.sub(m, -#label - 1) == ':' .. label then
-        redis.call('ZREM', KEYS[1], m)
-        adopted = true
+        redis.call('ZREM', holders_key, m)
+        took_reserved = true
       end
     end
   end
-  live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
-  if redis.call('ZSCORE', KEYS[1], 'x:' .. aid) then
+  live = redis.call('ZRANGEBYSCORE', holders_key, '(' .. now, '+inf', 'WITHSCORES')
+  if redis.call('ZSCORE', holders_key, 'x:' .. aid) then
     forget_waiter()
     return {-3}
   end
@@ -72,7 +72,7 @@ if existed then
     end
   end
   -- @cover_by_run
-  if label ~= '' and redis.call('ZSCORE', KEYS[1], 'done:' .. label) then
+  if label ~= '' and redis.call('ZSCORE', holders_key, 'done:' .. label) then
     forget_waiter()
     return {-2}
   end
@@ -83,7 +83,7 @@ if not holder and count > 0 then
   holder, holder_exp = live[1], tonumber(live[2])
 end
 -- @preempt
-if redis.call('EXISTS', KEYS[3]) == 1 then
+if redis.call('EXISTS', queue_key) == 1 then
   ahead = queued_ahead()
 end
 
@@ -94,25 +94,25 @@ if not same and count + ahead < limit then
   -- A token is at least the server time in microseconds, so tokens keep
   -- growing after the fence key expires; the stored one orders acquires
   -- across a small backward step of the clock.
-  local token = string.format('%d', math.max(tonumber(redis.call('GET', KEYS[5]) or '0') + 1, nowus))
-  redis.call('ZADD', KEYS[1], now + ttl, token .. ':' .. aid .. ':' .. owner .. ':' .. label)
+  local token = string.format('%d', math.max(tonumber(redis.call('GET', fence_key) or '0') + 1, nowus))
+  redis.call('ZADD', holders_key, now + ttl, token .. ':' .. aid .. ':' .. owner .. ':' .. label)
   if existed then
-    extend_key(KEYS[1], ttl)
+    extend_key(holders_key, ttl)
   else
-    redis.call('PEXPIRE', KEYS[1], ttl)
+    redis.call('PEXPIRE', holders_key, ttl)
   end
-  redis.call('SET', KEYS[5], token, 'PX', 1000)
+  redis.call('SET', fence_key, token, 'PX', 1000)
   if epoch > 0 then
     kept_until = math.max(kept_until, now + epoch_keep)
-    redis.call('HSET', KEYS[2], 'e', ARGV[7], 'd', string.format('%d', kept_until), 'a', aid, 't', epoch_tag)
-    redis.call('PEXPIRE', KEYS[2], math.max(ttl, kept_until - now))
+    redis.call('HSET', epoch_key, 'e', epoch_text, 'd', string.format('%d', kept_until), 'a', aid, 't', epoch_tag)
+    redis.call('PEXPIRE', epoch_key, math.max(ttl, kept_until - now))
   end
   forget_waiter()
   -- @took
-  -- A call that was parked before (its reservation adopted, or its entry
+  -- A call that was parked before (its reservation took_reserved, or its entry
   -- still queued) says so: its task was put back once, and the runtime's
   -- late write of that may come after this run (see Lease.WasParked).
-  local was_parked = adopted
+  local was_parked = took_reserved
   -- @unpark
   if other_tag ~= '' then
     return {1, token, '0', was_parked and 1 or 0, other_tag}

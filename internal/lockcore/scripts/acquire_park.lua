@@ -1,36 +1,37 @@
--- The Park sections of an acquire script (see acquire_core.lua): a call with a
+-- The Park sections of an acquire script (see acquire_core.lua, which names
+-- the arguments and keys): a call with a
 -- parked-queue entry that finds the key held joins the key's parked queue
 -- (once); it leaves the queue when it takes the key.
--- KEYS[7] parked: ZSET of parked jobs, "<hold ms>:<label>:<id>" scored by
+-- KEYS[7] parked_key: ZSET of parked jobs, "<hold ms>:<label>:<id>" scored by
 --         their first park (us); release_park.lua reserves the key for the oldest
--- KEYS[1] holders: "s:<label>" marks a parked Supersede follow-up that a
---         newer one replaced (acquire_supersede.lua): its next parking
+-- KEYS[1] holders_key: "s:<label>" marks a parked KeepNewest follow-up that
+--         a newer one replaced (acquire_keepnewest.lua): its next parking
 --         acquire gives up and consumes it (other calls carrying the label,
 --         such as a pass-on's adopt, leave it), recording "S:<acquire id>"
 --         for that call, whose repeat gives up too
--- ARGV[17] this call's parked-queue entry
--- ARGV[18] how long the parked queue and the "S:" record are kept (ms)
+-- ARGV[17] entry: this call's parked-queue entry
+-- ARGV[18] keep: how long the parked queue and the "S:" record are kept (ms)
 -- A replaced call's reply is {-5}; a parked call's conflict reply reports
 -- the number of parked jobs ahead of it.
 -- @park_replaced
-if redis.call('ZSCORE', KEYS[1], 'S:' .. aid) then
+if redis.call('ZSCORE', holders_key, 'S:' .. aid) then
   return {-5}
 end
-if label ~= '' and entry ~= '' and redis.call('ZREM', KEYS[1], 's:' .. label) == 1 then
+if label ~= '' and entry ~= '' and redis.call('ZREM', holders_key, 's:' .. label) == 1 then
   -- A newer follow-up replaced this parked one: it gives up, once.
-  redis.call('ZADD', KEYS[1], -(now + keep), 'S:' .. aid)
-  extend_key(KEYS[1], keep)
+  redis.call('ZADD', holders_key, -(now + keep), 'S:' .. aid)
+  extend_key(holders_key, keep)
   forget_waiter()
   return {-5}
 end
 -- @unpark: the call that took the key was parked if its entry was queued
-if entry ~= '' and redis.call('ZREM', KEYS[7], entry) == 1 then
+if entry ~= '' and redis.call('ZREM', parked_key, entry) == 1 then
   was_parked = true
 end
 -- @park: the call that did not take the key joins the parked queue
 if entry ~= '' then
-  redis.call('ZADD', KEYS[7], 'NX', nowus, entry)
-  redis.call('PEXPIRE', KEYS[7], keep)
+  redis.call('ZADD', parked_key, 'NX', nowus, entry)
+  redis.call('PEXPIRE', parked_key, keep)
   keep_sorted(keep)
-  parked = redis.call('ZRANK', KEYS[7], entry)
+  parked = redis.call('ZRANK', parked_key, entry)
 end

@@ -1,30 +1,30 @@
--- The Supersede (KeepNewest) sections of an acquire script (see
--- acquire_core.lua): a key has one pending follow-up, the newest. A later
--- Supersede call replaces it (a waiter is woken to give up; a parked one
--- leaves the parked queue and is marked "s:<label>" in KEYS[1], which its next
+-- The KeepNewest sections of an acquire script (see acquire_core.lua, which
+-- names the arguments and keys): a key has one pending follow-up, the
+-- newest. A later KeepNewest (or Preempt) call replaces it (a waiter is woken to give up; a parked one
+-- leaves the parked queue and is marked "s:<label>" in holders_key, which its next
 -- parking acquire consumes: acquire_park.lua), and a call older than the key's
 -- latest run or than its live follow-up gives up: {-5}.
--- KEYS[2] epoch: HASH, n = the order of the key's latest Supersede run; it
---         is kept for ARGV[18] after a run with an order took the key, and
+-- KEYS[2] epoch_key: HASH, n = the order of the key's latest KeepNewest run;
+--         it is kept for keep after a run with an order took the key, and
 --         while leases that recorded an order are renewed
--- KEYS[8] follow-up: HASH, p = the key's Supersede follow-up (a waiter id,
+-- KEYS[8] followup_key: HASH, p = the key's KeepNewest follow-up (a waiter id,
 --         or the parked-queue entry of a parking call), r = the parked
 --         follow-up that p replaced and a = the acquire id of the call that
 --         replaced it (only its repeat is told r again), o = the order of p
 --         ("0" for none)
--- KEYS[1] holders ("s:" records; live reservations are read), KEYS[4]
---         waiters (read) and KEYS[7] parked (a replaced entry is removed)
--- ARGV[13] "0" off; "1" on a waiting call's first attempt (it becomes the
---          key's pending follow-up), and on a parking call that does not
---          wait (its entry is the follow-up); "2" on a waiting call's later
---          attempts
--- ARGV[19] the call's order (its task's place in the key's order, taken at
+-- KEYS[1] holders_key ("s:" records; live reservations are read), KEYS[4]
+--         waiters_key (read) and KEYS[7] parked_key (a replaced entry is
+--         removed)
+-- ARGV[13] mode: 'keepnewest' or 'preempt' (keepnewest below) makes the
+--          call the key's pending follow-up: a waiting call on its first
+--          attempt (ARGV[15] first), and a parking call that does not wait
+--          (its entry is the follow-up); a waiting call's later attempts
+--          give up once another call took its place
+-- ARGV[19] order: the call's order (its task's place in the key's order, taken at
 --          enqueue), "0" for none; it applies to a waiting or parking call,
 --          also on the attempts after the first, and once it waits as a
 --          plain call for its own earlier delivery. A call without an order,
 --          or compared with a run or follow-up without one, goes by arrival.
-local sup = ARGV[13] or '0'
-local order = tonumber(ARGV[19] or '0')
 -- This call's follow-up id: its waiter id, or the entry of a parking call
 -- that does not wait.
 local fid = wid
@@ -39,19 +39,19 @@ local function older()
   if order == 0 or (wid == '' and entry == '') then
     return false
   end
-  if order < tonumber(redis.call('HGET', KEYS[2], 'n') or '0') then
+  if order < tonumber(redis.call('HGET', epoch_key, 'n') or '0') then
     return true
   end
-  local f = redis.call('HMGET', KEYS[8], 'p', 'o')
+  local f = redis.call('HMGET', followup_key, 'p', 'o')
   if not f[1] or f[1] == wid or f[1] == entry or order >= tonumber(f[2] or '0') then
     return false
   end
-  if redis.call('ZSCORE', KEYS[7], f[1]) or tonumber(redis.call('ZSCORE', KEYS[4], f[1]) or '0') > now then
+  if redis.call('ZSCORE', parked_key, f[1]) or tonumber(redis.call('ZSCORE', waiters_key, f[1]) or '0') > now then
     return true
   end
   local pl = string.match(f[1], '^%d+:([^:]*):')
   if pl and pl ~= '' then
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', holders_key, '(' .. now, '+inf')) do
       if string.find(m, '^%d+:r') and string.sub(m, -#pl - 1) == ':' .. pl then
         return true
       end
@@ -61,65 +61,65 @@ local function older()
 end
 
 -- @give_way
-if not adopted and older() then
+if not took_reserved and older() then
   forget_waiter()
   if entry ~= '' then
-    redis.call('ZREM', KEYS[7], entry)
+    redis.call('ZREM', parked_key, entry)
   end
   return {-5}
 end
 -- @follow_up: the call becomes the key's one follow-up; a call whose own
 -- earlier delivery holds the key (same) is no follow-up: it neither
 -- replaces the key's follow-up nor becomes it
-if sup ~= '0' and fid ~= '' and not adopted and not (same and sup == '1') then
-  local p = redis.call('HGET', KEYS[8], 'p')
-  if sup == '1' then
+if keepnewest and fid ~= '' and not took_reserved and not (same and first) then
+  local p = redis.call('HGET', followup_key, 'p')
+  if first then
     if p == fid then
       -- A repeat of the call that replaced r is told so again; a later
       -- call with the same entry (a backstop delivery) replaced no one.
-      local again = redis.call('HMGET', KEYS[8], 'r', 'a')
+      local again = redis.call('HMGET', followup_key, 'r', 'a')
       if again[2] == aid then
         replaced = again[1] or ''
       end
     else
-      if p and redis.call('ZREM', KEYS[7], p) == 1 then
+      if p and redis.call('ZREM', parked_key, p) == 1 then
         -- A parked follow-up: marked, so that its next acquire gives up;
         -- unless it is this job's own earlier entry (parked under another
         -- id), whose place this call takes.
         local pl = string.match(p, '^%d+:([^:]*):')
         if not (pl and pl ~= '' and pl == label) then
           if pl and pl ~= '' then
-            redis.call('ZADD', KEYS[1], -(now + keep), 's:' .. pl)
-            extend_key(KEYS[1], keep)
+            redis.call('ZADD', holders_key, -(now + keep), 's:' .. pl)
+            extend_key(holders_key, keep)
           end
           replaced = p
         end
       elseif p then
         redis.call('PUBLISH', channel, '1')
       end
-      redis.call('HSET', KEYS[8], 'p', fid, 'r', replaced, 'a', aid, 'o', string.format('%d', order))
+      redis.call('HSET', followup_key, 'p', fid, 'r', replaced, 'a', aid, 'o', string.format('%d', order))
     end
   elseif p ~= wid then
     forget_waiter()
     return {-5}
   end
   if wid ~= '' then
-    extend_key(KEYS[8], wttl)
+    extend_key(followup_key, wttl)
   else
-    extend_key(KEYS[8], keep)
+    extend_key(followup_key, keep)
   end
 end
 -- @took: the run's order; an older call gives up while it runs and after
-if fid ~= '' and (sup ~= '0' or order > 0) then
-  if sup ~= '0' and redis.call('HGET', KEYS[8], 'p') == fid then
-    redis.call('HDEL', KEYS[8], 'p', 'r', 'a', 'o')
+if fid ~= '' and (keepnewest or order > 0) then
+  if keepnewest and redis.call('HGET', followup_key, 'p') == fid then
+    redis.call('HDEL', followup_key, 'p', 'r', 'a', 'o')
   end
   if order == 0 then
-    redis.call('HDEL', KEYS[2], 'n')
-  elseif order > tonumber(redis.call('HGET', KEYS[2], 'n') or '0') then
-    redis.call('HSET', KEYS[2], 'n', string.format('%d', order))
+    redis.call('HDEL', epoch_key, 'n')
+  elseif order > tonumber(redis.call('HGET', epoch_key, 'n') or '0') then
+    redis.call('HSET', epoch_key, 'n', string.format('%d', order))
   end
   if order > 0 then
-    extend_key(KEYS[2], keep)
+    extend_key(epoch_key, keep)
   end
 end
