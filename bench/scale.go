@@ -164,8 +164,8 @@ func (b *bench) scaleDistinct(ctx context.Context, n int, lease string, window t
 		// duplicates (its own id), so it lives in the sorted set.
 		opt = func(i int) *lockcore.AcquireOptions {
 			id := "task-" + strconv.Itoa(i)
-			return &lockcore.AcquireOptions{NoRenew: true, Label: id, Adopt: true,
-				Park: &lockcore.Parking{ID: id, OnParked: func(string) {}}}
+			return &lockcore.AcquireOptions{NoRenew: true, Label: id, TakeReservation: true,
+				Park: &lockcore.Parking{ID: id, OnParked: func(string, string) {}}}
 		}
 	}
 	c, _ := b.client()
@@ -245,9 +245,9 @@ func (b *bench) scalePark(ctx context.Context, n int) (parkPoint, error) {
 	defer l.Close(ctx)
 	key := fmt.Sprintf("parked-%d", n)
 	ids := make(chan string, 1)
-	onParked := func(id string) { ids <- id }
+	onParked := func(_, id string) { ids <- id }
 	opt := func(label, park string, adopt bool) *lockcore.AcquireOptions {
-		return &lockcore.AcquireOptions{Label: label, Adopt: adopt, Park: &lockcore.Parking{ID: park, OnParked: onParked}, NoRenew: true}
+		return &lockcore.AcquireOptions{Label: label, TakeReservation: adopt, Park: &lockcore.Parking{ID: park, OnParked: onParked}, NoRenew: true}
 	}
 	holder, err := l.TryAcquire(ctx, key, opt("holder", "holder", false))
 	if err != nil {
@@ -365,7 +365,7 @@ func (r *report) scaleSection() string {
 			"holders key with its last token and the record of its release, for the window: a run longer than the window "+
 			"holds at its end about one key per cycle of the last window (cycles/s × window), whatever the run's length; their memory is "+
 			"what a steady stream of that many tasks per second keeps. Lease: a plain lock (what the default Skip policy takes), "+
-			"or a parking one (`Label`, `Park`, `Adopt`: what Requeue takes), which lives in the sorted-set form.\n\n", x.window)
+			"or a parking one (`Label`, `Park`, `TakeReservation`: what Requeue takes), which lives in the sorted-set form.\n\n", x.window)
 		var rows [][]string
 		for _, p := range x.keys {
 			rate := float64(p.cycles) / p.wall.Seconds()
@@ -397,7 +397,7 @@ func (r *report) scaleSection() string {
 	if len(x.parked) > 0 {
 		w.WriteString("Parked jobs on one held key (`AcquireOptions.Park`, each with its own `Label`): the Redis time of each " +
 			"parking `TryAcquire`, then of each resume, the release that reserves the key for the oldest parked job plus " +
-			"that job's `Adopt` acquire, one after the other until the queue is empty.\n\n")
+			"that job's `TakeReservation` acquire, one after the other until the queue is empty.\n\n")
 		var rows [][]string
 		for _, p := range x.parked {
 			rows = append(rows, []string{fmt.Sprint(p.parked), us(p.perPark), us(p.perResume), fmt.Sprintf("%.1f", p.resumeRTs),

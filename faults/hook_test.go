@@ -110,7 +110,7 @@ var faultOps = []faultOp{
 		defer cancel()
 		// As singleton.ParkAtEnqueue parks a task: a reservation if the key
 		// is free, else a place in its parked queue.
-		_, err := l.TryAcquire(ctx, faultKey, &lockcore.AcquireOptions{Label: "j1", Detached: true, Park: &lockcore.Parking{ID: "p1"}})
+		_, err := l.TryAcquire(ctx, faultKey, &lockcore.AcquireOptions{Label: "j1", Reserve: true, Park: &lockcore.Parking{ID: "p1"}})
 		var ce *lockcore.ConflictError
 		if errors.As(err, &ce) {
 			require.Zero(t, ce.Parked, "parked first")
@@ -118,7 +118,7 @@ var faultOps = []faultOp{
 		}
 		// However its reply fared, the call parked once: one job is ahead
 		// of the next.
-		_, perr := other.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{Label: "j2", Detached: true, Park: &lockcore.Parking{ID: "p2"}})
+		_, perr := other.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{Label: "j2", Reserve: true, Park: &lockcore.Parking{ID: "p2"}})
 		require.ErrorAs(t, perr, &ce)
 		require.Equal(t, 1, ce.Parked, "p1 is parked exactly once")
 		return err
@@ -128,7 +128,7 @@ var faultOps = []faultOp{
 		hook.Disarm()
 		got.add(must(other.TryAcquire(context.Background(), faultKey, nil)))
 		follow := func(label string) *lockcore.AcquireOptions {
-			return &lockcore.AcquireOptions{Label: label, FollowUp: lockcore.KeepNewest{}, Adopt: true, Park: &lockcore.Parking{ID: "p-" + label}}
+			return &lockcore.AcquireOptions{Label: label, FollowUp: lockcore.KeepNewest{}, TakeReservation: true, Park: &lockcore.Parking{ID: "p-" + label}}
 		}
 		var ce *lockcore.ConflictError
 		_, err := other.TryAcquire(context.Background(), faultKey, follow("j1"))
@@ -159,7 +159,7 @@ var faultOps = []faultOp{
 		hook.Disarm()
 		got.add(must(other.TryAcquire(context.Background(), faultKey, nil)))
 		follow := func(label string) *lockcore.AcquireOptions {
-			return &lockcore.AcquireOptions{Label: label, FollowUp: lockcore.KeepNewest{}, Adopt: true, Park: &lockcore.Parking{ID: "p-" + label}}
+			return &lockcore.AcquireOptions{Label: label, FollowUp: lockcore.KeepNewest{}, TakeReservation: true, Park: &lockcore.Parking{ID: "p-" + label}}
 		}
 		for _, j := range []string{"j1", "j2"} {
 			_, err := other.TryAcquire(context.Background(), faultKey, follow(j))
@@ -234,7 +234,7 @@ var faultOps = []faultOp{
 	{"free", freeCmd, func(t *testing.T, l, other *lockcore.RedisLocker, hook *testredis.Faults, got *leaseSet) error {
 		f := pendingFault(hook)
 		hook.Disarm()
-		_, err := other.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{Label: "q/t1", Detached: true})
+		_, err := other.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{Label: "q/t1", Reserve: true})
 		require.NoError(t, err)
 		hook.Arm(f, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -465,7 +465,7 @@ var faultOps = []faultOp{
 		}}})
 		require.NoError(t, err)
 		for _, j := range []string{"1", "2"} {
-			_, err := other.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{Label: "j" + j, Detached: true, Park: &lockcore.Parking{ID: "p" + j}})
+			_, err := other.TryAcquire(context.Background(), faultKey, &lockcore.AcquireOptions{Label: "j" + j, Reserve: true, Park: &lockcore.Parking{ID: "p" + j}})
 			require.ErrorIs(t, err, lockcore.ErrNotAcquired)
 		}
 		hook.Arm(f, 1)
@@ -529,7 +529,7 @@ var faultOps = []faultOp{
 		hook.Arm(f, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		err = lease.Detach(ctx, time.Minute)
+		err = lease.Reserve(ctx, time.Minute)
 		// However the reply fared, the key is now a reservation for a minute
 		// that the task's label can adopt.
 		info, ierr := other.Inspect(context.Background(), faultKey)

@@ -28,7 +28,7 @@ func TestEndpoints(t *testing.T) {
 	require.NoError(t, err)
 	_, err = l.TryAcquire(ctx, "report", nil)
 	require.NoError(t, err)
-	_, err = coretest.Of(t, l).TryAcquire(ctx, "tenant:42", &lockcore.AcquireOptions{Label: "task-2", Detached: true, Park: &lockcore.Parking{ID: "task-2"}})
+	_, err = coretest.Of(t, l).TryAcquire(ctx, "tenant:42", &lockcore.AcquireOptions{Label: "task-2", Reserve: true, Park: &lockcore.Parking{ID: "task-2"}})
 	require.ErrorIs(t, err, lockkit.ErrNotAcquired) // parked for the key
 
 	ro, err := opsview.New(l)

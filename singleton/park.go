@@ -243,7 +243,7 @@ func (m *guarded) passOn(ctx context.Context, dup *guard.DuplicateError, key, or
 // task is found done and none active: no copy is coming then (a copy is
 // enqueued while its creator is active). When none can be run (gone, done:
 // completed or archived, or its queue deleted) the key is passed on: the
-// reservation is adopted and released, which resumes the next parked task.
+// reservation is taken over and released, which resumes the next parked task.
 // So is it when a delivery is still active after resumeTimeout: its
 // duplicate delivery has not ended (asynq calls Config.ErrorHandler before
 // it puts the task back, and a slow one delays that), and the task comes

@@ -28,7 +28,7 @@ const parkedHeader = "jobguard-parked"
 // the middleware derives it, on locker (use the middleware's Locker
 // settings: the same Redis and prefix). The task carries parkedHeader.
 //
-//   - A task whose key is free reserves it (a Detached lease carrying the
+//   - A task whose key is free reserves it (a reservation carrying the
 //     task's ID, for backstop) and is enqueued as asked; the middleware takes
 //     the reservation over when the task starts.
 //   - A task whose key is held or reserved is parked for it
@@ -150,7 +150,7 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 			return c.c.EnqueueContext(ctx, task, opts...) // refused as a duplicate ID
 		}
 	}
-	res, err := p.core.TryAcquire(ctx, key, &lockcore.AcquireOptions{TTL: p.backstop, Label: id, Detached: true,
+	res, err := p.core.TryAcquire(ctx, key, &lockcore.AcquireOptions{TTL: p.backstop, Label: id, Reserve: true,
 		Park: &lockcore.Parking{ID: parkEntry(queue, id, id), Hold: ParkBackstop,
 			OnParked: p.resumer.resume}}) // when given back
 	var ce *lockcore.ConflictError

@@ -229,7 +229,7 @@ func TestParkAtEnqueueNeverStrandsATask(t *testing.T) {
 			return len(info.Holders) == 0
 		}, 5*time.Second, time.Millisecond)
 		require.Equal(t, asynq.TaskStatePending, enqueueSlow(10))
-		_, err = coretest.Of(t, e.locker()).TryAcquire(ctx, "k", &lockcore.AcquireOptions{Label: "ghost", Detached: true,
+		_, err = coretest.Of(t, e.locker()).TryAcquire(ctx, "k", &lockcore.AcquireOptions{Label: "ghost", Reserve: true,
 			Park: &lockcore.Parking{ID: e.Queue + "\nghost\nghost", Hold: singleton.ParkBackstop}})
 		require.ErrorIs(t, err, lockkit.ErrNotAcquired)
 		require.Equal(t, asynq.TaskStateScheduled, enqueueSlow(11))
@@ -378,7 +378,7 @@ func TestParkAtEnqueueLapsedReservationLeavesTheNextTaskToItsBackstop(t *testing
 	keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
 	client, err := singleton.NewClient(e.Client, e.RDB, keyOf, singleton.ParkAtEnqueue(e.locker(), 2*time.Second))
 	require.NoError(t, err)
-	_, err = coretest.Of(t, e.locker()).TryAcquire(ctx, "k", &lockcore.AcquireOptions{Label: "ghost", Detached: true, TTL: 200 * time.Millisecond})
+	_, err = coretest.Of(t, e.locker()).TryAcquire(ctx, "k", &lockcore.AcquireOptions{Label: "ghost", Reserve: true, TTL: 200 * time.Millisecond})
 	require.NoError(t, err)
 	enqueued := time.Now()
 	parked, err := client.Enqueue(asynq.NewTask("report", []byte("1")), asynq.Queue(e.Queue))

@@ -55,7 +55,7 @@ func lifetimeOf(s string) Lifetime {
 
 // uniqueHeaderName is the task header in which Client records the Lifetime and
 // the TTL (ms) of a task's reservation, such as "until-executed 86400000";
-// the middleware adopts and ends the reservation by it.
+// the middleware takes over and ends the reservation by it.
 const uniqueHeaderName = "jobguard-unique"
 
 // DefaultReserveTTL bounds a reservation when Unique is given no TTL: a
@@ -198,7 +198,7 @@ func optionValues(opts []asynq.Option) (id, queue string) {
 // reservation whose task no longer exists. It returns the reservation.
 func (c *Client) reserve(ctx context.Context, key, id, queue string) (*lockcore.Lease, error) {
 	u := c.unique
-	opt := &lockcore.AcquireOptions{Label: reservationLabel(queue, id), Detached: true, TTL: u.ttl}
+	opt := &lockcore.AcquireOptions{Label: reservationLabel(queue, id), Reserve: true, TTL: u.ttl}
 	for attempt := 0; ; attempt++ {
 		res, err := u.core.TryAcquire(ctx, asynqkey.Reservation(key), opt)
 		if err == nil {
@@ -409,7 +409,7 @@ func uniqueHeader(life Lifetime, ttl time.Duration) string {
 }
 
 // startReservation is called when a task is delivered: UntilExecuted
-// adopts the reservation, so that it is renewed while the task runs, and
+// takes the reservation over, so that it is renewed while the task runs, and
 // returns the lease. (UntilStarted's ends when the run starts: started.)
 func (m *guarded) startReservation(ctx context.Context, t *asynq.Task, key, origin string) *lockcore.Lease {
 	life, _ := uniqueOf(t)
@@ -418,16 +418,16 @@ func (m *guarded) startReservation(ctx context.Context, t *asynq.Task, key, orig
 	}
 	_, queue := taskIdentity(ctx)
 	label := reservationLabel(queue, origin)
-	res, err := m.core.TryAcquire(ctx, asynqkey.Reservation(key), &lockcore.AcquireOptions{Label: label, Adopt: true})
+	res, err := m.core.TryAcquire(ctx, asynqkey.Reservation(key), &lockcore.AcquireOptions{Label: label, TakeReservation: true})
 	var ce *lockcore.ConflictError
 	switch {
 	case err == nil:
 		return res
 	case errors.Is(err, lockcore.ErrNotAcquired) || errors.As(err, &ce):
-		// Gone (its TTL passed) or held by another task: nothing to adopt.
+		// Gone (its TTL passed) or held by another task: nothing to take over.
 		return nil
 	}
-	// The adopt's outcome is unknown (its reply was lost): the Locker
+	// The take-over's outcome is unknown (its reply was lost): the Locker
 	// removes what it may have taken, the reservation with it. The task
 	// still needs the key: reserve it again, as its enqueue did.
 	m.reserveAgain(ctx, t, key, origin, label)
@@ -435,15 +435,15 @@ func (m *guarded) startReservation(ctx context.Context, t *asynq.Task, key, orig
 }
 
 // reserveAgain reserves key for the task labelled label, detached for the
-// reservation's TTL, after an adopt whose outcome is unknown: a holder with
-// the label (the adopted reservation, or the reservation itself if the
+// reservation's TTL, after a take-over whose outcome is unknown: a holder with
+// the label (the reservation taken over, or the reservation itself if the
 // adopt never ran) is freed first, so that the new reservation is not the
 // one the Locker removes for the failed adopt.
 func (m *guarded) reserveAgain(ctx context.Context, t *asynq.Task, key, origin, label string) {
 	_, ttl := uniqueOf(t)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	opt := &lockcore.AcquireOptions{Label: label, Detached: true, TTL: ttl}
+	opt := &lockcore.AcquireOptions{Label: label, Reserve: true, TTL: ttl}
 	var err error
 	for range 2 {
 		if _, err = m.core.TryAcquire(fctx, asynqkey.Reservation(key), opt); err == nil {
@@ -493,7 +493,7 @@ func (m *guarded) endReservation(ctx context.Context, t *asynq.Task, key, origin
 	case res != nil && done:
 		err = res.Release(fctx)
 	case res != nil:
-		err = res.Detach(fctx, ttl)
+		err = res.Reserve(fctx, ttl)
 	case done:
 		_, queue := taskIdentity(ctx)
 		m.freeReservation(ctx, t, key, origin, reservationLabel(queue, origin))

@@ -477,7 +477,7 @@ func TestUniqueFindsACopyOfAnEarlierVersion(t *testing.T) {
 				singleton.KeyByFields("tenant_id"), singleton.Unique(locker, singleton.UntilExecuted, 400*time.Millisecond)) // grace 100ms
 			require.NoError(t, err)
 			key := `asynq:report:tenant_id="acme"`
-			_, err = coretest.Of(t, locker).TryAcquire(context.Background(), asynqkey.Reservation(key), &lockcore.AcquireOptions{Label: e.Queue + "/H", Detached: true, TTL: 20 * time.Second})
+			_, err = coretest.Of(t, locker).TryAcquire(context.Background(), asynqkey.Reservation(key), &lockcore.AcquireOptions{Label: e.Queue + "/H", Reserve: true, TTL: 20 * time.Second})
 			require.NoError(t, err)
 			task := asynq.NewTaskWithHeaders("report", []byte(`{"tenant_id":"acme","n":1}`), map[string]string{singleton.OriginHeader: "H"})
 			_, err = e.Client.Enqueue(task, asynq.Queue(e.Queue), asynq.TaskID(id), asynq.ProcessIn(time.Hour))
@@ -523,7 +523,7 @@ func TestUniqueKeepsAnEarlierVersionsReservationInAQueueWithSlash(t *testing.T) 
 	q := u.Queue + "/eu"
 	t.Cleanup(func() { _ = u.Inspector.DeleteQueue(q, true) })
 	_, err := coretest.Of(t, u.locker).TryAcquire(context.Background(), `unique:asynq:report:tenant_id="acme"`,
-		&lockcore.AcquireOptions{Label: q + "/T1", Detached: true, TTL: 20 * time.Second})
+		&lockcore.AcquireOptions{Label: q + "/T1", Reserve: true, TTL: 20 * time.Second})
 	require.NoError(t, err)
 	held, err := u.Client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`)), asynq.Queue(q), asynq.TaskID("T1"), asynq.ProcessIn(time.Hour))
 	require.NoError(t, err)

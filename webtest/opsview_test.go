@@ -78,7 +78,7 @@ func TestOperatorReleasesAStuckKey(t *testing.T) {
 	other, err := worker.TryAcquire(ctx, "report:daily", nil)
 	require.NoError(t, err)
 	defer other.Release(ctx)
-	_, err = coretest.Of(t, worker).TryAcquire(ctx, "report:daily", &lockcore.AcquireOptions{Label: "task-9", Detached: true, Park: &lockcore.Parking{ID: "task-9"}})
+	_, err = coretest.Of(t, worker).TryAcquire(ctx, "report:daily", &lockcore.AcquireOptions{Label: "task-9", Reserve: true, Park: &lockcore.Parking{ID: "task-9"}})
 	require.ErrorIs(t, err, lockkit.ErrNotAcquired) // parked for the key
 
 	view, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix))
@@ -224,9 +224,9 @@ func TestPageHoldsRealisticData(t *testing.T) {
 	}
 	// The release of the long key reserves it for the job parked for it:
 	// the reservation's owner is "parked:" and the job's id, newlines and all.
-	first, err := coretest.Of(t, l).TryAcquire(ctx, long, &lockcore.AcquireOptions{Label: "b225dc7119beeb5c63e9fd535b4ee120", Park: &lockcore.Parking{OnParked: func(string) {}}})
+	first, err := coretest.Of(t, l).TryAcquire(ctx, long, &lockcore.AcquireOptions{Label: "b225dc7119beeb5c63e9fd535b4ee120", Park: &lockcore.Parking{OnParked: func(string, string) {}}})
 	require.NoError(t, err)
-	_, err = coretest.Of(t, l).TryAcquire(ctx, long, &lockcore.AcquireOptions{Label: "parked\nlabel", Detached: true, Park: &lockcore.Parking{ID: "default\nid-1\nid-1"}})
+	_, err = coretest.Of(t, l).TryAcquire(ctx, long, &lockcore.AcquireOptions{Label: "parked\nlabel", Reserve: true, Park: &lockcore.Parking{ID: "default\nid-1\nid-1"}})
 	require.ErrorIs(t, err, lockkit.ErrNotAcquired)
 	require.NoError(t, first.Release(ctx))
 	h, err := opsview.New(l, opsview.WithRelease())

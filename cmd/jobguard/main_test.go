@@ -79,7 +79,7 @@ func TestListInspectRelease(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.TryAcquire(ctx, "report", nil)
 	require.NoError(t, err)
-	_, err = a.TryAcquire(ctx, "report", &lockcore.AcquireOptions{Label: "task-9", Detached: true, Park: &lockcore.Parking{ID: "task-9"}})
+	_, err = a.TryAcquire(ctx, "report", &lockcore.AcquireOptions{Label: "task-9", Reserve: true, Park: &lockcore.Parking{ID: "task-9"}})
 	require.ErrorIs(t, err, lockcore.ErrNotAcquired) // parked for the key
 
 	out, _, code := jobguard(t, prefix, "", "ls")

@@ -27,7 +27,7 @@ func (g *Guard) passOn(ctx context.Context, key, origin string) {
 	if p == nil || key == "" || origin == "" {
 		return
 	}
-	l, err := g.core.TryAcquire(ctx, key, &lockcore.AcquireOptions{TTL: g.ttl, Label: origin, Adopt: true,
+	l, err := g.core.TryAcquire(ctx, key, &lockcore.AcquireOptions{TTL: g.ttl, Label: origin, TakeReservation: true,
 		Park: &lockcore.Parking{OnParked: p.Resume}})
 	if err != nil {
 		if !errors.Is(err, lockcore.ErrNotAcquired) && !errors.Is(err, lockcore.ErrClosed) {

@@ -453,12 +453,12 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockcore.Lea
 // parks is parked when the key is held.
 func (g *Guard) leaseOptions(ctx context.Context, job Job, park bool) *lockcore.AcquireOptions {
 	opt := &lockcore.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.w.Epoch, EpochTTL: job.w.EpochTTL, EpochTag: job.w.EpochTag, Label: job.w.Label, HoldAtLeast: g.hold,
-		AsyncRelease: g.async, Adopt: job.w.Reserved && job.w.Label != ""}
+		AsyncRelease: g.async, TakeReservation: job.w.Reserved && job.w.Label != ""}
 	if p := g.parking; p != nil && g.limit <= 1 {
 		// Every run resumes the key's oldest parked job when it ends.
 		opt.Park = &lockcore.Parking{OnParked: p.Resume} // the Locker calls the adapter: the guard is not on that path
 		if g.parks() && job.w.Label != "" {
-			opt.Adopt = true
+			opt.TakeReservation = true
 			if park {
 				opt.Park.ID, opt.Park.Hold = p.ID(ctx, job), p.Hold
 			}

@@ -1041,7 +1041,7 @@ func TestReservedJobAdoptsItsReservation(t *testing.T) {
 	l := lockkittest.New(t)
 	ctx := context.Background()
 	g, _ := newGuard(t, l, guard.WithPolicy(guard.Skip()))
-	_, err := coretest.Of(t, l).TryAcquire(ctx, "k", &lockcore.AcquireOptions{Label: "a", Detached: true, TTL: time.Minute})
+	_, err := coretest.Of(t, l).TryAcquire(ctx, "k", &lockcore.AcquireOptions{Label: "a", Reserve: true, TTL: time.Minute})
 	require.NoError(t, err)
 
 	out := g.Run(ctx, guard.With(guard.Job{Key: "k"}, guard.Work{Label: "b"}), func(context.Context) error { return nil })

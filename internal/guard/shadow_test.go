@@ -112,7 +112,7 @@ func TestShadowReservedJobTakesItsReservationOver(t *testing.T) {
 	newLocker := backends(t)["redis"]
 	ctx := context.Background()
 	l := newLocker(t)
-	_, err := coretest.Of(t, l).TryAcquire(ctx, "report", &lockcore.AcquireOptions{Label: "task-1", Detached: true, TTL: lockcore.MaxTTL})
+	_, err := coretest.Of(t, l).TryAcquire(ctx, "report", &lockcore.AcquireOptions{Label: "task-1", Reserve: true, TTL: lockcore.MaxTTL})
 	require.NoError(t, err)
 	rec := &recorder{}
 	g, err := guard.New(newLocker(t), guard.WithShadow(), guard.WithObserver(rec.observe))

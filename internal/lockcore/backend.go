@@ -86,7 +86,7 @@ func (b *redisBackend) plainKeys(key, member string) []string {
 
 // plain reports whether r can use the plain form of a holders key
 // (plain_acquire.lua): limit 1, no waiting, queue, epoch, Coalesce,
-// Supersede, Preempt, Adopt or Park.
+// Supersede, Preempt, TakeReservation or Park.
 func plain(r *request) bool {
 	return r.limit == 1 && r.waiter == "" && !r.fair && r.epoch == 0 && r.mode != modeCoalesce &&
 		r.mode != modePreempt && !r.takeReserved && r.park == ""
@@ -182,7 +182,7 @@ type acquireArgs struct {
 	// Since is when a Coalesce call's work was asked for (server us), -1
 	// (or 0) for its first attempt.
 	Since int64
-	// TakeReserved replaces a live reservation carrying Label (Adopt).
+	// TakeReserved replaces a live reservation carrying Label (TakeReservation).
 	TakeReserved bool
 	// Mode is the FollowUp's mode; modeNone also for a KeepNewest or
 	// Preempt call that is no follow-up (neither waiting nor parking, or

@@ -2,7 +2,7 @@
 // scripts, the Redis backend, the renewer, and every kind of lease the
 // adapters (middleware, singleton, cronguard, periodic, opsview and
 // lockkit's own packages) take: follow-ups (Coalesce, KeepNewest, Preempt),
-// parking, reservations (Detached, Adopt, Lease.Detach), epochs, completion
+// parking, reservations (Reserve, TakeReservation, Lease.Reserve), epochs, completion
 // records and scan cursors. Package lockkit is the user's front over it: an
 // adapter given a *lockkit.RedisLocker reaches the RedisLocker under it with
 // Of. Its sentinel errors are lockkit's values, and its messages keep the

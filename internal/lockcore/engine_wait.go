@@ -158,7 +158,7 @@ func handOverID(id string, ttl time.Duration, r *request) string {
 
 // handOverTTL is the TTL with which a release may hand the key to the
 // waiting call r, or 0 when it may not: only a plain acquire (one holder, no
-// epoch, Coalesce, Supersede, Preempt or Adopt, renewed) is handed the key. The TTL is short, so that a waiter that died leaves the key free soon
+// epoch, Coalesce, Supersede, Preempt or TakeReservation, renewed) is handed the key. The TTL is short, so that a waiter that died leaves the key free soon
 // (a live waiter's Locker renews it within a third of it): its waiter TTL,
 // at least 200ms, at most its TTL.
 func handOverTTL(r *request) time.Duration {

@@ -81,7 +81,7 @@ func ExampleParking() {
 	}
 	_ = running.Release(ctx) // reserves the key for job-2 and calls start
 	fmt.Println("start", <-started)
-	next, err := locker.TryAcquire(ctx, "tenant:7", &lockcore.AcquireOptions{Label: "job-2", Adopt: true, Park: &lockcore.Parking{ID: "queue/job-2", OnParked: start}})
+	next, err := locker.TryAcquire(ctx, "tenant:7", &lockcore.AcquireOptions{Label: "job-2", TakeReservation: true, Park: &lockcore.Parking{ID: "queue/job-2", OnParked: start}})
 	fmt.Println("job-2 runs:", err == nil)
 	_ = next.Release(ctx) // job-3 is next
 	fmt.Println("start", <-started)

@@ -344,7 +344,7 @@ func TestHandOverWhoseReplyWasLostIsSentAgain(t *testing.T) {
 	onParked := func(_, id string) { calls <- id }
 	holder, err := l.TryAcquire(ctx, "job", &AcquireOptions{HoldAtLeast: 200 * time.Millisecond, Park: &Parking{OnParked: onParked}})
 	require.NoError(t, err)
-	_, err = observer.TryAcquire(ctx, "job", &AcquireOptions{Label: "j1", Adopt: true, Park: &Parking{ID: "id-j1", OnParked: onParked}})
+	_, err = observer.TryAcquire(ctx, "job", &AcquireOptions{Label: "j1", TakeReservation: true, Park: &Parking{ID: "id-j1", OnParked: onParked}})
 	require.ErrorIs(t, err, ErrNotAcquired)
 	hook.Arm(testredis.DropReply, 1)
 	require.NoError(t, holder.Release(ctx))

@@ -21,7 +21,7 @@ type FollowUp interface {
 // Otherwise the key is taken as usual; Acquire waits for it and is then the
 // one follow-up that others fold into, and a TryAcquire with Park that finds
 // the key held parks as that follow-up (it covers later calls while it stays
-// in the parked queue; one that adopted its reservation is the key's run,
+// in the parked queue; one that took its reservation over is the key's run,
 // which no follow-up covers). A call whose Label a holder carries (a
 // delivery of the running work) is not covered by that run and becomes no
 // follow-up: it covers nothing, and its parked entry replaces the parked
@@ -58,7 +58,7 @@ type Coalesce struct {
 // with Park carrying its Label fails with ErrSuperseded, once (it is
 // remembered for ten minutes; an acquire without Park, such as a pass-on's
 // adopt, leaves the mark). A parked follow-up that a release reserved the
-// key for is the key's next run: Adopt takes it over and replaces no one.
+// key for is the key's next run: TakeReservation takes it over and replaces no one.
 //
 // A call whose Label a holder carries (a delivery of the running work)
 // neither replaces the follow-up nor becomes it, for the whole of an
@@ -116,10 +116,10 @@ func (Preempt) followUp()    {}
 //
 // A release that leaves the key with no holder and no waiter it is handed
 // to reserves the key for the oldest parked job, as a reservation (see
-// AcquireOptions.Detached) carrying that job's Label, owned by "parked:" and
+// AcquireOptions.Reserve) carrying that job's Label, owned by "parked:" and
 // its id, for that job's Hold; Run or Release of a lease acquired with
 // OnParked then passes the job's id to OnParked, which should start the
-// job: its acquire with Adopt and the same Label takes the reservation
+// job: its acquire with TakeReservation and the same Label takes the reservation
 // over. A release whose reply was lost and that go-redis sent again reports
 // the same id while the reservation lives.
 type Parking struct {
@@ -133,7 +133,7 @@ type Parking struct {
 	// key to parked jobs through OnParked.
 	ID string
 	// Hold is how long the reservation a release makes for this parked job
-	// lasts before the job adopts it. Zero means DefaultParkHold (5s);
+	// lasts before the job takes it over. Zero means DefaultParkHold (5s);
 	// negative or above MaxTTL is an error.
 	Hold time.Duration
 	// OnParked, when set, is called with the key and the id of the parked

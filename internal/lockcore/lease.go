@@ -107,7 +107,7 @@ func parseMember(m string) (token int64, owner, label string) {
 }
 
 // reservedMember reports whether member m is a reservation: its acquire id
-// begins with "r" (a Detached acquire, Lease.Detach, a parked job's
+// begins with "r" (a reserving acquire, Lease.Reserve, a parked job's
 // reservation).
 func reservedMember(m string) bool {
 	_, rest, _ := strings.Cut(m, ":")
@@ -147,7 +147,7 @@ func (l *Lease) Lost() <-chan struct{} { return l.lost }
 // loss cause (matching ErrLost) once it is lost, or once its validity ran
 // out (its last TTL, less a safety margin, counted from when the command
 // that set it was sent) even before the Locker has marked it lost: a
-// reservation (AcquireOptions.Detached), which nothing renews, reports
+// reservation (AcquireOptions.Reserve), which nothing renews, reports
 // ErrLost from then on.
 func (l *Lease) Err() error {
 	l.e.mu.Lock()
@@ -311,19 +311,19 @@ func (l *Lease) success(done time.Duration) ending {
 	return end
 }
 
-// Detach turns the lease into a reservation (as if acquired with
-// AcquireOptions.Detached) that lives for ttl: it is no longer renewed and
+// Reserve turns the lease into a reservation (as if acquired with
+// AcquireOptions.Reserve) that lives for ttl: it is no longer renewed and
 // its holder stays on the key, with the same token and label, until ttl
 // passes, another acquire Adopts it, or a ForceRelease by its label ends it. It returns ErrInvalid
 // for a ttl outside MinTTL..MaxTTL or a lease without a label, and an error
 // matching ErrNotHeld if the lease was no longer held. After an error other
 // than ErrInvalid the lease is no longer renewed: it ends with its TTL.
-func (l *Lease) Detach(ctx context.Context, ttl time.Duration) error {
+func (l *Lease) Reserve(ctx context.Context, ttl time.Duration) error {
 	switch {
 	case l.label == "":
-		return fmt.Errorf("%w: Detach: the lease of %q has no Label", ErrInvalid, l.key)
+		return fmt.Errorf("%w: Reserve: the lease of %q has no Label", ErrInvalid, l.key)
 	case ttl < MinTTL || ttl > MaxTTL:
-		return fmt.Errorf("%w: Detach(%s): ttl must be between %s and %s", ErrInvalid, ttl, MinTTL, MaxTTL)
+		return fmt.Errorf("%w: Reserve(%s): ttl must be between %s and %s", ErrInvalid, ttl, MinTTL, MaxTTL)
 	}
 	if !l.end(stateReleased, errReleased) {
 		return fmt.Errorf("%w: %q token %d was released or lost already", ErrNotHeld, l.key, l.token)

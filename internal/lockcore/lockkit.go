@@ -199,7 +199,7 @@ type Locker interface {
 	//
 	// Selected by Label, it gives up the work carrying the label from
 	// another process: the one live holder carrying it, a reservation (a
-	// Detached lease), is removed, nobody is notified (a reservation has no
+	// Reserve lease), is removed, nobody is notified (a reservation has no
 	// work running), and its own Release then returns ErrNotHeld; the jobs
 	// parked for the key with the label (AcquireOptions.Park) leave its
 	// parked queue, so that no release reserves the key for them. It
@@ -292,17 +292,17 @@ type AcquireOptions struct {
 	// fn fails or panics releases at once: failed work holds nothing back,
 	// such as its own retry. Zero means none; at most MaxTTL.
 	HoldAtLeast time.Duration
-	// Detached makes the lease a reservation: it stands for work that no
+	// Reserve makes the lease a reservation: it stands for work that no
 	// process runs yet (a queued task), so it is not renewed, Close does not
 	// release it, and it lasts for TTL unless Release or another process's
 	// ForceRelease by its Label (Select.Label) ends it first. Defaults to false.
-	Detached bool
-	// Adopt, with Label, takes over a reservation (a Detached lease) of the
+	Reserve bool
+	// TakeReservation, with Label, takes over a reservation (a reservation) of the
 	// key that carries Label: it is replaced by this lease, which is renewed
-	// like any other; Lease.Detach turns it back into a reservation. It
-	// needs a Label and excludes Detached (ErrInvalid otherwise). Defaults
+	// like any other; Lease.Reserve turns it back into a reservation. It
+	// needs a Label and excludes Reserve (ErrInvalid otherwise). Defaults
 	// to false.
-	Adopt bool
+	TakeReservation bool
 	// Park queues the caller's job for the key while it is held, and lets
 	// the lease's release hand the key to the jobs so queued (see Parking).
 	// Nil means neither.
@@ -391,7 +391,7 @@ type Holder struct {
 	Token int64
 	TTL   time.Duration
 	// Reserved is true for a reservation, which runs no work: a lease
-	// acquired Detached or turned into one by Lease.Detach, or a release's
+	// acquired Reserve or turned into one by Lease.Reserve, or a release's
 	// reservation for a parked job (Parking). False for a run.
 	Reserved bool
 	// Cancelling is true when an operator asked the holder's run to stop

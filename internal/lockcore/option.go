@@ -131,8 +131,8 @@ type request struct {
 	since    int64
 	coverFor time.Duration
 	// reserved: the holder is a reservation from the start
-	// (AcquireOptions.Detached); takeReserved: it replaces a live
-	// reservation carrying its label (AcquireOptions.Adopt).
+	// (AcquireOptions.Reserve); takeReserved: it replaces a live
+	// reservation carrying its label (AcquireOptions.TakeReservation).
 	reserved     bool
 	takeReserved bool
 	hold         time.Duration
@@ -151,7 +151,7 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 		o = &AcquireOptions{}
 	}
 	r := request{key: key, owner: c.owner, label: o.Label, ttl: o.TTL, limit: o.Limit, fair: o.Fair, epoch: o.Epoch, epochTTL: o.EpochTTL, epochTag: o.EpochTag,
-		since: -1, coverFor: DefaultCoverFor, reserved: o.Detached}
+		since: -1, coverFor: DefaultCoverFor, reserved: o.Reserve}
 	if key == "" {
 		return r, fmt.Errorf("%w: key is empty", ErrInvalid)
 	}
@@ -164,7 +164,7 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	if r.ttl > MaxTTL {
 		return r, fmt.Errorf("%w: key %q: TTL %s is longer than MaxTTL (%s)", ErrInvalid, key, r.ttl, MaxTTL)
 	}
-	if !o.NoRenew && !o.Detached {
+	if !o.NoRenew && !o.Reserve {
 		r.interval = o.RenewInterval
 		if r.interval == 0 {
 			r.interval = r.ttl / 3
@@ -200,18 +200,18 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	r.waiterTTL = 4 * c.poll
 	r.aid = randomID(8)
 	if r.reserved {
-		r.aid = "r" + r.aid // marks a reservation, which Adopt may replace
+		r.aid = "r" + r.aid // marks a reservation, which TakeReservation may replace
 		r.final = false     // a reservation's id does not mark a final call
 	} else if r.final {
 		r.aid = "z" + r.aid // marks a final Coalesce call, which covers no other
 	}
-	if o.Adopt && r.label == "" {
-		return r, fmt.Errorf("%w: key %q: Adopt needs a Label", ErrInvalid, key)
+	if o.TakeReservation && r.label == "" {
+		return r, fmt.Errorf("%w: key %q: TakeReservation needs a Label", ErrInvalid, key)
 	}
-	if o.Adopt && r.reserved {
-		return r, fmt.Errorf("%w: key %q: Adopt and Detached exclude each other", ErrInvalid, key)
+	if o.TakeReservation && r.reserved {
+		return r, fmt.Errorf("%w: key %q: TakeReservation and Reserve exclude each other", ErrInvalid, key)
 	}
-	r.takeReserved = o.Adopt
+	r.takeReserved = o.TakeReservation
 	if o.HoldAtLeast < 0 || o.HoldAtLeast > MaxTTL {
 		return r, fmt.Errorf("%w: key %q: HoldAtLeast %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, o.HoldAtLeast, MaxTTL)
 	}

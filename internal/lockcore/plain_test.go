@@ -245,7 +245,7 @@ func TestReleaseLeavesOneKey(t *testing.T) {
 	}{
 		{"plain", nil},
 		{"limit", &AcquireOptions{Limit: 2}},
-		{"park", &AcquireOptions{Label: "job", Park: &Parking{ID: "id"}, Adopt: true}},
+		{"park", &AcquireOptions{Label: "job", Park: &Parking{ID: "id"}, TakeReservation: true}},
 	}
 	handoverClients(t, func(t *testing.T, newClient func() redis.UniversalClient) {
 		for _, f := range forms {

@@ -21,7 +21,7 @@ import (
 //
 // Redis layout for key K under prefix P: P{K}:h holds the holders. A plain
 // lock (limit 1, no waiting, queue, epoch, Coalesce, Supersede, Preempt,
-// Adopt or Park) that no other kind of acquire touched keeps its one holder
+// TakeReservation or Park) that no other kind of acquire touched keeps its one holder
 // there as a STRING; its release leaves "~<token>." there for the client's
 // retry window: the last token and the record of the release, moved into
 // P{K}:d:<token> when the key is taken again within the window. Any

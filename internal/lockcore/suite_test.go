@@ -618,9 +618,9 @@ func testInspect(t *testing.T, h *harness) {
 	cancel()
 	waitWaiters(t, a, "k", 0) // a waiter that gives up leaves at once
 
-	// A reservation is told from a run: acquired Detached, or turned into
+	// A reservation is told from a run: acquired Reserve, or turned into
 	// one by Detach; in the plain form and the sorted one.
-	res, err := a.TryAcquire(ctx, "r1", &AcquireOptions{Label: "job", Detached: true, TTL: time.Minute})
+	res, err := a.TryAcquire(ctx, "r1", &AcquireOptions{Label: "job", Reserve: true, TTL: time.Minute})
 	require.NoError(t, err)
 	run, err := a.TryAcquire(ctx, "r2", &AcquireOptions{Label: "job", Limit: 2})
 	require.NoError(t, err)
@@ -630,7 +630,7 @@ func testInspect(t *testing.T, h *harness) {
 		require.NotEmpty(t, info.Holders)
 		require.Equal(t, want, info.Holders[0].Reserved, key)
 	}
-	require.NoError(t, run.Detach(ctx, time.Minute))
+	require.NoError(t, run.Reserve(ctx, time.Minute))
 	info, err = b.Inspect(ctx, "r2")
 	require.NoError(t, err)
 	require.True(t, info.Holders[0].Reserved, "a detached run is a reservation")
@@ -1101,13 +1101,13 @@ func testCoalesce(t *testing.T, h *harness) {
 	require.ErrorIs(t, err, ErrInvalid)
 }
 
-// A Detached lease (a reservation) is not renewed and survives its
+// A reservation is not renewed and survives its
 // Locker's Close; any Locker frees it by its label.
 func testReservation(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	client := h.locker(t, WithOwner("client"))
 	worker := h.locker(t, WithOwner("worker"))
-	res, err := client.TryAcquire(ctx, "u", &AcquireOptions{Label: "q/t1", Detached: true, TTL: 300 * time.Millisecond})
+	res, err := client.TryAcquire(ctx, "u", &AcquireOptions{Label: "q/t1", Reserve: true, TTL: 300 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, client.Close(ctx))
 	info, err := worker.Inspect(ctx, "u")
@@ -1115,7 +1115,7 @@ func testReservation(t *testing.T, h *harness) {
 	require.Len(t, info.Holders, 1, "Close leaves a reservation")
 	require.Equal(t, "q/t1", info.Holders[0].Label)
 
-	_, err = worker.TryAcquire(ctx, "u", &AcquireOptions{Label: "q/t2", Detached: true})
+	_, err = worker.TryAcquire(ctx, "u", &AcquireOptions{Label: "q/t2", Reserve: true})
 	require.ErrorIs(t, err, ErrNotAcquired, "a reserved key refuses another reservation")
 	var ce *ConflictError
 	require.ErrorAs(t, err, &ce)
@@ -1127,7 +1127,7 @@ func testReservation(t *testing.T, h *harness) {
 	n, err = worker.ForceRelease(ctx, "u", Select{Label: "q/t1"})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	next, err := worker.TryAcquire(ctx, "u", &AcquireOptions{Label: "q/t2", Detached: true, TTL: 200 * time.Millisecond})
+	next, err := worker.TryAcquire(ctx, "u", &AcquireOptions{Label: "q/t2", Reserve: true, TTL: 200 * time.Millisecond})
 	require.NoError(t, err)
 	require.ErrorIs(t, res.Release(ctx), ErrNotHeld, "the freed reservation is gone")
 
@@ -1142,37 +1142,37 @@ func testReservation(t *testing.T, h *harness) {
 	_, err = worker.ForceRelease(ctx, "u", Select{Label: "q/t1", Owner: "worker"})
 	require.ErrorIs(t, err, ErrInvalid, "one selector at a time")
 
-	// Adopt: a run takes the reservation over and renews it; Detach gives
+	// TakeReservation: a run takes the reservation over and renews it; Detach gives
 	// it back as a reservation.
 	other := h.locker(t, WithOwner("other"))
-	_, err = other.TryAcquire(ctx, "v", &AcquireOptions{Label: "q/t3", Detached: true, TTL: 300 * time.Millisecond})
+	_, err = other.TryAcquire(ctx, "v", &AcquireOptions{Label: "q/t3", Reserve: true, TTL: 300 * time.Millisecond})
 	require.NoError(t, err)
-	_, err = worker.TryAcquire(ctx, "v", &AcquireOptions{Label: "q/t4", Adopt: true})
+	_, err = worker.TryAcquire(ctx, "v", &AcquireOptions{Label: "q/t4", TakeReservation: true})
 	require.ErrorIs(t, err, ErrNotAcquired, "another label's reservation is not adopted")
-	run, err := worker.TryAcquire(ctx, "v", &AcquireOptions{Label: "q/t3", Adopt: true, TTL: 10 * time.Second})
+	run, err := worker.TryAcquire(ctx, "v", &AcquireOptions{Label: "q/t3", TakeReservation: true, TTL: 10 * time.Second})
 	require.NoError(t, err)
 	info, err = worker.Inspect(ctx, "v")
 	require.NoError(t, err)
 	require.Len(t, info.Holders, 1)
 	require.Equal(t, "worker", info.Holders[0].Owner)
 	require.Greater(t, info.Holders[0].TTL, 5*time.Second, "the run's lease, not the reservation")
-	_, err = other.TryAcquire(ctx, "v", &AcquireOptions{Label: "q/t3", Adopt: true})
+	_, err = other.TryAcquire(ctx, "v", &AcquireOptions{Label: "q/t3", TakeReservation: true})
 	require.ErrorIs(t, err, ErrNotAcquired, "a running lease is not a reservation")
 
-	require.NoError(t, run.Detach(ctx, time.Second))
+	require.NoError(t, run.Reserve(ctx, time.Second))
 	info, err = worker.Inspect(ctx, "v")
 	require.NoError(t, err)
 	require.Len(t, info.Holders, 1)
 	require.Equal(t, "q/t3", info.Holders[0].Label)
 	require.LessOrEqual(t, info.Holders[0].TTL, time.Second)
 	require.ErrorIs(t, run.Release(ctx), ErrNotHeld, "a detached lease is no longer this run's")
-	again, err := other.TryAcquire(ctx, "v", &AcquireOptions{Label: "q/t3", Adopt: true})
+	again, err := other.TryAcquire(ctx, "v", &AcquireOptions{Label: "q/t3", TakeReservation: true})
 	require.NoError(t, err, "a detached lease is a reservation again")
 	require.NoError(t, again.Release(ctx))
 
-	_, err = worker.TryAcquire(ctx, "v", &AcquireOptions{Adopt: true})
+	_, err = worker.TryAcquire(ctx, "v", &AcquireOptions{TakeReservation: true})
 	require.ErrorIs(t, err, ErrInvalid)
-	require.ErrorIs(t, again.Detach(ctx, time.Second), ErrNotHeld)
+	require.ErrorIs(t, again.Reserve(ctx, time.Second), ErrNotHeld)
 }
 
 // A lease acquired with HoldAtLeast keeps its key that long after it was
@@ -1660,7 +1660,7 @@ func testPark(t *testing.T, h *harness) {
 		}
 	}
 	park := func(label, id string) *AcquireOptions {
-		return &AcquireOptions{Label: label, Adopt: true, Park: &Parking{ID: id, Hold: time.Minute, OnParked: onParked}}
+		return &AcquireOptions{Label: label, TakeReservation: true, Park: &Parking{ID: id, Hold: time.Minute, OnParked: onParked}}
 	}
 	holder, err := a.TryAcquire(ctx, "p", &AcquireOptions{Park: &Parking{OnParked: onParked}})
 	require.NoError(t, err)
@@ -1749,7 +1749,7 @@ func testParkFollowUp(t *testing.T, h *harness) {
 	calls := make(chan string, 16)
 	onParked := func(_, id string) { calls <- id }
 	follow := func(label string) *AcquireOptions {
-		return &AcquireOptions{Label: label, Adopt: true, FollowUp: KeepNewest{}, Park: &Parking{ID: "id-" + label, Hold: time.Minute, OnParked: onParked}}
+		return &AcquireOptions{Label: label, TakeReservation: true, FollowUp: KeepNewest{}, Park: &Parking{ID: "id-" + label, Hold: time.Minute, OnParked: onParked}}
 	}
 	// parks tries label as a follow-up and returns whom it replaced.
 	parks := func(key, label string) string {
@@ -1781,7 +1781,7 @@ func testParkFollowUp(t *testing.T, h *harness) {
 	require.Equal(t, "id-j1", parks("s", "j2"), "the newer follow-up replaces the parked one")
 	require.Equal(t, 1, parked("s"))
 	// A pass-on's adopt (no Park) carrying j1's label leaves the mark.
-	_, err = b.TryAcquire(ctx, "s", &AcquireOptions{Label: "j1", Adopt: true})
+	_, err = b.TryAcquire(ctx, "s", &AcquireOptions{Label: "j1", TakeReservation: true})
 	require.ErrorIs(t, err, ErrNotAcquired)
 	_, err = b.TryAcquire(ctx, "s", follow("j1"))
 	require.ErrorIs(t, err, ErrSuperseded, "the replaced job gives up")
@@ -1817,7 +1817,7 @@ func testParkFollowUp(t *testing.T, h *harness) {
 
 	// Coalesce: the first parked call is the follow-up that covers later ones.
 	coalesce := func(label string) *AcquireOptions {
-		return &AcquireOptions{Label: label, Adopt: true, FollowUp: Coalesce{}, Park: &Parking{ID: "id-" + label, Hold: time.Minute, OnParked: onParked}}
+		return &AcquireOptions{Label: label, TakeReservation: true, FollowUp: Coalesce{}, Park: &Parking{ID: "id-" + label, Hold: time.Minute, OnParked: onParked}}
 	}
 	holder, err = a.TryAcquire(ctx, "c", &AcquireOptions{Park: &Parking{OnParked: onParked}})
 	require.NoError(t, err)
@@ -1917,7 +1917,7 @@ func testRedelivery(t *testing.T, h *harness) {
 		if supersede {
 			mode = KeepNewest{}
 		}
-		return &AcquireOptions{Label: label, Adopt: true, FollowUp: mode, Park: &Parking{ID: "id-" + label, Hold: time.Minute, OnParked: onParked}}
+		return &AcquireOptions{Label: label, TakeReservation: true, FollowUp: mode, Park: &Parking{ID: "id-" + label, Hold: time.Minute, OnParked: onParked}}
 	}
 	conflict := func(key, label string, supersede bool) *ConflictError {
 		t.Helper()
@@ -2006,7 +2006,7 @@ func testRedelivery(t *testing.T, h *harness) {
 			done := make(chan error, 1)
 			go func() {
 				o := opts(label, supersede)
-				o.Park, o.Adopt = &Parking{OnParked: onParked}, false
+				o.Park, o.TakeReservation = &Parking{OnParked: onParked}, false
 				l, err := b.Acquire(ctx, key, o)
 				if err == nil {
 					err = l.Release(ctx)
@@ -2021,7 +2021,7 @@ func testRedelivery(t *testing.T, h *harness) {
 			return done
 		}
 		o := opts("r1", supersede)
-		o.Park, o.Adopt = &Parking{OnParked: onParked}, false
+		o.Park, o.TakeReservation = &Parking{OnParked: onParked}, false
 		r1, err := a.TryAcquire(ctx, key, o)
 		require.NoError(t, err)
 		var follow <-chan error
@@ -2053,7 +2053,7 @@ func testHandOverBeforeParked(t *testing.T, h *harness) {
 	calls := make(chan string, 4)
 	holder, err := a.TryAcquire(ctx, "k", &AcquireOptions{Park: &Parking{OnParked: func(_, id string) { calls <- id }}})
 	require.NoError(t, err)
-	_, err = b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", Adopt: true, Park: &Parking{ID: "id-j1", Hold: time.Minute}})
+	_, err = b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", TakeReservation: true, Park: &Parking{ID: "id-j1", Hold: time.Minute}})
 	require.ErrorIs(t, err, ErrNotAcquired)
 	got := make(chan *Lease, 1)
 	go func() {
@@ -2084,12 +2084,12 @@ func testCloseResumesParked(t *testing.T, h *harness) {
 	calls := make(chan string, 4)
 	_, err := a.TryAcquire(ctx, "k", &AcquireOptions{Park: &Parking{OnParked: func(_, id string) { calls <- id }}})
 	require.NoError(t, err)
-	_, err = b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", Adopt: true, Park: &Parking{ID: "id-j1", Hold: time.Minute}})
+	_, err = b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", TakeReservation: true, Park: &Parking{ID: "id-j1", Hold: time.Minute}})
 	require.ErrorIs(t, err, ErrNotAcquired)
 	require.NoError(t, a.Close(ctx))
 	require.Len(t, calls, 1, "Close returns after OnParked")
 	require.Equal(t, "id-j1", <-calls)
-	l, err := b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", Adopt: true, Park: &Parking{ID: "id-j1", Hold: time.Minute}})
+	l, err := b.TryAcquire(ctx, "k", &AcquireOptions{Label: "j1", TakeReservation: true, Park: &Parking{ID: "id-j1", Hold: time.Minute}})
 	require.NoError(t, err, "the parked job adopts its reservation")
 	require.NoError(t, l.Release(ctx))
 }
@@ -2150,7 +2150,7 @@ func testOrder(t *testing.T, h *harness) {
 	holder, err = a.TryAcquire(ctx, "q", &AcquireOptions{Park: &Parking{OnParked: func(_, id string) { resumed <- id }}})
 	require.NoError(t, err)
 	park := func(label string, order int64) error {
-		l, err := b.TryAcquire(ctx, "q", &AcquireOptions{Label: label, Adopt: true, FollowUp: KeepNewest{Order: order}, Park: &Parking{ID: "id-" + label}})
+		l, err := b.TryAcquire(ctx, "q", &AcquireOptions{Label: label, TakeReservation: true, FollowUp: KeepNewest{Order: order}, Park: &Parking{ID: "id-" + label}})
 		if err == nil {
 			err = l.Release(ctx)
 		}
@@ -2240,7 +2240,7 @@ func testHoldHandOver(t *testing.T, h *harness) {
 	holder, err := a.TryAcquire(ctx, "p", &AcquireOptions{HoldAtLeast: hold, Park: &Parking{OnParked: onParked}})
 	require.NoError(t, err)
 	for _, j := range []string{"j1", "j2"} {
-		_, err := b.TryAcquire(ctx, "p", &AcquireOptions{Label: j, Adopt: true, Park: &Parking{ID: "id-" + j, Hold: time.Minute, OnParked: onParked}})
+		_, err := b.TryAcquire(ctx, "p", &AcquireOptions{Label: j, TakeReservation: true, Park: &Parking{ID: "id-" + j, Hold: time.Minute, OnParked: onParked}})
 		require.ErrorIs(t, err, ErrNotAcquired)
 	}
 	require.NoError(t, holder.Release(ctx), "a run shorter than its hold")
@@ -2270,7 +2270,7 @@ func testHoldHandOver(t *testing.T, h *harness) {
 		t.Fatalf("OnParked called once more, with %s", id)
 	case <-time.After(20 * time.Millisecond):
 	}
-	j1, err := b.TryAcquire(ctx, "p", &AcquireOptions{Label: "j1", Adopt: true, Park: &Parking{ID: "id-j1", OnParked: onParked}})
+	j1, err := b.TryAcquire(ctx, "p", &AcquireOptions{Label: "j1", TakeReservation: true, Park: &Parking{ID: "id-j1", OnParked: onParked}})
 	require.NoError(t, err, "j1 adopts its reservation")
 	require.NoError(t, j1.Release(ctx))
 	require.Equal(t, "id-j2", next())
@@ -2279,7 +2279,7 @@ func testHoldHandOver(t *testing.T, h *harness) {
 	// hold's end: no hand-over was scheduled, so the repeat hands over.
 	again, err := a.TryAcquire(ctx, "q", &AcquireOptions{HoldAtLeast: hold, Park: &Parking{OnParked: onParked}})
 	require.NoError(t, err)
-	_, err = b.TryAcquire(ctx, "q", &AcquireOptions{Label: "j3", Adopt: true, Park: &Parking{ID: "id-j3", OnParked: onParked}})
+	_, err = b.TryAcquire(ctx, "q", &AcquireOptions{Label: "j3", TakeReservation: true, Park: &Parking{ID: "id-j3", OnParked: onParked}})
 	require.ErrorIs(t, err, ErrNotAcquired)
 	held, err = rl.r.release(ctx, []*Lease{again}, []ending{{}}) // the first run; its reply is dropped
 	require.NoError(t, err)
@@ -2311,11 +2311,11 @@ func testForceReleaseLabelParked(t *testing.T, h *harness) {
 	worker := h.locker(t, WithOwner("worker"))
 	park := func(label string) {
 		t.Helper()
-		_, err := client.TryAcquire(ctx, "p", &AcquireOptions{Label: label, Detached: true, TTL: time.Minute,
+		_, err := client.TryAcquire(ctx, "p", &AcquireOptions{Label: label, Reserve: true, TTL: time.Minute,
 			Park: &Parking{ID: "q/" + label, Hold: time.Minute}})
 		require.ErrorIs(t, err, ErrNotAcquired)
 	}
-	_, err := client.TryAcquire(ctx, "p", &AcquireOptions{Label: "t:0", Detached: true, TTL: time.Minute,
+	_, err := client.TryAcquire(ctx, "p", &AcquireOptions{Label: "t:0", Reserve: true, TTL: time.Minute,
 		Park: &Parking{ID: "q/t:0", Hold: time.Minute}})
 	require.NoError(t, err, "the first reserves the key")
 	for _, l := range []string{"t:1", "t:2", "t:3"} {

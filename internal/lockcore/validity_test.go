@@ -12,7 +12,7 @@ import (
 )
 
 // Err tells a lease past its validity from a held one at once, also for a
-// reservation (Detached), which nothing renews or marks lost: once its TTL
+// reservation (Reserve), which nothing renews or marks lost: once its TTL
 // ran out in Redis (the key is free again), Err matches ErrLost.
 func TestErrReportsARunOutValidity(t *testing.T) {
 	ctx := context.Background()
@@ -20,7 +20,7 @@ func TestErrReportsARunOutValidity(t *testing.T) {
 	l, err := lockcore.NewRedis(c, lockcore.WithPrefix(testredis.Prefix(t, c)))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(ctx) })
-	res, err := l.TryAcquire(ctx, "k", &lockcore.AcquireOptions{Label: "job", Detached: true, TTL: lockcore.MinTTL})
+	res, err := l.TryAcquire(ctx, "k", &lockcore.AcquireOptions{Label: "job", Reserve: true, TTL: lockcore.MinTTL})
 	require.NoError(t, err)
 	require.NoError(t, res.Err(), "held")
 	require.Eventually(t, func() bool {

@@ -21,7 +21,7 @@ func TestWasParked(t *testing.T) {
 	t.Cleanup(func() { _ = l.Close(ctx) })
 	started := make(chan string, 1)
 	opt := func(label string) *lockcore.AcquireOptions {
-		return &lockcore.AcquireOptions{Label: label, Adopt: true, Park: &lockcore.Parking{ID: "queue/" + label, OnParked: func(_, id string) { started <- id }}}
+		return &lockcore.AcquireOptions{Label: label, TakeReservation: true, Park: &lockcore.Parking{ID: "queue/" + label, OnParked: func(_, id string) { started <- id }}}
 	}
 
 	first, err := l.TryAcquire(ctx, "k", opt("job-1"))
