@@ -66,7 +66,7 @@ func (b *bench) renewal(ctx context.Context) (renewalResult, error) {
 	// Cache the renewal script with one short lease on a throwaway Locker.
 	renewedOnce := make(chan struct{}, 1)
 	warm, err := lockkit.NewRedis(client, lockkit.WithPrefix(prefix), lockkit.WithObserver(func(e lockkit.Event) {
-		if e.Kind == lockkit.EventRenewed {
+		if e.Kind == lockkit.LeaseRenewed {
 			select {
 			case renewedOnce <- struct{}{}:
 			default:
@@ -97,16 +97,16 @@ func (b *bench) renewal(ctx context.Context) (renewalResult, error) {
 	n := int64(b.leases)
 	l, err := lockkit.NewRedis(client, lockkit.WithPrefix(prefix), lockkit.WithObserver(func(e lockkit.Event) {
 		switch e.Kind {
-		case lockkit.EventRenewed:
+		case lockkit.LeaseRenewed:
 			if renewed.Add(1)%n == 0 {
 				select {
 				case ends <- tickEnd{at: time.Now(), cpu: cpuTime(), c: ctr.counts()}:
 				default:
 				}
 			}
-		case lockkit.EventRenewFailed:
+		case lockkit.LeaseRenewFailed:
 			failed.Add(1)
-		case lockkit.EventLost:
+		case lockkit.LeaseLost:
 			lost.Add(1)
 		}
 	}))

@@ -176,7 +176,7 @@ func (b *bench) throughput(ctx context.Context, env *asynqEnv) ([]tputResult, re
 	}
 	var renewals atomic.Int64
 	locker, err := lockkit.NewRedis(lockClient, lockkit.WithPrefix(b.prefix+"e2e:"), lockkit.WithObserver(func(e lockkit.Event) {
-		if e.Kind == lockkit.EventRenewed {
+		if e.Kind == lockkit.LeaseRenewed {
 			renewals.Add(1)
 		}
 	}))

@@ -653,7 +653,7 @@ func TestOperationsUnderReplyFaults(t *testing.T) {
 					ttl := 900 * time.Millisecond
 					l, err := lockcore.NewRedis(faulty, lockcore.WithPrefix(prefix), lockcore.WithTTL(ttl), lockcore.WithOwner("faulty"),
 						lockcore.WithObserver(func(e lockcore.Event) {
-							if e.Kind == lockcore.EventLost {
+							if e.Kind == lockcore.LeaseLost {
 								lost <- e
 							}
 						}))

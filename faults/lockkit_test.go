@@ -111,7 +111,7 @@ func TestPartitionCancelsWorkBeforeTakeover(t *testing.T) {
 	ttl := 900 * time.Millisecond
 	renewed := make(chan struct{}, 64)
 	obs, err := lockkit.NewRedis(cut, lockkit.WithPrefix(prefix), lockkit.WithObserver(func(e lockkit.Event) {
-		if e.Kind == lockkit.EventRenewed {
+		if e.Kind == lockkit.LeaseRenewed {
 			select {
 			case renewed <- struct{}{}:
 			default:

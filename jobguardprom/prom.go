@@ -191,7 +191,7 @@ func (m *Metrics) Observer() middleware.Observer {
 // renewal failures, which have no job name.
 func (m *Metrics) LockObserver() func(lockkit.Event) {
 	return func(e lockkit.Event) {
-		if e.Kind == lockkit.EventRenewFailed {
+		if e.Kind == lockkit.LeaseRenewFailed {
 			m.renewFailures.Inc()
 		}
 	}

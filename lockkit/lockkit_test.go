@@ -35,11 +35,11 @@ func TestObserverSeesLeaseEvents(t *testing.T) {
 		require.Equal(t, "k", e.Key)
 	}
 	require.Equal(t, []string{"acquired", "contended", "released"}, kinds)
-	require.Equal(t, lockkit.EventAcquired, got[0].Kind)
+	require.Equal(t, lockkit.LeaseAcquired, got[0].Kind)
 	require.Equal(t, "me", got[0].Owner)
 	require.Equal(t, lease.Token(), got[0].Token)
-	require.Equal(t, "renew_failed", lockkit.EventRenewFailed.String())
-	require.Equal(t, "lost", lockkit.EventLost.String())
+	require.Equal(t, "renew_failed", lockkit.LeaseRenewFailed.String())
+	require.Equal(t, "lost", lockkit.LeaseLost.String())
 }
 
 // noLease is a Locker whose Acquire returns no lease of a RedisLocker.

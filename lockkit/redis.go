@@ -132,8 +132,8 @@ func WithObserver(fn func(Event)) Option { return Option{lockcore.WithObserver(f
 
 // Event is reported to the observer (WithObserver) for every lease
 // transition: its Kind; the lease's Key, Owner and Token; Wait, how long
-// Acquire waited (EventAcquired only); Err, the failure (EventRenewFailed,
-// EventLost and EventContended).
+// Acquire waited (LeaseAcquired only); Err, the failure (LeaseRenewFailed,
+// LeaseLost and LeaseContended).
 type Event = lockcore.Event
 
 // EventKind names what happened to a lease; String returns it in snake
@@ -142,10 +142,10 @@ type EventKind = lockcore.EventKind
 
 // Event kinds reported to the observer set with WithObserver.
 const (
-	EventAcquired    = lockcore.EventAcquired    // a lease was acquired (Event.Wait tells how long it waited)
-	EventContended   = lockcore.EventContended   // an acquire found the key held
-	EventReleased    = lockcore.EventReleased    // a lease was released by its holder
-	EventRenewed     = lockcore.EventRenewed     // a lease was renewed
-	EventRenewFailed = lockcore.EventRenewFailed // a renewal failed but the lease is still valid (Event.Err)
-	EventLost        = lockcore.EventLost        // a lease was lost (Event.Err wraps ErrLost)
+	LeaseAcquired    = lockcore.LeaseAcquired    // a lease was acquired (Event.Wait tells how long it waited)
+	LeaseContended   = lockcore.LeaseContended   // an acquire found the key held
+	LeaseReleased    = lockcore.LeaseReleased    // a lease was released by its holder
+	LeaseRenewed     = lockcore.LeaseRenewed     // a lease was renewed
+	LeaseRenewFailed = lockcore.LeaseRenewFailed // a renewal failed but the lease is still valid (Event.Err)
+	LeaseLost        = lockcore.LeaseLost        // a lease was lost (Event.Err wraps ErrLost)
 )

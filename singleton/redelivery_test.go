@@ -174,7 +174,7 @@ func TestRedeliveryDuringADeployIsNotCoveredByItsOwnRun(t *testing.T) {
 			// Server B's acquire finds the key held by the first run.
 			contended := make(chan struct{}, 1)
 			lockerB := e.locker(lockkit.WithOwner("server-b"), lockkit.WithObserver(func(ev lockkit.Event) {
-				if ev.Kind == lockkit.EventContended {
+				if ev.Kind == lockkit.LeaseContended {
 					select {
 					case contended <- struct{}{}:
 					default:

@@ -171,7 +171,7 @@ func (e *engine) emit(ev Event) {
 		e.cfg.observer(ev)
 	}
 	lvl := slog.LevelDebug
-	if ev.Kind == EventLost || ev.Kind == EventRenewFailed {
+	if ev.Kind == LeaseLost || ev.Kind == LeaseRenewFailed {
 		lvl = slog.LevelWarn
 	}
 	if e.cfg.logger.Enabled(context.Background(), lvl) {
@@ -280,7 +280,7 @@ func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent t
 	if r.reserved {
 		// A reservation: its TTL alone bounds it; nothing here renews or
 		// releases it.
-		e.emit(Event{Kind: EventAcquired, Key: l.key, Owner: l.owner, Token: token, Wait: waited})
+		e.emit(Event{Kind: LeaseAcquired, Key: l.key, Owner: l.owner, Token: token, Wait: waited})
 		return l, nil
 	}
 	e.mu.Lock()
@@ -323,7 +323,7 @@ func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent t
 			stop()
 		}
 	}
-	e.emit(Event{Kind: EventAcquired, Key: l.key, Owner: l.owner, Token: token, Wait: waited})
+	e.emit(Event{Kind: LeaseAcquired, Key: l.key, Owner: l.owner, Token: token, Wait: waited})
 	return l, nil
 }
 

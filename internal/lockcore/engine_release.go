@@ -117,7 +117,7 @@ func (e *engine) sendReleases(ctx context.Context, batch []queuedRelease) {
 				case err != nil && (i >= len(held) || !held[i]):
 					e.orphan(l.key, l.aid, l.validUntilLocked(), l.holdFor(ends[l]))
 				case held[i] && l.Err() == nil:
-					e.emit(Event{Kind: EventReleased, Key: l.key, Owner: l.owner, Token: l.token})
+					e.emit(Event{Kind: LeaseReleased, Key: l.key, Owner: l.owner, Token: l.token})
 				}
 				l.resumeParked()
 			}

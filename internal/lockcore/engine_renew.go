@@ -229,7 +229,7 @@ func (e *engine) renewBatch(due []*Lease, out chan<- []renewed) {
 }
 
 // applyRenewals records a batch's results on its leases, reports the lost,
-// preempted and failed ones, and emits EventRenewed. It returns when the
+// preempted and failed ones, and emits LeaseRenewed. It returns when the
 // renewer must look at these leases next: the earliest of their renewals
 // and validity ends (an hour from now when none is held).
 func (e *engine) applyRenewals(rs []renewed) time.Time {
@@ -281,7 +281,7 @@ func (e *engine) applyRenewals(rs []renewed) time.Time {
 			if l.nextRenew.Before(next) {
 				next = l.nextRenew
 			}
-			events = append(events, Event{Kind: EventRenewFailed, Key: l.key, Owner: l.owner, Token: l.token, Err: r.err})
+			events = append(events, Event{Kind: LeaseRenewFailed, Key: l.key, Owner: l.owner, Token: l.token, Err: r.err})
 		}
 		if l.validUntil.Before(next) {
 			next = l.validUntil
@@ -303,12 +303,12 @@ func (e *engine) applyRenewals(rs []renewed) time.Time {
 	for _, ev := range events {
 		e.emit(ev)
 	}
-	// EventRenewed, one per lease and tick, only when someone takes it, and
+	// LeaseRenewed, one per lease and tick, only when someone takes it, and
 	// built here rather than gathered: a tick may renew many thousands.
 	if e.cfg.observer != nil || e.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
 		for i := range rs {
 			if r := &rs[i]; r.ok {
-				e.emit(Event{Kind: EventRenewed, Key: r.l.key, Owner: r.l.owner, Token: r.l.token})
+				e.emit(Event{Kind: LeaseRenewed, Key: r.l.key, Owner: r.l.owner, Token: r.l.token})
 			}
 		}
 	}

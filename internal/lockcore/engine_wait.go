@@ -23,7 +23,7 @@ func (e *engine) notAcquired(r *request, res acquireResult) error {
 	case res.conflict == nil:
 		return &EpochUsedError{Key: r.key, Epoch: r.epoch, Last: res.lastEpoch, OtherTag: res.otherTag}
 	}
-	e.emit(Event{Kind: EventContended, Key: r.key, Owner: res.conflict.Owner, Token: res.conflict.Token, Err: res.conflict})
+	e.emit(Event{Kind: LeaseContended, Key: r.key, Owner: res.conflict.Owner, Token: res.conflict.Token, Err: res.conflict})
 	return res.conflict
 }
 
@@ -119,7 +119,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 			wake, stop = e.b.wakeups(key, r.waiter)
 			defer stop()
 			conflict = res.conflict
-			e.emit(Event{Kind: EventContended, Key: key, Owner: conflict.Owner, Token: conflict.Token, Err: conflict})
+			e.emit(Event{Kind: LeaseContended, Key: key, Owner: conflict.Owner, Token: conflict.Token, Err: conflict})
 			continue
 		}
 		conflict = res.conflict

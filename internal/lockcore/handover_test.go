@@ -71,7 +71,7 @@ func TestReleaseHandsTheKeyToTheWaiter(t *testing.T) {
 		// hand the key over in time. Its waiter TTL (4 minutes) is the TTL
 		// the key is handed over with.
 		waiter, err := NewRedis(wc, WithPrefix(prefix), WithPollInterval(time.Minute), WithObserver(func(e Event) {
-			if e.Kind == EventRenewed {
+			if e.Kind == LeaseRenewed {
 				renewed <- struct{}{}
 			}
 		}))

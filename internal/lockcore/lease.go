@@ -284,7 +284,7 @@ func (l *Lease) evicted() {
 
 func (l *Lease) markLost(cause error) {
 	if l.end(stateLost, cause) {
-		l.e.emit(Event{Kind: EventLost, Key: l.key, Owner: l.owner, Token: l.token, Err: cause})
+		l.e.emit(Event{Kind: LeaseLost, Key: l.key, Owner: l.owner, Token: l.token, Err: cause})
 	}
 }
 
@@ -415,7 +415,7 @@ func (l *Lease) release(ctx context.Context, end ending) error {
 	if !held[0] {
 		return fmt.Errorf("%w: %q token %d expired or was taken over", ErrNotHeld, l.key, l.token)
 	}
-	l.e.emit(Event{Kind: EventReleased, Key: l.key, Owner: l.owner, Token: l.token})
+	l.e.emit(Event{Kind: LeaseReleased, Key: l.key, Owner: l.owner, Token: l.token})
 	l.resumeParked()
 	return nil
 }

@@ -407,12 +407,12 @@ type EventKind int
 
 // Event kinds reported to the observer set with WithObserver.
 const (
-	EventAcquired    EventKind = iota + 1 // a lease was acquired (Event.Wait tells how long it waited)
-	EventContended                        // an acquire found the key held
-	EventReleased                         // a lease was released by its holder
-	EventRenewed                          // a lease was renewed
-	EventRenewFailed                      // a renewal failed but the lease is still valid (Event.Err)
-	EventLost                             // a lease was lost (Event.Err wraps ErrLost)
+	LeaseAcquired    EventKind = iota + 1 // a lease was acquired (Event.Wait tells how long it waited)
+	LeaseContended                        // an acquire found the key held
+	LeaseReleased                         // a lease was released by its holder
+	LeaseRenewed                          // a lease was renewed
+	LeaseRenewFailed                      // a renewal failed but the lease is still valid (Event.Err)
+	LeaseLost                             // a lease was lost (Event.Err wraps ErrLost)
 )
 
 var eventNames = [...]string{"", "acquired", "contended", "released", "renewed", "renew_failed", "lost"}
@@ -431,9 +431,9 @@ type Event struct {
 	Key   string
 	Owner string
 	Token int64
-	// Wait is how long Acquire waited (EventAcquired only).
+	// Wait is how long Acquire waited (LeaseAcquired only).
 	Wait time.Duration
-	// Err is the failure for EventRenewFailed, EventLost and EventContended.
+	// Err is the failure for LeaseRenewFailed, LeaseLost and LeaseContended.
 	Err error
 }
 

@@ -74,14 +74,14 @@ func TestRenewalCostsOneRoundTripPerTick(t *testing.T) {
 	failed := make(chan Event, 1)
 	l, err := NewRedis(client, WithPrefix(prefix), WithObserver(func(e Event) {
 		switch e.Kind {
-		case EventRenewed:
+		case LeaseRenewed:
 			if renewed.Add(1)%leases == 0 {
 				select {
 				case tickEnds <- rt.Count():
 				default:
 				}
 			}
-		case EventRenewFailed, EventLost:
+		case LeaseRenewFailed, LeaseLost:
 			select {
 			case failed <- e:
 			default:

@@ -228,7 +228,7 @@ func testWake(t *testing.T, h *harness) {
 		mu.Lock()
 		events = append(events, e.Kind)
 		mu.Unlock()
-		if e.Kind == EventContended {
+		if e.Kind == LeaseContended {
 			close(waiting)
 		}
 	}))
@@ -253,7 +253,7 @@ func testWake(t *testing.T, h *harness) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	require.Equal(t, []EventKind{EventContended, EventAcquired, EventReleased}, events)
+	require.Equal(t, []EventKind{LeaseContended, LeaseAcquired, LeaseReleased}, events)
 }
 
 func testReleaseOwnerChecked(t *testing.T, h *harness) {
@@ -302,7 +302,7 @@ func testRenewalOnTime(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	renewed := make(chan time.Time, 100)
 	a := h.locker(t, WithObserver(func(e Event) {
-		if e.Kind == EventRenewed {
+		if e.Kind == LeaseRenewed {
 			renewed <- time.Now()
 		}
 	}))
@@ -326,7 +326,7 @@ func testRenewal(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	renewed := make(chan struct{}, 100)
 	a := h.locker(t, WithObserver(func(e Event) {
-		if e.Kind == EventRenewed {
+		if e.Kind == LeaseRenewed {
 			renewed <- struct{}{}
 		}
 	}))
@@ -761,7 +761,7 @@ func testEpochLongRun(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	renewed := make(chan struct{}, 100)
 	a := h.locker(t, WithObserver(func(e Event) {
-		if e.Kind == EventRenewed {
+		if e.Kind == LeaseRenewed {
 			renewed <- struct{}{}
 		}
 	}))
@@ -1511,7 +1511,7 @@ func testAsyncRelease(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	var released atomic.Int32
 	a := h.locker(t, WithObserver(func(e Event) {
-		if e.Kind == EventReleased {
+		if e.Kind == LeaseReleased {
 			released.Add(1)
 		}
 	}))
@@ -1570,7 +1570,7 @@ func testRenewMany(t *testing.T, h *harness) {
 	ctx := ctxT(t)
 	var renewed atomic.Int32
 	l := h.locker(t, WithObserver(func(e Event) {
-		if e.Kind == EventRenewed {
+		if e.Kind == LeaseRenewed {
 			renewed.Add(1)
 		}
 	}))
@@ -1897,7 +1897,7 @@ func testRedelivery(t *testing.T, h *harness) {
 	contended := make(chan string, 16)
 	a := h.locker(t, WithOwner("a"))
 	b := h.locker(t, WithOwner("b"), WithObserver(func(e Event) {
-		if e.Kind == EventContended {
+		if e.Kind == LeaseContended {
 			contended <- e.Key
 		}
 	}))
