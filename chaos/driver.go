@@ -401,7 +401,7 @@ func (r *seedRun) enqueueAll() error {
 			rec.Err = err.Error()
 		} else {
 			rec.AID = info.ID
-			_, _ = fmt.Sscan(info.Headers[singleton.EnqueuedAtHeader], &rec.Stamp)
+			_, _ = fmt.Sscan(info.Headers[asynqkey.EnqueuedAtHeader], &rec.Stamp)
 		}
 		r.rec.add(rec)
 	}

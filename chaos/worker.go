@@ -18,6 +18,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/asynqtest"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
@@ -301,7 +302,7 @@ func deliver(rec *recorder, inflight *sync.WaitGroup, next asynq.Handler) asynq.
 		retry, _ := asynq.GetRetryCount(ctx)
 		ri := &runInfo{p: p, aid: aid}
 		r := Record{Task: p.ID, AID: aid, Fam: p.Fam, Key: p.K, N: p.N, Retry: retry}
-		if s := t.Headers()[singleton.EnqueuedAtHeader]; s != "" {
+		if s := t.Headers()[asynqkey.EnqueuedAtHeader]; s != "" {
 			_, _ = fmt.Sscan(s, &r.Stamp)
 		}
 		r.Ev = evDeliver

@@ -81,9 +81,9 @@ func asynqConfig(queue string, concurrency int) asynq.Config {
 }
 
 // taskOf names the work a run did: the ID of the task it was enqueued as,
-// also for a copy that Requeue enqueued (singleton.OriginHeader).
+// also for a copy that Requeue enqueued (its label, asynqkey.LabelHeader).
 func taskOf(ctx context.Context, t *asynq.Task) string {
-	if id := t.Headers()[singleton.OriginHeader]; id != "" {
+	if id := t.Headers()[asynqkey.LabelHeader]; id != "" {
 		return id
 	}
 	id, _ := asynq.GetTaskID(ctx)

@@ -56,7 +56,7 @@
 // A task whose key cannot be derived (payload not JSON, field missing, empty
 // key) fails with an error matching ErrKey and asynq.SkipRetry: asynq archives
 // it with a message naming the task type and the reason. A task whose Client
-// derived another key (KeyHeader) fails with ErrKeyMismatch and
+// derived another key (NewClient) fails with ErrKeyMismatch and
 // asynq.SkipRetry rather than being taken for a duplicate. Every task that
 // completes without running is logged at Info (at most once per key per
 // second) and says why in its asynq result (JSON: outcome, key, reason and,

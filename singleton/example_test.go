@@ -229,7 +229,7 @@ func ExampleNewClient() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	_, stamped := info.Headers[singleton.EnqueuedAtHeader]
+	_, stamped := info.Headers["jobguard-enqueued-at"] // the Redis server's time of the enqueue
 	fmt.Println("queue:", info.Queue, "stamped:", stamped)
 	// Output: queue: reports stamped: true
 }
@@ -296,7 +296,7 @@ func ExampleDebounce() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		gens = append(gens, info.Headers[singleton.DebounceGenHeader])
+		gens = append(gens, info.Headers["jobguard-debounce-gen"]) // the request's generation
 		fmt.Println(info.State)
 	}
 	fmt.Println("newest last:", gens[0] < gens[1] && gens[1] < gens[2])

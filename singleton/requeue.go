@@ -166,13 +166,13 @@ func wholeSecond(t time.Time) time.Time {
 // the options that shape its processing. The copy gets an ID of its own
 // (newCopyID), named by asynqkey.Copy before it is enqueued, and no Unique lock
 // (the original's is released when it is revoked); its headers carry
-// OriginHeader and copyHeader.
+// asynqkey.LabelHeader and copyHeader.
 func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue string, delay time.Duration) (string, error) {
 	info, err := m.inspector.GetTaskInfo(queue, id)
 	if err != nil {
 		return "", fmt.Errorf("read task options: %w", err)
 	}
-	origin := t.Headers()[OriginHeader]
+	origin := t.Headers()[asynqkey.LabelHeader]
 	if origin == "" {
 		origin = id
 	}
@@ -199,7 +199,7 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 	if headers == nil {
 		headers = make(map[string]string, 1)
 	}
-	headers[OriginHeader] = origin
+	headers[asynqkey.LabelHeader] = origin
 	headers[copyHeader] = newTaskID()
 	if err := m.rdb.Set(ctx, asynqkey.Copy(queue, origin), copyID, delay+copyKeep).Err(); err != nil {
 		return "", fmt.Errorf("name the copy %s: %w", copyID, err)

@@ -10,6 +10,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -77,7 +78,7 @@ func TestShadowRunsTasksTheMiddlewareWouldRefuse(t *testing.T) {
 
 		noKey := e.Enqueue(asynq.NewTask("report", []byte(`{"other":"acme"}`)))
 		otherKey := e.Enqueue(asynq.NewTaskWithHeaders("report", []byte(`{"tenant_id":"acme"}`),
-			map[string]string{singleton.KeyHeader: keyHeaderOf("asynq:report:acme", `KeyFunc(...)`)}))
+			map[string]string{asynqkey.KeyHeader: keyHeaderOf("asynq:report:acme", `KeyFunc(...)`)}))
 		parker, err := singleton.NewClient(e.Client, e.RDB, singleton.KeyByFields("tenant_id"), singleton.ParkAtEnqueue(e.locker(), 0))
 		require.NoError(t, err)
 		parked, err := parker.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"globex"}`)), asynq.Queue(e.Queue))

@@ -9,6 +9,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/debounce"
 	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/internal/guard"
@@ -17,11 +18,6 @@ import (
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
-
-// OriginHeader is the task header that a copy enqueued by Requeue carries: the
-// ID of the task it was copied from (the first task of the chain). KeyByTaskID
-// uses it, so a copy keeps its original's key.
-const OriginHeader = "jobguard-origin-id"
 
 // copyHeader is the task header that a copy enqueued by Requeue carries: an
 // ID of the enqueue that made it. A conflict on the copy's task ID is taken
@@ -183,7 +179,7 @@ func PerQueue() Option { return keyOpt(func(c *config) { c.perQueue = true }) }
 // error matching *RequeueError, guard.ErrDuplicate and asynq.RevokeTask
 // after Requeue enqueued a copy; an error matching ErrKey and
 // asynq.SkipRetry for a key that cannot be derived; an error matching
-// ErrKeyMismatch and asynq.SkipRetry for a task whose KeyHeader names
+// ErrKeyMismatch and asynq.SkipRetry for a task whose Client recorded
 // another key than the one derived (the Client had other key options); an error matching
 // ErrInvalid and asynq.SkipRetry for a task enqueued with ParkAtEnqueue
 // under WithLimit(n > 1) (under WithShadow these three run, and the error is
@@ -341,7 +337,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		return next.ProcessTask(ctx, t)
 	}
 	id, _ := asynq.GetTaskID(ctx)
-	origin := t.Headers()[OriginHeader]
+	origin := t.Headers()[asynqkey.LabelHeader]
 	if origin == "" {
 		origin = id
 	}

@@ -479,7 +479,7 @@ func TestUniqueFindsACopyOfAnEarlierVersion(t *testing.T) {
 			key := `asynq:report:tenant_id="acme"`
 			_, err = coretest.Of(t, locker).TryAcquire(context.Background(), asynqkey.Reservation(key), &lockcore.AcquireOptions{Label: e.Queue + "/H", Detached: true, TTL: 20 * time.Second})
 			require.NoError(t, err)
-			task := asynq.NewTaskWithHeaders("report", []byte(`{"tenant_id":"acme","n":1}`), map[string]string{singleton.OriginHeader: "H"})
+			task := asynq.NewTaskWithHeaders("report", []byte(`{"tenant_id":"acme","n":1}`), map[string]string{asynqkey.LabelHeader: "H"})
 			_, err = e.Client.Enqueue(task, asynq.Queue(e.Queue), asynq.TaskID(id), asynq.ProcessIn(time.Hour))
 			require.NoError(t, err)
 			time.Sleep(200 * time.Millisecond) // the reservation is past its enqueue grace

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/middleware"
@@ -102,7 +103,7 @@ func keyOf(t *testing.T, ctx context.Context, task *asynq.Task, opts ...singleto
 
 func TestKeyDerivation(t *testing.T) {
 	payload := []byte(`{"tenant_id": "acme", "region": 7, "n": 1}`)
-	origin := asynq.NewTaskWithHeaders("report", nil, map[string]string{singleton.OriginHeader: "task-1"})
+	origin := asynq.NewTaskWithHeaders("report", nil, map[string]string{asynqkey.LabelHeader: "task-1"})
 	keyFn := func(_ context.Context, t *asynq.Task) (string, error) { return "custom:" + t.Type(), nil }
 	cases := []struct {
 		name string

@@ -231,7 +231,7 @@ func (d *demo) handler(machine string, work time.Duration) asynq.HandlerFunc {
 			}
 			key += " tenant=" + p.Tenant
 		}
-		copied := t.Headers()[singleton.OriginHeader] != ""
+		copied := t.Headers()["jobguard-origin-id"] != "" // a copy Requeue enqueued carries its first task's ID
 		d.mu.Lock()
 		d.running[key]++
 		d.MaxOverlap[key] = max(d.MaxOverlap[key], d.running[key])
