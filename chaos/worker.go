@@ -92,18 +92,18 @@ const (
 // preemptGrace is the Grace of every Preempt family.
 const preemptGrace = 500 * time.Millisecond
 
-// workerConfig is the asynq.Config of every worker process.
+// workerConfig is the asynq.Config of every worker process, made by
+// singleton.ServerConfig: other errors are retried after 100ms.
 func workerConfig(queue string) asynq.Config {
-	return asynq.Config{
+	return singleton.ServerConfig(asynq.Config{
 		Concurrency:              4,
 		Queues:                   map[string]int{queue: 1},
 		TaskCheckInterval:        20 * time.Millisecond,
 		DelayedTaskCheckInterval: 100 * time.Millisecond,
-		IsFailure:                singleton.IsFailure(nil),
-		RetryDelayFunc:           singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 100 * time.Millisecond }),
+		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return 100 * time.Millisecond },
 		ShutdownTimeout:          time.Second,
 		Logger:                   quietLogger{},
-	}
+	})
 }
 
 // workerMain runs one worker process until SIGTERM: an asynq server whose

@@ -75,9 +75,7 @@ func asynqGuard(rdb redis.UniversalClient, prefix, owner string, ttl time.Durati
 // other errors (asynq's ErrLeaseExpired from its recoverer) are retried at
 // once.
 func asynqConfig(queue string, concurrency int) asynq.Config {
-	cfg := asynqtest.Config(queue, concurrency)
-	cfg.RetryDelayFunc = singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 0 })
-	return cfg
+	return asynqtest.ConfigRetrying(queue, concurrency, func(int, error, *asynq.Task) time.Duration { return 0 })
 }
 
 // taskOf names the work a run did: the ID of the task it was enqueued as,

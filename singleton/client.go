@@ -168,7 +168,7 @@ func newClient(c *asynq.Client, rdb redis.UniversalClient, locker *lockkit.Redis
 			return nil, err
 		}
 	}
-	decisions := DefaultDecisionLogLen
+	decisions := defaultDecisionLogLen
 	if cfg.decisionsSet {
 		if cfg.decisions < 0 {
 			return nil, fmt.Errorf("%w: WithDecisionLog(%d): want 0 (none) or more entries", ErrInvalid, cfg.decisions)

@@ -271,7 +271,7 @@ func testCoalesceSteadyStream(t *testing.T, parked bool) {
 			mu.Lock()
 			defer mu.Unlock()
 			return len(ran)+len(covered()) == tasks
-		}, singleton.ParkBackstop/2, 10*time.Millisecond)
+		}, parkBackstop/2, 10*time.Millisecond)
 		e.Drained(10 * time.Second)
 
 		mu.Lock()
@@ -358,8 +358,7 @@ func TestRollingDeployDoesTheWorkOnce(t *testing.T) {
 				recv(t, firstStarted, 10*time.Second)
 
 				lockerB := e.locker(lockkit.WithOwner("server-b"))
-				cfgB := e.config(2)
-				cfgB.RetryDelayFunc = singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond })
+				cfgB := e.configRetrying(2, func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond })
 				e.start(cfgB, newMW(lockerB)(handler))
 				srvA.Shutdown() // after 200ms: the task goes back to pending and the first run's ctx is cancelled
 				require.ErrorIs(t, recv(t, firstCancelled, 10*time.Second), context.Canceled)
@@ -497,11 +496,10 @@ func TestFailPolicyUsesAsynqRetry(t *testing.T) {
 		mw, err := singleton.Middleware(e.locker(), singleton.WithPolicy(middleware.Fail()))
 		require.NoError(t, err)
 		errs := &errorLog{}
-		cfg := e.config(2)
-		cfg.ErrorHandler = errs
 		// At least a second apart (asynq schedules in whole seconds): the 25
 		// retries outlast the test by far.
-		cfg.RetryDelayFunc = singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 2 * time.Second })
+		cfg := e.configRetrying(2, func(int, error, *asynq.Task) time.Duration { return 2 * time.Second })
+		cfg.ErrorHandler = errs
 		var ran atomic.Int32
 		e.start(cfg, mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran.Add(1); return nil })))
 		info := e.Enqueue(asynq.NewTask("report", nil))
@@ -642,7 +640,7 @@ func TestRequeueCopyIDsAreUniquePerEnqueue(t *testing.T) {
 	})
 }
 
-// Without singleton.IsFailure in the server's config a requeue is retried as a
+// Without ServerConfig's IsFailure in the server's config a requeue is retried as a
 // failure and uses up the retries; then copies take over, so the task is still
 // never archived for being a duplicate.
 func TestRequeueWithoutIsFailureStillNeverArchives(t *testing.T) {
@@ -732,8 +730,7 @@ func TestRedisErrorIsNeverADuplicate(t *testing.T) {
 			mw, err := singleton.Middleware(l, singleton.WithObserver(ev.observe))
 			require.NoError(t, err)
 			var runs atomic.Int32
-			cfg := e.config(1)
-			cfg.RetryDelayFunc = singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond })
+			cfg := e.configRetrying(1, func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond })
 			hook.Arm(f, 1)
 			e.start(cfg, mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 				runs.Add(1)

@@ -132,9 +132,10 @@ type config struct {
 // and Inspector made from it, which hold no goroutines and are never closed).
 // With it, duplicates under Requeue and the follow-ups of KeepNewest and
 // Coalesce are parked for their key (a *RequeueError that asynq retries
-// after the backstop, ParkBackstop for a follow-up; set IsFailure and
-// RetryDelay, or use ServerConfig) and started by the run that frees the key, instead of
-// waiting on a worker. Required when the policy can requeue; must not be
+// after a backstop of 30 seconds, or the policy's delay if longer, sooner
+// for the next in line of a key whose holder's lease would run out
+// unrenewed; build the servers' asynq.Config with ServerConfig) and
+// started by the run that frees the key, instead of waiting on a worker. Required when the policy can requeue; must not be
 // nil. Defaults to none.
 func WithRedis(client redis.UniversalClient) ServerOption {
 	return serverOpt(func(c *config) { c.rdb, c.rdbSet = client, true })
@@ -290,7 +291,7 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 		return nil, fmt.Errorf("%w: WithPolicy(%s): a policy that requeues needs WithRedis(client) to re-enqueue duplicates that have no retries left", ErrInvalid, set.Policy)
 	}
 	m.guard, m.limit, m.shadow = g, set.Limit, set.Shadow
-	m.decisions = DefaultDecisionLogLen
+	m.decisions = defaultDecisionLogLen
 	if c.decisionsSet {
 		switch {
 		case c.decisions < 0:
@@ -323,7 +324,7 @@ type guarded struct {
 	shadow    bool                  // WithShadow: refused tasks run too
 	skips     *skipLog
 	hooks     *hookCheck
-	decisions int // entries of DecisionLog kept; 0: none
+	decisions int // entries of the decision log kept; 0: none
 	// onPreempted, in tests, is called before a preempted run's decision
 	// looks for the task that preempted it.
 	onPreempted func()
@@ -407,7 +408,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 // matching asynq.SkipRetry (asynq archives the task): err is reported as
 // an EventError. Under WithShadow t runs instead, without a lease, and what
 // would have happened is reported: an EventShadowed with ActionFail and
-// err, and a DecisionLog entry (reason would_archive, cause err).
+// err, and a decision log entry (reason would_archive, cause err).
 func (m *guarded) refuse(ctx context.Context, next asynq.Handler, t *asynq.Task, job guard.Job, err error) error {
 	if !m.shadow {
 		guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventError, Job: job, Err: err})

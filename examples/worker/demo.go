@@ -272,7 +272,8 @@ func serveOpsView(rdb redis.UniversalClient, w io.Writer, addr string) (func(), 
 	if err != nil {
 		return nil, err
 	}
-	h, err := opsview.New(view, opsview.WithRefresh(500*time.Millisecond), opsview.WithDecisionLog(rdb, singleton.DecisionLog),
+	h, err := opsview.New(view, opsview.WithRefresh(500*time.Millisecond),
+		opsview.WithDecisionLog(rdb, ""), // "": the stream the middleware writes
 		opsview.WithTaskState(state))
 	if err != nil {
 		return nil, err
