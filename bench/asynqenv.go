@@ -25,17 +25,15 @@ const (
 )
 
 func serverConfig(queue string, concurrency int) asynq.Config {
-	return asynq.Config{
+	return singleton.ServerConfig(asynq.Config{
 		Concurrency:              concurrency,
 		Queues:                   map[string]int{queue: 1},
 		TaskCheckInterval:        taskCheckInterval,
 		DelayedTaskCheckInterval: delayedCheckInterval,
-		IsFailure:                singleton.IsFailure(nil),
-		RetryDelayFunc:           singleton.RetryDelay(nil),
 		ShutdownTimeout:          5 * time.Second,
 		// asynq warns on every revoked task; nothing here should be logged.
 		LogLevel: asynq.ErrorLevel,
-	}
+	})
 }
 
 // asynqEnv is what the end-to-end sections share: the queues they made (to

@@ -188,7 +188,8 @@ func (r *report) burstSection() string {
 		"random (a fixed seed: every policy gets the same sequence), enqueued at once (%s), then one server with `Concurrency: %d` and a %s handler "+
 		"(`time.Sleep`). Guarded: `singleton.Middleware(locker, singleton.KeyByFields(\"k\"), "+
 		"singleton.WithPolicy(p), singleton.WithRedis(srvClient))`. The tasks have asynq's default MaxRetry (25), "+
-		"so a requeued duplicate goes back as a retry that `IsFailure` reports as no failure (it never uses up "+
+		"so a requeued duplicate goes back as a retry that the `IsFailure` of `singleton.ServerConfig` reports as no "+
+		"failure (it never uses up "+
 		"its retries); it is parked for its key (retry scheduled 30 s ahead as a backstop) and moved to pending by the "+
 		"run that frees the key, which reserves the key for it, so parked duplicates run in arrival order. \"key idle "+
 		"between runs\" is, per key, the time from one run's handler return to the next run's handler start (the "+

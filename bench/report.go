@@ -110,7 +110,7 @@ func (r *report) markdown() string {
 		fmt.Fprintf(&w, "- asynq (sections on throughput, round trips and the burst): every run starts an "+
 			"`asynq.Server` (`NewServerFromRedisClient`) on a fresh queue, with the same `asynq.Config` guarded or "+
 			"bare: `Concurrency: %d`, `TaskCheckInterval: %s`, `DelayedTaskCheckInterval: %s`, "+
-			"`IsFailure: singleton.IsFailure(nil)`, `RetryDelayFunc: singleton.RetryDelay(nil)`, `LogLevel: ErrorLevel`. "+
+			"`LogLevel: ErrorLevel`, made by `singleton.ServerConfig`. "+
 			"The server, the Locker and the enqueuer each have their own counted client; guarded runs use a new "+
 			"`lockkit.NewRedis` Locker (default options) and `singleton.Middleware` with its default observer "+
 			"(a `slog` logger at Info: the Debug events are not formatted). The batch is enqueued first (8 "+

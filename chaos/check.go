@@ -13,7 +13,6 @@ import (
 	"github.com/jobguard/jobguard/internal/cronkey"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/periodickey"
-	"github.com/jobguard/jobguard/singleton"
 )
 
 // Rules the checkers enforce, as named in violations.
@@ -1315,11 +1314,15 @@ func (h *history) checkShadow() []Violation {
 	return vs
 }
 
+// uniqueTTL is the TTL of the Unique family's reservations: Unique's when
+// given none (singleton.Unique documents it).
+const uniqueTTL = 24 * time.Hour
+
 // keptReservation returns how long a live holder may be left on lock key
 // k, the reservation key of a Unique family's key (0: not at all): the
 // reservation of a task whose enqueue failed, its outcome unknown (see
 // failedUnique), kept for its TTL or until an enqueue of its key takes it
-// over (singleton.DefaultReserveTTL); or one that a task adopted on a worker
+// over (uniqueTTL); or one that a task adopted on a worker
 // that was killed while it ran, which frees within the worker Locker's TTL
 // (docs/asynq.md; the chaos workers' Lockers have 30s, lockkit.WithTTL's default).
 func (h *history) keptReservation(k string) time.Duration {
@@ -1333,7 +1336,7 @@ func (h *history) keptReservation(k string) time.Duration {
 				continue
 			}
 			if h.failedUnique(key, h.lastT+1, false) {
-				return singleton.DefaultReserveTTL
+				return uniqueTTL
 			}
 			if slices.ContainsFunc(h.runs, func(ru *run) bool { return ru.key == f.Name+"/"+key && (ru.died || ru.killedBefore) }) {
 				return lockcore.DefaultTTL

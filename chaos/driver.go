@@ -28,14 +28,18 @@ import (
 // parkBackstop is the ParkAtEnqueue backstop of the park families.
 const parkBackstop = 5 * time.Second
 
+// followUpBackstop is singleton's backstop of a parked follow-up (WithRedis
+// documents it).
+const followUpBackstop = 30 * time.Second
+
 // drainTimeout bounds the quiet phase: a parked follow-up whose resumer died
-// comes back after singleton.ParkBackstop, and may be parked again behind a
+// comes back after followUpBackstop, and may be parked again behind a
 // reservation whose task never came (archived): twice. And a task that
 // asynq moved to active as Redis was killed (the dequeue's reply lost) or
 // as its worker was, stays active, with no worker, until its 30 s lease
 // runs out and asynq's recoverer, once a minute, gives it back: up to 90 s
 // (seeds 4027, 5112).
-const drainTimeout = max(2*singleton.ParkBackstop, asynqLease+asynqRecoverEvery) + 15*time.Second
+const drainTimeout = max(2*followUpBackstop, asynqLease+asynqRecoverEvery) + 15*time.Second
 
 // asynq's worker lease of an active task and its recoverer's interval
 // (fixed in asynq v0.26).
@@ -401,7 +405,7 @@ func (r *seedRun) enqueueAll() error {
 			rec.Err = err.Error()
 		} else {
 			rec.AID = info.ID
-			_, _ = fmt.Sscan(info.Headers[singleton.EnqueuedAtHeader], &rec.Stamp)
+			_, _ = fmt.Sscan(info.Headers[asynqkey.EnqueuedAtHeader], &rec.Stamp)
 		}
 		r.rec.add(rec)
 	}

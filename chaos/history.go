@@ -43,7 +43,7 @@ type Record struct {
 	N    int    `json:"n,omitempty"`   // the task's number within its key, in enqueue order
 
 	Accepted bool   `json:"accepted,omitempty"`
-	Stamp    int64  `json:"stamp,omitempty"` // EnqueuedAtHeader, Unix µs on Redis's clock
+	Stamp    int64  `json:"stamp,omitempty"` // asynqkey.EnqueuedAtHeader, Unix µs on Redis's clock
 	Outcome  string `json:"outcome,omitempty"`
 	Cause    string `json:"cause,omitempty"`
 	Kind     string `json:"kind,omitempty"`

@@ -18,6 +18,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/asynqtest"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
@@ -91,18 +92,18 @@ const (
 // preemptGrace is the Grace of every Preempt family.
 const preemptGrace = 500 * time.Millisecond
 
-// workerConfig is the asynq.Config of every worker process.
+// workerConfig is the asynq.Config of every worker process, made by
+// singleton.ServerConfig: other errors are retried after 100ms.
 func workerConfig(queue string) asynq.Config {
-	return asynq.Config{
+	return singleton.ServerConfig(asynq.Config{
 		Concurrency:              4,
 		Queues:                   map[string]int{queue: 1},
 		TaskCheckInterval:        20 * time.Millisecond,
 		DelayedTaskCheckInterval: 100 * time.Millisecond,
-		IsFailure:                singleton.IsFailure(nil),
-		RetryDelayFunc:           singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 100 * time.Millisecond }),
+		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return 100 * time.Millisecond },
 		ShutdownTimeout:          time.Second,
 		Logger:                   quietLogger{},
-	}
+	})
 }
 
 // workerMain runs one worker process until SIGTERM: an asynq server whose
@@ -301,7 +302,7 @@ func deliver(rec *recorder, inflight *sync.WaitGroup, next asynq.Handler) asynq.
 		retry, _ := asynq.GetRetryCount(ctx)
 		ri := &runInfo{p: p, aid: aid}
 		r := Record{Task: p.ID, AID: aid, Fam: p.Fam, Key: p.K, N: p.N, Retry: retry}
-		if s := t.Headers()[singleton.EnqueuedAtHeader]; s != "" {
+		if s := t.Headers()[asynqkey.EnqueuedAtHeader]; s != "" {
 			_, _ = fmt.Sscan(s, &r.Stamp)
 		}
 		r.Ev = evDeliver

@@ -20,7 +20,7 @@ const (
 // Enqueue modes of a family.
 const (
 	cliPlain    = "plain"    // asynq.Client
-	cliStamped  = "stamped"  // singleton.NewClient (EnqueuedAtHeader)
+	cliStamped  = "stamped"  // singleton.NewClient (asynqkey.EnqueuedAtHeader)
 	cliPark     = "park"     // singleton.NewClient with ParkAtEnqueue
 	cliUnique   = "unique"   // singleton.NewClient with Unique(UntilExecuted)
 	cliDebounce = "debounce" // singleton.NewClient with Debounce(Quiet, MaxWait)
@@ -30,7 +30,7 @@ const (
 // How an op of a family is enqueued when not by the family's client (Op.Enq).
 const (
 	enqNoKey    = "nokey"    // asynq.Client, a payload without the key field: the middleware cannot derive its key
-	enqOtherKey = "otherkey" // singleton.NewClient with KeyByPayload(): its KeyHeader names other key options
+	enqOtherKey = "otherkey" // singleton.NewClient with KeyByPayload(): its asynqkey.KeyHeader names other key options
 )
 
 // Fault kinds.

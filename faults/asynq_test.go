@@ -75,15 +75,13 @@ func asynqGuard(rdb redis.UniversalClient, prefix, owner string, ttl time.Durati
 // other errors (asynq's ErrLeaseExpired from its recoverer) are retried at
 // once.
 func asynqConfig(queue string, concurrency int) asynq.Config {
-	cfg := asynqtest.Config(queue, concurrency)
-	cfg.RetryDelayFunc = singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 0 })
-	return cfg
+	return asynqtest.ConfigRetrying(queue, concurrency, func(int, error, *asynq.Task) time.Duration { return 0 })
 }
 
 // taskOf names the work a run did: the ID of the task it was enqueued as,
-// also for a copy that Requeue enqueued (singleton.OriginHeader).
+// also for a copy that Requeue enqueued (its label, asynqkey.LabelHeader).
 func taskOf(ctx context.Context, t *asynq.Task) string {
-	if id := t.Headers()[singleton.OriginHeader]; id != "" {
+	if id := t.Headers()[asynqkey.LabelHeader]; id != "" {
 		return id
 	}
 	id, _ := asynq.GetTaskID(ctx)

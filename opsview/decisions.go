@@ -32,7 +32,7 @@ const (
 // reason, the run or task that held or covered it, when), newest first and
 // paged, read from stream on rdb (the servers' Redis); the page's key
 // filter applies. stream "" is the one the asynq middleware writes,
-// singleton.DecisionLog ("jobguard:decisions"). A page shows 50 decisions
+// "jobguard:decisions" (singleton.WithDecisionLog). A page shows 50 decisions
 // (the limit parameter may ask for up to 1000); with a filter it looks
 // through at most 1,000 entries of the log (5 XREVRANGE calls of 200), and
 // Older goes on from there. New returns an error matching ErrInvalid for a

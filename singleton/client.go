@@ -21,33 +21,6 @@ import (
 	"github.com/jobguard/jobguard/lockkit"
 )
 
-// EnqueuedAtHeader is the task header in which Client records when a task was
-// enqueued: Unix microseconds on the Redis server's clock, never earlier than
-// the enqueue. Under middleware.Coalesce a task completes without running
-// only if a run of its key began after this time (and after its delivery
-// began, if that is earlier). A task without it (or with a value that is not
-// a positive integer) counts from its delivery instead, which is later than
-// its enqueue: fewer tasks are covered, never one enqueued after the
-// covering run began.
-const EnqueuedAtHeader = "jobguard-enqueued-at"
-
-// OrderHeader is the task header in which Client records the task's place
-// in its key's order (middleware.Job.Order), taken from Redis when the
-// task is enqueued (not when it is due, for asynq.ProcessIn or ProcessAt):
-// greater than every order given to an earlier enqueue of the key (as the
-// Client derives it), and at least the Redis server's time in
-// microseconds, so that orders keep growing after the key's counter
-// expired, ten minutes after its last enqueue. Under middleware.KeepNewest
-// and middleware.Preempt a task with a lower order than its key's
-// follow-up or latest run completes without running (superseded), whatever
-// order its delivery reaches Redis in. A Client with Debounce records the
-// task's generation instead, one with Unique its reservation's fencing token
-// (each also grows per key and is at least the server time in microseconds),
-// and one with ParkAtEnqueue none (its tasks run in enqueue order). A task
-// without it (or with a value that is not a positive integer) is placed by
-// its arrival at Redis.
-const OrderHeader = "jobguard-order"
-
 // orderKeep is how long a key's order counter is kept after its last
 // enqueue.
 const orderKeep = 10 * time.Minute
@@ -65,13 +38,37 @@ return s
 // clockSync is how often a Client reads the Redis server's clock again.
 const clockSync = 30 * time.Second
 
-// Client enqueues asynq tasks stamped with EnqueuedAtHeader, so that
-// middleware.Coalesce can let one run cover every task enqueued before it
-// began, and with OrderHeader, so that middleware.KeepNewest and
-// middleware.Preempt keep the newest enqueued task of a key; with Unique, it refuses a task whose key another task reserved;
-// with Debounce, it schedules each task as its key's newest request; with
-// ParkAtEnqueue, it queues each task for its key, to run when the key frees.
-// Its Enqueue and EnqueueContext are asynq.Client's.
+// Client enqueues asynq tasks stamped with the time of their enqueue, so
+// that middleware.Coalesce can let one run cover every task enqueued before
+// it began, and with their place in their key's order, so that
+// middleware.KeepNewest and middleware.Preempt keep the newest enqueued
+// task of a key; with Unique, it refuses a task whose key another task
+// reserved; with Debounce, it schedules each task as its key's newest
+// request; with ParkAtEnqueue, it queues each task for its key, to run when
+// the key frees. Its Enqueue and EnqueueContext are asynq.Client's.
+//
+// The time is the Redis server's (Unix microseconds in the task header
+// "jobguard-enqueued-at"), never earlier than the enqueue. Under
+// middleware.Coalesce a task completes without running only if a run of its
+// key began after this time (and after its delivery began, if that is
+// earlier). A task without it (enqueued by a plain asynq.Client) counts
+// from its delivery instead, which is later than its enqueue: fewer tasks
+// are covered, never one enqueued after the covering run began.
+//
+// The order (middleware.Job.Order, in the header "jobguard-order") is taken
+// from Redis when the task is enqueued (not when it is due, for
+// asynq.ProcessIn or ProcessAt): greater than every order given to an
+// earlier enqueue of the key (as the Client derives it), and at least the
+// Redis server's time in microseconds, so that orders keep growing after
+// the key's counter expired, ten minutes after its last enqueue. Under
+// middleware.KeepNewest and middleware.Preempt a task with a lower order
+// than its key's follow-up or latest run completes without running
+// (superseded), whatever order its delivery reaches Redis in. A Client with
+// Debounce records the task's generation instead, one with Unique its
+// reservation's fencing token (each also grows per key and is at least the
+// server time in microseconds), and one with ParkAtEnqueue none (its tasks
+// run in enqueue order). A task without an order is placed by its arrival
+// at Redis.
 type Client struct {
 	c        *asynq.Client
 	rdb      redis.UniversalClient
@@ -79,8 +76,8 @@ type Client struct {
 	unique   *uniqueSpec
 	debounce *debounceSpec
 	park     *parkSpec
-	keyed    bool // its keys are finer than the type: stamp KeyHeader
-	// decisions: about how many entries of DecisionLog to keep when a
+	keyed    bool // its keys are finer than the type: stamp asynqkey.KeyHeader
+	// decisions: about how many entries of the decision log to keep when a
 	// refused enqueue is recorded there; 0 records none.
 	decisions int
 
@@ -94,7 +91,7 @@ type Client struct {
 // every 30 seconds after: one TIME round trip (one per master, side by side,
 // on a Redis Cluster), none per task. Without Unique, Debounce or
 // ParkAtEnqueue each enqueue takes the task's order from rdb: one script
-// call (see OrderHeader).
+// call (see Client).
 //
 // The key options
 // (KeyByType by default, KeyByTaskID, KeyByPayload, KeyByFields, KeyFunc,
@@ -104,8 +101,12 @@ type Client struct {
 // Middleware's keys (KeyByType, the default, for keys that start with the
 // task's type) orders them exactly too. A Client whose key is finer than
 // the type (a key option other than KeyByType, or PerQueue) records each
-// task's key in KeyHeader, and a Middleware that derives another key fails
-// the task with ErrKeyMismatch instead of applying its policy: a Middleware
+// task's key in the task header "jobguard-key" (the first 16 hex digits of
+// the key's SHA-256 and the key options, such as
+// `3fa2b1c4d5e6f708 KeyByFields("tenant_id")`: never the key itself, which
+// may hold tenant data that asynqmon would show), and a Middleware that
+// derives another key fails the task with ErrKeyMismatch instead of
+// applying its policy: a Middleware
 // keyed more coarsely would take tasks the Client keeps apart for
 // duplicates. A KeyFunc is called at enqueue with a ctx in which the
 // task's ID and queue are known to the key options but not to
@@ -167,7 +168,7 @@ func newClient(c *asynq.Client, rdb redis.UniversalClient, locker *lockkit.Redis
 			return nil, err
 		}
 	}
-	decisions := DefaultDecisionLogLen
+	decisions := defaultDecisionLogLen
 	if cfg.decisionsSet {
 		if cfg.decisions < 0 {
 			return nil, fmt.Errorf("%w: WithDecisionLog(%d): want 0 (none) or more entries", ErrInvalid, cfg.decisions)
@@ -183,10 +184,11 @@ func (c *Client) Enqueue(task *asynq.Task, opts ...asynq.Option) (*asynq.TaskInf
 	return c.EnqueueContext(context.Background(), task, opts...)
 }
 
-// EnqueueContext enqueues a copy of task that carries EnqueuedAtHeader and
-// (but with ParkAtEnqueue) OrderHeader, with the options given to asynq.NewTask and opts, like
-// asynq.Client's, giving the task an ID with asynq.TaskID unless it has one
-// (a task of a type that ForTypes leaves out carries EnqueuedAtHeader only).
+// EnqueueContext enqueues a copy of task that carries its time of enqueue
+// and (but with ParkAtEnqueue) its order (see Client), with the options
+// given to asynq.NewTask and opts, like asynq.Client's, giving the task an
+// ID with asynq.TaskID unless it has one (a task of a type that ForTypes
+// leaves out carries its time of enqueue only).
 // It returns an error matching ErrKey when the task's key cannot be
 // derived. With Unique it first reserves the task's key: it returns a
 // *DuplicateTaskError when another task that still exists holds the
@@ -207,7 +209,7 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 	if headers == nil {
 		headers = make(map[string]string, 1)
 	}
-	headers[EnqueuedAtHeader] = strconv.FormatInt(now.UnixMicro(), 10)
+	headers[asynqkey.EnqueuedAtHeader] = strconv.FormatInt(now.UnixMicro(), 10)
 	built, err := taskOptions(task)
 	if err != nil {
 		return nil, err
@@ -237,7 +239,7 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 		return nil, fmt.Errorf("%w: task %q: %w", ErrKey, task.Type(), err)
 	}
 	if c.keyed {
-		stamped.Headers()[KeyHeader] = keyHeader(key, c.keys.keyOptions())
+		stamped.Headers()[asynqkey.KeyHeader] = keyHeader(key, c.keys.keyOptions())
 	}
 	if c.debounce != nil {
 		return c.enqueueNewest(ctx, stamped, key, id, queue, generated, opts)
@@ -250,7 +252,7 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 		if err != nil {
 			return nil, fmt.Errorf("singleton: task %q: taking its order: %w", task.Type(), err)
 		}
-		stamped.Headers()[OrderHeader] = order
+		stamped.Headers()[asynqkey.OrderHeader] = order
 		return c.enqueueOwnID(ctx, stamped, id, queue, generated, opts)
 	}
 	res, err := c.reserve(ctx, key, id, queue)
@@ -261,7 +263,7 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 		}
 		return nil, err
 	}
-	stamped.Headers()[OrderHeader] = strconv.FormatInt(res.Token(), 10)
+	stamped.Headers()[asynqkey.OrderHeader] = strconv.FormatInt(res.Token(), 10)
 	info, err := c.enqueueOwnID(ctx, stamped, id, queue, generated, opts)
 	if err != nil {
 		c.giveBack(ctx, res, stamped, id, queue)
@@ -275,7 +277,8 @@ func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...a
 // was lost) or that cannot be told: the reservation then stays, and the
 // next enqueue of the key takes it over once it finds the task gone. A task
 // with the ID that is not this one (not its type, payload and
-// EnqueuedAtHeader: another task whose ID made asynq refuse this one) does
+// asynqkey.EnqueuedAtHeader: another task whose ID made asynq refuse this
+// one) does
 // not keep it.
 func (c *Client) giveBack(ctx context.Context, res *lockcore.Lease, task *asynq.Task, id, queue string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -287,7 +290,7 @@ func (c *Client) giveBack(ctx context.Context, res *lockcore.Lease, task *asynq.
 	if state != "" {
 		info, err := asynq.NewInspectorFromRedisClient(c.rdb).GetTaskInfo(queue, id)
 		if err != nil || (info.Type == task.Type() && bytes.Equal(info.Payload, task.Payload()) &&
-			info.Headers[EnqueuedAtHeader] == task.Headers()[EnqueuedAtHeader]) {
+			info.Headers[asynqkey.EnqueuedAtHeader] == task.Headers()[asynqkey.EnqueuedAtHeader]) {
 			return
 		}
 	}
@@ -301,8 +304,8 @@ func (c *Client) enqueueNewest(ctx context.Context, task *asynq.Task, key, id, q
 	if err != nil {
 		return nil, fmt.Errorf("singleton: task %q: %w", task.Type(), err)
 	}
-	task.Headers()[DebounceGenHeader] = strconv.FormatInt(gen, 10)
-	task.Headers()[OrderHeader] = strconv.FormatInt(gen, 10)
+	task.Headers()[asynqkey.DebounceGenHeader] = strconv.FormatInt(gen, 10)
+	task.Headers()[asynqkey.OrderHeader] = strconv.FormatInt(gen, 10)
 	return c.enqueueOwnID(ctx, task, id, queue, generated, append(slices.Clone(opts), asynq.ProcessAt(at)))
 }
 
@@ -396,18 +399,18 @@ func taskOptions(task *asynq.Task) ([]asynq.Option, error) {
 	return reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem().Interface().([]asynq.Option), nil
 }
 
-// taskOrder returns the order in t's OrderHeader, or zero.
+// taskOrder returns the order in t's asynqkey.OrderHeader, or zero.
 func taskOrder(t *asynq.Task) int64 {
-	v, err := strconv.ParseInt(t.Headers()[OrderHeader], 10, 64)
+	v, err := strconv.ParseInt(t.Headers()[asynqkey.OrderHeader], 10, 64)
 	if err != nil || v <= 0 {
 		return 0
 	}
 	return v
 }
 
-// enqueuedAt returns the time in t's EnqueuedAtHeader, or zero.
+// enqueuedAt returns the time in t's asynqkey.EnqueuedAtHeader, or zero.
 func enqueuedAt(t *asynq.Task) time.Time {
-	v, err := strconv.ParseInt(t.Headers()[EnqueuedAtHeader], 10, 64)
+	v, err := strconv.ParseInt(t.Headers()[asynqkey.EnqueuedAtHeader], 10, 64)
 	if err != nil || v <= 0 {
 		return time.Time{}
 	}

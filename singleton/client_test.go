@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -31,15 +32,15 @@ func TestClientStampsAndKeepsOptions(t *testing.T) {
 	require.Equal(t, 7, info.MaxRetry)
 	require.Equal(t, time.Minute, info.Timeout)
 	require.Equal(t, "abc", info.Headers["trace"])
-	us, err := strconv.ParseInt(info.Headers[singleton.EnqueuedAtHeader], 10, 64)
+	us, err := strconv.ParseInt(info.Headers[asynqkey.EnqueuedAtHeader], 10, 64)
 	require.NoError(t, err)
 	require.WithinDuration(t, before, time.UnixMicro(us), time.Second)
-	require.NotContains(t, task.Headers(), singleton.EnqueuedAtHeader, "the caller's task is not changed")
+	require.NotContains(t, task.Headers(), asynqkey.EnqueuedAtHeader, "the caller's task is not changed")
 
 	plain, err := c.EnqueueContext(context.Background(), asynq.NewTask("report", nil, asynq.Queue("reports")))
 	require.NoError(t, err)
 	require.Equal(t, "reports", plain.Queue, "options of asynq.NewTask are kept")
-	require.NotEmpty(t, plain.Headers[singleton.EnqueuedAtHeader])
+	require.NotEmpty(t, plain.Headers[asynqkey.EnqueuedAtHeader])
 
 	_, err = singleton.NewClient(nil, rdb)
 	require.ErrorIs(t, err, singleton.ErrInvalid)
@@ -107,7 +108,7 @@ func TestClientStampIsNoEarlierThanAnyClusterMastersClock(t *testing.T) {
 		require.NoError(t, err)
 		info, err := c.Enqueue(asynq.NewTask("report", nil))
 		require.NoError(t, err)
-		us, err := strconv.ParseInt(info.Headers[singleton.EnqueuedAtHeader], 10, 64)
+		us, err := strconv.ParseInt(info.Headers[asynqkey.EnqueuedAtHeader], 10, 64)
 		require.NoError(t, err)
 		require.False(t, time.UnixMicro(us).Before(floor.Truncate(time.Microsecond)),
 			"client %d: stamp %s is earlier than the clock of master %s (%s)", i, time.UnixMicro(us), ahead.Options().Addr, floor)

@@ -10,12 +10,13 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
 
-// A run that ends before its work did is in DecisionLog too: a task that a
+// A run that ends before its work did is in the decision log too: a task that a
 // newer one preempted (middleware.Preempt) with reason "preempted" and the
 // newer task, run and token that took its key over; a run whose key an
 // operator released, with reason "lost" and the cause.
@@ -58,8 +59,8 @@ func TestDecisionLogRecordsRunsCutShort(t *testing.T) {
 		<-ctx.Done()
 		return context.Cause(ctx)
 	})
-	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Concurrency: 4, Queues: map[string]int{queue: 1},
-		TaskCheckInterval: 20 * time.Millisecond, IsFailure: IsFailure(nil), RetryDelayFunc: RetryDelay(nil), LogLevel: asynq.FatalLevel})
+	srv := asynq.NewServerFromRedisClient(rdb, ServerConfig(asynq.Config{Concurrency: 4, Queues: map[string]int{queue: 1},
+		TaskCheckInterval: 20 * time.Millisecond, LogLevel: asynq.FatalLevel}))
 	require.NoError(t, srv.Start(mux))
 	t.Cleanup(srv.Shutdown)
 	client := asynq.NewClientFromRedisClient(rdb)
@@ -71,7 +72,7 @@ func TestDecisionLogRecordsRunsCutShort(t *testing.T) {
 	decision := func(id string) map[string]any {
 		var found map[string]any
 		require.Eventually(t, func() bool {
-			entries, err := rdb.XRevRangeN(ctx, DecisionLog, "+", "-", 1000).Result()
+			entries, err := rdb.XRevRangeN(ctx, decisionlog.Stream, "+", "-", 1000).Result()
 			require.NoError(t, err)
 			for _, e := range entries {
 				if e.Values["task"] == id {

@@ -10,25 +10,20 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/debounce"
 	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/lockkit"
 )
 
-// DebounceGenHeader is the task header in which a Client with Debounce
-// records the task's request generation (debounce.Request.Gen). Middleware
-// runs such a task only if it is the newest request of its key, or if the
-// newest request's task does not exist.
-const DebounceGenHeader = "jobguard-debounce-gen"
-
 // Debounce makes a Client enqueue each task as the newest request of its key
 // (latest wins): a burst of tasks with one key runs once, the newest task,
 // once no task of the key was enqueued for quiet, and no later than maxWait
 // after the burst's first enqueue (zero: no such bound). Each task is
 // scheduled (asynq.ProcessAt) for when it would be due, rounded up to a
-// whole second (asynq schedules in seconds), and carries DebounceGenHeader;
-// Middleware, keyed the same way, completes an older task of the burst
+// whole second (asynq schedules in seconds), and carries its generation
+// (the task header "jobguard-debounce-gen"); Middleware, keyed the same way, completes an older task of the burst
 // without running it (guard.ReasonSuperseded, reported as
 // EventDuplicate and logged) when a newer one is pending or ran. A burst
 // ends when its newest task starts. The generation comes from Redis, so the
@@ -81,9 +76,10 @@ func (d *debounceSpec) debounce(ctx context.Context, key, queue, id string) (int
 	return req.Gen, wholeSecond(time.Now().Add(req.Wait)), nil
 }
 
-// debounceGen returns the generation in t's DebounceGenHeader, or zero.
+// debounceGen returns the generation in t's asynqkey.DebounceGenHeader, or
+// zero.
 func debounceGen(t *asynq.Task) int64 {
-	v, err := strconv.ParseInt(t.Headers()[DebounceGenHeader], 10, 64)
+	v, err := strconv.ParseInt(t.Headers()[asynqkey.DebounceGenHeader], 10, 64)
 	if err != nil || v <= 0 {
 		return 0
 	}
@@ -162,5 +158,5 @@ func (m *guarded) newestPending(ctx context.Context, newest debounce.Request) (b
 		// Archived before it started (it claimed nothing): it will not run.
 		return false, nil
 	}
-	return info.Headers[DebounceGenHeader] == strconv.FormatInt(newest.Gen, 10), nil
+	return info.Headers[asynqkey.DebounceGenHeader] == strconv.FormatInt(newest.Gen, 10), nil
 }

@@ -13,47 +13,49 @@ import (
 	"github.com/jobguard/jobguard/internal/lockcore"
 )
 
-// DecisionLog is the Redis stream to which a middleware with WithRedis adds
-// one entry for every task that completes without running, and for every
-// run that ends before its work did, so that `jobguard why <task-id>` can
-// say why a task did not run long after asynq deleted it. An entry's
-// fields: task (the task ID), origin (the first task's ID of a Requeue
-// copy), type, queue, key, reason and, where known, by_task, by_owner and
-// by_token (the run or task that held, covered, completed or took over the
-// work), cause (the error that ended a run), and call, which names the
-// write (a go-redis resend after a lost reply adds an entry with the same
-// call). Its ID is the Redis server's time of the decision. The reasons of a
-// task that completed without running: held, claimed, superseded,
-// throttled, covered, completed. Of a run that ended early: preempted (a
-// newer task of the key cancelled it under guard.Preempt, and the task
-// is done, neither retried nor archived; by_task is the newer task, found
-// holding the key once the run returned) and lost (its lease was lost while
-// it ran, as when an operator released the key or Redis stayed unreachable
-// past its TTL, and the run failed; cause says which, and asynq retries the
-// task while it has retries left). A Client adds one for an enqueue that
-// Unique refused: reason refused, by_task the task that holds the key and
-// by_state its asynq state; task is the ID the refused task would have had
-// (its asynq.TaskID, if given). Under WithShadow the middleware adds one
-// for a task that ran although without WithShadow it would have been
-// refused and archived (ErrKey, ErrKeyMismatch, ParkAtEnqueue under
-// WithLimit(n > 1)): reason would_archive, cause the refusal.
-const DecisionLog = decisionlog.Stream
+// defaultDecisionLogLen is about how many entries the decision log keeps
+// by default (WithDecisionLog): about 3 MB of Redis memory with realistic
+// entries (TestDecisionLogIsTrimmedToItsLength measured 3.0 MB).
+const defaultDecisionLogLen = 10000
 
-// DefaultDecisionLogLen is about how many entries DecisionLog keeps (Redis
-// trims it approximately, XADD MAXLEN ~): about 3 MB of Redis memory with
-// realistic entries (TestDecisionLogIsTrimmedToItsLength measured 3.0 MB).
-const DefaultDecisionLogLen = 10000
-
-// WithDecisionLog sets about how many entries of DecisionLog the
+// WithDecisionLog sets about how many entries of the decision log the
 // middleware, or a Client (NewClient takes it too; Guard.Client uses the
-// Guard's), keeps when it adds one; 0 adds none. The middleware's log needs
-// WithRedis (New sets it). Defaults to DefaultDecisionLogLen. A negative n
-// is refused with an error matching ErrInvalid.
+// Guard's), keeps when it adds one (Redis trims it approximately, XADD
+// MAXLEN ~); 0 adds none. The middleware's log needs WithRedis (New sets
+// it). Defaults to 10,000 entries, about 3 MB of Redis memory with
+// realistic entries. A negative n is refused with an error matching
+// ErrInvalid.
+//
+// The decision log is the Redis stream "jobguard:decisions", to which the
+// middleware adds one entry for every task that completes without running,
+// and for every run that ends before its work did, so that
+// `jobguard why <task-id>` can say why a task did not run long after asynq
+// deleted it. An entry's fields: task (the task ID), origin (the label of a
+// Requeue copy: its first task's ID), type, queue, key, reason and, where
+// known, by_task, by_owner and by_token (the run or task that held,
+// covered, completed or took over the work), cause (the error that ended a
+// run), and call, which names the write (a go-redis resend after a lost
+// reply adds an entry with the same call). Its ID is the Redis server's
+// time of the decision. The reasons of a task that completed without
+// running: held, claimed, superseded, throttled, covered, completed. Of a
+// run that ended early: preempted (a newer task of the key cancelled it
+// under guard.Preempt, and the task is done, neither retried nor archived;
+// by_task is the newer task, found holding the key once the run returned)
+// and lost (its lease was lost while it ran, as when an operator released
+// the key or Redis stayed unreachable past its TTL, and the run failed;
+// cause says which, and asynq retries the task while it has retries left).
+// A Client adds one for an enqueue that Unique refused: reason refused,
+// by_task the task that holds the key and by_state its asynq state; task
+// is the ID the refused task would have had (its asynq.TaskID, if given).
+// Under WithShadow the middleware adds one for a task that ran although
+// without WithShadow it would have been refused and archived (ErrKey,
+// ErrKeyMismatch, ParkAtEnqueue under WithLimit(n > 1)): reason
+// would_archive, cause the refusal.
 func WithDecisionLog(n int) Option {
 	return keyOpt(func(c *config) { c.decisions, c.decisionsSet = n, true })
 }
 
-// logDecision adds the decision not to run t to DecisionLog: one XADD on the
+// logDecision adds the decision not to run t to the decision log: one XADD on the
 // path of a task that does not run (pipelined with its result by
 // recordSkip). A failed write is an error event; the task still completes.
 func (m *guarded) logDecision(ctx context.Context, t *asynq.Task, dup *guard.DuplicateError) {
@@ -63,10 +65,10 @@ func (m *guarded) logDecision(ctx context.Context, t *asynq.Task, dup *guard.Dup
 	m.addDecision(ctx, dup.Job, decisionOf(ctx, t, dup))
 }
 
-// logsDecisions tells whether the middleware adds entries to DecisionLog.
+// logsDecisions tells whether the middleware adds entries to the decision log.
 func (m *guarded) logsDecisions() bool { return m.rdb != nil && m.decisions > 0 }
 
-// decisionOf is the DecisionLog entry of the decision not to run t.
+// decisionOf is the decision log entry of the decision not to run t.
 func decisionOf(ctx context.Context, t *asynq.Task, dup *guard.DuplicateError) decisionlog.Entry {
 	why := whyOf(dup)
 	e := entryOf(ctx, t, dup.Job, why.Reason)
@@ -74,7 +76,7 @@ func decisionOf(ctx context.Context, t *asynq.Task, dup *guard.DuplicateError) d
 	return e
 }
 
-// entryOf is the DecisionLog entry of job (t's), for reason.
+// entryOf is the decision log entry of job (t's), for reason.
 func entryOf(ctx context.Context, t *asynq.Task, job guard.Job, reason string) decisionlog.Entry {
 	_, queue := taskIdentity(ctx)
 	// Call names this write: go-redis sends an XADD again when its reply
@@ -82,17 +84,17 @@ func entryOf(ctx context.Context, t *asynq.Task, job guard.Job, reason string) d
 	return decisionlog.Entry{Call: newTaskID(), Task: job.ID, Origin: guard.WorkOf(job).Label, Type: t.Type(), Queue: queue, Key: job.Key, Reason: reason}
 }
 
-// addDecision adds e to DecisionLog. A failed write is an error event.
+// addDecision adds e to the decision log. A failed write is an error event.
 func (m *guarded) addDecision(ctx context.Context, job guard.Job, e decisionlog.Entry) {
 	m.decisionWritten(ctx, job, decisionlog.Add(ctx, m.rdb, m.decisions, e))
 }
 
-// decisionWritten reports a failed write of job's DecisionLog entry as an
+// decisionWritten reports a failed write of job's decision log entry as an
 // error event.
 func (m *guarded) decisionWritten(ctx context.Context, job guard.Job, err error) {
 	if err != nil {
 		guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventError, Job: job,
-			Err: fmt.Errorf("singleton: recording why task %s did not run in %s: %w", job.ID, DecisionLog, err)})
+			Err: fmt.Errorf("singleton: recording why task %s did not run in %s: %w", job.ID, decisionlog.Stream, err)})
 	}
 }
 
@@ -103,7 +105,7 @@ const (
 	preemptLookEvery = 20 * time.Millisecond
 )
 
-// logCutShort adds to DecisionLog a run of t that ended before its work
+// logCutShort adds to the decision log a run of t that ended before its work
 // did (out.Err): preempted by a newer task of the key, or failed after its
 // lease was lost. One XADD, and for a preemption up to preemptLooks
 // Inspects of the key, on the path of a run that was cut short only.
@@ -152,7 +154,7 @@ func (m *guarded) newerHolder(ctx context.Context, job guard.Job) (lockcore.Hold
 	return lockcore.Holder{}, false
 }
 
-// logRefusal adds to DecisionLog an enqueue of t (ID id, in queue) that
+// logRefusal adds to the decision log an enqueue of t (ID id, in queue) that
 // Unique refused: reason "refused", with the task that holds the key and
 // its asynq state. One XADD on the path of a refused enqueue only; a failed
 // write is not the caller's error (the refusal is), and is dropped.

@@ -32,11 +32,11 @@
 //     run holding the key ends (that run's worker moves it to pending); by
 //     itself it comes back only as a backstop: the next in line the
 //     policy's delay after the holder's lease would run out unrenewed, the
-//     others after ParkBackstop (under WithHoldAtLeast a run shorter than
+//     others after 30 seconds (under WithHoldAtLeast a run shorter than
 //     the hold resumes the next in line at the hold's end). While it has
-//     retries left it is returned to asynq as a retry that
-//     IsFailure reports as no failure (Retried is not incremented and no
-//     failure is counted). With no retries left (MaxRetry(0), or a budget used
+//     retries left it is returned to asynq as a retry that the IsFailure
+//     of ServerConfig reports as no failure (Retried is not incremented and
+//     no failure is counted). With no retries left (MaxRetry(0), or a budget used
 //     up by real failures) a copy is enqueued with the same queue, payload,
 //     headers, Timeout, Deadline and Retention and the remaining retry budget,
 //     and the original is revoked (asynq.RevokeTask), so it is never archived
@@ -56,7 +56,7 @@
 // A task whose key cannot be derived (payload not JSON, field missing, empty
 // key) fails with an error matching ErrKey and asynq.SkipRetry: asynq archives
 // it with a message naming the task type and the reason. A task whose Client
-// derived another key (KeyHeader) fails with ErrKeyMismatch and
+// derived another key (NewClient) fails with ErrKeyMismatch and
 // asynq.SkipRetry rather than being taken for a duplicate. Every task that
 // completes without running is logged at Info (at most once per key per
 // second) and says why in its asynq result (JSON: outcome, key, reason and,

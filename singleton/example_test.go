@@ -132,15 +132,15 @@ func ExampleKeyByFields() {
 	// singleton: cannot derive key: task "report": payload has no field "tenant_id" (skip retry for the task)
 }
 
-// The asynq.Config pieces wrap a server's own IsFailure and RetryDelayFunc
-// (nil means asynq's defaults): a requeued duplicate is no failure and comes
-// back after the policy's delay; every other error is theirs to judge.
-func ExampleIsFailure() {
+// ServerConfig wraps a server's own IsFailure and RetryDelayFunc (nil means
+// asynq's defaults): a requeued duplicate is no failure and comes back after
+// the policy's delay; every other error is theirs to judge.
+func ExampleServerConfig() {
 	cfg := asynq.Config{
 		IsFailure:      func(err error) bool { return !errors.Is(err, context.Canceled) },
 		RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration { return time.Duration(n+1) * time.Minute },
 	}
-	cfg.IsFailure, cfg.RetryDelayFunc = singleton.IsFailure(cfg.IsFailure), singleton.RetryDelay(cfg.RetryDelayFunc)
+	cfg = singleton.ServerConfig(cfg) // after setting your own functions
 
 	requeued := &singleton.RequeueError{Duplicate: &middleware.DuplicateError{Action: middleware.ActionRequeue}, Delay: 1500 * time.Millisecond}
 	boom := errors.New("boom")
@@ -229,7 +229,7 @@ func ExampleNewClient() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	_, stamped := info.Headers[singleton.EnqueuedAtHeader]
+	_, stamped := info.Headers["jobguard-enqueued-at"] // the Redis server's time of the enqueue
 	fmt.Println("queue:", info.Queue, "stamped:", stamped)
 	// Output: queue: reports stamped: true
 }
@@ -296,7 +296,7 @@ func ExampleDebounce() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		gens = append(gens, info.Headers[singleton.DebounceGenHeader])
+		gens = append(gens, info.Headers["jobguard-debounce-gen"]) // the request's generation
 		fmt.Println(info.State)
 	}
 	fmt.Println("newest last:", gens[0] < gens[1] && gens[1] < gens[2])

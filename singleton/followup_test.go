@@ -64,7 +64,7 @@ func testParkedFollowUp(t *testing.T, policy middleware.Policy, want []string, c
 		close(release)
 		start := time.Now()
 		e.Drained(10 * time.Second)
-		require.Less(t, time.Since(start), singleton.ParkBackstop/2, "started by v1's end, not by the backstop")
+		require.Less(t, time.Since(start), parkBackstop/2, "started by v1's end, not by the backstop")
 		require.Equal(t, want, runs.payloads())
 		qi := e.QueueInfo()
 		require.Zero(t, qi.FailedTotal)
@@ -115,7 +115,7 @@ func (f *firstBlocks) payloads() []string {
 }
 
 // A parked follow-up that no run starts (its key's holder resumes no one:
-// its process died, say) comes back by itself at its backstop, ParkBackstop
+// its process died, say) comes back by itself at its backstop, parkBackstop
 // after it parked, and runs once its key is free. The backstop is brought
 // forward here with Inspector.RunTask.
 func TestParkedFollowUpComesBackAtItsBackstop(t *testing.T) {
@@ -140,8 +140,8 @@ func TestParkedFollowUpComesBackAtItsBackstop(t *testing.T) {
 					back, err = e.Inspector.GetTaskInfo(e.Queue, info.ID)
 					return err == nil && back.State == asynq.TaskStateRetry
 				}, 10*time.Second, 5*time.Millisecond)
-				require.WithinDuration(t, parkedAt.Add(singleton.ParkBackstop), back.NextProcessAt, 5*time.Second, "the backstop")
-				require.Zero(t, back.Retried, "a parked follow-up is no failure (singleton.IsFailure)")
+				require.WithinDuration(t, parkedAt.Add(parkBackstop), back.NextProcessAt, 5*time.Second, "the backstop")
+				require.Zero(t, back.Retried, "a parked follow-up is no failure (ServerConfig's IsFailure)")
 				require.NoError(t, holder.Release(ctx))
 				select {
 				case v := <-ran:
@@ -301,7 +301,7 @@ func TestSlowErrorHandlerDoesNotIdleTheKey(t *testing.T) {
 
 // A parked Requeue duplicate comes back by itself only as a backstop: the
 // next in line the policy's delay after the holder's lease would run out
-// unrenewed, the others after ParkBackstop. Each is then delivered once
+// unrenewed, the others after parkBackstop. Each is then delivered once
 // more, by the run that frees the key, in the order they parked.
 func TestParkedDuplicatesComeBackOnlyAsABackstop(t *testing.T) {
 	e := newEnvOn(t, standalone)
@@ -342,7 +342,7 @@ func TestParkedDuplicatesComeBackOnlyAsABackstop(t *testing.T) {
 	// the lower bound leaves room for a late renewal.
 	require.GreaterOrEqual(t, delays[0], ttl/3, "next in line: when the holder's lease would run out")
 	require.LessOrEqual(t, delays[0], ttl+delay*3/2+time.Millisecond)
-	require.Equal(t, []time.Duration{singleton.ParkBackstop, singleton.ParkBackstop}, delays[1:], "the others: the backstop")
+	require.Equal(t, []time.Duration{parkBackstop, parkBackstop}, delays[1:], "the others: the backstop")
 
 	close(release)
 	e.Drained(10 * time.Second)

@@ -36,7 +36,8 @@ func keyByType(_ context.Context, t *asynq.Task) (string, error) {
 // "asynq:<type>:id:<id>"). It stops asynq's own re-deliveries of one task from
 // overlapping the run still in progress: after a worker lease expiry, from the
 // recoverer, or after a shutdown put the task back while its handler still
-// runs. A copy enqueued by Requeue keeps its original's key (OriginHeader).
+// runs. A copy enqueued by Requeue keeps its first task's key: it carries
+// that task's ID (its label) in the task header "jobguard-origin-id".
 // Whatever the policy, a re-delivery waits for the run in progress (see
 // Middleware). The handler must be called by an asynq server; otherwise the
 // task fails with ErrKey.
@@ -45,7 +46,7 @@ func KeyByTaskID() Option {
 }
 
 func keyByTaskID(ctx context.Context, t *asynq.Task) (string, error) {
-	id := t.Headers()[OriginHeader]
+	id := t.Headers()[asynqkey.LabelHeader]
 	if id == "" {
 		if id, _ = taskIdentity(ctx); id == "" {
 			return "", errors.New("no task ID in the context (the handler was not called by an asynq server)")

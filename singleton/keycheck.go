@@ -9,37 +9,27 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/guard"
 )
 
-// KeyHeader is the task header in which a Client whose key is finer than
-// the task type (a key option other than KeyByType, or PerQueue) records
-// the task's key:
-// the first 16 hex digits of the key's SHA-256 and the key options, such as
-// `3fa2b1c4d5e6f708 KeyByFields("tenant_id")`. The key itself is not
-// stored, since it may hold tenant data that asynqmon would show. A
-// Middleware that derives another key for the task fails it with
-// ErrKeyMismatch instead of applying its policy; a task without the header
-// (enqueued by a plain asynq.Client) is not checked.
-const KeyHeader = "jobguard-key"
-
 // ErrKeyMismatch is matched by the error a task fails with when the
 // Middleware derives a key other than the one the Client derived for it
-// (KeyHeader): they were given different key options. The task does not run
-// and is not treated as a duplicate: the error also matches asynq.SkipRetry,
+// (the task header "jobguard-key": see NewClient): they were given
+// different key options. The task does not run and is not treated as a duplicate: the error also matches asynq.SkipRetry,
 // so asynq archives the task, where it can be run again once both are given
 // the same options. Its message names both key options. Under WithShadow the
 // task runs instead, and the error is reported.
 var ErrKeyMismatch = errors.New("singleton: the Client and the Middleware derive different keys")
 
-// keyHeader returns the KeyHeader value of key, derived with the options
-// named name.
+// keyHeader returns the asynqkey.KeyHeader value of key, derived with the
+// options named name.
 func keyHeader(key, name string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:8]) + " " + name
 }
 
-// keyOptions names the key options of m, as KeyHeader records them.
+// keyOptions names the key options of m, as asynqkey.KeyHeader records them.
 func (m *guarded) keyOptions() string {
 	name := m.keyName
 	if name == "" {
@@ -52,9 +42,9 @@ func (m *guarded) keyOptions() string {
 }
 
 // checkKey returns an error matching ErrKeyMismatch and asynq.SkipRetry
-// when t carries a KeyHeader that key, derived by m, does not match.
+// when t carries an asynqkey.KeyHeader that key, derived by m, does not match.
 func (m *guarded) checkKey(t *asynq.Task, job guard.Job, key string) error {
-	h, ok := t.Headers()[KeyHeader]
+	h, ok := t.Headers()[asynqkey.KeyHeader]
 	if !ok {
 		return nil
 	}

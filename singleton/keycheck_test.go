@@ -14,13 +14,14 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
 
-// keyHeaderOf is the KeyHeader a Client writes for key, derived with the
+// keyHeaderOf is the asynqkey.KeyHeader a Client writes for key, derived with the
 // key options named opts.
 func keyHeaderOf(key, opts string) string {
 	sum := sha256.Sum256([]byte(key))
@@ -31,7 +32,7 @@ func keyHeaderOf(key, opts string) string {
 // not agree: the middleware drops none of the tenants' tasks as duplicates of
 // each other. Each fails with ErrKeyMismatch naming both key options and is
 // archived, where it shows; an error event reports it. A task of a plain
-// asynq.Client (no KeyHeader) and one of a Client with the middleware's key
+// asynq.Client (no asynqkey.KeyHeader) and one of a Client with the middleware's key
 // options run as before.
 func TestKeyMismatchArchivesTheTaskLoudly(t *testing.T) {
 	onEachRedis(t, func(t *testing.T, r connect) {
@@ -51,7 +52,7 @@ func TestKeyMismatchArchivesTheTaskLoudly(t *testing.T) {
 		for _, tenant := range []string{"acme", "globex", "initech"} {
 			info, err := byTenant.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"`+tenant+`"}`)), asynq.Queue(e.Queue))
 			require.NoError(t, err)
-			require.Equal(t, keyHeaderOf(`asynq:report:tenant_id="`+tenant+`"`, `KeyByFields("tenant_id")`), info.Headers[singleton.KeyHeader])
+			require.Equal(t, keyHeaderOf(`asynq:report:tenant_id="`+tenant+`"`, `KeyByFields("tenant_id")`), info.Headers[asynqkey.KeyHeader])
 			ids = append(ids, info.ID)
 		}
 		for _, id := range ids {
@@ -81,13 +82,13 @@ func TestKeyMismatchArchivesTheTaskLoudly(t *testing.T) {
 		require.NoError(t, err)
 		info, err := byType.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`)), asynq.Queue(e.Queue))
 		require.NoError(t, err)
-		require.NotContains(t, info.Headers, singleton.KeyHeader, "a key by type groups any key the Middleware derives")
+		require.NotContains(t, info.Headers, asynqkey.KeyHeader, "a key by type groups any key the Middleware derives")
 		require.Eventually(t, func() bool { return ran.Load() == 2 }, 10*time.Second, 5*time.Millisecond,
 			"a task keyed as the middleware keys it runs")
 	})
 }
 
-// Every path of a Client keyed finer than the type writes the same KeyHeader, and a
+// Every path of a Client keyed finer than the type writes the same asynqkey.KeyHeader, and a
 // copy made by Requeue keeps it, so the copy runs under the same check.
 func TestKeyHeaderOnEveryClientPathAndRequeueCopy(t *testing.T) {
 	onEachRedis(t, func(t *testing.T, r connect) {
@@ -105,7 +106,7 @@ func TestKeyHeaderOnEveryClientPathAndRequeueCopy(t *testing.T) {
 			require.NoError(t, err)
 			info, err := c.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`)), asynq.Queue(e.Queue), asynq.ProcessIn(time.Hour))
 			require.NoError(t, err, name)
-			require.Equal(t, want, info.Headers[singleton.KeyHeader], name)
+			require.Equal(t, want, info.Headers[asynqkey.KeyHeader], name)
 			require.NoError(t, e.Inspector.DeleteTask(e.Queue, info.ID))
 		}
 
@@ -132,10 +133,10 @@ func TestKeyHeaderOnEveryClientPathAndRequeueCopy(t *testing.T) {
 			copied = tasks[0]
 			return true
 		}, 10*time.Second, 5*time.Millisecond)
-		require.Equal(t, want, copied.Headers[singleton.KeyHeader])
+		require.Equal(t, want, copied.Headers[asynqkey.KeyHeader])
 		require.NoError(t, lease.Release(context.Background()))
 		require.NoError(t, e.Inspector.RunTask(e.Queue, copied.ID))
-		require.Equal(t, want, recv(t, ran, 10*time.Second).Headers()[singleton.KeyHeader])
+		require.Equal(t, want, recv(t, ran, 10*time.Second).Headers()[asynqkey.KeyHeader])
 	})
 }
 
@@ -224,7 +225,7 @@ func TestKeyByNestedFieldRunsEveryTask(t *testing.T) {
 		if p == payloads[1] {
 			tenant = "globex"
 		}
-		require.Equal(t, keyHeaderOf(`asynq:report:tenant.id="`+tenant+`"`, `KeyByFields("tenant.id")`), info.Headers[singleton.KeyHeader])
+		require.Equal(t, keyHeaderOf(`asynq:report:tenant.id="`+tenant+`"`, `KeyByFields("tenant.id")`), info.Headers[asynqkey.KeyHeader])
 	}
 	e.Drained(20 * time.Second)
 	require.Len(t, tr.completed(), len(payloads), "every task ran once")

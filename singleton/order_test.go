@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/testredis"
@@ -253,7 +254,7 @@ func TestRedeliveryOfAnOlderTaskDoesNotRunAfterTheNewer(t *testing.T) {
 }
 
 // singleton.Client gives each task of a key a greater order than the one
-// before (OrderHeader), and a task of another key one too, at the cost of
+// before (asynqkey.OrderHeader), and a task of another key one too, at the cost of
 // one command per enqueue.
 func TestClientOrdersTasksForOneCommand(t *testing.T) {
 	e := newEnvOn(t, standalone)
@@ -270,8 +271,8 @@ func TestClientOrdersTasksForOneCommand(t *testing.T) {
 		require.NoError(t, err)
 		task, err := e.Inspector.GetTaskInfo(e.Queue, info.ID)
 		require.NoError(t, err)
-		require.NotEmpty(t, task.Headers[singleton.OrderHeader])
-		order, err := strconv.ParseInt(task.Headers[singleton.OrderHeader], 10, 64)
+		require.NotEmpty(t, task.Headers[asynqkey.OrderHeader])
+		order, err := strconv.ParseInt(task.Headers[asynqkey.OrderHeader], 10, 64)
 		require.NoError(t, err)
 		return order
 	}

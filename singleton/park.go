@@ -23,17 +23,17 @@ const (
 	resumeTimeout = time.Second
 	// resumeMissing bounds the wait for a requeued copy to be enqueued.
 	resumeMissing = 100 * time.Millisecond
-	// ParkBackstop bounds the requeue delay of a parked duplicate. The run
+	// parkBackstop bounds the requeue delay of a parked duplicate. The run
 	// that frees its key starts it (unless that run's process dies, or the
 	// holder's lease expires without a release), so the delay is only a
 	// backstop: for the next in line, the policy's delay after the holder's
-	// lease would run out unrenewed (at most ParkBackstop), for the others
-	// ParkBackstop (and at least the policy's delay); under WithHoldAtLeast
+	// lease would run out unrenewed (at most parkBackstop), for the others
+	// parkBackstop (and at least the policy's delay); under WithHoldAtLeast
 	// a run shorter than the hold resumes the next in line at the hold's
 	// end, when it frees the key. The key stays
-	// reserved for a resumed task for up to ParkBackstop, however many tasks
+	// reserved for a resumed task for up to parkBackstop, however many tasks
 	// are ahead of it in its asynq queue.
-	ParkBackstop = 30 * time.Second
+	parkBackstop = 30 * time.Second
 )
 
 // parking is the guard.Parking of a requeueing middleware: a parked
@@ -42,7 +42,7 @@ const (
 // retry set (or, parked at enqueue, its scheduled set) to the head of
 // pending (runFirst).
 func (m *guarded) parking() guard.Parking {
-	return guard.Parking{ID: parkID, Resume: m.resume, Hold: ParkBackstop}
+	return guard.Parking{ID: parkID, Resume: m.resume, Hold: parkBackstop}
 }
 
 // parkID is "<queue>\n<origin>\n<origin>" (parkEntry; ParkAtEnqueue parks

@@ -162,7 +162,7 @@ func TestCopyHasAnIDOfItsOwnThatAResumeFinds(t *testing.T) {
 	queue, insp := testQueue(t, rdb, "copy-id")
 	client := asynq.NewClientFromRedisClient(rdb)
 	// A copy of "o", made by an earlier version, is the creator.
-	_, err := client.Enqueue(asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", copyHeader: "first"}),
+	_, err := client.Enqueue(asynq.NewTaskWithHeaders("t", nil, map[string]string{asynqkey.LabelHeader: "o", copyHeader: "first"}),
 		asynq.Queue(queue), asynq.TaskID("o~a"), asynq.MaxRetry(0), asynq.ProcessIn(time.Hour))
 	require.NoError(t, err)
 
@@ -170,7 +170,7 @@ func TestCopyHasAnIDOfItsOwnThatAResumeFinds(t *testing.T) {
 	ids := map[string]bool{"o~a": true}
 	creator := "o~a"
 	for range 2 {
-		task := asynq.NewTaskWithHeaders("t", nil, map[string]string{OriginHeader: "o", copyHeader: "earlier"})
+		task := asynq.NewTaskWithHeaders("t", nil, map[string]string{asynqkey.LabelHeader: "o", copyHeader: "earlier"})
 		id, err := m.enqueueCopy(ctx, task, creator, queue, time.Hour)
 		require.NoError(t, err)
 		require.False(t, ids[id], "copy ID %s is new", id)
@@ -182,7 +182,7 @@ func TestCopyHasAnIDOfItsOwnThatAResumeFinds(t *testing.T) {
 		info, err := insp.GetTaskInfo(queue, id)
 		require.NoError(t, err)
 		require.Equal(t, asynq.TaskStateScheduled, info.State, "the copy waits for its delay")
-		require.Equal(t, "o", info.Headers[OriginHeader])
+		require.Equal(t, "o", info.Headers[asynqkey.LabelHeader])
 		require.NotEqual(t, "earlier", info.Headers[copyHeader])
 		require.NoError(t, insp.DeleteTask(queue, creator)) // revoked once its copy is there
 		creator = id

@@ -53,16 +53,15 @@ const parkedHeader = "jobguard-parked"
 // since under it no run would start the parked tasks nor remove them from
 // that queue; each such refusal also drops the entries of tasks that will
 // not come (deleted or archived). Zero backstop
-// means ParkBackstop; it must be between a
+// means 30 seconds; it must be between a
 // second (asynq schedules in seconds) and 100 years.
 //
 // It queues work and folds none: every task parked at enqueue runs in its
 // turn, whatever the middleware's policy. Each is delivered once if it
 // starts within backstop of its enqueue; one still parked then is
 // delivered again, and parked again in its place (with no retries left its
-// copy takes the place), every ParkBackstop until it starts (see
-// ParkBackstop), so for bursts deeper than a backstop's worth of runs give
-// a longer backstop (which also lengthens the wait when a reservation
+// copy takes the place), every 30 seconds until it starts, so for bursts
+// deeper than a backstop's worth of runs give a longer backstop (which also lengthens the wait when a reservation
 // lapses). For KeepNewest or Coalesce, enqueue without it: with WithRedis
 // the middleware parks their one follow-up per key on delivery.
 //
@@ -101,7 +100,7 @@ func (p *parkSpec) validate(rdb redis.UniversalClient) error {
 	}
 	p.resumer.core = p.core
 	if p.backstop == 0 {
-		p.backstop = ParkBackstop
+		p.backstop = parkBackstop
 	}
 	if p.backstop < time.Second || p.backstop > lockcore.MaxTTL {
 		return fmt.Errorf("%w: ParkAtEnqueue: backstop %s must be between 1s and %s", ErrInvalid, p.backstop, lockcore.MaxTTL)
@@ -151,7 +150,7 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 		}
 	}
 	res, err := p.core.TryAcquire(ctx, key, &lockcore.AcquireOptions{TTL: p.backstop, Label: id, Reserve: true,
-		Park: &lockcore.Parking{ID: parkEntry(queue, id, id), Hold: ParkBackstop,
+		Park: &lockcore.Parking{ID: parkEntry(queue, id, id), Hold: parkBackstop,
 			OnParked: p.resumer.resume}}) // when given back
 	var ce *lockcore.ConflictError
 	switch {

@@ -96,7 +96,7 @@ func TestParkAtEnqueueRunsEachTaskOnceInOrder(t *testing.T) {
 						require.Equal(t, asynq.TaskStatePending, info.State, "task %d reserved its key", n)
 					} else {
 						require.Equal(t, asynq.TaskStateScheduled, info.State, "task %d was parked", n)
-						require.WithinDuration(t, time.Now().Add(singleton.ParkBackstop), info.NextProcessAt, 2*time.Second)
+						require.WithinDuration(t, time.Now().Add(parkBackstop), info.NextProcessAt, 2*time.Second)
 					}
 				}
 
@@ -230,7 +230,7 @@ func TestParkAtEnqueueNeverStrandsATask(t *testing.T) {
 		}, 5*time.Second, time.Millisecond)
 		require.Equal(t, asynq.TaskStatePending, enqueueSlow(10))
 		_, err = coretest.Of(t, e.locker()).TryAcquire(ctx, "k", &lockcore.AcquireOptions{Label: "ghost", Reserve: true,
-			Park: &lockcore.Parking{ID: e.Queue + "\nghost\nghost", Hold: singleton.ParkBackstop}})
+			Park: &lockcore.Parking{ID: e.Queue + "\nghost\nghost", Hold: parkBackstop}})
 		require.ErrorIs(t, err, lockkit.ErrNotAcquired)
 		require.Equal(t, asynq.TaskStateScheduled, enqueueSlow(11))
 		require.Eventually(t, func() bool { return log.runs() == 5 }, 10*time.Second, 5*time.Millisecond, "the ghost was passed over")

@@ -17,16 +17,16 @@ import (
 	"github.com/jobguard/jobguard/middleware"
 )
 
-// IsFailure returns an asynq.Config.IsFailure that reports a duplicate put back
+// isFailure returns an asynq.Config.IsFailure that reports a duplicate put back
 // by Requeue as no failure, so that asynq neither increments its Retried count
 // nor counts it in the queue's failure stats, and asks next about every other
 // error. A nil next means asynq's default (every non-nil error is a failure).
-// ServerConfig sets it and RetryDelay in one call.
+// ServerConfig sets it and retryDelay in one call.
 //
 // Without it a requeued duplicate that still has retries left is retried as a
 // failure and uses one retry; once none is left Requeue enqueues a copy, so it
 // is still never archived for being a duplicate.
-func IsFailure(next func(error) bool) func(error) bool {
+func isFailure(next func(error) bool) func(error) bool {
 	return func(err error) bool {
 		if re, ok := requeueOf(err); ok {
 			re.saw(func(h *hookCheck) *atomic.Bool { return &h.isFailure }, func(s *putBackSeen) *atomic.Bool { return &s.isFailure })
@@ -69,14 +69,14 @@ func requeueOf(err error) (*RequeueError, bool) {
 	return re, errors.As(err, &re)
 }
 
-// RetryDelay returns an asynq.Config.RetryDelayFunc that retries a duplicate
+// retryDelay returns an asynq.Config.RetryDelayFunc that retries a duplicate
 // put back by Requeue after its RequeueError.Delay, and asks next about every
 // other error. A nil next means asynq.DefaultRetryDelayFunc.
 //
 // asynq moves due retries back to their queue every
 // asynq.Config.DelayedTaskCheckInterval (5s by default) and schedules them in
 // whole seconds, so a shorter requeue delay waits that long.
-func RetryDelay(next asynq.RetryDelayFunc) asynq.RetryDelayFunc {
+func retryDelay(next asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 	return func(n int, err error, t *asynq.Task) time.Duration {
 		if re, ok := requeueOf(err); ok {
 			re.saw(func(h *hookCheck) *atomic.Bool { return &h.retryDelay }, func(s *putBackSeen) *atomic.Bool { return &s.retryDelay })
@@ -91,7 +91,7 @@ func RetryDelay(next asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 
 // requeue puts a duplicate back to run after the policy's delay plus jitter.
 // While the task has retries left it returns a *RequeueError, which asynq
-// retries (IsFailure and RetryDelay make that retry free and timed by the
+// retries (isFailure and retryDelay make that retry free and timed by the
 // policy). With none left a retry would archive the task, so it enqueues a
 // copy and revokes the original.
 func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *guard.DuplicateError) error {
@@ -105,7 +105,7 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *guard.Duplica
 		// A parked follow-up has no delay of its own: the run that frees
 		// the key starts it, and it comes back by itself only as the
 		// backstop.
-		re.Delay = ParkBackstop
+		re.Delay = parkBackstop
 	}
 	var ce *lockcore.ConflictError
 	if dup.Parked && errors.As(dup.Cause, &ce) {
@@ -171,13 +171,13 @@ func wholeSecond(t time.Time) time.Time {
 // the options that shape its processing. The copy gets an ID of its own
 // (newCopyID), named by asynqkey.Copy before it is enqueued, and no Unique lock
 // (the original's is released when it is revoked); its headers carry
-// OriginHeader and copyHeader.
+// asynqkey.LabelHeader and copyHeader.
 func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue string, delay time.Duration) (string, error) {
 	info, err := m.inspector.GetTaskInfo(queue, id)
 	if err != nil {
 		return "", fmt.Errorf("read task options: %w", err)
 	}
-	origin := t.Headers()[OriginHeader]
+	origin := t.Headers()[asynqkey.LabelHeader]
 	if origin == "" {
 		origin = id
 	}
@@ -204,7 +204,7 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 	if headers == nil {
 		headers = make(map[string]string, 1)
 	}
-	headers[OriginHeader] = origin
+	headers[asynqkey.LabelHeader] = origin
 	headers[copyHeader] = newTaskID()
 	if err := m.rdb.Set(ctx, asynqkey.Copy(queue, origin), copyID, delay+copyKeep).Err(); err != nil {
 		return "", fmt.Errorf("name the copy %s: %w", copyID, err)
@@ -230,8 +230,8 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 // starts it, so coming back is only the backstop for a run that ended
 // without its release (its process died). The next in line comes back d
 // after the holder's lease runs out unless renewed, the first moment it
-// could find the key free (at most ParkBackstop); the others after
-// ParkBackstop: should the holder die, the next in line takes the key and
+// could find the key free (at most parkBackstop); the others after
+// parkBackstop: should the holder die, the next in line takes the key and
 // its release resumes them. A task that came back every d instead would be
 // delivered once more for each d it waits: with many tasks parked per key,
 // those deliveries, each put back, take the workers from the runs.
@@ -240,7 +240,7 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 // then, and the holder's TTL the conflict reports is the hold left.
 func parkedDelay(d time.Duration, ce *lockcore.ConflictError) time.Duration {
 	if ce.Parked > 0 {
-		return max(d, ParkBackstop)
+		return max(d, parkBackstop)
 	}
-	return max(d, min(ce.TTL+d, ParkBackstop))
+	return max(d, min(ce.TTL+d, parkBackstop))
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/singleton"
 )
 
@@ -44,13 +45,13 @@ func TestTaskNotRunSaysWhyInItsResult(t *testing.T) {
 	})
 }
 
-// A task that completes without running is also recorded in DecisionLog,
+// A task that completes without running is also recorded in the decision log,
 // which outlives the task: `jobguard why <task-id>` reads it. WithDecisionLog(0)
 // records nothing; a negative length is refused.
 func TestDecisionLogSaysWhyATaskDidNotRun(t *testing.T) {
 	onEachRedis(t, func(t *testing.T, r connect) {
 		e := newEnvOn(t, r)
-		for _, n := range []int{singleton.DefaultDecisionLogLen, 0} {
+		for _, n := range []int{defaultDecisionLogLen, 0} {
 			opts := []singleton.ServerOption{singleton.WithRedis(e.RDB)}
 			if n == 0 {
 				opts = append(opts, singleton.WithDecisionLog(0))
@@ -70,7 +71,7 @@ func TestDecisionLogSaysWhyATaskDidNotRun(t *testing.T) {
 			close(release)
 			srv.Shutdown()
 
-			entries, err := e.RDB.XRevRangeN(context.Background(), singleton.DecisionLog, "+", "-", 1000).Result()
+			entries, err := e.RDB.XRevRangeN(context.Background(), decisionlog.Stream, "+", "-", 1000).Result()
 			require.NoError(t, err)
 			var found []map[string]any
 			for _, x := range entries {
@@ -151,7 +152,7 @@ func (h *sentHook) take() [][]string {
 	return s
 }
 
-// A skipped task's two records, its result and its DecisionLog entry, cost
+// A skipped task's two records, its result and its decision log entry, cost
 // its path one round trip on a standalone Redis of WithRedis: one pipeline.
 func TestSkippedTaskRecordsWhyInOneRoundTrip(t *testing.T) {
 	e := newEnvOn(t, standalone)
@@ -177,7 +178,7 @@ func TestSkippedTaskRecordsWhyInOneRoundTrip(t *testing.T) {
 	require.NoError(t, json.Unmarshal(info.Result, &why), "%s", info.Result)
 	require.Equal(t, "held", why["reason"])
 	require.Equal(t, first.ID, why["by_task"])
-	entries, err := e.RDB.XRevRangeN(context.Background(), singleton.DecisionLog, "+", "-", 1000).Result()
+	entries, err := e.RDB.XRevRangeN(context.Background(), decisionlog.Stream, "+", "-", 1000).Result()
 	require.NoError(t, err)
 	n := 0
 	for _, x := range entries {

@@ -99,10 +99,27 @@ func (e *env) gone(id string, msg string) {
 	}, 10*time.Second, 5*time.Millisecond, msg)
 }
 
-// config is the asynq.Config of the tests' servers: asynqtest.Config (the
-// singleton pieces, fast polling, a quiet logger) with a 3s ShutdownTimeout.
+// The defaults singleton's docs state, which the tests check.
+const (
+	// parkBackstop is the backstop of a parked duplicate (WithRedis) and of
+	// a task parked at enqueue (ParkAtEnqueue's zero backstop): 30 seconds.
+	parkBackstop = 30 * time.Second
+	// defaultDecisionLogLen is about how many entries WithDecisionLog
+	// keeps by default: 10,000.
+	defaultDecisionLogLen = 10000
+)
+
+// config is the asynq.Config of the tests' servers: asynqtest.Config (made
+// by singleton.ServerConfig, fast polling, a quiet logger) with a 3s
+// ShutdownTimeout.
 func (e *env) config(concurrency int) asynq.Config {
-	cfg := asynqtest.Config(e.Queue, concurrency)
+	return e.configRetrying(concurrency, nil)
+}
+
+// configRetrying is config whose other errors are retried after retry (nil:
+// asynq's default).
+func (e *env) configRetrying(concurrency int, retry asynq.RetryDelayFunc) asynq.Config {
+	cfg := asynqtest.ConfigRetrying(e.Queue, concurrency, retry)
 	cfg.ShutdownTimeout = 3 * time.Second
 	return cfg
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/debounce"
 	"github.com/jobguard/jobguard/internal/guard"
 	"github.com/jobguard/jobguard/internal/lockcore"
@@ -101,7 +102,7 @@ func testBurst(t *testing.T, e *env, policy middleware.Policy, limit int, opts .
 			if err != nil {
 				return err
 			}
-			if task.Headers()[singleton.OriginHeader] != "" {
+			if task.Headers()[asynqkey.LabelHeader] != "" {
 				copiesRan.Add(1)
 			}
 			tr.start(tenant)
@@ -270,7 +271,7 @@ func testCoalesceSteadyStream(t *testing.T, parked bool) {
 			mu.Lock()
 			defer mu.Unlock()
 			return len(ran)+len(covered()) == tasks
-		}, singleton.ParkBackstop/2, 10*time.Millisecond)
+		}, parkBackstop/2, 10*time.Millisecond)
 		e.Drained(10 * time.Second)
 
 		mu.Lock()
@@ -357,8 +358,7 @@ func TestRollingDeployDoesTheWorkOnce(t *testing.T) {
 				recv(t, firstStarted, 10*time.Second)
 
 				lockerB := e.locker(lockkit.WithOwner("server-b"))
-				cfgB := e.config(2)
-				cfgB.RetryDelayFunc = singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond })
+				cfgB := e.configRetrying(2, func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond })
 				e.start(cfgB, newMW(lockerB)(handler))
 				srvA.Shutdown() // after 200ms: the task goes back to pending and the first run's ctx is cancelled
 				require.ErrorIs(t, recv(t, firstCancelled, 10*time.Second), context.Canceled)
@@ -496,11 +496,10 @@ func TestFailPolicyUsesAsynqRetry(t *testing.T) {
 		mw, err := singleton.Middleware(e.locker(), singleton.WithPolicy(middleware.Fail()))
 		require.NoError(t, err)
 		errs := &errorLog{}
-		cfg := e.config(2)
-		cfg.ErrorHandler = errs
 		// At least a second apart (asynq schedules in whole seconds): the 25
 		// retries outlast the test by far.
-		cfg.RetryDelayFunc = singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 2 * time.Second })
+		cfg := e.configRetrying(2, func(int, error, *asynq.Task) time.Duration { return 2 * time.Second })
+		cfg.ErrorHandler = errs
 		var ran atomic.Int32
 		e.start(cfg, mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran.Add(1); return nil })))
 		info := e.Enqueue(asynq.NewTask("report", nil))
@@ -522,7 +521,7 @@ func TestFailPolicyUsesAsynqRetry(t *testing.T) {
 // A duplicate with no retries left is re-enqueued as a copy that keeps the
 // queue, payload, headers, Timeout and Retention; the original is revoked (not
 // archived, not completed, not counted as a failure). The copy carries the
-// original's ID in OriginHeader and needs no Unique lock.
+// original's ID in asynqkey.LabelHeader and needs no Unique lock.
 func TestRequeueCopiesATaskWithNoRetriesLeft(t *testing.T) {
 	onEachRedis(t, func(t *testing.T, r connect) {
 		e := newEnvOn(t, r)
@@ -561,7 +560,7 @@ func TestRequeueCopiesATaskWithNoRetriesLeft(t *testing.T) {
 		require.Equal(t, `{"n":1}`, string(copied.Payload))
 		require.NotEmpty(t, copied.Headers["jobguard-copy"])
 		delete(copied.Headers, "jobguard-copy")
-		require.Equal(t, map[string]string{"trace": "abc", singleton.OriginHeader: "invoice-42"}, copied.Headers)
+		require.Equal(t, map[string]string{"trace": "abc", asynqkey.LabelHeader: "invoice-42"}, copied.Headers)
 		require.Equal(t, e.Queue, copied.Queue)
 		require.Zero(t, copied.MaxRetry)
 		require.Equal(t, 7*time.Minute, copied.Timeout)
@@ -572,7 +571,7 @@ func TestRequeueCopiesATaskWithNoRetriesLeft(t *testing.T) {
 		require.NoError(t, lease.Release(context.Background()))
 		require.NoError(t, e.Inspector.RunTask(e.Queue, copied.ID))
 		task := recv(t, ran, 10*time.Second)
-		require.Equal(t, "invoice-42", task.Headers()[singleton.OriginHeader])
+		require.Equal(t, "invoice-42", task.Headers()[asynqkey.LabelHeader])
 		require.Eventually(t, func() bool {
 			ti, err := e.Inspector.GetTaskInfo(e.Queue, copied.ID)
 			return err == nil && ti.State == asynq.TaskStateCompleted
@@ -628,7 +627,7 @@ func TestRequeueCopyIDsAreUniquePerEnqueue(t *testing.T) {
 			require.Eventually(t, func() bool {
 				done, err := e.Inspector.ListCompletedTasks(e.Queue)
 				for _, ti := range done {
-					if ti.Headers[singleton.OriginHeader] == "invoice-7" {
+					if ti.Headers[asynqkey.LabelHeader] == "invoice-7" {
 						copies[ti.ID] = true
 					}
 				}
@@ -641,7 +640,7 @@ func TestRequeueCopyIDsAreUniquePerEnqueue(t *testing.T) {
 	})
 }
 
-// Without singleton.IsFailure in the server's config a requeue is retried as a
+// Without ServerConfig's IsFailure in the server's config a requeue is retried as a
 // failure and uses up the retries; then copies take over, so the task is still
 // never archived for being a duplicate.
 func TestRequeueWithoutIsFailureStillNeverArchives(t *testing.T) {
@@ -731,8 +730,7 @@ func TestRedisErrorIsNeverADuplicate(t *testing.T) {
 			mw, err := singleton.Middleware(l, singleton.WithObserver(ev.observe))
 			require.NoError(t, err)
 			var runs atomic.Int32
-			cfg := e.config(1)
-			cfg.RetryDelayFunc = singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond })
+			cfg := e.configRetrying(1, func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond })
 			hook.Arm(f, 1)
 			e.start(cfg, mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 				runs.Add(1)
@@ -761,7 +759,7 @@ func TestCoalesceStampedBurstRunsOncePerKey(t *testing.T) {
 		for n := range tenants * perTenant {
 			info, err := client.Enqueue(asynq.NewTask("report", fmt.Appendf(nil, `{"tenant_id":"t%d"}`, n%tenants)), asynq.Queue(e.Queue))
 			require.NoError(t, err)
-			us, err := strconv.ParseInt(info.Headers[singleton.EnqueuedAtHeader], 10, 64)
+			us, err := strconv.ParseInt(info.Headers[asynqkey.EnqueuedAtHeader], 10, 64)
 			require.NoError(t, err)
 			last = max(last, us)
 		}
@@ -827,7 +825,7 @@ func TestCoalesceFailedCoveringRunLosesNoWork(t *testing.T) {
 				for range 2 {
 					info, err := client.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"t"}`)), asynq.Queue(e.Queue), asynq.MaxRetry(maxRetry))
 					require.NoError(t, err)
-					us, err := strconv.ParseInt(info.Headers[singleton.EnqueuedAtHeader], 10, 64)
+					us, err := strconv.ParseInt(info.Headers[asynqkey.EnqueuedAtHeader], 10, 64)
 					require.NoError(t, err)
 					last = max(last, us)
 				}
@@ -1125,7 +1123,7 @@ func TestDebounceRunsTheNewestTask(t *testing.T) {
 			mux.HandleFunc("sync", func(_ context.Context, task *asynq.Task) error {
 				var p struct{ K string }
 				require.NoError(t, json.Unmarshal(task.Payload(), &p))
-				gen, err := strconv.ParseInt(task.Headers()[singleton.DebounceGenHeader], 10, 64)
+				gen, err := strconv.ParseInt(task.Headers()[asynqkey.DebounceGenHeader], 10, 64)
 				require.NoError(t, err)
 				mu.Lock()
 				ran[p.K] = append(ran[p.K], gen)
@@ -1151,7 +1149,7 @@ func TestDebounceRunsTheNewestTask(t *testing.T) {
 					if !assert.NoError(t, err) {
 						continue
 					}
-					gen, err := strconv.ParseInt(info.Headers[singleton.DebounceGenHeader], 10, 64)
+					gen, err := strconv.ParseInt(info.Headers[asynqkey.DebounceGenHeader], 10, 64)
 					assert.NoError(t, err)
 					mu.Lock()
 					gens[info.ID] = gen

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
@@ -69,7 +70,7 @@ func TestNewSetsUpServerAndClient(t *testing.T) {
 				info, err := client.Enqueue(asynq.NewTask("report", fmt.Appendf(nil, `{"tenant_id":%q,"n":%d}`, tenant, n)),
 					asynq.Queue(e.Queue), asynq.MaxRetry(3))
 				require.NoError(t, err)
-				require.Equal(t, keyHeaderOf(`asynq:report:tenant_id="`+tenant+`"`, `KeyByFields("tenant_id")`), info.Headers[singleton.KeyHeader],
+				require.Equal(t, keyHeaderOf(`asynq:report:tenant_id="`+tenant+`"`, `KeyByFields("tenant_id")`), info.Headers[asynqkey.KeyHeader],
 					"the Client derives the key with New's key options")
 				want[fmt.Sprintf("%s-%d", tenant, n)] = 1
 			}

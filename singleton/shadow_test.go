@@ -10,6 +10,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
+	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -60,7 +62,7 @@ func TestShadowRunsEveryTask(t *testing.T) {
 // cannot be derived (ErrKey), one enqueued keyed otherwise (ErrKeyMismatch)
 // and one parked at enqueue under WithLimit(n > 1) (ErrInvalid). None is
 // archived; each is reported once as an EventShadowed with ActionFail and the
-// refusal as its Err, and recorded in DecisionLog (reason would_archive,
+// refusal as its Err, and recorded in the decision log (reason would_archive,
 // cause the refusal). The refused reservation is given back, as the refusal
 // gives it back.
 func TestShadowRunsTasksTheMiddlewareWouldRefuse(t *testing.T) {
@@ -77,7 +79,7 @@ func TestShadowRunsTasksTheMiddlewareWouldRefuse(t *testing.T) {
 
 		noKey := e.Enqueue(asynq.NewTask("report", []byte(`{"other":"acme"}`)))
 		otherKey := e.Enqueue(asynq.NewTaskWithHeaders("report", []byte(`{"tenant_id":"acme"}`),
-			map[string]string{singleton.KeyHeader: keyHeaderOf("asynq:report:acme", `KeyFunc(...)`)}))
+			map[string]string{asynqkey.KeyHeader: keyHeaderOf("asynq:report:acme", `KeyFunc(...)`)}))
 		parker, err := singleton.NewClient(e.Client, e.RDB, singleton.KeyByFields("tenant_id"), singleton.ParkAtEnqueue(e.locker(), 0))
 		require.NoError(t, err)
 		parked, err := parker.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"globex"}`)), asynq.Queue(e.Queue))
@@ -107,7 +109,7 @@ func TestShadowRunsTasksTheMiddlewareWouldRefuse(t *testing.T) {
 		}
 		require.Equal(t, map[string]int{noKey.ID: 1, otherKey.ID: 1, parked.ID: 1}, shadowed)
 
-		entries, err := e.RDB.XRevRangeN(ctx, singleton.DecisionLog, "+", "-", 1000).Result()
+		entries, err := e.RDB.XRevRangeN(ctx, decisionlog.Stream, "+", "-", 1000).Result()
 		require.NoError(t, err)
 		logged := map[string]string{}
 		for _, x := range entries {
@@ -116,7 +118,7 @@ func TestShadowRunsTasksTheMiddlewareWouldRefuse(t *testing.T) {
 				logged[id], _ = x.Values["cause"].(string)
 			}
 		}
-		require.Len(t, logged, 3, "each refusal is in DecisionLog")
+		require.Len(t, logged, 3, "each refusal is in the decision log")
 		require.Contains(t, logged[noKey.ID], "tenant_id")
 		require.Contains(t, logged[otherKey.ID], "KeyFunc(...)")
 		require.Contains(t, logged[parked.ID], "WithLimit(2)")

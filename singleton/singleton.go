@@ -9,6 +9,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/debounce"
 	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/internal/guard"
@@ -17,11 +18,6 @@ import (
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
-
-// OriginHeader is the task header that a copy enqueued by Requeue carries: the
-// ID of the task it was copied from (the first task of the chain). KeyByTaskID
-// uses it, so a copy keeps its original's key.
-const OriginHeader = "jobguard-origin-id"
 
 // copyHeader is the task header that a copy enqueued by Requeue carries: an
 // ID of the enqueue that made it. A conflict on the copy's task ID is taken
@@ -136,9 +132,10 @@ type config struct {
 // and Inspector made from it, which hold no goroutines and are never closed).
 // With it, duplicates under Requeue and the follow-ups of KeepNewest and
 // Coalesce are parked for their key (a *RequeueError that asynq retries
-// after the backstop, ParkBackstop for a follow-up; set IsFailure and
-// RetryDelay, or use ServerConfig) and started by the run that frees the key, instead of
-// waiting on a worker. Required when the policy can requeue; must not be
+// after a backstop of 30 seconds, or the policy's delay if longer, sooner
+// for the next in line of a key whose holder's lease would run out
+// unrenewed; build the servers' asynq.Config with ServerConfig) and
+// started by the run that frees the key, instead of waiting on a worker. Required when the policy can requeue; must not be
 // nil. Defaults to none.
 func WithRedis(client redis.UniversalClient) ServerOption {
 	return serverOpt(func(c *config) { c.rdb, c.rdbSet = client, true })
@@ -183,7 +180,7 @@ func PerQueue() Option { return keyOpt(func(c *config) { c.perQueue = true }) }
 // error matching *RequeueError, guard.ErrDuplicate and asynq.RevokeTask
 // after Requeue enqueued a copy; an error matching ErrKey and
 // asynq.SkipRetry for a key that cannot be derived; an error matching
-// ErrKeyMismatch and asynq.SkipRetry for a task whose KeyHeader names
+// ErrKeyMismatch and asynq.SkipRetry for a task whose Client recorded
 // another key than the one derived (the Client had other key options); an error matching
 // ErrInvalid and asynq.SkipRetry for a task enqueued with ParkAtEnqueue
 // under WithLimit(n > 1) (under WithShadow these three run, and the error is
@@ -294,7 +291,7 @@ func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error)
 		return nil, fmt.Errorf("%w: WithPolicy(%s): a policy that requeues needs WithRedis(client) to re-enqueue duplicates that have no retries left", ErrInvalid, set.Policy)
 	}
 	m.guard, m.limit, m.shadow = g, set.Limit, set.Shadow
-	m.decisions = DefaultDecisionLogLen
+	m.decisions = defaultDecisionLogLen
 	if c.decisionsSet {
 		switch {
 		case c.decisions < 0:
@@ -327,7 +324,7 @@ type guarded struct {
 	shadow    bool                  // WithShadow: refused tasks run too
 	skips     *skipLog
 	hooks     *hookCheck
-	decisions int // entries of DecisionLog kept; 0: none
+	decisions int // entries of the decision log kept; 0: none
 	// onPreempted, in tests, is called before a preempted run's decision
 	// looks for the task that preempted it.
 	onPreempted func()
@@ -341,7 +338,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		return next.ProcessTask(ctx, t)
 	}
 	id, _ := asynq.GetTaskID(ctx)
-	origin := t.Headers()[OriginHeader]
+	origin := t.Headers()[asynqkey.LabelHeader]
 	if origin == "" {
 		origin = id
 	}
@@ -411,7 +408,7 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 // matching asynq.SkipRetry (asynq archives the task): err is reported as
 // an EventError. Under WithShadow t runs instead, without a lease, and what
 // would have happened is reported: an EventShadowed with ActionFail and
-// err, and a DecisionLog entry (reason would_archive, cause err).
+// err, and a decision log entry (reason would_archive, cause err).
 func (m *guarded) refuse(ctx context.Context, next asynq.Handler, t *asynq.Task, job guard.Job, err error) error {
 	if !m.shadow {
 		guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventError, Job: job, Err: err})

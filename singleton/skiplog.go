@@ -149,7 +149,7 @@ func (m *guarded) resultWritten(ctx context.Context, job guard.Job, err error) {
 }
 
 // recordSkip writes why t completed without running as its result
-// (writeResult) and adds the decision to DecisionLog (logDecision): with
+// (writeResult) and adds the decision to the decision log (logDecision): with
 // WithRedis, which is the servers' Redis, both in one pipeline (the result
 // is the HSET asynq's ResultWriter makes, written only while the task
 // exists: resultIfTaskCmd; on a Cluster, one pipeline per node that holds

@@ -87,7 +87,7 @@ func (m *guarded) takenBack(ctx context.Context, job guard.Job, retried int) tim
 	if len(vals) != 2 || vals[0] == "" || vals[0] == "active" {
 		return 0
 	}
-	keep := ParkBackstop + takenBackMargin
+	keep := parkBackstop + takenBackMargin
 	if due, perr := strconv.ParseFloat(vals[1], 64); perr == nil {
 		keep = max(time.Until(time.Unix(int64(due), 0)), 0) + takenBackMargin
 	}

@@ -49,8 +49,7 @@ func lateRetryWrite(t *testing.T, earlier string, redeliveredWhileRunning bool) 
 		holderStarted, releaseHolder := make(chan struct{}), make(chan struct{})
 		xStarted, releaseX := make(chan string), make(chan struct{})
 		var xRuns atomic.Int32
-		cfg := e.config(4)
-		cfg.RetryDelayFunc = singleton.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 0 })
+		cfg := e.configRetrying(4, func(int, error, *asynq.Task) time.Duration { return 0 })
 		e.start(cfg, mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 			switch string(task.Payload()) {
 			case "holder":

@@ -58,9 +58,9 @@ func lifetimeOf(s string) Lifetime {
 // the middleware takes over and ends the reservation by it.
 const uniqueHeaderName = "jobguard-unique"
 
-// DefaultReserveTTL bounds a reservation when Unique is given no TTL: a
+// defaultReserveTTL bounds a reservation when Unique is given no TTL: a
 // reservation whose task is never processed ends after it.
-const DefaultReserveTTL = 24 * time.Hour
+const defaultReserveTTL = 24 * time.Hour
 
 // enqueueGrace is how long a reservation whose task is not found yet counts
 // as an enqueue in flight rather than as abandoned (a quarter of the
@@ -99,10 +99,10 @@ func (e *DuplicateTaskError) Is(target error) bool {
 // refused with a *DuplicateTaskError; a reservation whose task no longer
 // exists (deleted, archived, completed, its queue deleted) is taken over.
 // life says when the reservation ends (zero means UntilExecuted); ttl bounds
-// it (zero means DefaultReserveTTL; at least 100ms, at most
-// 100 years). A reservation is made just before its task is enqueued,
-// so one whose task is not found is taken over only once it is 5 seconds
-// old (a quarter of ttl if that is shorter): until then its enqueue may be
+// it, so that a reservation whose task is never processed ends: at least
+// 100ms, at most 100 years; zero means 24 hours. A reservation is made just
+// before its task is enqueued, so one whose task is not found is taken
+// over only once it is 5 seconds old (a quarter of ttl if that is shorter): until then its enqueue may be
 // in flight. It is a Client option: Middleware rejects it.
 func Unique(locker lockkit.Locker, life Lifetime, ttl time.Duration) ClientOption {
 	return clientOpt(func(c *config) { c.unique = &uniqueSpec{locker: locker, life: life, ttl: ttl} })
@@ -131,7 +131,7 @@ func (u *uniqueSpec) validate() error {
 		return fmt.Errorf("%w: Unique: unknown Lifetime %d", ErrInvalid, int(u.life))
 	}
 	if u.ttl == 0 {
-		u.ttl = DefaultReserveTTL
+		u.ttl = defaultReserveTTL
 	}
 	if u.ttl < lockcore.MinTTL || u.ttl > lockcore.MaxTTL {
 		return fmt.Errorf("%w: Unique: ttl %s must be between %s and %s", ErrInvalid, u.ttl, lockcore.MinTTL, lockcore.MaxTTL)
@@ -398,7 +398,7 @@ func uniqueOf(t *asynq.Task) (Lifetime, time.Duration) {
 	ms, err := strconv.ParseInt(ttl, 10, 64)
 	d := time.Duration(ms) * time.Millisecond
 	if err != nil || d < lockcore.MinTTL || d > lockcore.MaxTTL {
-		d = DefaultReserveTTL
+		d = defaultReserveTTL
 	}
 	return lifetimeOf(life), d
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
@@ -199,7 +200,7 @@ func TestUniqueReservationFollowsTheRequeuedCopy(t *testing.T) {
 	require.Len(t, scheduled, 1, "B's copy is scheduled")
 	copyID := scheduled[0].ID
 	require.True(t, strings.HasPrefix(copyID, b.ID+"~"), "a copy of B: %s", copyID)
-	require.Equal(t, b.ID, scheduled[0].Headers[singleton.OriginHeader])
+	require.Equal(t, b.ID, scheduled[0].Headers[asynqkey.LabelHeader])
 
 	// Past the "enqueue in flight" grace of B's reservation (ttl/4).
 	time.Sleep(2500 * time.Millisecond)

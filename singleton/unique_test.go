@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
+	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/lockcore/coretest"
 	"github.com/jobguard/jobguard/internal/testredis"
@@ -262,7 +263,7 @@ func TestUniqueRoundTrips(t *testing.T) {
 	dup := rt.Count()
 	t.Logf("round trips: asynq enqueue %d, unique enqueue %d, refused duplicate %d", plain, unique, dup)
 	require.Equal(t, plain+1, unique)
-	require.Equal(t, int64(3), dup, "the reservation, the holder's state, the DecisionLog entry")
+	require.Equal(t, int64(3), dup, "the reservation, the holder's state, the decision log entry")
 }
 
 // Concurrent enqueues of one key: exactly one is accepted, even though a
@@ -415,13 +416,13 @@ func TestUniqueEnqueueWithATaskIDRetriedByGoRedis(t *testing.T) {
 	require.Equal(t, "acme-1", dup.ID)
 }
 
-// A refused enqueue is recorded in DecisionLog, under the ID the task
+// A refused enqueue is recorded in the decision log, under the ID the task
 // would have had, with the task that holds its key; WithDecisionLog(0)
 // records none.
 func TestUniqueRefusalIsInTheDecisionLog(t *testing.T) {
 	e := newEnvOn(t, standalone)
 	locker := e.locker()
-	for _, n := range []int{singleton.DefaultDecisionLogLen, 0} {
+	for _, n := range []int{defaultDecisionLogLen, 0} {
 		client, err := singleton.NewClient(asynq.NewClientFromRedisClient(e.RDB), e.RDB, singleton.KeyByFields("tenant_id"),
 			singleton.Unique(locker, 0, 0), singleton.WithDecisionLog(n))
 		require.NoError(t, err)
@@ -432,7 +433,7 @@ func TestUniqueRefusalIsInTheDecisionLog(t *testing.T) {
 		id := fmt.Sprint("refused-", n, "-", e.Queue)
 		_, err = client.Enqueue(task, asynq.Queue(e.Queue), asynq.TaskID(id))
 		refused(t, err, first, "pending")
-		entries, err := e.RDB.XRevRangeN(context.Background(), singleton.DecisionLog, "+", "-", 1000).Result()
+		entries, err := e.RDB.XRevRangeN(context.Background(), decisionlog.Stream, "+", "-", 1000).Result()
 		require.NoError(t, err)
 		var found []map[string]any
 		for _, x := range entries {
@@ -479,7 +480,7 @@ func TestUniqueFindsACopyOfAnEarlierVersion(t *testing.T) {
 			key := `asynq:report:tenant_id="acme"`
 			_, err = coretest.Of(t, locker).TryAcquire(context.Background(), asynqkey.Reservation(key), &lockcore.AcquireOptions{Label: e.Queue + "/H", Reserve: true, TTL: 20 * time.Second})
 			require.NoError(t, err)
-			task := asynq.NewTaskWithHeaders("report", []byte(`{"tenant_id":"acme","n":1}`), map[string]string{singleton.OriginHeader: "H"})
+			task := asynq.NewTaskWithHeaders("report", []byte(`{"tenant_id":"acme","n":1}`), map[string]string{asynqkey.LabelHeader: "H"})
 			_, err = e.Client.Enqueue(task, asynq.Queue(e.Queue), asynq.TaskID(id), asynq.ProcessIn(time.Hour))
 			require.NoError(t, err)
 			time.Sleep(200 * time.Millisecond) // the reservation is past its enqueue grace

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/middleware"
@@ -102,7 +103,7 @@ func keyOf(t *testing.T, ctx context.Context, task *asynq.Task, opts ...singleto
 
 func TestKeyDerivation(t *testing.T) {
 	payload := []byte(`{"tenant_id": "acme", "region": 7, "n": 1}`)
-	origin := asynq.NewTaskWithHeaders("report", nil, map[string]string{singleton.OriginHeader: "task-1"})
+	origin := asynq.NewTaskWithHeaders("report", nil, map[string]string{asynqkey.LabelHeader: "task-1"})
 	keyFn := func(_ context.Context, t *asynq.Task) (string, error) { return "custom:" + t.Type(), nil }
 	cases := []struct {
 		name string
@@ -226,7 +227,7 @@ func TestDuplicateOutcomeOutsideAServer(t *testing.T) {
 			require.ErrorAs(t, err, &re)
 			require.GreaterOrEqual(t, re.Delay, time.Second, "the policy's delay")
 			require.LessOrEqual(t, re.Delay, 1500*time.Millisecond, "plus up to 50% jitter")
-			require.False(t, singleton.IsFailure(nil)(err))
+			require.False(t, singleton.ServerConfig(asynq.Config{}).IsFailure(err))
 		}},
 	}
 	for _, c := range cases {
@@ -259,30 +260,33 @@ func TestHandlerErrorsPassThrough(t *testing.T) {
 	}
 }
 
-func TestIsFailureAndRetryDelayCompose(t *testing.T) {
+// ServerConfig's IsFailure and RetryDelayFunc take a requeued duplicate,
+// also wrapped, and leave every other error to the config's own functions
+// (asynq's defaults when nil).
+func TestServerConfigHooksCompose(t *testing.T) {
 	requeue := &singleton.RequeueError{Duplicate: &middleware.DuplicateError{Action: middleware.ActionRequeue}, Delay: 1234 * time.Millisecond}
 	failDup := &middleware.DuplicateError{Action: middleware.ActionFail}
 	other := errors.New("boom")
 	wrapped := fmt.Errorf("outer: %w", requeue)
 
-	isFailure := singleton.IsFailure(nil)
+	isFailure := singleton.ServerConfig(asynq.Config{}).IsFailure
 	require.False(t, isFailure(requeue))
 	require.False(t, isFailure(wrapped))
 	require.True(t, isFailure(failDup), "Fail counts as a failure: asynq's normal retry applies")
 	require.True(t, isFailure(other))
 
 	var asked []error
-	mine := singleton.IsFailure(func(err error) bool { asked = append(asked, err); return false })
+	mine := singleton.ServerConfig(asynq.Config{IsFailure: func(err error) bool { asked = append(asked, err); return false }}).IsFailure
 	require.False(t, mine(requeue))
 	require.False(t, mine(other))
 	require.Equal(t, []error{other}, asked, "next is asked about every error but a requeue")
 
 	task := asynq.NewTask("report", nil)
-	delay := singleton.RetryDelay(nil)
+	delay := singleton.ServerConfig(asynq.Config{}).RetryDelayFunc
 	require.Equal(t, 1234*time.Millisecond, delay(3, requeue, task))
 	require.Equal(t, 1234*time.Millisecond, delay(3, wrapped, task))
 	require.GreaterOrEqual(t, delay(0, other, task), 15*time.Second, "asynq's default backoff")
-	fixed := singleton.RetryDelay(func(n int, _ error, _ *asynq.Task) time.Duration { return time.Duration(n) * time.Minute })
+	fixed := singleton.ServerConfig(asynq.Config{RetryDelayFunc: func(n int, _ error, _ *asynq.Task) time.Duration { return time.Duration(n) * time.Minute }}).RetryDelayFunc
 	require.Equal(t, 2*time.Minute, fixed(2, failDup, task))
 	require.Equal(t, 1234*time.Millisecond, fixed(2, requeue, task))
 }

@@ -76,9 +76,9 @@ their writes apart.
 why reads the stream the asynq middleware adds to for every task that
 completes without running, every run that a newer task preempted or that
 failed after losing its lease, and every task that ran under WithShadow
-although it would have been refused and archived (singleton.DecisionLog,
-about the last 10,000): the reason, the key, and the run or task that held, covered or
-took over the key. It finds
+although it would have been refused and archived ("jobguard:decisions",
+about the last 10,000: see singleton.WithDecisionLog): the reason, the
+key, and the run or task that held, covered or took over the key. It finds
 the task by its ID or, for a Requeue copy, by its first task's ID. It reads
 the log newest first, 1,000 entries per read, and stops at the end of the
 read in which it finds the task, or after --max-entries (20,000) entries.
@@ -124,7 +124,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.yes, "yes", false, "release: do not ask for confirmation")
 	fs.BoolVar(&o.force, "force", false, "release: free the key at once, while the runs may still be going (a new run may start beside them)")
 	fs.DurationVar(&o.interval, "interval", time.Second, "watch: time between two views")
-	fs.StringVar(&o.decisions, "decisions", decisionlog.Stream, "why: the decision log's stream (singleton.DecisionLog)")
+	fs.StringVar(&o.decisions, "decisions", decisionlog.Stream, "why: the decision log's stream (the one the asynq middleware writes: singleton.WithDecisionLog)")
 	fs.IntVar(&o.maxEntries, "max-entries", defaultWhyMax, "why: look through at most this many of the log's newest entries, 1,000 per read")
 	pos, err := parseInterleaved(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
@@ -531,7 +531,7 @@ func isTerminal(f *os.File) bool {
 // why reads the decision log newest first, decisionChunk entries per
 // XREVRANGE, and stops at the end of the chunk in which it finds the task,
 // or after --max-entries entries (defaultWhyMax: twice the log's default
-// length, singleton.DefaultDecisionLogLen).
+// length, 10,000: singleton.WithDecisionLog).
 const (
 	decisionChunk = 1000
 	defaultWhyMax = 20000

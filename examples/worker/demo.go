@@ -231,7 +231,7 @@ func (d *demo) handler(machine string, work time.Duration) asynq.HandlerFunc {
 			}
 			key += " tenant=" + p.Tenant
 		}
-		copied := t.Headers()[singleton.OriginHeader] != ""
+		copied := t.Headers()["jobguard-origin-id"] != "" // a copy Requeue enqueued carries its first task's ID
 		d.mu.Lock()
 		d.running[key]++
 		d.MaxOverlap[key] = max(d.MaxOverlap[key], d.running[key])
@@ -272,7 +272,8 @@ func serveOpsView(rdb redis.UniversalClient, w io.Writer, addr string) (func(), 
 	if err != nil {
 		return nil, err
 	}
-	h, err := opsview.New(view, opsview.WithRefresh(500*time.Millisecond), opsview.WithDecisionLog(rdb, singleton.DecisionLog),
+	h, err := opsview.New(view, opsview.WithRefresh(500*time.Millisecond),
+		opsview.WithDecisionLog(rdb, ""), // "": the stream the middleware writes
 		opsview.WithTaskState(state))
 	if err != nil {
 		return nil, err

@@ -111,17 +111,17 @@ func startMachine(rdb redis.UniversalClient, name string, obs middleware.Observe
 	mux.Use(perType, perTenant)
 	mux.Handle("cache:warm", cacheWarm)
 	mux.Handle("report:build", reportBuild)
-	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
-		Concurrency:    workers,
-		Queues:         map[string]int{queue: 1},
-		IsFailure:      singleton.IsFailure(nil),  // a requeued duplicate is no failure
-		RetryDelayFunc: singleton.RetryDelay(nil), // and comes back after the Requeue delay
+	// ServerConfig: a requeued duplicate is no failure, and comes back
+	// after the Requeue delay.
+	srv := asynq.NewServerFromRedisClient(rdb, singleton.ServerConfig(asynq.Config{
+		Concurrency: workers,
+		Queues:      map[string]int{queue: 1},
 		// Quick polling and shutdown, for a demo that lasts a few seconds.
 		TaskCheckInterval:        50 * time.Millisecond,
 		DelayedTaskCheckInterval: 100 * time.Millisecond,
 		ShutdownTimeout:          2 * time.Second,
 		LogLevel:                 asynq.ErrorLevel,
-	})
+	}))
 	if err = srv.Start(mux); err != nil {
 		return nil, nil, err
 	}

@@ -23,4 +23,13 @@ func TestNames(t *testing.T) {
 	} {
 		require.Equal(t, c.want, c.got)
 	}
+	for _, c := range []struct{ got, want string }{
+		{KeyHeader, "jobguard-key"},
+		{LabelHeader, "jobguard-origin-id"},
+		{OrderHeader, "jobguard-order"},
+		{EnqueuedAtHeader, "jobguard-enqueued-at"},
+		{DebounceGenHeader, "jobguard-debounce-gen"},
+	} {
+		require.Equal(t, c.want, c.got, "the header's value is what tasks in running deployments carry")
+	}
 }

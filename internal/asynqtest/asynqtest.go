@@ -104,20 +104,25 @@ func (e *Env) Drained(timeout time.Duration) {
 }
 
 // Config returns the asynq.Config of a test server with concurrency workers on
-// queue: the singleton pieces (singleton.IsFailure and singleton.RetryDelay
-// with asynq's default delay for other errors), fast polling and forwarding so
-// that requeues come back within ~100ms, and a QuietLogger. ShutdownTimeout is
-// asynq's default; callers set it, or another RetryDelayFunc, as they need.
+// queue: made by singleton.ServerConfig (with asynq's defaults for other
+// errors), fast polling and forwarding so that requeues come back within
+// ~100ms, and a QuietLogger. ShutdownTimeout is asynq's default; callers set
+// it as they need.
 func Config(queue string, concurrency int) asynq.Config {
-	return asynq.Config{
+	return ConfigRetrying(queue, concurrency, nil)
+}
+
+// ConfigRetrying is Config whose errors other than the duplicates a
+// middleware puts back are retried after retry (nil: asynq's default).
+func ConfigRetrying(queue string, concurrency int, retry asynq.RetryDelayFunc) asynq.Config {
+	return singleton.ServerConfig(asynq.Config{
 		Concurrency:              concurrency,
 		Queues:                   map[string]int{queue: 1},
 		TaskCheckInterval:        20 * time.Millisecond,
 		DelayedTaskCheckInterval: 100 * time.Millisecond,
-		IsFailure:                singleton.IsFailure(nil),
-		RetryDelayFunc:           singleton.RetryDelay(nil),
+		RetryDelayFunc:           retry,
 		Logger:                   QuietLogger{},
-	}
+	})
 }
 
 // QuietLogger is an asynq.Logger that drops every log.

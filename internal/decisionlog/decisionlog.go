@@ -17,7 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Stream is the decision log's Redis stream (singleton.DecisionLog).
+// Stream is the decision log's Redis stream (singleton.WithDecisionLog
+// documents it).
 const Stream = "jobguard:decisions"
 
 // The reasons of a run that ended early, of a refused enqueue and of a

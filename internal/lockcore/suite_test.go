@@ -150,7 +150,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"CompletedLabelIsRefused", testComplete},
 		{"RunCompletesWorkItsCallerGaveUpOn", testRunCompletes},
 		{"CoalesceGivesWayToLaterRuns", testCoalesce},
-		{"ReservationsAreDetachedAndFreedByLabel", testReservation},
+		{"ReservationsAreUnrenewedAndFreedByLabel", testReservation},
 		{"ForceReleaseByLabelGivesUpTheParkedJob", testForceReleaseLabelParked},
 		{"HoldAtLeastKeepsAFastRunsKey", testHoldAtLeast},
 		{"HeldReleaseHandsTheKeyToAParkedJobAtItsEnd", testHoldHandOver},
