@@ -235,7 +235,7 @@ func (r *report) cronSection() string {
 	x := r.cronRes
 	fmt.Fprintf(&w, "Three replicas of one entry (`%s`, seconds field), each with its own counted client, "+
 		"`lockkit.NewRedis` Locker and `cronguard.New(locker, WithSeconds(), WithClock(...))` Guard (other options "+
-		"default: SkipIfStillRunning, TTL 30s), wrapping a %s `cronguard.Func` with `cron.NewChain(w).Then(job)`. "+
+		"default: Skip, TTL 30s), wrapping a %s `cronguard.Func` with `cron.NewChain(w).Then(job)`. "+
 		"A shared fake clock stands at each tick in turn (one second apart); each replica reads it plus its own "+
 		"delay, as a job that starts that long after its cron fired (cron fires when the replica's own clock reads "+
 		"the activation). Per tick the three call the wrapped job's `Run()` at once (three goroutines started in "+

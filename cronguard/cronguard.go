@@ -50,89 +50,28 @@ var (
 	ErrSpecMismatch = errors.New("cronguard: replicas schedule the entry differently")
 )
 
-type overlapMode int
+// Option configures a Guard: one of this package's (WithTolerance,
+// WithLogger, WithClock, WithLocation, WithParser, WithSeconds) or one of
+// the guard's settings, which are package middleware's options (WithPolicy,
+// WithLimit, WithTTL, WithObserver, ... below). It is middleware.Option:
+// middleware.New and singleton refuse this package's own with ErrInvalid.
+type Option = middleware.Option
 
-const (
-	overlapSkip overlapMode = iota
-	overlapDelay
-	overlapAllow
-	overlapKeepNewest
-	overlapPreempt
-)
+// cronOpt is an option of this package.
+type cronOpt func(*config)
 
-// Overlap says what a tick does when an earlier tick of the same entry is
-// still running somewhere in the fleet. The zero value is SkipIfStillRunning.
-type Overlap struct {
-	mode  overlapMode
-	wait  time.Duration
-	limit int
-}
-
-// SkipIfStillRunning skips a tick while an earlier tick of the entry runs on
-// any replica (EventDuplicate). It is cron.SkipIfStillRunning for the fleet.
-func SkipIfStillRunning() Overlap { return Overlap{mode: overlapSkip} }
-
-// DelayIfStillRunning makes a tick wait, for at most max, until the earlier
-// tick running on any replica ends; waiting ticks then run one at a time in
-// the order they fired (EventWaited). A tick still waiting after max is
-// skipped (EventDuplicate). It is cron.DelayIfStillRunning for the fleet, with
-// a bound. max must be positive.
-func DelayIfStillRunning(max time.Duration) Overlap {
-	return Overlap{mode: overlapDelay, wait: max}
-}
-
-// AllowOverlap lets up to max ticks of the entry run at once across the
-// fleet; each tick still runs once. A tick that finds max runs going is
-// skipped (EventDuplicate). max must be at least 1; AllowOverlap(1) is
-// SkipIfStillRunning.
-func AllowOverlap(max int) Overlap { return Overlap{mode: overlapAllow, limit: max} }
-
-// KeepNewest makes a tick that finds an earlier tick still running on any
-// replica wait until it ends and then run, keeping only the newest such
-// tick: a newer waiting tick takes the place of an older one, which is
-// reported as a duplicate (EventDuplicate) and does not run. It is
-// guard.KeepNewest for cron ticks (Temporal calls it BufferOne). A
-// waiting tick waits as long as the earlier run lasts (cron.Stop waits for
-// it too).
-func KeepNewest() Overlap { return Overlap{mode: overlapKeepNewest} }
-
-// Preempt makes a tick that finds an earlier tick still running on any
-// replica cancel it and run once it has returned: the earlier run's ctx is
-// cancelled with a cause matching guard.ErrPreempted (and lockkit.ErrLost)
-// and its fencing token is superseded by the new run's. Only the newest
-// waiting tick runs, as with KeepNewest. grace bounds how long the cancelled
-// run may keep the entry after it was told to stop (zero: its remaining
-// lease TTL); after it the new tick runs anyway, and its higher fencing token
-// lets a resource refuse the old run's late writes. It is guard.Preempt
-// for cron ticks (Temporal calls it CancelOther). grace must not be negative.
-func Preempt(grace time.Duration) Overlap {
-	return Overlap{mode: overlapPreempt, wait: grace}
-}
-
-// String returns the call that makes o, such as "AllowOverlap(2)".
-func (o Overlap) String() string {
-	switch o.mode {
-	case overlapDelay:
-		return fmt.Sprintf("DelayIfStillRunning(%s)", o.wait)
-	case overlapAllow:
-		return fmt.Sprintf("AllowOverlap(%d)", o.limit)
-	case overlapKeepNewest:
-		return "KeepNewest()"
-	case overlapPreempt:
-		return fmt.Sprintf("Preempt(%s)", o.wait)
+func (o cronOpt) Apply(s *guard.Settings) {
+	c, ok := s.Adapter.(*config)
+	if !ok {
+		s.Refuse(errors.New("an option of package cronguard (WithTolerance, WithLogger, WithClock, WithLocation, WithParser or WithSeconds) is not an option of this constructor"))
+		return
 	}
-	return "SkipIfStillRunning()"
+	o(c)
 }
-
-// Option configures a Guard.
-type Option func(*config)
 
 type config struct {
 	tol       time.Duration
 	tolSet    bool
-	overlap   Overlap
-	ttl       time.Duration
-	observers []guard.Observer
 	logger    cron.Logger
 	loggerSet bool
 	clock     func() time.Time
@@ -148,27 +87,7 @@ type config struct {
 // return an error otherwise). Defaults to 2s, capped at
 // half the entry's shortest interval.
 func WithTolerance(d time.Duration) Option {
-	return func(c *config) { c.tol, c.tolSet = d, true }
-}
-
-// WithOverlap sets what a tick does while an earlier tick still runs
-// somewhere. Defaults to SkipIfStillRunning().
-func WithOverlap(o Overlap) Option { return func(c *config) { c.overlap = o } }
-
-// WithTTL overrides, for this Guard's leases, the TTL the Locker gives them
-// (lockkit.WithTTL; 30s unless set): the lease is
-// renewed every TTL/3 while the job runs, and the entry of a replica that dies
-// mid-run is free again at most this long after its last renewal. Zero means
-// the Locker's; otherwise it must be between 100ms and
-// 100 years. Defaults to zero.
-func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl = ttl } }
-
-// WithObserver adds an observer of every run's events, the same
-// guard.Observer the other jobguard adapters take. Tick(ctx) gives the
-// tick inside the observer. It may be given more than once. Must not be nil.
-// Defaults to none.
-func WithObserver(o middleware.Observer) Option {
-	return func(c *config) { c.observers = append(c.observers, o) }
+	return cronOpt(func(c *config) { c.tol, c.tolSet = d, true })
 }
 
 // WithLogger makes the Guard log to a cron.Logger instead of the Locker's
@@ -176,25 +95,27 @@ func WithObserver(o middleware.Observer) Option {
 // errors at Error; runs and skips at Info. Must not be nil (use
 // cron.DiscardLogger for silence). Defaults to the Locker's logger, like
 // every jobguard adapter.
-func WithLogger(l cron.Logger) Option { return func(c *config) { c.logger, c.loggerSet = l, true } }
+func WithLogger(l cron.Logger) Option {
+	return cronOpt(func(c *config) { c.logger, c.loggerSet = l, true })
+}
 
 // WithClock sets the clock from which runs are matched to ticks: a run
 // counts for the latest activation at or before the clock's reading. It must
 // read the time cron fires by (a reading earlier than the activation that
 // fired the run names the activation before it). Must not be nil. Defaults to
 // time.Now, the clock cron fires by.
-func WithClock(now func() time.Time) Option { return func(c *config) { c.clock = now } }
+func WithClock(now func() time.Time) Option { return cronOpt(func(c *config) { c.clock = now }) }
 
 // WithLocation sets the time zone in which schedules without CRON_TZ are
 // interpreted by Wrap; give it the same value as cron.WithLocation. Add uses
 // the Cron's own location instead. Must not be nil. Defaults to time.Local,
 // like cron.
-func WithLocation(loc *time.Location) Option { return func(c *config) { c.loc = loc } }
+func WithLocation(loc *time.Location) Option { return cronOpt(func(c *config) { c.loc = loc }) }
 
 // WithParser sets the parser of the specs given to Wrap and Add; give it the
 // same parser as cron.WithParser. Must not be nil. Defaults to the parser of
 // cron.ParseStandard (five fields and descriptors such as @hourly).
-func WithParser(p cron.ScheduleParser) Option { return func(c *config) { c.parser = p } }
+func WithParser(p cron.ScheduleParser) Option { return cronOpt(func(c *config) { c.parser = p }) }
 
 // WithSeconds makes specs start with a seconds field, like cron.WithSeconds.
 // Defaults to off (five fields).
@@ -232,35 +153,11 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		loc:    time.Local,
 		parser: cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor),
 	}
+	settings := &guard.Settings{Adapter: &cfg}
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.Apply(settings)
 		}
-	}
-	var policy guard.Policy
-	limit := 1
-	switch o := cfg.overlap; o.mode {
-	case overlapSkip:
-		policy = guard.Skip()
-	case overlapDelay:
-		if o.wait <= 0 {
-			return nil, fmt.Errorf("%w: WithOverlap(%s): the wait must be positive", ErrInvalid, o)
-		}
-		policy = guard.WaitInOrder(o.wait, guard.Skip())
-	case overlapAllow:
-		if o.limit < 1 {
-			return nil, fmt.Errorf("%w: WithOverlap(%s): must allow at least 1 run", ErrInvalid, o)
-		}
-		policy, limit = guard.Skip(), o.limit
-	case overlapKeepNewest:
-		policy = guard.KeepNewest()
-	case overlapPreempt:
-		if o.wait < 0 || o.wait > lockcore.MaxTTL {
-			return nil, fmt.Errorf("%w: WithOverlap(%s): the grace must not be negative nor longer than %s", ErrInvalid, o, lockcore.MaxTTL)
-		}
-		policy = guard.Preempt(o.wait)
-	default:
-		return nil, fmt.Errorf("%w: WithOverlap: unknown mode %d", ErrInvalid, o.mode)
 	}
 	switch {
 	case cfg.tolSet && cfg.tol < 0:
@@ -274,13 +171,7 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	case cfg.parser == nil:
 		return nil, fmt.Errorf("%w: WithParser(nil)", ErrInvalid)
 	}
-	mopts := []guard.Option{guard.WithPolicy(policy), guard.WithLimit(limit), guard.WithTTL(cfg.ttl)}
-	for i, o := range cfg.observers {
-		if o == nil {
-			return nil, fmt.Errorf("%w: WithObserver #%d is nil", ErrInvalid, i+1)
-		}
-		mopts = append(mopts, guard.WithObserver(o))
-	}
+	mopts := []guard.Option{settings}
 	if cfg.loggerSet {
 		mopts = append(mopts, guard.WithLogger(slog.New(slog.DiscardHandler)), guard.WithObserver(logObserver(cfg.logger)))
 	}
@@ -288,7 +179,25 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	if err := forTicks(guard.ConfigOf(mw)); err != nil {
+		return nil, err
+	}
 	return &Guard{mw: mw, cfg: cfg, names: make(map[string]added)}, nil
+}
+
+// forTicks refuses the guard settings that cannot apply to a cron tick,
+// which cron runs once and never again: a policy that requeues, fails for a
+// retry or waits to coalesce, and a throttle that requeues.
+func forTicks(set guard.Config) error {
+	switch {
+	case guard.ModeOf(set.Policy) == guard.ModeCoalesce:
+		return fmt.Errorf("%w: WithPolicy(%s): a tick that finds its entry running cannot be covered by a later run of another tick; use Skip, Wait, WaitInOrder, KeepNewest or Preempt", ErrInvalid, set.Policy)
+	case guard.ModeOf(set.Policy) == guard.ModeAction && guard.ActionOf(set.Policy) != guard.ActionSkip:
+		return fmt.Errorf("%w: WithPolicy(%s): cron runs a tick once and never again, so a tick cannot be requeued or failed for a retry; use Skip, Wait(max, Skip()), WaitInOrder, KeepNewest or Preempt", ErrInvalid, set.Policy)
+	case set.Throttled && set.ThrottleThen != guard.ActionSkip:
+		return fmt.Errorf("%w: WithThrottle(..., %s): cron runs a tick once and never again, so a throttled tick is skipped (ActionSkip)", ErrInvalid, set.ThrottleThen)
+	}
+	return nil
 }
 
 // claimName takes name for an entry of c (nil for Wrap), or returns an error

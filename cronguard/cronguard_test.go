@@ -22,6 +22,7 @@ import (
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/middleware"
+	"github.com/jobguard/jobguard/singleton"
 )
 
 func TestRunIsCountedForTheTickThatFiredIt(t *testing.T) {
@@ -113,7 +114,7 @@ func TestEachTickRunsOnceAcrossSkewedReplicas(t *testing.T) {
 	require.Greater(t, won[3], won[2], "the replica whose clock is ahead wins more ticks")
 }
 
-func TestSkipIfStillRunning(t *testing.T) {
+func TestSkipWhileRunning(t *testing.T) {
 	f := newFleet(t)
 	rec := newRecorder()
 	a := f.replica(0, "e", "* * * * * *", rec)
@@ -144,10 +145,10 @@ func TestSkipIfStillRunning(t *testing.T) {
 	require.Equal(t, 1, rec.count(middleware.EventClaimed, next))
 }
 
-func TestDelayIfStillRunning(t *testing.T) {
+func TestWaitInOrderWhileRunning(t *testing.T) {
 	f := newFleet(t)
 	rec := newRecorder()
-	opt := cronguard.WithOverlap(cronguard.DelayIfStillRunning(time.Minute))
+	opt := cronguard.WithPolicy(cronguard.WaitInOrder(time.Minute, cronguard.Skip()))
 	a := f.replica(0, "e", "* * * * * *", rec, opt)
 	b := f.replica(1, "e", "* * * * * *", rec, opt)
 	c := f.replica(2, "e", "* * * * * *", rec, opt)
@@ -194,10 +195,10 @@ func TestDelayIfStillRunning(t *testing.T) {
 	require.Equal(t, 0, rec.count(middleware.EventDuplicate, time.Time{}))
 }
 
-func TestDelayIfStillRunningGivesUpAfterMax(t *testing.T) {
+func TestWaitInOrderGivesUpAfterMax(t *testing.T) {
 	f := newFleet(t)
 	rec := newRecorder()
-	opt := cronguard.WithOverlap(cronguard.DelayIfStillRunning(20 * time.Millisecond))
+	opt := cronguard.WithPolicy(cronguard.WaitInOrder(20*time.Millisecond, cronguard.Skip()))
 	a := f.replica(0, "e", "* * * * * *", rec, opt)
 	b := f.replica(1, "e", "* * * * * *", rec, opt)
 	long := newBlocking()
@@ -213,10 +214,10 @@ func TestDelayIfStillRunningGivesUpAfterMax(t *testing.T) {
 	<-doneA
 }
 
-func TestAllowOverlap(t *testing.T) {
+func TestLimit(t *testing.T) {
 	f := newFleet(t)
 	rec := newRecorder()
-	opt := cronguard.WithOverlap(cronguard.AllowOverlap(2))
+	opt := cronguard.WithLimit(2)
 	var reps []*replica
 	for i := range 4 {
 		reps = append(reps, f.replica(i, "e", "* * * * * *", rec, opt))
@@ -352,8 +353,13 @@ func TestValidation(t *testing.T) {
 		{"nil locker", nil, nil, "e", "@hourly", "New: locker is nil"},
 		{"negative tolerance", locker, []cronguard.Option{cronguard.WithTolerance(-time.Second)}, "e", "@hourly", "WithTolerance(-1s): must not be negative"},
 		{"short TTL", locker, []cronguard.Option{cronguard.WithTTL(time.Millisecond)}, "e", "@hourly", "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
-		{"delay without a bound", locker, []cronguard.Option{cronguard.WithOverlap(cronguard.DelayIfStillRunning(0))}, "e", "@hourly", "WithOverlap(DelayIfStillRunning(0s)): the wait must be positive"},
-		{"allow zero", locker, []cronguard.Option{cronguard.WithOverlap(cronguard.AllowOverlap(0))}, "e", "@hourly", "WithOverlap(AllowOverlap(0)): must allow at least 1 run"},
+		{"delay without a bound", locker, []cronguard.Option{cronguard.WithPolicy(cronguard.WaitInOrder(0, cronguard.Skip()))}, "e", "@hourly", "WaitInOrder: the wait 0s must be positive"},
+		{"allow zero", locker, []cronguard.Option{cronguard.WithLimit(0)}, "e", "@hourly", "WithLimit(0): must be at least 1"},
+		{"requeue", locker, []cronguard.Option{cronguard.WithPolicy(middleware.Requeue(time.Second))}, "e", "@hourly", "WithPolicy(Requeue(1s)): cron runs a tick once"},
+		{"fail after a wait", locker, []cronguard.Option{cronguard.WithPolicy(cronguard.Wait(time.Second, middleware.Fail()))}, "e", "@hourly", "a tick cannot be requeued or failed"},
+		{"coalesce", locker, []cronguard.Option{cronguard.WithPolicy(middleware.Coalesce())}, "e", "@hourly", "WithPolicy(Coalesce()): a tick that finds its entry running"},
+		{"throttle that requeues", locker, []cronguard.Option{middleware.WithThrottle(1, time.Minute, middleware.ActionRequeue)}, "e", "@hourly", "WithThrottle(..., requeue)"},
+		{"a singleton option", locker, []cronguard.Option{singleton.KeyByTaskID()}, "e", "@hourly", "an option of package singleton"},
 		{"nil clock", locker, []cronguard.Option{cronguard.WithClock(nil)}, "e", "@hourly", "WithClock(nil)"},
 		{"nil location", locker, []cronguard.Option{cronguard.WithLocation(nil)}, "e", "@hourly", "WithLocation(nil)"},
 		{"nil parser", locker, []cronguard.Option{cronguard.WithParser(nil)}, "e", "@hourly", "WithParser(nil)"},
@@ -526,12 +532,11 @@ func TestSettingsComeFromTheLocker(t *testing.T) {
 // of them runs, once the earlier run ends.
 func TestKeepNewest(t *testing.T) {
 	onEachFleet(t, testKeepNewest)
-	require.Equal(t, "KeepNewest()", cronguard.KeepNewest().String())
 }
 
 func testKeepNewest(t *testing.T, f *fleet) {
 	rec := newRecorder()
-	opt := cronguard.WithOverlap(cronguard.KeepNewest())
+	opt := cronguard.WithPolicy(cronguard.KeepNewest())
 	a := f.replica(0, "e", "* * * * * *", rec, opt)
 	b := f.replica(1, "e", "* * * * * *", rec, opt)
 	c := f.replica(2, "e", "* * * * * *", rec, opt)
@@ -573,14 +578,13 @@ func testKeepNewest(t *testing.T, f *fleet) {
 // fencing token.
 func TestPreempt(t *testing.T) {
 	onEachFleet(t, testPreempt)
-	require.Equal(t, "Preempt(1s)", cronguard.Preempt(time.Second).String())
-	_, err := cronguard.New(newFleet(t).base, cronguard.WithOverlap(cronguard.Preempt(-time.Second)))
+	_, err := cronguard.New(newFleet(t).base, cronguard.WithPolicy(cronguard.Preempt(-time.Second)))
 	require.ErrorIs(t, err, cronguard.ErrInvalid)
 }
 
 func testPreempt(t *testing.T, f *fleet) {
 	rec := newRecorder()
-	opt := cronguard.WithOverlap(cronguard.Preempt(0))
+	opt := cronguard.WithPolicy(cronguard.Preempt(0))
 	a := f.replica(0, "e", "* * * * * *", rec, opt)
 	b := f.replica(1, "e", "* * * * * *", rec, opt)
 	started := make(chan int64, 1)

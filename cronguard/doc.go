@@ -60,19 +60,12 @@
 //
 // # Overlap across the fleet
 //
-// WithOverlap says what a tick does while an earlier tick of the entry still
-// runs on any replica:
-//   - SkipIfStillRunning() (default): the tick is skipped (EventDuplicate). A
-//     replica firing that tick later, after the earlier run ended, runs it:
-//     still once.
-//   - DelayIfStillRunning(max): the tick waits up to max for the key, woken
-//     when it is released; waiting ticks run one at a time in the order they
-//     fired (EventWaited), other replicas of a tick that ran skip it
-//     (EventClaimed), and a tick still waiting after max is skipped
-//     (EventDuplicate).
-//   - AllowOverlap(n): up to n ticks run at once (the key is a semaphore of n
-//     slots); the epoch still lets each tick run once. A tick that finds n
-//     runs going is skipped (EventDuplicate).
+// WithPolicy says what a tick does while an earlier tick of the entry still
+// runs on any replica, with the policies every jobguard adapter takes (see
+// WithPolicy here for what each does to a tick): Skip (the default),
+// WaitInOrder(max, Skip()) and Wait(max, Skip()), KeepNewest, Preempt;
+// WithLimit(n) lets up to n ticks run at once. Policies a tick cannot
+// follow (requeue, fail for a retry, coalesce) are refused by New.
 //
 // # Long runs, failures, events
 //

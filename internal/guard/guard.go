@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jobguard/jobguard/internal/invalid"
@@ -198,6 +199,8 @@ func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("%w: WithLimit(%d): Coalesce runs one job per key at a time", ErrInvalid, g.limit)
 	case g.ttl != 0 && (g.ttl < lockcore.MinTTL || g.ttl > lockcore.MaxTTL):
 		return nil, fmt.Errorf("%w: WithTTL(%s): must be zero (the Locker's) or between %s and %s", ErrInvalid, g.ttl, lockcore.MinTTL, lockcore.MaxTTL)
+	case slices.ContainsFunc(g.observers, func(o Observer) bool { return o == nil }):
+		return nil, fmt.Errorf("%w: WithObserver #%d is nil", ErrInvalid, slices.IndexFunc(g.observers, func(o Observer) bool { return o == nil })+1)
 	case g.loggerSet && g.logger == nil:
 		return nil, fmt.Errorf("%w: WithLogger(nil)", ErrInvalid)
 	case g.admitSet && g.admit == nil:

@@ -184,6 +184,8 @@ func WaitInOrder(max time.Duration, then Policy) Policy {
 
 func (p Policy) validate() error {
 	switch {
+	case p.bad != "" && p.fair:
+		return fmt.Errorf("%w: WithPolicy: WaitInOrder: %s", ErrInvalid, p.bad)
 	case p.bad != "":
 		return fmt.Errorf("%w: WithPolicy: Wait: %s", ErrInvalid, p.bad)
 	case p.action < 0 || int(p.action) >= len(actionNames):
