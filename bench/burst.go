@@ -128,7 +128,7 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 		e0 := env.enqCtr.counts()
 		var c enqueuer = env.enqueuer
 		var opts []asynq.Option
-		var reserver *lockkit.RedisLocker
+		var reserver *lockkit.Locker
 		switch {
 		case v.unique == "asynq":
 			opts = append(opts, asynq.Unique(time.Hour))
@@ -212,7 +212,7 @@ func (b *bench) burstRuns(ctx context.Context, env *asynqEnv, section string, ta
 			t.add()
 			return nil
 		})
-		var locker *lockkit.RedisLocker
+		var locker *lockkit.Locker
 		if v.p != nil {
 			var err error
 			locker, err = lockkit.NewRedis(lockClient, lockkit.WithPrefix(prefix))

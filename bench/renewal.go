@@ -23,7 +23,7 @@ type tickEnd struct {
 	redis redisStats // read after the tick, well before the next one
 }
 
-// renewalResult is one RedisLocker holding many leases.
+// renewalResult is one Locker holding many leases.
 type renewalResult struct {
 	leases, batch int
 	ttl, interval time.Duration
@@ -56,7 +56,7 @@ const batchGap = 10 * time.Millisecond
 // cycleCost is the wall and process CPU time of one acquire+release cycle.
 type cycleCost struct{ wall, cpu time.Duration }
 
-// renewal measures one lockkit RedisLocker holding b.leases leases with TTL
+// renewal measures one lockkit Locker holding b.leases leases with TTL
 // b.leaseTTL (renewed every TTL/3, DefaultRenewBatch leases per pipeline).
 func (b *bench) renewal(ctx context.Context) (renewalResult, error) {
 	res := renewalResult{leases: b.leases, batch: lockcore.DefaultRenewBatch, ttl: b.leaseTTL, interval: b.leaseTTL / 3}

@@ -97,7 +97,7 @@ func (r *report) markdown() string {
 			"the return of the waiter's acquire. %d handoffs per library after one unmeasured.\n", r.spread, r.handoffs)
 	}
 	if r.runs("renewal") {
-		fmt.Fprintf(&w, "- Renewal: one RedisLocker takes %d leases (TTL %s, so renewed every %s; %d renewals per "+
+		fmt.Fprintf(&w, "- Renewal: one Locker takes %d leases (TTL %s, so renewed every %s; %d renewals per "+
 			"pipeline, the default) with 16 goroutines. A renewal tick is counted each time the number of "+
 			"`EventRenewed` events reaches a multiple of %d (observed with `WithObserver`, on the renewer goroutine). "+
 			"The first %d ticks are skipped, the next %d measured. The hook records every pipeline; a renewal batch "+
@@ -267,7 +267,7 @@ func (r *report) renewalTable() string {
 		batchWall = append(batchWall, bt[len(bt)-1].end().Sub(bt[0].start))
 	}
 	rows := [][]string{
-		{"leases held by one RedisLocker", fmt.Sprintf("%d (TTL %s, renewed every %s, up to %d per pipeline)", x.leases, x.ttl, x.interval, x.batch)},
+		{"leases held by one Locker", fmt.Sprintf("%d (TTL %s, renewed every %s, up to %d per pipeline)", x.leases, x.ttl, x.interval, x.batch)},
 		{"taking them (16 goroutines)", fmt.Sprintf("%s wall, %s process CPU (%s per lease)", msec(x.acquireWall), msec(x.acquireCPU), perLease(x.acquireCPU))},
 		{"goroutines of the process", fmt.Sprintf("%d before the Locker took its first lease, %d while it holds them all (+%d)",
 			x.goroutinesBefore, x.goroutinesHolding, x.goroutinesHolding-x.goroutinesBefore)},

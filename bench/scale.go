@@ -14,7 +14,7 @@ import (
 )
 
 // How cost grows as work grows: each curve at sizes spanning 100×, on one
-// RedisLocker of default options.
+// Locker of default options.
 
 // keysPoint is one run of cycles on distinct keys.
 type keysPoint struct {
@@ -268,7 +268,7 @@ func (b *bench) scalePark(ctx context.Context, n int) (parkPoint, error) {
 	if err != nil {
 		return p, err
 	}
-	// The parked queue's key (see lockkit.RedisLocker's layout).
+	// The parked queue's key (see *lockkit.Locker's layout).
 	mem, err := b.admin.MemoryUsage(ctx, b.prefix+"scale:{"+key+"}:k").Result()
 	if err != nil {
 		return p, err
@@ -381,7 +381,7 @@ func (r *report) scaleSection() string {
 		w.WriteString("\n")
 	}
 	if len(x.renewed) > 0 {
-		w.WriteString("Leases held and renewed by one RedisLocker (the renewal section's method at each size: TTL " +
+		w.WriteString("Leases held and renewed by one Locker (the renewal section's method at each size: TTL " +
 			"3 s, renewed every second, up to 100 leases per pipeline; the measured ticks' averages).\n\n")
 		var rows [][]string
 		for _, rr := range x.renewed {

@@ -120,7 +120,7 @@ func (b *bench) throughput(ctx context.Context, env *asynqEnv) ([]tputResult, re
 					}
 					return nil
 				})
-				var locker *lockkit.RedisLocker
+				var locker *lockkit.Locker
 				if guarded {
 					locker, err = lockkit.NewRedis(lockClient, lockkit.WithPrefix(b.prefix+"e2e:"))
 					if err != nil {

@@ -39,7 +39,7 @@ var cronParser = cron.NewParser(cron.Second | cron.Minute | cron.Hour | cron.Dom
 // workload, each job under cronguard.Wrap (none with -broken none), firing
 // and naming its ticks by the wall clock plus offset, and recording each
 // run and each guard decision with its tick.
-func startCron(rec *recorder, locker lockkit.Locker, w Workload, offset time.Duration, broken string) (*cron.Cron, error) {
+func startCron(rec *recorder, locker *lockkit.Locker, w Workload, offset time.Duration, broken string) (*cron.Cron, error) {
 	clock := func() time.Time { return time.Now().Add(offset) }
 	c := cron.New(cron.WithSeconds(), cron.WithLocation(time.UTC), cron.WithLogger(cron.DiscardLogger))
 	for _, e := range w.Crons {

@@ -142,9 +142,8 @@ type added struct {
 }
 
 // New returns a Guard taking leases from locker. It returns an error matching
-// ErrInvalid for a nil locker, a Locker that is not a *lockkit.RedisLocker
-// (naming its type) or an invalid option.
-func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
+// ErrInvalid for a nil locker or an invalid option.
+func New(locker *lockkit.Locker, opts ...Option) (*Guard, error) {
 	if locker == nil {
 		return nil, fmt.Errorf("%w: New: locker is nil", ErrInvalid)
 	}
@@ -217,7 +216,7 @@ func (g *Guard) claimName(name, spec string, c *cron.Cron) error {
 // has a Guard of its own, which cannot know of the names of other calls: for
 // several entries in one process use one Guard, whose Add and Wrap refuse a
 // name twice (ErrDuplicateEntry).
-func Wrap(locker lockkit.Locker, name, spec string, opts ...Option) (cron.JobWrapper, error) {
+func Wrap(locker *lockkit.Locker, name, spec string, opts ...Option) (cron.JobWrapper, error) {
 	g, err := New(locker, opts...)
 	if err != nil {
 		return nil, err

@@ -97,7 +97,7 @@ func ExampleGuard_Wrap() {
 	}
 	for _, r := range []struct {
 		name   string
-		locker lockkit.Locker
+		locker *lockkit.Locker
 		now    time.Time // the replica's clock when its cron fires
 	}{
 		{"a", a, tick.Add(time.Millisecond)},

@@ -139,19 +139,19 @@ var _ cron.Logger = (*logRecorder)(nil)
 // lockkittest.Store, or of one Redis (redisFleet).
 type fleet struct {
 	t    *testing.T
-	base lockkit.Locker
+	base *lockkit.Locker
 	// peer returns the i-th replica's Locker (i > 0).
-	peer func(i int) lockkit.Locker
+	peer func(i int) *lockkit.Locker
 }
 
 func newFleet(t *testing.T) *fleet {
 	store := lockkittest.NewStore(t)
-	return &fleet{t: t, base: store.Locker(lockkit.WithOwner("replica-0")), peer: func(i int) lockkit.Locker {
+	return &fleet{t: t, base: store.Locker(lockkit.WithOwner("replica-0")), peer: func(i int) *lockkit.Locker {
 		return store.Locker(lockkit.WithOwner(fmt.Sprintf("replica-%d", i)))
 	}}
 }
 
-// redisFleet is a fleet of RedisLockers on the standalone Redis or the
+// redisFleet is a fleet of Lockers on the standalone Redis or the
 // Cluster, under one test prefix.
 func redisFleet(t *testing.T, cluster bool) *fleet {
 	var c redis.UniversalClient = testredis.Client(t)
@@ -159,7 +159,7 @@ func redisFleet(t *testing.T, cluster bool) *fleet {
 		c = testredis.Cluster(t)
 	}
 	prefix := testredis.Prefix(t, c)
-	locker := func(i int) lockkit.Locker {
+	locker := func(i int) *lockkit.Locker {
 		l, err := lockkit.NewRedis(c, lockkit.WithPrefix(prefix), lockkit.WithOwner(fmt.Sprintf("replica-%d", i)))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = l.Close(context.Background()) })
@@ -169,7 +169,7 @@ func redisFleet(t *testing.T, cluster bool) *fleet {
 }
 
 // locker returns the i-th replica's Locker.
-func (f *fleet) locker(i int) lockkit.Locker {
+func (f *fleet) locker(i int) *lockkit.Locker {
 	if i == 0 {
 		return f.base
 	}

@@ -117,7 +117,7 @@ func lateBy(d time.Duration) cron.JobWrapper {
 // node is one replica: its own Redis client, Locker and Cron.
 type node struct {
 	rdb    redis.UniversalClient
-	locker *lockkit.RedisLocker
+	locker *lockkit.Locker
 	cron   *cron.Cron
 	rt     *testredis.Counter
 }

@@ -100,7 +100,7 @@ type parserOf struct{ s cron.Schedule }
 func (p parserOf) Parse(string) (cron.Schedule, error) { return p.s, nil }
 
 // wrapAt wraps spec in at's time zone on a Guard whose clock reads at.
-func wrapAt(t *testing.T, locker lockkit.Locker, at time.Time, spec string, opts ...Option) error {
+func wrapAt(t *testing.T, locker *lockkit.Locker, at time.Time, spec string, opts ...Option) error {
 	t.Helper()
 	g, err := New(locker, append([]Option{WithClock(func() time.Time { return at }), WithLocation(at.Location()),
 		WithLogger(cron.DiscardLogger)}, opts...)...)

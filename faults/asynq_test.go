@@ -43,7 +43,7 @@ func newAsynqEnv(t *testing.T) *asynqtest.Env {
 // asynqGuard is the singleton middleware every worker of a scenario uses: tasks
 // keyed by their task ID (or all by sharedKey, see keyOption), duplicates
 // requeued after 50ms. held, if not nil, counts the duplicates it holds back.
-func asynqGuard(rdb redis.UniversalClient, prefix, owner string, ttl time.Duration, held *atomic.Int32, key ...singleton.ServerOption) (asynq.MiddlewareFunc, *lockkit.RedisLocker, error) {
+func asynqGuard(rdb redis.UniversalClient, prefix, owner string, ttl time.Duration, held *atomic.Int32, key ...singleton.ServerOption) (asynq.MiddlewareFunc, *lockkit.Locker, error) {
 	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix), lockkit.WithOwner(owner))
 	if err != nil {
 		return nil, nil, err

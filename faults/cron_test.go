@@ -45,7 +45,7 @@ func TestCronReplicaKilledMidRunWithSkew(t *testing.T) {
 	type replica struct {
 		rdb  *redis.Client
 		cron *cron.Cron
-		lock *lockkit.RedisLocker
+		lock *lockkit.Locker
 	}
 	var replicas []*replica
 	skews := []struct{ late, behind time.Duration }{{0, 0}, {200 * time.Millisecond, 0}, {300 * time.Millisecond, 300 * time.Millisecond}}

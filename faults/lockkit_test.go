@@ -30,7 +30,7 @@ type work struct {
 	cause     error
 }
 
-func startWork(t *testing.T, l lockkit.Locker, key string, opt *lockkit.AcquireOptions) *work {
+func startWork(t *testing.T, l *lockkit.Locker, key string, opt *lockkit.AcquireOptions) *work {
 	t.Helper()
 	lease, err := l.TryAcquire(context.Background(), key, opt)
 	require.NoError(t, err)

@@ -108,10 +108,10 @@ func WithClock(now func() time.Time) Option { return func(l *Locker) { l.now = n
 // time.Local, as gocron's.
 func WithLocation(loc *time.Location) Option { return func(l *Locker) { l.loc = loc } }
 
-// Locker is a gocron.Locker on a lockkit.Locker. The lockkit key of a job
+// Locker is a gocron.Locker on a *lockkit.Locker. The lockkit key of a job
 // is "gocron:" followed by the job's name (under the Locker's own prefix).
 type Locker struct {
-	l      *lockcore.RedisLocker // the engine under the lockkit.Locker given
+	l      *lockcore.RedisLocker // the engine under the *lockkit.Locker given
 	hold   time.Duration
 	tol    time.Duration
 	now    func() time.Time
@@ -129,10 +129,10 @@ type schedule struct {
 var _ gocron.Locker = (*Locker)(nil)
 
 // NewLocker returns a gocron.Locker on l. It returns an error matching
-// ErrInvalid for a nil l, an l that is not a *lockkit.RedisLocker, a spec
+// ErrInvalid for a nil l, a spec
 // that does not parse, two WithSchedule of one job, or a non-positive
 // duration.
-func NewLocker(l lockkit.Locker, opts ...Option) (*Locker, error) {
+func NewLocker(l *lockkit.Locker, opts ...Option) (*Locker, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: NewLocker: locker is nil", ErrInvalid)
 	}
@@ -248,7 +248,7 @@ func WithHandover(d time.Duration) ElectorOption { return func(e *Elector) { e.h
 // nil for defaults: a dead leader is replaced within the TTL). Close it to
 // resign. It returns an error matching lockkit.ErrInvalid for a nil l, an
 // empty key or an invalid option (ErrInvalid).
-func NewElector(l lockkit.Locker, key string, opt *lockkit.AcquireOptions, opts ...ElectorOption) (*Elector, error) {
+func NewElector(l *lockkit.Locker, key string, opt *lockkit.AcquireOptions, opts ...ElectorOption) (*Elector, error) {
 	e := &Elector{handover: defaultHandover}
 	for _, o := range opts {
 		if o != nil {

@@ -179,9 +179,6 @@ func TestValidation(t *testing.T) {
 	}
 	_, err := gocronguard.NewLocker(nil)
 	require.ErrorIs(t, err, gocronguard.ErrInvalid)
-	_, err = gocronguard.NewLocker(struct{ lockkit.Locker }{l}) // not a *lockkit.RedisLocker
-	require.ErrorIs(t, err, gocronguard.ErrInvalid)
-	require.ErrorContains(t, err, "gocronguard.NewLocker needs a *lockkit.RedisLocker")
 	_, err = gocronguard.NewElector(nil, "k", nil)
 	require.ErrorIs(t, err, lockkit.ErrInvalid)
 	_, err = gocronguard.NewElector(l, "k", nil, gocronguard.WithHandover(0))

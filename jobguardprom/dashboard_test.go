@@ -43,7 +43,7 @@ func TestDashboardQueriesHaveMetrics(t *testing.T) {
 
 	e := asynqtest.NewEnv(t, asynqtest.Standalone(t, 13))
 	reg := prometheus.NewRegistry()
-	var locker *lockkit.RedisLocker
+	var locker *lockkit.Locker
 	m, err := jobguardprom.New(reg, jobguardprom.WithLockers(lockerRef{&locker}))
 	require.NoError(t, err)
 	// A short TTL: the released run hears of it at its next renewal (TTL/3).

@@ -63,7 +63,7 @@ func WithBuckets(b ...float64) Option { return func(c *config) { c.buckets = b }
 
 // WithLockers makes jobguard_leases_held sum the leases these Lockers hold
 // when scraped: any value whose Held method reports how many leases it
-// holds, as *lockkit.RedisLocker's does. Defaults to no such gauge.
+// holds, as *lockkit.Locker's does. Defaults to no such gauge.
 func WithLockers(ls ...interface{ Held() int }) Option {
 	return func(c *config) { c.lockers = append(c.lockers, ls...) }
 }

@@ -59,7 +59,7 @@ func value(t *testing.T, reg *prometheus.Registry, name string, labels map[strin
 func TestMetricsAfterRealRuns(t *testing.T) {
 	e := asynqtest.NewEnv(t, asynqtest.Standalone(t, 13))
 	reg := prometheus.NewRegistry()
-	var locker *lockkit.RedisLocker
+	var locker *lockkit.Locker
 	m, err := jobguardprom.New(reg, jobguardprom.WithLockers(lockerRef{&locker}))
 	require.NoError(t, err)
 	locker, err = lockkit.NewRedis(e.RDB, lockkit.WithPrefix(e.Prefix), lockkit.WithObserver(m.LockObserver()))
@@ -185,7 +185,7 @@ func (p onceParser) Next(t time.Time) time.Time {
 }
 
 // lockerRef lets the gauge read a Locker made after the metrics.
-type lockerRef struct{ l **lockkit.RedisLocker }
+type lockerRef struct{ l **lockkit.Locker }
 
 func (r lockerRef) Held() int {
 	if *r.l == nil {

@@ -2,8 +2,8 @@
 // semaphores in Redis that renew themselves while work runs and tell the work
 // when they are lost.
 //
-// A Locker hands out a *Lease per key. RedisLocker shares leases between
-// processes through Redis (standalone, Sentinel or Cluster). Package
+// A Locker hands out a *Lease per key, shared between processes through
+// Redis (standalone, Sentinel or Cluster). Package
 // lockkit/inprocess runs it on a Redis embedded in the process, for a
 // single-process deployment; lockkit/lockkittest gives tests one.
 //
@@ -40,10 +40,25 @@
 //     token's: Select).
 //   - Close stops the renewer and releases every lease the Locker holds.
 //
-// The adapters build on a *RedisLocker: middleware (conflict policies,
+// # Words
+//
+// A key names what one run at a time (or Limit runs) may do. A lease is a
+// held claim on a key, with a TTL that renewal keeps from running out; its
+// holder is the process (owner, WithOwner) that holds it, and its label
+// (AcquireOptions.Label) names the work it holds the key for (for asynq, the
+// task's ID that its requeued copies keep). A fencing token
+// (Lease.Token) grows with every acquire of a key. A waiter waits for a key
+// (Acquire). A reservation is a lease that nothing renews, taken for work
+// that has not started yet (a task parked at enqueue, a Unique task); the
+// work takes it over when it starts (Holder.Reserved). An operator's
+// release either cancels a run (CancelRun: the key stays held until it
+// returns) or frees the key at once (ForceRelease). The same words are used
+// in middleware, singleton, cronguard, the logs, the metrics, the Redis
+// records and the Lua scripts; middleware adds the words of jobs (job,
+// duplicate, policy, action, event).
+//
+// The adapters build on a *Locker: middleware (conflict policies,
 // follow-ups, events), singleton (asynq), cronguard (robfig/cron) and
-// opsview (an operator's page). Beside leases, on the same Redis and
-// prefix but apart from them: package lockkit/throttle keeps a budget of
-// starts per key, lockkit/debounce the newest request of a burst. Package
-// lockkit/elect elects a leader on any Locker.
+// opsview (an operator's page). Package lockkit/elect elects a leader on a
+// Locker.
 package lockkit

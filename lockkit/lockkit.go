@@ -10,7 +10,7 @@ import (
 
 func init() {
 	lockcore.SetUnwrap(func(l any) (*lockcore.RedisLocker, bool) {
-		rl, ok := l.(*RedisLocker)
+		rl, ok := l.(*Locker)
 		if !ok || rl == nil {
 			return nil, false
 		}
@@ -45,7 +45,7 @@ var (
 	// ErrLost): it stays held and renewed, its fencing token valid, until
 	// the run returns and releases it, which hands the key on.
 	ErrCancelled = lockcore.ErrCancelled
-	// ErrUnsupported is returned by the first call of a RedisLocker on a Redis
+	// ErrUnsupported is returned by the first call of a Locker on a Redis
 	// server older than 6.2 (its scripts renew with ZADD GT); the message
 	// names the version found.
 	ErrUnsupported = lockcore.ErrUnsupported
@@ -59,58 +59,6 @@ var (
 // queued ahead, AcquireOptions.Fair); Holders, the number of live holders;
 // Ahead, the number of live fair waiters queued before the caller.
 type ConflictError = lockcore.ConflictError
-
-// Locker hands out leases on keys. RedisLocker implements it for a fleet of
-// processes sharing a Redis (or one process with an embedded Redis: package
-// lockkit/inprocess). The adapters (middleware, singleton, cronguard,
-// periodic, opsview, lockkit/throttle, lockkit/debounce) take a Locker and
-// need a *RedisLocker under it: given another, they fail at construction
-// with ErrInvalid.
-type Locker interface {
-	// TryAcquire makes one attempt. It returns a held lease, or an error that
-	// matches ErrNotAcquired (a *ConflictError), ErrInvalid, ErrClosed, or a
-	// Redis error.
-	TryAcquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error)
-	// Acquire waits until the key can be acquired or ctx ends. Waiters are woken
-	// when a holder releases. When ctx ends first the error wraps ctx.Err() and
-	// the last *ConflictError.
-	Acquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error)
-	// Inspect reports the live holders and waiters of key.
-	Inspect(ctx context.Context, key string) (*Info, error)
-	// Keys returns, sorted, the keys that have a live holder and match
-	// pattern in Redis glob syntax ('*' matches any run of characters, '/'
-	// included; '?' one character; "[a-z]", "[^a]" a class; '\' escapes).
-	Keys(ctx context.Context, pattern string) ([]string, error)
-	// ForceRelease removes the live holders of key that which selects,
-	// whoever holds them, and wakes waiters: an operator's release of a
-	// stuck key. It returns how many holders were removed (a repeated call,
-	// as after a lost reply, returns the first run's count), ErrInvalid for
-	// an empty key or an invalid Select, and ErrNotHeld (naming the key's
-	// holders now) when which names a Token whose holder no longer holds
-	// the key. A removed holder can no longer be renewed, and every later
-	// acquire of the key gets a greater fencing token; its work's ctx is
-	// cancelled with a cause matching ErrLost within milliseconds (or at
-	// its next renewal when its Locker missed the notice). The key is free
-	// at once, while the removed holder's work may still run: to stop a
-	// run without that, use CancelRun.
-	ForceRelease(ctx context.Context, key string, which Select) (int, error)
-	// CancelRun asks the runs holding key that which selects to stop,
-	// whoever holds them, and never lets two runs of the key overlap: the
-	// contexts of each selected lease are cancelled with a cause matching
-	// ErrCancelled (not ErrLost), within milliseconds or at its next
-	// renewal; the lease stays held and renewed until its run returns and
-	// releases it. Inspect shows the request (Holder.Cancelling) until
-	// then, for a day at most. It returns how many runs were selected (a
-	// repeated call returns the same), ErrInvalid for an empty key or an
-	// invalid Select, and ErrNotHeld when which names a Token that no run
-	// holds.
-	CancelRun(ctx context.Context, key string, which Select) (int, error)
-	// Close stops renewal and releases every lease the Locker still holds.
-	// A release that fails (Redis unreachable) leaves its leases to expire
-	// with their TTL; Close still sends the others until ctx ends, and
-	// returns the failures joined.
-	Close(ctx context.Context) error
-}
 
 // AcquireOptions are per-acquire settings. A nil *AcquireOptions means all defaults.
 type AcquireOptions struct {
@@ -203,13 +151,13 @@ type Holder struct {
 // matching ErrLost if the lease is lost, and carries the lease
 // (LeaseFromContext). It returns fn's error, else the release's: one
 // matching ErrLost (and ErrNotHeld) if the lease was lost while fn ran.
-func Do(ctx context.Context, l Locker, key string, opt *AcquireOptions, fn func(context.Context) error) error {
+func Do(ctx context.Context, l *Locker, key string, opt *AcquireOptions, fn func(context.Context) error) error {
+	if l == nil {
+		return fmt.Errorf("%w: Do: locker is nil", ErrInvalid)
+	}
 	lease, err := l.Acquire(ctx, key, opt)
 	if err != nil {
 		return err
-	}
-	if lease == nil || lease.c == nil {
-		return fmt.Errorf("%w: Do: the Locker (%T) returned no lease of a RedisLocker", ErrInvalid, l)
 	}
 	return lease.c.Run(ctx, fn)
 }

@@ -10,19 +10,18 @@ import (
 	"github.com/jobguard/jobguard/internal/lockcore"
 )
 
-// RedisLocker is a Locker backed by Redis, shared by every process that uses
-// the same Redis and prefix. All keys of one lock share a {hash tag}, so it
+// Locker hands out leases on keys, backed by Redis: it is shared by every
+// process that uses the same Redis and prefix (or by the goroutines of one
+// process, on an embedded Redis: package lockkit/inprocess). All keys of one lock share a {hash tag}, so it
 // works on Redis Cluster as well as standalone and Sentinel deployments.
 // Every call is safe to run twice, as go-redis does when a reply is late: a
 // repeated acquire returns the lease its first run took, a repeated release
 // reports the same success.
-type RedisLocker struct {
+type Locker struct {
 	core *lockcore.RedisLocker
 }
 
-var _ Locker = (*RedisLocker)(nil)
-
-// NewRedis returns a RedisLocker using client, which it does not close. It
+// NewRedis returns a Locker using client, which it does not close. It
 // returns an error matching ErrInvalid for a nil client (also a typed nil) or
 // an invalid option. The Locker starts no goroutine until a lease is acquired
 // or a waiter waits; call Close to stop them. Its first acquire checks the
@@ -31,7 +30,7 @@ var _ Locker = (*RedisLocker)(nil)
 // A released lock's state is kept for the client's retry window,
 // (MaxRetries+1) × (ReadTimeout + MaxRetryBackoff), between a second and a
 // minute, so that a release that go-redis sends again reports the same.
-func NewRedis(client redis.UniversalClient, opts ...Option) (*RedisLocker, error) {
+func NewRedis(client redis.UniversalClient, opts ...Option) (*Locker, error) {
 	core := make([]lockcore.Option, len(opts))
 	for i, o := range opts {
 		core[i] = o.o
@@ -40,16 +39,20 @@ func NewRedis(client redis.UniversalClient, opts ...Option) (*RedisLocker, error
 	if err != nil {
 		return nil, err
 	}
-	return &RedisLocker{core: l}, nil
+	return &Locker{core: l}, nil
 }
 
-// TryAcquire implements Locker.
-func (l *RedisLocker) TryAcquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error) {
+// TryAcquire makes one attempt. It returns a held lease, or an error that
+// matches ErrNotAcquired (a *ConflictError), ErrInvalid, ErrClosed, or a
+// Redis error.
+func (l *Locker) TryAcquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error) {
 	return lease(l.core.TryAcquire(ctx, key, opt.core()))
 }
 
-// Acquire implements Locker.
-func (l *RedisLocker) Acquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error) {
+// Acquire waits until the key can be acquired or ctx ends. Waiters are woken
+// when a holder releases. When ctx ends first the error wraps ctx.Err() and
+// the last *ConflictError.
+func (l *Locker) Acquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error) {
 	return lease(l.core.Acquire(ctx, key, opt.core()))
 }
 
@@ -60,8 +63,8 @@ func lease(c *lockcore.Lease, err error) (*Lease, error) {
 	return &Lease{c: c}, nil
 }
 
-// Inspect implements Locker.
-func (l *RedisLocker) Inspect(ctx context.Context, key string) (*Info, error) {
+// Inspect reports the live holders and waiters of key.
+func (l *Locker) Inspect(ctx context.Context, key string) (*Info, error) {
 	in, err := l.core.Inspect(ctx, key)
 	if err != nil {
 		return nil, err
@@ -74,29 +77,56 @@ func (l *RedisLocker) Inspect(ctx context.Context, key string) (*Info, error) {
 	return info, nil
 }
 
-// Keys implements Locker. It uses SCAN on every master, never KEYS.
-func (l *RedisLocker) Keys(ctx context.Context, pattern string) ([]string, error) {
+// Keys returns, sorted, the keys that have a live holder and match
+// pattern in Redis glob syntax ('*' matches any run of characters, '/'
+// included; '?' one character; "[a-z]", "[^a]" a class; '\' escapes).
+// It uses SCAN on every master, never KEYS.
+func (l *Locker) Keys(ctx context.Context, pattern string) ([]string, error) {
 	return l.core.Keys(ctx, pattern)
 }
 
-// ForceRelease implements Locker.
-func (l *RedisLocker) ForceRelease(ctx context.Context, key string, which Select) (int, error) {
+// ForceRelease removes the live holders of key that which selects,
+// whoever holds them, and wakes waiters: an operator's release of a
+// stuck key. It returns how many holders were removed (a repeated call,
+// as after a lost reply, returns the first run's count), ErrInvalid for
+// an empty key or an invalid Select, and ErrNotHeld (naming the key's
+// holders now) when which names a Token whose holder no longer holds
+// the key. A removed holder can no longer be renewed, and every later
+// acquire of the key gets a greater fencing token; its work's ctx is
+// cancelled with a cause matching ErrLost within milliseconds (or at
+// its next renewal when its Locker missed the notice). The key is free
+// at once, while the removed holder's work may still run: to stop a
+// run without that, use CancelRun.
+func (l *Locker) ForceRelease(ctx context.Context, key string, which Select) (int, error) {
 	return l.core.ForceRelease(ctx, key, lockcore.Select{Owner: which.Owner, Token: which.Token})
 }
 
-// CancelRun implements Locker.
-func (l *RedisLocker) CancelRun(ctx context.Context, key string, which Select) (int, error) {
+// CancelRun asks the runs holding key that which selects to stop,
+// whoever holds them, and never lets two runs of the key overlap: the
+// contexts of each selected lease are cancelled with a cause matching
+// ErrCancelled (not ErrLost), within milliseconds or at its next
+// renewal; the lease stays held and renewed until its run returns and
+// releases it. Inspect shows the request (Holder.Cancelling) until
+// then, for a day at most. It returns how many runs were selected (a
+// repeated call returns the same), ErrInvalid for an empty key or an
+// invalid Select, and ErrNotHeld when which names a Token that no run
+// holds.
+func (l *Locker) CancelRun(ctx context.Context, key string, which Select) (int, error) {
 	return l.core.CancelRun(ctx, key, lockcore.Select{Owner: which.Owner, Token: which.Token})
 }
 
 // Held returns how many leases the Locker holds and renews now (for a
 // gauge such as jobguardprom's).
-func (l *RedisLocker) Held() int { return l.core.Held() }
+func (l *Locker) Held() int { return l.core.Held() }
 
-// Close implements Locker. It does not close the Redis client.
-func (l *RedisLocker) Close(ctx context.Context) error { return l.core.Close(ctx) }
+// Close stops renewal and releases every lease the Locker still holds.
+// A release that fails (Redis unreachable) leaves its leases to expire
+// with their TTL; Close still sends the others until ctx ends, and
+// returns the failures joined.
+// It does not close the Redis client.
+func (l *Locker) Close(ctx context.Context) error { return l.core.Close(ctx) }
 
-// Option configures a RedisLocker.
+// Option configures a Locker.
 type Option struct{ o lockcore.Option }
 
 // WithPrefix sets the prefix of every Redis key and channel the Locker uses.

@@ -69,14 +69,13 @@ var (
 // matching ErrInvalid.
 type Guard = guard.Guard
 
-// New returns a Guard that takes leases from locker, a *lockkit.RedisLocker.
-// It returns an error matching ErrInvalid for a nil locker, a Locker that is
-// not a *lockkit.RedisLocker (naming its type), an option of another package
+// New returns a Guard that takes leases from locker. It returns an error
+// matching ErrInvalid for a nil locker, an option of another package
 // (singleton's key options, say), or an invalid option, naming the option
 // and the value. The combinations that cannot work are refused here:
 // WithLimit above 1 with Coalesce, KeepNewest or Preempt; WithHoldAtLeast
 // with Preempt.
-func New(locker lockkit.Locker, opts ...Option) (*Guard, error) { return guard.New(locker, opts...) }
+func New(locker *lockkit.Locker, opts ...Option) (*Guard, error) { return guard.New(locker, opts...) }
 
 // Option configures a Guard; singleton.New, singleton.Middleware and
 // cronguard take the same values. Build one with the With functions.
@@ -244,7 +243,7 @@ func WithLimit(n int) Option { return guard.WithLimit(n) }
 // and Preempt, whatever then is: other jobs folded into it or gave way to
 // it). A delivery that waited for its own earlier run
 // is that run's retry and spends no start. n must be at least 1, period between a millisecond and
-// 100 years. The budget is kept in the Redis of the *lockkit.RedisLocker.
+// 100 years. The budget is kept in the Redis of the *lockkit.Locker.
 // Defaults to no throttle.
 func WithThrottle(n int, period time.Duration, then Action) Option {
 	return guard.WithThrottle(n, period, then)

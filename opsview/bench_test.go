@@ -87,7 +87,7 @@ func BenchmarkPageRefresh(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = vl.Close(ctx) })
-	for name, h := range map[string]http.Handler{"ScanKeys": must(opsview.New(vl)), "Keys": must(opsview.New(hidden{vl}))} {
+	for name, h := range map[string]http.Handler{"ScanKeys": must(opsview.New(vl))} {
 		b.Run(fmt.Sprintf("%s/keys=%d", name, n), func(b *testing.B) {
 			count.trips.Store(0)
 			count.cmds.Store(0)

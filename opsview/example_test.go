@@ -10,7 +10,7 @@ import (
 // The README's mount, compiled: requireAdmin stands for the user's own
 // authentication.
 func ExampleNew() {
-	var locker lockkit.Locker // lockkit.NewRedis(rdb)
+	var locker *lockkit.Locker // lockkit.NewRedis(rdb)
 	requireAdmin := func(h http.Handler) http.Handler { return h }
 	run := func() error {
 		h, err := opsview.New(locker, opsview.WithRelease()) // read-only without WithRelease

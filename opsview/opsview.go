@@ -102,8 +102,8 @@ func WithFrameAncestors(origins ...string) Option {
 // forced one removes the holders (Locker.ForceRelease) while their runs may
 // go on. The page's Confirm sends the tokens it showed.
 type Handler struct {
-	l       lockkit.Locker
-	core    *lockcore.RedisLocker // the engine under l; nil when l is not a *lockkit.RedisLocker
+	l       *lockkit.Locker
+	core    *lockcore.RedisLocker // the engine under l; nil when l is not a *lockkit.Locker
 	release bool
 	refresh time.Duration
 	pattern string
@@ -124,12 +124,16 @@ type Handler struct {
 
 // New returns the handler for locker. It returns an error matching
 // ErrInvalid for a nil locker or an invalid option.
-func New(locker lockkit.Locker, opts ...Option) (*Handler, error) {
+func New(locker *lockkit.Locker, opts ...Option) (*Handler, error) {
 	if locker == nil {
 		return nil, fmt.Errorf("%w: New: locker is nil", ErrInvalid)
 	}
 	h := &Handler{l: locker, refresh: defaultRefresh, pattern: "*"}
-	h.core, _ = lockcore.Of("opsview.New", locker) // nil: the page lists with Keys and shows no parked jobs
+	core, err := lockcore.Of("opsview.New", locker)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	h.core = core
 	for _, o := range opts {
 		if o != nil {
 			o(h)
@@ -164,16 +168,15 @@ func New(locker lockkit.Locker, opts ...Option) (*Handler, error) {
 // authentication sets to the operator's identity (such as
 // "X-Forwarded-User"): every release is logged at Info with it, the key, the
 // fencing tokens asked for, how many holders were removed, and the error, if
-// any, through the Locker's logger (lockkit.WithLogger; slog.Default() for a
-// Locker that is not a *lockkit.RedisLocker). Without it a release is logged too, with
+// any, through the Locker's logger (lockkit.WithLogger). Without it a
+// release is logged too, with
 // no actor. Defaults to none.
 func WithActorHeader(name string) Option { return func(h *Handler) { h.actor = name } }
 
 // WithScanBudget bounds the work of one listing of the held keys, whatever
 // the size of the keyspace: at most calls SCAN calls of COUNT count each
-// (the engine's ScanKeys under a *lockkit.RedisLocker); a page may then show fewer keys than
-// its size, and Next goes on from where it stopped. A Locker without
-// ScanKeys lists every key (Locker.Keys) on every refresh. New returns an
+// (the engine's ScanKeys); a page may then show fewer keys than
+// its size, and Next goes on from where it stopped. New returns an
 // error matching ErrInvalid for a negative count or calls. Zero means
 // the default; defaults to 1000 keys a SCAN and
 // 10 SCAN calls.
@@ -332,7 +335,7 @@ func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
 }
 
 // inspect returns key's state: with the parked jobs from the engine under
-// a *lockkit.RedisLocker, from Locker.Inspect otherwise.
+// a *lockkit.Locker, from Locker.Inspect otherwise.
 func (h *Handler) inspect(ctx context.Context, key string) (*lockcore.Info, error) {
 	if h.core != nil {
 		return h.core.Inspect(ctx, key)
@@ -350,35 +353,10 @@ func (h *Handler) inspect(ctx context.Context, key string) (*lockcore.Info, erro
 }
 
 // page returns the keys of the page at cursor and the next page's cursor:
-// one bounded ScanKeys call when the Locker has it; otherwise Keys, whose
-// cursor is an offset in its sorted list. A cursor past the end of that
-// list is an error matching ErrInvalid (a 400), as is one that is not a
-// cursor at all.
+// one bounded ScanKeys call. A cursor that is not one of ScanKeys' is an
+// error matching ErrInvalid (a 400).
 func (h *Handler) page(ctx context.Context, pattern, cursor string, limit int) ([]string, string, error) {
-	if h.core != nil {
-		return h.core.ScanKeys(ctx, pattern, cursor, &lockcore.ScanOptions{Count: h.scanCount, Calls: h.scanCalls, Limit: limit})
-	}
-	offset := 0
-	if cursor != "" {
-		var err error
-		if offset, err = strconv.Atoi(cursor); err != nil || offset < 0 {
-			return nil, "", fmt.Errorf("%w: cursor %q: not a cursor of this page", ErrInvalid, cursor)
-		}
-	}
-	keys, err := h.l.Keys(ctx, pattern)
-	if err != nil {
-		return nil, "", err
-	}
-	if offset > len(keys) {
-		return nil, "", fmt.Errorf("%w: cursor %q: past the end of the %d held keys", ErrInvalid, cursor, len(keys))
-	}
-	// offset <= len(keys) and limit <= maxPageSize: the sum cannot overflow.
-	end := offset + min(limit, len(keys)-offset)
-	next := ""
-	if end < len(keys) {
-		next = strconv.Itoa(end)
-	}
-	return keys[offset:end], next, nil
+	return h.core.ScanKeys(ctx, pattern, cursor, &lockcore.ScanOptions{Count: h.scanCount, Calls: h.scanCalls, Limit: limit})
 }
 
 // limitOf reads the limit parameter: def when absent.
@@ -446,8 +424,7 @@ func (h *Handler) inspectPage(ctx context.Context, keys []string) []*lockView {
 	return views
 }
 
-// audit logs a release at Info through the Locker's logger (slog.Default()
-// for a Locker that is not a *lockkit.RedisLocker): who (the
+// audit logs a release at Info through the Locker's logger: who (the
 // WithActorHeader header), from where, which key and holders, and what came
 // of it.
 func (h *Handler) audit(r *http.Request, key string, tokens []int64, owner string, force bool, released int, err error) {

@@ -121,7 +121,7 @@ func NewClient(c *asynq.Client, rdb redis.UniversalClient, opts ...ClientOption)
 // newClient is NewClient; locker, when not nil, is the Locker of the
 // Unique, Debounce or ParkAtEnqueue option given a nil one, and logLen,
 // when not nil, the Guard's decision log length (Guard.Client).
-func newClient(c *asynq.Client, rdb redis.UniversalClient, locker *lockkit.RedisLocker, opts []ClientOption, logLen *int) (*Client, error) {
+func newClient(c *asynq.Client, rdb redis.UniversalClient, locker *lockkit.Locker, opts []ClientOption, logLen *int) (*Client, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: NewClient: asynq client is nil", ErrInvalid)
 	}

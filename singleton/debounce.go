@@ -38,12 +38,12 @@ import (
 // which must be on the same Redis and prefix, claims them; nil is refused
 // (ErrInvalid) by NewClient and means the Guard's Locker under
 // Guard.Client.
-func Debounce(locker *lockkit.RedisLocker, quiet, maxWait time.Duration) ClientOption {
+func Debounce(locker *lockkit.Locker, quiet, maxWait time.Duration) ClientOption {
 	return clientOpt(func(c *config) { c.debounce = &debounceSpec{locker: locker, quiet: quiet, maxWait: maxWait} })
 }
 
 type debounceSpec struct {
-	locker         *lockkit.RedisLocker
+	locker         *lockkit.Locker
 	quiet, maxWait time.Duration
 	requests       *debounce.Debouncer // on locker's Redis and prefix, made by validate
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/jobguard/jobguard/internal/debounce"
 	"github.com/jobguard/jobguard/internal/testredis"
-	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 )
 
@@ -49,18 +48,3 @@ func TestLatestRequestWins(t *testing.T) {
 	require.ErrorContains(t, err, "ran or runs")
 	require.NoError(t, m.admitNewest(ctx, middleware.Job{Key: "k"}), "a task that is not debounced is not asked about")
 }
-
-// The requests live in the Redis of a *lockkit.RedisLocker, beside the
-// leases: Middleware refuses another Locker, naming its type.
-func TestDebouncedTaskOnAnotherLocker(t *testing.T) {
-	rdb := testredis.Client(t)
-	l, err := lockkit.NewRedis(rdb)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close(context.Background()) })
-	_, err = Middleware(otherLocker{l})
-	require.ErrorIs(t, err, ErrInvalid)
-	require.ErrorContains(t, err, "Middleware needs a *lockkit.RedisLocker (lockkit.NewRedis, inprocess or lockkittest), and the Locker is singleton.otherLocker")
-}
-
-// otherLocker is a Locker that is not a *lockkit.RedisLocker.
-type otherLocker struct{ lockkit.Locker }

@@ -214,7 +214,7 @@ func TestRedeliveryOfAnOlderTaskDoesNotRunAfterTheNewer(t *testing.T) {
 		}
 		return nil
 	})
-	newMW := func(l lockkit.Locker) asynq.MiddlewareFunc {
+	newMW := func(l *lockkit.Locker) asynq.MiddlewareFunc {
 		mw, err := singleton.Middleware(l, singleton.WithPolicy(middleware.KeepNewest()), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
 		require.NoError(t, err)
 		return mw

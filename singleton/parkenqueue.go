@@ -74,12 +74,12 @@ const parkedHeader = "jobguard-parked"
 // parked: asynq refuses it (asynq.ErrTaskIDConflict), at the cost of one
 // more round trip for each task given an ID. ParkAtEnqueue excludes Unique
 // and Debounce. It is a Client option: Middleware rejects it.
-func ParkAtEnqueue(locker lockkit.Locker, backstop time.Duration) ClientOption {
+func ParkAtEnqueue(locker *lockkit.Locker, backstop time.Duration) ClientOption {
 	return clientOpt(func(c *config) { c.park = &parkSpec{locker: locker, backstop: backstop} })
 }
 
 type parkSpec struct {
-	locker   lockkit.Locker
+	locker   *lockkit.Locker
 	core     *lockcore.RedisLocker // the engine under locker, set by validate
 	backstop time.Duration
 	resumer  *guarded // starts the task parked behind a reservation given back

@@ -90,7 +90,7 @@ func TestRedeliveryDuringADeployKeepsTheNewestFollowUp(t *testing.T) {
 		}
 		return nil
 	})
-	newMW := func(l lockkit.Locker) asynq.MiddlewareFunc {
+	newMW := func(l *lockkit.Locker) asynq.MiddlewareFunc {
 		mw, err := singleton.Middleware(l, singleton.WithPolicy(middleware.KeepNewest()), singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
 		require.NoError(t, err)
 		return mw
@@ -157,7 +157,7 @@ func TestRedeliveryDuringADeployIsNotCoveredByItsOwnRun(t *testing.T) {
 				done.Add(1)
 				return nil
 			})
-			newMW := func(l lockkit.Locker) asynq.MiddlewareFunc {
+			newMW := func(l *lockkit.Locker) asynq.MiddlewareFunc {
 				opts := []singleton.ServerOption{singleton.WithPolicy(middleware.Coalesce()), singleton.WithObserver(ev.observe)}
 				if park {
 					opts = append(opts, singleton.WithRedis(e.RDB))

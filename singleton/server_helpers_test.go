@@ -62,8 +62,8 @@ func newEnvOn(t *testing.T, c connect) *env {
 	return &env{Env: asynqtest.NewEnv(t, c(t)), t: t}
 }
 
-// locker returns a RedisLocker with its own owner id, as on its own machine.
-func (e *env) locker(opts ...lockkit.Option) *lockkit.RedisLocker {
+// locker returns a Locker with its own owner id, as on its own machine.
+func (e *env) locker(opts ...lockkit.Option) *lockkit.Locker {
 	e.t.Helper()
 	l, err := lockkit.NewRedis(e.RDB, append([]lockkit.Option{lockkit.WithPrefix(e.Prefix)}, opts...)...)
 	require.NoError(e.t, err)

@@ -346,7 +346,7 @@ func TestRollingDeployDoesTheWorkOnce(t *testing.T) {
 					done.Add(1)
 					return nil
 				})
-				newMW := func(l lockkit.Locker) asynq.MiddlewareFunc {
+				newMW := func(l *lockkit.Locker) asynq.MiddlewareFunc {
 					mw, err := singleton.Middleware(l, append([]singleton.ServerOption{singleton.WithRedis(e.RDB)}, tc.opts...)...)
 					require.NoError(t, err)
 					return mw
@@ -1201,7 +1201,7 @@ func TestDebounceRunsTheNewestTask(t *testing.T) {
 // Debounce: when the newest request's task does not exist (its enqueue
 // failed), an older task of the burst runs in its place.
 func TestDebounceRunsAnOlderTaskWhenTheNewestIsMissing(t *testing.T) {
-	testDebounceOlderRuns(t, func(t *testing.T, e *env, _ *singleton.Client, locker *lockkit.RedisLocker) {
+	testDebounceOlderRuns(t, func(t *testing.T, e *env, _ *singleton.Client, locker *lockkit.Locker) {
 		client, prefix := coretest.Of(t, locker).Redis()
 		requests, err := debounce.New(client, debounce.WithPrefix(prefix))
 		require.NoError(t, err)
@@ -1214,7 +1214,7 @@ func TestDebounceRunsAnOlderTaskWhenTheNewestIsMissing(t *testing.T) {
 // started: it will not run, so an older task of the burst runs in its place
 // instead of completing as superseded.
 func TestDebounceRunsAnOlderTaskWhenTheNewestWasArchived(t *testing.T) {
-	testDebounceOlderRuns(t, func(t *testing.T, e *env, cl *singleton.Client, _ *lockkit.RedisLocker) {
+	testDebounceOlderRuns(t, func(t *testing.T, e *env, cl *singleton.Client, _ *lockkit.Locker) {
 		newer, err := cl.Enqueue(asynq.NewTask("sync", []byte("newer")), asynq.Queue(e.Queue), asynq.MaxRetry(0))
 		require.NoError(t, err)
 		require.NoError(t, e.Inspector.ArchiveTask(e.Queue, newer.ID))
@@ -1258,7 +1258,7 @@ func TestDebounceFindsTheNewestTaskInAnotherQueue(t *testing.T) {
 // testDebounceOlderRuns enqueues an older task of a debounced burst, lets
 // newer make a newer request that will not run, and checks that the older
 // task runs.
-func testDebounceOlderRuns(t *testing.T, newer func(t *testing.T, e *env, cl *singleton.Client, locker *lockkit.RedisLocker)) {
+func testDebounceOlderRuns(t *testing.T, newer func(t *testing.T, e *env, cl *singleton.Client, locker *lockkit.Locker)) {
 	onEachRedis(t, func(t *testing.T, r connect) {
 		e := newEnvOn(t, r)
 		locker := e.locker()

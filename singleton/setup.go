@@ -26,7 +26,7 @@ import (
 //	client, err := g.Client(asynq.NewClientFromRedisClient(rdb))
 type Guard struct {
 	m      *guarded
-	locker *lockkit.RedisLocker
+	locker *lockkit.Locker
 	rdb    redis.UniversalClient
 	keys   []ClientOption // the key options given to New, for Client
 }
@@ -123,16 +123,16 @@ func (g *Guard) Client(c *asynq.Client, opts ...ClientOption) (*Client, error) {
 
 // Locker returns the Guard's Locker, for lockkit's own uses (lockkit.Do,
 // the operator tools) in the same process.
-func (g *Guard) Locker() *lockkit.RedisLocker { return g.locker }
+func (g *Guard) Locker() *lockkit.Locker { return g.locker }
 
-// Close closes the Guard's Locker (lockkit.RedisLocker.Close), bounded by
+// Close closes the Guard's Locker (*lockkit.Locker.Close), bounded by
 // ctx: it releases the leases still held. Call it after every server using
 // the Guard has shut down.
 func (g *Guard) Close(ctx context.Context) error { return g.locker.Close(ctx) }
 
 // defaultLocker gives a Unique, Debounce or ParkAtEnqueue option that names
 // no Locker the Guard's.
-func (c *config) defaultLocker(l *lockkit.RedisLocker) {
+func (c *config) defaultLocker(l *lockkit.Locker) {
 	if c.unique != nil && c.unique.locker == nil {
 		c.unique.locker = l
 	}

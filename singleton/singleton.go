@@ -160,9 +160,8 @@ func PerQueue() Option { return keyOpt(func(c *config) { c.perQueue = true }) }
 // Without options the key is the task type, a duplicate is skipped, one task
 // per key runs at a time, and the lease TTL and the logger are the Locker's
 // (see lockkit.WithTTL and lockkit.WithLogger). Middleware returns an error
-// matching ErrInvalid, naming the option and the value, for a nil locker, a
-// Locker that is not a *lockkit.RedisLocker (naming its type) or an invalid
-// option; it never panics on options.
+// matching ErrInvalid, naming the option and the value, for a nil locker or
+// an invalid option; it never panics on options.
 //
 // A re-delivery of a task whose earlier delivery still holds the key (same
 // task ID, or the original of a Requeue copy) is never a duplicate: it waits
@@ -193,7 +192,7 @@ func PerQueue() Option { return keyOpt(func(c *config) { c.perQueue = true }) }
 // lockkit.ErrCancelled and asynq.RevokeTask (its Unique reservation ends
 // with the run); a lockkit error when the
 // lease could not be taken (Redis unreachable), which asynq retries.
-func Middleware(locker lockkit.Locker, opts ...ServerOption) (asynq.MiddlewareFunc, error) {
+func Middleware(locker *lockkit.Locker, opts ...ServerOption) (asynq.MiddlewareFunc, error) {
 	if locker == nil {
 		return nil, fmt.Errorf("%w: Middleware: locker is nil", ErrInvalid)
 	}
@@ -210,7 +209,7 @@ func Middleware(locker lockkit.Locker, opts ...ServerOption) (asynq.MiddlewareFu
 }
 
 // build validates c and returns the middleware it describes.
-func (c *config) build(locker lockkit.Locker) (*guarded, error) {
+func (c *config) build(locker *lockkit.Locker) (*guarded, error) {
 	if c.lockerOptsSet {
 		return nil, fmt.Errorf("%w: WithLockerOptions: it is an option of New, which makes the Locker; Middleware is given one", ErrInvalid)
 	}
@@ -254,7 +253,7 @@ func (c *config) buildKeys() (*guarded, error) {
 }
 
 // buildGuard adds the guard to m.
-func (c *config) buildGuard(m *guarded, locker lockkit.Locker) (*guarded, error) {
+func (c *config) buildGuard(m *guarded, locker *lockkit.Locker) (*guarded, error) {
 	if c.rdbSet && c.rdb == nil {
 		return nil, fmt.Errorf("%w: WithRedis(nil): client is nil", ErrInvalid)
 	}

@@ -104,12 +104,12 @@ func (e *DuplicateTaskError) Is(target error) bool {
 // before its task is enqueued, so one whose task is not found is taken
 // over only once it is 5 seconds old (a quarter of ttl if that is shorter): until then its enqueue may be
 // in flight. It is a Client option: Middleware rejects it.
-func Unique(locker lockkit.Locker, life Lifetime, ttl time.Duration) ClientOption {
+func Unique(locker *lockkit.Locker, life Lifetime, ttl time.Duration) ClientOption {
 	return clientOpt(func(c *config) { c.unique = &uniqueSpec{locker: locker, life: life, ttl: ttl} })
 }
 
 type uniqueSpec struct {
-	locker lockkit.Locker
+	locker *lockkit.Locker
 	core   *lockcore.RedisLocker // the engine under locker, set by validate
 	life   Lifetime
 	ttl    time.Duration

@@ -26,7 +26,7 @@ import (
 type uniqueEnv struct {
 	*env
 	client *singleton.Client
-	locker *lockkit.RedisLocker
+	locker *lockkit.Locker
 	rt     *testredis.Counter
 
 	mu      sync.Mutex
@@ -56,7 +56,7 @@ func (u *uniqueEnv) serve() {
 	}
 }
 
-func (u *uniqueEnv) serveOn(locker *lockkit.RedisLocker) {
+func (u *uniqueEnv) serveOn(locker *lockkit.Locker) {
 	mw, err := singleton.Middleware(locker, singleton.KeyByFields("tenant_id"))
 	require.NoError(u.t, err)
 	mux := asynq.NewServeMux()

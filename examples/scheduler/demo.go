@@ -83,7 +83,7 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 	sum := newSummary(cfg.Replicas)
 	var (
 		crons   []*cron.Cron
-		lockers []*lockkit.RedisLocker
+		lockers []*lockkit.Locker
 	)
 	stopAll := func() {
 		for _, c := range crons {

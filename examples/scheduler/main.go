@@ -1,7 +1,7 @@
 // Command scheduler runs three replicas of one cron schedule in one process,
 // as three machines would, and shows that each tick runs once across them.
 //
-// Every replica has its own lockkit.RedisLocker and robfig/cron Cron with the
+// Every replica has its own *lockkit.Locker and robfig/cron Cron with the
 // same cronguard entry, which enqueues one asynq task per tick: the task
 // asynq's own Scheduler would enqueue once per replica. Each replica fires
 // each tick up to 300ms late, at random, as replicas with skewed clocks and
@@ -94,7 +94,7 @@ type taskPayload struct {
 //
 // It returns the started Cron and its locker: stop the Cron and wait for its
 // running jobs first, then close the locker.
-func startReplica(rdb redis.UniversalClient, r replica) (_ *cron.Cron, _ *lockkit.RedisLocker, err error) {
+func startReplica(rdb redis.UniversalClient, r replica) (_ *cron.Cron, _ *lockkit.Locker, err error) {
 	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(r.Prefix), lockkit.WithOwner(r.Name))
 	if err != nil {
 		return nil, nil, err

@@ -82,7 +82,7 @@ func main() {
 // It returns the started server and its locker: shut the server down first,
 // then close the locker.
 func startMachine(rdb redis.UniversalClient, name string, obs middleware.Observer,
-	cacheWarm, reportBuild asynq.Handler) (_ *asynq.Server, _ *lockkit.RedisLocker, err error) {
+	cacheWarm, reportBuild asynq.Handler) (_ *asynq.Server, _ *lockkit.Locker, err error) {
 	locker, err := lockkit.NewRedis(rdb, lockkit.WithOwner(name), lockkit.WithPrefix(lockPrefix))
 	if err != nil {
 		return nil, nil, err

@@ -10,7 +10,7 @@
 //	newest, claimed, err := requests.Claim(ctx, "reindex:tenant-42", req.Gen, false)
 //
 // Requests live under lockkit's key prefix (WithPrefix, "jobguard:"
-// by default) beside the leases of a lockkit.RedisLocker, and apart from
+// by default) beside the leases of a *lockkit.Locker, and apart from
 // them; a Debouncer on a Locker's Redis and prefix shares them:
 //
 //	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix))
@@ -78,7 +78,7 @@ type Option func(*Debouncer)
 
 // WithPrefix sets the prefix of the Debouncer's Redis keys: Debouncers on
 // the same Redis and prefix share their requests. Defaults to
-// "jobguard:", the prefix of a RedisLocker built without
+// "jobguard:", the prefix of a Locker built without
 // lockkit.WithPrefix.
 func WithPrefix(prefix string) Option {
 	return func(d *Debouncer) { d.prefix = rediskey.Key(prefix) }

@@ -129,7 +129,7 @@ func (j Job) what() string {
 // Guard runs work under a lease on the work's key. It is safe for concurrent
 // use and holds no goroutine of its own.
 type Guard struct {
-	locker     lockkit.Locker
+	locker     *lockkit.Locker
 	core       *lockcore.RedisLocker // the engine under locker
 	policy     Policy
 	limit      int
@@ -151,11 +151,10 @@ type Guard struct {
 	shadow     bool
 }
 
-// New returns a Guard that takes leases from locker, a *lockkit.RedisLocker.
-// It returns an error matching ErrInvalid for a nil locker, a Locker that is
-// not a *lockkit.RedisLocker (naming its type), or an invalid option, naming
-// the option and the value.
-func New(locker lockkit.Locker, opts ...Option) (*Guard, error) {
+// New returns a Guard that takes leases from locker. It returns an error
+// matching ErrInvalid for a nil locker or an invalid option, naming the
+// option and the value.
+func New(locker *lockkit.Locker, opts ...Option) (*Guard, error) {
 	if locker == nil {
 		return nil, fmt.Errorf("%w: New: locker is nil", ErrInvalid)
 	}

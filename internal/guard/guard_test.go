@@ -34,10 +34,10 @@ func TestMain(m *testing.M) {
 // like processes sharing one Redis: miniredis in the process, and the Redis
 // at REDIS_ADDR. A Locker made with hooks has a client of its own that
 // runs them.
-func backends(t *testing.T) map[string]func(t *testing.T, hooks ...redis.Hook) lockkit.Locker {
+func backends(t *testing.T) map[string]func(t *testing.T, hooks ...redis.Hook) *lockkit.Locker {
 	store := lockkittest.NewStore(t)
-	return map[string]func(*testing.T, ...redis.Hook) lockkit.Locker{
-		"miniredis": func(t *testing.T, hooks ...redis.Hook) lockkit.Locker {
+	return map[string]func(*testing.T, ...redis.Hook) *lockkit.Locker{
+		"miniredis": func(t *testing.T, hooks ...redis.Hook) *lockkit.Locker {
 			if len(hooks) == 0 {
 				l := store.Locker()
 				t.Cleanup(func() { _ = l.Close(context.Background()) })
@@ -53,9 +53,9 @@ func backends(t *testing.T) map[string]func(t *testing.T, hooks ...redis.Hook) l
 			t.Cleanup(func() { _ = l.Close(context.Background()) })
 			return l
 		},
-		"redis": func() func(*testing.T, ...redis.Hook) lockkit.Locker {
+		"redis": func() func(*testing.T, ...redis.Hook) *lockkit.Locker {
 			var prefix string
-			return func(t *testing.T, hooks ...redis.Hook) lockkit.Locker {
+			return func(t *testing.T, hooks ...redis.Hook) *lockkit.Locker {
 				c := testredis.Client(t)
 				if prefix == "" {
 					prefix = testredis.Prefix(t, c)
@@ -104,7 +104,7 @@ func (r *recorder) find(k guard.EventKind) (guard.Event, bool) {
 	return guard.Event{}, false
 }
 
-func newGuard(t *testing.T, l lockkit.Locker, opts ...guard.Option) (*guard.Guard, *recorder) {
+func newGuard(t *testing.T, l *lockkit.Locker, opts ...guard.Option) (*guard.Guard, *recorder) {
 	rec := &recorder{}
 	g, err := guard.New(l, append(opts, guard.WithObserver(rec.observe))...)
 	require.NoError(t, err)
@@ -412,23 +412,6 @@ func TestNewValidation(t *testing.T) {
 	info, err := l.Inspect(context.Background(), "k")
 	require.NoError(t, err)
 	require.Empty(t, info.Holders, "nothing was acquired")
-}
-
-// wrapped is a Locker that is not a *lockkit.RedisLocker, such as a user's
-// instrumenting wrapper.
-type wrapped struct{ lockkit.Locker }
-
-// A Guard takes its leases from the engine under a *lockkit.RedisLocker:
-// New refuses another Locker (a user's wrapper), naming its type, whatever
-// the options.
-func TestGuardOnAnotherLocker(t *testing.T) {
-	l := wrapped{lockkittest.New(t, lockkit.WithLogger(slog.New(slog.DiscardHandler)))}
-	for _, opts := range [][]guard.Option{nil, {guard.WithThrottle(1, time.Second, guard.ActionSkip)}} {
-		_, err := guard.New(l, opts...)
-		require.ErrorIs(t, err, guard.ErrInvalid)
-		require.ErrorIs(t, err, lockkit.ErrInvalid)
-		require.ErrorContains(t, err, "middleware.New needs a *lockkit.RedisLocker (lockkit.NewRedis, inprocess or lockkittest), and the Locker is guard_test.wrapped")
-	}
 }
 
 // The TTL and the logger given once at the Locker are what the guard uses;
@@ -1026,7 +1009,7 @@ func TestParkingCoalesceReservedFollowUpCovers(t *testing.T) {
 
 // parkingLocker returns a Locker, closed when the test ends, and a Parking
 // whose Resume sends "<key> <id>" to resumed.
-func parkingLocker(t *testing.T) (*lockkit.RedisLocker, guard.Parking, chan string) {
+func parkingLocker(t *testing.T) (*lockkit.Locker, guard.Parking, chan string) {
 	l := lockkittest.New(t)
 	resumed := make(chan string, 4)
 	return l, guard.Parking{
@@ -1123,7 +1106,7 @@ func TestThrottleOfOneLetsARedeliveryWaitForItsOwnRun(t *testing.T) {
 // redeliveryRunsAfterItsOwnRunFails runs job with opts and, while it runs,
 // a redelivery of it on a second guard; it checks that the redelivery waits
 // for the run, which then fails, and runs. It returns the second guard.
-func redeliveryRunsAfterItsOwnRunFails(t *testing.T, newLocker func(*testing.T, ...redis.Hook) lockkit.Locker, job guard.Job, opts []guard.Option) *guard.Guard {
+func redeliveryRunsAfterItsOwnRunFails(t *testing.T, newLocker func(*testing.T, ...redis.Hook) *lockkit.Locker, job guard.Job, opts []guard.Option) *guard.Guard {
 	t.Helper()
 	ctx := context.Background()
 	first, _ := newGuard(t, newLocker(t), opts...)

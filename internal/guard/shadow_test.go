@@ -21,7 +21,7 @@ import (
 func TestShadowRunsEveryJobAndReportsTheDecision(t *testing.T) {
 	newLocker := backends(t)["redis"]
 	rec := &recorder{}
-	one, two := newLocker(t).(*lockkit.RedisLocker), newLocker(t)
+	one, two := newLocker(t), newLocker(t)
 	a, err := guard.New(one, guard.WithShadow(), guard.WithPolicy(guard.Requeue(0)), guard.WithObserver(rec.observe))
 	require.NoError(t, err)
 	b, err := guard.New(two, guard.WithShadow(), guard.WithPolicy(guard.Requeue(0)), guard.WithObserver(rec.observe))

@@ -4,7 +4,7 @@
 // lockkit's own packages) take: follow-ups (Coalesce, KeepNewest, Preempt),
 // parking, reservations (Reserve, TakeReservation, Lease.Reserve), epochs, completion
 // records and scan cursors. Package lockkit is the user's front over it: an
-// adapter given a *lockkit.RedisLocker reaches the RedisLocker under it with
+// adapter given a *lockkit.Locker reaches the RedisLocker under it with
 // Of. Its sentinel errors are lockkit's values, and its messages keep the
 // "lockkit:" prefix that users see.
 //

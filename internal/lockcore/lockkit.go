@@ -165,7 +165,7 @@ func (e *EpochUsedError) Is(target error) bool { return target == ErrEpochUsed }
 // a fleet of processes sharing a Redis (or one process with an embedded
 // Redis: package lockkit/inprocess).
 type Locker interface {
-	// TryAcquire, Acquire, Inspect, Keys and Close are lockkit.Locker's,
+	// TryAcquire, Acquire, Inspect, Keys and Close are *lockkit.Locker's,
 	// whose docs say what they do, with this package's options: an acquire
 	// may also fail with ErrEpochUsed, ErrCompleted, ErrSuperseded or
 	// ErrCovered (see AcquireOptions), and Inspect also reports the parked

@@ -2,18 +2,18 @@ package lockcore
 
 import "fmt"
 
-// unwrap returns the RedisLocker under a *lockkit.RedisLocker; package
+// unwrap returns the RedisLocker under a *lockkit.Locker; package
 // lockkit sets it in its init (SetUnwrap), as it alone knows its type.
 var unwrap func(l any) (*RedisLocker, bool)
 
 // SetUnwrap is called once, by package lockkit's init, with the function
-// that returns the RedisLocker under a *lockkit.RedisLocker.
+// that returns the RedisLocker under a *lockkit.Locker.
 func SetUnwrap(f func(l any) (*RedisLocker, bool)) { unwrap = f }
 
-// Of returns the RedisLocker under l, the lockkit.Locker an adapter
+// Of returns the RedisLocker under l, the *lockkit.Locker an adapter
 // (middleware, singleton, cronguard, periodic, opsview, lockkit's own
 // packages) was given. It returns an error matching ErrInvalid, naming
-// what for and l's type, when l is not a *lockkit.RedisLocker (nil
+// what for and l's type, when l is not a *lockkit.Locker (nil
 // included): what those packages do needs the engine under one.
 func Of(what string, l any) (*RedisLocker, error) {
 	if unwrap != nil {
@@ -21,5 +21,5 @@ func Of(what string, l any) (*RedisLocker, error) {
 			return rl, nil
 		}
 	}
-	return nil, fmt.Errorf("%w: %s needs a *lockkit.RedisLocker (lockkit.NewRedis, inprocess or lockkittest), and the Locker is %T", ErrInvalid, what, l)
+	return nil, fmt.Errorf("%w: %s needs a *lockkit.Locker (lockkit.NewRedis, inprocess or lockkittest), and the Locker is %T", ErrInvalid, what, l)
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
 )
 
-// Of finds the engine under a *lockkit.RedisLocker, and refuses anything
+// Of finds the engine under a *lockkit.Locker, and refuses anything
 // else with ErrInvalid naming what needs it and the type it was given.
 func TestOfFindsTheEngineUnderARedisLocker(t *testing.T) {
 	l := lockkittest.New(t, lockkit.WithOwner("me"))
@@ -18,10 +18,10 @@ func TestOfFindsTheEngineUnderARedisLocker(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "me", rl.Owner())
 
-	for _, other := range []any{nil, (*lockkit.RedisLocker)(nil), struct{ lockkit.Locker }{l}} {
+	for _, other := range []any{nil, (*lockkit.Locker)(nil), struct{ *lockkit.Locker }{l}} {
 		_, err := lockcore.Of("middleware.New", other)
 		require.ErrorIs(t, err, lockcore.ErrInvalid)
 		require.ErrorIs(t, err, lockkit.ErrInvalid)
-		require.ErrorContains(t, err, "middleware.New needs a *lockkit.RedisLocker")
+		require.ErrorContains(t, err, "middleware.New needs a *lockkit.Locker")
 	}
 }

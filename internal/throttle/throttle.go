@@ -15,7 +15,7 @@
 // each try about when its own start opens, not all at the first opening.
 //
 // Budgets live under lockkit's key prefix (WithPrefix, "jobguard:"
-// by default) beside the leases of a lockkit.RedisLocker, and apart from
+// by default) beside the leases of a *lockkit.Locker, and apart from
 // them; a Throttle on a Locker's Redis and prefix shares them:
 //
 //	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix))
@@ -69,7 +69,7 @@ type Option func(*Throttle)
 
 // WithPrefix sets the prefix of the Throttle's Redis keys: Throttles on the
 // same Redis and prefix share their budgets. Defaults to
-// "jobguard:", the prefix of a RedisLocker built without
+// "jobguard:", the prefix of a Locker built without
 // lockkit.WithPrefix.
 func WithPrefix(prefix string) Option {
 	return func(t *Throttle) { t.prefix = rediskey.Key(prefix) }

@@ -1,4 +1,4 @@
-// Package elect elects one leader among processes on a lockkit.Locker: the
+// Package elect elects one leader among processes on a *lockkit.Locker: the
 // leader is the holder of a key, its term the lease's fencing token.
 //
 // Elect runs work while this process leads:
@@ -17,7 +17,7 @@
 //	defer c.Stop(ctx)
 //	if term, ok := c.Leader(); ok { ... }
 //
-// It uses only the lockkit.Locker interface: leadership has the semantics
+// It uses only a *lockkit.Locker's leases: leadership has the semantics
 // of a lease (renewed while the process lives, lost when it cannot be).
 package elect
 
@@ -47,7 +47,7 @@ const resignTimeout = 5 * time.Second
 // (releases the key) and returns lead's error; or the error of the campaign
 // if ctx ended first (wrapping ctx.Err()). opt is as for Locker.Acquire
 // (nil: defaults).
-func Elect(ctx context.Context, l lockkit.Locker, key string, opt *lockkit.AcquireOptions, lead func(ctx context.Context, term int64) error) error {
+func Elect(ctx context.Context, l *lockkit.Locker, key string, opt *lockkit.AcquireOptions, lead func(ctx context.Context, term int64) error) error {
 	return lockkit.Do(ctx, l, key, opt, func(ctx context.Context) error {
 		lease, _ := lockkit.LeaseFromContext(ctx)
 		return lead(ctx, lease.Token())
@@ -60,7 +60,7 @@ func Elect(ctx context.Context, l lockkit.Locker, key string, opt *lockkit.Acqui
 // building block of "one active replica" checks such as gocronguard's
 // Elector. Build it with New.
 type Campaign struct {
-	l   lockkit.Locker
+	l   *lockkit.Locker
 	key string
 	opt lockkit.AcquireOptions
 
@@ -77,7 +77,7 @@ type Campaign struct {
 // an empty key. A Locker that fails an acquire (Redis unreachable, an
 // invalid opt) is tried again with a backoff of up to 5s; a closed one
 // (lockkit.ErrClosed) ends the campaign.
-func New(l lockkit.Locker, key string, opt *lockkit.AcquireOptions) (*Campaign, error) {
+func New(l *lockkit.Locker, key string, opt *lockkit.AcquireOptions) (*Campaign, error) {
 	if l == nil || key == "" {
 		return nil, fmt.Errorf("%w: elect.New(%v, %q): locker and key are required", lockkit.ErrInvalid, l, key)
 	}

@@ -22,21 +22,21 @@ func TestMain(m *testing.M) {
 // own: locker shares client, killable has a client of its own whose closing
 // stops its renewals without releasing anything, as if its process froze.
 type candidates struct {
-	locker   func(t *testing.T) lockkit.Locker
-	killable func(t *testing.T) (lockkit.Locker, func())
+	locker   func(t *testing.T) *lockkit.Locker
+	killable func(t *testing.T) (*lockkit.Locker, func())
 }
 
 func newCandidates(t *testing.T, client redis.UniversalClient, newClient func() redis.UniversalClient) candidates {
 	prefix := testredis.Prefix(t, client)
-	build := func(t *testing.T, c redis.UniversalClient) lockkit.Locker {
+	build := func(t *testing.T, c redis.UniversalClient) *lockkit.Locker {
 		l, err := lockkit.NewRedis(c, lockkit.WithPrefix(prefix))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = l.Close(context.Background()) })
 		return l
 	}
 	return candidates{
-		locker: func(t *testing.T) lockkit.Locker { return build(t, client) },
-		killable: func(t *testing.T) (lockkit.Locker, func()) {
+		locker: func(t *testing.T) *lockkit.Locker { return build(t, client) },
+		killable: func(t *testing.T) (*lockkit.Locker, func()) {
 			own := newClient()
 			t.Cleanup(func() { _ = own.Close() })
 			return build(t, own), func() { _ = own.Close() }

@@ -1,7 +1,7 @@
 // Package inprocess runs lockkit without a Redis server. A Store is an
 // embedded Redis (miniredis, serving on a loopback port of this process
 // behind a password of its own) whose keys expire as real time passes; its
-// Lockers are lockkit's RedisLockers, so they run the same scripts with the
+// Lockers are lockkit's Lockers, so they run the same scripts with the
 // same semantics: holder limits, renewal and lost leases, fencing tokens,
 // fair queues, epochs, and Keys listing the held locks. Lockers made from
 // one Store share leases as processes sharing one Redis do. Nothing outlives
@@ -53,7 +53,7 @@ func Start() (*Store, error) {
 // Locker returns a new Locker on the Store, as lockkit.NewRedis does on a
 // Redis. It returns an error matching lockkit.ErrInvalid for an invalid
 // option. Close the Locker before the Store.
-func (s *Store) Locker(opts ...lockkit.Option) (*lockkit.RedisLocker, error) {
+func (s *Store) Locker(opts ...lockkit.Option) (*lockkit.Locker, error) {
 	return lockkit.NewRedis(s.client, opts...)
 }
 

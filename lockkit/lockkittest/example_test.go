@@ -9,7 +9,7 @@ import (
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
 )
 
-// A test of code that takes a lockkit.Locker: the Locker runs on an embedded
+// A test of code that takes a *lockkit.Locker: the Locker runs on an embedded
 // Redis of its own, closed when the test ends. (An example is given no
 // *testing.T, so this one is compiled, not run.)
 func ExampleNew() {

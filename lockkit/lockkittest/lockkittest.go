@@ -29,7 +29,7 @@ import (
 
 // New returns a Locker built with opts on a Store of its own. It fails the
 // test for an invalid option.
-func New(tb testing.TB, opts ...lockkit.Option) *lockkit.RedisLocker {
+func New(tb testing.TB, opts ...lockkit.Option) *lockkit.Locker {
 	tb.Helper()
 	return NewStore(tb).Locker(opts...)
 }
@@ -53,7 +53,7 @@ func NewStore(tb testing.TB) *Store {
 
 // Locker returns a new Locker built with opts on the Store, closed when the
 // test ends (before the Store). It fails the test for an invalid option.
-func (s *Store) Locker(opts ...lockkit.Option) *lockkit.RedisLocker {
+func (s *Store) Locker(opts ...lockkit.Option) *lockkit.Locker {
 	s.tb.Helper()
 	l, err := s.s.Locker(opts...)
 	if err != nil {

@@ -40,7 +40,7 @@ func TestStoresShareLeasesWithinAndNotAcross(t *testing.T) {
 // Stores.
 func TestCleanupClosesTheLockers(t *testing.T) {
 	ctx := context.Background()
-	var l *lockkit.RedisLocker
+	var l *lockkit.Locker
 	var lease *lockkit.Lease
 	t.Run("user", func(t *testing.T) {
 		l = lockkittest.New(t)

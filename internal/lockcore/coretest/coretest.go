@@ -1,4 +1,4 @@
-// Package coretest gives tests the engine under a *lockkit.RedisLocker, to
+// Package coretest gives tests the engine under a *lockkit.Locker, to
 // take the adapters' kinds of leases (labels, reservations, follow-ups,
 // parking) beside the Locker the adapter under test was given.
 package coretest
@@ -9,7 +9,7 @@ import (
 	"github.com/jobguard/jobguard/internal/lockcore"
 )
 
-// Of returns the RedisLocker under l, a *lockkit.RedisLocker; it fails the
+// Of returns the RedisLocker under l, a *lockkit.Locker; it fails the
 // test otherwise.
 func Of(tb testing.TB, l any) *lockcore.RedisLocker {
 	tb.Helper()
