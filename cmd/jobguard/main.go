@@ -2,12 +2,13 @@
 // who holds them, and an operator's release of a stuck key.
 //
 //	go install github.com/jobguard/jobguard/cmd/jobguard@latest
-//	jobguard ls 'tenant:*'
-//	jobguard inspect tenant:42
-//	jobguard release tenant:42 --owner worker-7:4121:9f2c
+//	jobguard ls 'asynq:report:build:*'
+//	jobguard inspect 'asynq:report:build:tenant_id="acme"'
+//	jobguard release 'asynq:report:build:tenant_id="acme"' --owner worker-7:4121:9f2c
 //	jobguard watch
 //
-// Run jobguard -h for every flag and the exit codes.
+// Run jobguard -h for every flag and the exit codes, jobguard COMMAND -h
+// for one command's.
 package main
 
 import (
@@ -24,6 +25,7 @@ import (
 	"os/signal"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -33,6 +35,7 @@ import (
 	"github.com/jobguard/jobguard/internal/decisionlog"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/printable"
+	"github.com/jobguard/jobguard/internal/rediskey"
 )
 
 // Exit codes.
@@ -40,7 +43,7 @@ const (
 	exitOK       = 0
 	exitError    = 1 // Redis unreachable, a failed call
 	exitUsage    = 2 // bad command line
-	exitNotHeld  = 3 // inspect or release found no holder
+	exitNotHeld  = 3 // inspect or release found no holder, why no decision, ls no key under the prefix
 	exitDeclined = 4 // release was not confirmed
 )
 
@@ -54,11 +57,12 @@ Usage:
   jobguard [flags] watch [PATTERN]   show the held keys every --interval until interrupted (a Redis error is printed, and watch goes on)
   jobguard [flags] why TASK-ID       why a task completed without running, or its run ended early (singleton's decision log)
 
-Examples:
-  REDIS_ADDR=redis:6379 jobguard ls 'asynq:report:*'
-  jobguard --json inspect 'asynq:sync:{"tenant_id":"acme"}'
-  jobguard release tenant:42 --owner worker-7:4121:9f2c --yes
-  jobguard release tenant:42 --token 1795637778862563   # the holder inspect showed
+Examples (keys as singleton derives them: KeyByType "asynq:<type>",
+KeyByFields("tenant_id") "asynq:<type>:tenant_id=<JSON value>"):
+  REDIS_ADDR=redis:6379 jobguard ls 'asynq:report:build:*'
+  jobguard --json inspect 'asynq:report:build:tenant_id="acme"'
+  jobguard release 'asynq:report:build:tenant_id="acme"' --owner worker-7:4121:9f2c --yes
+  jobguard release asynq:cache:rebuild --token 1795637778862563   # the holder inspect showed
   jobguard --cluster 10.0.0.1:7000,10.0.0.2:7000 --tls watch --interval 2s
 
 A release acts only on the holders it showed (by fencing token): if the key
@@ -83,11 +87,82 @@ the task by its ID or, for a Requeue copy, by its first task's ID. It reads
 the log newest first, 1,000 entries per read, and stops at the end of the
 read in which it finds the task, or after --max-entries (20,000) entries.
 
+An inspect of a key that the prefix does not hold says so and names the
+closest key it holds; an ls that finds no key at all under the prefix (a
+wrong --prefix or --db) says so, names the prefixes found, and exits 3.
+
 Exit codes: 0 ok, 1 error (Redis unreachable...), 2 bad usage, 3 no holder
-(or, for why, no decision) found, 4 release not confirmed.
+(or, for why, no decision; for ls, no key under the prefix) found, 4 release
+not confirmed. jobguard COMMAND -h prints one command's help.
 
 Flags (before or after the command):
 `
+
+// commandHelp is what jobguard COMMAND -h prints: the command's usage, what
+// it does, examples, and the names of its own flags (the connection flags
+// follow them).
+var commandHelp = map[string]struct {
+	text  string
+	flags []string
+}{
+	"ls": {`Usage: jobguard [flags] ls [PATTERN]
+
+Lists the keys matching PATTERN (a Redis glob; default *) that have a live
+holder: holders, waiters, parked jobs, owners and the shortest TTL. When the
+prefix holds no key at all (a wrong --prefix or --db), it says so, names the
+prefixes found in the database, and exits 3.
+
+Examples:
+  jobguard ls 'asynq:report:build:*'
+  jobguard --prefix myapp: --db 2 ls --json
+`, []string{"json"}},
+	"inspect": {`Usage: jobguard [flags] inspect KEY
+
+Prints the holders of KEY (owner, label, fencing token, TTL, state), its
+waiters and its parked jobs; exits 3 when nobody holds it. A KEY that the
+prefix does not hold is named as such, with the closest key it holds.
+
+Examples:
+  jobguard inspect 'asynq:report:build:tenant_id="acme"'
+  jobguard --json inspect asynq:cache:rebuild
+`, []string{"json"}},
+	"release": {`Usage: jobguard [flags] release KEY
+
+Cancels the runs holding KEY (all, --owner ID's or --token N's), after
+asking unless --yes; the key stays held until they return. --force frees
+KEY at once instead, while the runs may still be going. It acts only on the
+holders it showed: if KEY changed hands meanwhile, it exits 3 naming who
+holds it now.
+
+Examples:
+  jobguard release 'asynq:report:build:tenant_id="acme"' --owner worker-7:4121:9f2c
+  jobguard release asynq:cache:rebuild --token 1795637778862563 --yes
+`, []string{"owner", "token", "yes", "force", "json"}},
+	"watch": {`Usage: jobguard [flags] watch [PATTERN]
+
+Shows the keys matching PATTERN (a Redis glob; default *) that have a live
+holder, every --interval until interrupted (Ctrl-C, exit 0). A Redis error
+is printed, and watch goes on.
+
+Examples:
+  jobguard watch 'asynq:report:build:*' --interval 2s
+  jobguard watch --json
+`, []string{"interval", "json"}},
+	"why": {`Usage: jobguard [flags] why TASK-ID
+
+Prints what the asynq middleware recorded in its decision log about the
+task (by its ID or, for a Requeue copy, its first task's ID), newest first:
+why it completed without running, or why its run ended early. Exits 3 when
+nothing is recorded.
+
+Examples:
+  jobguard why 0c636fe2-2986-4526-941b-fe6074c0ec56
+  jobguard --json why 0c636fe2-2986-4526-941b-fe6074c0ec56
+`, []string{"decisions", "max-entries", "json"}},
+}
+
+// connectionFlags are the flags of every command.
+var connectionFlags = []string{"redis", "cluster", "password", "db", "tls", "tls-ca", "tls-insecure", "prefix"}
 
 type options struct {
 	addr, cluster, password, prefix, owner, tlsCA string
@@ -99,17 +174,19 @@ type options struct {
 }
 
 func main() {
+	// go-redis logs failed dials through its own logger: the CLI says in
+	// one line of its own what went wrong.
+	redis.SetLogger(silent{})
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
-func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	var o options
-	fs := flag.NewFlagSet("jobguard", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
-		fs.PrintDefaults()
-	}
+// silent is go-redis's logger in the CLI: it drops every line.
+type silent struct{}
+
+func (silent) Printf(context.Context, string, ...any) {}
+
+// flags defines jobguard's flags on fs, into o.
+func flags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&o.addr, "redis", envOr("REDIS_ADDR", "127.0.0.1:6379"), "Redis address (env REDIS_ADDR)")
 	fs.StringVar(&o.cluster, "cluster", os.Getenv("REDIS_CLUSTER_ADDRS"), "comma-separated Redis Cluster seed addresses; overrides --redis (env REDIS_CLUSTER_ADDRS)")
 	fs.StringVar(&o.password, "password", os.Getenv("REDIS_PASSWORD"), "Redis password (env REDIS_PASSWORD)")
@@ -117,7 +194,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.tls, "tls", false, "connect with TLS")
 	fs.StringVar(&o.tlsCA, "tls-ca", "", "PEM file of the CA that signed the server's certificate (implies --tls)")
 	fs.BoolVar(&o.tlsInsecure, "tls-insecure", false, "with --tls, do not verify the server's certificate")
-	fs.StringVar(&o.prefix, "prefix", lockcore.DefaultPrefix, "key prefix the Lockers use (lockcore.WithPrefix)")
+	fs.StringVar(&o.prefix, "prefix", lockcore.DefaultPrefix, "key prefix the Lockers use (lockkit.WithPrefix)")
 	fs.BoolVar(&o.json, "json", false, "print JSON")
 	fs.StringVar(&o.owner, "owner", "", "release: only this owner's holders")
 	fs.Int64Var(&o.token, "token", 0, "release: only the holder of this fencing token (as inspect shows it)")
@@ -126,15 +203,56 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.interval, "interval", time.Second, "watch: time between two views")
 	fs.StringVar(&o.decisions, "decisions", decisionlog.Stream, "why: the decision log's stream (the one the asynq middleware writes: singleton.WithDecisionLog)")
 	fs.IntVar(&o.maxEntries, "max-entries", defaultWhyMax, "why: look through at most this many of the log's newest entries, 1,000 per read")
+}
+
+// printHelp prints the help of cmd (the whole usage when cmd is no command)
+// with its flags' defaults.
+func printHelp(w io.Writer, cmd string) {
+	fresh := flag.NewFlagSet("jobguard", flag.ContinueOnError)
+	flags(fresh, &options{})
+	fresh.SetOutput(w)
+	h, ok := commandHelp[cmd]
+	if !ok {
+		fmt.Fprint(w, usage)
+		fresh.PrintDefaults()
+		return
+	}
+	some := func(title string, names []string) {
+		sub := flag.NewFlagSet("jobguard", flag.ContinueOnError)
+		sub.SetOutput(w)
+		for _, n := range names {
+			f := fresh.Lookup(n)
+			sub.Var(f.Value, f.Name, f.Usage)
+		}
+		fmt.Fprintf(w, "\n%s:\n", title)
+		sub.PrintDefaults()
+	}
+	fmt.Fprint(w, h.text)
+	some("Flags (before or after the command)", h.flags)
+	some("Connection flags (every command)", connectionFlags)
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	var o options
+	fs := flag.NewFlagSet("jobguard", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {} // printed below, for the command given
+	flags(fs, &o)
 	pos, err := parseInterleaved(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
+		cmd := ""
+		if len(pos) > 0 {
+			cmd = pos[0]
+		}
+		printHelp(stderr, cmd)
 		return exitOK
 	}
 	if err != nil {
+		printHelp(stderr, "")
 		return exitUsage
 	}
 	if len(pos) == 0 {
-		fs.Usage()
+		printHelp(stderr, "")
 		return exitUsage
 	}
 	cmd, rest := pos[0], pos[1:]
@@ -173,15 +291,21 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer client.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if cmd != "watch" { // watch says so at each look, and goes on
+		if err := client.Ping(ctx).Err(); err != nil {
+			fmt.Fprintf(stderr, "jobguard: Redis at %s: %v\n", o.where(), err)
+			return exitError
+		}
+	}
 	locker, err := lockcore.NewRedis(client, lockcore.WithPrefix(o.prefix), lockcore.WithOwner("jobguard-cli"))
 	if err != nil {
 		fmt.Fprintln(stderr, "jobguard:", err)
 		return exitError
 	}
 	defer locker.Close(context.Background())
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	c := &cli{o: o, l: locker, stdin: stdin, out: stdout, errOut: stderr}
+	c := &cli{o: o, l: locker, rdb: client, stdin: stdin, out: stdout, errOut: stderr}
 	pattern := "*"
 	if len(rest) == 1 {
 		pattern = rest[0]
@@ -208,12 +332,12 @@ func envOr(name, def string) string {
 }
 
 // parseInterleaved parses flags wherever they are among the arguments and
-// returns the others in order.
+// returns the others in order (on an error, those before it).
 func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			return nil, err
+			return pos, err
 		}
 		rest := fs.Args()
 		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
@@ -252,9 +376,21 @@ func (o options) client() (redis.UniversalClient, error) {
 	return redis.NewClient(&redis.Options{Addr: o.addr, Password: o.password, DB: o.db, TLSConfig: tc}), nil
 }
 
+// where names the Redis that o connects to, as errors show it.
+func (o options) where() string {
+	if o.cluster != "" {
+		return "cluster " + o.cluster
+	}
+	if o.db != 0 {
+		return fmt.Sprintf("%s (db %d)", o.addr, o.db)
+	}
+	return o.addr
+}
+
 type cli struct {
 	o      options
 	l      *lockcore.RedisLocker
+	rdb    redis.UniversalClient
 	stdin  io.Reader
 	out    io.Writer
 	errOut io.Writer
@@ -347,8 +483,122 @@ func (c *cli) ls(ctx context.Context, pattern string) int {
 	if err != nil {
 		return c.fail(err)
 	}
+	if len(keys) == 0 {
+		// Nothing held: say whether the prefix holds any key at all.
+		names, err := c.scan(ctx, globEscape(c.o.prefix)+"{*}:h", 1)
+		if err != nil {
+			return c.fail(err)
+		}
+		if len(names) == 0 {
+			if c.o.json {
+				_ = json.NewEncoder(c.out).Encode(keys)
+			}
+			fmt.Fprintf(c.errOut, "jobguard ls: no key under prefix %q in %s%s\n", c.o.prefix, c.o.where(), c.elsewhere(ctx))
+			return exitNotHeld
+		}
+	}
 	c.printKeys(keys)
 	return exitOK
+}
+
+// scanBudget bounds the SCAN calls (COUNT 1000) that ls and inspect make
+// on each node to find prefixes and keys when a look finds nothing.
+const scanBudget = 100
+
+// scan returns up to limit (0: no limit) Redis key names matching the
+// server glob match, from at most scanBudget SCAN calls on each node.
+func (c *cli) scan(ctx context.Context, match string, limit int) ([]string, error) {
+	var out []string
+	one := func(ctx context.Context, n redis.Cmdable) error {
+		var cursor uint64
+		for calls := 0; calls < scanBudget; calls++ {
+			found, next, err := n.Scan(ctx, cursor, match, 1000).Result()
+			if err != nil {
+				return err
+			}
+			out = append(out, found...)
+			if cursor = next; cursor == 0 || (limit > 0 && len(out) >= limit) {
+				return nil
+			}
+		}
+		return nil
+	}
+	var err error
+	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			mu.Lock() // one node at a time: out is shared
+			defer mu.Unlock()
+			return one(ctx, n)
+		})
+	} else {
+		err = one(ctx, c.rdb)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("scan %q: %w", match, err)
+	}
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// elsewhere names where jobguard keys are, for a prefix that holds none:
+// the prefixes found in the database, or the databases that hold keys.
+func (c *cli) elsewhere(ctx context.Context) string {
+	names, err := c.scan(ctx, "*}:h", 0)
+	if err != nil {
+		return ""
+	}
+	count := map[string]int{}
+	for _, n := range names {
+		inner := strings.TrimSuffix(n, ":h")
+		if i := strings.LastIndexByte(inner, '{'); i >= 0 && strings.HasSuffix(inner, "}") {
+			count[inner[:i]]++
+		}
+	}
+	if len(count) > 0 {
+		prefixes := make([]string, 0, len(count))
+		for p := range count {
+			prefixes = append(prefixes, p)
+		}
+		sort.Strings(prefixes)
+		for i, p := range prefixes {
+			prefixes[i] = fmt.Sprintf("%q (%d key(s))", p, count[p])
+		}
+		return "; prefixes found there: " + strings.Join(prefixes, ", ") + " (--prefix)"
+	}
+	if _, ok := c.rdb.(*redis.ClusterClient); ok {
+		return "; no jobguard key found there under any prefix"
+	}
+	info, err := c.rdb.Info(ctx, "keyspace").Result()
+	if err != nil {
+		return "; no jobguard key found there under any prefix"
+	}
+	var dbs []string
+	for _, line := range strings.Split(info, "\n") {
+		if db, rest, ok := strings.Cut(strings.TrimSpace(line), ":keys="); ok && strings.HasPrefix(db, "db") && db != fmt.Sprintf("db%d", c.o.db) {
+			n, _, _ := strings.Cut(rest, ",")
+			dbs = append(dbs, fmt.Sprintf("%s (%s key(s))", db, n))
+		}
+	}
+	if len(dbs) == 0 {
+		return "; no jobguard key found there under any prefix, and no other database holds keys"
+	}
+	return "; no jobguard key found there under any prefix; databases with keys: " + strings.Join(dbs, ", ") + " (--db)"
+}
+
+// globEscape escapes the glob characters of s for SCAN's MATCH.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 func (c *cli) inspect(ctx context.Context, key string) int {
@@ -357,6 +607,15 @@ func (c *cli) inspect(ctx context.Context, key string) int {
 		return c.fail(err)
 	}
 	v := view(info)
+	if len(v.Holders) == 0 && v.Waiters == 0 && v.Parked == 0 {
+		n, err := c.rdb.Exists(ctx, rediskey.Base(c.o.prefix, key)+":h").Result()
+		if err != nil {
+			return c.fail(err)
+		}
+		if n == 0 {
+			return c.noSuchKey(ctx, key, v)
+		}
+	}
 	if c.o.json {
 		_ = json.NewEncoder(c.out).Encode(v)
 	} else {
@@ -377,6 +636,66 @@ func (c *cli) inspect(ctx context.Context, key string) int {
 		return exitNotHeld
 	}
 	return exitOK
+}
+
+// noSuchKey tells that the prefix holds no key named key (neither held nor
+// released lately), with the closest key it holds or, when it holds none,
+// where jobguard keys are.
+func (c *cli) noSuchKey(ctx context.Context, key string, v keyView) int {
+	if c.o.json {
+		_ = json.NewEncoder(c.out).Encode(v)
+	}
+	names, err := c.scan(ctx, globEscape(c.o.prefix)+"{*}:h", 0)
+	if err != nil {
+		return c.fail(err)
+	}
+	fmt.Fprintf(c.errOut, "jobguard inspect: no key %s under prefix %q in %s", shown(key), c.o.prefix, c.o.where())
+	if len(names) == 0 {
+		fmt.Fprintf(c.errOut, "%s\n", c.elsewhere(ctx))
+		return exitNotHeld
+	}
+	// The closest: the longest common beginning (keys name the type
+	// first, then fields), then the fewest edits, then the first in order.
+	best, bestP, bestD := "", -1, 0
+	for _, n := range names {
+		k := rediskey.Unescape(strings.TrimSuffix(strings.TrimPrefix(n, c.o.prefix+"{"), "}:h"))
+		p, d := commonPrefix(key, k), distance(key, k)
+		if p > bestP || (p == bestP && (d < bestD || (d == bestD && k < best))) {
+			best, bestP, bestD = k, p, d
+		}
+	}
+	fmt.Fprintf(c.errOut, "; the closest of its %d key(s): %s\n", len(names), shown(best))
+	return exitNotHeld
+}
+
+// commonPrefix is the length of the longest common beginning of a and b.
+func commonPrefix(a, b string) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
+}
+
+// distance is the Levenshtein distance between a and b, in bytes.
+func distance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			sub := prev[j-1]
+			if a[i-1] != b[j-1] {
+				sub++
+			}
+			cur[j] = min(sub, prev[j]+1, cur[j-1]+1)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // stateOf says what a holder is doing: running, reserved, or being cancelled.
