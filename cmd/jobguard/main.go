@@ -68,7 +68,7 @@ KeyByFields("tenant_id") "asynq:<type>:tenant_id=<JSON value>"):
 A release acts only on the holders it showed (by fencing token): if the key
 changed hands before the answer, it touches nothing of the new holder and
 exits 3 naming it. It asks their runs to stop (lockkit's Locker.CancelRun):
-their ctx is cancelled at once with lockcore.ErrCancelled (their Locker
+their ctx is cancelled at once with lockkit.ErrCancelled (their Locker
 listens on the operators' channel; at its next renewal, TTL/3 by default,
 if it missed the notice), and the key stays held, shown by inspect as
 "cancelling", until the run returns; then it goes to the next task. A run
