@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -77,6 +78,7 @@ type config struct {
 	clock     func() time.Time
 	loc       *time.Location
 	parser    cron.ScheduleParser
+	parserSet bool // WithParser or WithSeconds was given
 }
 
 // WithTolerance sets how far apart the replicas' clocks may be, so how far
@@ -115,10 +117,15 @@ func WithLocation(loc *time.Location) Option { return cronOpt(func(c *config) { 
 // WithParser sets the parser of the specs given to Wrap and Add; give it the
 // same parser as cron.WithParser. Must not be nil. Defaults to the parser of
 // cron.ParseStandard (five fields and descriptors such as @hourly).
-func WithParser(p cron.ScheduleParser) Option { return cronOpt(func(c *config) { c.parser = p }) }
+func WithParser(p cron.ScheduleParser) Option {
+	return cronOpt(func(c *config) { c.parser, c.parserSet = p, true })
+}
 
 // WithSeconds makes specs start with a seconds field, like cron.WithSeconds.
-// Defaults to off (five fields).
+// The Guard parses its entries' specs itself, so a seconds field needs this
+// option whatever the Cron was given; with Wrap, the Cron parses the spec
+// too and needs cron.WithSeconds as well. Defaults to off (five fields): a
+// spec of six fields is then refused with an error that names this option.
 func WithSeconds() Option {
 	return WithParser(cron.NewParser(cron.Second | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor))
 }
@@ -292,6 +299,10 @@ func (g *Guard) entry(name, spec string, loc *time.Location) (*entry, error) {
 		sched = aligned
 	} else {
 		sched, err = g.cfg.parser.Parse(spec)
+		if err != nil && !g.cfg.parserSet && len(strings.Fields(spec)) == 6 {
+			return nil, fmt.Errorf("%w: entry %q: spec %q: %v: a seconds field needs cronguard.WithSeconds() (the Guard parses specs itself: cron.WithSeconds() on the Cron is not enough)",
+				ErrInvalid, name, spec, err)
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: entry %q: spec %q: %v", ErrInvalid, name, spec, err)

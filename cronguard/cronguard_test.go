@@ -367,7 +367,8 @@ func TestValidation(t *testing.T) {
 		{"nil observer", locker, []cronguard.Option{cronguard.WithObserver(nil)}, "e", "@hourly", "WithObserver #1 is nil"},
 		{"empty name", locker, nil, "", "@hourly", `entry name is empty (spec "@hourly")`},
 		{"bad spec", locker, nil, "e", "every minute", `entry "e": spec "every minute": expected exactly 5 fields, found 2`},
-		{"seconds field without WithSeconds", locker, nil, "e", "* * * * * *", `entry "e": spec "* * * * * *": expected exactly 5 fields, found 6`},
+		{"seconds field without WithSeconds", locker, nil, "e", "* * * * * *", `entry "e": spec "* * * * * *": expected exactly 5 fields, found 6: [* * * * * *]: a seconds field needs cronguard.WithSeconds() (the Guard parses specs itself: cron.WithSeconds() on the Cron is not enough)`},
+		{"seconds field with another parser", locker, []cronguard.Option{cronguard.WithParser(cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow))}, "e", "* * * * * *", `spec "* * * * * *": expected exactly 5 fields, found 6`},
 		{"@every", locker, nil, "e", "@every 5m", "schedule it with Add, which aligns its ticks"},
 		{"never fires", locker, []cronguard.Option{sec}, "e", "0 0 0 30 2 *", "the schedule has no activation after"},
 		{"not anchored", locker, []cronguard.Option{cronguard.WithParser(parser{"r": relative{5 * time.Second}})}, "e", "r", "the schedule is not anchored to fixed times"},
@@ -400,6 +401,24 @@ func TestValidation(t *testing.T) {
 	require.ErrorIs(t, err, cronguard.ErrInvalid)
 	_, err = g.Add(cron.New(), "", "@hourly", cron.FuncJob(func() {}))
 	require.ErrorIs(t, err, cronguard.ErrInvalid)
+}
+
+// The Guard parses its entries' specs itself: a seconds field needs
+// cronguard.WithSeconds, whatever the Cron was given, and the error of a
+// seconds field without it names that option.
+func TestSecondsFieldNeedsTheGuardsWithSeconds(t *testing.T) {
+	locker := lockkittest.New(t)
+	job := cron.FuncJob(func() {})
+	g, err := cronguard.New(locker)
+	require.NoError(t, err)
+	_, err = g.Add(cron.New(cron.WithSeconds()), "no-seconds", "*/10 * * * * *", job)
+	require.ErrorIs(t, err, cronguard.ErrInvalid)
+	require.ErrorContains(t, err, "a seconds field needs cronguard.WithSeconds()")
+
+	g, err = cronguard.New(locker, cronguard.WithSeconds())
+	require.NoError(t, err)
+	_, err = g.Add(cron.New(), "seconds", "*/10 * * * * *", job)
+	require.NoError(t, err, "Add schedules the Guard's parse: the Cron's parser is not used")
 }
 
 // The tolerance defaults to 2s (WithTolerance), capped at half the

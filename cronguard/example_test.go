@@ -53,7 +53,7 @@ func Example() {
 			return nil // ctx is cancelled (cause lockkit.ErrLost) if the lease is lost
 		}))
 		if err != nil {
-			log.Fatal(err) // empty name, bad spec, @every...: errors, never panics
+			log.Fatal(err) // ErrInvalid (a name empty or taken, a spec that does not parse), never a panic
 		}
 		c.Start()
 		crons = append(crons, c)
@@ -147,7 +147,7 @@ func scheduleDigests(rdb redis.UniversalClient) error {
 		return sendDigest(ctx, tick)   // ctx is cancelled (cause lockkit.ErrLost) if the lease is lost
 	}))
 	if err != nil {
-		return err // empty name, bad spec, @every...: errors, never panics
+		return err // ErrInvalid (a name empty or taken, a spec that does not parse), never a panic
 	}
 	c.Start()
 	return nil

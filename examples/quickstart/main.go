@@ -1,6 +1,7 @@
 // Command quickstart is the README's complete program: an asynq server
 // whose report tasks run one per tenant at a time, and three tasks for it.
-// It needs a Redis at REDIS_ADDR (default localhost:6379).
+// It needs a Redis at REDIS_ADDR, which it prints; without REDIS_ADDR it
+// exits with an error rather than use whatever listens on localhost:6379.
 package main
 
 import (
@@ -17,7 +18,12 @@ import (
 )
 
 func main() {
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")}) // "": localhost:6379
+	addr := os.Getenv("REDIS_ADDR") // the Redis every server shares, such as localhost:6379
+	if addr == "" {
+		log.Fatal("set REDIS_ADDR to the host:port of a Redis (it writes asynq's keys and the guard's there)")
+	}
+	fmt.Println("redis:", addr)
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	g, err := singleton.New(rdb, singleton.KeyByFields("tenant_id"), singleton.WithPolicy(singleton.Requeue(time.Second)))
 	check(err)
 	defer g.Close(context.Background()) // after the server has stopped
@@ -28,7 +34,7 @@ func main() {
 		check(err)
 	}
 	cfg := asynq.Config{Concurrency: 4, DelayedTaskCheckInterval: 100 * time.Millisecond}
-	g.Configure(&cfg) // a requeued duplicate is no failure and comes back after the policy's delay
+	g.Configure(&cfg) // a parked duplicate is no failure; the run that frees its key starts it
 	mux := asynq.NewServeMux()
 	mux.Use(g.Middleware) // one report per tenant at a time, across every server
 	mux.HandleFunc("report", func(ctx context.Context, t *asynq.Task) error {

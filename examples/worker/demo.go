@@ -98,6 +98,9 @@ func run(parent context.Context, w io.Writer, rdb redis.UniversalClient, opts op
 	res := d.result
 	d.mu.Unlock()
 	if err := res.report(w); err != nil || !opts.serve {
+		if err == nil {
+			fmt.Fprintln(w, "the operator view stops with the demo: go run ./examples/worker -serve keeps both machines and the view up until Ctrl-C")
+		}
 		return &res, err
 	}
 	return &res, d.serve(parent, asynq.NewClientFromRedisClient(rdb))
@@ -132,7 +135,7 @@ func (d *demo) enqueue(ctx context.Context, client *asynq.Client) error {
 			return err
 		}
 	}
-	fmt.Fprintf(d.w, "enqueue %d report:build tasks for %d tenants (key: tenant_id; duplicates requeued; half with MaxRetry(0))\n",
+	fmt.Fprintf(d.w, "enqueue %d report:build tasks for %d tenants (key: tenant_id; duplicates parked until their key frees; half with MaxRetry(0))\n",
 		tenants*perTenant, tenants)
 	for n := range tenants * perTenant {
 		payload := fmt.Sprintf(`{"tenant_id":"tenant-%d","n":%d}`, n%tenants, n)
@@ -181,7 +184,7 @@ func (d *demo) wait(ctx context.Context, insp *asynq.Inspector) error {
 func (res *result) report(w io.Writer) error {
 	fmt.Fprintln(w, "summary:")
 	fmt.Fprintf(w, "  cache:warm    ran %d, skipped %d\n", res.Ran["cache:warm"], res.Skipped["cache:warm"])
-	fmt.Fprintf(w, "  report:build  ran %d (%d of them requeued copies of MaxRetry(0) tasks), requeued %d times\n",
+	fmt.Fprintf(w, "  report:build  ran %d (%d of them copies of parked MaxRetry(0) tasks), parked %d times\n",
 		res.Ran["report:build"], res.CopiesRan, res.Requeued["report:build"])
 	fmt.Fprintf(w, "  archived %d, failed %d\n", res.Archived, res.Failed)
 	fmt.Fprintln(w, "most runs of one key at once (must be 1):")
@@ -206,14 +209,25 @@ func (d *demo) observer(machine string) middleware.Observer {
 		switch {
 		case e.Kind == middleware.EventDuplicate && e.Action == middleware.ActionSkip:
 			d.Skipped[e.Job.Name]++
-			fmt.Fprintf(d.w, "%-10s skipped   %s: %s is held by %s\n", machine, e.Job.Name, e.Job.Key, e.Holder)
+			fmt.Fprintf(d.w, "%-10s skipped   %s: %s is held by %s\n", machine, e.Job.Name, e.Job.Key, holderOf(machine, e.Holder))
 		case e.Kind == middleware.EventRequeued:
 			d.Requeued[e.Job.Name]++
-			fmt.Fprintf(d.w, "%-10s requeued  %s: %s is held; back in %s\n", machine, e.Job.Name, e.Job.Key, e.Delay.Round(time.Millisecond))
+			fmt.Fprintf(d.w, "%-10s parked    %s: %s is held; starts when the key frees (asynq's backstop retry: %s)\n",
+				machine, e.Job.Name, e.Job.Key, e.Delay.Round(time.Second))
 		case e.Kind == middleware.EventError:
 			fmt.Fprintf(d.w, "%-10s error     %s: %v\n", machine, e.Job.Name, e.Err)
 		}
 	}
+}
+
+// holderOf names the holder of a key as seen from machine: the Locker's
+// owner ID is the machine's name, so a holder with machine's own name is
+// another task running on the same machine.
+func holderOf(machine, holder string) string {
+	if holder == machine {
+		return "another task on " + machine + " (this machine)"
+	}
+	return "a task on " + holder
 }
 
 // handler is one machine's task handler: it records the run and works for
@@ -294,7 +308,7 @@ func serveOpsView(rdb redis.UniversalClient, w io.Writer, addr string) (func(), 
 		defer close(done)
 		_ = srv.Serve(ln)
 	}()
-	fmt.Fprintf(w, "operator view: http://%s/locks/ (while the demo runs)\n", ln.Addr())
+	fmt.Fprintf(w, "operator view: http://%s/locks/ (until the demo ends; -serve keeps it up until Ctrl-C)\n", ln.Addr())
 	return func() {
 		_ = srv.Close()
 		<-done

@@ -1,9 +1,10 @@
 // Command worker runs two asynq servers in one process, as if on two
 // machines, behind singleton.Middleware. It enqueues a burst of duplicate
 // cache:warm tasks (keyed by type, duplicates skipped) and of report:build
-// tasks for a few tenants (keyed by tenant_id, duplicates requeued, half of
-// them with MaxRetry(0)), prints what ran, what was skipped or requeued and
-// the most runs of one key seen at once, then exits. With -serve it keeps
+// tasks for a few tenants (keyed by tenant_id, duplicates parked until their
+// key frees, half of them with MaxRetry(0)), prints what ran, what was
+// skipped or parked and the most runs of one key seen at once, then exits,
+// and the operator page with it. With -serve it keeps
 // both machines and the operator page running, enqueuing the burst again
 // every few seconds, until Ctrl-C (SIGINT or SIGTERM); -h lists the flags.
 //
@@ -111,8 +112,9 @@ func startMachine(rdb redis.UniversalClient, name string, obs middleware.Observe
 	mux.Use(perType, perTenant)
 	mux.Handle("cache:warm", cacheWarm)
 	mux.Handle("report:build", reportBuild)
-	// ServerConfig: a requeued duplicate is no failure, and comes back
-	// after the Requeue delay.
+	// ServerConfig: a parked duplicate is no failure and uses no retry. The
+	// run that frees its key starts it; asynq's retry (the backstop) brings
+	// it back by itself should nothing start it.
 	srv := asynq.NewServerFromRedisClient(rdb, singleton.ServerConfig(asynq.Config{
 		Concurrency: workers,
 		Queues:      map[string]int{queue: 1},

@@ -41,6 +41,28 @@ func checkRun(t *testing.T, rdb redis.UniversalClient) {
 	require.Zero(t, res.Failed)
 	require.Contains(t, out.String(), "most runs of one key at once (must be 1):")
 	require.Regexp(t, `operator view: http://127\.0\.0\.1:\d+/locks/`, out.String())
+	checkOutputIsTrue(t, out.String())
+	require.Contains(t, out.String(), "-serve keeps both machines and the view up until Ctrl-C",
+		"the page stops with the demo: the output says how to keep it up")
+}
+
+// checkOutputIsTrue checks what the demo says against what it does: a
+// parked duplicate is not "back in" the backstop's 30s (the run that frees
+// its key starts it), and a machine never names itself as another holder.
+func checkOutputIsTrue(t *testing.T, out string) {
+	t.Helper()
+	require.NotContains(t, out, "back in", "a parked duplicate starts when its key frees, not after a delay")
+	require.Contains(t, out, "starts when the key frees")
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 1 && f[1] == "skipped" {
+			require.False(t, strings.HasSuffix(line, "held by "+f[0]), "a machine names itself as another holder: %s", line)
+			require.NotContains(t, line, "held by a task on "+f[0], "a machine names its own holder as another: %s", line)
+			if strings.Contains(line, "held by another task on") {
+				require.Contains(t, line, "held by another task on "+f[0]+" (this machine)", line)
+			}
+		}
+	}
 }
 
 // The bare-machine path: an embedded Redis, as main starts without

@@ -15,7 +15,8 @@ import (
 // The README's complete program runs on its own in a new module outside
 // the repository that requires jobguard through one replace directive (as
 // before a release): go mod tidy resolves it, and against a Redis of its own
-// it builds the three reports, acme's two one after the other.
+// it prints that Redis and builds the three reports, acme's two one after
+// the other. Without REDIS_ADDR it refuses to start.
 func TestREADMEProgramRunsInAFreshModule(t *testing.T) {
 	var program []string
 	for _, b := range blocks(t, filepath.Join(root, "README.md")) {
@@ -42,19 +43,32 @@ func TestREADMEProgramRunsInAFreshModule(t *testing.T) {
 	srv := testredis.StartServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	run := func(args ...string) string {
+	exe := filepath.Join(dir, "quickstart")
+	run := func(redisAddr string, name string, args ...string) (string, error) {
 		t.Helper()
-		cmd := exec.CommandContext(ctx, "go", args...)
+		cmd := exec.CommandContext(ctx, name, args...)
 		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=", "REDIS_ADDR="+srv.Addr())
+		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=", "REDIS_ADDR="+redisAddr)
 		out, err := cmd.CombinedOutput()
-		if err != nil {
+		return string(out), err
+	}
+	for _, args := range [][]string{{"mod", "tidy"}, {"build", "-o", exe, "."}} {
+		if out, err := run(srv.Addr(), "go", args...); err != nil {
 			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
-		return string(out)
 	}
-	run("mod", "tidy")
-	out := run("run", ".")
+	// Without REDIS_ADDR it says so and stops, rather than use whatever
+	// listens on localhost:6379.
+	if out, err := run("", exe); err == nil || !strings.Contains(out, "set REDIS_ADDR") {
+		t.Fatalf("without REDIS_ADDR: want an error that asks for it, got %v:\n%s", err, out)
+	}
+	out, err := run(srv.Addr(), exe)
+	if err != nil {
+		t.Fatalf("quickstart: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "redis: "+srv.Addr()+"\n") {
+		t.Fatalf("want the Redis it uses printed (redis: %s), got:\n%s", srv.Addr(), out)
+	}
 	var reports []string
 	for _, line := range strings.Split(out, "\n") {
 		if strings.HasPrefix(line, "building the report of ") {
