@@ -68,6 +68,38 @@ func newCopyID(origin string) string { return origin + "~" + newTaskID()[:16] }
 // copy is due.
 const copyKeep = 24 * time.Hour
 
+// nameCopyCmd names copy ARGV[1] in the work's copy key KEYS[1] for ARGV[2]
+// ms, keeping the copy it replaces: "<previous> <latest>". The key is set
+// before the copy is enqueued and the previous copy revoked after it, so
+// between the two the previous copy, still active, is the delivery that
+// needs the key, and a reader (Unique's, a resume's) must find it. Sent
+// again (a lost reply), it finds its copy latest already and keeps the
+// pair.
+var nameCopyCmd = redis.NewScript(`
+local v = redis.call("GET", KEYS[1])
+local latest = v and string.match(v, "(%S+)$")
+local pair = ARGV[1]
+if latest == ARGV[1] then
+	pair = v
+elseif latest then
+	pair = latest .. " " .. ARGV[1]
+end
+redis.call("SET", KEYS[1], pair, "PX", ARGV[2])
+`)
+
+// copiesLua is the Lua that adds to ids, a table, the copies named in the
+// work's copy key k (nameCopyCmd): the latest, and the one it replaces.
+const copiesLua = `
+local function add_copies(ids, k)
+	local v = redis.call("GET", k)
+	if v then
+		for id in string.gmatch(v, "%S+") do
+			ids[#ids + 1] = id
+		end
+	end
+end
+`
+
 // deliveriesOf are the IDs a delivery of the work first enqueued as origin
 // can have besides the copy asynqkey.Copy names: origin, and the IDs an earlier
 // version gave its copies ("<origin>~a", and "<origin>~b" for a copy of
@@ -97,15 +129,12 @@ func deliveriesOf(origin string) []string {
 // the task moved, else the first state found of, in this order, -2 pending
 // already, -1 active, -3 another (done), with the first task in it, or 0
 // when none of the tasks exists.
-var runFirstCmd = redis.NewScript(`
+var runFirstCmd = redis.NewScript(copiesLua + `
 local ids = {}
 for i = 2, #ARGV do
 	ids[#ids + 1] = ARGV[i]
 end
-local latest = redis.call("GET", KEYS[2])
-if latest then
-	ids[#ids + 1] = latest
-end
+add_copies(ids, KEYS[2])
 local code, at, rank = 0, ids[1], 0
 local ranks = {[-2] = 3, [-1] = 2, [-3] = 1}
 for _, id in ipairs(ids) do

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/guard"
@@ -167,6 +168,16 @@ func wholeSecond(t time.Time) time.Time {
 	return t
 }
 
+// nameCopy names copyID the latest copy of the work first enqueued as
+// origin in queue, for ttl, keeping the copy it replaces (nameCopyCmd).
+func nameCopy(ctx context.Context, rdb redis.UniversalClient, queue, origin, copyID string, ttl time.Duration) error {
+	err := nameCopyCmd.Run(ctx, rdb, []string{asynqkey.Copy(queue, origin)}, copyID, ttl.Milliseconds()).Err()
+	if errors.Is(err, redis.Nil) {
+		return nil
+	}
+	return err
+}
+
 // enqueueCopy enqueues a copy of the active task id to run after delay, with
 // the options that shape its processing. The copy gets an ID of its own
 // (newCopyID), named by asynqkey.Copy before it is enqueued, and no Unique lock
@@ -206,7 +217,7 @@ func (m *guarded) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue stri
 	}
 	headers[asynqkey.LabelHeader] = origin
 	headers[copyHeader] = newTaskID()
-	if err := m.rdb.Set(ctx, asynqkey.Copy(queue, origin), copyID, delay+copyKeep).Err(); err != nil {
+	if err := nameCopy(ctx, m.rdb, queue, origin, copyID, delay+copyKeep); err != nil {
 		return "", fmt.Errorf("name the copy %s: %w", copyID, err)
 	}
 	_, err = m.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)

@@ -295,21 +295,20 @@ func workState(ctx context.Context, rdb redis.UniversalClient, queue, origin str
 }
 
 // deliveryStatesCmd reads the asynq states of the deliveries of one work:
-// the tasks ARGV[2..] and the copy KEYS[1] (asynqkey.Copy) names. ARGV[1] is the
-// queue's key prefix. Returns {id, state, ...}, the state "" for a task
-// that does not exist.
-var deliveryStatesCmd = redis.NewScript(`
+// the tasks ARGV[2..] and the copies KEYS[1] (asynqkey.Copy) names (the
+// latest, and the one it replaces: nameCopyCmd). ARGV[1] is the queue's key
+// prefix. Returns {id, state, ...}, the state "" for a task that does not
+// exist.
+var deliveryStatesCmd = redis.NewScript(copiesLua + `
+local ids = {}
+for i = 2, #ARGV do
+	ids[#ids + 1] = ARGV[i]
+end
+add_copies(ids, KEYS[1])
 local out = {}
-local function add(id)
+for _, id in ipairs(ids) do
 	out[#out + 1] = id
 	out[#out + 1] = redis.call("HGET", ARGV[1] .. "t:" .. id, "state") or ""
-end
-for i = 2, #ARGV do
-	add(ARGV[i])
-end
-local latest = redis.call("GET", KEYS[1])
-if latest then
-	add(latest)
 end
 return out
 `)

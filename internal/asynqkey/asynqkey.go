@@ -40,7 +40,8 @@ const StateField = "state"
 
 // Copy is the key, beside asynq's keys of queue (in its Cluster slot),
 // that names the copy Requeue enqueued of the work first enqueued as
-// origin (singleton's copy ID).
+// origin (singleton's copy ID), and the copy it replaced: "<previous>
+// <latest>" (an earlier version wrote the latest alone).
 func Copy(queue, origin string) string { return Queue(queue) + "jobguard-copy:" + origin }
 
 // TypeKey is the key of a task of type taskType by KeyByType,
