@@ -36,7 +36,9 @@
 // 2 × interval + 2 × tolerance and only a later tick can replace it. The
 // epoch is checked before the lease, so a late replica of a tick that is
 // still running is also told the tick ran (EventClaimed), not that it
-// overlaps. Entries need schedules anchored to fixed times: @every, which
+// overlaps. The lease is labelled with the tick in UTC, RFC 3339
+// (lockkit's Holder.Label, such as "2026-11-29T03:00:00Z"): what `jobguard
+// inspect` and opsview show beside the holder. Entries need schedules anchored to fixed times: @every, which
 // counts from each replica's start, is rejected.
 //
 // Each entry has its own name: a Guard's Add and Wrap refuse a name it

@@ -1,6 +1,8 @@
 // Package opsview is an operator's web page for jobguard locks, an
 // http.Handler to mount next to asynqmon: the held keys with their holders
-// (owner, label, fencing token, TTL), waiters and parked jobs, a filter,
+// (owner, label, fencing token, TTL), waiters and parked jobs, the
+// reservations of each key on its row (a parked task's, and singleton's
+// Unique record "unique:<key>", which gets no row of its own), a filter,
 // auto-refresh, pages of keys whose cost does not grow with the keyspace
 // (WithScanBudget), and, only when WithRelease is given, a button that
 // cancels the runs a row shows, by their fencing tokens (lockkit's
