@@ -85,10 +85,14 @@ chaos-ci:
 
 ## test-browser: opsview's page in headless chromium (webtest/, a separate
 ## module with chromedp; without -race: opsview's own tests run with it in
-## make test); installs Debian's chromium when it is missing.
+## make test); installs Debian's chromium when it is missing. The
+## screenshots the tests take (go test -artifacts) are kept in
+## webtest/_artifacts/, and their paths printed.
 test-browser:
 	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium"; export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }
-	@tools/with-redis.sh sh -c 'cd webtest && $(GO) test -count=1 -timeout 5m ./...'
+	@rm -rf webtest/_artifacts
+	@tools/with-redis.sh sh -c 'cd webtest && $(GO) test -count=1 -timeout 5m -artifacts ./...'
+	@find webtest/_artifacts -name '*.png' | sort | sed 's/^/screenshot: /'
 
 ## run-worker: the asynq demo (embedded Redis unless REDIS_ADDR is set).
 run-worker:

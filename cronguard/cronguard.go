@@ -382,8 +382,12 @@ func (e *entry) run(job cron.Job) {
 	}
 	mj.ID = tick.UTC().Format(time.RFC3339Nano)
 	// The claim outlives every run that can name this tick: replicas up to
-	// the tolerance apart, firing up to an interval late.
-	mj = guard.With(mj, guard.Work{Epoch: tick.UnixMilli(), EpochTTL: min(2*interval+2*e.tol, lockcore.MaxTTL), EpochTag: e.tag})
+	// the tolerance apart, firing up to an interval late. The tick labels
+	// the lease (lockkit's Holder.Label, which the ops page and `jobguard
+	// inspect` show): the claim is checked before the label, so a replica
+	// firing the same tick is refused by the claim, never treated as a
+	// delivery of the same work.
+	mj = guard.With(mj, guard.Work{Label: mj.ID, Epoch: tick.UnixMilli(), EpochTTL: min(2*interval+2*e.tol, lockcore.MaxTTL), EpochTag: e.tag})
 	ctx = context.WithValue(ctx, tickKey{}, tick)
 	// Every outcome is reported through the observers (events) and the logger.
 	out := e.g.mw.Run(ctx, mj, func(ctx context.Context) error {

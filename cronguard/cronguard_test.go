@@ -512,6 +512,31 @@ func TestDefaultTTLIsTheLockers(t *testing.T) {
 	<-done
 }
 
+// A running tick's lease carries the tick (UTC, RFC 3339) as its label:
+// what the ops page and `jobguard inspect` show beside the holder. A second
+// replica firing the same tick meanwhile is refused by the tick's claim
+// (EventClaimed), not made to wait for the run as a delivery of the same
+// work would be.
+func TestLeaseIsLabelledWithItsTick(t *testing.T) {
+	f := newFleet(t)
+	rec := newRecorder()
+	a := f.replica(0, "e", "*/10 * * * * *", rec)
+	b := f.replica(1, "e", "*/10 * * * * *", rec)
+	long := newBlocking()
+	done := a.fireAsync(t0.Add(2*time.Second), long.job())
+	recv(t, long.started)
+	info, err := f.base.Inspect(context.Background(), "cron:e")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.Equal(t, "2026-03-02T09:00:00Z", info.Holders[0].Label)
+	ran := false
+	b.fire(t0.Add(3*time.Second), cron.FuncJob(func() { ran = true }))
+	require.False(t, ran, "the same tick on another replica")
+	require.Equal(t, 1, rec.count(middleware.EventClaimed, t0))
+	close(long.release)
+	<-done
+}
+
 // The TTL and the slog logger given once at the Locker are what a Guard
 // uses, unless WithTTL or WithLogger (a cron.Logger) override them.
 func TestSettingsComeFromTheLocker(t *testing.T) {

@@ -36,10 +36,13 @@
 // 2 × interval + 2 × tolerance and only a later tick can replace it. The
 // epoch is checked before the lease, so a late replica of a tick that is
 // still running is also told the tick ran (EventClaimed), not that it
-// overlaps. Entries need schedules anchored to fixed times: cron's own
-// @every counts from each replica's start, so Add aligns "@every d" to the
-// multiples of d since the Unix epoch, and Wrap refuses it. The Guard parses
-// specs itself: a seconds field needs WithSeconds, whatever the Cron was given.
+// overlaps. The lease is labelled with the tick in UTC, RFC 3339
+// (lockkit's Holder.Label, such as "2026-11-29T03:00:00Z"): what `jobguard
+// inspect` and opsview show beside the holder. Entries need schedules
+// anchored to fixed times: cron's own @every counts from each replica's
+// start, so Add aligns "@every d" to the multiples of d since the Unix
+// epoch, and Wrap refuses it. The Guard parses specs itself: a seconds field
+// needs WithSeconds, whatever the Cron was given.
 //
 // Each entry has its own name: a Guard's Add and Wrap refuse a name it
 // already has (ErrDuplicateEntry), since two entries of one name would share

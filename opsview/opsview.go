@@ -1,6 +1,8 @@
 // Package opsview is an operator's web page for jobguard locks, an
 // http.Handler to mount next to asynqmon: the held keys with their holders
-// (owner, label, fencing token, TTL), waiters and parked jobs, a filter,
+// (owner, label, fencing token, TTL), waiters and parked jobs, the
+// reservations of each key on its row (a parked task's, and singleton's
+// Unique record "unique:<key>", which gets no row of its own), a filter,
 // auto-refresh, pages of keys whose cost does not grow with the keyspace
 // (WithScanBudget), and, only when WithRelease is given, a button that
 // cancels the runs a row shows, by their fencing tokens (lockkit's
@@ -37,6 +39,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/invalid"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/printable"
@@ -252,8 +255,17 @@ type lockView struct {
 	Waiters int          `json:"waiters"`
 	Parked  int          `json:"parked"`
 	// ParkedIDs are the ids of the first 20 parked jobs (lockkit's
-	// Info.ParkedIDs), escaped.
-	ParkedIDs []string `json:"parked_ids"`
+	// Info.ParkedIDs), escaped; ParkedTasks the same jobs as the page
+	// shows them: an asynq task's queue and ID when the id is one of
+	// singleton's parked entries.
+	ParkedIDs   []string   `json:"parked_ids"`
+	ParkedTasks []taskView `json:"parked_tasks"`
+	// Reservations are the holders of the key's Unique record
+	// (singleton's "unique:<key>", a reservation for a task enqueued and
+	// not yet run), shown on the key's row instead of a row of their own.
+	// Record is that record's key, escaped.
+	Reservations []holderView `json:"reservations"`
+	Record       string       `json:"record,omitempty"`
 	// Error, escaped, is why the key could not be inspected: the row shows
 	// it instead of its holders.
 	Error string `json:"error,omitempty"`
@@ -274,13 +286,63 @@ type holderView struct {
 	// its page.
 	State string `json:"task_state,omitempty"`
 	Link  string `json:"task_link,omitempty"`
-	// Reserved: the holder is a reservation, which runs nothing.
-	Reserved bool `json:"reserved,omitempty"`
+	// Reserved: the holder is a reservation, which runs nothing. For is
+	// the asynq task it is kept for, when the owner (a parked task's,
+	// "parked:<queue>\n<task>\n<origin>") or the label (a Unique record's,
+	// "<queue>/<task>") names one.
+	Reserved bool      `json:"reserved,omitempty"`
+	For      *taskView `json:"for,omitempty"`
 	// Cancelling: an operator asked the holder's run to stop
 	// (lockkit's Locker.CancelRun) CancelMs ago; the key stays held
 	// until the run returns.
 	Cancelling bool  `json:"cancelling,omitempty"`
 	CancelMs   int64 `json:"cancel_ms,omitempty"`
+}
+
+// taskView is an asynq task as the page names it: its queue and ID, and
+// the first task of its Requeue chain when that is another (Origin); ID is
+// the raw id, escaped, when it names no task. Each field is escaped.
+type taskView struct {
+	Queue  string `json:"queue,omitempty"`
+	Task   string `json:"task,omitempty"`
+	Origin string `json:"origin,omitempty"`
+	ID     string `json:"id"`
+}
+
+// parkedTask reads a parked job's id: singleton parks a task as
+// "<queue>\n<task ID>\n<origin>".
+func parkedTask(id string) taskView {
+	v := taskView{ID: printable.String(id)}
+	parts := strings.SplitN(id, "\n", 3)
+	if len(parts) == 3 && parts[0] != "" && parts[1] != "" {
+		v.Queue, v.Task = printable.String(parts[0]), printable.String(parts[1])
+		if parts[2] != parts[1] {
+			v.Origin = printable.String(parts[2])
+		}
+	}
+	return v
+}
+
+// reservedFor is the task a reservation is kept for: the parked task its
+// owner names ("parked:" and the task's parked id), or the task its label
+// names when it is a Unique record's ("<queue, with % and / escaped>/<task
+// ID>"); nil when neither does.
+func reservedFor(hd lockcore.Holder, record bool) *taskView {
+	if !hd.Reserved {
+		return nil
+	}
+	if id, ok := strings.CutPrefix(hd.Owner, "parked:"); ok {
+		if v := parkedTask(id); v.Task != "" {
+			return &v
+		}
+	}
+	if record {
+		if q, task, ok := strings.Cut(hd.Label, "/"); ok && q != "" && task != "" {
+			q = strings.NewReplacer("%2F", "/", "%25", "%").Replace(q)
+			return &taskView{Queue: printable.String(q), Task: printable.String(task), ID: printable.String(hd.Label)}
+		}
+	}
+	return nil
 }
 
 type locksReply struct {
@@ -326,12 +388,59 @@ func (h *Handler) locks(w http.ResponseWriter, r *http.Request) {
 	}
 	reply := locksReply{Pattern: pattern, Locks: []lockView{}, Release: h.release, RefreshMs: h.refresh.Milliseconds(),
 		At: time.Now().UTC().Format(time.RFC3339), Cursor: cursor, Next: next, Limit: limit, Decisions: h.decisions != nil}
-	for _, v := range h.inspectPage(r.Context(), keys) {
+	for _, v := range h.foldRecords(r.Context(), h.inspectPage(r.Context(), keys)) {
 		if v != nil {
 			reply.Locks = append(reply.Locks, *v)
 		}
 	}
 	writeJSON(w, http.StatusOK, reply)
+}
+
+// recordPrefix begins the key of a Unique record: singleton reserves key
+// for a task enqueued with Unique under "unique:<key>" (asynqkey.Reservation).
+var recordPrefix = asynqkey.Reservation("")
+
+// foldRecords shows each Unique record of the page on the row of the key
+// it belongs to, not as a row of its own (with buttons of its own, which
+// would free the record instead of the key): a record whose key is on the
+// page joins that key's row; otherwise the key is inspected and its row
+// takes the record's place, held or not. A record with a holder that is not
+// a reservation, or that could not be inspected, stays a row of its own.
+func (h *Handler) foldRecords(ctx context.Context, views []*lockView) []*lockView {
+	at := make(map[string]int, len(views))
+	for i, v := range views {
+		if v != nil {
+			at[v.Key] = i
+		}
+	}
+	for i, v := range views {
+		if v == nil || v.Error != "" || !strings.HasPrefix(v.Key, recordPrefix) {
+			continue
+		}
+		key := strings.TrimPrefix(v.Key, recordPrefix)
+		reserved := true
+		for _, hv := range v.Holders {
+			reserved = reserved && hv.Reserved
+		}
+		if key == "" || !reserved {
+			continue
+		}
+		j, ok := at[key]
+		if !ok || views[j] == nil {
+			base := h.inspectPage(ctx, []string{key})[0]
+			if base == nil {
+				base = &lockView{Key: key, KeyText: printable.String(key), Holders: []holderView{}, ParkedIDs: []string{},
+					ParkedTasks: []taskView{}, Reservations: []holderView{}}
+			}
+			views[i], at[key] = base, i
+			j = i
+		} else {
+			views[i] = nil
+		}
+		views[j].Reservations = append(views[j].Reservations, v.Holders...)
+		views[j].Record = v.KeyText
+	}
+	return views
 }
 
 // inspect returns key's state: with the parked jobs from the engine under
@@ -389,7 +498,8 @@ func (h *Handler) inspectPage(ctx context.Context, keys []string) []*lockView {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			v := &lockView{Key: k, KeyText: printable.String(k), Holders: []holderView{}, ParkedIDs: []string{}}
+			v := &lockView{Key: k, KeyText: printable.String(k), Holders: []holderView{}, ParkedIDs: []string{},
+				ParkedTasks: []taskView{}, Reservations: []holderView{}}
 			info, err := h.inspect(ctx, k)
 			if err != nil {
 				v.Error = printable.String(err.Error())
@@ -402,6 +512,7 @@ func (h *Handler) inspectPage(ctx context.Context, keys []string) []*lockView {
 			v.Waiters, v.Parked = info.Waiters, info.Parked
 			for _, id := range info.ParkedIDs {
 				v.ParkedIDs = append(v.ParkedIDs, printable.String(id))
+				v.ParkedTasks = append(v.ParkedTasks, parkedTask(id))
 			}
 			for _, hd := range info.Holders {
 				held := int64(0)
@@ -412,7 +523,8 @@ func (h *Handler) inspectPage(ctx context.Context, keys []string) []*lockView {
 					Owner: hd.Owner, OwnerText: printable.String(hd.Owner),
 					Label: hd.Label, LabelText: printable.String(hd.Label),
 					Token: hd.Token, TTLms: hd.TTL.Milliseconds(), HeldMs: held,
-					Reserved: hd.Reserved, Cancelling: hd.Cancelling, CancelMs: hd.CancelAge.Milliseconds(),
+					Reserved: hd.Reserved, For: reservedFor(hd, strings.HasPrefix(k, recordPrefix)),
+					Cancelling: hd.Cancelling, CancelMs: hd.CancelAge.Milliseconds(),
 				}
 				h.taskState(ctx, &hv)
 				v.Holders = append(v.Holders, hv)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -288,4 +289,83 @@ func TestTaskStateOfHolders(t *testing.T) {
 		}
 	}
 	require.Len(t, asked, 5, "asked once per holder with a label")
+}
+
+// A Unique record (singleton's "unique:<key>", a reservation for a task
+// enqueued and not yet run) is shown on the row of the key it belongs to,
+// not as a row of its own with buttons of its own; a key that is not held
+// gets a row for its record. A reservation names its task by queue and
+// ID, and so does a parked task, not by the raw parked entry. A
+// "unique:" key held by a run is an ordinary key.
+func TestReservationsShowOnTheirKeysRow(t *testing.T) {
+	ctx := context.Background()
+	l := lockkittest.New(t, lockkit.WithOwner("report-worker-7d9f8c6b5-x2k4p"))
+	core := coretest.Of(t, l)
+	held, free := `asynq:report:build:tenant_id="acme"`, `asynq:report:build:tenant_id="globex"`
+	_, err := core.TryAcquire(ctx, held, &lockcore.AcquireOptions{Label: "task-1"})
+	require.NoError(t, err)
+	for key, label := range map[string]string{held: "default/task-2", free: "critical%2Feu/task-3"} {
+		_, err = core.TryAcquire(ctx, "unique:"+key, &lockcore.AcquireOptions{Label: label, Reserve: true})
+		require.NoError(t, err)
+	}
+	// A task parked behind a run of "parked".
+	_, err = core.TryAcquire(ctx, "parked", &lockcore.AcquireOptions{Label: "task-0"})
+	require.NoError(t, err)
+	_, err = core.TryAcquire(ctx, "parked", &lockcore.AcquireOptions{Label: "task-4", Reserve: true, Park: &lockcore.Parking{ID: "default\ntask-4\ntask-4"}})
+	require.ErrorIs(t, err, lockkit.ErrNotAcquired)
+	// A run's release reserved "handed" for the task parked behind it.
+	first, err := core.TryAcquire(ctx, "handed", &lockcore.AcquireOptions{Label: "task-0", Park: &lockcore.Parking{OnParked: func(string, string) {}}})
+	require.NoError(t, err)
+	_, err = core.TryAcquire(ctx, "handed", &lockcore.AcquireOptions{Label: "task-5", Reserve: true, Park: &lockcore.Parking{ID: "default\ntask-5\ntask-0"}})
+	require.ErrorIs(t, err, lockkit.ErrNotAcquired)
+	require.NoError(t, first.Release(ctx))
+	_, err = l.TryAcquire(ctx, "unique:run", nil)
+	require.NoError(t, err)
+
+	h, err := opsview.New(l, opsview.WithRelease())
+	require.NoError(t, err)
+	type task struct{ Queue, Task, Origin, ID string }
+	type holder struct {
+		Token    int64
+		Reserved bool
+		For      *task
+	}
+	var reply struct {
+		Locks []struct {
+			Key          string
+			Holders      []holder
+			Reservations []holder
+			Record       string
+			ParkedTasks  []task `json:"parked_tasks"`
+		}
+	}
+	require.Equal(t, http.StatusOK, getJSON(t, h, "/api/locks", &reply).Code)
+	var keys []string
+	for _, lock := range reply.Locks {
+		keys = append(keys, lock.Key)
+		switch lock.Key {
+		case held:
+			require.Len(t, lock.Holders, 1)
+			require.False(t, lock.Holders[0].Reserved)
+			require.Len(t, lock.Reservations, 1)
+			require.True(t, lock.Reservations[0].Reserved)
+			require.Equal(t, &task{Queue: "default", Task: "task-2", ID: "default/task-2"}, lock.Reservations[0].For)
+			require.Equal(t, "unique:"+held, lock.Record)
+		case free:
+			require.Empty(t, lock.Holders, "the key itself is not held")
+			require.Len(t, lock.Reservations, 1)
+			require.Equal(t, &task{Queue: "critical/eu", Task: "task-3", ID: "critical%2Feu/task-3"}, lock.Reservations[0].For)
+		case "parked":
+			require.Equal(t, []task{{Queue: "default", Task: "task-4", ID: `default\ntask-4\ntask-4`}}, lock.ParkedTasks)
+		case "handed":
+			require.Len(t, lock.Holders, 1)
+			require.True(t, lock.Holders[0].Reserved)
+			require.Equal(t, &task{Queue: "default", Task: "task-5", Origin: "task-0", ID: `default\ntask-5\ntask-0`}, lock.Holders[0].For)
+		case "unique:run":
+			require.Len(t, lock.Holders, 1)
+			require.Empty(t, lock.Reservations)
+		}
+	}
+	slices.Sort(keys)
+	require.Equal(t, []string{held, free, "handed", "parked", "unique:run"}, keys, "no row of its own for a reservation")
 }

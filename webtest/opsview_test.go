@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -209,11 +210,11 @@ func TestReadOnlyPageHasNoReleaseButton(t *testing.T) {
 }
 
 // With realistic data (25 keys of tenant reports, Kubernetes-style owners,
-// a parked reservation whose owner holds newlines) the page stays readable:
+// a parked task's reservation) the page stays readable:
 // at 1280×800 the Key column is at least 18 characters wide, a row is one
 // or two lines, nothing scrolls sideways, and a long key is cut with the
 // whole key as its tooltip; at 390 px wide the rows stack and still nothing
-// scrolls sideways. Control bytes show escaped.
+// scrolls sideways.
 func TestPageHoldsRealisticData(t *testing.T) {
 	ctx := context.Background()
 	l := lockkittest.New(t, lockkit.WithOwner("report-worker-7c9d8f6b5-x2kqz:1:3f9a2c7d"))
@@ -274,7 +275,7 @@ func TestPageHoldsRealisticData(t *testing.T) {
 	require.GreaterOrEqual(t, float64(wide.MinKeyWidth), 18*wide.CharWidth, "the Key column is at least 18 characters wide")
 	require.LessOrEqual(t, wide.MaxRowHeight, 60, "a row is one or two lines")
 	require.Equal(t, long, wide.Title, "the whole key is the cell's tooltip")
-	require.Contains(t, wide.Text, `parked:default\nid-1\nid-1`, "the newlines of a parked holder's owner show escaped")
+	require.Contains(t, wide.Text, "reserved for task id-1 · queue default", "a parked task's reservation names the task, not its raw entry")
 	require.Contains(t, wide.Text, "held ")
 
 	require.NoError(t, chromedp.Do(b, chromedp.EmulateViewport(390, 844)))
@@ -352,7 +353,7 @@ func TestDecisionLogRendersRealisticData(t *testing.T) {
 	require.False(t, first.Newer)
 	require.Contains(t, first.Text, `asynq:report:\x1b[2J\nforged`, "control bytes show escaped")
 	require.Contains(t, first.Text, "preempted")
-	require.Contains(t, first.Text, "report-worker-7c9d8f6b5-x2kqz:1:3f9a2c7d")
+	require.Contains(t, first.Text, "x2kqz:1:3f9a2c7d", "an owner is cut in its middle: its pod suffix shows")
 	require.LessOrEqual(t, first.ScrollWidth, first.ClientWidth, "nothing scrolls sideways at 1280 px")
 	link, err := chromedp.Run(b, chromedp.Evaluate[[]string](`(() => { const a = document.querySelector("#locks a.state"); return a ? [a.textContent, a.getAttribute("href")] : []; })()`))
 	require.NoError(t, err)
@@ -381,4 +382,170 @@ func TestDecisionLogRendersRealisticData(t *testing.T) {
 	require.NoError(t, chromedp.Do(b, chromedp.EmulateViewport(390, 844)))
 	small := look()
 	require.LessOrEqual(t, small.ScrollWidth, small.ClientWidth, "nothing scrolls sideways at 390 px")
+}
+
+// What an operator on call sees, with realistic data: two pods of one
+// deployment, a key stuck for a long time that a Unique record reserves
+// for its next task, a Unique record of a key that is not held, a task
+// parked behind a run, a key a run's end reserved for its parked task, a
+// cron tick, and the decision log. The reservations are on the row of
+// their key, with no button of their own; owners that differ only in the
+// pod suffix stay distinguishable; parked tasks show as queue and task
+// ID; the headings look like controls and at 390 px a menu sorts; the
+// stuck key stands out. The page is kept as screenshots at 1280×800 and
+// 390×844 in the test's artifact directory (go test -artifacts, as make
+// test-browser runs it), whose paths the test logs.
+func TestOnCallPage(t *testing.T) {
+	rdb, prefix := sharedRedis(t)
+	ctx := context.Background()
+	stream := prefix + "decisions"
+	defer rdb.Del(ctx, stream)
+	podA, podB := "report-worker-7d9f8c6b5-x2k4p:1:3f9a2c7d", "report-worker-7d9f8c6b5-q8zr1:1:9b1c0e44"
+	a, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix), lockkit.WithOwner(podA))
+	require.NoError(t, err)
+	defer a.Close(ctx)
+	b, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix), lockkit.WithOwner(podB))
+	require.NoError(t, err)
+	defer b.Close(ctx)
+	ca, cb := coretest.Of(t, a), coretest.Of(t, b)
+	stuck := `asynq:report:build:tenant_id="acme"`
+	queued := `asynq:report:build:tenant_id="globex"`
+	busy := `asynq:invoice:send:tenant_id="initech"`
+	handed := `asynq:invoice:send:tenant_id="umbrella"`
+	acquire := func(c *lockcore.RedisLocker, key string, o *lockcore.AcquireOptions) *lockcore.Lease {
+		t.Helper()
+		l, err := c.TryAcquire(ctx, key, o)
+		require.NoError(t, err)
+		return l
+	}
+	acquire(ca, stuck, &lockcore.AcquireOptions{Label: "0c636fe2-2986-4526-941b-fe6074c00001"})
+	acquire(ca, "unique:"+stuck, &lockcore.AcquireOptions{Label: "default/0c636fe2-2986-4526-941b-fe6074c00003", Reserve: true})
+	// The stuck key has been held a while (see longMs below) when the
+	// others are taken.
+	time.Sleep(2500 * time.Millisecond)
+	acquire(cb, "asynq:"+stuck[len("asynq:"):]+":region=\"eu\"", &lockcore.AcquireOptions{Label: "0c636fe2-2986-4526-941b-fe6074c00002"})
+	acquire(cb, "unique:"+queued, &lockcore.AcquireOptions{Label: "critical/0c636fe2-2986-4526-941b-fe6074c00004", Reserve: true})
+	acquire(cb, busy, &lockcore.AcquireOptions{Label: "0c636fe2-2986-4526-941b-fe6074c00005"})
+	_, err = ca.TryAcquire(ctx, busy, &lockcore.AcquireOptions{Label: "0c636fe2-2986-4526-941b-fe6074c00006", Reserve: true,
+		Park: &lockcore.Parking{ID: "default\n0c636fe2-2986-4526-941b-fe6074c00006\n0c636fe2-2986-4526-941b-fe6074c00006"}})
+	require.ErrorIs(t, err, lockkit.ErrNotAcquired)
+	first := acquire(ca, handed, &lockcore.AcquireOptions{Label: "0c636fe2-2986-4526-941b-fe6074c00007", Park: &lockcore.Parking{OnParked: func(string, string) {}}})
+	_, err = cb.TryAcquire(ctx, handed, &lockcore.AcquireOptions{Label: "0c636fe2-2986-4526-941b-fe6074c00008", Reserve: true,
+		Park: &lockcore.Parking{ID: "default\n0c636fe2-2986-4526-941b-fe6074c00008\n0c636fe2-2986-4526-941b-fe6074c00008", Hold: 30 * time.Second}})
+	require.ErrorIs(t, err, lockkit.ErrNotAcquired)
+	require.NoError(t, first.Release(ctx))
+	acquire(cb, "cron:nightly-report", &lockcore.AcquireOptions{Label: "2026-11-29T03:00:00Z"})
+	for i, reason := range []string{"held", "parked", "covered", "throttled"} {
+		require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{
+			"call", fmt.Sprint("call-", i), "task", fmt.Sprintf("0c636fe2-2986-4526-941b-fe6074c0010%d", i), "type", "report:build",
+			"queue", "default", "key", stuck, "reason", reason, "by_task", "0c636fe2-2986-4526-941b-fe6074c00001",
+			"by_owner", podA, "by_token", "1795650000000000"}}).Err())
+	}
+
+	view, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(prefix))
+	require.NoError(t, err)
+	defer view.Close(ctx)
+	h, err := opsview.New(view, opsview.WithRelease(), opsview.WithDecisionLog(rdb, stream), opsview.WithScanBudget(1000, 1000),
+		opsview.WithRefresh(time.Minute))
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	br := browser(t)
+	row := func(key string) string { return `tr[data-key=` + strconv.Quote(key) + `]` }
+	require.NoError(t, chromedp.Do(br,
+		chromedp.EmulateViewport(1280, 800),
+		chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible(row(stuck)),
+		chromedp.WaitVisible(`#decision-rows tr[data-task="0c636fe2-2986-4526-941b-fe6074c00103"]`),
+	))
+	// Ten minutes is what marks a key as held long; the test waits two
+	// seconds, not ten minutes (the page, refreshed every minute, keeps the
+	// times it loaded), and sorts by how long the keys were held.
+	_, err = chromedp.Run(br, chromedp.Evaluate[bool](`(() => { longMs = 2000; sort("held"); return true; })()`))
+	require.NoError(t, err)
+	type look struct {
+		Keys                            []string
+		Text, Stuck, Queued, Busy, Hand string
+		Decisions                       string
+		Buttons, QueuedButtons          int
+		StuckLong, OthersLong           bool
+		HeadingColor, BodyColor, Cursor string
+		SortShown, Scroll               bool
+		Badge                           string
+	}
+	get := func() look {
+		got, err := chromedp.Run(br, chromedp.Evaluate[look](`(() => {
+			const q = s => document.querySelector(s), rows = [...document.querySelectorAll("#locks tr")];
+			const text = s => { const e = q(s); return e ? e.innerText : ""; };
+			const th = q("th[data-sort=key]");
+			const details = [...document.querySelectorAll("details")]; details.forEach(d => d.open = true);
+			const badge = q("#locks tr.long .long-badge");
+			return {
+				Keys: rows.map(r => r.dataset.key), Text: document.body.innerText, Decisions: text("#decision-rows"),
+				Stuck: text(`+strconv.Quote(row(stuck))+`), Queued: text(`+strconv.Quote(row(queued))+`),
+				Busy: text(`+strconv.Quote(row(busy))+`), Hand: text(`+strconv.Quote(row(handed))+`),
+				Buttons: document.querySelectorAll("#locks button").length,
+				QueuedButtons: document.querySelectorAll(`+strconv.Quote(row(queued)+" button")+`).length,
+				StuckLong: q(`+strconv.Quote(row(stuck))+`).classList.contains("long"),
+				OthersLong: rows.filter(r => r.classList.contains("long")).length > 1,
+				HeadingColor: getComputedStyle(th).color, BodyColor: getComputedStyle(document.body).color,
+				Cursor: getComputedStyle(th).cursor, SortShown: q("#sort").offsetParent !== null,
+				Scroll: document.documentElement.scrollWidth > document.documentElement.clientWidth,
+				Badge: badge ? getComputedStyle(badge).backgroundColor : "",
+			};
+		})()`))
+		require.NoError(t, err)
+		return got
+	}
+	wide := get()
+	for _, k := range wide.Keys {
+		require.False(t, strings.HasPrefix(k, "unique:"), "a Unique record is no row of its own: %q", k)
+	}
+	require.Equal(t, stuck, wide.Keys[0], "sorted by how long held, the stuck key comes first, not its reservation")
+	require.True(t, wide.StuckLong, "the stuck key stands out")
+	require.False(t, wide.OthersLong, "and it alone")
+	require.Equal(t, "rgb(187, 0, 0)", wide.Badge, "with a red badge, not only grey text")
+	require.Contains(t, wide.Stuck, "unique: reserved for task 0c636fe2-2986-4526-941b-fe6074c00003 · queue default")
+	require.Contains(t, wide.Queued, "not held")
+	require.Contains(t, wide.Queued, "unique: reserved for task 0c636fe2-2986-4526-941b-fe6074c00004 · queue critical")
+	require.Zero(t, wide.QueuedButtons, "a Unique record has no button of its own")
+	require.Contains(t, wide.Busy, "task 0c636fe2-2986-4526-941b-fe6074c00006 · queue default", "a parked task by queue and ID")
+	require.Contains(t, wide.Hand, "reserved for task 0c636fe2-2986-4526-941b-fe6074c00008 · queue default")
+	require.NotContains(t, wide.Text, `\n0c636fe2`, "no raw parked entry")
+	require.Contains(t, wide.Text, "x2k4p", "pod A's suffix")
+	require.Contains(t, wide.Decisions, "x2k4p", "pod A's suffix, in the decision log too")
+	require.Contains(t, wide.Text, "q8zr1", "pod B's suffix")
+	require.Contains(t, wide.Text, "2026-11-29T03:00:00Z", "the cron holder's tick")
+	require.NotEqual(t, wide.BodyColor, wide.HeadingColor, "a sortable heading is coloured as a control")
+	require.Equal(t, "pointer", wide.Cursor)
+	require.False(t, wide.Scroll, "nothing scrolls sideways at 1280 px")
+	dir := t.ArtifactDir()
+	shot := func(name string) {
+		png, err := chromedp.Run(br, chromedp.FullScreenshot(100)) // the whole page, as a PNG
+		require.NoError(t, err)
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(path, png, 0o644))
+		t.Logf("screenshot: %s", path)
+	}
+	shot("opsview-1280x800.png")
+
+	require.NoError(t, chromedp.Do(br, chromedp.EmulateViewport(390, 844)))
+	// Sort by key, then back to held longest with the menu.
+	_, err = chromedp.Run(br, chromedp.Evaluate[bool](`(() => { sort("key"); return true; })()`))
+	require.NoError(t, err)
+	narrow := get()
+	require.True(t, narrow.SortShown, "at 390 px the sort menu is shown")
+	require.NotEqual(t, stuck, narrow.Keys[0])
+	_, err = chromedp.Run(br, chromedp.Evaluate[bool](`(() => {
+		const s = document.getElementById("sort");
+		s.value = "held";
+		return s.dispatchEvent(new Event("change")); // as choosing in the menu does
+	})()`))
+	require.NoError(t, err)
+	narrow = get()
+	require.Equal(t, stuck, narrow.Keys[0], "the menu sorts at 390 px")
+	require.False(t, narrow.Scroll, "nothing scrolls sideways at 390 px")
+	shot("opsview-390x844.png")
+	require.False(t, wide.SortShown, "at 1280 px the headings sort")
 }
