@@ -616,11 +616,11 @@ func (c *cli) printDecisions(found []decisionlog.Decision) {
 		what := "completed without running: " + shown(d.Reason)
 		switch {
 		case d.Action == decisionlog.ActionParked:
-			what = "did not run yet, parked behind its key's holder (" + shown(d.Reason) + "): the run that frees the key resumes it"
+			what = "was parked behind its key's holder, not run then (" + shown(d.Reason) + "): the run that frees the key resumes it"
 		case d.Action == decisionlog.ActionRequeued:
-			what = "did not run yet, put back (" + shown(d.Reason) + ")"
+			what = "was put back, not run then (" + shown(d.Reason) + ")"
 		case d.Action != "":
-			what = "did not run yet: " + shown(d.Reason) + ", " + shown(d.Action)
+			what = "was not run then: " + shown(d.Reason) + ", " + shown(d.Action)
 		}
 		switch d.Reason {
 		case decisionlog.ReasonArchived:

@@ -185,12 +185,12 @@ func TestWhyPrintsEveryOutcome(t *testing.T) {
 		{"parked", entry("parked", func(e *decisionlog.Entry) {
 			e.Reason, e.ByTask, e.ByOwner, e.ByToken = "held", "t-0", "worker-7", 1795649990000000
 			e.Action, e.BackIn = decisionlog.ActionParked, 30*time.Second
-		}), []string{"2026-11-25T23:40:00.123Z task parked (report, queue default) did not run yet, parked behind its key's holder (held): the run that frees the key resumes it, " +
+		}), []string{"2026-11-25T23:40:00.123Z task parked (report, queue default) was parked behind its key's holder, not run then (held): the run that frees the key resumes it, " +
 			`key asynq:report:build:tenant_id="acme", by task t-0, run by worker-7 (token 1795649990000000, since 2026-11-25T23:39:50Z); ` +
 			"it comes back by itself in 30s (at 2026-11-25T23:40:30.123Z) should the holder's release never come (its process died)"}},
 		{"requeued", entry("requeued", func(e *decisionlog.Entry) {
 			e.Reason, e.ByTask, e.Action, e.BackIn = "held", "t-0", decisionlog.ActionRequeued, 1500*time.Millisecond
-		}), []string{"task requeued (report, queue default) did not run yet, put back (held), key", "by task t-0; it comes back by itself in 1.5s (at 2026-11-25T23:40:01.623Z)"}},
+		}), []string{"task requeued (report, queue default) was put back, not run then (held), key", "by task t-0; it comes back by itself in 1.5s (at 2026-11-25T23:40:01.623Z)"}},
 		{"covered", entry("covered", func(e *decisionlog.Entry) { e.Reason, e.ByOwner, e.ByToken = "covered", "worker-8", 1795649995000000 }),
 			[]string{"completed without running: covered", "run by worker-8 (token 1795649995000000, since 2026-11-25T23:39:55Z)"}},
 		{"superseded", entry("superseded", func(e *decisionlog.Entry) { e.Reason = "superseded" }),
@@ -206,7 +206,7 @@ func TestWhyPrintsEveryOutcome(t *testing.T) {
 			[]string{"completed without running: throttled"}},
 		{"throttled-requeued", entry("throttled-requeued", func(e *decisionlog.Entry) {
 			e.Reason, e.Action, e.BackIn = "throttled", decisionlog.ActionRequeued, 2*time.Second
-		}), []string{"did not run yet, put back (throttled)", "it comes back by itself in 2s"}},
+		}), []string{"was put back, not run then (throttled)", "it comes back by itself in 2s"}},
 		{"refused", entry("refused", func(e *decisionlog.Entry) {
 			e.Reason, e.ByTask, e.ByState = decisionlog.ReasonRefused, "holder-1", "pending"
 		}),
