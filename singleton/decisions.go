@@ -28,7 +28,8 @@ const defaultDecisionLogLen = 10000
 //
 // The decision log is the Redis stream "jobguard:decisions", to which the
 // middleware adds one entry for every task that completes without running,
-// and for every run that ends before its work did, so that
+// is put back or is refused, and for every run that ends before its work
+// did (never on the path of a task that runs), so that
 // `jobguard why <task-id>` can say why a task did not run long after asynq
 // deleted it. An entry's fields: task (the task ID), origin (the label of a
 // Requeue copy: its first task's ID), type, queue, key, reason and, where
@@ -37,7 +38,15 @@ const defaultDecisionLogLen = 10000
 // run), and call, which names the write (a go-redis resend after a lost
 // reply adds an entry with the same call). Its ID is the Redis server's
 // time of the decision. The reasons of a task that completed without
-// running: held, claimed, superseded, throttled, covered, completed. Of a
+// running: held, claimed, superseded, throttled, covered, completed. A task
+// put back to run later (Requeue, a throttle's ActionRequeue, a follow-up
+// parked behind its key's holder) has the same reasons, and action
+// "requeued" or "parked" (the run that frees the key resumes it) and
+// back_in_ms, when it comes back by itself (the backstop of a parked
+// task); by_token, a fencing token, is at least the Redis server's time in
+// microseconds when that run took the key. A task the middleware refused
+// (ErrKey, ErrKeyMismatch, ParkAtEnqueue under WithLimit(n > 1)), which
+// asynq archives: reason archived, cause the refusal. Of a
 // run that ended early: preempted (a newer task of the key cancelled it
 // under guard.Preempt, and the task is done, neither retried nor archived;
 // by_task is the newer task, found holding the key once the run returned)
@@ -69,11 +78,34 @@ func (m *guarded) logDecision(ctx context.Context, t *asynq.Task, dup *guard.Dup
 func (m *guarded) logsDecisions() bool { return m.rdb != nil && m.decisions > 0 }
 
 // decisionOf is the decision log entry of the decision not to run t.
+// A held key's entry carries its holder's fencing token too (by_token:
+// since when the holder has held the key), which the task's result leaves
+// out.
 func decisionOf(ctx context.Context, t *asynq.Task, dup *guard.DuplicateError) decisionlog.Entry {
 	why := whyOf(dup)
 	e := entryOf(ctx, t, dup.Job, why.Reason)
 	e.Key, e.ByTask, e.ByOwner, e.ByToken = why.Key, why.ByTask, why.ByOwner, why.ByToken
+	var ce *lockcore.ConflictError
+	if e.ByToken == 0 && errors.As(dup.Cause, &ce) {
+		e.ByToken = ce.Token
+	}
 	return e
+}
+
+// logPutBack adds to the decision log that t was put back (re): parked
+// behind its key's holder, or requeued, and when it comes back by itself.
+// One XADD on the path of a task that does not run; a failed write is an
+// error event, and the task is put back all the same.
+func (m *guarded) logPutBack(ctx context.Context, t *asynq.Task, re *RequeueError) {
+	if !m.logsDecisions() {
+		return
+	}
+	e := decisionOf(ctx, t, re.Duplicate)
+	e.Action, e.BackIn = decisionlog.ActionRequeued, re.Delay
+	if re.Duplicate.Parked {
+		e.Action = decisionlog.ActionParked
+	}
+	m.addDecision(ctx, re.Duplicate.Job, e)
 }
 
 // entryOf is the decision log entry of job (t's), for reason.

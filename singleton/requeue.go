@@ -94,7 +94,8 @@ func retryDelay(next asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 // While the task has retries left it returns a *RequeueError, which asynq
 // retries (isFailure and retryDelay make that retry free and timed by the
 // policy). With none left a retry would archive the task, so it enqueues a
-// copy and revokes the original.
+// copy and revokes the original. Either way the put back is added to the
+// decision log (logPutBack).
 func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *guard.DuplicateError) error {
 	p := guard.PolicyOf(m.guard)
 	d := guard.DelayOf(p)
@@ -129,6 +130,7 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *guard.Duplica
 	if retried < maxRetry {
 		guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventRequeued, Job: dup.Job, Delay: re.Delay})
 		m.putBack(ctx, re, queue, id)
+		m.logPutBack(ctx, t, re)
 		return re
 	}
 	if m.inspector == nil {
@@ -146,6 +148,7 @@ func (m *guarded) requeue(ctx context.Context, t *asynq.Task, dup *guard.Duplica
 		return err
 	}
 	guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventRequeued, Job: dup.Job, Delay: re.Delay})
+	m.logPutBack(ctx, t, re)
 	return fmt.Errorf("%w; re-enqueued as task %s (%w)", re, copyID, asynq.RevokeTask)
 }
 

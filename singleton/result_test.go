@@ -86,7 +86,8 @@ func TestDecisionLogSaysWhyATaskDidNotRun(t *testing.T) {
 			require.Len(t, found, 1)
 			require.NotEmpty(t, found[0]["call"])
 			require.Equal(t, map[string]any{"call": found[0]["call"], "task": dup.ID, "origin": dup.ID, "type": typ, "queue": e.Queue, "key": "asynq:" + typ,
-				"reason": "held", "by_task": first.ID, "by_owner": found[0]["by_owner"]}, found[0])
+				"reason": "held", "by_task": first.ID, "by_owner": found[0]["by_owner"], "by_token": found[0]["by_token"]}, found[0])
+			require.NotEmpty(t, found[0]["by_token"], "the holder's token: since when it holds the key")
 		}
 		_, err := singleton.Middleware(e.locker(), singleton.WithRedis(e.RDB), singleton.WithDecisionLog(-1))
 		require.ErrorIs(t, err, singleton.ErrInvalid)

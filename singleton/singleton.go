@@ -405,12 +405,19 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 
 // refuse fails t (job), which the middleware refuses with err, an error
 // matching asynq.SkipRetry (asynq archives the task): err is reported as
-// an EventError. Under WithShadow t runs instead, without a lease, and what
-// would have happened is reported: an EventShadowed with ActionFail and
-// err, and a decision log entry (reason would_archive, cause err).
+// an EventError and added to the decision log (reason archived, cause err:
+// one XADD, the task does not run). Under WithShadow t runs instead,
+// without a lease, and what would have happened is reported: an
+// EventShadowed with ActionFail and err, and a decision log entry (reason
+// would_archive, cause err).
 func (m *guarded) refuse(ctx context.Context, next asynq.Handler, t *asynq.Task, job guard.Job, err error) error {
 	if !m.shadow {
 		guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventError, Job: job, Err: err})
+		if m.logsDecisions() {
+			e := entryOf(ctx, t, job, decisionlog.ReasonArchived)
+			e.Cause = err.Error()
+			m.addDecision(ctx, job, e)
+		}
 		return err
 	}
 	guard.Emit(m.guard, ctx, guard.Event{Kind: guard.EventShadowed, Job: job, Action: guard.ActionFail, Err: err})

@@ -55,7 +55,7 @@ Usage:
   jobguard [flags] release KEY       cancel the runs holding KEY (all, --owner ID's or --token N's); asks first unless --yes;
                                      --force frees KEY at once instead, while the runs may still be going
   jobguard [flags] watch [PATTERN]   show the held keys every --interval until interrupted (a Redis error is printed, and watch goes on)
-  jobguard [flags] why TASK-ID       why a task completed without running, or its run ended early (singleton's decision log)
+  jobguard [flags] why TASK-ID       why a task did not run (yet), or its run ended early (singleton's decision log)
 
 Examples (keys as singleton derives them: KeyByType "asynq:<type>",
 KeyByFields("tenant_id") "asynq:<type>:tenant_id=<JSON value>"):
@@ -78,12 +78,15 @@ going, a new run may start beside it, and only their fencing tokens tell
 their writes apart.
 
 why reads the stream the asynq middleware adds to for every task that
-completes without running, every run that a newer task preempted or that
-failed after losing its lease, and every task that ran under WithShadow
-although it would have been refused and archived ("jobguard:decisions",
-about the last 10,000: see singleton.WithDecisionLog): the reason, the
-key, and the run or task that held, covered or took over the key. It finds
-the task by its ID or, for a Requeue copy, by its first task's ID. It reads
+completes without running, is put back (requeued, or parked behind its
+key's holder: when it comes back) or is refused and archived, every run
+that a newer task preempted or that failed after losing its lease, every
+enqueue Unique refused, and every task that ran under WithShadow although
+it would have been refused and archived ("jobguard:decisions", about the
+last 10,000: see singleton.WithDecisionLog): the reason, the key, and the
+run or task that held (since when), covered or took over the key. It finds
+the task by its ID or, for a Requeue copy, by its first task's ID; an
+enqueue Unique refused also by the ID or the key its error names. It reads
 the log newest first, 1,000 entries per read, and stops at the end of the
 read in which it finds the task, or after --max-entries (20,000) entries.
 
@@ -908,11 +911,15 @@ func (c *cli) why(ctx context.Context, client redis.UniversalClient, id string) 
 }
 
 // decisionsOf appends to found the entries about task id, one per call
-// (calls: the calls seen).
+// (calls: the calls seen): those of the task or of its copies, and the
+// enqueues Unique refused whose error named id (the task holding the key,
+// or the key itself), since the caller of a refused enqueue may have no
+// other ID.
 func decisionsOf(entries []redis.XMessage, id string, calls decisionlog.Calls, found []decisionlog.Decision) []decisionlog.Decision {
 	for _, e := range entries {
 		d := decisionlog.Decode(e)
-		if (d.Task != id && d.Origin != id) || calls.Repeated(d) {
+		named := d.Task == id || d.Origin == id || (d.Reason == decisionlog.ReasonRefused && (d.ByTask == id || d.Key == id))
+		if !named || calls.Repeated(d) {
 			continue // another task's, or a write go-redis sent again
 		}
 		found = append(found, d)
@@ -920,11 +927,23 @@ func decisionsOf(entries []redis.XMessage, id string, calls decisionlog.Calls, f
 	return found
 }
 
-// printDecisions prints found as a table does (not with --json).
+// printDecisions prints found as a table does (not with --json). A cause is
+// an error's text, whose keys are quoted already: it is shown with its
+// control bytes escaped (shownCause), not its quotes' backslashes doubled.
 func (c *cli) printDecisions(found []decisionlog.Decision) {
 	for _, d := range found {
 		what := "completed without running: " + shown(d.Reason)
+		switch {
+		case d.Action == decisionlog.ActionParked:
+			what = "was parked behind its key's holder, not run then (" + shown(d.Reason) + "): the run that frees the key resumes it"
+		case d.Action == decisionlog.ActionRequeued:
+			what = "was put back, not run then (" + shown(d.Reason) + ")"
+		case d.Action != "":
+			what = "was not run then: " + shown(d.Reason) + ", " + shown(d.Action)
+		}
 		switch d.Reason {
+		case decisionlog.ReasonArchived:
+			what = "did not run: the middleware refused it, and asynq archives it"
 		case decisionlog.ReasonPreempted:
 			what = "was preempted while it ran (a newer task of its key cancelled it; not retried)"
 		case decisionlog.ReasonLost:
@@ -945,14 +964,39 @@ func (c *cli) printDecisions(found []decisionlog.Decision) {
 			fmt.Fprintf(c.out, ", run by %s", shown(d.ByOwner))
 		}
 		if d.ByToken != 0 {
-			fmt.Fprintf(c.out, " (token %d)", d.ByToken)
+			fmt.Fprintf(c.out, " (token %d", d.ByToken)
+			if since := d.Since(); !since.IsZero() {
+				fmt.Fprintf(c.out, ", since %s", since.Format(time.RFC3339Nano))
+			}
+			fmt.Fprint(c.out, ")")
 		}
 		if d.ByState != "" {
 			fmt.Fprintf(c.out, " (%s)", shown(d.ByState))
 		}
+		if d.BackIn > 0 {
+			fmt.Fprintf(c.out, "; it comes back by itself in %s", d.BackIn)
+			if back := d.Back(); !back.IsZero() {
+				fmt.Fprintf(c.out, " (at %s)", back.Format(time.RFC3339Nano))
+			}
+			if d.Action == decisionlog.ActionParked {
+				fmt.Fprint(c.out, " should the holder's release never come (its process died)")
+			}
+		}
 		if d.Cause != "" {
-			fmt.Fprintf(c.out, ": %s", shown(d.Cause))
+			fmt.Fprintf(c.out, ": %s", shownCause(d.Cause))
 		}
 		fmt.Fprintln(c.out)
 	}
+}
+
+// shownCause is an error's text as why prints it: its control bytes,
+// invalid UTF-8 and format characters escaped as shown escapes them, its
+// backslashes left as they are (the quotes of a key the error names are
+// escaped already, and doubling them would escape the key twice).
+func shownCause(s string) string {
+	parts := strings.Split(s, `\`)
+	for i, p := range parts {
+		parts[i] = shown(p)
+	}
+	return strings.Join(parts, `\`)
 }

@@ -1,8 +1,10 @@
 // Package decisionlog names the decision log, the Redis stream in which the
 // asynq adapter (singleton) records every task that completed without
-// running, every run that ended before its work did, every enqueue Unique
-// refused and every task that ran under WithShadow although it would have
-// been refused, and writes and reads its entries: singleton writes them
+// running, every task it put back (Requeue, parked behind its key's
+// holder), every task it refused (asynq archives it), every run that ended
+// before its work did, every enqueue Unique refused and every task that ran
+// under WithShadow although it would have been refused, and writes and
+// reads its entries: singleton writes them
 // (Add, AddArgs), the operators' page (opsview) and the jobguard command
 // read them (Decode, Calls). Its field names are what deployments have
 // stored: an entry written by an earlier version reads.
@@ -21,10 +23,10 @@ import (
 // documents it).
 const Stream = "jobguard:decisions"
 
-// The reasons of a run that ended early, of a refused enqueue and of a
-// shadowed refusal; a task that completed without running has the
-// middleware's reason (held, claimed, superseded, throttled, covered,
-// completed).
+// The reasons of a run that ended early, of a refused enqueue, of a refused
+// task and of a shadowed refusal; a task that completed without running,
+// or was put back, has the middleware's reason (held, claimed, superseded,
+// throttled, covered, completed).
 const (
 	// ReasonPreempted: a newer task of the key cancelled the run
 	// (middleware.Preempt); ByTask is the newer task.
@@ -37,6 +39,24 @@ const (
 	// ReasonWouldArchive: the task ran under WithShadow although it would
 	// have been refused and archived; Cause is the refusal.
 	ReasonWouldArchive = "would_archive"
+	// ReasonArchived: the middleware refused the task, which did not run
+	// and which asynq archives (its key could not be derived, its key
+	// header differed, or it was parked at enqueue under a limit above
+	// one); Cause is the refusal.
+	ReasonArchived = "archived"
+)
+
+// The actions of an entry whose task did not run: "" for a task that
+// completed without running (and for every other reason), or one of these
+// for a task put back to run later (Entry.BackIn says when).
+const (
+	// ActionRequeued: the task was put back (Requeue, or a throttle's
+	// ActionRequeue) and comes back after BackIn.
+	ActionRequeued = "requeued"
+	// ActionParked: the task was parked behind its key's holder: the run
+	// that frees the key resumes it, and it comes back by itself after
+	// BackIn (the backstop) should that run's release never come.
+	ActionParked = "parked"
 )
 
 // Entry is one decision, as singleton writes it.
@@ -63,6 +83,12 @@ type Entry struct {
 	ByToken         int64
 	// ByState is the asynq state of ByTask, for a refused enqueue.
 	ByState string
+	// Action is ActionRequeued or ActionParked for a task put back, ""
+	// otherwise.
+	Action string
+	// BackIn is, for a task put back, when it comes back by itself, from
+	// the entry's time; 0 otherwise.
+	BackIn time.Duration
 }
 
 // Field names of an entry in the stream.
@@ -79,6 +105,8 @@ const (
 	fieldByOwner = "by_owner"
 	fieldByToken = "by_token"
 	fieldByState = "by_state"
+	fieldAction  = "action"
+	fieldBackIn  = "back_in_ms"
 )
 
 // values is e as the fields of a stream entry: call, task, origin, type,
@@ -100,6 +128,12 @@ func (e Entry) values() []any {
 	}
 	if e.ByState != "" {
 		v = append(v, fieldByState, e.ByState)
+	}
+	if e.Action != "" {
+		v = append(v, fieldAction, e.Action)
+	}
+	if e.BackIn > 0 {
+		v = append(v, fieldBackIn, strconv.FormatInt(e.BackIn.Milliseconds(), 10))
 	}
 	return v
 }
@@ -145,9 +179,36 @@ func Decode(m redis.XMessage) Decision {
 	f := d.Fields
 	d.Entry = Entry{Call: f[fieldCall], Task: f[fieldTask], Origin: f[fieldOrigin], Type: f[fieldType], Queue: f[fieldQueue],
 		Key: f[fieldKey], Reason: f[fieldReason], Cause: f[fieldCause], ByTask: f[fieldByTask], ByOwner: f[fieldByOwner],
-		ByState: f[fieldByState]}
+		ByState: f[fieldByState], Action: f[fieldAction]}
 	d.ByToken, _ = strconv.ParseInt(f[fieldByToken], 10, 64)
+	if ms, err := strconv.ParseInt(f[fieldBackIn], 10, 64); err == nil && ms > 0 {
+		d.BackIn = time.Duration(ms) * time.Millisecond
+	}
 	return d
+}
+
+// minTokenTime is the least fencing token read as a time: a token is at
+// least the Redis server's time in microseconds when its run took the key,
+// so one from before 2001 is no time.
+const minTokenTime = 1e15
+
+// Since is when the run named by ByToken took the key (its fencing token is
+// at least the Redis server's time in microseconds then), zero when ByToken
+// is none or not a time.
+func (d Decision) Since() time.Time {
+	if d.ByToken < minTokenTime {
+		return time.Time{}
+	}
+	return time.UnixMicro(d.ByToken).UTC()
+}
+
+// Back is when a task put back comes back by itself (At plus BackIn), zero
+// when it was not put back or At is zero.
+func (d Decision) Back() time.Time {
+	if d.BackIn <= 0 || d.At.IsZero() {
+		return time.Time{}
+	}
+	return d.At.Add(d.BackIn)
 }
 
 // AtText is At as a view shows it (RFC 3339 with the milliseconds, UTC),

@@ -37,6 +37,12 @@ func TestEntryIsWrittenAsBeforeAndReadsBack(t *testing.T) {
 			ByTask: "t-5", ByState: "active"},
 			[]any{"call", "c3", "task", "t-4", "origin", "t-4", "type", "sync", "queue", "q", "key", "asynq:sync", "reason", "refused",
 				"by_task", "t-5", "by_state", "active"}},
+		{"parked", Entry{Call: "c5", Task: "t-7", Origin: "t-7", Type: "sync", Queue: "q", Key: "asynq:sync", Reason: "held",
+			ByTask: "t-8", ByOwner: "worker-1", ByToken: 1795650000000000, Action: ActionParked, BackIn: 30 * time.Second},
+			[]any{"call", "c5", "task", "t-7", "origin", "t-7", "type", "sync", "queue", "q", "key", "asynq:sync", "reason", "held",
+				"by_task", "t-8", "by_owner", "worker-1", "by_token", "1795650000000000", "action", "parked", "back_in_ms", "30000"}},
+		{"archived", Entry{Call: "c6", Task: "t-9", Origin: "t-9", Type: "sync", Queue: "q", Reason: ReasonArchived, Cause: "no key"},
+			[]any{"call", "c6", "task", "t-9", "origin", "t-9", "type", "sync", "queue", "q", "key", "", "reason", "archived", "cause", "no key"}},
 		{"shadowed, no key", Entry{Call: "c4", Task: "t-6", Type: "sync", Queue: "q", Reason: ReasonWouldArchive, Cause: "no key"},
 			[]any{"call", "c4", "task", "t-6", "origin", "", "type", "sync", "queue", "q", "key", "", "reason", "would_archive", "cause", "no key"}},
 	} {
@@ -71,4 +77,21 @@ func TestEarlierEntryReads(t *testing.T) {
 	require.Equal(t, time.UnixMilli(1).UTC(), d.At)
 	require.False(t, calls.Repeated(d))
 	require.True(t, calls.Repeated(d), "a write go-redis sent again")
+}
+
+// A put back task's entry says when it comes back (the entry's time plus
+// back_in_ms), and a fencing token says since when its run held the key; a
+// token that is no time (before 2001) and a malformed back_in_ms say
+// nothing.
+func TestSinceAndBack(t *testing.T) {
+	d := Decode(message("1795650000123-0", []any{"by_token", "1795649990000000", "action", "parked", "back_in_ms", "30000"}))
+	require.Equal(t, time.Date(2026, 11, 25, 23, 39, 50, 0, time.UTC), d.Since())
+	require.Equal(t, time.Date(2026, 11, 25, 23, 40, 30, 123e6, time.UTC), d.Back())
+	d = Decode(message("1795650000123-0", []any{"by_token", "7", "back_in_ms", "soon"}))
+	require.True(t, d.Since().IsZero())
+	require.True(t, d.Back().IsZero())
+	require.Zero(t, d.BackIn)
+	d = Decode(message("x", []any{"back_in_ms", "1000"}))
+	require.Equal(t, time.Second, d.BackIn)
+	require.True(t, d.Back().IsZero(), "no time: no stream ID")
 }
