@@ -205,9 +205,9 @@ type acquireArgs struct {
 	Since int64
 	// TakeReserved replaces a live reservation carrying Label (TakeReservation).
 	TakeReserved bool
-	// Mode is the FollowUp's mode; modeNone also for a KeepNewest or
-	// Preempt call that is no follow-up (neither waiting nor parking, or
-	// waiting for its own earlier delivery).
+	// Mode is the FollowUp's mode (modeFinal for a final Coalesce call);
+	// modeNone also for a KeepNewest or Preempt call that is no follow-up
+	// (neither waiting nor parking, or waiting for its own earlier delivery).
 	Mode    followUpMode
 	Channel string // the release channel
 	// First is the call's first attempt (not a waiting call's later one).
@@ -233,6 +233,9 @@ func (b *redisBackend) acquireArgsOf(r *request) acquireArgs {
 		Order: r.order, EpochTag: r.epochTag}
 	if r.mode == modeCoalesce {
 		a.Since = r.since
+		if r.final {
+			a.Mode = modeFinal
+		}
 	}
 	if r.mode.keepsNewest() && ((r.waiter == "" && r.park == "") || r.behindOwnRun) {
 		a.Mode = modeNone // only a waiting or parking call is a follow-up

@@ -125,7 +125,10 @@ type request struct {
 	// behindOwnRun: a KeepNewest or Preempt call whose own earlier delivery
 	// holds the key waits for it as a plain call: it is no follow-up.
 	behindOwnRun bool
-	final        bool // a Coalesce call that covers no other (its acquire id starts with "z")
+	// final: a Coalesce call that covers no other (modeFinal); its acquire
+	// id starts with "z", which marks its holder for the Coalesce calls
+	// that find it (acquire_coalesce.lua)
+	final bool
 	// since is when a Coalesce call's first attempt reached the store
 	// (server microseconds), -1 before it did.
 	since    int64
@@ -203,7 +206,7 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 		r.aid = "r" + r.aid // marks a reservation, which TakeReservation may replace
 		r.final = false     // a reservation's id does not mark a final call
 	} else if r.final {
-		r.aid = "z" + r.aid // marks a final Coalesce call, which covers no other
+		r.aid = "z" + r.aid // marks the holder of a final Coalesce call, which covers no other
 	}
 	if o.TakeReservation && r.label == "" {
 		return r, fmt.Errorf("%w: key %q: TakeReservation needs a Label", ErrInvalid, key)
