@@ -65,7 +65,7 @@ if coalesce then
   for i = 1, #live, 2 do
     local tok = tonumber(string.match(live[i], '^(%d+):') or '0')
     if tok >= after and (label == '' or string.sub(live[i], -#suffix) ~= suffix) and
-        not string.find(live[i], '^%d+:z') then
+        not is_final(live[i]) then
       return covered(2, tok, live[i])
     end
   end
@@ -96,7 +96,7 @@ if coalesce and not same and not took_reserved then
     local cl, cid = string.match(c, '^%d+:([^:]*):(.*)$')
     local rs = ':parked:' .. (cid or '') .. ':' .. (cl or '')
     for i = 1, #live, 2 do
-      if string.find(live[i], '^%d+:r') and string.sub(live[i], -#rs) == rs then
+      if is_reservation(live[i]) and string.sub(live[i], -#rs) == rs then
         return covered(3, 0, '')
       end
     end

@@ -50,15 +50,15 @@
 --                        reservation (AcquireOptions.Reserve) starts with
 --                        "r", and that of a final Coalesce call's holder
 --                        with "z", which the scripts of every version read
---                        from the holders they find (take_reserved,
---                        acquire_coalesce.lua's cover_by_run, cancel.lua)
+--                        from the holders they find (is_reservation and
+--                        is_final in promote.lua)
 -- ARGV[10] label         escaped, so that it holds no ':'; "" for none
 -- ARGV[11] since_text    Coalesce: when the work was asked for (server us);
 --                        0 or less, or a time after now, means now
 --                        (acquire_coalesce.lua)
--- ARGV[12] take_reserved boolean (TakeReservation): a live reservation (a holder whose
---                        acquire id starts with "r") carrying the label is
---                        replaced by this holder
+-- ARGV[12] take_reserved boolean (TakeReservation): a live reservation
+--                        (is_reservation) carrying the label is replaced
+--                        by this holder
 -- ARGV[13] mode          the FollowUp: 'coalesce', 'final' (a final Coalesce
 --                        call, which covers no other), 'keepnewest',
 --                        'preempt' (which keeps the newest too), or '' for none, also

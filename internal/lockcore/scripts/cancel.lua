@@ -1,7 +1,7 @@
 -- Asks the runs holding a lock to stop (Locker.CancelRun): an operator's
 -- release that keeps the key held until the run returns. Each selected live
--- holder that runs work (not a reservation, whose acquire id starts with
--- "r") gets the record "c:<token>" in holders_key, scored -(when it was
+-- holder that runs work (not a reservation: is_reservation in promote.lua)
+-- gets the record "c:<token>" in holders_key, scored -(when it was
 -- asked + keep): its renewals (renew.lua, extend.lua) reply 4 while it
 -- lasts, so a Locker that missed the notice still cancels the run at its
 -- next renewal; Inspect reports it (inspect.lua); the holder's release
@@ -32,8 +32,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 promote(holders_key, fence_key)
 local n = 0
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', holders_key, '(' .. now, '+inf')) do
-  local token, aid, o = string.match(m, '^(%d+):([^:]*):(.*):[^:]*$')
-  if token and string.byte(aid) ~= 114 and (owner == '' or o == owner) and (token_text == '0' or token == token_text) then
+  local token, o = string.match(m, '^(%d+):[^:]*:(.*):[^:]*$')
+  if token and not is_reservation(m) and (owner == '' or o == owner) and (token_text == '0' or token == token_text) then
     n = n + 1
     if not redis.call('ZSCORE', holders_key, 'c:' .. token) then
       redis.call('ZADD', holders_key, -(now + keep), 'c:' .. token)
