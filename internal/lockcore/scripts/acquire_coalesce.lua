@@ -18,9 +18,10 @@
 -- ARGV[13] mode: 'final' for a final call, which covers no other: not by
 --          its run (its holder's acquire id starts with "z"), nor as the
 --          follow-up
--- A waiter of the version before followup_key's w (its id starts with "y")
--- is the follow-up too, read while such waiters may live (a rolling
--- upgrade).
+-- The version before this one recorded no w: its waiting follow-up's
+-- waiter id starts with "y" instead. Such a waiter is read as the follow-up
+-- too, since it lives as long as a process of that version waits (a
+-- rolling upgrade).
 -- A covered call's reply: {-4, coverage, covering token, holder member,
 -- since}, coverage 1 by a success, 2 by a running holder, 3 by a follow-up.
 -- A Coalesce call that parks without waiting is the key's parked Coalesce
