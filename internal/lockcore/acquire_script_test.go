@@ -168,9 +168,6 @@ func TestAcquireScriptOfTheModesAnswersAsTheOneWithEvery(t *testing.T) {
 			require.NoError(t, err)
 			if st.wait {
 				r.waiter = fmt.Sprintf("%02d", i)
-				if r.mode == modeCoalesce && !r.final {
-					r.waiter = "y" + r.waiter
-				}
 				if hold := handOverTTL(&r); hold > 0 {
 					r.waiter = handOverID(r.waiter, hold, &r)
 				}

@@ -84,6 +84,27 @@ func (b *redisBackend) plainKeys(key, member string) []string {
 	return []string{base + ":h", base + ":d:" + member[:strings.IndexByte(member, ':')]}
 }
 
+// plainAcquireArgs are the arguments of plain_acquire.lua, in the order of
+// the table at its top (list lays them out).
+type plainAcquireArgs struct {
+	Tail string // the holder's member after its token: ":<acquire id>:<owner>:<escaped label>"
+	TTL  time.Duration
+}
+
+// list lays a out as plain_acquire.lua's ARGV.
+func (a *plainAcquireArgs) list() []any { return []any{a.Tail, ms(a.TTL)} }
+
+// plainReleaseArgs are the arguments of plain_release.lua, in the order of
+// the table at its top (list lays them out).
+type plainReleaseArgs struct {
+	Member string
+	Grace  time.Duration // the client's retry window
+	Record string        // what the key keeps: "~<token>."
+}
+
+// list lays a out as plain_release.lua's ARGV.
+func (a *plainReleaseArgs) list() []any { return []any{a.Member, ms(a.Grace), a.Record} }
+
 // plain reports whether r can use the plain form of a holders key
 // (plain_acquire.lua): limit 1, no waiting, queue, epoch, Coalesce,
 // Supersede, Preempt, TakeReservation or Park.
@@ -184,9 +205,9 @@ type acquireArgs struct {
 	Since int64
 	// TakeReserved replaces a live reservation carrying Label (TakeReservation).
 	TakeReserved bool
-	// Mode is the FollowUp's mode; modeNone also for a KeepNewest or
-	// Preempt call that is no follow-up (neither waiting nor parking, or
-	// waiting for its own earlier delivery).
+	// Mode is the FollowUp's mode (modeFinal for a final Coalesce call);
+	// modeNone also for a KeepNewest or Preempt call that is no follow-up
+	// (neither waiting nor parking, or waiting for its own earlier delivery).
 	Mode    followUpMode
 	Channel string // the release channel
 	// First is the call's first attempt (not a waiting call's later one).
@@ -212,6 +233,9 @@ func (b *redisBackend) acquireArgsOf(r *request) acquireArgs {
 		Order: r.order, EpochTag: r.epochTag}
 	if r.mode == modeCoalesce {
 		a.Since = r.since
+		if r.final {
+			a.Mode = modeFinal
+		}
 	}
 	if r.mode.keepsNewest() && ((r.waiter == "" && r.park == "") || r.behindOwnRun) {
 		a.Mode = modeNone // only a waiting or parking call is a follow-up
@@ -233,8 +257,8 @@ func (b *redisBackend) acquireCall(r *request) (*redis.Script, []string, []any) 
 
 func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
 	if plain(r) && !b.isSorted(r.key) {
-		v, err := plainAcquireScript.Run(ctx, b.c, []string{b.base(r.key) + ":h"},
-			":"+r.aid+":"+r.owner+":"+escapeLabel(r.label), ms(r.ttl)).Result()
+		a := plainAcquireArgs{Tail: ":" + r.aid + ":" + r.owner + ":" + escapeLabel(r.label), TTL: r.ttl}
+		v, err := plainAcquireScript.Run(ctx, b.c, []string{b.base(r.key) + ":h"}, a.list()...).Result()
 		if err != nil {
 			return acquireResult{}, err
 		}
@@ -425,7 +449,8 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 		cmds := b.run(ctx, plainReleaseScript, plains,
 			func(l *Lease) []string { return b.plainKeys(l.key, l.member) },
 			func(l *Lease) []any {
-				return []any{l.member, ms(b.grace), "~" + l.member[:strings.IndexByte(l.member, ':')] + "."}
+				a := plainReleaseArgs{Member: l.member, Grace: b.grace, Record: "~" + l.member[:strings.IndexByte(l.member, ':')] + "."}
+				return a.list()
 			})
 		for i, c := range cmds {
 			n, err := c.Int64()
@@ -586,47 +611,9 @@ func (b *redisBackend) renewMany(ctx context.Context, leases []*Lease, ttls []ti
 			l.renewArgs = &renewArgs{holders: k.holders, meta: k.meta, member: l.member}
 		}
 	}
-	// Leases mostly share a TTL: each call states one, and only a lease with
-	// another, or one that claimed an epoch, carries its own. Each call's
-	// command is built whole, from the leases' boxed keys and members.
 	ttlArgs := make(map[int64]any, 1)
 	cmds := b.pipelineScripts(ctx, len(calls), func(p redis.Pipeliner, c int, eval bool) *redis.Cmd {
-		idx := calls[c]
-		nkeys := len(idx)
-		for _, i := range idx {
-			if leases[i].epoch {
-				nkeys++
-			}
-		}
-		cmd := make([]any, 3, 3+nkeys+1+len(idx))
-		cmd[0], cmd[1], cmd[2] = "evalsha", renewScript.Hash(), nkeys
-		if eval {
-			cmd[0], cmd[1] = "eval", renewSrc
-		}
-		for _, i := range idx {
-			a := leases[i].renewArgs
-			cmd = append(cmd, a.holders)
-			if leases[i].epoch {
-				cmd = append(cmd, a.meta)
-			}
-		}
-		common := ms(ttls[idx[0]])
-		arg, ok := ttlArgs[common]
-		if !ok {
-			arg = common
-			ttlArgs[common] = arg
-		}
-		cmd = append(cmd, arg)
-		for _, i := range idx {
-			if ttl := ms(ttls[i]); ttl != common || leases[i].epoch {
-				if leases[i].epoch {
-					ttl = -ttl
-				}
-				cmd = append(cmd, "!"+strconv.FormatInt(ttl, 10))
-			}
-			cmd = append(cmd, leases[i].renewArgs.member)
-		}
-		return p.Do(ctx, cmd...)
+		return p.Do(ctx, renewCommand(eval, leases, calls[c], ttls, ttlArgs)...)
 	})
 	errs := make([]error, len(leases))
 	for c, idx := range calls {
@@ -651,13 +638,67 @@ func (b *redisBackend) renewMany(ctx context.Context, leases []*Lease, ttls []ti
 	return errs
 }
 
+// renewCommand is the EVALSHA (EVAL when eval) of renew.lua for the leases
+// of idx, with their ttls: it lays out the script's KEYS and ARGV as the
+// table at its top names them, built whole from the leases' boxed keys and
+// members (renewArgs). Leases mostly share a TTL: the call states one
+// (common_ttl, boxed once per value in ttlArgs), and only a lease with
+// another, or one that claimed an epoch, carries its own (own_ttl).
+func renewCommand(eval bool, leases []*Lease, idx []int, ttls []time.Duration, ttlArgs map[int64]any) []any {
+	nkeys := len(idx)
+	for _, i := range idx {
+		if leases[i].epoch {
+			nkeys++
+		}
+	}
+	cmd := make([]any, 3, 3+nkeys+1+len(idx))
+	cmd[0], cmd[1], cmd[2] = "evalsha", renewScript.Hash(), nkeys
+	if eval {
+		cmd[0], cmd[1] = "eval", renewSrc
+	}
+	for _, i := range idx {
+		a := leases[i].renewArgs
+		cmd = append(cmd, a.holders)
+		if leases[i].epoch {
+			cmd = append(cmd, a.meta)
+		}
+	}
+	common := ms(ttls[idx[0]])
+	arg, ok := ttlArgs[common]
+	if !ok {
+		arg = common
+		ttlArgs[common] = arg
+	}
+	cmd = append(cmd, arg)
+	for _, i := range idx {
+		if ttl := ms(ttls[i]); ttl != common || leases[i].epoch {
+			if leases[i].epoch {
+				ttl = -ttl
+			}
+			cmd = append(cmd, "!"+strconv.FormatInt(ttl, 10))
+		}
+		cmd = append(cmd, leases[i].renewArgs.member)
+	}
+	return cmd
+}
+
+// extendArgs are the arguments of extend.lua, in the order of the table at
+// its top (list lays them out).
+type extendArgs struct {
+	Member string
+	TTL    time.Duration
+	Epoch  bool // the lease claimed an epoch: its epoch key is kept as long
+	// Renew is a renewal, which never shortens the lease; false for Extend,
+	// which sets it.
+	Renew bool
+}
+
+// list lays a out as extend.lua's ARGV.
+func (a *extendArgs) list() []any { return []any{a.Member, ms(a.TTL), flag(a.Epoch), flag(a.Renew)} }
+
 func (b *redisBackend) extend(ctx context.Context, leases []*Lease, ttls []time.Duration, renew bool) []error {
 	if renew && len(leases) > 1 {
 		return b.renewMany(ctx, leases, ttls)
-	}
-	mode := "0"
-	if renew {
-		mode = "1"
 	}
 	idx := make(map[*Lease]int, len(leases))
 	for i, l := range leases {
@@ -666,11 +707,8 @@ func (b *redisBackend) extend(ctx context.Context, leases []*Lease, ttls []time.
 	cmds := b.pipelineScript(ctx, extendScript, leases,
 		func(k lockKeys) []string { return []string{k.holders, k.meta} },
 		func(l *Lease) []any {
-			epoch := "0"
-			if l.epoch {
-				epoch = "1"
-			}
-			return []any{l.member, ms(ttls[idx[l]]), epoch, mode}
+			a := extendArgs{Member: l.member, TTL: ttls[idx[l]], Epoch: l.epoch, Renew: renew}
+			return a.list()
 		})
 	errs := make([]error, len(leases))
 	for i, c := range cmds {
@@ -719,37 +757,114 @@ func (b *redisBackend) groups(leases []*Lease) [][]*Lease {
 	return out
 }
 
+// reserveArgs are the arguments of reserve.lua, in the order of the table
+// at its top (list lays them out).
+type reserveArgs struct {
+	Member         string // the lease's member
+	ReservedMember string // the reservation's member
+	TTL            time.Duration
+}
+
+// list lays a out as reserve.lua's ARGV.
+func (a *reserveArgs) list() []any { return []any{a.Member, a.ReservedMember, ms(a.TTL)} }
+
 func (b *redisBackend) reserve(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error) {
 	k := b.keys(l.key)
-	n, err := reserveScript.Run(ctx, b.c, []string{k.holders, k.fence}, l.member, member, ms(ttl)).Int64()
+	a := reserveArgs{Member: l.member, ReservedMember: member, TTL: ttl}
+	n, err := reserveScript.Run(ctx, b.c, []string{k.holders, k.fence}, a.list()...).Int64()
 	return n == 1, err
 }
 
+// freeArgs are the arguments of free.lua, in the order of the table at its
+// top (list lays them out).
+type freeArgs struct {
+	Label   string // escaped (escapeLabel)
+	Channel string // the release channel
+	Grace   time.Duration
+}
+
+// list lays a out as free.lua's ARGV.
+func (a *freeArgs) list() []any { return []any{a.Label, a.Channel, ms(a.Grace)} }
+
 func (b *redisBackend) free(ctx context.Context, key, label string) (bool, error) {
 	k := b.keys(key)
-	n, err := freeScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence, k.parked}, escapeLabel(label), k.channel, ms(b.grace)).Int64()
+	a := freeArgs{Label: escapeLabel(label), Channel: k.channel, Grace: b.grace}
+	n, err := freeScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence, k.parked}, a.list()...).Int64()
 	return n == 1, err
+}
+
+// evictArgs are the arguments of evict.lua, in the order of the table at
+// its top (list lays them out).
+type evictArgs struct {
+	Owner     string // "" for every holder
+	Channel   string // the release channel
+	CallID    string
+	Grace     time.Duration
+	Token     int64  // the one holder to remove, 0 for any
+	Operators string // the operators' channel of the prefix
+	Lock      string // the lock's key, as the Locker names it
+}
+
+// list lays a out as evict.lua's ARGV.
+func (a *evictArgs) list() []any {
+	return []any{a.Owner, a.Channel, a.CallID, ms(a.Grace), a.Token, a.Operators, a.Lock}
 }
 
 func (b *redisBackend) evict(ctx context.Context, key, owner string, token int64, call string) (int, error) {
 	k := b.keys(key)
-	n, err := evictScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence}, owner, k.channel, call, ms(b.grace), token, b.operators(), key).Int()
-	return n, err
+	a := evictArgs{Owner: owner, Channel: k.channel, CallID: call, Grace: b.grace, Token: token, Operators: b.operators(), Lock: key}
+	return evictScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence}, a.list()...).Int()
 }
+
+// cancelArgs are the arguments of cancel.lua, in the order of the table at
+// its top (list lays them out).
+type cancelArgs struct {
+	Owner     string // "" for every holder
+	Token     int64  // the one holder to ask, 0 for any
+	Operators string // the operators' channel of the prefix
+	Lock      string // the lock's key, as the Locker names it
+	Keep      time.Duration
+}
+
+// list lays a out as cancel.lua's ARGV.
+func (a *cancelArgs) list() []any { return []any{a.Owner, a.Token, a.Operators, a.Lock, ms(a.Keep)} }
 
 func (b *redisBackend) cancel(ctx context.Context, key, owner string, token int64) (int, error) {
 	k := b.keys(key)
-	return cancelScript.Run(ctx, b.c, []string{k.holders, k.fence}, owner, token, b.operators(), key, ms(cancelKeep)).Int()
+	a := cancelArgs{Owner: owner, Token: token, Operators: b.operators(), Lock: key, Keep: cancelKeep}
+	return cancelScript.Run(ctx, b.c, []string{k.holders, k.fence}, a.list()...).Int()
 }
+
+// leaveArgs are the arguments of leave.lua, in the order of the table at
+// its top (list lays them out).
+type leaveArgs struct {
+	Waiter    string
+	Channel   string // the release channel
+	AcquireID string
+}
+
+// list lays a out as leave.lua's ARGV.
+func (a *leaveArgs) list() []any { return []any{a.Waiter, a.Channel, a.AcquireID} }
 
 func (b *redisBackend) leave(ctx context.Context, key, waiter, aid string) error {
 	k := b.keys(key)
-	return leaveScript.Run(ctx, b.c, []string{k.queue, k.waiters, k.holders, k.fence}, waiter, k.channel, aid).Err()
+	a := leaveArgs{Waiter: waiter, Channel: k.channel, AcquireID: aid}
+	return leaveScript.Run(ctx, b.c, []string{k.queue, k.waiters, k.holders, k.fence}, a.list()...).Err()
 }
+
+// inspectArgs are the arguments of inspect.lua, in the order of the table
+// at its top (list lays them out).
+type inspectArgs struct {
+	CancelKeep time.Duration // how long an operator's request to stop is remembered
+}
+
+// list lays a out as inspect.lua's ARGV.
+func (a *inspectArgs) list() []any { return []any{ms(a.CancelKeep)} }
 
 func (b *redisBackend) inspect(ctx context.Context, key string) (*Info, error) {
 	k := b.keys(key)
-	vals, err := inspectScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.parked}, ms(cancelKeep)).Slice()
+	a := inspectArgs{CancelKeep: cancelKeep}
+	vals, err := inspectScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.parked}, a.list()...).Slice()
 	if err != nil {
 		return nil, err
 	}

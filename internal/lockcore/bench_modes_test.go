@@ -80,9 +80,6 @@ func benchAcquireMode(b *testing.B, opt AcquireOptions, wait, held bool) {
 		}
 		if wait {
 			r.waiter = randomID(8)
-			if r.mode == modeCoalesce {
-				r.waiter = "y" + r.waiter
-			}
 			if ttl := handOverTTL(&r); ttl > 0 {
 				r.waiter = handOverID(r.waiter, ttl, &r)
 			}

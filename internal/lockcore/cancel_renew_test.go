@@ -24,7 +24,8 @@ func TestCancelRunWithoutItsNoticeArrivesAtTheNextRenewal(t *testing.T) {
 	defer cancel()
 	k := l.r.keys("k")
 	// The request as CancelRun records it, told on a channel nobody hears.
-	n, err := cancelScript.Run(ctx, c, []string{k.holders, k.fence}, "", lease.Token(), "nobody", "k", ms(cancelKeep)).Int()
+	a := cancelArgs{Token: lease.Token(), Operators: "nobody", Lock: "k", Keep: cancelKeep}
+	n, err := cancelScript.Run(ctx, c, []string{k.holders, k.fence}, a.list()...).Int()
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	select {

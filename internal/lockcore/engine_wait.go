@@ -38,9 +38,6 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 	defer e.calls.Done()
 	e.awaitOwnRelease(ctx, r.key)
 	r.waiter = randomID(8)
-	if r.mode == modeCoalesce && !r.final {
-		r.waiter = "y" + r.waiter // a Coalesce follow-up, which others may fold into ("y" is no hex digit)
-	}
 	handTTL := handOverTTL(&r)
 	if handTTL > 0 {
 		// A release may hand the key to this call (release_grant.lua): the waiter
@@ -151,9 +148,10 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 }
 
 // handOverID is the waiter id of r that lets a release hand it the key for
-// ttl (release_grant.lua).
+// ttl: the id, a hex string, followed by the hand-over's terms as its
+// fields (release_grant.lua).
 func handOverID(id string, ttl time.Duration, r *request) string {
-	return "g" + id + ":" + strconv.FormatInt(ms(ttl), 10) + ":" + r.aid + ":" + escapeLabel(r.label) + ":" + r.owner
+	return id + ":" + strconv.FormatInt(ms(ttl), 10) + ":" + r.aid + ":" + escapeLabel(r.label) + ":" + r.owner
 }
 
 // handOverTTL is the TTL with which a release may hand the key to the

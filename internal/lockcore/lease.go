@@ -106,12 +106,21 @@ func parseMember(m string) (token int64, owner, label string) {
 	return token, rest, ""
 }
 
-// reservedMember reports whether member m is a reservation: its acquire id
-// begins with "r" (a reserving acquire, Lease.Reserve, a parked job's
-// reservation).
+// The acquire id of a holder that is a reservation (a reserving acquire,
+// Lease.Reserve, a parked job's reservation) starts with reservedMark, and
+// that of a final Coalesce call's holder with finalMark: the one state a
+// holder carries in its member, which the scripts of every version read
+// (is_reservation and is_final in promote.lua). Any other acquire id is
+// hex.
+const (
+	reservedMark = "r"
+	finalMark    = "z"
+)
+
+// reservedMember reports whether member m is a reservation (reservedMark).
 func reservedMember(m string) bool {
 	_, rest, _ := strings.Cut(m, ":")
-	return strings.HasPrefix(rest, "r")
+	return strings.HasPrefix(rest, reservedMark)
 }
 
 // Key returns the key the lease holds.
@@ -328,7 +337,7 @@ func (l *Lease) Reserve(ctx context.Context, ttl time.Duration) error {
 	if !l.end(stateReleased, errReleased) {
 		return fmt.Errorf("%w: %q token %d was released or lost already", ErrNotHeld, l.key, l.token)
 	}
-	member := memberOf(l.token, "r"+l.aid, l.owner, l.label)
+	member := memberOf(l.token, reservedMark+l.aid, l.owner, l.label)
 	held, err := l.e.b.reserve(ctx, l, member, ttl)
 	if err != nil {
 		return fmt.Errorf("lockkit: detach %q: %w", l.key, err)

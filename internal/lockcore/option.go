@@ -125,7 +125,10 @@ type request struct {
 	// behindOwnRun: a KeepNewest or Preempt call whose own earlier delivery
 	// holds the key waits for it as a plain call: it is no follow-up.
 	behindOwnRun bool
-	final        bool // a Coalesce call that covers no other (its acquire id starts with "z")
+	// final: a Coalesce call that covers no other (modeFinal); its acquire
+	// id starts with finalMark, which marks its holder for the Coalesce
+	// calls that find it (acquire_coalesce.lua)
+	final bool
 	// since is when a Coalesce call's first attempt reached the store
 	// (server microseconds), -1 before it did.
 	since    int64
@@ -200,10 +203,10 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	r.waiterTTL = 4 * c.poll
 	r.aid = randomID(8)
 	if r.reserved {
-		r.aid = "r" + r.aid // marks a reservation, which TakeReservation may replace
-		r.final = false     // a reservation's id does not mark a final call
+		r.aid = reservedMark + r.aid // a reservation, which TakeReservation may replace
+		r.final = false              // a reservation's holder is not marked final
 	} else if r.final {
-		r.aid = "z" + r.aid // marks a final Coalesce call, which covers no other
+		r.aid = finalMark + r.aid // the holder of a final Coalesce call, which covers no other
 	}
 	if o.TakeReservation && r.label == "" {
 		return r, fmt.Errorf("%w: key %q: TakeReservation needs a Label", ErrInvalid, key)

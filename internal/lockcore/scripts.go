@@ -82,9 +82,13 @@ type followUpMode string
 const (
 	modeNone       followUpMode = ""
 	modeCoalesce   followUpMode = "coalesce"   // Coalesce: acquire_coalesce.lua
+	modeFinal      followUpMode = "final"      // Coalesce with Final, which covers no other: acquire_coalesce.lua
 	modeKeepNewest followUpMode = "keepnewest" // KeepNewest: acquire_keepnewest.lua
 	modePreempt    followUpMode = "preempt"    // Preempt: KeepNewest's part and acquire_preempt.lua
 )
+
+// coalesces tells whether the call is a Coalesce call, final or not.
+func (m followUpMode) coalesces() bool { return m == modeCoalesce || m == modeFinal }
 
 // keepsNewest tells whether the call is the key's one pending follow-up
 // (KeepNewest and Preempt).
@@ -170,7 +174,7 @@ func placeOf(line string) (string, bool) {
 // a Preempt call's later attempts only keep the newest.
 func partsOf(a *acquireArgs) acquireParts {
 	var m acquireParts
-	if a.Mode == modeCoalesce {
+	if a.Mode.coalesces() {
 		m |= partCoalesce
 	}
 	if a.Mode.keepsNewest() || a.Order > 0 {

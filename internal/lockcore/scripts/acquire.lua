@@ -49,7 +49,7 @@ if existed then
   redis.call('ZREMRANGEBYSCORE', holders_key, -now, now)
   if take_reserved and label ~= '' and not redis.call('ZSCORE', holders_key, 'x:' .. aid) then
     for _, m in ipairs(redis.call('ZRANGEBYSCORE', holders_key, '(' .. now, '+inf')) do
-      if string.find(m, '^%d+:r') and string.sub(m, -#label - 1) == ':' .. label then
+      if is_reservation(m) and string.sub(m, -#label - 1) == ':' .. label then
         redis.call('ZREM', holders_key, m)
         took_reserved = true
       end

@@ -36,23 +36,32 @@
 -- ARGV[1]  owner         owner id
 -- ARGV[2]  ttl           ms
 -- ARGV[3]  limit         holder limit
--- ARGV[4]  wid           waiter id, "" when the call does not wait
+-- ARGV[4]  wid           waiter id, "" when the call does not wait; the id
+--                        of a waiter that a release may hand the key to
+--                        carries the hand-over's terms as its fields,
+--                        "<id>:<ttl ms>:<acquire id>:<label>:<owner>"
+--                        (release_grant.lua)
 -- ARGV[5]  fair          boolean: queue the waiter in arrival order
 -- ARGV[6]  wttl          waiter ttl (ms): a waiter not seen for this long is
 --                        dropped
 -- ARGV[7]  epoch_text    epoch, "0" for none (epoch: its number)
 -- ARGV[8]  epoch_keep    how long to remember the epoch (ms)
--- ARGV[9]  aid           acquire id (hex; "z<hex>" for a Final Coalesce call,
---                        "r<hex>" for a reservation: a Detached acquire)
+-- ARGV[9]  aid           acquire id (hex); the id of a holder that is a
+--                        reservation (AcquireOptions.Reserve) starts with
+--                        "r", and that of a final Coalesce call's holder
+--                        with "z", which the scripts of every version read
+--                        from the holders they find (is_reservation and
+--                        is_final in promote.lua)
 -- ARGV[10] label         escaped, so that it holds no ':'; "" for none
 -- ARGV[11] since_text    Coalesce: when the work was asked for (server us);
 --                        0 or less, or a time after now, means now
 --                        (acquire_coalesce.lua)
--- ARGV[12] take_reserved boolean (Adopt): a live reservation (a holder whose
---                        acquire id starts with "r") carrying the label is
---                        replaced by this holder
--- ARGV[13] mode          the FollowUp: 'coalesce', 'keepnewest', 'preempt'
---                        (which keeps the newest too), or '' for none, also
+-- ARGV[12] take_reserved boolean (TakeReservation): a live reservation
+--                        (is_reservation) carrying the label is replaced
+--                        by this holder
+-- ARGV[13] mode          the FollowUp: 'coalesce', 'final' (a final Coalesce
+--                        call, which covers no other), 'keepnewest',
+--                        'preempt' (which keeps the newest too), or '' for none, also
 --                        for a call that is no follow-up (it neither waits
 --                        nor parks, or waits for its own earlier delivery)
 -- ARGV[14] channel       release channel (KeepNewest and Preempt publish on it)
@@ -89,7 +98,8 @@ local entry = ARGV[17]
 local keep = tonumber(ARGV[18])
 local order = tonumber(ARGV[19])
 local epoch_tag = ARGV[20]
-local coalesce = mode == 'coalesce'
+local coalesce = mode == 'coalesce' or mode == 'final'
+local final = mode == 'final'
 local keepnewest = mode == 'keepnewest' or mode == 'preempt'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -52,7 +52,7 @@ local function older()
   local pl = string.match(f[1], '^%d+:([^:]*):')
   if pl and pl ~= '' then
     for _, m in ipairs(redis.call('ZRANGEBYSCORE', holders_key, '(' .. now, '+inf')) do
-      if string.find(m, '^%d+:r') and string.sub(m, -#pl - 1) == ':' .. pl then
+      if is_reservation(m) and string.sub(m, -#pl - 1) == ':' .. pl then
         return true
       end
     end

@@ -8,15 +8,22 @@
 -- acquire.lua keeps the sorted set while waiters, a queue or parked jobs
 -- live, so the plain form always means: no one else is waiting. Safe to
 -- run twice: a repeat finds the holder its first run added.
--- KEYS[1] holders: STRING in the plain form, else ZSET (see acquire_core.lua)
--- and, taking the key over a plain release's record, P{K}:d:<token> (the
--- record moved; same hash slot, named after KEYS[1])
--- ARGV[1] the holder's member after its token: ":<acquire id>:<owner>:<label>"
--- ARGV[2] ttl (ms)
+-- Takes 1 key and 2 arguments, laid out by plainAcquireArgs (backend.go);
+-- they are named here, once.
+-- KEYS[1] holders_key: STRING in the plain form, else ZSET (see
+--         acquire_core.lua); and, taking the key over a plain release's
+--         record, P{K}:d:<token> (the record moved; same hash slot, named
+--         after holders_key)
+-- ARGV[1] tail  the holder's member after its token:
+--               ":<acquire id>:<owner>:<label>"
+-- ARGV[2] ttl   ms
 -- Returns the token when acquired, {1, token, ttl left (ms)} when an earlier
 -- run of this call took it, {0, holder member, its ttl (ms), 1, 0} when held,
 -- {-9} when the holders key is a sorted set: the caller runs acquire.lua.
-local v = redis.pcall('GET', KEYS[1])
+local holders_key = KEYS[1]
+local tail = ARGV[1]
+local ttl = ARGV[2]
+local v = redis.pcall('GET', holders_key)
 if type(v) == 'table' then
   return {-9}
 end
@@ -24,17 +31,17 @@ local fence = 0
 if v then
   if string.byte(v) ~= 126 then
     local token = string.match(v, '^%d+')
-    if v == token .. ARGV[1] then
-      return {1, token, redis.call('PTTL', KEYS[1])}
+    if v == token .. tail then
+      return {1, token, redis.call('PTTL', holders_key)}
     end
-    return {0, v, redis.call('PTTL', KEYS[1]), 1, 0}
+    return {0, v, redis.call('PTTL', holders_key), 1, 0}
   end
   fence = tonumber(string.match(v, '%d+'))
-  keep_release(KEYS[1], v)
+  keep_release(holders_key, v)
 end
 -- A token is at least the server time in microseconds (as in acquire.lua),
 -- and greater than the last one while its record lives.
 local t = redis.call('TIME')
 local token = string.format('%d', math.max(fence + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
-redis.call('SET', KEYS[1], token .. ARGV[1], 'PX', ARGV[2])
+redis.call('SET', holders_key, token .. tail, 'PX', ttl)
 return token

@@ -45,3 +45,17 @@ local function promote(h, fence)
     redis.call('PEXPIRE', h, left)
   end
 end
+
+-- is_reservation tells whether the holder m ("<token>:<acquire id>:...") is
+-- a reservation (AcquireOptions.Reserve, Lease.Reserve, a release's for a
+-- parked job: release_park.lua), and is_final whether it is a final
+-- Coalesce call's run (acquire_coalesce.lua): their acquire ids start with
+-- "r" and "z", the one state a holder carries in its member, which the
+-- scripts of every version read (see reservedMember in lease.go).
+local function is_reservation(m)
+  return string.find(m, '^%d+:r') ~= nil
+end
+
+local function is_final(m)
+  return string.find(m, '^%d+:z') ~= nil
+end

@@ -2,11 +2,13 @@
 -- names the arguments and keys): when the
 -- release left the key without a live holder, the next waiter (the head of
 -- the fair queue, or else the waiter seen longest ago) is handed the key if
--- it can be: its waiter id is "g<random>:<ttl ms>:<acquire id>:<label>:<owner>"
--- (a plain acquire: limit 1, no epoch or other option), and its label, if
--- any, was not completed. It becomes the holder for that TTL (short: its
--- Locker renews it at once) and is told on the channel with
--- "g<token>:<waiter id>".
+-- it can be: its waiter id carries the hand-over's terms as its fields,
+-- "<id>:<ttl ms>:<acquire id>:<label>:<owner>" (a plain acquire: limit 1,
+-- no epoch or other option; the id of any other waiter has no ':'), and its
+-- label, if any, was not completed. It becomes the holder for that TTL
+-- (short: its Locker renews it at once) and is told on the channel with
+-- "g<token>:<waiter id>". The id of a hand-over waiter of the version
+-- before starts with "g" (in its <id> field): it is read the same way.
 -- KEYS[1] holders_key: the waiter's holder added; read for its "x:" and "done:"
 --         records
 -- KEYS[2] waiters_key: the waiter removed
@@ -43,7 +45,7 @@ if unheld then
   end
   local gttl, gaid, glabel, gowner
   if seen and wid then
-    gttl, gaid, glabel, gowner = string.match(wid, '^g[^:]*:(%d+):([^:]+):([^:]*):(.*)$')
+    gttl, gaid, glabel, gowner = string.match(wid, '^[^:]*:(%d+):([^:]+):([^:]*):(.*)$')
   end
   if gttl and not redis.call('ZSCORE', holders_key, 'x:' .. gaid) and
       not (glabel ~= '' and redis.call('ZSCORE', holders_key, 'done:' .. glabel)) then
