@@ -5,11 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
+	"sort"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
-// backend is the storage a Locker runs on: Redis or process memory. Every
+// backend is the storage a Locker runs on (Redis). Every
 // method is one atomic step; the engine adds waiting, renewal and events.
 type backend interface {
 	// ready reports whether the store can serve this Locker (RedisLocker:
@@ -422,4 +427,415 @@ func (e *engine) close(ctx context.Context) error {
 	e.mu.Unlock()
 	e.parkedCalls.Wait()
 	return errors.Join(errs...)
+}
+
+// RedisLocker is a Locker backed by Redis, shared by every process that uses
+// the same Redis and prefix. All keys of one lock share a {hash tag}, so it
+// works on Redis Cluster as well as standalone and Sentinel deployments.
+//
+// Redis layout for key K under prefix P: P{K}:h holds the holders. A plain
+// lock (limit 1, no waiting, queue, epoch, Coalesce, Supersede, Preempt,
+// TakeReservation or Park) that no other kind of acquire touched keeps its one holder
+// there as a STRING; its release leaves "~<token>." there for the client's
+// retry window: the last token and the record of the release, moved into
+// P{K}:d:<token> when the key is taken again within the window. Any
+// other operation first turns the STRING into a sorted set scored by expiry,
+// with records of completed labels and cleaned-up calls, which the key keeps
+// while waiters, a queue or parked jobs may live; its released holders are
+// then kept in P{K}:d for the retry window, or, by a release that leaves the
+// key empty, in P{K}:h as a plain release leaves it. P{K}:b holds the newest request
+// recorded by Debounce, P{K}:k the parked jobs (Parking.ID), P{K}:c
+// the start of the last Coalesce run that succeeded, P{K}:f the last fencing
+// token (for a second), P{K}:m the last epoch and the order of the latest Supersede run, P{K}:q and P{K}:w the
+// waiters; releases are published on P{K}:r. In P and K, the characters
+// '{', '}' and '%' are written %7B, %7D and %25, so that {K} is always the
+// hash tag: any key and any prefix work on Redis Cluster. Every key expires
+// on its own; nothing a released lock leaves outlives the retry window (see
+// NewRedis).
+//
+// Every script is safe to run twice, as go-redis does when a reply is late:
+// a repeated acquire returns the lease its first run took, a repeated release
+// reports the same success.
+type RedisLocker struct {
+	e *engine
+	r *redisBackend
+}
+
+var _ Locker = (*RedisLocker)(nil)
+
+// NewRedis returns a RedisLocker using client, which it does not close. It
+// returns an error matching ErrInvalid for a nil client (also a typed nil) or
+// an invalid option. The Locker starts no goroutine until a lease is acquired
+// or a waiter waits; call Close to stop them. Its first acquire checks the
+// server's version and fails with ErrUnsupported below MinRedisVersion.
+//
+// A released lock's holders key is kept for the client's retry window,
+// (MaxRetries+1) × (ReadTimeout + MaxRetryBackoff) (a ClusterClient:
+// (MaxRedirects+1) × (MaxRetries+1) attempts), between a second and a
+// minute: 14s with go-redis v9.17's defaults, 24s with v9.23's; so that a
+// release that go-redis sends again reports the same.
+func NewRedis(client redis.UniversalClient, opts ...Option) (*RedisLocker, error) {
+	cfg, err := clientConfig("NewRedis", client, opts)
+	if err != nil {
+		return nil, err
+	}
+	b := &redisBackend{c: client, prefix: escapeKey(cfg.prefix), grace: retryWindow(client), subs: make(map[string]*subscribers)}
+	return &RedisLocker{e: newEngine(cfg, b), r: b}, nil
+}
+
+// clientConfig is the config of opts for op on client: it refuses a nil
+// client, also a typed nil, and an invalid option.
+func clientConfig(op string, client redis.UniversalClient, opts []Option) (config, error) {
+	if client == nil {
+		return config{}, fmt.Errorf("%w: %s: client is nil", ErrInvalid, op)
+	}
+	if v := reflect.ValueOf(client); v.Kind() == reflect.Pointer && v.IsNil() {
+		return config{}, fmt.Errorf("%w: %s: client is a nil %T", ErrInvalid, op, client)
+	}
+	return newConfig(opts)
+}
+
+// retryWindow is how long after a command's first run go-redis may run it
+// again: every attempt waits for a read timeout and a backoff. A Client and
+// a Ring make 1 + MaxRetries attempts; a ClusterClient makes 1 +
+// MaxRedirects (default 3) attempts, on a node whose client makes 1 +
+// MaxRetries each (MaxRetries defaults to none for a cluster).
+func retryWindow(client redis.UniversalClient) time.Duration {
+	attempts, read, backoff := 4, 3*time.Second, 512*time.Millisecond
+	switch c := client.(type) {
+	case *redis.Client:
+		o := c.Options()
+		attempts, read, backoff = max(o.MaxRetries, 0)+1, o.ReadTimeout, o.MaxRetryBackoff
+	case *redis.ClusterClient:
+		o := c.Options()
+		attempts, read, backoff = (max(o.MaxRedirects, 0)+1)*(max(o.MaxRetries, 0)+1), o.ReadTimeout, o.MaxRetryBackoff
+	case *redis.Ring:
+		o := c.Options()
+		attempts, read, backoff = max(o.MaxRetries, 0)+1, o.ReadTimeout, o.MaxRetryBackoff
+	}
+	if read <= 0 {
+		read = 3 * time.Second
+	}
+	w := time.Duration(attempts) * (read + max(backoff, 0))
+	return min(max(w, time.Second), time.Minute)
+}
+
+// Owner returns the owner id recorded with this Locker's leases.
+func (l *RedisLocker) Owner() string { return l.e.cfg.owner }
+
+// TryAcquire implements Locker.
+func (l *RedisLocker) TryAcquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error) {
+	return l.e.tryAcquire(ctx, key, opt)
+}
+
+// Acquire implements Locker.
+func (l *RedisLocker) Acquire(ctx context.Context, key string, opt *AcquireOptions) (*Lease, error) {
+	return l.e.acquireWait(ctx, key, opt)
+}
+
+// Inspect implements Locker.
+func (l *RedisLocker) Inspect(ctx context.Context, key string) (*Info, error) {
+	return l.e.inspect(ctx, key)
+}
+
+// ForceRelease implements Locker.
+func (l *RedisLocker) ForceRelease(ctx context.Context, key string, which Select) (int, error) {
+	return l.e.forceRelease(ctx, key, which)
+}
+
+// CancelRun implements Locker.
+func (l *RedisLocker) CancelRun(ctx context.Context, key string, which Select) (int, error) {
+	return l.e.cancelRun(ctx, key, which)
+}
+
+// Redis returns the client the Locker was built on and its key prefix
+// (WithPrefix; DefaultPrefix without it), for what keeps its own state
+// beside the Locker's leases on the same Redis and prefix: a
+// throttle.Throttle or a debounce.Debouncer built with them shares the
+// budgets and requests of every process on that Redis and prefix.
+func (l *RedisLocker) Redis() (client redis.UniversalClient, prefix string) {
+	return l.r.c, l.e.cfg.prefix
+}
+
+// Held returns how many leases the Locker holds and renews now (not
+// reservations, which nothing renews).
+func (l *RedisLocker) Held() int { return l.e.held() }
+
+// Logger returns the logger set with WithLogger (slog.Default() without
+// it). The layers above lockkit log through it, when the Locker they are
+// given is a *RedisLocker, unless they are given their own.
+func (l *RedisLocker) Logger() *slog.Logger { return l.e.cfg.logger }
+
+// Close implements Locker. It does not close the Redis client.
+func (l *RedisLocker) Close(ctx context.Context) error { return l.e.close(ctx) }
+
+// Keys implements Locker. It uses SCAN on every master, never KEYS, then
+// checks each key's holders; a key may be missed or reported after it was
+// released, as SCAN guarantees. It walks the whole keyspace: ScanKeys reads
+// one bounded page.
+func (l *RedisLocker) Keys(ctx context.Context, pattern string) ([]string, error) {
+	match := globEscape(l.r.prefix) + "{" + serverGlob(pattern) + "}:h"
+	var (
+		mu  sync.Mutex
+		out []string
+	)
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		var found []string
+		iter := c.Scan(ctx, 0, match, 1000).Iterator()
+		for iter.Next(ctx) {
+			found = append(found, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			return err
+		}
+		live, err := l.r.liveKeys(ctx, c, l.matching(found, pattern))
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		out = append(out, live...)
+		return nil
+	}
+	var err error
+	if cc, ok := l.r.c.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+	} else {
+		err = scan(ctx, l.r.c)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lockkit: keys %q: %w", pattern, err)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// request is a validated acquire with every default filled in.
+type request struct {
+	key   string
+	owner string
+	// aid identifies one acquire call: a repeated script of the same call
+	// returns the lease the first run took instead of a conflict with it.
+	aid      string
+	label    string
+	ttl      time.Duration
+	interval time.Duration // 0 when renewal is off
+	limit    int
+	fair     bool
+	epoch    int64
+	epochTTL time.Duration
+	epochTag string
+	// waiter is set when the caller waits: it registers in the key's waiter set.
+	waiter    string
+	waiterTTL time.Duration
+	// mode is the FollowUp's mode, modeNone without one.
+	mode followUpMode
+	// later: the call's first attempt reached the store (the later attempts
+	// of a waiting call). On its first, a KeepNewest or Preempt call takes
+	// the key's follow-up place and a Preempt call preempts the holders.
+	later bool
+	// behindOwnRun: a KeepNewest or Preempt call whose own earlier delivery
+	// holds the key waits for it as a plain call: it is no follow-up.
+	behindOwnRun bool
+	// final: a Coalesce call that covers no other (modeFinal); its acquire
+	// id starts with finalMark, which marks its holder for the Coalesce
+	// calls that find it (acquire_coalesce.lua)
+	final bool
+	// since is when a Coalesce call's first attempt reached the store
+	// (server microseconds), -1 before it did.
+	since    int64
+	coverFor time.Duration
+	// reserved: the holder is a reservation from the start
+	// (AcquireOptions.Reserve); takeReserved: it replaces a live
+	// reservation carrying its label (AcquireOptions.TakeReservation).
+	reserved     bool
+	takeReserved bool
+	hold         time.Duration
+	order        int64 // the Order of a KeepNewest or Preempt FollowUp
+	async        bool  // AcquireOptions.AsyncRelease
+	grace        time.Duration
+	// park, parkHold and onParked are AcquireOptions.Park's ID, Hold
+	// (DefaultParkHold when zero) and OnParked.
+	park     string
+	parkHold time.Duration
+	onParked func(key, id string)
+}
+
+func (c *config) request(key string, o *AcquireOptions) (request, error) {
+	if o == nil {
+		o = &AcquireOptions{}
+	}
+	r := request{key: key, owner: c.owner, label: o.Label, ttl: o.TTL, limit: o.Limit, fair: o.Fair, epoch: o.Epoch, epochTTL: o.EpochTTL, epochTag: o.EpochTag,
+		since: -1, coverFor: DefaultCoverFor, reserved: o.Reserve}
+	if key == "" {
+		return r, fmt.Errorf("%w: key is empty", ErrInvalid)
+	}
+	if r.ttl == 0 {
+		r.ttl = c.ttl
+	}
+	if r.ttl < MinTTL {
+		return r, fmt.Errorf("%w: key %q: TTL %s is shorter than MinTTL (%s)", ErrInvalid, key, r.ttl, MinTTL)
+	}
+	if r.ttl > MaxTTL {
+		return r, fmt.Errorf("%w: key %q: TTL %s is longer than MaxTTL (%s)", ErrInvalid, key, r.ttl, MaxTTL)
+	}
+	if !o.NoRenew && !o.Reserve {
+		r.interval = o.RenewInterval
+		if r.interval == 0 {
+			r.interval = r.ttl / 3
+		}
+		if r.interval < 0 || r.interval >= r.ttl {
+			return r, fmt.Errorf("%w: key %q: RenewInterval %s must be positive and shorter than TTL %s", ErrInvalid, key, o.RenewInterval, r.ttl)
+		}
+	}
+	if r.limit == 0 {
+		r.limit = 1
+	}
+	if r.limit < 1 {
+		return r, fmt.Errorf("%w: key %q: Limit %d must be at least 1", ErrInvalid, key, o.Limit)
+	}
+	if r.epoch < 0 {
+		return r, fmt.Errorf("%w: key %q: Epoch %d must not be negative", ErrInvalid, key, r.epoch)
+	}
+	if r.epochTTL < 0 || r.epochTTL > MaxTTL {
+		return r, fmt.Errorf("%w: key %q: EpochTTL %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, r.epochTTL, MaxTTL)
+	}
+	if r.epochTTL == 0 {
+		r.epochTTL = r.ttl
+	}
+	if r.epochTag != "" && r.epoch == 0 {
+		return r, fmt.Errorf("%w: key %q: EpochTag %q needs an Epoch", ErrInvalid, key, r.epochTag)
+	}
+	if len(r.epochTag) > MaxEpochTag {
+		return r, fmt.Errorf("%w: key %q: EpochTag is %d bytes, longer than MaxEpochTag (%d)", ErrInvalid, key, len(r.epochTag), MaxEpochTag)
+	}
+	if err := r.followUp(o.FollowUp); err != nil {
+		return r, err
+	}
+	r.waiterTTL = 4 * c.poll
+	r.aid = randomID(8)
+	if r.reserved {
+		r.aid = reservedMark + r.aid // a reservation, which TakeReservation may replace
+		r.final = false              // a reservation's holder is not marked final
+	} else if r.final {
+		r.aid = finalMark + r.aid // the holder of a final Coalesce call, which covers no other
+	}
+	if o.TakeReservation && r.label == "" {
+		return r, fmt.Errorf("%w: key %q: TakeReservation needs a Label", ErrInvalid, key)
+	}
+	if o.TakeReservation && r.reserved {
+		return r, fmt.Errorf("%w: key %q: TakeReservation and Reserve exclude each other", ErrInvalid, key)
+	}
+	r.takeReserved = o.TakeReservation
+	if o.HoldAtLeast < 0 || o.HoldAtLeast > MaxTTL {
+		return r, fmt.Errorf("%w: key %q: HoldAtLeast %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, o.HoldAtLeast, MaxTTL)
+	}
+	r.hold = o.HoldAtLeast
+	r.async = o.AsyncRelease
+	r.parkHold = DefaultParkHold
+	if p := o.Park; p != nil {
+		r.park, r.onParked = p.ID, p.OnParked
+		if r.park != "" && (r.label == "" || r.limit > 1) {
+			return r, fmt.Errorf("%w: key %q: Park.ID %q needs a Label and Limit 1 (Label %q, Limit %d)", ErrInvalid, key, r.park, r.label, r.limit)
+		}
+		if p.Hold < 0 || p.Hold > MaxTTL {
+			return r, fmt.Errorf("%w: key %q: Park.Hold %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, key, p.Hold, MaxTTL)
+		}
+		if p.Hold > 0 {
+			r.parkHold = p.Hold
+		}
+	}
+	return r, nil
+}
+
+// followUp fills r's follow-up fields from f, an AcquireOptions.FollowUp,
+// after r's limit and fair are set. A pointer to one of the three types
+// stands for its value.
+func (r *request) followUp(f FollowUp) error {
+	switch p := f.(type) {
+	case *Coalesce:
+		if p == nil {
+			return fmt.Errorf("%w: key %q: FollowUp is a nil *lockcore.Coalesce", ErrInvalid, r.key)
+		}
+		f = *p
+	case *KeepNewest:
+		if p == nil {
+			return fmt.Errorf("%w: key %q: FollowUp is a nil *lockcore.KeepNewest", ErrInvalid, r.key)
+		}
+		f = *p
+	case *Preempt:
+		if p == nil {
+			return fmt.Errorf("%w: key %q: FollowUp is a nil *lockcore.Preempt", ErrInvalid, r.key)
+		}
+		f = *p
+	}
+	switch f := f.(type) {
+	case nil:
+		return nil
+	case Coalesce:
+		if err := r.oneHolder("Coalesce"); err != nil {
+			return err
+		}
+		if !f.Since.IsZero() {
+			if f.Since.UnixMicro() <= 0 {
+				return fmt.Errorf("%w: key %q: Coalesce.Since %s is not after 1970", ErrInvalid, r.key, f.Since.Format(time.RFC3339Nano))
+			}
+			r.since = f.Since.UnixMicro()
+		}
+		if f.CoverFor < 0 || f.CoverFor > MaxTTL {
+			return fmt.Errorf("%w: key %q: Coalesce.CoverFor %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, r.key, f.CoverFor, MaxTTL)
+		}
+		if f.CoverFor > 0 {
+			r.coverFor = f.CoverFor
+		}
+		r.mode, r.final = modeCoalesce, f.Final
+		return nil
+	case KeepNewest:
+		return r.keepNewest("KeepNewest", f.Order)
+	case Preempt:
+		if err := r.oneHolder("Preempt"); err != nil {
+			return err
+		}
+		if f.Grace < 0 || f.Grace > MaxTTL {
+			return fmt.Errorf("%w: key %q: Preempt.Grace %s must not be negative nor longer than MaxTTL (%s)", ErrInvalid, r.key, f.Grace, MaxTTL)
+		}
+		r.grace = f.Grace
+		if err := r.keepNewest("Preempt", f.Order); err != nil {
+			return err
+		}
+		r.mode = modePreempt
+		return nil
+	}
+	return fmt.Errorf("%w: key %q: FollowUp %T is not a Coalesce, KeepNewest or Preempt value", ErrInvalid, r.key, f)
+}
+
+// oneHolder checks that r, with the follow-up named mode, has a Limit of 1
+// and no Fair.
+func (r *request) oneHolder(mode string) error {
+	if r.limit > 1 || r.fair {
+		return fmt.Errorf("%w: key %q: %s works with one holder and no Fair queue (Limit %d, Fair %t)", ErrInvalid, r.key, mode, r.limit, r.fair)
+	}
+	return nil
+}
+
+// keepNewest makes r the key's pending follow-up with order, the Order of
+// the follow-up named mode.
+func (r *request) keepNewest(mode string, order int64) error {
+	if order < 0 {
+		return fmt.Errorf("%w: key %q: %s.Order %d must not be negative", ErrInvalid, r.key, mode, order)
+	}
+	r.mode, r.order = modeKeepNewest, order
+	return nil
 }
