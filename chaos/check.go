@@ -561,12 +561,14 @@ func (h *history) checkRuns() []Violation {
 
 // checkCover: under Coalesce, a task that never ran to completion was
 // covered: a decision says so, and a run of its key (another task's) that
-// began after its enqueue call began succeeded.
+// began after its enqueue call began succeeded. A task whose run an
+// operator stopped, and which then failed, is revoked (docs/rules.md), as
+// under every policy.
 func (h *history) checkCover() []Violation {
 	var vs []Violation
 	for _, name := range h.order {
 		t := h.tasks[name]
-		if t.enq == nil || !t.enq.Accepted || t.fam.Policy != polCoalesce || t.fam.Shadow || len(t.oks()) > 0 || t.exempt(h) {
+		if t.enq == nil || !t.enq.Accepted || t.fam.Policy != polCoalesce || t.fam.Shadow || len(t.oks()) > 0 || t.exempt(h) || t.stoppedByOperator() {
 			continue
 		}
 		var covered *Record
@@ -923,12 +925,26 @@ func (h *history) checkHold() []Violation {
 // lease TTL before, so its lease had not expired yet): the delivery waited
 // for that run, and is its retry.
 func (h *history) ownRetry(ru *run) bool {
-	for _, o := range h.tasks[ru.task].runs {
+	t := h.tasks[ru.task]
+	for _, o := range t.runs {
 		held := o.end
 		if o.died {
 			held += int64(h.w.TTL)
 		}
 		if o != ru && o.start < ru.deliv && held > ru.deliv {
+			return true
+		}
+	}
+	// An earlier delivery on a process that died before it returned may
+	// have taken the key and not lived to record its start: its lease,
+	// labelled with the task, holds the key until its TTL.
+	for _, d := range t.delivs {
+		died, ok := h.death[d.Proc]
+		if !ok || d.Proc == ru.proc && d.AID == ru.recs[0].AID && d.T == ru.deliv || d.T >= ru.deliv || died < d.T {
+			continue
+		}
+		returned := slices.ContainsFunc(h.returned[d.Proc+"/"+d.AID], func(at int64) bool { return at >= d.T && at <= died })
+		if !returned && died+int64(h.w.TTL) > ru.deliv {
 			return true
 		}
 	}
@@ -1028,6 +1044,9 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 	released := releasedKeep()
 	var vs []Violation
 	for _, k := range keys {
+		if k.TTL == -2*time.Nanosecond || k.TTL == -2*time.Millisecond {
+			continue // it expired between the listing's SCAN and its PTTL: gone
+		}
 		kind := ""
 		if i := strings.LastIndex(k.Key, "}:"); i >= 0 {
 			kind = k.Key[i+2:]

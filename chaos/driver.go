@@ -718,6 +718,9 @@ func (r *seedRun) keysLeft() ([]keyTTL, error) {
 			if k.TTL, err = c.PTTL(ctx, k.Key).Result(); err != nil {
 				return err
 			}
+			if k.TTL == -2*time.Nanosecond || k.TTL == -2*time.Millisecond {
+				continue // it expired between SCAN and PTTL: gone
+			}
 			if k.Type, err = c.Type(ctx, k.Key).Result(); err != nil {
 				return err
 			}
