@@ -1085,7 +1085,7 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 		case "f":
 			keep = fenceKeep
 		}
-		if kind == "k" && (h.archivedOn(k.Key) || h.refusedOn(k.Key)) {
+		if kind == "k" && (h.archivedOn(k.Key) || h.refusedOn(k.Key) || h.giveUpFailedOn(k.Key)) {
 			// The parked id of a task asynq archived (it never took the
 			// key), of a task parked at enqueue whose enqueue asynq
 			// then refused (ParkAtEnqueue: "a parked entry stays"): kept
@@ -1380,6 +1380,26 @@ func (h *history) refusedOn(k string) bool {
 		t := h.tasks[name]
 		if t.fam.Client == cliPark && t.enq != nil && !t.enq.Accepted && t.enq.Err != "" &&
 			strings.Contains(k, "{"+famKey(t.fam, t.key)+"}") {
+			return true
+		}
+	}
+	return false
+}
+
+// giveUpFailedOn reports whether a task of the family key whose lock key
+// is k ran under WithShadow without a lease and could not give its parked
+// place up (a Redis error, reported as an EventError: "giving up the place
+// kept for"): its entry stays for the parked queue's retention (lockkit's
+// Park), as a refused task's does.
+func (h *history) giveUpFailedOn(k string) bool {
+	for _, name := range h.order {
+		t := h.tasks[name]
+		if !t.fam.Shadow || !strings.Contains(k, "{"+famKey(t.fam, t.key)+"}") {
+			continue
+		}
+		if slices.ContainsFunc(t.decs, func(d Record) bool {
+			return d.Kind == "error" && strings.Contains(d.Err, "giving up the place kept for")
+		}) {
 			return true
 		}
 	}

@@ -923,3 +923,26 @@ func TestRunWhoseSuccessWasNotRecordedMayRunAgain(t *testing.T) {
 		}
 	}
 }
+
+// Seed 425: under WithShadow a task that ran without a lease could not give
+// its parked place up (a reply fault; reported as an EventError), so its
+// entry stays in the key's parked queue for that queue's retention: no
+// leak. Without that report the entry is one.
+func TestShadowParkedPlaceNotGivenUpIsKept(t *testing.T) {
+	for _, failed := range []bool{true, false} {
+		h := newHist(polRequeue)
+		h.w.Families[0].Shadow = true
+		h.enqueue(0, "a")
+		h.reported(10, 100, "w1", "a", "shadowed")
+		if failed {
+			h.add(110, "w1", evDecision, "a", func(r *Record) {
+				r.Kind, r.Err = "error", `middleware: shadow: "k": giving up the place kept for "a": injected fault`
+			})
+		}
+		key := "p:{" + famKey(h.w.Families[0], "k0") + "}:k"
+		vs, _ := check(h.w, h.recs, []keyTTL{{Key: key, TTL: 9 * time.Minute, Type: "zset", Live: 1}}, true)
+		if got := rules(vs)[ruleLeak]; (got == 0) != failed {
+			t.Fatalf("give-up failed %v: got %v", failed, vs)
+		}
+	}
+}
