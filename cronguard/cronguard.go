@@ -34,7 +34,7 @@ var (
 	// it also matches lockkit.ErrInvalid. The message names the option or
 	// argument and the bad value.
 	ErrInvalid = invalid.New("cronguard: invalid argument")
-	// ErrNoTick is wrapped by the error reported (guard.EventError and the
+	// ErrNoTick is wrapped by the error reported (middleware.EventError and the
 	// logger) when a run cannot be matched to an activation of its schedule; the
 	// job is not run.
 	ErrNoTick = errors.New("cronguard: no tick")
@@ -44,7 +44,7 @@ var (
 	// name would share their ticks' claims, so each tick would run only one of
 	// them.
 	ErrDuplicateEntry = errors.New("cronguard: entry name already used")
-	// ErrSpecMismatch is wrapped by the error reported (guard.EventError
+	// ErrSpecMismatch is wrapped by the error reported (middleware.EventError
 	// and the logger), once per entry and process, when a replica finds that
 	// another one claims the entry's ticks with another spec (or time zone):
 	// they run at each other's ticks, or skip them. The job runs as usual.

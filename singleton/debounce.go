@@ -24,13 +24,13 @@ import (
 // scheduled (asynq.ProcessAt) for when it would be due, rounded up to a
 // whole second (asynq schedules in seconds), and carries its generation
 // (the task header "jobguard-debounce-gen"); Middleware, keyed the same way, completes an older task of the burst
-// without running it (guard.ReasonSuperseded, reported as
+// without running it (middleware.ReasonSuperseded, reported as
 // EventDuplicate and logged) when a newer one is pending or ran. A burst
 // ends when its newest task starts. The generation comes from Redis, so the
 // newest task wins however enqueues race across processes. quiet must be
 // between a millisecond and 100 years, maxWait zero or between quiet
 // and 100 years; Debounce excludes Unique. Use it with
-// guard.KeepNewest or guard.Preempt, so that the newest task
+// middleware.KeepNewest or middleware.Preempt, so that the newest task
 // waits for a run of the key still going instead of being skipped.
 //
 // The requests are kept in locker's Redis under its prefix (a

@@ -48,7 +48,7 @@ const defaultDecisionLogLen = 10000
 // (ErrKey, ErrKeyMismatch, ParkAtEnqueue under WithLimit(n > 1)), which
 // asynq archives: reason archived, cause the refusal. Of a
 // run that ended early: preempted (a newer task of the key cancelled it
-// under guard.Preempt, and the task is done, neither retried nor archived;
+// under middleware.Preempt, and the task is done, neither retried nor archived;
 // by_task is the newer task, found holding the key once the run returned)
 // and lost (its lease was lost while it ran, as when an operator released
 // the key or Redis stayed unreachable past its TTL, and the run failed;

@@ -16,16 +16,18 @@
 //	mux.Use(g.Middleware) // or g.Middleware(handler) around a single handler
 //	client, err := g.Client(asynq.NewClientFromRedisClient(rdb)) // keys tasks as the middleware does
 //
-// New takes key and middleware options (ServerOption) and Guard.Client the
-// Client's (ClientOption), so a misplaced option does not compile.
-// Middleware (with a Locker of the program's own, shared by several
-// middlewares) and NewClient take any Option and refuse the other's at run
-// time.
+// New and Middleware (with a Locker of the program's own, shared by
+// several middlewares) take key options and the guard's settings
+// (ServerOption: middleware's options, reachable here as WithPolicy,
+// Requeue, ...), NewClient key options and the Client's (ClientOption), and
+// Guard.Client the Client's only, so a misplaced option does not compile
+// (Guard.Client refuses a key option with ErrInvalid: the Guard has its
+// keys).
 //
 // The key is the task type unless a key option says otherwise (KeyByTaskID,
 // KeyByPayload, KeyByFields, KeyFunc; PerQueue scopes any of them to the
 // queue). What happens to a task whose key is held (a duplicate) is the
-// middleware.Policy given with WithPolicy, Skip by default:
+// policy given with WithPolicy, Skip by default:
 //
 //   - Skip: the duplicate completes without running the handler.
 //   - Requeue: the duplicate is parked for its key and runs as soon as the
@@ -41,7 +43,7 @@
 //     headers, Timeout, Deadline and Retention and the remaining retry budget,
 //     and the original is revoked (asynq.RevokeTask), so it is never archived
 //     for being a duplicate.
-//   - Wait (middleware.Wait, WaitInOrder): the duplicate waits up to a bound, optionally in
+//   - Wait (Wait, WaitInOrder): the duplicate waits up to a bound, optionally in
 //     arrival order, then falls back to the wrapped policy.
 //   - Fail: the duplicate returns a *middleware.DuplicateError (errors.Is
 //     middleware.ErrDuplicate) and asynq's normal retry applies.

@@ -19,7 +19,7 @@ import (
 
 // parkedHeader is the task header ("1") of a task that a Client with
 // ParkAtEnqueue queued for its key: Middleware takes over the reservation
-// made for it (guard.Job.Reserved), whatever its policy.
+// made for it (guard.Work.Reserved), whatever its policy.
 const parkedHeader = "jobguard-parked"
 
 // ParkAtEnqueue makes Client queue each task for its key when it enqueues
@@ -42,7 +42,7 @@ const parkedHeader = "jobguard-parked"
 // process died, its Middleware has no WithRedis, or the reservation of a
 // task that never started lapsed. asynq then delivers the task at its
 // backstop and the middleware's policy applies if its key is still held:
-// under guard.Requeue (the policy to use with this option) it is
+// under middleware.Requeue (the policy to use with this option) it is
 // parked again, keeping its place; under Skip it completes without
 // running, as any duplicate does. It needs a Middleware with WithLimit(1)
 // (the default): Guard.Client refuses it on a Guard with a higher limit

@@ -41,8 +41,8 @@ func isFailure(next func(error) bool) func(error) bool {
 }
 
 // RequeueError is what the middleware returns for a duplicate that Requeue
-// puts back: it wraps the *guard.DuplicateError (so it matches
-// guard.ErrDuplicate) and carries the delay after which the duplicate
+// puts back: it wraps the *middleware.DuplicateError (so it matches
+// middleware.ErrDuplicate) and carries the delay after which the duplicate
 // runs again.
 type RequeueError struct {
 	Duplicate *middleware.DuplicateError

@@ -167,16 +167,16 @@ func PerQueue() Option { return keyOpt(func(c *config) { c.perQueue = true }) }
 // task ID, or the original of a Requeue copy) is never a duplicate: it waits
 // for that run, whatever the policy, bounded by its ctx. If that run succeeded
 // after asynq had given up on it, the work is done and the re-delivery
-// completes without running (guard.ReasonCompleted); otherwise it runs.
+// completes without running (middleware.ReasonCompleted); otherwise it runs.
 // A task completes without running only then and, under Skip, when another
 // task holds its key. A Redis error or an acquire whose outcome is unknown
 // fails the task, so asynq retries it.
 //
 // The wrapped handler returns: the handler's own error when it ran (annotated
 // with the loss cause if the lease was lost); nil for a skipped duplicate; a
-// *guard.DuplicateError for Fail; a *RequeueError (wrapping the
-// *guard.DuplicateError) for Requeue while the task has retries left; an
-// error matching *RequeueError, guard.ErrDuplicate and asynq.RevokeTask
+// *middleware.DuplicateError for Fail; a *RequeueError (wrapping the
+// *middleware.DuplicateError) for Requeue while the task has retries left; an
+// error matching *RequeueError, middleware.ErrDuplicate and asynq.RevokeTask
 // after Requeue enqueued a copy; an error matching ErrKey and
 // asynq.SkipRetry for a key that cannot be derived; an error matching
 // ErrKeyMismatch and asynq.SkipRetry for a task whose Client recorded
@@ -184,8 +184,8 @@ func PerQueue() Option { return keyOpt(func(c *config) { c.perQueue = true }) }
 // ErrInvalid and asynq.SkipRetry for a task enqueued with ParkAtEnqueue
 // under WithLimit(n > 1) (under WithShadow these three run, and the error is
 // reported: see WithShadow); for a handler that
-// failed because a newer task preempted it (guard.Preempt), an error
-// matching guard.ErrPreempted and asynq.RevokeTask, so the task is neither
+// failed because a newer task preempted it (middleware.Preempt), an error
+// matching middleware.ErrPreempted and asynq.RevokeTask, so the task is neither
 // retried nor archived; for a handler that failed after an operator
 // cancelled its run (lockkit's Locker.CancelRun: the key stays held until
 // the handler returns, then goes to the next task), an error matching

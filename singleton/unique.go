@@ -68,7 +68,7 @@ const defaultReserveTTL = 24 * time.Hour
 const enqueueGrace = 5 * time.Second
 
 // ErrDuplicate is matched by every duplicate error of this package: the
-// middleware's (it is guard.ErrDuplicate) and a refused enqueue's
+// middleware's (it is middleware.ErrDuplicate) and a refused enqueue's
 // (*DuplicateTaskError).
 var ErrDuplicate = guard.ErrDuplicate
 

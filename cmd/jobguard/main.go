@@ -33,6 +33,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/internal/decisionlog"
+	"github.com/jobguard/jobguard/internal/glob"
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/printable"
 	"github.com/jobguard/jobguard/internal/rediskey"
@@ -488,7 +489,7 @@ func (c *cli) ls(ctx context.Context, pattern string) int {
 	}
 	if len(keys) == 0 {
 		// Nothing held: say whether the prefix holds any key at all.
-		names, err := c.scan(ctx, globEscape(c.o.prefix)+"{*}:h", 1)
+		names, err := c.scan(ctx, glob.Escape(c.o.prefix)+"{*}:h", 1)
 		if err != nil {
 			return c.fail(err)
 		}
@@ -591,19 +592,6 @@ func (c *cli) elsewhere(ctx context.Context) string {
 	return "; no jobguard key found there under any prefix; databases with keys: " + strings.Join(dbs, ", ") + " (--db)"
 }
 
-// globEscape escapes the glob characters of s for SCAN's MATCH.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		switch r {
-		case '*', '?', '[', ']', '\\':
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
 func (c *cli) inspect(ctx context.Context, key string) int {
 	info, err := c.l.Inspect(ctx, key)
 	if err != nil {
@@ -648,7 +636,7 @@ func (c *cli) noSuchKey(ctx context.Context, key string, v keyView) int {
 	if c.o.json {
 		_ = json.NewEncoder(c.out).Encode(v)
 	}
-	names, err := c.scan(ctx, globEscape(c.o.prefix)+"{*}:h", 0)
+	names, err := c.scan(ctx, glob.Escape(c.o.prefix)+"{*}:h", 0)
 	if err != nil {
 		return c.fail(err)
 	}

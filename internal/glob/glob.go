@@ -3,6 +3,8 @@
 // other records of keys (such as a log of decisions) the same way.
 package glob
 
+import "strings"
+
 // Match reports whether s matches pattern in Redis glob syntax: '*'
 // matches any run of bytes (also '/'), '?' any one byte, "[abc]", "[^abc]"
 // and "[a-z]" one byte of (or not of) a set, and '\' makes the next byte
@@ -85,4 +87,19 @@ func matchClass(p string, c byte) (bool, string) {
 		p = p[1:] // the closing ']'
 	}
 	return match != not, p
+}
+
+// Escape escapes the glob characters of s ('*', '?', '[', ']', '\'), so
+// that a pattern starting with Escape(prefix) matches prefix literally (a
+// SCAN's MATCH).
+func Escape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }

@@ -80,3 +80,15 @@ func TestMatchManyStars(t *testing.T) {
 		t.Fatal("Match did not return")
 	}
 }
+
+// Escape makes a prefix with glob characters match only itself.
+func TestEscape(t *testing.T) {
+	for _, s := range []string{"plain:", `a*b?c[d]e\f:`, "[^x]-"} {
+		if !Match(Escape(s)+"*", s+"key") {
+			t.Errorf("Escape(%q)* does not match %q", s, s+"key")
+		}
+	}
+	if Match(Escape("a*")+"b", "axxb") || Match(Escape("a?")+"b", "axb") || Match(Escape("[ab]"), "a") {
+		t.Error("an escaped glob character matched more than itself")
+	}
+}

@@ -13,39 +13,17 @@ import (
 // EventKind names what happened to a guarded job.
 type EventKind int
 
-// Event kinds reported to observers.
+// Event kinds reported to observers, documented in package middleware.
 const (
-	// EventAcquired: the job took its lease and is about to run (Event.Token).
 	EventAcquired EventKind = iota + 1
-	// EventWaited: the job waited for its key (Event.Wait) and then took it.
 	EventWaited
-	// EventDuplicate: the key was held by another run; Event.Action says what
-	// happens to the job and Event.Holder who holds the key.
 	EventDuplicate
-	// EventRequeued: an adapter put a duplicate back to run later.
 	EventRequeued
-	// EventClaimed: the job's epoch was already claimed (it ran elsewhere);
-	// the job is skipped.
 	EventClaimed
-	// EventLost: the lease was lost while the job ran; its ctx was cancelled
-	// (Event.Err matches lockkit.ErrLost). A preemption is EventPreempted.
 	EventLost
-	// EventReleased: the job returned or panicked (Event.Err is its error,
-	// Event.Duration its run time) and the lease was released.
 	EventReleased
-	// EventError: the job could not be guarded (bad key, Redis error), or it
-	// panicked, or its release failed.
 	EventError
-	// EventPreempted: a newer job of the key preempted the running one
-	// (ModePreempt), as asked; its ctx was cancelled with a cause
-	// matching ErrPreempted. It is not an EventLost.
 	EventPreempted
-	// EventShadowed: under WithShadow, the job ran without a lease although
-	// the policy would not have run it now; Event.Action is what the policy
-	// would have done, Event.Holder who held the key, Event.Err the conflict.
-	// An adapter reports with ActionFail a job it would have refused before
-	// the policy had a say (singleton: a key that cannot be derived, say),
-	// Event.Err the refusal.
 	EventShadowed
 )
 

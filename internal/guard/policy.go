@@ -14,14 +14,10 @@ import (
 // Action is what happens to a job whose key is held.
 type Action int
 
-// Actions of a Policy.
+// Actions of a Policy, documented in package middleware.
 const (
-	// ActionSkip drops the duplicate: it completes without running.
 	ActionSkip Action = iota + 1
-	// ActionRequeue runs the duplicate again later (after the policy's delay
-	// plus up to 50% jitter). Adapters that cannot requeue reject it.
 	ActionRequeue
-	// ActionFail returns the *DuplicateError so the runtime's retry applies.
 	ActionFail
 )
 
@@ -201,27 +197,13 @@ func (p Policy) validate() error {
 // Reason tells why a job did not run.
 type Reason int
 
-// Reasons of a DuplicateError.
+// Reasons of a DuplicateError, documented in package middleware.
 const (
-	// ReasonHeld means another run holds the key (or all its slots).
 	ReasonHeld Reason = iota + 1
-	// ReasonClaimed means the job's epoch was already claimed: the same unit
-	// of work (such as a cron tick) ran elsewhere.
 	ReasonClaimed
-	// ReasonSuperseded means a newer job of the key took this one's place
-	// as its follow-up (ModeKeepNewest, ModePreempt), or that the runtime's
-	// check (WithAdmit) found a newer request of the key.
 	ReasonSuperseded
-	// ReasonThrottled means the key's starts per period (WithThrottle) were
-	// spent; DuplicateError.RetryAfter says when the next one opens.
 	ReasonThrottled
-	// ReasonCovered means a run of the key that began after the job did
-	// succeeded, is running, or is pending as the key's follow-up
-	// (ModeCoalesce): it does the job's work.
 	ReasonCovered
-	// ReasonCompleted means an earlier delivery of the same work (same
-	// Job.Origin) completed successfully after the runtime had given up on
-	// it: running it again would do the work twice.
 	ReasonCompleted
 )
 

@@ -7,11 +7,12 @@ import (
 	"log/slog"
 	"reflect"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobguard/jobguard/internal/glob"
 )
 
 // backend is the storage a Locker runs on (Redis). Every
@@ -574,7 +575,7 @@ func (l *RedisLocker) Close(ctx context.Context) error { return l.e.close(ctx) }
 // released, as SCAN guarantees. It walks the whole keyspace: ScanKeys reads
 // one bounded page.
 func (l *RedisLocker) Keys(ctx context.Context, pattern string) ([]string, error) {
-	match := globEscape(l.r.prefix) + "{" + serverGlob(pattern) + "}:h"
+	match := glob.Escape(l.r.prefix) + "{" + serverGlob(pattern) + "}:h"
 	var (
 		mu  sync.Mutex
 		out []string
@@ -608,18 +609,6 @@ func (l *RedisLocker) Keys(ctx context.Context, pattern string) ([]string, error
 	}
 	sort.Strings(out)
 	return out, nil
-}
-
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		switch r {
-		case '*', '?', '[', ']', '\\':
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
 
 // request is a validated acquire with every default filled in.

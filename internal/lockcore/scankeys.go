@@ -78,7 +78,7 @@ func (l *RedisLocker) ScanKeys(ctx context.Context, pattern, cursor string, opt 
 	if at.node >= len(nodes) {
 		return nil, "", fmt.Errorf("%w: cursor %q: no such node", ErrInvalid, cursor)
 	}
-	match := globEscape(l.r.prefix) + "{" + serverGlob(pattern) + "}:h"
+	match := glob.Escape(l.r.prefix) + "{" + serverGlob(pattern) + "}:h"
 	var out []string
 	check := o.Limit // how many keys the next liveness check takes at least
 	for calls := 0; calls < o.Calls; calls++ {
