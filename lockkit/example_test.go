@@ -163,6 +163,26 @@ func ExampleNewRedis_sentinel() {
 	defer locker.Close(context.Background())
 }
 
+// A Locker whose leases survive a Sentinel failover: each lease write
+// waits until one replica has it (at most 100ms), and one that no replica
+// acknowledged in time is not a lease. (Compiled, not run: it needs the
+// servers.)
+func ExampleWithReplicaAcks() {
+	rdb := redis.NewFailoverClient(&redis.FailoverOptions{
+		SentinelAddrs: []string{"10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"},
+		MasterName:    "jobs",
+	})
+	locker, err := lockkit.NewRedis(rdb, lockkit.WithReplicaAcks(1, 100*time.Millisecond))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+	err = lockkit.Do(context.Background(), locker, "ledger:42", nil, process)
+	if errors.Is(err, lockkit.ErrNotReplicated) {
+		log.Print("no replica acknowledged the lease in time: not run, try again")
+	}
+}
+
 // The fencing token reaches the store with the write, which refuses an older
 // token. (Compiled, not run: store is a database.)
 func ExampleLease_Token_store() {

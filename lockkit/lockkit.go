@@ -49,6 +49,10 @@ var (
 	// server older than 6.2 (its scripts renew with ZADD GT); the message
 	// names the version found.
 	ErrUnsupported = lockcore.ErrUnsupported
+	// ErrNotReplicated is returned when a lease write was not acknowledged
+	// by as many replicas as WithReplicaAcks asks for within its timeout;
+	// the message says how many did.
+	ErrNotReplicated = lockcore.ErrNotReplicated
 )
 
 // ConflictError is returned when a key has no free holder slot. It matches

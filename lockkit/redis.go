@@ -156,6 +156,30 @@ func WithRenewBatch(n int) Option { return Option{lockcore.WithRenewBatch(n)} }
 // too. A nil logger means slog.Default(). Defaults to slog.Default().
 func WithLogger(l *slog.Logger) Option { return Option{lockcore.WithLogger(l)} }
 
+// WithReplicaAcks makes every write that creates, renews or hands on a
+// lease, and every release that records a run's completion, wait until n
+// replicas of the master that took it have acknowledged it (Redis WAIT on
+// the write's connection), for at most timeout. A write that fewer replicas
+// acknowledged in time counts as not done: an acquire gives the key back
+// and fails with an error matching ErrNotReplicated (so does Reserve), a
+// renewal counts as failed (the lease is lost if none succeeds before it
+// runs out), an Extend fails, and a release that recorded a completion
+// returns the error (the release itself happened). A lease so made
+// survives a failover that promotes one of those replicas; it does not
+// survive a failover that promotes a replica that did not acknowledge it
+// (more replicas than n, or a failover within the wait), nor both sides of a
+// partition that each elect a master. Every such write costs the wait for
+// the slowest of the n replicas, in the write's own round trip.
+//
+// n 0 turns it off. n must be at most 100, timeout at least a millisecond and
+// shorter than the client's ReadTimeout (WAIT blocks the connection). It
+// needs a *redis.Client (also one made by redis.NewFailoverClient for
+// Sentinel) or a *redis.ClusterClient; a Ring is refused with ErrInvalid.
+// Defaults to 0: a standalone Redis has no replicas to wait for.
+func WithReplicaAcks(n int, timeout time.Duration) Option {
+	return Option{lockcore.WithReplicaAcks(n, timeout)}
+}
+
 // WithObserver sets a function called synchronously for every lease event. It
 // must be fast and must not call back into the Locker. Defaults to none.
 func WithObserver(fn func(Event)) Option { return Option{lockcore.WithObserver(fn)} }

@@ -21,6 +21,7 @@ type redisBackend struct {
 	c      redis.UniversalClient
 	prefix string        // escaped
 	grace  time.Duration // how long a released holder is remembered
+	acks   replicaAcks   // the replicas a lease write waits for
 
 	mu   sync.Mutex
 	ps   *redis.PubSub
@@ -256,9 +257,22 @@ func (b *redisBackend) acquireCall(r *request) (*redis.Script, []string, []any) 
 }
 
 func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, error) {
+	res, err := b.acquireOnce(ctx, r)
+	if err == nil && res.ok && res.left > 0 && b.acks.n > 0 {
+		// Found taken for this call: made so by another connection's write,
+		// which this one's WAIT did not count.
+		if err := b.confirm(ctx, r, res.token); err != nil {
+			return acquireResult{}, err
+		}
+		res.left = 0
+	}
+	return res, err
+}
+
+func (b *redisBackend) acquireOnce(ctx context.Context, r *request) (acquireResult, error) {
 	if plain(r) && !b.isSorted(r.key) {
 		a := plainAcquireArgs{Tail: ":" + r.aid + ":" + r.owner + ":" + escapeLabel(r.label), TTL: r.ttl}
-		v, err := plainAcquireScript.Run(ctx, b.c, []string{b.base(r.key) + ":h"}, a.list()...).Result()
+		v, err := b.script(ctx, r.key, plainAcquireScript, []string{b.base(r.key) + ":h"}, a.list()).Result()
 		if err != nil {
 			return acquireResult{}, err
 		}
@@ -282,7 +296,7 @@ func (b *redisBackend) acquire(ctx context.Context, r *request) (acquireResult, 
 		b.markSorted(r.key)
 	}
 	script, keys, args := b.acquireCall(r)
-	vals, err := script.Run(ctx, b.c, keys, args...).Slice()
+	vals, err := b.script(ctx, r.key, script, keys, args).Slice()
 	if err != nil {
 		return acquireResult{}, err
 	}
@@ -372,14 +386,6 @@ func toInt(v any) int64 {
 	return 0
 }
 
-// pipelineScript runs script once per lease in one pipeline (see
-// pipelineEval).
-func (b *redisBackend) pipelineScript(ctx context.Context, s *redis.Script, leases []*Lease, keys func(lockKeys) []string, args func(*Lease) []any) []*redis.Cmd {
-	return b.pipelineEval(ctx, s, len(leases),
-		func(i int) []string { return keys(b.keys(leases[i].key)) },
-		func(i int) []any { return args(leases[i]) })
-}
-
 // pipelineEval runs n calls of script in one pipeline, call i with keys(i)
 // and args(i), retrying with EVAL the calls that found the script cache
 // empty (after a Redis restart).
@@ -397,29 +403,55 @@ func (b *redisBackend) pipelineEval(ctx context.Context, s *redis.Script, n int,
 // calls that found the script cache empty (after a Redis restart).
 func (b *redisBackend) pipelineScripts(ctx context.Context, n int, send func(p redis.Pipeliner, i int, eval bool) *redis.Cmd) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, n)
-	run := func(idx []int, eval bool) {
-		_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, i := range idx {
-				cmds[i] = send(p, i, eval)
-			}
-			return nil
-		})
-	}
 	all := make([]int, n)
 	for i := range all {
 		all[i] = i
 	}
-	run(all, false)
+	b.scriptsOn(ctx, b.c, all, cmds, send, false)
+	return cmds
+}
+
+// scriptsOn sends the calls idx on c in one pipeline, call i with send(p, i,
+// false) into cmds[i], and again, with send(p, i, true) (EVAL), those that
+// found the script cache empty. With wait each pipeline ends in WAIT (see
+// ackedScripts), and every call of idx that succeeded gets the error of a
+// WAIT that counted too few replicas.
+func (b *redisBackend) scriptsOn(ctx context.Context, c pipeliner, idx []int, cmds []*redis.Cmd, send func(p redis.Pipeliner, i int, eval bool) *redis.Cmd, wait bool) {
+	var short error
+	run := func(idx []int, eval bool) {
+		var w *redis.Cmd
+		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, i := range idx {
+				cmds[i] = send(p, i, eval)
+			}
+			if wait {
+				w = p.Do(ctx, "wait", b.acks.n, ms(b.acks.timeout))
+			}
+			return nil
+		})
+		if w != nil {
+			if err := b.ackErr(w); err != nil {
+				short = err
+			}
+		}
+	}
+	run(idx, false)
 	var again []int
-	for i, c := range cmds {
-		if err := c.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+	for _, i := range idx {
+		if err := cmds[i].Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			again = append(again, i)
 		}
 	}
 	if len(again) > 0 {
 		run(again, true)
 	}
-	return cmds
+	if short != nil {
+		for _, i := range idx {
+			if cmds[i].Err() == nil {
+				cmds[i].SetErr(short)
+			}
+		}
+	}
 }
 
 func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []ending) ([]bool, error) {
@@ -474,6 +506,10 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 			end = ends[idx[l]]
 		}
 		return b.releaseCall(l, end)
+	}, func(l *Lease) bool {
+		// A release that records a completion or what a run covered
+		// waits: a record lost in a failover would let the work run again.
+		return ends != nil && (ends[idx[l]].done > 0 || ends[idx[l]].coalesce > 0)
 	})
 	for i, c := range cmds {
 		v, err := c.Result()
@@ -556,19 +592,49 @@ func (b *redisBackend) releaseCall(l *Lease, end ending) (*redis.Script, []strin
 
 // runEach runs the script call(lease) gives once for each lease, with the
 // keys and arguments it gives: one call alone, more in one pipeline (see
-// pipelineScripts).
-func (b *redisBackend) runEach(ctx context.Context, leases []*Lease, call func(*Lease) (*redis.Script, []string, []any)) []*redis.Cmd {
-	if len(leases) == 1 {
+// pipelineScripts); when the Locker waits for replicas, the calls of the
+// leases that waited says yes are acknowledged (ackedScripts).
+func (b *redisBackend) runEach(ctx context.Context, leases []*Lease, call func(*Lease) (*redis.Script, []string, []any), waited func(*Lease) bool) []*redis.Cmd {
+	send := func(leases []*Lease) func(p redis.Pipeliner, i int, eval bool) *redis.Cmd {
+		return func(p redis.Pipeliner, i int, eval bool) *redis.Cmd {
+			s, keys, args := call(leases[i])
+			if eval {
+				return s.Eval(ctx, p, keys, args...)
+			}
+			return s.EvalSha(ctx, p, keys, args...)
+		}
+	}
+	var acked, rest []*Lease
+	if b.acks.n > 0 {
+		for _, l := range leases {
+			if waited(l) {
+				acked = append(acked, l)
+			} else {
+				rest = append(rest, l)
+			}
+		}
+	}
+	switch {
+	case len(acked) == 0 && len(leases) == 1:
 		s, keys, args := call(leases[0])
 		return []*redis.Cmd{s.Run(ctx, b.c, keys, args...)}
+	case len(acked) == 0:
+		return b.pipelineScripts(ctx, len(leases), send(leases))
 	}
-	return b.pipelineScripts(ctx, len(leases), func(p redis.Pipeliner, i int, eval bool) *redis.Cmd {
-		s, keys, args := call(leases[i])
-		if eval {
-			return s.Eval(ctx, p, keys, args...)
+	byLease := make(map[*Lease]*redis.Cmd, len(leases))
+	for i, c := range b.ackedScripts(ctx, len(acked), func(i int) string { return acked[i].key }, send(acked)) {
+		byLease[acked[i]] = c
+	}
+	if len(rest) > 0 {
+		for i, c := range b.pipelineScripts(ctx, len(rest), send(rest)) {
+			byLease[rest[i]] = c
 		}
-		return s.EvalSha(ctx, p, keys, args...)
-	})
+	}
+	cmds := make([]*redis.Cmd, len(leases))
+	for i, l := range leases {
+		cmds[i] = byLease[l]
+	}
+	return cmds
 }
 
 // renewArgs are a lease's keys and member argument for renew.lua, built
@@ -612,7 +678,7 @@ func (b *redisBackend) renewMany(ctx context.Context, leases []*Lease, ttls []ti
 		}
 	}
 	ttlArgs := make(map[int64]any, 1)
-	cmds := b.pipelineScripts(ctx, len(calls), func(p redis.Pipeliner, c int, eval bool) *redis.Cmd {
+	cmds := b.writeScripts(ctx, len(calls), func(c int) string { return leases[calls[c][0]].key }, func(p redis.Pipeliner, c int, eval bool) *redis.Cmd {
 		return p.Do(ctx, renewCommand(eval, leases, calls[c], ttls, ttlArgs)...)
 	})
 	errs := make([]error, len(leases))
@@ -700,16 +766,14 @@ func (b *redisBackend) extend(ctx context.Context, leases []*Lease, ttls []time.
 	if renew && len(leases) > 1 {
 		return b.renewMany(ctx, leases, ttls)
 	}
-	idx := make(map[*Lease]int, len(leases))
-	for i, l := range leases {
-		idx[l] = i
-	}
-	cmds := b.pipelineScript(ctx, extendScript, leases,
-		func(k lockKeys) []string { return []string{k.holders, k.meta} },
-		func(l *Lease) []any {
-			a := extendArgs{Member: l.member, TTL: ttls[idx[l]], Epoch: l.epoch, Renew: renew}
-			return a.list()
-		})
+	cmds := b.writeScripts(ctx, len(leases), func(i int) string { return leases[i].key }, func(p redis.Pipeliner, i int, eval bool) *redis.Cmd {
+		k := b.keys(leases[i].key)
+		a := extendArgs{Member: leases[i].member, TTL: ttls[i], Epoch: leases[i].epoch, Renew: renew}
+		if eval {
+			return extendScript.Eval(ctx, p, []string{k.holders, k.meta}, a.list()...)
+		}
+		return extendScript.EvalSha(ctx, p, []string{k.holders, k.meta}, a.list()...)
+	})
 	errs := make([]error, len(leases))
 	for i, c := range cmds {
 		n, err := c.Int64()
@@ -771,7 +835,7 @@ func (a *reserveArgs) list() []any { return []any{a.Member, a.ReservedMember, ms
 func (b *redisBackend) reserve(ctx context.Context, l *Lease, member string, ttl time.Duration) (bool, error) {
 	k := b.keys(l.key)
 	a := reserveArgs{Member: l.member, ReservedMember: member, TTL: ttl}
-	n, err := reserveScript.Run(ctx, b.c, []string{k.holders, k.fence}, a.list()...).Int64()
+	n, err := b.script(ctx, l.key, reserveScript, []string{k.holders, k.fence}, a.list()).Int64()
 	return n == 1, err
 }
 

@@ -22,6 +22,10 @@ type backend interface {
 	// the server's version); it is called before the first acquire.
 	ready(ctx context.Context) error
 	acquire(ctx context.Context, r *request) (acquireResult, error)
+	// confirm makes r's lease of token, found taken for r without a
+	// write of its own (a hand-over), acknowledged by the replicas that
+	// WithReplicaAcks asks for, or fails.
+	confirm(ctx context.Context, r *request, token int64) error
 	// release removes each lease; held[i] reports whether lease i was still
 	// held. A lease with no member is found by its acquire id. done > 0
 	// records each lease's label as completed for that long.
@@ -480,7 +484,10 @@ func NewRedis(client redis.UniversalClient, opts ...Option) (*RedisLocker, error
 	if err != nil {
 		return nil, err
 	}
-	b := &redisBackend{c: client, prefix: escapeKey(cfg.prefix), grace: retryWindow(client), subs: make(map[string]*subscribers)}
+	if err := acksFit(client, cfg.acks); err != nil {
+		return nil, err
+	}
+	b := &redisBackend{c: client, prefix: escapeKey(cfg.prefix), grace: retryWindow(client), acks: cfg.acks, subs: make(map[string]*subscribers)}
 	return &RedisLocker{e: newEngine(cfg, b), r: b}, nil
 }
 

@@ -140,7 +140,18 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 			// little, the lease is held without another round trip (and
 			// renewed to its TTL soon). The next attempt finds it otherwise.
 			if token > 0 && time.Until(validUntil(lastSent, handTTL)) > handTTL/2 {
-				return e.hold(ctx, &r, acquireResult{token: token, left: handTTL}, lastSent, time.Since(start))
+				res := acquireResult{token: token, left: handTTL}
+				if e.cfg.acks.n > 0 {
+					// Waiting for replicas: the hand-over was the
+					// releasing connection's write.
+					sent := time.Now()
+					if err := e.b.confirm(ctx, &r, token); err != nil {
+						e.orphan(r.key, r.aid, sent.Add(r.ttl), 0)
+						return nil, giveUp(err, false)
+					}
+					res.left = 0 // confirm set its TTL
+				}
+				return e.hold(ctx, &r, res, lastSent, time.Since(start))
 			}
 		case <-timer.C:
 		}

@@ -89,6 +89,10 @@ var (
 	// ErrUnsupported is returned by the first call of a RedisLocker on a Redis
 	// server older than MinRedisVersion; the message names the version found.
 	ErrUnsupported = errors.New("lockkit: unsupported Redis server")
+	// ErrNotReplicated is returned when a lease write was not acknowledged
+	// by as many replicas as WithReplicaAcks asks for in its timeout; the
+	// message says how many did.
+	ErrNotReplicated = errors.New("lockkit: lease write not acknowledged by enough replicas")
 )
 
 // ConflictError is returned when a key has no free holder slot. It matches

@@ -20,6 +20,15 @@ type config struct {
 	renewBatch int
 	logger     *slog.Logger
 	observer   func(Event)
+	acks       replicaAcks
+}
+
+// replicaAcks is how many replicas must acknowledge a lease write before it
+// counts, and how long the write waits for them (WithReplicaAcks); n 0: the
+// writes wait for none.
+type replicaAcks struct {
+	n       int
+	timeout time.Duration
 }
 
 // WithPrefix sets the prefix of every Redis key and channel the Locker uses.
@@ -53,6 +62,11 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // must be fast and must not call back into the Locker. Defaults to none.
 func WithObserver(fn func(Event)) Option { return func(c *config) { c.observer = fn } }
 
+// WithReplicaAcks: see lockkit.WithReplicaAcks.
+func WithReplicaAcks(n int, timeout time.Duration) Option {
+	return func(c *config) { c.acks = replicaAcks{n: n, timeout: timeout} }
+}
+
 func newConfig(opts []Option) (config, error) {
 	c := config{
 		prefix:     DefaultPrefix,
@@ -75,6 +89,10 @@ func newConfig(opts []Option) (config, error) {
 		return c, fmt.Errorf("%w: WithPollInterval(%s): must be positive and at most %s", ErrInvalid, c.poll, MaxTTL/4)
 	case c.renewBatch <= 0:
 		return c, fmt.Errorf("%w: WithRenewBatch(%d): must be positive", ErrInvalid, c.renewBatch)
+	case c.acks.n < 0 || c.acks.n > 100:
+		return c, fmt.Errorf("%w: WithReplicaAcks(%d, %s): n must be between 0 and 100", ErrInvalid, c.acks.n, c.acks.timeout)
+	case c.acks.n > 0 && c.acks.timeout < time.Millisecond:
+		return c, fmt.Errorf("%w: WithReplicaAcks(%d, %s): the timeout must be at least 1ms", ErrInvalid, c.acks.n, c.acks.timeout)
 	}
 	if c.logger == nil {
 		c.logger = slog.Default()

@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,7 +55,7 @@ func (s *Server) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
 func (s *Server) Start() {
 	s.t.Helper()
 	s.cmd = exec.Command("redis-server", "--port", fmt.Sprint(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--logfile", filepath.Join(s.dir, "redis.log"))
+		"--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0", "--dir", s.dir, "--logfile", filepath.Join(s.dir, "redis.log"))
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}
@@ -74,7 +76,51 @@ func (s *Server) Kill() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
 	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused server too
 	_ = s.cmd.Process.Kill()
 	_ = s.cmd.Wait()
 	s.cmd = nil
+}
+
+// StartReplica starts a redis-server as StartServer does, makes it a replica
+// of master (REPLICAOF) and waits until master counts it as a connected,
+// synchronised replica.
+func StartReplica(t testing.TB, master *Server) *Server {
+	t.Helper()
+	r := StartServer(t)
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer c.Close()
+	if err := c.SlaveOf(ctx, "127.0.0.1", fmt.Sprint(master.port)).Err(); err != nil {
+		t.Fatalf("REPLICAOF: %v", err)
+	}
+	m := redis.NewClient(&redis.Options{Addr: master.Addr()})
+	defer m.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, _ := m.Info(ctx, "replication").Result()
+		if strings.Contains(info, "port="+fmt.Sprint(r.port)+",state=online") {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica on port %d did not come online:\n%s", r.port, info)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Pause stops the server's process (SIGSTOP) until Resume: it keeps its
+// connections but answers nothing, as a server in a long pause does.
+func (s *Server) Pause() {
+	s.t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("SIGSTOP redis-server: %v", err)
+	}
+}
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	}
 }
