@@ -13,10 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/lockcore/coretest"
+	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/lockkittest"
 	"github.com/jobguard/jobguard/opsview"
@@ -368,4 +370,55 @@ func TestReservationsShowOnTheirKeysRow(t *testing.T) {
 	}
 	slices.Sort(keys)
 	require.Equal(t, []string{held, free, "handed", "parked", "unique:run"}, keys, "no row of its own for a reservation")
+}
+
+// The page of a Locker on a Sentinel-managed master follows the master the
+// sentinels name: after a failover it lists what the promoted replica has,
+// the lease acknowledged before it and one taken after it.
+func TestPageFollowsASentinelFailover(t *testing.T) {
+	ctx := context.Background()
+	m := testredis.StartServer(t)
+	r := testredis.StartReplica(t, m)
+	s := testredis.StartSentinel(t, m, "jobs")
+	rdb := redis.NewFailoverClient(&redis.FailoverOptions{SentinelAddrs: []string{s.Addr()}, MasterName: "jobs"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	acked, err := lockkit.NewRedis(rdb, lockkit.WithOwner("worker-s"), lockkit.WithReplicaAcks(1, time.Second))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = acked.Close(ctx) })
+	// After the failover the promoted replica has no replica of its own
+	// until the sentinels turn the old master into one: the page's
+	// Locker, and the one taking the key after the failover, do not wait
+	// for replicas.
+	l, err := lockkit.NewRedis(rdb, lockkit.WithOwner("worker-p"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(ctx) })
+	page, err := opsview.New(l)
+	require.NoError(t, err)
+	keys := func() []string {
+		w := httptest.NewRecorder()
+		page.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/api/locks", nil))
+		require.Equal(t, http.StatusOK, w.Code, w.Body.String())
+		var reply struct{ Locks []struct{ Key string } }
+		require.NoError(t, json.Unmarshal(w.Body.Bytes(), &reply))
+		var names []string
+		for _, k := range reply.Locks {
+			names = append(names, k.Key)
+		}
+		slices.Sort(names)
+		return names
+	}
+	_, err = acked.TryAcquire(ctx, "before", nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{"before"}, keys())
+
+	s.Failover(r)
+	// The client learns of the switch from the sentinel (+switch-master).
+	port := "tcp_port:" + strings.TrimPrefix(r.Addr(), "127.0.0.1:")
+	require.Eventually(t, func() bool {
+		info, err := rdb.Info(ctx, "server").Result()
+		return err == nil && strings.Contains(info, port)
+	}, 10*time.Second, 20*time.Millisecond, "the client is on the promoted replica")
+	_, err = l.TryAcquire(ctx, "after", nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{"after", "before"}, keys())
 }

@@ -166,10 +166,11 @@ Examples:
 }
 
 // connectionFlags are the flags of every command.
-var connectionFlags = []string{"redis", "cluster", "password", "db", "tls", "tls-ca", "tls-insecure", "prefix"}
+var connectionFlags = []string{"redis", "cluster", "sentinel", "master", "password", "db", "tls", "tls-ca", "tls-insecure", "prefix"}
 
 type options struct {
 	addr, cluster, password, prefix, owner, tlsCA string
+	sentinel, master                              string
 	decisions                                     string
 	db, maxEntries                                int
 	token                                         int64
@@ -193,6 +194,8 @@ func (silent) Printf(context.Context, string, ...any) {}
 func flags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&o.addr, "redis", envOr("REDIS_ADDR", "127.0.0.1:6379"), "Redis address (env REDIS_ADDR)")
 	fs.StringVar(&o.cluster, "cluster", os.Getenv("REDIS_CLUSTER_ADDRS"), "comma-separated Redis Cluster seed addresses; overrides --redis (env REDIS_CLUSTER_ADDRS)")
+	fs.StringVar(&o.sentinel, "sentinel", os.Getenv("REDIS_SENTINEL_ADDRS"), "comma-separated Redis Sentinel addresses, with --master: the master they name, followed across failovers; overrides --redis (env REDIS_SENTINEL_ADDRS)")
+	fs.StringVar(&o.master, "master", os.Getenv("REDIS_SENTINEL_MASTER"), "with --sentinel: the name of the master (env REDIS_SENTINEL_MASTER)")
 	fs.StringVar(&o.password, "password", os.Getenv("REDIS_PASSWORD"), "Redis password (env REDIS_PASSWORD)")
 	fs.IntVar(&o.db, "db", 0, "Redis database (not with --cluster)")
 	fs.BoolVar(&o.tls, "tls", false, "connect with TLS")
@@ -371,6 +374,17 @@ func (o options) client() (redis.UniversalClient, error) {
 			tc.RootCAs = pool
 		}
 	}
+	switch {
+	case o.sentinel != "" && o.cluster != "":
+		return nil, errors.New("--sentinel and --cluster: give one of them")
+	case o.sentinel != "" && o.master == "":
+		return nil, errors.New("--sentinel: give the master's name with --master")
+	case o.master != "" && o.sentinel == "":
+		return nil, errors.New("--master: give the Sentinel addresses with --sentinel")
+	case o.sentinel != "":
+		return redis.NewFailoverClient(&redis.FailoverOptions{SentinelAddrs: strings.Split(o.sentinel, ","), MasterName: o.master,
+			Password: o.password, DB: o.db, TLSConfig: tc}), nil
+	}
 	if o.cluster != "" {
 		if o.db != 0 {
 			return nil, errors.New("--db: a Redis Cluster has only database 0")
@@ -384,6 +398,9 @@ func (o options) client() (redis.UniversalClient, error) {
 func (o options) where() string {
 	if o.cluster != "" {
 		return "cluster " + o.cluster
+	}
+	if o.sentinel != "" {
+		return fmt.Sprintf("master %q of sentinels %s", o.master, o.sentinel)
 	}
 	if o.db != 0 {
 		return fmt.Sprintf("%s (db %d)", o.addr, o.db)

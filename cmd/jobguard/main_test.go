@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -333,4 +334,78 @@ func TestWatchGoesOnAfterARedisError(t *testing.T) {
 	for lines.Scan() {
 	}
 	require.NoError(t, cmd.Wait(), "exit 0 on SIGINT")
+}
+
+// With --sentinel and --master the CLI finds the master through the
+// sentinels, and follows it when they fail it over: a watch started before
+// the failover shows a lease taken on the promoted replica after it.
+func TestSentinelFollowsTheMasterAcrossAFailover(t *testing.T) {
+	ctx := context.Background()
+	m := testredis.StartServer(t)
+	r := testredis.StartReplica(t, m)
+	s := testredis.StartSentinel(t, m, "jobs")
+	mc := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = mc.Close() })
+	prefix := testredis.Prefix(t, mc)
+	l, err := lockcore.NewRedis(mc, lockcore.WithPrefix(prefix), lockcore.WithOwner("worker-s"), lockcore.WithReplicaAcks(1, time.Second))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(ctx) })
+	_, err = l.TryAcquire(ctx, "before", nil)
+	require.NoError(t, err)
+
+	args := []string{"--prefix", prefix, "--sentinel", s.Addr(), "--master", "jobs"}
+	command := func(args ...string) *exec.Cmd {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "REDIS_CLUSTER_ADDRS=")
+		return cmd
+	}
+	out, err := command(append(args, "ls")...).Output()
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^before\s+1\s+0\s+0\s+worker-s\s`, string(out))
+
+	cmd := command(append(args, "watch", "--json", "--interval", "50ms")...)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := bufio.NewScanner(stdout)
+	keys := func() []string {
+		require.True(t, lines.Scan(), "watch printed nothing")
+		var frame struct {
+			Keys []keyView `json:"keys"`
+		}
+		require.NoError(t, json.Unmarshal(lines.Bytes(), &frame))
+		var names []string
+		for _, k := range frame.Keys {
+			names = append(names, k.Key)
+		}
+		return names
+	}
+	require.Equal(t, []string{"before"}, keys())
+
+	s.Failover(r)
+	rc := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	t.Cleanup(func() { _ = rc.Close() })
+	promoted := locker(t, rc, prefix, "worker-p")
+	_, err = promoted.TryAcquire(ctx, "after", nil)
+	require.NoError(t, err)
+	for names := keys(); !slices.Contains(names, "after"); names = keys() {
+	}
+	out, err = command(append(args, "ls")...).Output()
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^after\s+1\s+0\s+0\s+worker-p\s`, string(out))
+	require.Regexp(t, `(?m)^before\s+1\s+0\s+0\s+worker-s\s`, string(out), "the lease acknowledged by the replica survived")
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--sentinel", s.Addr(), "ls"}, "--sentinel: give the master's name with --master"},
+		{[]string{"--master", "jobs", "ls"}, "--master: give the Sentinel addresses with --sentinel"},
+		{[]string{"--sentinel", s.Addr(), "--master", "jobs", "--cluster", "127.0.0.1:1", "ls"}, "--sentinel and --cluster: give one of them"},
+	} {
+		_, errOut, code := jobguard(t, prefix, "", tc.args...)
+		require.NotEqual(t, 0, code, "%q", tc.args)
+		require.Contains(t, errOut, tc.want)
+	}
 }

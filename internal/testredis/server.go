@@ -30,6 +30,17 @@ type Server struct {
 // under CI (CI=true), where that is a failure.
 func StartServer(t testing.TB) *Server {
 	t.Helper()
+	s := newServer(t)
+	s.Start()
+	t.Cleanup(s.Kill)
+	return s
+}
+
+// newServer is a Server on a free loopback port, not started. Without the
+// redis-server binary the test is skipped, except under CI (CI=true), where
+// that is a failure.
+func newServer(t testing.TB) *Server {
+	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatal("redis-server is not installed; `make test` installs it")
@@ -42,10 +53,7 @@ func StartServer(t testing.TB) *Server {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
-	s := &Server{t: t, port: port, dir: t.TempDir()}
-	s.Start()
-	t.Cleanup(s.Kill)
-	return s
+	return &Server{t: t, port: port, dir: t.TempDir()}
 }
 
 // Addr returns the server's host:port; it stays the same across restarts.
@@ -122,5 +130,81 @@ func (s *Server) Pause() {
 func (s *Server) Resume() {
 	if s.cmd != nil && s.cmd.Process != nil {
 		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
+
+// Sentinel is a Redis Sentinel process owned by one test, monitoring one
+// master under a name with a quorum of 1.
+type Sentinel struct {
+	*Server
+	// Name is the monitored master's name.
+	Name string
+}
+
+// StartSentinel starts a Redis Sentinel (redis-server --sentinel) on a
+// free loopback port that monitors master as name, with a quorum of 1 and
+// short timeouts (a master down for 1s is failed over), and stops it when
+// the test ends. It returns once the sentinel reports the master.
+func StartSentinel(t testing.TB, master *Server, name string) *Sentinel {
+	t.Helper()
+	s := newServer(t)
+	port := s.port
+	conf := filepath.Join(s.dir, "sentinel.conf")
+	text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nlogfile %s\n"+
+		"sentinel monitor %s 127.0.0.1 %d 1\n"+
+		"sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\n",
+		port, s.dir, filepath.Join(s.dir, "redis.log"), name, master.port, name, name)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.cmd = exec.Command("redis-server", conf, "--sentinel")
+	if err := s.cmd.Start(); err != nil {
+		t.Fatalf("start redis-server --sentinel: %v", err)
+	}
+	t.Cleanup(s.Kill)
+	c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr()})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := c.GetMasterAddrByName(context.Background(), name).Result(); err == nil {
+			return &Sentinel{Server: s, Name: name}
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+			t.Fatalf("sentinel on port %d did not start:\n%s", port, log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Failover makes the sentinel promote a replica of its master (SENTINEL
+// FAILOVER) and waits until it names to as the master and to says it is
+// one.
+func (s *Sentinel) Failover(to *Server) {
+	s.t.Helper()
+	ctx := context.Background()
+	c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr()})
+	defer c.Close()
+	r := redis.NewClient(&redis.Options{Addr: to.Addr()})
+	defer r.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	// Until the sentinel has found the replica (it asks the master for its
+	// replicas every few seconds), it answers NOGOODSLAVE.
+	for err := c.Failover(ctx, s.Name).Err(); err != nil; err = c.Failover(ctx, s.Name).Err() {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("SENTINEL FAILOVER %s: %v", s.Name, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for {
+		addr, _ := c.GetMasterAddrByName(ctx, s.Name).Result()
+		info, _ := r.Info(ctx, "replication").Result()
+		if len(addr) == 2 && addr[1] == fmt.Sprint(to.port) && strings.Contains(info, "role:master") {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("the sentinel did not promote %s: it names %v; %s", to.Addr(), addr, info)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
