@@ -41,50 +41,65 @@ func (b *bench) handoff(ctx context.Context, name string) (handoffResult, error)
 	}
 	defer waiter.close()
 
-	type acquired struct {
-		at      time.Time
-		release releaseFunc
-		err     error
-	}
 	res := handoffResult{lib: name}
 	const key = "handoff"
 	for i := -1; i < b.handoffs; i++ {
-		release, err := holder.try(ctx, key)
+		latency, waited, err := handover(ctx, holder, waiter, wctr, key, b.spread)
 		if err != nil {
-			return res, fmt.Errorf("%s: holder: %w", name, err)
-		}
-		attempted := wctr.afterNext()
-		c0 := wctr.counts()
-		got := make(chan acquired, 1)
-		go func() {
-			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-			defer cancel()
-			rel, err := waiter.wait(wctx, key)
-			got <- acquired{time.Now(), rel, err}
-		}()
-		select {
-		case <-attempted:
-		case g := <-got:
-			return res, fmt.Errorf("%s: waiter returned while the key was held: %v", name, g.err)
-		}
-		time.Sleep(rand.N(b.spread))
-		start := time.Now()
-		if err := release(ctx); err != nil {
-			return res, fmt.Errorf("%s: holder release: %w", name, err)
-		}
-		g := <-got
-		if g.err != nil {
-			return res, fmt.Errorf("%s: waiter: %w", name, g.err)
-		}
-		waited := wctr.counts().sub(c0)
-		if err := g.release(ctx); err != nil {
-			return res, fmt.Errorf("%s: waiter release: %w", name, err)
+			return res, fmt.Errorf("%s: %w", name, err)
 		}
 		if i >= 0 {
-			res.latencies = append(res.latencies, g.at.Sub(start))
+			res.latencies = append(res.latencies, latency)
 			res.waiterCmds += waited.cmds
 		}
 	}
 	slices.Sort(res.latencies)
 	return res, nil
+}
+
+// handover measures one hand-over of key from holder to waiter (wctr counts
+// the waiter's client): the holder takes the key, the waiter enters its
+// waiting acquire, and once the waiter's first attempt has returned the
+// holder waits a uniformly random time in [0, spread) and releases. It
+// returns the time from the start of the holder's release to the return of
+// the waiter's acquire, and what the waiter sent until then; the waiter then
+// releases the key.
+func handover(ctx context.Context, holder, waiter *lib, wctr *counter, key string, spread time.Duration) (time.Duration, counts, error) {
+	type acquired struct {
+		at      time.Time
+		release releaseFunc
+		err     error
+	}
+	release, err := holder.try(ctx, key)
+	if err != nil {
+		return 0, counts{}, fmt.Errorf("holder: %w", err)
+	}
+	attempted := wctr.afterNext()
+	c0 := wctr.counts()
+	got := make(chan acquired, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		rel, err := waiter.wait(wctx, key)
+		got <- acquired{time.Now(), rel, err}
+	}()
+	select {
+	case <-attempted:
+	case g := <-got:
+		return 0, counts{}, fmt.Errorf("waiter returned while the key was held: %v", g.err)
+	}
+	time.Sleep(rand.N(spread))
+	start := time.Now()
+	if err := release(ctx); err != nil {
+		return 0, counts{}, fmt.Errorf("holder release: %w", err)
+	}
+	g := <-got
+	if g.err != nil {
+		return 0, counts{}, fmt.Errorf("waiter: %w", g.err)
+	}
+	waited := wctr.counts().sub(c0)
+	if err := g.release(ctx); err != nil {
+		return 0, counts{}, fmt.Errorf("waiter release: %w", err)
+	}
+	return g.at.Sub(start), waited, nil
 }

@@ -61,17 +61,7 @@ func newLibOf(name string, client *redis.Client, prefix string) (*lib, error) {
 		if err != nil {
 			return nil, err
 		}
-		lease := func(l *lockkit.Lease, err error) (releaseFunc, error) {
-			if err != nil {
-				return nil, err
-			}
-			return l.Release, nil
-		}
-		return &lib{
-			try:   func(ctx context.Context, key string) (releaseFunc, error) { return lease(l.TryAcquire(ctx, key, nil)) },
-			wait:  func(ctx context.Context, key string) (releaseFunc, error) { return lease(l.Acquire(ctx, key, nil)) },
-			close: func() { _ = l.Close(context.Background()) },
-		}, nil
+		return lockkitLib(l), nil
 	case "redislock":
 		rl := redislock.New(client)
 		obtain := func(ctx context.Context, key string, opt *redislock.Options) (releaseFunc, error) {
@@ -114,6 +104,22 @@ func newLibOf(name string, client *redis.Client, prefix string) (*lib, error) {
 		}, nil
 	}
 	return nil, errors.New("unknown library " + name)
+}
+
+// lockkitLib is lockkit's Locker l: TryAcquire and Acquire with nil options,
+// and Release. Closing it closes l.
+func lockkitLib(l *lockkit.Locker) *lib {
+	lease := func(l *lockkit.Lease, err error) (releaseFunc, error) {
+		if err != nil {
+			return nil, err
+		}
+		return l.Release, nil
+	}
+	return &lib{
+		try:   func(ctx context.Context, key string) (releaseFunc, error) { return lease(l.TryAcquire(ctx, key, nil)) },
+		wait:  func(ctx context.Context, key string) (releaseFunc, error) { return lease(l.Acquire(ctx, key, nil)) },
+		close: func() { _ = l.Close(context.Background()) },
+	}
 }
 
 // cycle acquires key once and releases it.

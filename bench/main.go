@@ -17,6 +17,13 @@
 // and deleted with asynq's Inspector, then the counters asynq keeps for them
 // (its server bookkeeping is removed at shutdown). -only runs some sections,
 // for iteration.
+//
+// One section runs only when -only names it: replicas, which measures
+// lockkit.WithReplicaAcks against a master with one replica that it starts
+// itself (two more redis-server processes, stopped at its end). From the
+// repository's root:
+//
+//	tools/with-redis.sh sh -c 'cd bench && go run . -only replicas -out /tmp/replicas.md'
 package main
 
 import (
@@ -45,6 +52,9 @@ type bench struct {
 	leaseTTL   time.Duration
 	ticks      int
 	warmTicks  int
+
+	// replicaRounds is the rounds of the replicas section's cycles.
+	replicaRounds int
 
 	// End to end.
 	sections       []string
@@ -78,8 +88,11 @@ type bench struct {
 }
 
 // client returns a new client of the Redis under test with a counting hook.
-func (b *bench) client() (*redis.Client, *counter) {
-	c := redis.NewClient(&redis.Options{Addr: b.addr})
+func (b *bench) client() (*redis.Client, *counter) { return b.clientAt(b.addr) }
+
+// clientAt returns a new client of the Redis at addr with a counting hook.
+func (b *bench) clientAt(addr string) (*redis.Client, *counter) {
+	c := redis.NewClient(&redis.Options{Addr: addr})
 	ctr := &counter{}
 	c.AddHook(ctr)
 	b.clients = append(b.clients, c)
@@ -95,12 +108,14 @@ func main() {
 	flag.IntVar(&b.rounds, "rounds", 3, "uncontended: rounds; the table shows the median rate")
 	flag.IntVar(&b.handoffs, "handoffs", 200, "contended: measured handoffs per library")
 	flag.DurationVar(&b.spread, "handoff-spread", 100*time.Millisecond, "contended: the holder releases a uniformly random time in [0, spread) after the waiter's first attempt")
+	flag.IntVar(&b.replicaRounds, "replica-rounds", 6, "replicas: rounds of each setting's cycles, the order swapped every round (an even count runs each order as often)")
 	flag.IntVar(&b.leases, "leases", 10000, "renewal: leases held by one Locker")
 	flag.DurationVar(&b.leaseTTL, "lease-ttl", 3*time.Second, "renewal: lease TTL (renewed every TTL/3)")
 	flag.IntVar(&b.ticks, "ticks", 5, "renewal: measured renewal ticks")
 	flag.IntVar(&b.warmTicks, "warm-ticks", 3, "renewal: ticks skipped before measuring")
 	only := flag.String("only", "", "comma-separated sections to run: "+strings.Join(allSections, ", ")+
-		"; or the groups locks ("+strings.Join(lockSections, ", ")+") and e2e ("+strings.Join(e2eSections, ", ")+"). Default: all")
+		"; or the groups locks ("+strings.Join(lockSections, ", ")+") and e2e ("+strings.Join(e2eSections, ", ")+"); "+
+		"and, only when named, "+strings.Join(extraSections, ", ")+". Default: all but those")
 	flag.IntVar(&b.concurrency, "concurrency", 10, "e2e: asynq.Config.Concurrency of every server")
 	flag.IntVar(&b.tputTasks, "tput-tasks", 10000, "throughput: tasks per run with the no-op handler")
 	flag.IntVar(&b.tputSleepTasks, "tput-sleep-tasks", 3000, "throughput: tasks per run with the 5 ms handler")
@@ -143,7 +158,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench: set REDIS_ADDR or -addr (`make bench` starts a redis-server and sets it)")
 		os.Exit(2)
 	}
-	if b.cycles < b.goroutines || b.goroutines < 1 || b.rounds < 1 || b.handoffs < 1 || b.spread <= 0 ||
+	if b.cycles < b.goroutines || b.goroutines < 1 || b.rounds < 1 || b.replicaRounds < 1 || b.handoffs < 1 || b.spread <= 0 ||
 		b.leases < 1 || b.ticks < 1 || b.warmTicks < 0 || b.leaseTTL < 300*time.Millisecond ||
 		b.concurrency < 1 || b.tputTasks < 1 || b.tputSleepTasks < 1 || b.e2eRounds < 1 || b.e2eTimeout <= 0 ||
 		b.burstTasks < 1 || b.burstKeys < 1 || b.burstWork < 0 || b.requeueDelay <= 0 || b.burstTimeout <= 0 || b.cronTicks < 1 {
@@ -286,6 +301,14 @@ func (b *bench) run(out string) error {
 			return err
 		}
 	}
+	if b.runs("replicas") {
+		progress("replicas: a master with one replica; %d cycles × %d rounds per setting, 1 and %d goroutines; %d handoffs per setting",
+			b.cycles, b.replicaRounds, b.goroutines, b.handoffs)
+		if r.replicasRes, err = b.replicas(ctx); err != nil {
+			return err
+		}
+		r.env = append(r.env, []string{"Redis of the replicas section", r.replicasRes.servers})
+	}
 	r.elapsed = time.Since(start)
 	r.env = append(r.env, []string{"load average (1, 5, 15 min) at the start → the end of the run",
 		loadStart + " → " + loadAvg() + " (other processes on this machine were not stopped)"})
@@ -301,11 +324,13 @@ func (b *bench) run(out string) error {
 	return nil
 }
 
-// Sections of the report, in order.
+// Sections of the report, in order. allSections is the default run;
+// extraSections run only when -only names them.
 var (
-	lockSections = []string{"uncontended", "handoff", "renewal", "scale"}
-	e2eSections  = []string{"throughput", "burst", "stream", "flow", "followup", "cron", "profile"}
-	allSections  = append(slices.Clone(lockSections), e2eSections...)
+	lockSections  = []string{"uncontended", "handoff", "renewal", "scale"}
+	e2eSections   = []string{"throughput", "burst", "stream", "flow", "followup", "cron", "profile"}
+	allSections   = append(slices.Clone(lockSections), e2eSections...)
+	extraSections = []string{"replicas"}
 )
 
 // parseSections parses -only.
@@ -320,10 +345,11 @@ func parseSections(only string) ([]string, error) {
 			out = append(out, lockSections...)
 		case s == "e2e":
 			out = append(out, e2eSections...)
-		case slices.Contains(allSections, s):
+		case slices.Contains(allSections, s) || slices.Contains(extraSections, s):
 			out = append(out, s)
 		default:
-			return nil, fmt.Errorf("-only: unknown section %q (known: %s, locks, e2e)", s, strings.Join(allSections, ", "))
+			return nil, fmt.Errorf("-only: unknown section %q (known: %s, %s, locks, e2e)", s,
+				strings.Join(allSections, ", "), strings.Join(extraSections, ", "))
 		}
 	}
 	return out, nil

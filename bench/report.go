@@ -30,6 +30,7 @@ type report struct {
 	periodicRes periodicResult
 	profiles    []profile
 	scaleRes    scaleResult
+	replicasRes replicasResult
 	elapsed     time.Duration
 	sectionNo   int
 }
@@ -120,6 +121,24 @@ func (r *report) markdown() string {
 			"CPU are taken at that moment too. Afterwards the queue is checked with the Inspector (all tasks done, "+
 			"none left in any state) and deleted.\n", r.concurrency, taskCheckInterval, delayedCheckInterval)
 	}
+	if r.runs("replicas") {
+		fmt.Fprintf(&w, "- Replicas (`lockkit.WithReplicaAcks`): the section starts two redis-server processes of its own on "+
+			"free loopback ports (no persistence, `--repl-diskless-sync-delay 0`), makes the second a replica of the first "+
+			"(`REPLICAOF`), waits until the master lists it online, and stops both at its end. Two Lockers on the master, "+
+			"each with its own counted client and key prefix and otherwise default options, differ in one option: `%s` "+
+			"(the default) and `%s`. Cycles: `TryAcquire` then `Release`, or `TryAcquire` with a `Label` of its own (one "+
+			"per cycle) then `Complete(ctx, time.Minute)`; each goroutine on its own key. After %d warm-up cycles of each kind per "+
+			"Locker, per kind and concurrency, %d rounds in which the two Lockers run %d cycles each, one after the other, "+
+			"the order swapped every round (paired rounds on one master, in one process). cycles/s is the median of the "+
+			"rounds; its with ÷ without is the median of each round's ratio. Acquire latency is the time of the "+
+			"`TryAcquire` call alone, p50 and p99 over every call of the rounds. Round trips and commands are the hook's "+
+			"counts; master and replica CPU are each server's `INFO cpu` (used_cpu_user+used_cpu_sys) read before and "+
+			"after each run; all three are over all rounds. A write that the replica did not acknowledge within the "+
+			"timeout (`ErrNotReplicated`) is counted, not fatal. Hand-over: the contended handoff's method, with a "+
+			"holder and a waiter Locker of each setting, the two settings alternating hand-over by hand-over (order "+
+			"swapped every time), %d each after one unmeasured.\n",
+			ackSettings[0].name, ackSettings[1].name, 50*r.goroutines, r.replicaRounds, r.cycles, r.handoffs)
+	}
 	w.WriteString("\n")
 
 	if r.runs("uncontended") {
@@ -186,6 +205,10 @@ func (r *report) markdown() string {
 	if r.runs("profile") {
 		r.heading(&w, "Where the time goes: CPU profiles")
 		w.WriteString(r.profileSection())
+	}
+	if r.runs("replicas") {
+		r.heading(&w, "Waiting for a replica: what WithReplicaAcks costs (lockkit)")
+		w.WriteString(r.replicasSection())
 	}
 	return w.String()
 }

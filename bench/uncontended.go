@@ -112,15 +112,38 @@ func (b *bench) uncontended(ctx context.Context) ([]cycleResult, map[string]coun
 // runCycles runs n acquire+release cycles split over g goroutines, each on its
 // own key, and returns the wall time.
 func runCycles(ctx context.Context, l *lib, g, n int) (time.Duration, error) {
+	return runTimedCycles(ctx, l, g, n, nil)
+}
+
+// runTimedCycles is runCycles that, when acquires is not nil, also appends
+// to it the duration of every acquire call (l.try alone).
+func runTimedCycles(ctx context.Context, l *lib, g, n int, acquires *[]time.Duration) (time.Duration, error) {
 	per := n / g
 	errs := make([]error, g)
+	took := make([][]time.Duration, g)
 	var wg sync.WaitGroup
 	start := time.Now()
 	for w := range g {
 		wg.Go(func() {
 			key := fmt.Sprintf("cycle:%d", w)
+			if acquires == nil {
+				for range per {
+					if err := l.cycle(ctx, key); err != nil {
+						errs[w] = err
+						return
+					}
+				}
+				return
+			}
+			took[w] = make([]time.Duration, 0, per)
 			for range per {
-				if err := l.cycle(ctx, key); err != nil {
+				t0 := time.Now()
+				release, err := l.try(ctx, key)
+				took[w] = append(took[w], time.Since(t0))
+				if err == nil {
+					err = release(ctx)
+				}
+				if err != nil {
 					errs[w] = err
 					return
 				}
@@ -132,6 +155,11 @@ func runCycles(ctx context.Context, l *lib, g, n int) (time.Duration, error) {
 	for _, err := range errs {
 		if err != nil {
 			return 0, err
+		}
+	}
+	if acquires != nil {
+		for _, t := range took {
+			*acquires = append(*acquires, t...)
 		}
 	}
 	return elapsed, nil
