@@ -946,3 +946,77 @@ func TestShadowParkedPlaceNotGivenUpIsKept(t *testing.T) {
 		}
 	}
 }
+
+// A key reserved for a parked task that was done is passed on at once
+// (seed 415, below): a reservation left until it lapses names the task; a
+// key passed on at once, a reservation of a task not yet done, or a
+// releaser killed around its release is no violation.
+func TestKeyReservedForADoneTaskIsPassedOn(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		seen int // when b finds the key reserved for a (ms)
+		edit func(h *hist)
+		want int
+	}{
+		{"left reserved", 5000, nil, 1},
+		{"passed on at once", 1500, nil, 0},
+		{"a delivered again", 5000, func(h *hist) { h.add(2000, "w2", evDeliver, "a", func(r *Record) { r.AID = "aid-a" }) }, 0},
+		{"releaser killed", 5000, func(h *hist) {
+			h.add(1100, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = faultKill, "w1" })
+		}, 0},
+		{"another worker paused", 5000, func(h *hist) {
+			h.add(900, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = faultStop, "w3" })
+			h.add(1200, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = "cont", "w3" })
+		}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHist(polRequeue)
+			h.w.Ops = h.w.Ops[:2]
+			h.enqueue(0, "a")
+			h.enqueue(0, "b")
+			aid := func(id string) func(*Record) { return func(r *Record) { r.AID = id } }
+			h.add(100, "w2", evDeliver, "a", aid("aid-a"))
+			h.add(200, "w2", evReturn, "a", aid("aid-a")) // completed without running
+			s := h.run(300, 1000, "w1", "c", "ok")
+			h.add(1000, "w1", evDecision, "c", func(r *Record) { r.Kind, r.Run = "released", s })
+			if c.edit != nil {
+				c.edit(h)
+			}
+			h.add(c.seen, "w4", evDeliver, "b", aid("aid-b"))
+			h.add(c.seen, "w4", evDecision, "b", func(r *Record) {
+				r.AID, r.Kind, r.Reason, r.Action = "aid-b", "duplicate", "held", "requeue"
+				r.Err = "lockkit: not acquired: \"k\" is held by parked:q\naid-a\naid-a for \"aid-a\" (token 1000000, ttl 26s, 1 holder(s))"
+			})
+			vs, _ := check(h.w, h.recs, nil, true)
+			if got := rules(vs)[ruleReserved]; got != c.want {
+				t.Fatalf("want %d reserved violations, got %v", c.want, vs)
+			}
+			if c.want > 0 && vs[0].Task != "a" {
+				t.Fatalf("want a named, got %v", vs)
+			}
+		})
+	}
+}
+
+// The history of seed 415 on the Cluster: f13takenback/k0's task 4 parked
+// behind its own earlier delivery's run on w3, whose shutdown ended that
+// wait; the run had done the work, so the delivery completed without
+// running and its parked entry stayed. At 11.24 s the release of task 3's
+// run on w1 lost its reply (a reply fault) after it had reserved the key
+// for that entry, for singleton's 30 s hold: the Locker's cleanup released
+// nothing more and resumed no one, so tasks 7, 8 and 9, parked behind, came
+// back at their 30 s backstops, found the key still reserved for task 4,
+// and were parked again (the Locker now sends a failed release again and
+// resumes the task its repeat names: TestReleaseWhoseReplyWasLostStartsTheParkedJob).
+// The checker names task 4.
+func TestSeed415HistoryReportsAKeyLeftReservedForADoneTask(t *testing.T) {
+	var failed []Violation
+	for _, v := range checkTestdata(t, "seed-415") {
+		if !advisory[v.Rule] {
+			failed = append(failed, v)
+		}
+	}
+	if len(failed) != 1 || failed[0].Rule != ruleReserved || failed[0].Task != "s415-f13takenback-k0-4" {
+		t.Fatalf("want one reserved violation of s415-f13takenback-k0-4, got %v", failed)
+	}
+}
