@@ -349,26 +349,35 @@ func (h *history) overlapEnd(ru *run) int64 {
 }
 
 // preemptedAt is the earliest time the preemption of ru may have ended its
-// lease's renewals, which the grace counts from: the latest delivery of a
-// newer task of its key before ru was told (the preempting acquire follows
-// its task's delivery, which may come before ru's start, and ru hears of it
-// a little later), or else when ru was told.
+// lease's renewals, which the grace counts from: the preempting acquire
+// follows its task's delivery, which may come before ru's start, and ru
+// hears of it a little later. So it is the latest delivery of a newer task
+// of its key up to ru's start, or else the first one after it before ru was
+// told (in a burst the first newer task's acquire preempts ru; the later
+// ones only take the follow-up's place: seed 402 on the Cluster), or else
+// when ru was told.
 func (h *history) preemptedAt(ru *run) int64 {
-	at := int64(0)
+	before, after := int64(0), int64(0)
 	for _, t := range h.tasks {
 		if t.fam.Name+"/"+t.key != ru.key || t.n <= ru.n {
 			continue
 		}
 		for _, d := range t.delivs {
-			if d.T <= ru.cancelAt {
-				at = max(at, d.T)
+			switch {
+			case d.T <= ru.start:
+				before = max(before, d.T)
+			case d.T <= ru.cancelAt && (after == 0 || d.T < after):
+				after = d.T
 			}
 		}
 	}
-	if at == 0 {
-		return ru.cancelAt
+	switch {
+	case before != 0:
+		return before
+	case after != 0:
+		return after
 	}
-	return at
+	return ru.cancelAt
 }
 
 func (h *history) violation(rule, task, msg string, events ...Record) Violation {
