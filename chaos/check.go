@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,6 +33,7 @@ const (
 	ruleNewestPlain = "newest-plain" // ruleNewest for tasks of a plain asynq.Client (advisory: placed by arrival)
 	ruleShadow      = "shadow"       // WithShadow: every delivery runs, under its lease or reported; of two overlapping runs of a key, one was reported
 	ruleCron        = "cron"         // cronguard: each tick of an entry runs once across the replicas: never twice, none missed unless a fault explains it
+	ruleReserved    = "reserved"     // a key reserved for a parked task that is done is passed on at once, not held until the reservation lapses
 )
 
 // advisory rules are reported but do not fail a seed: behaviour the README
@@ -347,26 +349,35 @@ func (h *history) overlapEnd(ru *run) int64 {
 }
 
 // preemptedAt is the earliest time the preemption of ru may have ended its
-// lease's renewals, which the grace counts from: the latest delivery of a
-// newer task of its key before ru was told (the preempting acquire follows
-// its task's delivery, which may come before ru's start, and ru hears of it
-// a little later), or else when ru was told.
+// lease's renewals, which the grace counts from: the preempting acquire
+// follows its task's delivery, which may come before ru's start, and ru
+// hears of it a little later. So it is the latest delivery of a newer task
+// of its key up to ru's start, or else the first one after it before ru was
+// told (in a burst the first newer task's acquire preempts ru; the later
+// ones only take the follow-up's place: seed 402 on the Cluster), or else
+// when ru was told.
 func (h *history) preemptedAt(ru *run) int64 {
-	at := int64(0)
+	before, after := int64(0), int64(0)
 	for _, t := range h.tasks {
 		if t.fam.Name+"/"+t.key != ru.key || t.n <= ru.n {
 			continue
 		}
 		for _, d := range t.delivs {
-			if d.T <= ru.cancelAt {
-				at = max(at, d.T)
+			switch {
+			case d.T <= ru.start:
+				before = max(before, d.T)
+			case d.T <= ru.cancelAt && (after == 0 || d.T < after):
+				after = d.T
 			}
 		}
 	}
-	if at == 0 {
-		return ru.cancelAt
+	switch {
+	case before != 0:
+		return before
+	case after != 0:
+		return after
 	}
-	return at
+	return ru.cancelAt
 }
 
 func (h *history) violation(rule, task, msg string, events ...Record) Violation {
@@ -423,6 +434,7 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 	vs = append(vs, h.checkPeriodic()...)
 	vs = append(vs, h.checkCron()...)
 	vs = append(vs, h.checkShadow()...)
+	vs = append(vs, h.checkReserved()...)
 	if !drained {
 		vs = append(vs, h.violation(ruleStranded, "-", fmt.Sprintf("the queue did not drain within %s of the last enqueue", drainTimeout)))
 	}
@@ -1416,4 +1428,112 @@ func (h *history) archivedOn(k string) bool {
 		}
 	}
 	return false
+}
+
+// passOnWithin bounds how long a key stays reserved for a parked task that
+// was done when the reservation was made: the releasing worker's resume
+// finds the task gone or done (within resumeMissing, 100 ms, or, for a
+// delivery still active, resumeTimeout, 1 s) and passes the key on at once
+// (docs/asynq.md), a lost reply notwithstanding (docs/rules.md, Redis
+// faults); plus a margin.
+const passOnWithin = 3 * time.Second
+
+// reservedFor matches a conflict with a parked task's reservation, as a
+// decision's error names it: the holder "parked:<entry>", the task's label
+// (its first asynq ID) and the reservation's fencing token (the Redis
+// server's time in microseconds when the release made it).
+var reservedFor = regexp.MustCompile(`is held by parked:(?s:.*?) for "([^"]*)" \(token (\d+),`)
+
+// checkReserved: a delivery that finds its key reserved for a parked task
+// that was done before the reservation was made (its last delivery had
+// returned without error, and none came after) finds it at most
+// passOnWithin after the release made it, unless the worker that released
+// the key (the resume runs there; any worker when no run's release matches)
+// was killed, shut down or paused, or Redis was down, around the release.
+func (h *history) checkReserved() []Violation {
+	task := map[string]string{} // asynq ID → task
+	done := map[string]Record{} // task → its last delivery's return without error, if none came after
+	for _, r := range h.records {
+		if r.AID != "" && r.Task != "" {
+			task[r.AID] = r.Task
+		}
+		switch {
+		case r.Ev == evDeliver:
+			delete(done, r.Task)
+		case r.Ev == evReturn && r.Err == "":
+			done[r.Task] = r
+		case r.Ev == evReturn:
+			delete(done, r.Task)
+		}
+	}
+	procs, down := h.faultSpans()
+	var vs []Violation
+	seen := map[string]bool{}
+	for _, r := range h.records {
+		m := reservedFor.FindStringSubmatch(r.Err)
+		if r.Ev != evDecision || m == nil || seen[m[2]] {
+			continue
+		}
+		name := task[m[1]]
+		at, _ := strconv.ParseInt(m[2], 10, 64)
+		at *= int64(time.Microsecond)
+		ret, ok := done[name]
+		if !ok || ret.T > at || r.T-at <= int64(passOnWithin) {
+			continue
+		}
+		around := func(f interval) bool { return f.from <= at+int64(passOnWithin) && f.to >= at-int64(time.Second) }
+		excused := slices.ContainsFunc(down, around)
+		rel := h.releaser(r, at)
+		for p, spans := range procs {
+			if (rel == "" || rel == p) && slices.ContainsFunc(spans, around) {
+				excused = true
+			}
+		}
+		if excused {
+			continue
+		}
+		seen[m[2]] = true
+		vs = append(vs, h.violation(ruleReserved, name, fmt.Sprintf("its key was reserved for it %s after it was done, and still was %s later",
+			time.Duration(at-ret.T).Round(time.Millisecond), time.Duration(r.T-at).Round(time.Millisecond)), ret, r))
+	}
+	return vs
+}
+
+// releaser is the process whose run's release on the key of decision d
+// made a reservation at at (Redis server time, ns): the first to record
+// the release of a run of that key from at to a second plus the reply
+// delay later (a release whose reply was late records it then); "" when
+// none did (a release that is no run's: a pass-on, a hand-over).
+func (h *history) releaser(d Record, at int64) string {
+	for _, r := range h.records {
+		if r.T >= at && r.T <= at+int64(time.Second+h.w.ReplyDelay) && r.Ev == evDecision && r.Kind == "released" && r.Fam == d.Fam && r.Key == d.Key {
+			return r.Proc
+		}
+	}
+	return ""
+}
+
+// faultSpans are the spans during which each worker was being killed, shut
+// down or paused (by process), and Redis was down (redisDown).
+func (h *history) faultSpans() (map[string][]interval, []interval) {
+	procs := map[string][]interval{}
+	open := map[string]int64{}
+	for _, r := range h.records {
+		switch {
+		case r.Ev != evFault:
+		case r.Fault == faultKill:
+			procs[r.Target] = append(procs[r.Target], interval{r.T, r.T})
+		case r.Fault == faultTerm || r.Fault == faultStop:
+			open[r.Target] = r.T
+		case r.Fault == "exited" || r.Fault == "cont":
+			if from, ok := open[r.Target]; ok {
+				procs[r.Target] = append(procs[r.Target], interval{from, r.T})
+				delete(open, r.Target)
+			}
+		}
+	}
+	for p, from := range open {
+		procs[p] = append(procs[p], interval{from, h.lastT})
+	}
+	return procs, h.redisDown()
 }

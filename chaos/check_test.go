@@ -476,6 +476,33 @@ func TestPreemptedRunCountsUntilTheGraceAfterThePreemption(t *testing.T) {
 	}
 }
 
+// In a burst of newer tasks the first one's acquire preempts the run; the
+// later ones, delivered before the run heard of it, only take the
+// follow-up's place: the grace counts from the first (seed 402 on the
+// Cluster, where the run was told 27 ms after the preemption).
+func TestPreemptedRunsGraceCountsFromTheFirstNewerDelivery(t *testing.T) {
+	grace := int(preemptGrace / time.Millisecond)
+	for start, want := range map[int]int{100 + grace + 2: 0, 100 + grace - 20: 1} {
+		h := newHist(polPreempt)
+		h.enqueue(0, "a")
+		h.enqueue(1, "b")
+		h.enqueue(2, "c")
+		h.add(10, "w1", evDeliver, "a", nil)
+		s := h.add(10, "w1", evStart, "a", nil)
+		h.add(100, "w2", evDeliver, "b", nil)
+		h.add(120, "w3", evDeliver, "c", nil)
+		h.add(127, "w1", evCancel, "a", func(r *Record) { r.Cause, r.Run = "preempted", s })
+		h.add(2000, "w1", evEnd, "a", func(r *Record) { r.Outcome, r.Cause, r.Run = "ok", "preempted", s })
+		h.add(121, "w2", evDecision, "b", func(r *Record) { r.Kind, r.Reason, r.Action = "duplicate", "superseded", "skip" })
+		h.add(122, "w2", evReturn, "b", nil)
+		s2 := h.add(start, "w3", evStart, "c", nil)
+		h.add(start+50, "w3", evEnd, "c", func(r *Record) { r.Outcome, r.Run = "ok", s2 })
+		if got := h.check(); got[ruleOverlap] != want {
+			t.Errorf("c starting at %dms: want %d overlaps, got %v", start, want, got)
+		}
+	}
+}
+
 // A re-delivery of a task whose worker was killed under it, within a lease
 // TTL of the kill, waits for the dead run's lease and is its retry: its run
 // spends no start. One delivered after the lease expired spends one.
@@ -944,5 +971,79 @@ func TestShadowParkedPlaceNotGivenUpIsKept(t *testing.T) {
 		if got := rules(vs)[ruleLeak]; (got == 0) != failed {
 			t.Fatalf("give-up failed %v: got %v", failed, vs)
 		}
+	}
+}
+
+// A key reserved for a parked task that was done is passed on at once
+// (seed 415, below): a reservation left until it lapses names the task; a
+// key passed on at once, a reservation of a task not yet done, or a
+// releaser killed around its release is no violation.
+func TestKeyReservedForADoneTaskIsPassedOn(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		seen int // when b finds the key reserved for a (ms)
+		edit func(h *hist)
+		want int
+	}{
+		{"left reserved", 5000, nil, 1},
+		{"passed on at once", 1500, nil, 0},
+		{"a delivered again", 5000, func(h *hist) { h.add(2000, "w2", evDeliver, "a", func(r *Record) { r.AID = "aid-a" }) }, 0},
+		{"releaser killed", 5000, func(h *hist) {
+			h.add(1100, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = faultKill, "w1" })
+		}, 0},
+		{"another worker paused", 5000, func(h *hist) {
+			h.add(900, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = faultStop, "w3" })
+			h.add(1200, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = "cont", "w3" })
+		}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHist(polRequeue)
+			h.w.Ops = h.w.Ops[:2]
+			h.enqueue(0, "a")
+			h.enqueue(0, "b")
+			aid := func(id string) func(*Record) { return func(r *Record) { r.AID = id } }
+			h.add(100, "w2", evDeliver, "a", aid("aid-a"))
+			h.add(200, "w2", evReturn, "a", aid("aid-a")) // completed without running
+			s := h.run(300, 1000, "w1", "c", "ok")
+			h.add(1000, "w1", evDecision, "c", func(r *Record) { r.Kind, r.Run = "released", s })
+			if c.edit != nil {
+				c.edit(h)
+			}
+			h.add(c.seen, "w4", evDeliver, "b", aid("aid-b"))
+			h.add(c.seen, "w4", evDecision, "b", func(r *Record) {
+				r.AID, r.Kind, r.Reason, r.Action = "aid-b", "duplicate", "held", "requeue"
+				r.Err = "lockkit: not acquired: \"k\" is held by parked:q\naid-a\naid-a for \"aid-a\" (token 1000000, ttl 26s, 1 holder(s))"
+			})
+			vs, _ := check(h.w, h.recs, nil, true)
+			if got := rules(vs)[ruleReserved]; got != c.want {
+				t.Fatalf("want %d reserved violations, got %v", c.want, vs)
+			}
+			if c.want > 0 && vs[0].Task != "a" {
+				t.Fatalf("want a named, got %v", vs)
+			}
+		})
+	}
+}
+
+// The history of seed 415 on the Cluster: f13takenback/k0's task 4 parked
+// behind its own earlier delivery's run on w3, whose shutdown ended that
+// wait; the run had done the work, so the delivery completed without
+// running and its parked entry stayed. At 11.24 s the release of task 3's
+// run on w1 lost its reply (a reply fault) after it had reserved the key
+// for that entry, for singleton's 30 s hold: the Locker's cleanup released
+// nothing more and resumed no one, so tasks 7, 8 and 9, parked behind, came
+// back at their 30 s backstops, found the key still reserved for task 4,
+// and were parked again (the Locker now sends a failed release again and
+// resumes the task its repeat names: TestReleaseWhoseReplyWasLostStartsTheParkedJob).
+// The checker names task 4.
+func TestSeed415HistoryReportsAKeyLeftReservedForADoneTask(t *testing.T) {
+	var failed []Violation
+	for _, v := range checkTestdata(t, "seed-415") {
+		if !advisory[v.Rule] {
+			failed = append(failed, v)
+		}
+	}
+	if len(failed) != 1 || failed[0].Rule != ruleReserved || failed[0].Task != "s415-f13takenback-k0-4" {
+		t.Fatalf("want one reserved violation of s415-f13takenback-k0-4, got %v", failed)
 	}
 }

@@ -15,6 +15,8 @@ import (
 
 	"github.com/jobguard/jobguard/internal/lockcore"
 	"github.com/jobguard/jobguard/internal/lockcore/coretest"
+	"github.com/jobguard/jobguard/internal/testredis"
+	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -348,6 +350,40 @@ func TestParkedDuplicatesComeBackOnlyAsABackstop(t *testing.T) {
 	e.Drained(10 * time.Second)
 	require.Equal(t, []string{"v0", "v1", "v2", "v3"}, runs.payloads())
 	require.Equal(t, 3, ev.count(middleware.EventRequeued, 0), "each delivered once more, by the run before it")
+}
+
+// The release of the run that frees a key may lose its reply after it ran
+// and reserved the key for the duplicate parked behind that run. The
+// duplicate starts at once all the same, not at its backstop (here 30 s,
+// when the holder's lease would have run out): the Locker sends the release
+// again, and the repeat names the task it reserved the key for.
+func TestParkedDuplicateStartsWhenTheReleaseBeforeItLostItsReply(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	rdb := redis.NewClient(e.RDB.(*redis.Client).Options())
+	t.Cleanup(func() { _ = rdb.Close() })
+	hook := &testredis.Faults{Match: testredis.ScriptShape(8, 11)} // the release scripts' keys and arguments
+	rdb.AddHook(hook)
+	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(e.Prefix))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = locker.Close(context.Background()) })
+	ev := &events{}
+	keyOf := singleton.KeyFunc(func(context.Context, *asynq.Task) (string, error) { return "k", nil })
+	mw, err := singleton.Middleware(locker, keyOf, singleton.WithPolicy(middleware.Requeue(50*time.Millisecond)),
+		singleton.WithRedis(e.RDB), singleton.WithObserver(ev.observe))
+	require.NoError(t, err)
+	mux, runs, release := blockingMux(mw, "sync")
+	e.start(e.config(2), mux)
+	e.Enqueue(asynq.NewTask("sync", []byte("v0")))
+	require.Eventually(t, func() bool { return len(runs.payloads()) == 1 }, 10*time.Second, 5*time.Millisecond)
+	e.Enqueue(asynq.NewTask("sync", []byte("v1")))
+	ev.waitRequeued(t, 1)
+
+	hook.Arm(testredis.DropReply, 1)
+	close(release)
+	e.Drained(10 * time.Second)
+	require.EqualValues(t, 1, hook.Hits(), "v0's release lost its reply")
+	require.Equal(t, []string{"v0", "v1"}, runs.payloads())
+	require.Equal(t, 1, ev.count(middleware.EventRequeued, 0), "v1 was delivered once more, by v0's release")
 }
 
 // Under WithHoldAtLeast a run shorter than the hold ends in a held release,

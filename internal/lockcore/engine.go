@@ -242,7 +242,7 @@ func (e *engine) tryAcquire(ctx context.Context, key string, opt *AcquireOptions
 	sent := time.Now()
 	res, err := e.b.acquire(ctx, &r)
 	if err != nil {
-		e.orphan(r.key, r.aid, sent.Add(r.ttl), 0)
+		e.orphan(r.key, r.aid, sent.Add(r.ttl), r.onParked)
 		return nil, fmt.Errorf("lockkit: acquire %q: %w", key, err)
 	}
 	if res.ok {
@@ -302,7 +302,7 @@ func (e *engine) hold(ctx context.Context, r *request, res acquireResult, sent t
 		_, err := e.b.release(rctx, []*Lease{l}, nil)
 		cancel()
 		if err != nil {
-			e.orphan(l.key, l.aid, l.validUntil, 0)
+			e.orphanRelease(l, ending{})
 		}
 		l.resumeParked()
 		return nil, fmt.Errorf("lockkit: acquire %q: %w", r.key, ErrClosed)

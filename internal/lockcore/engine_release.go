@@ -115,7 +115,7 @@ func (e *engine) sendReleases(ctx context.Context, batch []queuedRelease) {
 			for i, l := range g {
 				switch {
 				case err != nil && (i >= len(held) || !held[i]):
-					e.orphan(l.key, l.aid, l.validUntilLocked(), l.holdFor(ends[l]))
+					e.orphanRelease(l, ends[l])
 				case held[i] && l.Err() == nil:
 					e.emit(Event{Kind: LeaseReleased, Key: l.key, Owner: l.owner, Token: l.token})
 				}

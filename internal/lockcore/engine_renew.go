@@ -11,10 +11,12 @@ import (
 	"time"
 )
 
-// orphan is a holder that may exist without a Lease: its acquire id and how
-// long to keep trying to remove it.
+// orphan is a holder that may exist without a Lease, or a lease whose
+// release failed: its acquire id (and a release's member and OnParked),
+// the release's ending, and how long to keep trying to remove it.
 type orphan struct {
-	l        *Lease // key, aid and ttl; no member
+	l        *Lease // key, aid and ttl; a release's member and onParked too
+	end      ending // the failed release's ending; zero for an acquire's holder
 	until    time.Time
 	next     time.Time
 	inflight bool
@@ -31,11 +33,29 @@ func (e *engine) startLocked() {
 }
 
 // orphan makes the renewer remove, in the background, the holder that the
-// acquire call aid may have left on key; hold is the HoldAtLeast of a lease
-// whose run happened (its release failed), zero otherwise.
-func (e *engine) orphan(key, aid string, until time.Time, hold time.Duration) {
-	ttl := max(time.Until(until), MinTTL)
-	o := &orphan{l: &Lease{e: e, key: key, aid: aid, ttl: ttl, hold: hold, state: stateReleased}, until: until}
+// acquire call aid may have left on key. With onParked (the call's
+// Parking.OnParked), the removal of a holder it finds frees the key as that
+// lease's release would: it reserves the key for the oldest parked job and
+// passes the job to onParked.
+func (e *engine) orphan(key, aid string, until time.Time, onParked func(key, id string)) {
+	l := &Lease{e: e, key: key, aid: aid, ttl: max(time.Until(until), MinTTL), onParked: onParked, state: stateReleased}
+	e.addOrphan(&orphan{l: l, until: until})
+}
+
+// orphanRelease makes the renewer send the release of l under end again, in
+// the background: its call failed, and may or may not have run (a lost or
+// late reply). A repeat of a release that ran reports what the first run did
+// (release.lua), so the parked job that run reserved the key for is passed
+// to OnParked all the same, as the release would have: a lost reply does not
+// leave the job to its backstop.
+func (e *engine) orphanRelease(l *Lease, end ending) {
+	until := l.validUntilLocked()
+	r := &Lease{e: e, key: l.key, aid: l.aid, member: l.member, label: l.label, plain: l.plain, ttl: max(time.Until(until), MinTTL),
+		hold: l.hold, onParked: l.onParked, state: stateReleased}
+	e.addOrphan(&orphan{l: r, end: end, until: until})
+}
+
+func (e *engine) addOrphan(o *orphan) {
 	e.mu.Lock()
 	e.orphans = append(e.orphans, o)
 	e.startLocked()
@@ -324,16 +344,18 @@ func renewRetry(interval time.Duration, fails int, left time.Duration) time.Dura
 	return max(min(d, left/2), 10*time.Millisecond)
 }
 
-// releaseOrphans removes orphaned holders; the ones that fail are retried
-// with a growing delay.
+// releaseOrphans removes orphaned holders and sends failed releases again;
+// the ones that fail are retried with a growing delay. A release that
+// reserved its key for a parked job passes the job to OnParked.
 func (e *engine) releaseOrphans(os []*orphan) {
 	defer e.wg.Done()
 	leases := make([]*Lease, len(os))
+	ends := make([]ending, len(os))
 	for i, o := range os {
-		leases[i] = o.l
+		leases[i], ends[i] = o.l, o.end
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-	_, err := e.b.release(ctx, leases, nil)
+	_, err := e.b.release(ctx, leases, ends)
 	cancel()
 	e.mu.Lock()
 	now := time.Now()
@@ -348,6 +370,10 @@ func (e *engine) releaseOrphans(os []*orphan) {
 	e.mu.Unlock()
 	if err != nil {
 		e.cfg.logger.Warn("lockkit: removing holders of failed calls", "count", len(os), "err", err)
+	} else {
+		for _, l := range leases {
+			l.resumeParked()
+		}
 	}
 	e.poke()
 }

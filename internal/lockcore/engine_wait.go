@@ -97,7 +97,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 		r.later = true
 		if err != nil {
 			// The script may have run: make sure what it took is given back.
-			e.orphan(r.key, r.aid, sent.Add(r.ttl), 0)
+			e.orphan(r.key, r.aid, sent.Add(r.ttl), r.onParked)
 			if ctx.Err() != nil {
 				// The wait ran out during an attempt: as between attempts.
 				return nil, giveUp(ctx.Err(), true)

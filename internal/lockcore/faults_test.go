@@ -364,3 +364,92 @@ func TestHandOverWhoseReplyWasLostIsSentAgain(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 }
+
+// parkedCalls returns an OnParked that sends each id it is passed to the
+// channel it returns.
+func parkedCalls() (func(key, id string), chan string) {
+	calls := make(chan string, 4)
+	return func(_, id string) { calls <- id }, calls
+}
+
+// expectParked waits for OnParked to be passed want (the Locker's
+// background loop sends what a failed call left within milliseconds; 5 s
+// bound the wait), then checks that the key is reserved for want and that
+// OnParked is not passed anything more.
+func expectParked(t *testing.T, calls chan string, observer *RedisLocker, key, want string) {
+	t.Helper()
+	select {
+	case id := <-calls:
+		require.Equal(t, want, id)
+	case <-time.After(5 * time.Second):
+		t.Fatalf("OnParked(%s) not called", want)
+	}
+	hs := holders(t, observer, key)
+	require.Len(t, hs, 1)
+	require.Equal(t, "parked:"+want, hs[0].Owner)
+	select {
+	case id := <-calls:
+		t.Fatalf("OnParked called once more, with %s", id)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// A release whose reply was lost, or came after the caller gave up, ran:
+// it reserved the key for the oldest parked job. The Locker sends it again,
+// the repeat reports that job, and the job is passed to OnParked once, as
+// by the release itself: it is not left to its backstop while the key
+// stays reserved for it.
+func TestReleaseWhoseReplyWasLostStartsTheParkedJob(t *testing.T) {
+	for _, f := range []testredis.Fault{testredis.DropReply, testredis.Late} {
+		t.Run(f.String(), func(t *testing.T) {
+			ctx := ctxT(t)
+			l, hook, observer := faultyLocker(t, testredis.ScriptShape(8, 11))
+			onParked, calls := parkedCalls()
+			holder, err := l.TryAcquire(ctx, "job", &AcquireOptions{Park: &Parking{OnParked: onParked}})
+			require.NoError(t, err)
+			_, err = observer.TryAcquire(ctx, "job", &AcquireOptions{Label: "j1", TakeReservation: true,
+				Park: &Parking{ID: "id-j1", Hold: time.Minute, OnParked: onParked}})
+			require.ErrorIs(t, err, ErrNotAcquired)
+			hook.Arm(f, 1)
+			rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			defer cancel()
+			require.Error(t, holder.Release(rctx), "the reply was lost")
+			require.EqualValues(t, 1, hook.Hits())
+			expectParked(t, calls, observer, "job", "id-j1")
+		})
+	}
+}
+
+// An acquire whose reply was lost may have taken the key (here, a parked
+// job taking its reservation over): the Locker removes the holder it left
+// and, as that lease's release would, reserves the key for the next parked
+// job and passes it to OnParked.
+func TestAcquireWhoseReplyWasLostHandsTheKeyToTheNextParkedJob(t *testing.T) {
+	for _, f := range []testredis.Fault{testredis.DropReply, testredis.Late} {
+		t.Run(f.String(), func(t *testing.T) {
+			ctx := ctxT(t)
+			l, hook, observer := faultyLocker(t, anyScript(acquireSources()...))
+			onParked, calls := parkedCalls()
+			parkedOpts := func(label string) *AcquireOptions {
+				return &AcquireOptions{Label: label, TakeReservation: true, Park: &Parking{ID: "id-" + label, Hold: time.Minute, OnParked: onParked}}
+			}
+			holder, err := observer.TryAcquire(ctx, "job", &AcquireOptions{Park: &Parking{OnParked: onParked}})
+			require.NoError(t, err)
+			for _, label := range []string{"j1", "j2"} {
+				_, err = observer.TryAcquire(ctx, "job", parkedOpts(label))
+				require.ErrorIs(t, err, ErrNotAcquired)
+			}
+			require.NoError(t, holder.Release(ctx))
+			require.Equal(t, "id-j1", <-calls)
+
+			hook.Arm(f, 1)
+			actx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			defer cancel()
+			_, err = l.TryAcquire(actx, "job", parkedOpts("j1"))
+			require.Error(t, err, "the reply was lost")
+			require.NotErrorIs(t, err, ErrNotAcquired)
+			require.EqualValues(t, 1, hook.Hits())
+			expectParked(t, calls, observer, "job", "id-j2")
+		})
+	}
+}

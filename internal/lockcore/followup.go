@@ -121,7 +121,12 @@ func (Preempt) followUp()    {}
 // OnParked then passes the job's id to OnParked, which should start the
 // job: its acquire with TakeReservation and the same Label takes the reservation
 // over. A release whose reply was lost and that go-redis sent again reports
-// the same id while the reservation lives.
+// the same id while the reservation lives; so does the Locker's own repeat
+// of a release whose call failed (the reply lost, or late past the
+// caller's ctx): the job is passed to OnParked all the same. An acquire
+// with OnParked whose call failed after it may have taken the key has the
+// holder it left released by the Locker, which reserves the key for the
+// oldest parked job and passes it to OnParked, as the lease's release would.
 type Parking struct {
 	// ID, when not empty, is the id of the caller's job to start later (a
 	// queued task's queue and ID, say): an acquire that finds the key held

@@ -417,8 +417,9 @@ func (l *Lease) release(ctx context.Context, end ending) error {
 	}
 	held, err := l.e.b.release(ctx, []*Lease{l}, []ending{end})
 	if err != nil {
-		// The release may not have run: make sure it does, in the background.
-		l.e.orphan(l.key, l.aid, l.validUntilLocked(), l.holdFor(end))
+		// The release may not have run: make sure it does, in the background
+		// (and that the parked job it may have reserved the key for starts).
+		l.e.orphanRelease(l, end)
 		return fmt.Errorf("lockkit: release %q: %w", l.key, err)
 	}
 	if !held[0] {
