@@ -146,7 +146,7 @@ func (e *engine) acquireWait(ctx context.Context, key string, opt *AcquireOption
 					// releasing connection's write.
 					sent := time.Now()
 					if err := e.b.confirm(ctx, &r, token); err != nil {
-						e.orphan(r.key, r.aid, sent.Add(r.ttl), 0)
+						e.orphan(r.key, r.aid, sent.Add(r.ttl), r.onParked)
 						return nil, giveUp(err, false)
 					}
 					res.left = 0 // confirm set its TTL
