@@ -6,7 +6,9 @@ package lockcore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -60,7 +62,7 @@ func (b *redisBackend) masterOf(ctx context.Context, key string) (*redis.Client,
 // replicas, on the master of key, acknowledged (ackedScripts).
 func (b *redisBackend) script(ctx context.Context, key string, s *redis.Script, keys []string, args []any) *redis.Cmd {
 	if b.acks.n == 0 {
-		return s.Run(ctx, b.c, keys, args...)
+		return b.runScript(ctx, s, keys, args)
 	}
 	return b.ackedScripts(ctx, 1, func(int) string { return key }, func(p redis.Pipeliner, _ int, eval bool) *redis.Cmd {
 		if eval {
@@ -104,7 +106,75 @@ func (b *redisBackend) ackedScripts(ctx context.Context, n int, key func(int) st
 	for _, m := range order {
 		b.scriptsOn(ctx, m, byMaster[m], cmds, send, true)
 	}
+	// A master's client does not follow a redirection, as the
+	// ClusterClient does: a call whose slot moved (a failover the slot map
+	// had not caught up with) is sent again, once, to the master the
+	// redirection names, when the map names it too.
+	var moved []int
+	for i, c := range cmds {
+		if err := c.Err(); err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+			moved = append(moved, i)
+		}
+	}
+	for _, i := range moved {
+		if m := b.movedTo(ctx, key(i), cmds[i].Err()); m != nil {
+			b.scriptsOn(ctx, m, []int{i}, cmds, send, true)
+		}
+	}
 	return cmds
+}
+
+// movedTo is the client of the master that a MOVED or ASK reply for key
+// names, once the ClusterClient's slot map names it too (it is told to
+// reload, and given a second), or nil.
+func (b *redisBackend) movedTo(ctx context.Context, key string, err error) *redis.Client {
+	cc, ok := b.c.(*redis.ClusterClient)
+	if !ok {
+		return nil
+	}
+	f := strings.Fields(err.Error()) // MOVED <slot> <addr>
+	if len(f) != 3 {
+		return nil
+	}
+	cc.ReloadState(ctx)
+	deadline := time.Now().Add(time.Second)
+	for {
+		m, err := cc.MasterForKey(ctx, b.keys(key).holders)
+		if err == nil && m.Options().Addr == f[2] {
+			return m
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil
+		}
+		cc.ReloadState(ctx)
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// runScript runs one call of s on the Locker's client, as s.Run does, and
+// has a Cluster follow a failover it ran into (followFailover).
+func (b *redisBackend) runScript(ctx context.Context, s *redis.Script, keys []string, args []any) *redis.Cmd {
+	c := s.Run(ctx, b.c, keys, args...)
+	b.followFailover(c.Err())
+	return c
+}
+
+// followFailover has a ClusterClient reload its slot map when a call
+// failed without a reply from Redis (a master that died): the client would
+// otherwise go on sending the slot's calls to the dead master until its
+// next periodic reload (a minute with go-redis v9.23's default), and leases
+// on that master could not be renewed meanwhile. The reload runs in the
+// background, one at a time.
+func (b *redisBackend) followFailover(err error) {
+	cc, ok := b.c.(*redis.ClusterClient)
+	if !ok || err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		return // Redis answered
+	}
+	cc.ReloadState(context.Background())
 }
 
 // ackErr is nil when w, a WAIT, counted enough replicas, else an error
