@@ -91,10 +91,10 @@ func clientFollows(t *testing.T, topo *clusterTopology) {
 	tuned, dflt := topo.client(), topo.clientWith(0)
 	defer tuned.Close()
 	defer dflt.Close()
-	if err := writable(ctx, tuned, key); err != nil {
+	if err := writable(ctx, tuned, key, promotedWithin); err != nil {
 		t.Fatal(err)
 	}
-	if err := writable(ctx, dflt, key); err != nil {
+	if err := writable(ctx, dflt, key, promotedWithin); err != nil {
 		t.Fatal(err)
 	}
 	m, err := topo.master(ctx, key)
@@ -107,13 +107,11 @@ func clientFollows(t *testing.T, topo *clusterTopology) {
 		t.Fatal(err)
 	}
 	promoted := time.Since(killed)
-	if err := writable(ctx, tuned, key); err != nil {
+	if err := writable(ctx, tuned, key, promotedWithin); err != nil {
 		t.Fatal(err)
 	}
 	followed := time.Since(killed)
-	wctx, cancel := context.WithTimeout(ctx, followWait(t))
-	err = writable(wctx, dflt, key)
-	cancel()
+	err = writable(ctx, dflt, key, followWait(t))
 	if err != nil {
 		t.Logf("failover: cluster client: promoted %s after the kill; a ClusterClient reloading its slots every %s wrote to the new master after %s; one with go-redis's default interval (60s) still failed %s later: %v",
 			promoted.Round(time.Millisecond), clusterReloadInterval, followed.Round(time.Millisecond), followWait(t), err)

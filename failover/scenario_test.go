@@ -285,13 +285,13 @@ func (tr *trial) locate(ctx context.Context) error {
 // prepare readies the scenario's write: when forced, it cuts the master off
 // from its replicas once they have every write it had. It returns what the
 // master has of the lease before the write (snapshot).
-func (tr *trial) prepare(ctx context.Context, forced bool) (before string, err error) {
+func (tr *trial) prepare(ctx context.Context, forced bool) (before snap, err error) {
 	if forced {
 		if err := synced(ctx, tr.m, tr.rs); err != nil {
-			return "", err
+			return nil, err
 		}
 		if err := isolate(ctx, tr.m, tr.rs); err != nil {
-			return "", err
+			return nil, err
 		}
 	}
 	return snapshot(ctx, tr.m, tr.key)
@@ -301,8 +301,9 @@ func (tr *trial) prepare(ctx context.Context, forced bool) (before string, err e
 // lease (snapshot) once it has seen the master go, waits until the topology
 // has promoted one and B's client writes to it, and records how long each
 // took in o. The promoted replica lacks the scenario's write when it has
-// what the master had before it, before.
-func (tr *trial) failover(ctx context.Context, before string, o *outcome) error {
+// what the master had before it, before (but the keys that have expired
+// since).
+func (tr *trial) failover(ctx context.Context, before snap, o *outcome) error {
 	killed := time.Now()
 	tr.m.kill()
 	if err := poll(ctx, readyWithin, func() (string, error) {
@@ -311,18 +312,19 @@ func (tr *trial) failover(ctx context.Context, before string, o *outcome) error 
 	}); err != nil {
 		return err
 	}
-	has := map[*node]string{}
+	has := map[*node]snap{}
 	for _, r := range tr.rs {
 		var err error
 		if has[r], err = snapshot(ctx, r, tr.key); err != nil {
 			return err
 		}
 	}
+	read := time.Now()
 	if err := tr.topo.promoted(ctx, tr.key); err != nil {
 		return fmt.Errorf("promotion: %w", err)
 	}
 	o.promoted = time.Since(killed)
-	if err := writable(ctx, tr.cb, tr.key); err != nil {
+	if err := writable(ctx, tr.cb, tr.key, promotedWithin); err != nil {
 		return fmt.Errorf("B's client after the promotion: %w", err)
 	}
 	o.writable = time.Since(killed)
@@ -334,14 +336,15 @@ func (tr *trial) failover(ctx context.Context, before string, o *outcome) error 
 	if !ok {
 		return fmt.Errorf("%s was promoted, not a replica of the killed master", m.addr())
 	}
-	o.lostWrite = got == before
+	o.lostWrite = got.at(read) == before.at(read)
 	return nil
 }
 
-// writable waits until c writes to the master of key's slot.
-func writable(ctx context.Context, c redis.UniversalClient, key string) error {
+// writable waits, at most within, until c writes to the master of key's
+// slot.
+func writable(ctx context.Context, c redis.UniversalClient, key string, within time.Duration) error {
 	probe := "probe:{" + key + "}"
-	return poll(ctx, promotedWithin, func() (string, error) {
+	return poll(ctx, within, func() (string, error) {
 		wctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		if err := c.Set(wctx, probe, 1, time.Minute).Err(); err != nil {
@@ -355,16 +358,37 @@ func writable(ctx context.Context, c redis.UniversalClient, key string) error {
 // "<prefix>{<key>}:<part>".
 const prefix = "failover:"
 
-// snapshot returns what n holds of the leases on key: each of its Redis
-// keys with its value (DUMP) and expiry (PEXPIRETIME), in order. Read on a
-// replica (READONLY: a Cluster replica serves the read itself).
-func snapshot(ctx context.Context, n *node, key string) (string, error) {
+// snap is what a node holds of the leases on a key: each of their Redis
+// keys, in order, with its value (DUMP) and when it expires (PEXPIRETIME,
+// Unix ms; negative: never).
+type snap []snapKey
+
+type snapKey struct {
+	key, value string
+	expires    int64
+}
+
+// at renders the keys of s that have not expired at t (a replica hides
+// expired keys before its master deletes them).
+func (s snap) at(t time.Time) string {
+	var b strings.Builder
+	for _, e := range s {
+		if e.expires < 0 || e.expires > t.UnixMilli() {
+			fmt.Fprintf(&b, "%s %q %d\n", e.key, e.value, e.expires)
+		}
+	}
+	return b.String()
+}
+
+// snapshot returns what n holds of the leases on key, read on a replica as
+// well (READONLY: a Cluster replica serves the read itself).
+func snapshot(ctx context.Context, n *node, key string) (snap, error) {
 	c := n.client()
 	defer c.Close()
 	conn := c.Conn()
 	defer conn.Close()
 	if err := conn.ReadOnly(ctx).Err(); err != nil && !strings.Contains(err.Error(), "cluster support disabled") {
-		return "", fmt.Errorf("snapshot: %s: %w", n.addr(), err)
+		return nil, fmt.Errorf("snapshot: %s: %w", n.addr(), err)
 	}
 	var keys []string
 	iter := conn.Scan(ctx, 0, prefix+"{"+key+"}*", 1000).Iterator()
@@ -372,25 +396,28 @@ func snapshot(ctx context.Context, n *node, key string) (string, error) {
 		keys = append(keys, iter.Val())
 	}
 	if err := iter.Err(); err != nil {
-		return "", fmt.Errorf("snapshot: %s: %w", n.addr(), err)
+		return nil, fmt.Errorf("snapshot: %s: %w", n.addr(), err)
 	}
 	slices.Sort(keys)
-	var b strings.Builder
+	var s snap
 	for _, k := range keys {
 		v, err := conn.Dump(ctx, k).Result()
 		if errors.Is(err, redis.Nil) {
 			continue // expired since the scan
 		}
 		if err != nil {
-			return "", fmt.Errorf("snapshot: %s: %w", n.addr(), err)
+			return nil, fmt.Errorf("snapshot: %s: %w", n.addr(), err)
 		}
-		at, err := conn.PExpireTime(ctx, k).Result()
+		at, err := conn.Do(ctx, "PEXPIRETIME", k).Int64()
 		if err != nil {
-			return "", fmt.Errorf("snapshot: %s: %w", n.addr(), err)
+			return nil, fmt.Errorf("snapshot: %s: %w", n.addr(), err)
 		}
-		fmt.Fprintf(&b, "%s %q %d\n", k, v, at)
+		if at == -2 {
+			continue // expired since the dump
+		}
+		s = append(s, snapKey{k, v, at})
 	}
-	return b.String(), nil
+	return s, nil
 }
 
 // tryB makes B's TryAcquire until it takes the key or finds it held
@@ -470,7 +497,7 @@ func (tr *trial) afterRelease(ctx context.Context, forced bool) (outcome, error)
 	acquired := time.Now()
 	if err != nil {
 		o.acquireErr = err
-		return o, tr.failover(ctx, "", &o)
+		return o, tr.failover(ctx, nil, &o)
 	}
 	before, err := tr.prepare(ctx, forced)
 	if err != nil {
@@ -538,7 +565,7 @@ func (tr *trial) duringRenewal(ctx context.Context, forced bool) (outcome, error
 	case r = <-started:
 	case err := <-done:
 		o.acquireErr = err
-		return o, tr.failover(ctx, "", &o)
+		return o, tr.failover(ctx, nil, &o)
 	}
 	defer func() { close(stop); <-done }()
 	renewal := func(since time.Time, kinds ...lockkit.EventKind) (stamped, error) {
