@@ -145,7 +145,7 @@ func (n *node) client() *redis.Client {
 func (n *node) tail() string {
 	b, _ := os.ReadFile(n.log())
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-40):], "\n")
+	return strings.Join(lines[max(0, len(lines)-80):], "\n")
 }
 
 // dumpLogs logs every node's log tail when the test failed.
@@ -167,6 +167,7 @@ func own(t *testing.T, n int, nodes func() []*node) (ports []int, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	dir = t.TempDir() // removed after the cleanup below, which reads the logs in it
 	t.Cleanup(func() {
 		ns := nodes()
 		dumpLogs(t, ns)
@@ -174,7 +175,7 @@ func own(t *testing.T, n int, nodes func() []*node) (ports []int, dir string) {
 			n.kill()
 		}
 	})
-	return ports, t.TempDir()
+	return ports, dir
 }
 
 // freePorts returns n distinct loopback ports in 20000–29999 that are free,

@@ -148,11 +148,20 @@ func maxOf(ds []time.Duration) time.Duration {
 }
 
 // measureAll runs every scenario on topo, each as a subtest, with lockers
-// built with opts (on top of the scenario's own owner and observer), logs
-// one summary line per scenario and returns the figures in scenario order.
-// The tests without options assert on them (checkWithoutOptions); a test
-// of lockkit.WithReplicaAcks passes
-// []lockkit.Option{lockkit.WithReplicaAcks(1, 200*time.Millisecond)}.
+// built with opts (after the scenario's own prefix, owner, observer and
+// quiet logger), logs one summary line per scenario and returns the figures
+// in scenario order. TestSentinel and TestCluster pass no option and assert
+// on the figures with checkWithoutOptions; a test of an option passes it:
+//
+//	func TestSentinelReplicaAcks(t *testing.T) {
+//		needRedis(t)
+//		t.Parallel()
+//		opts := []lockkit.Option{lockkit.WithReplicaAcks(1, 200*time.Millisecond)}
+//		for _, f := range measureAll(t, startSentinel(t), opts) {
+//			// f.scenario, f.overlaps, f.acquireErrs (errors.Is
+//			// lockkit.ErrNotReplicated), f.lost, f.stranded, ...
+//		}
+//	}
 func measureAll(t *testing.T, topo topology, opts []lockkit.Option) []figures {
 	var all []figures
 	for _, sc := range scenarios {

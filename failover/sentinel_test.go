@@ -15,18 +15,23 @@ import (
 // masterName is the name the sentinels monitor the master under.
 const masterName = "jobs"
 
-// Sentinel timings: a master that does not answer for downAfter is down; a
-// failover may be tried again after twice failoverTimeout. The SENTINEL
-// DEBUG periods (ping, ask, publish, info) are shortened too, so that a
-// failover takes a second or two, not ten, and that a killed master that
-// comes back is made a replica within a second (the sentinels wait four
-// publish periods before they reconfigure it).
+// Sentinel timings: a master that does not answer for downAfterMs is down;
+// a failover may be tried again after twice failoverTimeoutMs. The SENTINEL
+// DEBUG periods are shortened too, so that a failover takes about two
+// seconds, not ten, and that a killed master that comes back is made a
+// replica within a second (the sentinels wait four publish periods before
+// they reconfigure it). A sentinel pings every ping period (at most
+// downAfterMs): with the two equal (500ms), the sentinels took a master
+// they had just promoted for down and failed it over again within a second,
+// losing what had been written to it. A replica is promoted only if its
+// last INFO (sent every second during a failover) is younger than five ping
+// periods (with 100ms, failovers were aborted for want of a replica).
 const (
-	downAfterMs       = 500
+	downAfterMs       = 1000
 	failoverTimeoutMs = 1000
 )
 
-var sentinelDebug = []any{"SENTINEL", "DEBUG", "ask-period", 100, "publish-period", 200, "info-period", 500}
+var sentinelDebug = []any{"SENTINEL", "DEBUG", "ping-period", 300, "ask-period", 100, "publish-period", 200, "info-period", 500}
 
 // sentinelTopology is one master, two replicas and three sentinels (quorum
 // 2) on loopback ports of their own.
