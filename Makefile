@@ -65,7 +65,7 @@ test-faults:
 ## right after an acquire, a release or a renewal (and, forced, with their
 ## replicas cut off first), and each scenario prints one line of figures
 ## (overlaps, lost leases, stranded keys, failover times). FAILOVERS=n
-## failovers per scenario (1: about 45s; each one more adds about 40s).
+## failovers per scenario (1: about 40s; each one more adds about 30s).
 FAILOVERS ?= 1
 test-failover:
 	$(NEED_REDIS_SERVER)

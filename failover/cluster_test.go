@@ -369,8 +369,10 @@ func (c *clusterTopology) promoted(ctx context.Context, key string) error {
 	})
 }
 
+func (c *clusterTopology) restart(ctx context.Context) error { return restart(ctx, c.nodes) }
+
 func (c *clusterTopology) restore(ctx context.Context) error {
-	if err := restart(ctx, c.nodes); err != nil {
+	if err := c.restart(ctx); err != nil {
 		return err
 	}
 	return c.ready(ctx)

@@ -210,10 +210,11 @@ func measure(t *testing.T, topo topology, sc scenario, n int, opts []lockkit.Opt
 		case duringRenewal:
 			o, err = tr.duringRenewal(tctx, sc.forced)
 		}
-		if err == nil {
-			err = topo.restore(tctx)
-		}
 		cancel()
+		// Restored even after a failed trial, for the scenarios after it.
+		rctx, rcancel := context.WithTimeout(ctx, time.Minute)
+		err = errors.Join(err, topo.restore(rctx))
+		rcancel()
 		if err != nil {
 			t.Fatalf("%s failover %d: %v", sc, i, err)
 		}
@@ -311,7 +312,10 @@ func (tr *trial) prepare(ctx context.Context, forced bool) (before snap, err err
 // has promoted one and B's client writes to it, and records how long each
 // took in o. The promoted replica lacks the scenario's write when it has
 // what the master had before it, before (but the keys that have expired
-// since).
+// since). Then it starts the killed master again, to come back as a
+// replica while the scenario goes on: until then a Cluster master has no
+// replica (lockkit.WithReplicaAcks fails every write), as it would until
+// a crashed node is restarted.
 func (tr *trial) failover(ctx context.Context, before snap, o *outcome) error {
 	killed := time.Now()
 	tr.m.kill()
@@ -346,7 +350,16 @@ func (tr *trial) failover(ctx context.Context, before snap, o *outcome) error {
 		return fmt.Errorf("%s was promoted, not a replica of the killed master", m.addr())
 	}
 	o.lostWrite = got.at(read) == before.at(read)
-	return nil
+	return tr.topo.restart(ctx)
+}
+
+// failedAcquire records A's failed acquire, err, and fails the master over
+// all the same, with nothing of A's to lose.
+func (tr *trial) failedAcquire(ctx context.Context, err error, o *outcome) error {
+	o.acquireErr = err
+	err = tr.failover(ctx, nil, o)
+	o.lostWrite = false
+	return err
 }
 
 // writable waits, at most within, until c writes to the master of key's
@@ -469,10 +482,7 @@ func (tr *trial) afterAcquire(ctx context.Context, forced bool) (outcome, error)
 	la, err := tr.a.TryAcquire(ctx, tr.key, &lockkit.AcquireOptions{TTL: acquireTTL, RenewInterval: acquireRenew})
 	acquired := time.Now()
 	if err != nil {
-		o.acquireErr = err
-		err = tr.failover(ctx, before, &o)
-		o.lostWrite = false
-		return o, err
+		return o, tr.failedAcquire(ctx, err, &o)
 	}
 	wa, cancel := la.Context(context.Background())
 	defer cancel()
@@ -505,8 +515,7 @@ func (tr *trial) afterRelease(ctx context.Context, forced bool) (outcome, error)
 	la, err := tr.a.TryAcquire(ctx, tr.key, &lockkit.AcquireOptions{TTL: releaseTTL})
 	acquired := time.Now()
 	if err != nil {
-		o.acquireErr = err
-		return o, tr.failover(ctx, nil, &o)
+		return o, tr.failedAcquire(ctx, err, &o)
 	}
 	before, err := tr.prepare(ctx, forced)
 	if err != nil {
@@ -573,8 +582,7 @@ func (tr *trial) duringRenewal(ctx context.Context, forced bool) (outcome, error
 	select {
 	case r = <-started:
 	case err := <-done:
-		o.acquireErr = err
-		return o, tr.failover(ctx, nil, &o)
+		return o, tr.failedAcquire(ctx, err, &o)
 	}
 	defer func() { close(stop); <-done }()
 	renewal := func(since time.Time, kinds ...lockkit.EventKind) (stamped, error) {

@@ -232,8 +232,10 @@ func (s *sentinelTopology) promoted(ctx context.Context, _ string) error {
 	})
 }
 
+func (s *sentinelTopology) restart(ctx context.Context) error { return restart(ctx, s.data) }
+
 func (s *sentinelTopology) restore(ctx context.Context) error {
-	if err := restart(ctx, s.data); err != nil {
+	if err := s.restart(ctx); err != nil {
 		return err
 	}
 	return s.ready(ctx)

@@ -31,9 +31,12 @@ type topology interface {
 	// key, as every sentinel (or every surviving Cluster node) says and
 	// the replica's ROLE confirms.
 	promoted(ctx context.Context, key string) error
-	// restore starts the killed nodes again, on their ports and
-	// directories, and waits until they are replicas of the new masters
-	// (ready).
+	// restart starts the killed nodes again, on their ports and
+	// directories: each comes back as a replica of the master that
+	// replaced it, in the background.
+	restart(ctx context.Context) error
+	// restore restarts the killed nodes and waits until they are replicas
+	// of the new masters (ready).
 	restore(ctx context.Context) error
 }
 
