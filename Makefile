@@ -7,7 +7,11 @@ PKGS := ./...
 # (gocron, Prometheus, OpenTelemetry) is in no core user's build.
 MODULES := gocronguard jobguardprom jobguardotel
 
-.PHONY: test test-compat test-faults test-browser chaos chaos-ci bench lint run-demo run-worker run-scheduler
+# NEED_REDIS_SERVER, a recipe line, installs redis-server with apt-get when
+# the binary is missing.
+NEED_REDIS_SERVER = @command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server"; export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q redis-server >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null; }; }
+
+.PHONY: test test-compat test-faults test-failover test-browser chaos chaos-ci bench lint run-demo run-worker run-scheduler
 
 ## test: every test with the race detector, against a real redis-server: the
 ## core module, and beside it the integration modules ($(MODULES), whose
@@ -42,6 +46,7 @@ lint:
 	cd faults && $(GO) vet -tags faults ./... && $(STATICCHECK) -tags faults ./...
 	cd bench && $(GO) vet ./... && $(STATICCHECK) ./...
 	cd chaos && $(GO) vet ./... && $(STATICCHECK) ./...
+	cd failover && $(GO) vet ./... && $(STATICCHECK) ./...
 	for m in $(MODULES); do (cd $$m && $(GO) vet ./... && $(STATICCHECK) ./...) || exit 1; done
 	cd webtest && $(GO) vet ./... && $(STATICCHECK) ./...
 
@@ -53,6 +58,18 @@ run-demo:
 ## partitions, killed processes, lost and repeated replies).
 test-faults:
 	@tools/with-redis.sh sh -c 'cd faults && $(GO) test -race -count=1 -timeout 10m -tags faults ./...'
+
+## test-failover: the failover suite (failover/, a separate module) with the
+## race detector: lockkit leases on a Redis Sentinel deployment and on a
+## Redis Cluster with replicas, each of the run's own; masters are SIGKILLed
+## right after an acquire, a release or a renewal (and, forced, with their
+## replicas cut off first), and each scenario prints one line of figures
+## (overlaps, lost leases, stranded keys, failover times). FAILOVERS=n
+## failovers per scenario (1: about 40s; each one more adds about 30s).
+FAILOVERS ?= 1
+test-failover:
+	$(NEED_REDIS_SERVER)
+	cd failover && JOBGUARD_FAILOVERS=$(FAILOVERS) $(GO) test -race -count=1 -timeout 6h -v ./...
 
 ## chaos: the seeded chaos run (chaos/, a separate module): worker processes
 ## under singleton.Middleware against a redis-server of its own, a workload and
@@ -68,7 +85,7 @@ LENGTH ?= 20s
 DURATION ?= 0
 CLUSTER ?=
 chaos:
-	@command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server"; export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q redis-server >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null; }; }
+	$(NEED_REDIS_SERVER)
 	cd chaos && $(GO) run . -seed $(SEED) -seeds $(SEEDS) -length $(LENGTH) -duration $(DURATION) $(if $(CLUSTER),-cluster) $(ARGS)
 
 ## chaos-ci: the bounded chaos run of .ci/run: one fixed seed on standalone

@@ -1,0 +1,125 @@
+package failover
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+)
+
+// TestSentinel runs every scenario on a Sentinel deployment, with lockkit's
+// default options.
+func TestSentinel(t *testing.T) {
+	needRedis(t)
+	t.Parallel()
+	topo := startSentinel(t)
+	checkWithoutOptions(t, measureAll(t, topo, nil))
+}
+
+// TestCluster runs every scenario on a Redis Cluster with replicas, with
+// lockkit's default options, then checks whether a ClusterClient with
+// go-redis's default settings follows a failover on its own.
+func TestCluster(t *testing.T) {
+	needRedis(t)
+	t.Parallel()
+	topo := startCluster(t)
+	checkWithoutOptions(t, measureAll(t, topo, nil))
+	t.Run("client-follows", func(t *testing.T) { clientFollows(t, topo) })
+}
+
+// checkWithoutOptions asserts what the scenarios must show without an
+// option that waits for replicas: the harness lost every forced write, and
+// a lost acquire lets a second locker take the key while the first still
+// works (the negative control), a lost release strands the key.
+func checkWithoutOptions(t *testing.T, all []figures) {
+	var promoted, writable []time.Duration
+	for _, f := range all {
+		promoted, writable = append(promoted, f.promoted...), append(writable, f.writable...)
+		if len(f.acquireErrs) > 0 {
+			t.Errorf("%s: acquires failed: %v", f.scenario, f.acquireErrs)
+		}
+		if !f.scenario.forced {
+			continue
+		}
+		if f.lostWrites != f.failovers {
+			t.Errorf("%s: the promoted replica lacked the write in %d of %d failovers", f.scenario, f.lostWrites, f.failovers)
+		}
+		switch f.scenario.write {
+		case afterAcquire:
+			// Before A's first renewal nothing tells A that its lease is gone.
+			if f.overlaps < f.failovers-f.late {
+				t.Errorf("%s: %d overlaps in %d failovers (%d late): B must take the key while A works", f.scenario,
+					f.overlaps, f.failovers, f.late)
+			}
+			if f.lost != f.failovers {
+				t.Errorf("%s: %d of %d leases reported lost", f.scenario, f.lost, f.failovers)
+			}
+		case afterRelease:
+			if f.stranded < f.failovers-f.late {
+				t.Errorf("%s: %d stranded keys in %d failovers (%d late)", f.scenario, f.stranded, f.failovers, f.late)
+			}
+		}
+	}
+	if len(all) > 0 {
+		t.Logf("failover: %s: %d failovers, promoted in median %s, max %s; client writes after median %s, max %s",
+			all[0].topology, len(promoted), median(promoted), maxOf(promoted), median(writable), maxOf(writable))
+	}
+}
+
+// followWait is how long clientFollows waits for a ClusterClient with
+// go-redis's default slot map reload interval (60s):
+// JOBGUARD_FOLLOW_WAIT, 3s unless set.
+func followWait(t *testing.T) time.Duration {
+	s := os.Getenv("JOBGUARD_FOLLOW_WAIT")
+	if s == "" {
+		return 3 * time.Second
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		t.Fatalf("JOBGUARD_FOLLOW_WAIT=%q: want a positive duration", s)
+	}
+	return d
+}
+
+// clientFollows kills a master and reports when a ClusterClient with
+// go-redis's default ClusterStateReloadInterval (60s) writes to the promoted
+// replica, beside the harness's client (500ms). A killed master answers no
+// MOVED, so nothing but the interval makes the client reload its slot map.
+func clientFollows(t *testing.T, topo *clusterTopology) {
+	ctx := context.Background()
+	key := "cluster-client-follows"
+	tuned, dflt := topo.client(), topo.clientWith(0)
+	defer tuned.Close()
+	defer dflt.Close()
+	if err := writable(ctx, tuned, key, promotedWithin); err != nil {
+		t.Fatal(err)
+	}
+	if err := writable(ctx, dflt, key, promotedWithin); err != nil {
+		t.Fatal(err)
+	}
+	m, err := topo.master(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	m.kill()
+	if err := topo.promoted(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	promoted := time.Since(killed)
+	if err := writable(ctx, tuned, key, promotedWithin); err != nil {
+		t.Fatal(err)
+	}
+	followed := time.Since(killed)
+	err = writable(ctx, dflt, key, followWait(t))
+	if err != nil {
+		t.Logf("failover: cluster client: promoted %s after the kill; a ClusterClient reloading its slots every %s wrote to the new master after %s; one with go-redis's default interval (60s) still failed %s later: %v",
+			promoted.Round(time.Millisecond), clusterReloadInterval, followed.Round(time.Millisecond), followWait(t), err)
+	} else {
+		t.Logf("failover: cluster client: promoted %s after the kill; a ClusterClient reloading its slots every %s wrote to the new master after %s, one with go-redis's default interval (60s) after %s",
+			promoted.Round(time.Millisecond), clusterReloadInterval, followed.Round(time.Millisecond), time.Since(killed).Round(time.Millisecond))
+	}
+	if err := topo.restore(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
