@@ -2,9 +2,12 @@ package failover
 
 import (
 	"context"
+	"errors"
 	"os"
 	"testing"
 	"time"
+
+	"github.com/jobguard/jobguard/lockkit"
 )
 
 // TestSentinel runs every scenario on a Sentinel deployment, with lockkit's
@@ -121,5 +124,46 @@ func clientFollows(t *testing.T, topo *clusterTopology) {
 	}
 	if err := topo.restore(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSentinelReplicaAcks runs every scenario on Sentinel with lockers that
+// wait for one replica: no failover lets a second locker take a key while
+// the first still works.
+func TestSentinelReplicaAcks(t *testing.T) {
+	needRedis(t)
+	t.Parallel()
+	checkWithReplicaAcks(t, measureAll(t, startSentinel(t), replicaAcks))
+}
+
+// TestClusterReplicaAcks is TestSentinelReplicaAcks on the Cluster.
+func TestClusterReplicaAcks(t *testing.T) {
+	needRedis(t)
+	t.Parallel()
+	checkWithReplicaAcks(t, measureAll(t, startCluster(t), replicaAcks))
+}
+
+var replicaAcks = []lockkit.Option{lockkit.WithReplicaAcks(1, 200*time.Millisecond)}
+
+// checkWithReplicaAcks asserts what WithReplicaAcks promises (docs/redis.md):
+// no overlap in any scenario; a forced lost acquire fails with
+// ErrNotReplicated instead of handing out a lease the promoted replica
+// lacks; every acquire that failed failed for want of acknowledgements (a
+// shard whose one replica was promoted has none until the killed master is
+// back), never with a redirection or another error. A lost release still
+// strands its key until its TTL, as documented.
+func checkWithReplicaAcks(t *testing.T, all []figures) {
+	for _, f := range all {
+		if f.overlaps != 0 {
+			t.Errorf("%s: %d overlaps in %d failovers", f.scenario, f.overlaps, f.failovers)
+		}
+		for _, err := range f.acquireErrs {
+			if !errors.Is(err, lockkit.ErrNotReplicated) {
+				t.Errorf("%s: an acquire failed with %v, not for want of acknowledgements", f.scenario, err)
+			}
+		}
+		if f.scenario.forced && f.scenario.write == afterAcquire && len(f.acquireErrs) != f.failovers {
+			t.Errorf("%s: %d of %d acquires not acknowledged by the cut-off replicas failed", f.scenario, len(f.acquireErrs), f.failovers)
+		}
 	}
 }
