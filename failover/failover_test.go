@@ -28,6 +28,62 @@ func TestCluster(t *testing.T) {
 	topo := startCluster(t)
 	checkWithoutOptions(t, measureAll(t, topo, nil))
 	t.Run("client-follows", func(t *testing.T) { clientFollows(t, topo) })
+	t.Run("locker-follows", func(t *testing.T) { lockerFollows(t, topo) })
+}
+
+// lockerFollows kills the master of a lease held through a ClusterClient
+// with go-redis's default slot map reload interval (60s): the Locker has
+// its client reload the map when a renewal finds the master dead, so the
+// lease is renewed on the promoted replica and not lost.
+func lockerFollows(t *testing.T, topo *clusterTopology) {
+	ctx := context.Background()
+	key := "locker-follows"
+	c := topo.clientWith(0)
+	defer c.Close()
+	renewed := make(chan time.Time, 64)
+	// The lease waits for the replica, so that the promoted one has it.
+	l, err := lockkit.NewRedis(c, lockkit.WithReplicaAcks(1, time.Second), lockkit.WithObserver(func(e lockkit.Event) {
+		if e.Kind == lockkit.LeaseRenewed {
+			select {
+			case renewed <- time.Now():
+			default:
+			}
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	lease, err := l.TryAcquire(ctx, key, &lockkit.AcquireOptions{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := topo.master(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.kill()
+	if err := topo.promoted(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	promoted := time.Now()
+	// The killed master comes back as the promoted one's replica, which
+	// the renewals wait for.
+	if err := topo.restore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		select {
+		case at := <-renewed:
+			if at.Before(promoted) {
+				continue
+			}
+			t.Logf("failover: cluster locker: renewed on the promoted replica %s after the promotion", at.Sub(promoted).Round(time.Millisecond))
+		case <-lease.Lost():
+			t.Fatalf("the lease was lost across the failover: %v", lease.Err())
+		}
+		break
+	}
 }
 
 // checkWithoutOptions asserts what the scenarios must show without an

@@ -6,7 +6,6 @@ package lockcore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -62,7 +61,7 @@ func (b *redisBackend) masterOf(ctx context.Context, key string) (*redis.Client,
 // replicas, on the master of key, acknowledged (ackedScripts).
 func (b *redisBackend) script(ctx context.Context, key string, s *redis.Script, keys []string, args []any) *redis.Cmd {
 	if b.acks.n == 0 {
-		return b.runScript(ctx, s, keys, args)
+		return s.Run(ctx, b.c, keys, args...)
 	}
 	return b.ackedScripts(ctx, 1, func(int) string { return key }, func(p redis.Pipeliner, _ int, eval bool) *redis.Cmd {
 		if eval {
@@ -149,32 +148,6 @@ func (b *redisBackend) movedTo(ctx context.Context, key string, err error) *redi
 		cc.ReloadState(ctx)
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// runScript runs one call of s on the Locker's client, as s.Run does, and
-// has a Cluster follow a failover it ran into (followFailover).
-func (b *redisBackend) runScript(ctx context.Context, s *redis.Script, keys []string, args []any) *redis.Cmd {
-	c := s.Run(ctx, b.c, keys, args...)
-	b.followFailover(c.Err())
-	return c
-}
-
-// followFailover has a ClusterClient reload its slot map when a call
-// failed without a reply from Redis (a master that died): the client would
-// otherwise go on sending the slot's calls to the dead master until its
-// next periodic reload (a minute with go-redis v9.23's default), and leases
-// on that master could not be renewed meanwhile. The reload runs in the
-// background, one at a time.
-func (b *redisBackend) followFailover(err error) {
-	cc, ok := b.c.(*redis.ClusterClient)
-	if !ok || err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return
-	}
-	var re redis.Error
-	if errors.As(err, &re) {
-		return // Redis answered
-	}
-	cc.ReloadState(context.Background())
 }
 
 // ackErr is nil when w, a WAIT, counted enough replicas, else an error

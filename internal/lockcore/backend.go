@@ -445,12 +445,6 @@ func (b *redisBackend) scriptsOn(ctx context.Context, c pipeliner, idx []int, cm
 	if len(again) > 0 {
 		run(again, true)
 	}
-	for _, i := range idx {
-		if err := cmds[i].Err(); err != nil {
-			b.followFailover(err)
-			break
-		}
-	}
 	if short != nil {
 		for _, i := range idx {
 			if cmds[i].Err() == nil {
@@ -545,7 +539,7 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 func (b *redisBackend) run(ctx context.Context, s *redis.Script, leases []*Lease, keys func(*Lease) []string, args func(*Lease) []any) []*redis.Cmd {
 	if len(leases) == 1 {
 		l := leases[0]
-		return []*redis.Cmd{b.runScript(ctx, s, keys(l), args(l))}
+		return []*redis.Cmd{s.Run(ctx, b.c, keys(l), args(l)...)}
 	}
 	return b.pipelineEval(ctx, s, len(leases),
 		func(i int) []string { return keys(leases[i]) },
@@ -623,7 +617,7 @@ func (b *redisBackend) runEach(ctx context.Context, leases []*Lease, call func(*
 	switch {
 	case len(acked) == 0 && len(leases) == 1:
 		s, keys, args := call(leases[0])
-		return []*redis.Cmd{b.runScript(ctx, s, keys, args)}
+		return []*redis.Cmd{s.Run(ctx, b.c, keys, args...)}
 	case len(acked) == 0:
 		return b.pipelineScripts(ctx, len(leases), send(leases))
 	}
