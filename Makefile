@@ -77,16 +77,20 @@ test-failover:
 ## one seed (0: a random one), SEEDS=n runs n seeds from it, DURATION=30m runs
 ## seeds for that long, LENGTH is each seed's enqueue-and-fault phase, ARGS
 ## more flags (-broken none|skip: a negative control that must fail); CLUSTER=1
-## runs against a 3-master Redis Cluster of the run's own. Histories of failing
-## seeds stay in chaos/chaos-out/.
+## runs against a 3-master Redis Cluster of the run's own, FAILOVER=1 against a
+## master, two replicas and three sentinels of its own, the master killed and
+## a replica promoted by the Redis faults (-broken acks: Lockers that wait for
+## no replica, a negative control). Histories of failing seeds stay in
+## chaos/chaos-out/.
 SEED ?= 0
 SEEDS ?= 1
 LENGTH ?= 20s
 DURATION ?= 0
 CLUSTER ?=
+FAILOVER ?=
 chaos:
 	$(NEED_REDIS_SERVER)
-	cd chaos && $(GO) run . -seed $(SEED) -seeds $(SEEDS) -length $(LENGTH) -duration $(DURATION) $(if $(CLUSTER),-cluster) $(ARGS)
+	cd chaos && $(GO) run . -seed $(SEED) -seeds $(SEEDS) -length $(LENGTH) -duration $(DURATION) $(if $(CLUSTER),-cluster) $(if $(FAILOVER),-failover) $(ARGS)
 
 ## chaos-ci: the bounded chaos run of .ci/run: one fixed seed on standalone
 ## Redis and one on the Cluster, and the checkers' own tests (the negative

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -78,6 +79,52 @@ func TestNegativeControlSkipEverywhereReportsUncoveredTasks(t *testing.T) {
 	}
 	if got[ruleOverlap] != 0 || got[ruleCron] != 0 || got[ruleShadow] != 0 {
 		t.Fatalf("overlaps or cron violations reported for workers under the middleware: %v", res.violations)
+	}
+}
+
+// lossyFailoverPlan is a Sentinel run's workload in which a lossy failover
+// cuts the replicas off just before four tasks of four free keys are due
+// (seedRun.awaitLongDue), and kills the master once their workers took the
+// keys. Each run lasts longer than the failover, and its lease's first
+// renewal comes after it.
+func lossyFailoverPlan(seed uint64) Workload {
+	w := Workload{Seed: seed, TTL: failoverTTL, Workers: 3, Length: 2 * time.Second, Failover: true, Offsets: []time.Duration{0},
+		Families: []Family{{Name: "f0long", Policy: polSkip, Limit: 1, Keys: 4, Client: cliPlain, TTL: longTTL}},
+		Faults:   []Fault{{At: time.Second, Kind: faultFailover, Lossy: true, Hold: 400 * time.Millisecond}}}
+	for i := range 4 {
+		w.Ops = append(w.Ops, Op{At: 100 * time.Millisecond, Key: fmt.Sprintf("k%d", i), ID: fmt.Sprintf("s%d-f0long-k%d-1", seed, i), N: 1,
+			Dur: 8 * time.Second, MaxRetry: 3, In: 3 * time.Second})
+	}
+	return w
+}
+
+// Lockers that wait for no replica (-broken acks) take keys after a lossy
+// failover cut the replicas off: the replica promoted has the keys free and
+// the tasks still due, and asynq runs them again while their first runs
+// go on, which the checker reports. Lockers that wait for one replica
+// (WithReplicaAcks) fail those acquires, and each task runs once.
+func TestNegativeControlWithoutReplicaAcksReportsOverlaps(t *testing.T) {
+	for _, broken := range []string{brokenAcks, ""} {
+		t.Run("broken="+broken, func(t *testing.T) {
+			t.Parallel() // each run has its own servers and workers
+			o := testOptions(t, broken)
+			o.failover, o.plan = true, lossyFailoverPlan
+			res, err := runSeed(o, 7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := rules(res.violations)
+			t.Logf("%s; per rule %v", res.summary(), got)
+			if res.stats.faults[faultFailoverLossy] != 1 {
+				t.Fatalf("want one lossy failover in the history, got faults %v", res.stats.faults)
+			}
+			switch {
+			case broken == brokenAcks && got[ruleOverlap] == 0:
+				t.Fatalf("no overlap reported for Lockers that wait for no replica: %v", res.violations)
+			case broken == "" && failing(res.violations) > 0:
+				t.Fatalf("violations with Lockers that wait for a replica: %v", res.violations)
+			}
+		})
 	}
 }
 

@@ -37,14 +37,15 @@ const (
 )
 
 // advisory rules are reported but do not fail a seed: behaviour the README
-// does not rule out, worth a look.
+// does not rule out, worth a look. A violation of another rule is advisory
+// when it says why it does not fail the seed (Violation.Advisory).
 var advisory = map[string]bool{ruleNewestPlain: true}
 
-// failing counts the violations of rules that fail a seed.
+// failing counts the violations that fail a seed.
 func failing(vs []Violation) int {
 	n := 0
 	for _, v := range vs {
-		if !advisory[v.Rule] {
+		if !v.advisory() {
 			n++
 		}
 	}
@@ -54,7 +55,7 @@ func failing(vs []Violation) int {
 // preemptBound is how soon a preempted run's ctx must be cancelled after the
 // newer task's delivery: within milliseconds through pub/sub (README), at
 // the latest at the old lease's next renewal (TTL/3).
-const preemptBound = leaseTTL/3 + 100*time.Millisecond
+func (h *history) preemptBound() time.Duration { return h.w.TTL/3 + 100*time.Millisecond }
 
 // Violation is a broken rule: the task it concerns and the events that
 // show it.
@@ -63,12 +64,20 @@ type Violation struct {
 	Task   string
 	Msg    string
 	Events []Record
-	base   int64
+	// Advisory, when not empty, is why the violation does not fail the seed:
+	// a write of asynq's own that a failover may have lost explains it.
+	Advisory string
+	base     int64
 }
+
+func (v Violation) advisory() bool { return advisory[v.Rule] || v.Advisory != "" }
 
 func (v Violation) String() string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "[%s] %s: %s", v.Rule, v.Task, v.Msg)
+	if v.Advisory != "" {
+		fmt.Fprintf(&sb, " (advisory: %s)", v.Advisory)
+	}
 	for _, e := range v.Events {
 		sb.WriteString("\n      " + v.event(e))
 	}
@@ -215,9 +224,10 @@ type history struct {
 	stops map[string][]interval
 	kills map[string]Record
 	// returned: proc/asynq ID → when its deliveries returned to asynq
-	returned map[string][]int64
-	lastT    int64
-	records  []Record
+	returned  map[string][]int64
+	lastT     int64
+	records   []Record
+	failovers []failover // in order (indexFailovers)
 }
 
 func index(w Workload, recs []Record) *history {
@@ -319,6 +329,7 @@ func index(w Workload, recs []Record) *history {
 		k, ok := h.kills[ru.proc]
 		ru.killedBefore = ok && k.T > ru.start && !slices.ContainsFunc(h.returned[ru.proc+"/"+ru.recs[0].AID], func(t int64) bool { return t >= ru.start && t < k.T })
 	}
+	h.indexFailovers()
 	return h
 }
 
@@ -341,7 +352,7 @@ func (h *history) overlapEnd(ru *run) int64 {
 		}
 	}
 	for _, s := range h.stops[ru.proc] {
-		if s.from < e && s.to > ru.start && time.Duration(s.to-s.from) >= h.w.TTL {
+		if s.from < e && s.to > ru.start && time.Duration(s.to-s.from) >= h.w.ttl(ru.fam) {
 			e, ru.excused = max(ru.start, s.from), "its process was paused past the lease TTL"
 		}
 	}
@@ -391,9 +402,14 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 	h := index(w, recs)
 	st := stats{decisions: map[string]int{}, faults: map[string]int{}}
 	cronTicks := map[string]bool{}
+	for _, f := range h.failovers {
+		if !f.planned {
+			st.faults["failover-unplanned"]++
+		}
+	}
 	for _, r := range recs {
 		switch {
-		case r.Ev == evFault && r.Fault != "exited" && r.Fault != "cont" && r.Fault != "redis-up":
+		case r.Ev == evFault && !slices.Contains([]string{"exited", "cont", "redis-up", stepMasterKilled, stepPromoted, stepRestarted, stepResynced, stepSwitch}, r.Fault):
 			st.faults[r.Fault]++
 		case r.Ev == evCronRun:
 			st.cronRuns++
@@ -563,9 +579,9 @@ func (h *history) checkRuns() []Violation {
 			// An operator stopped its run (Locker.CancelRun), which then
 			// failed: the task is revoked, as docs/operations.md says.
 		case len(oks) == 0 && !t.exempt(h):
-			vs = append(vs, h.violation(ruleRuns, name, fmt.Sprintf("accepted (%s, %s) but never ran to completion", t.fam.Policy, t.fam.Client), t.events()...))
+			vs = append(vs, advise(h.violation(ruleRuns, name, fmt.Sprintf("accepted (%s, %s) but never ran to completion", t.fam.Policy, t.fam.Client), t.events()...), h.asynqLoss(t)))
 		case len(oks) > 1 && !t.died() && !h.pausedRepeat(oks):
-			vs = append(vs, h.violation(ruleRuns, name, fmt.Sprintf("ran to completion %d times, and no worker died while running it", len(oks)), t.events()...))
+			vs = append(vs, advise(h.violation(ruleRuns, name, fmt.Sprintf("ran to completion %d times, and no worker died while running it", len(oks)), t.events()...), h.asynqLoss(t)))
 		}
 	}
 	return vs
@@ -591,7 +607,7 @@ func (h *history) checkCover() []Violation {
 			}
 		}
 		if covered == nil {
-			vs = append(vs, h.violation(ruleCover, name, "neither ran to completion nor was covered", t.events()...))
+			vs = append(vs, advise(h.violation(ruleCover, name, "neither ran to completion nor was covered", t.events()...), h.asynqLoss(t)))
 			continue
 		}
 		// The run must have begun after the enqueue for sure: after the
@@ -669,15 +685,21 @@ func (h *history) checkNewest() []Violation {
 		case cliDebounce:
 			rule = ruleDebounce
 		}
+		// The newest task lost with a failover, or the last run's task
+		// delivered again because its completion was.
+		loss := h.asynqLoss(t)
+		if loss == "" && last != nil && last.task != t.name {
+			loss = h.asynqLoss(h.tasks[last.task])
+		}
 		switch {
 		case last == nil:
-			vs = append(vs, h.violation(rule, t.name, "key "+k+": no run at all", t.events()...))
+			vs = append(vs, advise(h.violation(rule, t.name, "key "+k+": no run at all", t.events()...), loss))
 		case last.task != t.name:
 			evs := append(t.events(), last.recs...)
 			slices.SortStableFunc(evs, func(a, b Record) int { return cmpInt(a.T, b.T) })
-			vs = append(vs, h.violation(rule, t.name, fmt.Sprintf("key %s: its last run is of %s (#%d), not of the newest task (#%d)", k, last.task, last.n, t.n), evs...))
+			vs = append(vs, advise(h.violation(rule, t.name, fmt.Sprintf("key %s: its last run is of %s (#%d), not of the newest task (#%d)", k, last.task, last.n, t.n), evs...), loss))
 		case last.outcome != "ok":
-			vs = append(vs, h.violation(rule, t.name, fmt.Sprintf("key %s: the newest task's last run ended %s", k, last.outcome), t.events()...))
+			vs = append(vs, advise(h.violation(rule, t.name, fmt.Sprintf("key %s: the newest task's last run ended %s", k, last.outcome), t.events()...), loss))
 		}
 	}
 	return vs
@@ -701,14 +723,14 @@ func (h *history) checkPreempt() []Violation {
 				if d.T <= ru.start || d.T >= ru.end {
 					continue
 				}
-				by := d.T + int64(preemptBound)
+				by := d.T + int64(h.preemptBound())
 				told := (ru.cancelAt != 0 && ru.cancelAt <= by) || ru.end <= by
 				if told || h.paused(ru.proc, d.T, by) || (ru.died && ru.end <= by) {
 					continue
 				}
 				evs := append(slices.Clone(ru.recs), d)
 				slices.SortStableFunc(evs, func(a, b Record) int { return cmpInt(a.T, b.T) })
-				vs = append(vs, h.violation(rulePreempt, ru.task, fmt.Sprintf("its run on %s was not cancelled within %s of the delivery of newer task %s on %s", ru.proc, preemptBound, t.name, d.Proc), evs...))
+				vs = append(vs, h.violation(rulePreempt, ru.task, fmt.Sprintf("its run on %s was not cancelled within %s of the delivery of newer task %s on %s", ru.proc, h.preemptBound(), t.name, d.Proc), evs...))
 				break
 			}
 		}
@@ -789,7 +811,7 @@ func (h *history) checkUnique() []Violation {
 				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+hold.name+" of another key", *t.enq))
 			case hold.doneAt(h) != 0 && hold.doneAt(h) < t.enq.Sent && !hold.doneUnsure(h):
 				evs := append(hold.events(), *t.enq)
-				vs = append(vs, h.violation(ruleUnique, name, "refused, naming "+hold.name+", which had completed before", evs...))
+				vs = append(vs, advise(h.violation(ruleUnique, name, "refused, naming "+hold.name+", which had completed before", evs...), h.asynqLoss(hold)))
 			}
 			continue
 		}
@@ -800,7 +822,8 @@ func (h *history) checkUnique() []Violation {
 			if d := a.doneAt(h); d == 0 || d > at {
 				evs := append(a.events(), *t.enq)
 				slices.SortStableFunc(evs, func(x, y Record) int { return cmpInt(x.T, y.T) })
-				vs = append(vs, h.violation(ruleUnique, name, "accepted while "+a.name+" of its key still needed it", evs...))
+				// a never completed: lost with a failover, say
+				vs = append(vs, advise(h.violation(ruleUnique, name, "accepted while "+a.name+" of its key still needed it", evs...), h.asynqLoss(a)))
 				break
 			}
 		}
@@ -858,7 +881,7 @@ func (h *history) checkThrottle() []Violation {
 			for _, o := range t.runs {
 				held := o.end
 				if o.died {
-					held += int64(h.w.TTL)
+					held += int64(h.w.ttl(t.fam))
 				}
 				if o.start < d.T && held > d.T {
 					vs = append(vs, h.violation(ruleThrottle, t.name, fmt.Sprintf("a delivery on %s was throttled while the task's own run on %s held the key", d.Proc, o.proc), o.recs[0], d))
@@ -941,7 +964,7 @@ func (h *history) ownRetry(ru *run) bool {
 	for _, o := range t.runs {
 		held := o.end
 		if o.died {
-			held += int64(h.w.TTL)
+			held += int64(h.w.ttl(t.fam))
 		}
 		if o != ru && o.start < ru.deliv && held > ru.deliv {
 			return true
@@ -956,7 +979,7 @@ func (h *history) ownRetry(ru *run) bool {
 			continue
 		}
 		returned := slices.ContainsFunc(h.returned[d.Proc+"/"+d.AID], func(at int64) bool { return at >= d.T && at <= died })
-		if !returned && died+int64(h.w.TTL) > ru.deliv {
+		if !returned && died+int64(h.w.ttl(t.fam)) > ru.deliv {
 			return true
 		}
 	}
@@ -994,7 +1017,14 @@ func (h *history) checkDebounce() []Violation {
 				continue
 			}
 			if !slices.ContainsFunc(ts[i+1:], func(u *taskHist) bool { return len(u.oks()) > 0 || u.exempt(h) }) {
-				vs = append(vs, h.violation(ruleDebounce, t.name, "never ran to completion, and no newer task of its key did", t.events()...))
+				// It, or a newer task it gave way to, lost with a failover.
+				loss := h.asynqLoss(t)
+				for _, u := range ts[i+1:] {
+					if loss == "" {
+						loss = h.asynqLoss(u)
+					}
+				}
+				vs = append(vs, advise(h.violation(ruleDebounce, t.name, "never ran to completion, and no newer task of its key did", t.events()...), loss))
 			}
 		}
 	}
@@ -1121,7 +1151,9 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 // redisDown is when Redis did not serve: from a second before each Redis
 // fault to a second after it was up again, and on a Cluster a second past
 // the last CLUSTERDOWN an error named (a Cluster serves again only once its
-// nodes agree that the restarted master is back, a while after it is up).
+// nodes agree that the restarted master is back, a while after it is up);
+// in a Sentinel run, from a second before each failover's kill to a second
+// after the clients reached the new master (failover.down).
 func (h *history) redisDown() []interval {
 	var down []interval
 	for _, r := range h.records {
@@ -1133,6 +1165,9 @@ func (h *history) redisDown() []interval {
 		case strings.Contains(r.Err, "CLUSTERDOWN") && len(down) > 0:
 			down[len(down)-1].to = max(down[len(down)-1].to, r.T+int64(time.Second))
 		}
+	}
+	for _, f := range h.failovers {
+		down = append(down, f.down())
 	}
 	return down
 }
@@ -1171,7 +1206,9 @@ func (h *history) checkPeriodic() []Violation {
 	}
 	for _, name := range h.order {
 		if a := accepted[name]; len(a) > 1 {
-			vs = append(vs, h.violation(rulePeriodic, name, fmt.Sprintf("enqueued %d times (by %s and %s)", len(a), a[0].Proc, a[1].Proc), a...))
+			// The first enqueue and the Scheduler's mark of the tick lost
+			// with a failover: another replica enqueues the tick again.
+			vs = append(vs, advise(h.violation(rulePeriodic, name, fmt.Sprintf("enqueued %d times (by %s and %s)", len(a), a[0].Proc, a[1].Proc), a...), h.asynqLoss(h.tasks[name])))
 		}
 	}
 	first, last := map[string]int64{}, map[string]int64{}
@@ -1199,7 +1236,8 @@ func (h *history) checkPeriodic() []Violation {
 // the entry's first and last run is missing, but one the docs let go
 // unrun: due while a fault hit a process or Redis, from a second before the
 // fault to a lease TTL and a second after it ended (a killed or paused
-// holder blocks later ticks for up to the TTL); a reply fault on the entry's
+// holder blocks later ticks for up to the TTL; a failover, from its down
+// time's start to a lease TTL after its end); a reply fault on the entry's
 // key explains only the tick fired within a second of the faulted call (a
 // claim whose reply was lost leaves its tick taken and unrun, "at most
 // once"); or one a replica reported an error for.
@@ -1245,6 +1283,10 @@ func (h *history) checkCron() []Violation {
 	}
 	for _, from := range open {
 		wins = append(wins, window{interval{from - pad, h.lastT}, ""})
+	}
+	for _, f := range h.failovers {
+		d := f.down()
+		wins = append(wins, window{interval{d.from, d.to + ttl}, ""})
 	}
 	for _, e := range h.w.Crons {
 		first, last := int64(-1), int64(-1)

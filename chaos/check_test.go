@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -1045,5 +1046,202 @@ func TestSeed415HistoryReportsAKeyLeftReservedForADoneTask(t *testing.T) {
 	}
 	if len(failed) != 1 || failed[0].Rule != ruleReserved || failed[0].Task != "s415-f13takenback-k0-4" {
 		t.Fatalf("want one reserved violation of s415-f13takenback-k0-4, got %v", failed)
+	}
+}
+
+// failover records a failover fault at ms (lossy: the replicas cut off
+// then), the master's kill at kill, the clients' reaching the new master at
+// up, and the sentinels' announcement of the change a little later.
+func (h *hist) failover(ms, kill, up int, lossy bool) {
+	fault := faultFailover
+	if lossy {
+		fault = faultFailoverLossy
+	}
+	h.add(ms, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = fault, "redis 127.0.0.1:7000" })
+	h.add(kill, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = stepMasterKilled, "redis 127.0.0.1:7000" })
+	h.add(up, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = stepPromoted, "redis 127.0.0.1:7001" })
+	h.add(up+500, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = stepSwitch, "chaos 127.0.0.1 7000 127.0.0.1 7001" })
+}
+
+// sorted returns the records in the order of a history read back: by time
+// (its first record's is the run's +0).
+func (h *hist) sorted() []Record {
+	recs := slices.Clone(h.recs)
+	slices.SortStableFunc(recs, func(a, b Record) int { return cmpInt(a.T, b.T) })
+	return append([]Record{{Proc: "driver", Ev: evReady}}, recs...)
+}
+
+// byAdvice splits violations into those that fail the seed and those that
+// are advisory, each by task.
+func byAdvice(vs []Violation) (failed, advised map[string]string) {
+	failed, advised = map[string]string{}, map[string]string{}
+	for _, v := range vs {
+		if v.advisory() {
+			advised[v.Task] = v.Rule + ": " + v.Advisory
+		} else {
+			failed[v.Task] = v.Rule
+		}
+	}
+	return failed, advised
+}
+
+// In a failover's history, a Requeue task whose enqueue the master
+// acknowledged within a second before it was killed and that never ran,
+// and one that ran twice because the write that followed its first
+// delivery's return came then, are advisory, each naming its write and the
+// failover; the same outside the window fail the seed, as they do in a
+// history without failovers. A lossy failover's window opens at the cut of
+// the replicas; a write that came after the kill reached the new master.
+func TestAsynqWritesAFailoverMayHaveLostAreAdvisory(t *testing.T) {
+	h := newHist(polRequeue)
+	for _, id := range []string{"d", "e", "f", "g"} {
+		h.w.Ops = append(h.w.Ops, Op{Fam: 0, Key: "k0", ID: id, N: len(h.w.Ops) + 1, MaxRetry: 3})
+	}
+	sent := func(ms int, task string) {
+		h.add(ms, "driver", evEnqueue, task, func(r *Record) { r.Accepted, r.Sent = true, r.T-int64(time.Millisecond) })
+	}
+	sent(4500, "a") // within [4000, 5000]: lost, never ran
+	sent(100, "b")  // long before: never ran, no excuse
+	sent(100, "c")
+	h.run(3700, 4700, "w1", "c", "ok")
+	h.add(4700, "w1", evReturn, "c", nil) // asynq's done write lost: ran again
+	h.run(8000, 8100, "w2", "c", "ok")
+	h.add(8100, "w2", evReturn, "c", nil)
+	sent(100, "d")
+	h.run(200, 300, "w1", "d", "ok")
+	h.add(300, "w1", evReturn, "d", nil)
+	h.run(400, 500, "w1", "d", "ok")
+	h.add(500, "w1", evReturn, "d", nil)
+	h.failover(5000, 5000, 7000, false)
+	sent(12300, "e") // within [11000, 12400]: the lossy one's window
+	sent(12600, "f") // after the kill: on the new master
+	sent(20000, "g")
+	h.failover(12000, 12400, 14000, true)
+	vs, st := check(h.w, h.sorted(), nil, true)
+	failed, advised := byAdvice(vs)
+	if len(failed) != 4 || failed["b"] != ruleRuns || failed["d"] != ruleRuns || failed["f"] != ruleRuns || failed["g"] != ruleRuns {
+		t.Fatalf("want b, d, f and g to fail the seed, got %v", failed)
+	}
+	want := map[string]string{
+		"a": "runs: its enqueue, acknowledged at +4.500s may have been lost with the failover at +5.000s (master killed at +5.000s)",
+		"c": "runs: the write after its delivery on w1 returned at +4.700s may have been lost with the failover at +5.000s (master killed at +5.000s)",
+		"e": "runs: its enqueue, acknowledged at +12.300s may have been lost with the lossy failover at +12.000s (master killed at +12.400s)",
+	}
+	if len(advised) != len(want) {
+		t.Fatalf("want advisories %v, got %v", want, advised)
+	}
+	for task, w := range want {
+		if advised[task] != w {
+			t.Fatalf("%s: want advisory %q, got %q", task, w, advised[task])
+		}
+	}
+	if st.faults[faultFailover] != 1 || st.faults[faultFailoverLossy] != 1 || len(st.faults) != 2 {
+		t.Fatalf("want one failover of each kind counted, got %v", st.faults)
+	}
+	// Without the failovers, every one of them fails the seed.
+	h.recs = slices.DeleteFunc(h.recs, func(r Record) bool { return r.Ev == evFault })
+	vs, _ = check(h.w, h.sorted(), nil, true)
+	if failing(vs) != 7 {
+		t.Fatalf("want seven failing violations without failovers, got %v", vs)
+	}
+}
+
+// A failover excuses no overlap: a run that began on the new master while
+// a run of its key that began before the failover went on is reported;
+// one that began after that run was told its lease was lost is not.
+func TestOverlapAcrossAFailoverIsReported(t *testing.T) {
+	for told, want := range map[int]int{0: 1, 7050: 0} {
+		h := newHist(polSkip)
+		h.enqueue(0, "a")
+		h.enqueue(0, "b")
+		if told == 0 {
+			h.run(4000, 9000, "w1", "a", "ok")
+		} else {
+			h.runTold(4000, told, 9000, "w1", "a", "lost")
+		}
+		h.failover(5000, 5300, 7000, true)
+		h.run(7100, 7200, "w2", "b", "ok")
+		vs, _ := check(h.w, h.sorted(), nil, true)
+		if got := rules(vs); got[ruleOverlap] != want || failing(vs) != want {
+			t.Fatalf("a told at %d: want %d failing overlap, got %v", told, want, vs)
+		}
+	}
+}
+
+// A tick a Scheduler enqueued just before a failover, and that another
+// replica enqueued again once the promoted replica lacked it (and the
+// Scheduler's mark of it), is advisory; ticks due while the clients could
+// reach no master are not missed.
+func TestPeriodicTickEnqueuedAgainAfterAFailoverIsAdvisory(t *testing.T) {
+	h := newHist(polRequeue)
+	h.w.Families[0].Client = cliPeriodic
+	tick := func(ms int, proc string) {
+		id := fmt.Sprintf("periodic:e:%d", ms)
+		h.add(ms+5, proc, evEnqueue, id, func(r *Record) { r.Accepted, r.AID = true, id })
+	}
+	for _, ms := range []int{1000, 2000, 3000, 4000, 9000} {
+		tick(ms, "w1")
+		id := fmt.Sprintf("periodic:e:%d", ms)
+		h.run(ms+2000, ms+2040, "w1", id, "ok")
+	}
+	h.failover(5000, 5000, 7000, false)
+	tick(4000, "w2") // again, at 4005 + ...: once the new master was reached
+	h.recs[len(h.recs)-1].T = int64(7500 * time.Millisecond)
+	vs, _ := check(h.w, h.sorted(), nil, true)
+	failed, advised := byAdvice(vs)
+	if len(failed) != 0 || len(advised) != 1 || !strings.HasPrefix(advised["periodic:e:4000"], rulePeriodic+": its enqueue, acknowledged at +4.005s") {
+		t.Fatalf("want the tick of 4000 enqueued twice, advisory, and no missed tick, got %v", vs)
+	}
+}
+
+// The newest task of a KeepNewest key, a Coalesce task and the task a
+// Unique enqueue was refused for, each lost with the failover that came as
+// it was enqueued, are advisory.
+func TestTasksLostWithAFailoverAreAdvisory(t *testing.T) {
+	for _, c := range []struct {
+		pol, client, rule, task string
+		plan                    func(h *hist)
+	}{
+		{polKeepNewest, cliStamped, ruleNewest, "b", func(h *hist) {
+			h.enqueue(100, "a")
+			h.enqueue(4500, "b") // the newest, lost
+			h.run(8000, 8100, "w1", "a", "ok")
+		}},
+		{polCoalesce, cliPlain, ruleCover, "a", func(h *hist) { h.enqueue(4500, "a") }},
+		{polSkip, cliUnique, ruleUnique, "b", func(h *hist) {
+			h.add(4500, "driver", evEnqueue, "a", func(r *Record) { r.Accepted, r.AID = true, "A" }) // lost: it never completes
+			h.add(9000, "driver", evEnqueue, "b", func(r *Record) { r.Accepted, r.AID = true, "B" })
+			h.run(9100, 9200, "w1", "b", "ok")
+			h.add(9200, "w1", evReturn, "b", nil)
+		}},
+	} {
+		h := newHist(c.pol)
+		h.w.Families[0].Client = c.client
+		c.plan(h)
+		h.failover(5000, 5000, 7000, false)
+		vs, _ := check(h.w, h.sorted(), nil, true)
+		failed, advised := byAdvice(vs)
+		if len(failed) != 0 || len(advised) != 1 || !strings.HasPrefix(advised[c.task], c.rule+": its enqueue, acknowledged at +4.500s") {
+			t.Fatalf("%s: want one advisory %s violation of %s, got %v", c.pol, c.rule, c.task, vs)
+		}
+	}
+}
+
+// A change of master the sentinels announce that no failover fault
+// explains is a failover of its own, whose window covers the writes of the
+// seconds before it; the announcement of a failover fault's change is not.
+func TestUnplannedFailoverHasAWindowOfItsOwn(t *testing.T) {
+	h := newHist(polRequeue)
+	h.add(18000, "driver", evEnqueue, "a", func(r *Record) { r.Accepted = true })
+	h.add(10000, "driver", evEnqueue, "b", func(r *Record) { r.Accepted = true })
+	h.failover(5000, 5000, 7000, false)
+	h.add(20000, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = stepSwitch, "chaos 127.0.0.1 7001 127.0.0.1 7002" })
+	vs, st := check(h.w, h.sorted(), nil, true)
+	failed, advised := byAdvice(vs)
+	if len(failed) != 1 || failed["b"] != ruleRuns || !strings.Contains(advised["a"], "the failover the sentinels made on their own (announced at +20.000s)") {
+		t.Fatalf("want b failing and a advisory, got %v, %v", failed, advised)
+	}
+	if st.faults["failover-unplanned"] != 1 || st.faults[faultFailover] != 1 {
+		t.Fatalf("want one planned and one unplanned failover, got %v", st.faults)
 	}
 }

@@ -60,12 +60,16 @@ type seedRun struct {
 	o      options
 	w      Workload
 	dir    string
-	addrs  []string // the Redis's address, or the Cluster's masters'
+	addrs  []string // the Redis's address, the Cluster's masters', or the sentinels'
 	prefix string
 	queue  string
 	rdb    redis.UniversalClient
 	rec    *recorder
-	nodes  []*redisServer // the standalone server or the Cluster's masters; none when the run uses a Redis it did not start
+	nodes  []*redisServer // the standalone server, the Cluster's masters, or every server of the Sentinel topology; none when the run uses a Redis it did not start
+	// sentinel is the Sentinel topology (-failover); resynced is closed once
+	// the server its last failover restarted is a replica in sync.
+	sentinel *sentinelSet
+	resynced chan struct{}
 
 	mu    sync.Mutex
 	live  []*proc
@@ -109,24 +113,33 @@ func (r result) phaseTimes() string {
 
 func (r result) summary() string {
 	n := failing(r.violations)
-	mode := "standalone"
-	if r.w.Cluster {
-		mode = "cluster"
-	}
-	return fmt.Sprintf("seed %d (%s): %d tasks and %d ticks (%d accepted), %d deliveries, %d runs (%d counted short: lease lost or paused), %d cron ticks (%d runs), faults %v, %d keys left; %d violations, %d advisory",
-		r.seed, mode, len(r.w.Ops), r.stats.ticks, r.stats.accepted, r.stats.deliveries, r.stats.runs, r.stats.excused, r.stats.cronTicks, r.stats.cronRuns, r.stats.faults, r.stats.keysLeft, n, len(r.violations)-n)
+	return fmt.Sprintf("seed %d (%s): %d tasks and %d ticks (%d accepted), %d deliveries, %d runs (%d counted short: lease lost or paused), %d cron ticks (%d runs), faults %v, %d keys left; %d violations, %d advisory %v",
+		r.seed, r.w.topology(), len(r.w.Ops), r.stats.ticks, r.stats.accepted, r.stats.deliveries, r.stats.runs, r.stats.excused, r.stats.cronTicks, r.stats.cronRuns, r.stats.faults, r.stats.keysLeft, n, len(r.violations)-n, r.perRule(true))
 }
 
-func (r result) perRule() map[string]int {
+// perRule counts the violations that fail the seed by rule, or with
+// advisory those that do not.
+func (r result) perRule(advisory bool) map[string]int {
 	m := map[string]int{}
 	for _, v := range r.violations {
-		m[v.Rule]++
+		if v.advisory() == advisory {
+			m[v.Rule]++
+		}
 	}
 	return m
 }
 
+// quietRedisLog is a go-redis logger that drops every message.
+type quietRedisLog struct{}
+
+func (quietRedisLog) Printf(context.Context, string, ...any) {}
+
 // runSeed runs one seed end to end and checks its history.
 func runSeed(o options, seed uint64) (result, error) {
+	// The driver's go-redis clients say what the history does (a failover's
+	// refused dials, its new master): their messages are dropped. The
+	// workers' go to their logs.
+	redis.SetLogger(quietRedisLog{})
 	var phases []phase
 	mark := time.Now()
 	lap := func(name string) {
@@ -134,8 +147,10 @@ func runSeed(o options, seed uint64) (result, error) {
 		phases = append(phases, phase{name: name, d: now.Sub(mark)})
 		mark = now
 	}
-	w := newWorkload(seed, o.length, !o.noFaults)
-	w.Cluster = o.cluster
+	w := newWorkload(seed, o.length, !o.noFaults, o.topology())
+	if o.plan != nil {
+		w = o.plan(seed)
+	}
 	dir := filepath.Join(o.out, fmt.Sprintf("seed-%d", seed))
 	if o.broken != "" {
 		dir += "-broken-" + o.broken
@@ -150,17 +165,25 @@ func runSeed(o options, seed uint64) (result, error) {
 	}
 	addrs := []string{o.addr}
 	var nodes []*redisServer
+	var set *sentinelSet
 	if o.addr == "" {
-		rdir := filepath.Join(dir, "redis") // append-only files: not kept
+		rdir := filepath.Join(dir, "redis") // append-only files and configs: not kept
 		if err := mkdir(rdir); err != nil {
 			return result{}, err
 		}
-		if w.Cluster {
+		switch w.topology() {
+		case topoCluster:
 			var err error
 			if nodes, err = startCluster(rdir); err != nil {
 				return result{}, err
 			}
-		} else {
+		case topoSentinel:
+			var err error
+			if set, err = startSentinel(rdir); err != nil {
+				return result{}, err
+			}
+			nodes = set.servers()
+		default:
 			srv, err := startRedis(rdir)
 			if err != nil {
 				return result{}, err
@@ -177,10 +200,13 @@ func runSeed(o options, seed uint64) (result, error) {
 		for _, n := range nodes {
 			addrs = append(addrs, n.addr)
 		}
+		if set != nil {
+			addrs = set.addrs()
+		}
 	}
 	lap("redis")
-	r := &seedRun{o: o, w: w, dir: dir, addrs: addrs, nodes: nodes, prefix: fmt.Sprintf("jgc%d:", seed), queue: fmt.Sprintf("chaos-%d", seed)}
-	r.rdb = newClient(addrs, w.Cluster)
+	r := &seedRun{o: o, w: w, dir: dir, addrs: addrs, nodes: nodes, sentinel: set, prefix: fmt.Sprintf("jgc%d:", seed), queue: fmt.Sprintf("chaos-%d", seed)}
+	r.rdb = newClient(addrs, w.topology(), "chaos-driver")
 	defer r.rdb.Close()
 	ctx := context.Background()
 	if err := eachMaster(ctx, r.rdb, func(ctx context.Context, c *redis.Client) error { return c.FlushDB(ctx).Err() }); err != nil {
@@ -191,8 +217,17 @@ func runSeed(o options, seed uint64) (result, error) {
 		return result{}, err
 	}
 	r.rec = rec
+	stopWatch := func() {}
+	if set != nil {
+		if stopWatch, err = r.watchSwitches(); err != nil {
+			rec.close()
+			return result{}, err
+		}
+	}
 	defer func() {
 		r.stopAll()
+		r.waitResynced()
+		stopWatch()
 		rec.close()
 	}()
 	for range w.Workers {
@@ -214,18 +249,21 @@ func runSeed(o options, seed uint64) (result, error) {
 	if !drained {
 		r.recordLeft()
 	}
+	r.waitResynced()
 	lap("drain")
 	if held != "" {
 		phases[len(phases)-1].note = held
 	}
 	// Quiet for the longest TTL a key is held by a lease or a reservation.
-	time.Sleep(max(w.TTL, lockcore.DefaultParkHold) + time.Second)
+	time.Sleep(max(w.maxTTL(), lockcore.DefaultParkHold) + time.Second)
 	keys, err := r.keysLeft()
 	if err != nil {
 		return result{}, err
 	}
 	lap("quiet")
 	r.stopAll()
+	stopWatch()
+	stopWatch = func() {}
 	rec.close()
 	lap("stop")
 	recs, err := readHistory(dir)
@@ -262,10 +300,8 @@ func (r *seedRun) startWorker() error {
 	r.count++
 	name, offset := fmt.Sprintf("w%d", r.count), r.w.offset(r.count)
 	r.mu.Unlock()
-	args := []string{"worker", "-id", name, "-addr", strings.Join(r.addrs, ","), "-dir", r.dir, "-prefix", r.prefix, "-queue", r.queue, "-offset", offset.String()}
-	if r.w.Cluster {
-		args = append(args, "-cluster")
-	}
+	args := []string{"worker", "-id", name, "-addr", strings.Join(r.addrs, ","), "-topology", string(r.w.topology()),
+		"-dir", r.dir, "-prefix", r.prefix, "-queue", r.queue, "-offset", offset.String()}
 	if r.o.broken != "" {
 		args = append(args, "-broken", r.o.broken)
 	}
@@ -341,7 +377,7 @@ func (r *seedRun) enqueueAll() error {
 	if err != nil {
 		return err
 	}
-	locker, err := lockkit.NewRedis(r.rdb, lockkit.WithPrefix(r.prefix), lockkit.WithOwner("driver"))
+	locker, err := lockkit.NewRedis(r.rdb, append(replicaAcks(r.w, r.o.broken), lockkit.WithPrefix(r.prefix), lockkit.WithOwner("driver"))...)
 	if err != nil {
 		return err
 	}
@@ -376,6 +412,9 @@ func (r *seedRun) enqueueAll() error {
 		opts := []asynq.Option{asynq.Queue(r.queue), asynq.MaxRetry(op.MaxRetry), asynq.Timeout(time.Minute)}
 		if op.TaskID {
 			opts = append(opts, asynq.TaskID(op.ID))
+		}
+		if op.In > 0 {
+			opts = append(opts, asynq.ProcessIn(op.In))
 		}
 		task := asynq.NewTask(f.TaskType(), b)
 		var info *asynq.TaskInfo
@@ -468,6 +507,8 @@ func (r *seedRun) runFaults() {
 				fmt.Fprintln(os.Stderr, "chaos: restart redis-server:", err)
 			}
 			r.rec.add(Record{Ev: evFault, Fault: "redis-up", Target: "redis " + n.addr})
+		case faultFailover:
+			r.failover(f)
 		case faultPubsub:
 			r.cutPubsub()
 		case faultRelease:
@@ -488,7 +529,7 @@ func (r *seedRun) runFaults() {
 // task when it released one.
 func (r *seedRun) releaseHung() {
 	ctx := context.Background()
-	op, err := lockkit.NewRedis(r.rdb, lockkit.WithPrefix(r.prefix), lockkit.WithOwner("operator"))
+	op, err := lockkit.NewRedis(r.rdb, append(replicaAcks(r.w, r.o.broken), lockkit.WithPrefix(r.prefix), lockkit.WithOwner("operator"))...)
 	if err != nil {
 		return
 	}

@@ -7,8 +7,10 @@
 //	go run . -seeds 3 -length 15s   # three seeds from a random one
 //	go run . -duration 30m          # seeds until 30 minutes have passed
 //	go run . -seed 7 -cluster      # against a 3-master Redis Cluster of its own
+//	go run . -seed 7 -failover     # against a master, two replicas and three sentinels of its own, failed over
 //	go run . -seed 7 -broken none   # negative control: workers without the middleware
 //	go run . -seed 7 -broken skip   # negative control: every family under Skip
+//	go run . -seed 7 -failover -broken acks  # negative control: Lockers that wait for no replica
 //
 // A run that breaks a rule prints its seed and keeps its history
 // (<out>/seed-<seed>/*.jsonl, one JSON record a line, and violations.txt);
@@ -44,14 +46,21 @@ type options struct {
 	seeds    int
 	duration time.Duration
 	length   time.Duration
-	broken   string // "", brokenNone or brokenSkip
+	broken   string // "", brokenNone, brokenSkip or brokenAcks
 	noFaults bool
 	out      string
 	addr     string
 	cluster  bool // a 3-master Redis Cluster of the run's own instead of a standalone server
+	failover bool // a master with replicas behind sentinels of the run's own, failed over by the Redis faults
 	keep     bool
 	self     string // the executable that runs the worker processes
+	// plan, when set, is the workload of every seed instead of one drawn
+	// from it (a test's own).
+	plan func(seed uint64) Workload
 }
+
+// topology is the Redis the run starts, or uses (-redis: a standalone one).
+func (o options) topology() topology { return topologyOf(o.cluster, o.failover) }
 
 func driverMain(args []string) int {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
@@ -60,11 +69,12 @@ func driverMain(args []string) int {
 	fs.IntVar(&o.seeds, "seeds", 1, "number of seeds to run (seed, seed+1, ...)")
 	fs.DurationVar(&o.duration, "duration", 0, "run seeds until this much time has passed (overrides -seeds)")
 	fs.DurationVar(&o.length, "length", 20*time.Second, "how long each seed enqueues and injects faults")
-	fs.StringVar(&o.broken, "broken", "", `negative control: "none" runs the workers without the middleware, "skip" every family under Skip`)
+	fs.StringVar(&o.broken, "broken", "", `negative control: "none" runs the workers without the middleware, "skip" every family under Skip, "acks" (with -failover) Lockers that wait for no replica`)
 	fs.BoolVar(&o.noFaults, "nofaults", false, "inject no faults")
 	fs.StringVar(&o.out, "out", "chaos-out", "directory for the histories of failing seeds")
 	fs.StringVar(&o.addr, "redis", "", "use the redis-server at this address instead of starting one (its database 0 is flushed)")
 	fs.BoolVar(&o.cluster, "cluster", false, "run against a 3-master Redis Cluster the run starts (one master restarted by a Redis fault)")
+	fs.BoolVar(&o.failover, "failover", false, "run against a master, two replicas and three sentinels the run starts (the master killed and a replica promoted by a Redis fault)")
 	check := ""
 	fs.StringVar(&check, "check", "", "check the history kept in this directory again (the queue taken as drained) and print its violations")
 	fs.BoolVar(&o.keep, "keep", false, "keep the history of passing seeds too")
@@ -74,12 +84,19 @@ func driverMain(args []string) int {
 	if check != "" {
 		return recheck(check)
 	}
-	if o.broken != "" && o.broken != brokenNone && o.broken != brokenSkip {
-		fmt.Fprintf(os.Stderr, "chaos: -broken %q: want %q or %q\n", o.broken, brokenNone, brokenSkip)
+	if o.broken != "" && o.broken != brokenNone && o.broken != brokenSkip && o.broken != brokenAcks {
+		fmt.Fprintf(os.Stderr, "chaos: -broken %q: want %q, %q or %q\n", o.broken, brokenNone, brokenSkip, brokenAcks)
 		return 2
 	}
-	if o.cluster && o.addr != "" {
-		fmt.Fprintln(os.Stderr, "chaos: -cluster starts its own cluster: it takes no -redis")
+	switch {
+	case o.cluster && o.failover:
+		fmt.Fprintln(os.Stderr, "chaos: -cluster and -failover: choose one")
+		return 2
+	case (o.cluster || o.failover) && o.addr != "":
+		fmt.Fprintln(os.Stderr, "chaos: -cluster and -failover start their own Redis: they take no -redis")
+		return 2
+	case o.broken == brokenAcks && !o.failover:
+		fmt.Fprintln(os.Stderr, "chaos: -broken acks needs -failover (only a Sentinel run has replicas to wait for)")
 		return 2
 	}
 	self, err := os.Executable()
@@ -94,6 +111,7 @@ func driverMain(args []string) int {
 	start := time.Now()
 	var failed []uint64
 	total := map[string]int{}
+	advised := map[string]int{}
 	var sum stats
 	sum.faults = map[string]int{}
 	tasks := 0
@@ -115,8 +133,11 @@ func driverMain(args []string) int {
 		}
 		fmt.Println(res.summary())
 		fmt.Println(res.phaseTimes())
-		for rule, n := range res.perRule() {
+		for rule, n := range res.perRule(false) {
 			total[rule] += n
+		}
+		for rule, n := range res.perRule(true) {
+			advised[rule] += n
 		}
 		tasks += len(res.w.Ops)
 		sum.ticks += res.stats.ticks
@@ -146,8 +167,8 @@ func driverMain(args []string) int {
 			}
 		}
 	}
-	fmt.Printf("chaos: %d seeds in %s, %d failed %v; %d tasks and %d ticks, %d deliveries, %d runs, %d cron ticks (%d runs); faults %v; violations per rule: %v\n",
-		runs, time.Since(start).Round(time.Second), len(failed), failed, tasks, sum.ticks, sum.deliveries, sum.runs, sum.cronTicks, sum.cronRuns, sum.faults, total)
+	fmt.Printf("chaos: %d seeds in %s, %d failed %v; %d tasks and %d ticks, %d deliveries, %d runs, %d cron ticks (%d runs); faults %v; violations per rule: %v; advisory per rule: %v\n",
+		runs, time.Since(start).Round(time.Second), len(failed), failed, tasks, sum.ticks, sum.deliveries, sum.runs, sum.cronTicks, sum.cronRuns, sum.faults, total, advised)
 	if len(failed) > 0 {
 		return 1
 	}
@@ -158,6 +179,9 @@ func brokenArg(o options) string {
 	s := fmt.Sprintf(" LENGTH=%s", o.length)
 	if o.cluster {
 		s += " CLUSTER=1"
+	}
+	if o.failover {
+		s += " FAILOVER=1"
 	}
 	if o.broken != "" {
 		s += " ARGS='-broken " + o.broken + "'"

@@ -16,21 +16,54 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
-// redisServer is a redis-server the run started, with an append-only file
-// fsynced on every write, so that a restart keeps every acknowledged write.
-// A Cluster node keeps its cluster config (nodes.conf) in its dir too, so
-// that it comes back as the same master of the same slots.
+// topology is the Redis a run uses.
+type topology string
+
+const (
+	topoStandalone topology = "standalone" // one redis-server
+	topoCluster    topology = "cluster"    // a Redis Cluster of clusterMasters masters
+	topoSentinel   topology = "sentinel"   // a master and its replicas behind sentinels (sentinelSet)
+)
+
+// topologyOf is the topology of a run against a Cluster, against a master
+// behind sentinels, or else against a standalone server.
+func topologyOf(cluster, sentinel bool) topology {
+	switch {
+	case cluster:
+		return topoCluster
+	case sentinel:
+		return topoSentinel
+	}
+	return topoStandalone
+}
+
+// redisServer is a redis-server the run started. A standalone server or a
+// Cluster node has an append-only file fsynced on every write, so that a
+// restart keeps every acknowledged write; a Cluster node keeps its cluster
+// config (nodes.conf) in its dir too, so that it comes back as the same
+// master of the same slots. A server of a Sentinel topology runs from its
+// config file (conf), which the sentinels rewrite as they change its role.
 type redisServer struct {
 	addr, dir string
 	port      int
 	cluster   bool
+	conf      string // the config file the server runs from, if any
+	sentinel  bool   // a sentinel (redis-server <conf> --sentinel)
 	cmd       *exec.Cmd
 }
 
 // startRedis starts a standalone redis-server of the run's own on a free
-// port (another one if a process that runs beside it, such as another chaos
-// run, took that port before the server bound it).
+// port.
 func startRedis(dir string) (*redisServer, error) {
+	return startFree(func(port int) (*redisServer, error) {
+		return &redisServer{addr: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, port: port}, nil
+	})
+}
+
+// startFree starts the server that mk makes for a free port (for another
+// port if a process that runs beside it, such as another chaos run, took
+// that one before the server bound it).
+func startFree(mk func(port int) (*redisServer, error)) (*redisServer, error) {
 	var err error
 	for range 3 {
 		var l net.Listener
@@ -39,7 +72,10 @@ func startRedis(dir string) (*redisServer, error) {
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		s := &redisServer{addr: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, port: port}
+		var s *redisServer
+		if s, err = mk(port); err != nil {
+			return nil, err
+		}
 		if err = s.start(); err == nil {
 			return s, nil
 		}
@@ -52,6 +88,12 @@ func (s *redisServer) start() error {
 		"--appendonly", "yes", "--appendfsync", "always", "--dir", s.dir}
 	if s.cluster {
 		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+	}
+	if s.conf != "" {
+		args = []string{s.conf}
+		if s.sentinel {
+			args = append(args, "--sentinel")
+		}
 	}
 	s.cmd = exec.Command("redis-server", args...)
 	if err := s.cmd.Start(); err != nil {
@@ -176,15 +218,20 @@ func free(port int) bool {
 	return true
 }
 
-// newClient returns a client of the Redis at addrs: a ClusterClient when
-// cluster is set (maintenance notifications off: go-redis v9.23 leaves a
-// goroutine of theirs running after Close), else a Client of addrs[0].
-func newClient(addrs []string, cluster bool) redis.UniversalClient {
-	if cluster {
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs,
+// newClient returns a client of the Redis at addrs, named name (CLIENT
+// SETNAME on each connection): a ClusterClient of the Cluster whose masters
+// addrs are (maintenance notifications off: go-redis v9.23 leaves a
+// goroutine of theirs running after Close), a failover Client of the master
+// the sentinels at addrs name, or a Client of addrs[0].
+func newClient(addrs []string, topo topology, name string) redis.UniversalClient {
+	switch topo {
+	case topoCluster:
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ClientName: name,
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+	case topoSentinel:
+		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinelMaster, SentinelAddrs: addrs, ClientName: name})
 	}
-	return redis.NewClient(&redis.Options{Addr: addrs[0]})
+	return redis.NewClient(&redis.Options{Addr: addrs[0], ClientName: name})
 }
 
 // eachMaster runs fn on every master of rdb: the client itself unless it is

@@ -87,7 +87,22 @@ func throttleAction(f Family) middleware.Action {
 const (
 	brokenNone = "none" // no middleware at all
 	brokenSkip = "skip" // every family under Skip, whatever its policy
+	brokenAcks = "acks" // in a Sentinel run, Lockers that wait for no replica
 )
+
+// ackTimeout is how long a lease write of a Sentinel run's Lockers waits
+// for a replica to acknowledge it.
+const ackTimeout = 100 * time.Millisecond
+
+// replicaAcks are the options that make a Locker of w's run wait for one
+// replica (lockkit.WithReplicaAcks): those of every Locker of a Sentinel
+// run, but under -broken acks; none otherwise.
+func replicaAcks(w Workload, broken string) []lockkit.Option {
+	if !w.Failover || broken == brokenAcks {
+		return nil
+	}
+	return []lockkit.Option{lockkit.WithReplicaAcks(1, ackTimeout)}
+}
 
 // preemptGrace is the Grace of every Preempt family.
 const preemptGrace = 500 * time.Millisecond
@@ -112,12 +127,12 @@ func workerConfig(queue string) asynq.Config {
 func workerMain(args []string) error {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	id := fs.String("id", "w1", "process name")
-	addr := fs.String("addr", "", "Redis address (comma-separated: the Cluster's masters)")
-	cluster := fs.Bool("cluster", false, "the Redis is a Cluster")
+	addr := fs.String("addr", "", "Redis address (comma-separated: the Cluster's masters, or the sentinels)")
+	topo := fs.String("topology", string(topoStandalone), "the Redis: standalone, cluster or sentinel")
 	dir := fs.String("dir", "", "run directory (workload.json, histories)")
 	prefix := fs.String("prefix", "", "lock key prefix")
 	queue := fs.String("queue", "", "asynq queue")
-	broken := fs.String("broken", "", "negative control: none (no middleware) or skip (every family under Skip)")
+	broken := fs.String("broken", "", "negative control: none (no middleware), skip (every family under Skip) or acks (Lockers that wait for no replica)")
 	offset := fs.Duration("offset", 0, "the offset of the Scheduler's clock from the wall clock")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -135,9 +150,10 @@ func workerMain(args []string) error {
 		return err
 	}
 	defer rec.close()
-	rdb := newClient(strings.Split(*addr, ","), *cluster)
+	addrs := strings.Split(*addr, ",")
+	rdb := newClient(addrs, topology(*topo), "chaos-"+*id)
 	defer rdb.Close()
-	locker, err := lockkit.NewRedis(rdb, lockkit.WithPrefix(*prefix), lockkit.WithOwner(*id))
+	locker, err := lockkit.NewRedis(rdb, append(replicaAcks(w, *broken), lockkit.WithPrefix(*prefix), lockkit.WithOwner(*id))...)
 	if err != nil {
 		return err
 	}
@@ -166,7 +182,7 @@ func workerMain(args []string) error {
 				pol = middleware.Skip()
 			}
 			opts := []singleton.ServerOption{singleton.KeyByFields("k"),
-				singleton.WithPolicy(pol), singleton.WithLimit(f.Limit), singleton.WithTTL(w.TTL),
+				singleton.WithPolicy(pol), singleton.WithLimit(f.Limit), singleton.WithTTL(w.ttl(f)),
 				singleton.WithRedis(rdb), singleton.WithObserver(observe)}
 			if f.Throttle > 0 {
 				opts = append(opts, singleton.WithThrottle(f.Throttle, f.Period, throttleAction(f)))
@@ -189,7 +205,13 @@ func workerMain(args []string) error {
 	// the process.
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, os.Interrupt, syscall.SIGUSR1)
-	srv := asynq.NewServerFromRedisClient(rdb, workerConfig(*queue))
+	var srv *asynq.Server
+	if topology(*topo) == topoSentinel {
+		// A client of its own, made as asynq's users make one.
+		srv = asynq.NewServer(asynq.RedisFailoverClientOpt{MasterName: sentinelMaster, SentinelAddrs: addrs}, workerConfig(*queue))
+	} else {
+		srv = asynq.NewServerFromRedisClient(rdb, workerConfig(*queue))
+	}
 	if err := srv.Start(mux); err != nil {
 		return err
 	}

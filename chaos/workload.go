@@ -55,6 +55,14 @@ const (
 	// run of its key may start until it returns (no excuse for the overlap
 	// rule). Recorded with the key and the run's task when one was found.
 	faultRelease = "release"
+	// faultFailover (sentinel.go), in a Sentinel topology only (it takes the
+	// place of faultRedis): the master is SIGKILLed and the sentinels promote
+	// a replica; the killed server comes back as a replica of the new master.
+	// Lossy (Fault.Lossy, recorded as faultFailoverLossy), the replicas are
+	// cut off first and the workers write on for Hold: the promoted replica
+	// lacks those writes.
+	faultFailover      = "failover"
+	faultFailoverLossy = "failover-lossy"
 )
 
 // Family is a group of keys sharing a task type and a middleware setup.
@@ -78,6 +86,9 @@ type Family struct {
 	// HoldAtLeast, when not zero, is WithHoldAtLeast's: a run that
 	// succeeded keeps its key that long after its start.
 	HoldAtLeast time.Duration `json:"hold_at_least,omitempty"`
+	// TTL, when not zero, is the family's lease TTL instead of the
+	// workload's.
+	TTL time.Duration `json:"ttl,omitempty"`
 }
 
 // TaskType is the asynq task type of the family's tasks.
@@ -103,6 +114,8 @@ type Op struct {
 	TakeBack bool `json:"take_back,omitempty"`
 	MaxRetry int  `json:"max_retry"`
 	TaskID   bool `json:"task_id,omitempty"` // enqueued with asynq.TaskID(ID)
+	// In, when not zero, delays the task: enqueued with asynq.ProcessIn(In).
+	In time.Duration `json:"in,omitempty"`
 	// Enq, when not empty, is how the op is enqueued instead of by its
 	// family's client: enqNoKey (Key is then empty) or enqOtherKey.
 	Enq string `json:"enq,omitempty"`
@@ -114,6 +127,7 @@ type Fault struct {
 	Kind   string        `json:"kind"`
 	Target int           `json:"target"` // index of the live worker it hits, modulo their number
 	Hold   time.Duration `json:"hold,omitempty"`
+	Lossy  bool          `json:"lossy,omitempty"` // a failover that loses what was written for Hold before it
 }
 
 // Workload is everything a seed decides: families, enqueues and faults.
@@ -124,7 +138,10 @@ type Workload struct {
 	Length  time.Duration `json:"length"`  // how long enqueues and faults go on
 	// Cluster: the run's Redis is a 3-master Redis Cluster (a Redis fault
 	// restarts one master, Target modulo 3), not a standalone server.
-	Cluster  bool     `json:"cluster,omitempty"`
+	Cluster bool `json:"cluster,omitempty"`
+	// Failover: the run's Redis is a master with replicas behind sentinels,
+	// and the Redis fault is a failover (faultFailover).
+	Failover bool     `json:"failover,omitempty"`
 	Families []Family `json:"families"`
 	Ops      []Op     `json:"ops"`
 	Faults   []Fault  `json:"faults"`
@@ -152,6 +169,26 @@ type CronEntry struct {
 	Dur   time.Duration `json:"dur"`
 }
 
+// ttl is the lease TTL of the middleware of family f.
+func (w Workload) ttl(f Family) time.Duration {
+	if f.TTL > 0 {
+		return f.TTL
+	}
+	return w.TTL
+}
+
+// maxTTL is the longest lease TTL of the workload's middleware.
+func (w Workload) maxTTL() time.Duration {
+	d := w.TTL
+	for _, f := range w.Families {
+		d = max(d, f.TTL)
+	}
+	return d
+}
+
+// topology is the Redis the workload runs against.
+func (w Workload) topology() topology { return topologyOf(w.Cluster, w.Failover) }
+
 // offset is the clock offset of the n-th worker process (from 1).
 func (w Workload) offset(n int) time.Duration {
 	if len(w.Offsets) == 0 {
@@ -164,11 +201,33 @@ func (w Workload) offset(n int) time.Duration {
 // killed or paused holder's keys free within the run.
 const leaseTTL = 1500 * time.Millisecond
 
+// failoverTTL is the lease TTL of a Sentinel run's: longer than a failover
+// takes (the sentinels' downAfter, an election, the clients' reconnection:
+// 2 to 3 s here), as any deployment's is, so that leases live through a
+// failover, and one lost with it is lost while its run goes on.
+const failoverTTL = 6 * time.Second
+
+// longRun is the shortest run of the long family of a Sentinel run, which
+// outlasts a failover: a lease it took after the replicas were cut off is
+// missing on the promoted replica while it still runs. Its lease TTL,
+// longTTL (lockkit's default is 30 s), makes the first renewal of a lease
+// taken just before a failover come after the failover is over: the lease
+// is found missing no sooner than that, while the run goes on.
+const (
+	longRun = 3 * time.Second
+	longTTL = 15 * time.Second
+)
+
 // newWorkload draws a workload from seed for a run of length (enqueues and
-// faults; the quiet phase comes after). faults false draws none.
-func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
+// faults; the quiet phase comes after) against a Redis of topology topo.
+// faults false draws none. The draws of a standalone run and of a Cluster
+// run are the same; a Sentinel run's differ in its faults only.
+func newWorkload(seed uint64, length time.Duration, faults bool, topo topology) Workload {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	w := Workload{Seed: seed, TTL: leaseTTL, Workers: 3, Length: length}
+	w := Workload{Seed: seed, TTL: leaseTTL, Workers: 3, Length: length, Cluster: topo == topoCluster, Failover: topo == topoSentinel}
+	if w.Failover {
+		w.TTL = failoverTTL
+	}
 	pols := []string{polSkip, polRequeue, polWait, polCoalesce, polKeepNewest, polPreempt}
 	for i, p := range pols {
 		f := Family{Name: fmt.Sprintf("f%d%s", i, p), Policy: p, Limit: 1, Keys: 1 + r.IntN(2), Client: cliPlain}
@@ -258,14 +317,19 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 	if faults {
 		n := 1 + int(length/(8*time.Second))
 		kinds := []string{faultKill, faultTerm, faultStop, faultRedis, faultPubsub}
+		if w.Failover {
+			kinds[3] = faultFailover
+		}
 		first := r.IntN(len(kinds))
 		for i := range n {
 			f := Fault{At: length/10 + time.Duration(r.Int64N(int64(length*8/10))), Kind: kinds[(first+i)%len(kinds)], Target: r.IntN(w.Workers)}
 			switch f.Kind {
 			case faultStop:
-				f.Hold = leaseTTL + time.Duration(500+r.IntN(1000))*time.Millisecond
+				f.Hold = w.TTL + time.Duration(500+r.IntN(1000))*time.Millisecond
 			case faultRedis:
 				f.Hold = time.Duration(100+r.IntN(400)) * time.Millisecond
+			case faultFailover:
+				drawFailover(r, &f)
 			}
 			w.Faults = append(w.Faults, f)
 		}
@@ -353,6 +417,26 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 		}
 		slices.SortStableFunc(w.Faults, func(a, b Fault) int { return int(a.At - b.At) })
 	}
+	// In a Sentinel run, runs that outlast a failover, of tasks due at
+	// times spread over three times the run's length (ProcessIn), which a
+	// lossy failover's cut can come just before (seedRun.awaitLongDue), under
+	// Skip over keys mostly free; and more failovers: drawn after everything
+	// else.
+	if w.Failover {
+		w.Families = append(w.Families, Family{Name: "f14long", Policy: polSkip, Limit: 1, Keys: 8, Client: cliPlain, TTL: longTTL})
+		for range 2 * int(length/time.Second) {
+			w.Ops = append(w.Ops, Op{At: time.Duration(r.Int64N(int64(length * 9 / 10))), Fam: len(w.Families) - 1, Key: fmt.Sprintf("k%d", r.IntN(8)),
+				MaxRetry: 3, Dur: longRun + time.Duration(r.IntN(2000))*time.Millisecond, In: time.Duration(500+r.Int64N(int64(3*length/time.Millisecond))) * time.Millisecond})
+		}
+	}
+	if faults && w.Failover {
+		for range 1 + int(length/(10*time.Second)) {
+			f := Fault{At: length/10 + time.Duration(r.Int64N(int64(length*8/10))), Kind: faultFailover}
+			drawFailover(r, &f)
+			w.Faults = append(w.Faults, f)
+		}
+		slices.SortStableFunc(w.Faults, func(a, b Fault) int { return int(a.At - b.At) })
+	}
 	// Numbers within a key follow enqueue order.
 	slices.SortStableFunc(w.Ops, func(a, b Op) int { return int(a.At - b.At) })
 	seen := map[string]int{}
@@ -364,4 +448,13 @@ func newWorkload(seed uint64, length time.Duration, faults bool) Workload {
 		op.ID = fmt.Sprintf("s%d-%s-%s-%d", seed, w.Families[op.Fam].Name, op.Key, op.N)
 	}
 	return w
+}
+
+// drawFailover draws whether failover f loses writes, one in two, and for
+// how long the workers write before the master is killed: 50 to 500 ms.
+func drawFailover(r *rand.Rand, f *Fault) {
+	f.Lossy = r.IntN(2) == 0
+	if f.Lossy {
+		f.Hold = time.Duration(50+r.IntN(451)) * time.Millisecond
+	}
 }
