@@ -89,7 +89,7 @@ func TestReplicaAcksUnacknowledgedAcquireGivesTheKeyBack(t *testing.T) {
 func TestReplicaAcksUnacknowledgedRenewalsLoseTheLease(t *testing.T) {
 	p := startReplicated(t)
 	ctx := context.Background()
-	l := p.locker(t, "a", WithReplicaAcks(1, 20*time.Millisecond))
+	l := p.locker(t, "a", WithReplicaAcks(1, 500*time.Millisecond))
 	lease, err := l.TryAcquire(ctx, t.Name(), &AcquireOptions{TTL: 600 * time.Millisecond})
 	require.NoError(t, err)
 	p.replica.Pause()
@@ -111,7 +111,7 @@ func TestReplicaAcksHandOverIsConfirmedByTheTaker(t *testing.T) {
 	ctx := context.Background()
 	key := t.Name()
 	a := p.locker(t, "a", WithReplicaAcks(1, time.Second))
-	b := p.locker(t, "b", WithReplicaAcks(1, 100*time.Millisecond))
+	b := p.locker(t, "b", WithReplicaAcks(1, time.Second))
 	held, err := a.TryAcquire(ctx, key, nil)
 	require.NoError(t, err)
 	waiting := make(chan struct{})
@@ -148,7 +148,7 @@ func TestReplicaAcksHandOverIsConfirmedByTheTaker(t *testing.T) {
 func TestReplicaAcksCompletionWaits(t *testing.T) {
 	p := startReplicated(t)
 	ctx := context.Background()
-	l := p.locker(t, "a", WithReplicaAcks(1, 50*time.Millisecond))
+	l := p.locker(t, "a", WithReplicaAcks(1, time.Second))
 	lease, err := l.TryAcquire(ctx, t.Name(), &AcquireOptions{Label: "task-1"})
 	require.NoError(t, err)
 	p.replica.Pause()
@@ -180,7 +180,7 @@ func TestReplicaAcksClusterWaitsOnTheKeysMaster(t *testing.T) {
 func TestReplicaAcksRepeatedAcquireConfirms(t *testing.T) {
 	p := startReplicated(t)
 	ctx := context.Background()
-	l := p.locker(t, "a", WithReplicaAcks(1, 50*time.Millisecond))
+	l := p.locker(t, "a", WithReplicaAcks(1, time.Second))
 	for _, opt := range []*AcquireOptions{nil, {Limit: 2}} {
 		r, err := l.e.cfg.request(t.Name()+"-"+randomID(4), opt)
 		require.NoError(t, err)
