@@ -195,7 +195,7 @@ func TestReplicaAcksRepeatedAcquireConfirms(t *testing.T) {
 }
 
 func TestReplicaAcksRefusesWhatCannotWork(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: 2 * time.Second})
 	defer c.Close()
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
 	defer ring.Close()
@@ -207,7 +207,7 @@ func TestReplicaAcksRefusesWhatCannotWork(t *testing.T) {
 		{c, WithReplicaAcks(-1, time.Second), "n must be between 0 and 100"},
 		{c, WithReplicaAcks(101, time.Second), "n must be between 0 and 100"},
 		{c, WithReplicaAcks(1, 0), "the timeout must be at least 1ms"},
-		{c, WithReplicaAcks(1, 3*time.Second), "shorter than the client's ReadTimeout (3s)"},
+		{c, WithReplicaAcks(1, 2*time.Second), "shorter than the client's ReadTimeout (2s)"},
 		{ring, WithReplicaAcks(1, time.Second), "not a *redis.Ring"},
 	} {
 		_, err := NewRedis(tc.client, tc.opt)
