@@ -97,12 +97,16 @@ chaos:
 ## controls must report their rules), side by side (each with Redis servers,
 ## ports and directories of its own; mostly waiting, so together they take
 ## about as long as the longest); each one's output is printed whole, under
-## its exit status, and any failure fails the target.
+## its exit status, and any failure fails the target. With them, the failover
+## suite's Sentinel tests at one failover per scenario (without and with
+## lockkit.WithReplicaAcks; make test-failover runs the Cluster's too, and
+## more failovers).
 chaos-ci:
 	@GO='$(GO)' tools/chaos-ci.sh \
 		'standalone seed 1' '$(MAKE) --no-print-directory chaos SEED=1 SEEDS=1 LENGTH=15s' \
 		'Cluster seed 4' '$(MAKE) --no-print-directory chaos SEED=4 SEEDS=1 LENGTH=10s CLUSTER=1' \
-		'checker tests' 'cd chaos && $(GO) test -count=1 ./...'
+		'checker tests' 'cd chaos && $(GO) test -count=1 ./...' \
+		'failover on Sentinel' 'cd failover && JOBGUARD_FAILOVERS=1 $(GO) test -count=1 -run "^TestSentinel" ./...'
 
 ## test-browser: opsview's page in headless chromium (webtest/, a separate
 ## module with chromedp; without -race: opsview's own tests run with it in

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# make chaos-ci: the standalone seed, the Cluster seed and the checkers' own
-# tests run side by side. Each has its own redis-server(s) on ports of its own
-# (a server that finds its port taken is started on another), its own history
+# make chaos-ci: the standalone seed, the Cluster seed, the checkers' own
+# tests and the failover suite's Sentinel tests run side by side. Each has
+# its own redis-server(s) on ports of its own (a server that finds its port
+# taken is started on another), its own history
 # directory (chaos/chaos-out/seed-<seed>, the tests' in temporary directories)
 # and its own queue and key prefix; most of each run's time is spent waiting
 # (the seed's enqueue phase, the drain, the quiet phase), so together they take
@@ -23,5 +24,6 @@ fi
 # Compile the chaos program and its tests once, here, not in each run at the
 # same time (go run and go test then only link, or find the binary cached).
 (cd chaos && $GO list -export -test ./... >/dev/null) || exit 1
+(cd failover && $GO list -export -test ./... >/dev/null) || exit 1
 
 exec tools/together.sh chaos-ci "$@"
