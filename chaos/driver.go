@@ -272,15 +272,21 @@ func runSeed(o options, seed uint64) (result, error) {
 	}
 	vs, st := check(w, recs, keys, drained)
 	st.keysLeft = len(keys)
-	var kb strings.Builder
+	var kb, pb strings.Builder
 	for _, k := range keys {
 		fmt.Fprintf(&kb, "%s %s %s live=%d", k.Key, k.Type, k.TTL, k.Live)
 		if k.Released {
 			kb.WriteString(" released")
 		}
 		kb.WriteString("\n")
+		for _, m := range k.Members {
+			fmt.Fprintf(&pb, "%s %s\n", k.Key, m)
+		}
 	}
 	_ = os.WriteFile(filepath.Join(dir, "keys.txt"), []byte(kb.String()), 0o644)
+	if pb.Len() > 0 {
+		_ = os.WriteFile(filepath.Join(dir, "parked.txt"), []byte(pb.String()), 0o644)
+	}
 	lap("check")
 	res := result{seed: seed, dir: dir, w: w, stats: st, violations: vs, phases: phases}
 	var sb strings.Builder
@@ -740,6 +746,9 @@ type keyTTL struct {
 	// Released: a holders key in the plain form holding a plain release's
 	// record, "~<token>.", kept for the client's retry window.
 	Released bool
+	// Members: a parked queue's entries (P{K}:k), for the reader of a
+	// failing seed (parked.txt); not read by the checkers.
+	Members []string
 }
 
 // keysLeft lists the keys under the run's lock key prefix.
@@ -772,6 +781,11 @@ func (r *seedRun) keysLeft() ([]keyTTL, error) {
 					return err
 				}
 				k.Live = int(live)
+				if strings.HasSuffix(k.Key, "}:k") {
+					if k.Members, err = c.ZRange(ctx, k.Key, 0, -1).Result(); err != nil {
+						return err
+					}
+				}
 			case k.Type == "string" && strings.HasSuffix(k.Key, ":h"):
 				v, err := c.Get(ctx, k.Key).Result()
 				if err != nil && !errors.Is(err, redis.Nil) {

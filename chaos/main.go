@@ -13,7 +13,9 @@
 //	go run . -seed 7 -failover -broken acks  # negative control: Lockers that wait for no replica
 //
 // A run that breaks a rule prints its seed and keeps its history
-// (<out>/seed-<seed>/*.jsonl, one JSON record a line, and violations.txt);
+// (<out>/seed-<seed>/*.jsonl, one JSON record a line, violations.txt, the
+// keys left at the check with their TTLs, keys.txt, and the entries of the
+// parked queues among them, parked.txt);
 // `go run . -seed <seed>` replays the same workload and fault schedule.
 package main
 
