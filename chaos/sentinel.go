@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -179,6 +180,33 @@ func replicaOf(ctx context.Context, addr, master string) bool {
 		strings.Contains(s, "master_port:"+port+"\r\n") && strings.Contains(s, "master_link_status:up\r\n")
 }
 
+// caughtUp waits, for at most d, until the replica at addr has applied
+// everything the master at master had written when caughtUp began: a
+// replica whose link just came up has loaded the master's snapshot, but the
+// writes made meanwhile are still on their way, and a master killed then
+// would lose them with a replica promoted that seemed in sync.
+func caughtUp(ctx context.Context, addr, master string, d time.Duration) bool {
+	want, ok := replOffset(info(ctx, master, "replication"), "master_repl_offset")
+	if !ok {
+		return false
+	}
+	return waitUntil(d, func() bool {
+		got, ok := replOffset(info(ctx, addr, "replication"), "slave_repl_offset")
+		return ok && got >= want
+	})
+}
+
+// replOffset reads the offset named field from INFO replication's text.
+func replOffset(s, field string) (int64, bool) {
+	_, rest, ok := strings.Cut(s, field+":")
+	if !ok {
+		return 0, false
+	}
+	v, _, _ := strings.Cut(rest, "\r\n")
+	n, err := strconv.ParseInt(v, 10, 64)
+	return n, err == nil
+}
+
 // ready reports whether every sentinel sees the master up, with all its
 // replicas and every other sentinel.
 func (s *sentinelSet) ready(ctx context.Context) bool {
@@ -226,7 +254,7 @@ const (
 	stepMasterKilled = "master-killed" // the master was SIGKILLed
 	stepPromoted     = "promoted"      // every sentinel names a new master, which the clients reached (Err if not within promoteWait)
 	stepRestarted    = "restarted"     // the killed server was started again (empty: a master until the sentinels turn it into a replica)
-	stepResynced     = "resynced"      // the restarted server is a replica of the new master, in sync (Err if not within resyncWait)
+	stepResynced     = "resynced"      // the restarted server is a replica of the new master that has applied its writes (Err if not within resyncWait)
 	stepSwitch       = "switch-master" // a sentinel announced a new master (+switch-master; Target is its message)
 )
 
@@ -301,7 +329,10 @@ func (r *seedRun) failover(f Fault) {
 	go func() {
 		defer close(done)
 		rec := Record{Ev: evFault, Fault: stepResynced, Target: target}
-		if !waitUntil(resyncWait, func() bool { m := set.master(ctx); return m != "" && replicaOf(ctx, old.addr, m) }) {
+		deadline := time.Now().Add(resyncWait)
+		m := ""
+		if !waitUntil(resyncWait, func() bool { m = set.master(ctx); return m != "" && replicaOf(ctx, old.addr, m) }) ||
+			!caughtUp(ctx, old.addr, m, time.Until(deadline)) {
 			rec.Err = fmt.Sprintf("not a replica in sync within %s", resyncWait)
 		}
 		r.rec.add(rec)
