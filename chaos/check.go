@@ -957,14 +957,19 @@ func (h *history) checkHold() []Violation {
 
 // ownRetry reports whether ru's delivery began while another run of its
 // task still held the key (it went on, or its process had died less than a
-// lease TTL before, so its lease had not expired yet): the delivery waited
-// for that run, and is its retry.
+// lease TTL before, so its lease had not expired yet, or Redis could not be
+// reached between its start and its delivery's return, so its release may
+// not have reached the master that kept its lease): the delivery waited for
+// that run, and is its retry.
 func (h *history) ownRetry(ru *run) bool {
 	t := h.tasks[ru.task]
 	for _, o := range t.runs {
 		held := o.end
-		if o.died {
+		switch {
+		case o.died:
 			held += int64(h.w.ttl(t.fam))
+		case h.releaseUnsure(o):
+			held = h.returnedAfter(o) + int64(h.w.ttl(t.fam))
 		}
 		if o != ru && o.start < ru.deliv && held > ru.deliv {
 			return true
@@ -984,6 +989,27 @@ func (h *history) ownRetry(ru *run) bool {
 		}
 	}
 	return false
+}
+
+// returnedAfter is when o's delivery returned to asynq after the run (its
+// release was sent before), or the history's end if it never did.
+func (h *history) returnedAfter(o *run) int64 {
+	at := h.lastT
+	for _, r := range h.returned[o.proc+"/"+o.recs[0].AID] {
+		if r >= o.end && r < at {
+			at = r
+		}
+	}
+	return at
+}
+
+// releaseUnsure reports whether Redis was down (a restart, a failover) at
+// some moment between o's start and its delivery's return: its release, or
+// a renewal before it, may have failed or gone to a master that a failover
+// then replaced, and its lease may have lived on until its TTL.
+func (h *history) releaseUnsure(o *run) bool {
+	until := h.returnedAfter(o)
+	return slices.ContainsFunc(h.redisDown(), func(d interval) bool { return d.from <= until && d.to >= o.start })
 }
 
 // acquiredToken is the fencing token of ru's lease (the last acquire its

@@ -752,6 +752,14 @@ func TestClusterSeedHistoriesBreakNoRule(t *testing.T) {
 		// held the key ran without a lease and unreported (no duplicate of
 		// itself), and a task of the key that came next took the key.
 		"seed-3017": "a shadow re-delivery of a running task",
+		// Sentinel (-failover): a WithShadow task's run began just before
+		// the master was killed, its renewals and release found no master,
+		// and its lease, acknowledged by a replica, lived on on the
+		// promoted one until its TTL; the task's re-delivery found the key
+		// held by that lease, ran without one and unreported (no duplicate
+		// of itself), and a task of the key that came next took the key
+		// when the lease ran out.
+		"seed-603": "a shadow re-delivery behind a lease a failover kept",
 		// A Cluster master restarting answered CLUSTERDOWN to the asynq
 		// enqueues of seven park tasks of one key, whose lock slot lived on
 		// another master: the first reserved the key and was refused (its
