@@ -254,7 +254,7 @@ func (w *Writer) write(ctx context.Context, op string, s *redis.Script, t Token,
 // call, each in key's Cluster hash slot (see the package doc), or
 // ErrInvalid when there are none.
 func (w *Writer) keys(op, key string) (fenceKey, writeKey string, err error) {
-	id := make([]byte, 16)
+	id := make([]byte, 8)
 	_, _ = rand.Read(id) // crypto/rand.Read never fails on supported platforms
 	call := hex.EncodeToString(id)
 	switch {
