@@ -72,7 +72,8 @@ type Token struct {
 // lockkit.Do's work, of a Lease's Context, or of a job that middleware,
 // singleton (asynq) or cronguard (cron) runs. It returns ErrNoLease when ctx
 // carries none, such as a handler registered without the adapter's
-// middleware. It does not check that the lease is still held: the fence
+// middleware, or a duplicate that runs under the adapters' WithShadow
+// without a lease. It does not check that the lease is still held: the fence
 // does, when the token writes.
 func FromContext(ctx context.Context) (Token, error) {
 	l, ok := lockcore.LeaseFromContext(ctx)
@@ -82,9 +83,9 @@ func FromContext(ctx context.Context) (Token, error) {
 	return Token{Key: l.Key(), Value: l.Token()}, nil
 }
 
-// DefaultLinger is how long a key's fence outlives the key when WithLinger
+// defaultLinger is how long a key's fence outlives the key when WithLinger
 // is not given.
-const DefaultLinger = 24 * time.Hour
+const defaultLinger = 24 * time.Hour
 
 // Writer makes fenced writes to Redis. Each write is one script that
 // refuses it (ErrStale) when a newer token has written to the key, else
@@ -111,7 +112,7 @@ func WithPrefix(prefix string) Option {
 
 // WithLinger sets how long a key's fence outlives the key, once it expired
 // or was deleted: a stale writer back after that is no longer refused.
-// Must be between 1ms and 100 years. Defaults to DefaultLinger (24h).
+// Must be between 1ms and 100 years. Defaults to 24h.
 func WithLinger(d time.Duration) Option {
 	return func(w *Writer) { w.linger = d }
 }
@@ -123,7 +124,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Writer, error) {
 	if v := reflect.ValueOf(client); client == nil || v.Kind() == reflect.Pointer && v.IsNil() {
 		return nil, fmt.Errorf("%w: fence.New: client is nil", ErrInvalid)
 	}
-	w := &Writer{c: client, prefix: rediskey.Key(lockcore.DefaultPrefix), linger: DefaultLinger, window: lockcore.RetryWindow(client)}
+	w := &Writer{c: client, prefix: rediskey.Key(lockcore.DefaultPrefix), linger: defaultLinger, window: lockcore.RetryWindow(client)}
 	for _, o := range opts {
 		if o != nil {
 			o(w)

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/cronguard"
 	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/middleware"
@@ -303,7 +304,7 @@ func TestInvalid(t *testing.T) {
 	require.ErrorContains(t, err, "WithLinger 0s")
 	w, err := New(c)
 	require.NoError(t, err)
-	require.Equal(t, DefaultLinger, w.linger)
+	require.Equal(t, 24*time.Hour, w.linger, "the default linger")
 	tok := Token{Value: 1}
 	for name, err := range map[string]error{
 		"token 0":      w.Set(ctx, Token{}, "k", "v", 0),
@@ -390,7 +391,8 @@ func TestOneRoundTrip(t *testing.T) {
 }
 
 // FromContext returns the token of the lease the work runs under, from
-// lockkit.Do and from the guard that the asynq and cron adapters share; a
+// lockkit.Do, from the guard that the asynq and cron adapters share, and
+// from a cron job under cronguard; a
 // ctx without a lease is an error that says what is missing.
 func TestFromContext(t *testing.T) {
 	c := testredis.Client(t)
@@ -417,6 +419,17 @@ func TestFromContext(t *testing.T) {
 	require.True(t, out.Ran)
 	require.NoError(t, out.Err)
 	require.Equal(t, "tenant:42", got.Key)
+	require.Positive(t, got.Value)
+
+	wrap, err := cronguard.Wrap(l, "digest", "@hourly")
+	require.NoError(t, err)
+	got = Token{}
+	wrap(cronguard.Func(func(ctx context.Context) error {
+		got, err = FromContext(ctx)
+		return err
+	})).Run()
+	require.NoError(t, err)
+	require.Equal(t, "cron:digest", got.Key, "a cron tick's lease")
 	require.Positive(t, got.Value)
 }
 
