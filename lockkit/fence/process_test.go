@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 }
 
 // processTTL is the lease TTL of the worker process of TestPausedWorker.
-const processTTL = 500 * time.Millisecond
+const processTTL = time.Second
 
 // A worker process runs a job under the guard (middleware, as singleton
 // and cronguard run theirs) and writes with its token; it is paused
