@@ -1,6 +1,7 @@
 // Command lockdemo shows lockkit leases: two lockers (as on two machines)
-// share one Redis, take turns on a key, and get rising fencing tokens. With no
-// REDIS_ADDR it uses an embedded miniredis.
+// share one Redis, take turns on a key, and get rising fencing tokens; a
+// holder paused past its lease has its late write refused (lockkit/fence).
+// With no REDIS_ADDR it uses an embedded miniredis.
 package main
 
 import (
@@ -15,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobguard/jobguard/lockkit"
+	"github.com/jobguard/jobguard/lockkit/fence"
 	"github.com/jobguard/jobguard/lockkit/inprocess"
 )
 
@@ -81,4 +83,34 @@ func main() {
 	}
 	fmt.Printf("machine-b holds invoice-42 with fencing token %d (greater: %v)\n", lb.Token(), lb.Token() > la.Token())
 	_ = lb.Release(ctx)
+
+	staleWrite(ctx, rdb, a, b)
+}
+
+// staleWrite shows fenced writes (package lockkit/fence): machine-a's
+// lease runs out while it is paused (here: it is not renewed), machine-b
+// takes the key and writes, and machine-a's late write is refused.
+func staleWrite(ctx context.Context, rdb *redis.Client, a, b *lockkit.Locker) {
+	w, err := fence.New(rdb, fence.WithPrefix("lockdemo:"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	la, err := a.TryAcquire(ctx, "invoice-43", &lockkit.AcquireOptions{TTL: 200 * time.Millisecond, NoRenew: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	paused := fence.Token{Key: "invoice-43", Value: la.Token()}
+	fmt.Println("machine-a takes invoice-43 and pauses past its lease")
+	lb, err := b.Acquire(ctx, "invoice-43", nil) // once machine-a's lease has run out
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lb.Release(ctx)
+	if err := w.Set(ctx, fence.Token{Key: "invoice-43", Value: lb.Token()}, "lockdemo:invoice-43:status", "paid by machine-b", 0); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("machine-b takes invoice-43 and writes its status")
+	err = w.Set(ctx, paused, "lockdemo:invoice-43:status", "paid by machine-a", 0)
+	fmt.Printf("machine-a, back, writes: stale: %v (%v)\n", errors.Is(err, fence.ErrStale), err)
+	fmt.Println("invoice-43's status:", rdb.Get(ctx, "lockdemo:invoice-43:status").Val())
 }

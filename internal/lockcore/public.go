@@ -1,6 +1,11 @@
 package lockcore
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // unwrap returns the RedisLocker under a *lockkit.Locker; package
 // lockkit sets it in its init (SetUnwrap), as it alone knows its type.
@@ -23,3 +28,8 @@ func Of(what string, l any) (*RedisLocker, error) {
 	}
 	return nil, fmt.Errorf("%w: %s needs a *lockkit.Locker (lockkit.NewRedis, inprocess or lockkittest), and the Locker is %T", ErrInvalid, what, l)
 }
+
+// RetryWindow is how long after a command's first run go-redis may run it
+// again with client (see retryWindow): packages that keep state beside the
+// leases keep the record of a call that long, so that a repeat finds it.
+func RetryWindow(client redis.UniversalClient) time.Duration { return retryWindow(client) }
