@@ -26,16 +26,21 @@ type failover struct {
 	master  string // the master it killed: "<ip> <port>", as the sentinels name it
 }
 
-// loss is when a write the master acknowledged may be missing on the
-// replica promoted: from lossPad before the replicas were cut off (plain:
-// before the kill) to the kill. For a failover the sentinels made on their
-// own, from before they could have found the master down to a little after
-// the announcement (until the clients left the old master).
+// loss is when a write acknowledged may be missing on the replica
+// promoted: from lossPad before the replicas were cut off (plain: before
+// the kill) until the clients reached the new master. After the kill no
+// server is the master the run goes on with, so a write acknowledged then
+// was acknowledged by a server the sentinels had demoted or will demote (a
+// master of a failover they made on their own just before, which a stopped
+// replica did not hear of): its writes go when it resyncs. For a failover
+// the sentinels made on their own, from before they could have found the
+// master down to a little after the announcement (until the clients left
+// the old master).
 func (f failover) loss() interval {
 	if !f.planned {
 		return interval{f.at - int64(downAfter+lossPad+time.Second), f.at + int64(lossPad)}
 	}
-	return interval{f.at - int64(lossPad), f.killed}
+	return interval{f.at - int64(lossPad), max(f.killed, f.up)}
 }
 
 // down is when the clients could not reach a master: from a second before
