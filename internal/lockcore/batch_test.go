@@ -468,3 +468,9 @@ func TestBatchingReplicaAcksOneWaitPerPipeline(t *testing.T) {
 	}
 	require.NoError(t, inspected[0], "an inspect waits for no replica")
 }
+
+// Batching is off unless WithBatching asks for it.
+func TestBatchingIsOffByDefault(t *testing.T) {
+	require.Nil(t, miniLocker(t).r.lanes)
+	require.NotNil(t, miniLocker(t, WithBatching()).r.lanes)
+}
