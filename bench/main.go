@@ -24,6 +24,11 @@
 // repository's root:
 //
 //	tools/with-redis.sh sh -c 'cd bench && go run . -only replicas -out /tmp/replicas.md'
+//
+// Another, batching, compares lockkit used directly by 1, 8 and 20
+// goroutines on one Locker with and without lockkit.WithBatching:
+//
+//	tools/with-redis.sh sh -c 'cd bench && go run . -only batching'
 package main
 
 import (
@@ -309,6 +314,12 @@ func (b *bench) run(out string) error {
 		}
 		r.env = append(r.env, []string{"Redis of the replicas section", r.replicasRes.servers})
 	}
+	if b.runs("batching") {
+		progress("batching: %d cycles × %d rounds per setting, %v goroutines", b.cycles, b.rounds, batchGoroutines)
+		if r.batchingRes, err = b.batching(ctx); err != nil {
+			return err
+		}
+	}
 	r.elapsed = time.Since(start)
 	r.env = append(r.env, []string{"load average (1, 5, 15 min) at the start → the end of the run",
 		loadStart + " → " + loadAvg() + " (other processes on this machine were not stopped)"})
@@ -330,7 +341,7 @@ var (
 	lockSections  = []string{"uncontended", "handoff", "renewal", "scale"}
 	e2eSections   = []string{"throughput", "burst", "stream", "flow", "followup", "cron", "profile"}
 	allSections   = append(slices.Clone(lockSections), e2eSections...)
-	extraSections = []string{"replicas"}
+	extraSections = []string{"replicas", "batching"}
 )
 
 // parseSections parses -only.

@@ -31,6 +31,7 @@ type report struct {
 	profiles    []profile
 	scaleRes    scaleResult
 	replicasRes replicasResult
+	batchingRes []batchResult
 	elapsed     time.Duration
 	sectionNo   int
 }
@@ -209,6 +210,10 @@ func (r *report) markdown() string {
 	if r.runs("replicas") {
 		r.heading(&w, "Waiting for a replica: what WithReplicaAcks costs (lockkit)")
 		w.WriteString(r.replicasSection())
+	}
+	if r.runs("batching") {
+		r.heading(&w, "Calls in flight at once share their round trips: WithBatching (lockkit)")
+		w.WriteString(r.batchingSection())
 	}
 	return w.String()
 }

@@ -163,3 +163,15 @@ func TestPubsubCutClosesSubscriptionsAndIsRecorded(t *testing.T) {
 		t.Fatalf("want the cut in the history, got %v, %v", recs, err)
 	}
 }
+
+// The Lockers of odd seeds batch their calls, and the draws of a seed do
+// not depend on it.
+func TestOddSeedsBatch(t *testing.T) {
+	odd, even := newWorkload(7, 10*time.Second, true, topoStandalone), newWorkload(8, 10*time.Second, true, topoStandalone)
+	if !odd.Batching || even.Batching {
+		t.Fatalf("seed 7 batching %v, seed 8 batching %v", odd.Batching, even.Batching)
+	}
+	if len(lockerOptions(odd, "")) != 1 || len(lockerOptions(even, "")) != 0 {
+		t.Fatal("an odd seed's Lockers take WithBatching, an even seed's nothing")
+	}
+}

@@ -383,7 +383,7 @@ func (r *seedRun) enqueueAll() error {
 	if err != nil {
 		return err
 	}
-	locker, err := lockkit.NewRedis(r.rdb, append(replicaAcks(r.w, r.o.broken), lockkit.WithPrefix(r.prefix), lockkit.WithOwner("driver"))...)
+	locker, err := lockkit.NewRedis(r.rdb, append(lockerOptions(r.w, r.o.broken), lockkit.WithPrefix(r.prefix), lockkit.WithOwner("driver"))...)
 	if err != nil {
 		return err
 	}
@@ -535,7 +535,7 @@ func (r *seedRun) runFaults() {
 // task when it released one.
 func (r *seedRun) releaseHung() {
 	ctx := context.Background()
-	op, err := lockkit.NewRedis(r.rdb, append(replicaAcks(r.w, r.o.broken), lockkit.WithPrefix(r.prefix), lockkit.WithOwner("operator"))...)
+	op, err := lockkit.NewRedis(r.rdb, append(lockerOptions(r.w, r.o.broken), lockkit.WithPrefix(r.prefix), lockkit.WithOwner("operator"))...)
 	if err != nil {
 		return
 	}

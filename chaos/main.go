@@ -12,6 +12,9 @@
 //	go run . -seed 7 -broken skip   # negative control: every family under Skip
 //	go run . -seed 7 -failover -broken acks  # negative control: Lockers that wait for no replica
 //
+// The Lockers of an odd seed's run batch their calls (lockkit.WithBatching),
+// so that its go-redis reply faults hit pipelines of calls.
+//
 // A run that breaks a rule prints its seed and keeps its history
 // (<out>/seed-<seed>/*.jsonl, one JSON record a line, violations.txt, the
 // keys left at the check with their TTLs, keys.txt, and the entries of the

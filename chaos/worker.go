@@ -94,14 +94,18 @@ const (
 // for a replica to acknowledge it.
 const ackTimeout = 100 * time.Millisecond
 
-// replicaAcks are the options that make a Locker of w's run wait for one
-// replica (lockkit.WithReplicaAcks): those of every Locker of a Sentinel
-// run, but under -broken acks; none otherwise.
-func replicaAcks(w Workload, broken string) []lockkit.Option {
-	if !w.Failover || broken == brokenAcks {
-		return nil
+// lockerOptions are the options of every Locker of w's run: waiting for
+// one replica (lockkit.WithReplicaAcks) in a Sentinel run, but under
+// -broken acks; batching (lockkit.WithBatching) when w.Batching.
+func lockerOptions(w Workload, broken string) []lockkit.Option {
+	var opts []lockkit.Option
+	if w.Failover && broken != brokenAcks {
+		opts = append(opts, lockkit.WithReplicaAcks(1, ackTimeout))
 	}
-	return []lockkit.Option{lockkit.WithReplicaAcks(1, ackTimeout)}
+	if w.Batching {
+		opts = append(opts, lockkit.WithBatching())
+	}
+	return opts
 }
 
 // preemptGrace is the Grace of every Preempt family.
@@ -153,7 +157,7 @@ func workerMain(args []string) error {
 	addrs := strings.Split(*addr, ",")
 	rdb := newClient(addrs, topology(*topo), "chaos-"+*id)
 	defer rdb.Close()
-	locker, err := lockkit.NewRedis(rdb, append(replicaAcks(w, *broken), lockkit.WithPrefix(*prefix), lockkit.WithOwner(*id))...)
+	locker, err := lockkit.NewRedis(rdb, append(lockerOptions(w, *broken), lockkit.WithPrefix(*prefix), lockkit.WithOwner(*id))...)
 	if err != nil {
 		return err
 	}

@@ -141,7 +141,11 @@ type Workload struct {
 	Cluster bool `json:"cluster,omitempty"`
 	// Failover: the run's Redis is a master with replicas behind sentinels,
 	// and the Redis fault is a failover (faultFailover).
-	Failover bool     `json:"failover,omitempty"`
+	Failover bool `json:"failover,omitempty"`
+	// Batching: every Locker of the run batches its calls
+	// (lockkit.WithBatching), so that the reply faults hit pipelines of
+	// them: the runs of odd seeds.
+	Batching bool     `json:"batching,omitempty"`
 	Families []Family `json:"families"`
 	Ops      []Op     `json:"ops"`
 	Faults   []Fault  `json:"faults"`
@@ -224,7 +228,8 @@ const (
 // run are the same; a Sentinel run's differ in its faults only.
 func newWorkload(seed uint64, length time.Duration, faults bool, topo topology) Workload {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	w := Workload{Seed: seed, TTL: leaseTTL, Workers: 3, Length: length, Cluster: topo == topoCluster, Failover: topo == topoSentinel}
+	w := Workload{Seed: seed, TTL: leaseTTL, Workers: 3, Length: length, Cluster: topo == topoCluster, Failover: topo == topoSentinel,
+		Batching: seed%2 == 1}
 	if w.Failover {
 		w.TTL = failoverTTL
 	}

@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -626,7 +628,10 @@ func pendingFault(hook *testredis.Faults) testredis.Fault { return hook.Pending(
 // the command ran, or its reply arriving after the caller gave up: once the
 // call returns, no holder exists that no Lease represents (beyond one renewal
 // interval), no lease is reported lost while Redis is healthy, and a limit-1
-// key never has two holders.
+// key never has two holders. Batched, the same with the faulty Locker
+// batching its calls (WithBatching) while other calls of it keep its lane
+// to the key's server busy: the faulted call goes in a pipeline with theirs
+// and the fault hits the whole pipeline, as a lost connection would.
 func TestOperationsUnderReplyFaults(t *testing.T) {
 	deployments := map[string]func(t *testing.T) (redis.UniversalClient, redis.UniversalClient){
 		"standalone": func(t *testing.T) (redis.UniversalClient, redis.UniversalClient) {
@@ -641,74 +646,190 @@ func TestOperationsUnderReplyFaults(t *testing.T) {
 			return a, b
 		},
 	}
+	var batchedRows, sharedRows atomic.Int64
 	for dname, connect := range deployments {
-		for _, op := range faultOps {
-			for _, f := range []testredis.Fault{testredis.Repeat, testredis.DropReply, testredis.Late} {
-				t.Run(fmt.Sprintf("%s/%s/%s", dname, op.name, f), func(t *testing.T) {
-					faulty, clean := connect(t)
-					hook := &testredis.Faults{Match: op.match, Delay: 200 * time.Millisecond}
-					faulty.AddHook(hook)
-					prefix := testredis.Prefix(t, clean)
-					lost := make(chan lockcore.Event, 16)
-					ttl := 900 * time.Millisecond
-					l, err := lockcore.NewRedis(faulty, lockcore.WithPrefix(prefix), lockcore.WithTTL(ttl), lockcore.WithOwner("faulty"),
-						lockcore.WithObserver(func(e lockcore.Event) {
-							if e.Kind == lockcore.LeaseLost {
-								lost <- e
-							}
-						}))
-					require.NoError(t, err)
-					defer l.Close(context.Background())
-					other, err := lockcore.NewRedis(clean, lockcore.WithPrefix(prefix), lockcore.WithOwner("observer"))
-					require.NoError(t, err)
-					defer other.Close(context.Background())
-
-					got := &leaseSet{}
-					hook.Arm(f, 1)
-					start := time.Now()
-					err = op.run(t, l, other, hook, got)
-					returned := time.Now()
-					require.EqualValues(t, 1, hook.Hits(), "the fault was injected once")
-					if err != nil && errors.Is(err, lockcore.ErrNotAcquired) {
-						t.Fatalf("a fault was reported as a conflict: %v", err)
-					}
-
-					// No holder that no Lease represents survives one renewal interval.
-					keys := []string{faultKey, faultKey + "0", faultKey + "1", faultKey + "2"}
-					orphansGone := func() bool {
-						held := got.held()
-						for _, k := range keys {
-							info, err := other.Inspect(context.Background(), k)
-							require.NoError(t, err)
-							if len(info.Holders) > 1 {
-								t.Fatalf("%q has %d holders", k, len(info.Holders))
-							}
-							for _, h := range info.Holders {
-								if !held[h.Token] {
-									return false
+		for _, batched := range []bool{false, true} {
+			mode := dname
+			if batched {
+				mode += "-batched"
+			}
+			for _, op := range faultOps {
+				for _, f := range []testredis.Fault{testredis.Repeat, testredis.DropReply, testredis.Late} {
+					t.Run(fmt.Sprintf("%s/%s/%s", mode, op.name, f), func(t *testing.T) {
+						faulty, clean := connect(t)
+						match := op.match
+						if batched {
+							match = func(cmd redis.Cmder) bool { return op.match(cmd) && !isSideCall(cmd) }
+						}
+						hook := &testredis.Faults{Match: match, Delay: 200 * time.Millisecond}
+						faulty.AddHook(hook)
+						prefix := testredis.Prefix(t, clean)
+						lost := make(chan lockcore.Event, 16)
+						ttl := 900 * time.Millisecond
+						opts := []lockcore.Option{lockcore.WithPrefix(prefix), lockcore.WithTTL(ttl), lockcore.WithOwner("faulty"),
+							lockcore.WithObserver(func(e lockcore.Event) {
+								if e.Kind == lockcore.LeaseLost {
+									lost <- e
 								}
+							})}
+						if batched {
+							opts = append(opts, lockcore.WithBatching())
+						}
+						l, err := lockcore.NewRedis(faulty, opts...)
+						require.NoError(t, err)
+						defer l.Close(context.Background())
+						other, err := lockcore.NewRedis(clean, lockcore.WithPrefix(prefix), lockcore.WithOwner("observer"))
+						require.NoError(t, err)
+						defer other.Close(context.Background())
+						if batched {
+							stop := busyLane(t, faulty, l)
+							defer stop()
+						}
+
+						got := &leaseSet{}
+						hook.Arm(f, 1)
+						start := time.Now()
+						err = op.run(t, l, other, hook, got)
+						returned := time.Now()
+						require.EqualValues(t, 1, hook.Hits(), "the fault was injected once")
+						if err != nil && errors.Is(err, lockcore.ErrNotAcquired) {
+							t.Fatalf("a fault was reported as a conflict: %v", err)
+						}
+						if batched && lockerOp(op.name) {
+							batchedRows.Add(1)
+							if hook.Carried() > 1 {
+								sharedRows.Add(1)
 							}
 						}
-						return true
-					}
-					require.Eventually(t, orphansGone, ttl/3, time.Millisecond, "a holder no Lease represents survived a renewal interval")
-					cleaned := time.Since(returned)
 
-					// A held lease keeps the key: nobody else gets it.
-					for tok := range got.held() {
-						_, err := other.TryAcquire(context.Background(), faultKey, nil)
-						require.ErrorIs(t, err, lockcore.ErrNotAcquired, "token %d is held", tok)
-					}
-					select {
-					case e := <-lost:
-						t.Fatalf("lease %q lost while Redis was healthy: %v", e.Key, e.Err)
-					default:
-					}
-					t.Logf("%s %s %s: call %s (err %v), state consistent %s after it returned, %d lease(s) held",
-						dname, op.name, f, returned.Sub(start).Round(time.Millisecond), err, cleaned.Round(time.Millisecond), len(got.held()))
-				})
+						// No holder that no Lease represents survives one renewal interval.
+						keys := []string{faultKey, faultKey + "0", faultKey + "1", faultKey + "2"}
+						orphansGone := func() bool {
+							held := got.held()
+							for _, k := range keys {
+								info, err := other.Inspect(context.Background(), k)
+								require.NoError(t, err)
+								if len(info.Holders) > 1 {
+									t.Fatalf("%q has %d holders", k, len(info.Holders))
+								}
+								for _, h := range info.Holders {
+									if !held[h.Token] {
+										return false
+									}
+								}
+							}
+							return true
+						}
+						require.Eventually(t, orphansGone, ttl/3, time.Millisecond, "a holder no Lease represents survived a renewal interval")
+						cleaned := time.Since(returned)
+
+						// A held lease keeps the key: nobody else gets it.
+						for tok := range got.held() {
+							_, err := other.TryAcquire(context.Background(), faultKey, nil)
+							require.ErrorIs(t, err, lockcore.ErrNotAcquired, "token %d is held", tok)
+						}
+						select {
+						case e := <-lost:
+							t.Fatalf("lease %q lost while Redis was healthy: %v", e.Key, e.Err)
+						default:
+						}
+						t.Logf("%s %s %s: call %s (err %v), state consistent %s after it returned, %d lease(s) held, the faulted round trip carried %d command(s)",
+							mode, op.name, f, returned.Sub(start).Round(time.Millisecond), err, cleaned.Round(time.Millisecond), len(got.held()), hook.Carried())
+					})
+				}
 			}
 		}
+	}
+	// Whether a call finds its lane busy is up to timing, and a call that
+	// Redis answered NOSCRIPT is sent again alone; the faulted Locker call
+	// of most batched rows went in a pipeline with other calls.
+	if n := batchedRows.Load(); n >= 20 {
+		t.Logf("batched: the faulted Locker call shared its round trip in %d of %d rows", sharedRows.Load(), n)
+		require.GreaterOrEqual(t, sharedRows.Load()*4, n*3, "the faulted calls of most batched rows went in a pipeline with others")
+	}
+}
+
+// lockerOp tells whether the fault operation name faults a call of the
+// Locker (not one of the throttle's or the debouncer's, which share no
+// lane).
+func lockerOp(name string) bool {
+	return !strings.HasPrefix(name, "throttle") && name != "debounce" && name != "claim"
+}
+
+// sideKeys is how many keys busyLane's calls read, each in a goroutine of
+// its own.
+const sideKeys = 4
+
+// isSideCall tells whether cmd is a script call of busyLane's.
+func isSideCall(cmd redis.Cmder) bool {
+	a := cmd.Args()
+	return len(a) > 3 && strings.Contains(fmt.Sprint(a[3]), "{side-")
+}
+
+// busyLane keeps l's lane to the server of faultKey's records busy until
+// stop is called: sideKeys goroutines Inspect keys on that server, one
+// call after another, each round trip of theirs a millisecond long (as
+// over a network), so that l's own calls mostly find a call in flight and
+// go in the next pipeline, with theirs.
+func busyLane(t *testing.T, c redis.UniversalClient, l *lockcore.RedisLocker) (stop func()) {
+	t.Helper()
+	var keys []string
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		want, err := cc.MasterForKey(context.Background(), "{"+faultKey+"}")
+		require.NoError(t, err)
+		for i := 0; len(keys) < sideKeys; i++ {
+			m, err := cc.MasterForKey(context.Background(), fmt.Sprint("{side-", i, "}"))
+			require.NoError(t, err)
+			if m.Options().Addr == want.Options().Addr {
+				keys = append(keys, fmt.Sprint("side-", i))
+			}
+		}
+	} else {
+		for i := range sideKeys {
+			keys = append(keys, fmt.Sprint("side-", i))
+		}
+	}
+	c.AddHook(slowSide{})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, k := range keys {
+		_, err := l.Inspect(ctx, k) // the script is loaded
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				_, _ = l.Inspect(ctx, k)
+			}
+		}()
+	}
+	return func() { cancel(); wg.Wait() }
+}
+
+// slowSide makes every round trip that carries a busyLane call take a
+// millisecond more.
+type slowSide struct{}
+
+func (slowSide) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (slowSide) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isSideCall(cmd) {
+			time.Sleep(time.Millisecond)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (slowSide) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if isSideCall(c) {
+				time.Sleep(time.Millisecond)
+				break
+			}
+		}
+		return next(ctx, cmds)
 	}
 }
 

@@ -57,10 +57,25 @@ func (b *redisBackend) masterOf(ctx context.Context, key string) (*redis.Client,
 	return nil, fmt.Errorf("%w: WithReplicaAcks needs a *redis.Client or a *redis.ClusterClient, not a %T", ErrInvalid, b.c)
 }
 
-// script runs one call of s, as s.Run does; when the Locker waits for
-// replicas, on the master of key, acknowledged (ackedScripts).
+// script runs one call of s that writes a lease, as s.Run does: acknowledged
+// when the Locker waits for replicas (see call).
 func (b *redisBackend) script(ctx context.Context, key string, s *redis.Script, keys []string, args []any) *redis.Cmd {
-	if b.acks.n == 0 {
+	return b.call(ctx, key, true, s, keys, args)
+}
+
+// call runs one call of s for the lock key, as s.Run does; with
+// WithBatching through key's lane (batch.go); when the Locker waits for
+// replicas and acked, on the master of key, acknowledged (ackedScripts).
+func (b *redisBackend) call(ctx context.Context, key string, acked bool, s *redis.Script, keys []string, args []any) *redis.Cmd {
+	if b.lanes != nil {
+		return b.lanes.do(&laneCall{ctx: ctx, key: key, acked: acked, s: s, keys: keys, args: args})
+	}
+	return b.alone(ctx, key, acked, s, keys, args)
+}
+
+// alone runs one call of s by itself, as call does without batching.
+func (b *redisBackend) alone(ctx context.Context, key string, acked bool, s *redis.Script, keys []string, args []any) *redis.Cmd {
+	if !acked || b.acks.n == 0 {
 		return s.Run(ctx, b.c, keys, args...)
 	}
 	return b.ackedScripts(ctx, 1, func(int) string { return key }, func(p redis.Pipeliner, _ int, eval bool) *redis.Cmd {
@@ -93,8 +108,7 @@ func (b *redisBackend) ackedScripts(ctx context.Context, n int, key func(int) st
 	for i := range n {
 		m, err := b.masterOf(ctx, key(i))
 		if err != nil {
-			cmds[i] = redis.NewCmd(ctx)
-			cmds[i].SetErr(err)
+			cmds[i] = failedCmd(ctx, err)
 			continue
 		}
 		if _, ok := byMaster[m]; !ok {
@@ -102,25 +116,30 @@ func (b *redisBackend) ackedScripts(ctx context.Context, n int, key func(int) st
 		}
 		byMaster[m] = append(byMaster[m], i)
 	}
+	every := func(int) bool { return true }
 	for _, m := range order {
-		b.scriptsOn(ctx, m, byMaster[m], cmds, send, true)
+		b.ackedOn(ctx, m, byMaster[m], cmds, key, send, every)
 	}
+	return cmds
+}
+
+// ackedOn sends the calls idx, call i for the lock key(i), on the master m
+// in one pipeline ending in WAIT (see scriptsOn), when any call of idx is
+// acked.
+func (b *redisBackend) ackedOn(ctx context.Context, m *redis.Client, idx []int, cmds []*redis.Cmd, key func(int) string,
+	send func(p redis.Pipeliner, i int, eval bool) *redis.Cmd, acked func(int) bool) {
+	b.scriptsOn(ctx, m, idx, cmds, send, acked)
 	// A master's client does not follow a redirection, as the
 	// ClusterClient does: a call whose slot moved (a failover the slot map
 	// had not caught up with) is sent again, once, to the master the
 	// redirection names, when the map names it too.
-	var moved []int
-	for i, c := range cmds {
-		if err := c.Err(); err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
-			moved = append(moved, i)
+	for _, i := range idx {
+		if err := cmds[i].Err(); err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+			if m := b.movedTo(ctx, key(i), err); m != nil {
+				b.scriptsOn(ctx, m, []int{i}, cmds, send, acked)
+			}
 		}
 	}
-	for _, i := range moved {
-		if m := b.movedTo(ctx, key(i), cmds[i].Err()); m != nil {
-			b.scriptsOn(ctx, m, []int{i}, cmds, send, true)
-		}
-	}
-	return cmds
 }
 
 // movedTo is the client of the master that a MOVED or ASK reply for key

@@ -22,6 +22,7 @@ type redisBackend struct {
 	prefix string        // escaped
 	grace  time.Duration // how long a released holder is remembered
 	acks   replicaAcks   // the replicas a lease write waits for
+	lanes  *lanes        // WithBatching's lanes, nil without it
 
 	mu   sync.Mutex
 	ps   *redis.PubSub
@@ -407,22 +408,25 @@ func (b *redisBackend) pipelineScripts(ctx context.Context, n int, send func(p r
 	for i := range all {
 		all[i] = i
 	}
-	b.scriptsOn(ctx, b.c, all, cmds, send, false)
+	b.scriptsOn(ctx, b.c, all, cmds, send, nil)
 	return cmds
 }
 
 // scriptsOn sends the calls idx on c in one pipeline, call i with send(p, i,
 // false) into cmds[i], and again, with send(p, i, true) (EVAL), those that
-// found the script cache empty. With wait each pipeline ends in WAIT (see
-// ackedScripts), and every call of idx that succeeded gets the error of a
-// WAIT that counted too few replicas.
-func (b *redisBackend) scriptsOn(ctx context.Context, c pipeliner, idx []int, cmds []*redis.Cmd, send func(p redis.Pipeliner, i int, eval bool) *redis.Cmd, wait bool) {
-	var short error
+// found the script cache empty. When acked says yes of any call sent, the
+// pipeline ends in WAIT (see ackedScripts), and each of those calls that
+// succeeded gets the error of a WAIT that counted too few replicas; acked
+// nil: no call waits.
+func (b *redisBackend) scriptsOn(ctx context.Context, c pipeliner, idx []int, cmds []*redis.Cmd, send func(p redis.Pipeliner, i int, eval bool) *redis.Cmd, acked func(int) bool) {
+	short := make(map[int]error)
 	run := func(idx []int, eval bool) {
 		var w *redis.Cmd
 		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			wait := false
 			for _, i := range idx {
 				cmds[i] = send(p, i, eval)
+				wait = wait || (acked != nil && acked(i))
 			}
 			if wait {
 				w = p.Do(ctx, "wait", b.acks.n, ms(b.acks.timeout))
@@ -430,8 +434,11 @@ func (b *redisBackend) scriptsOn(ctx context.Context, c pipeliner, idx []int, cm
 			return nil
 		})
 		if w != nil {
-			if err := b.ackErr(w); err != nil {
-				short = err
+			err := b.ackErr(w)
+			for _, i := range idx {
+				if acked(i) {
+					short[i] = err
+				}
 			}
 		}
 	}
@@ -445,11 +452,9 @@ func (b *redisBackend) scriptsOn(ctx context.Context, c pipeliner, idx []int, cm
 	if len(again) > 0 {
 		run(again, true)
 	}
-	if short != nil {
-		for _, i := range idx {
-			if cmds[i].Err() == nil {
-				cmds[i].SetErr(short)
-			}
+	for i, err := range short {
+		if err != nil && cmds[i].Err() == nil {
+			cmds[i].SetErr(err)
 		}
 	}
 }
@@ -535,11 +540,12 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 }
 
 // run runs script once for each lease, with keys(lease, its keys) and
-// args(lease): one call alone, more in one pipeline (see pipelineEval).
+// args(lease): one call alone (see call), more in one pipeline (see
+// pipelineEval).
 func (b *redisBackend) run(ctx context.Context, s *redis.Script, leases []*Lease, keys func(*Lease) []string, args func(*Lease) []any) []*redis.Cmd {
 	if len(leases) == 1 {
 		l := leases[0]
-		return []*redis.Cmd{s.Run(ctx, b.c, keys(l), args(l)...)}
+		return []*redis.Cmd{b.call(ctx, l.key, false, s, keys(l), args(l))}
 	}
 	return b.pipelineEval(ctx, s, len(leases),
 		func(i int) []string { return keys(leases[i]) },
@@ -591,10 +597,15 @@ func (b *redisBackend) releaseCall(l *Lease, end ending) (*redis.Script, []strin
 }
 
 // runEach runs the script call(lease) gives once for each lease, with the
-// keys and arguments it gives: one call alone, more in one pipeline (see
-// pipelineScripts); when the Locker waits for replicas, the calls of the
-// leases that waited says yes are acknowledged (ackedScripts).
+// keys and arguments it gives: one call alone (see b.call), more in one
+// pipeline (see pipelineScripts); when the Locker waits for replicas, the
+// calls of the leases that waited says yes are acknowledged (ackedScripts).
 func (b *redisBackend) runEach(ctx context.Context, leases []*Lease, call func(*Lease) (*redis.Script, []string, []any), waited func(*Lease) bool) []*redis.Cmd {
+	if len(leases) == 1 {
+		l := leases[0]
+		s, keys, args := call(l)
+		return []*redis.Cmd{b.call(ctx, l.key, waited(l), s, keys, args)}
+	}
 	send := func(leases []*Lease) func(p redis.Pipeliner, i int, eval bool) *redis.Cmd {
 		return func(p redis.Pipeliner, i int, eval bool) *redis.Cmd {
 			s, keys, args := call(leases[i])
@@ -614,11 +625,7 @@ func (b *redisBackend) runEach(ctx context.Context, leases []*Lease, call func(*
 			}
 		}
 	}
-	switch {
-	case len(acked) == 0 && len(leases) == 1:
-		s, keys, args := call(leases[0])
-		return []*redis.Cmd{s.Run(ctx, b.c, keys, args...)}
-	case len(acked) == 0:
+	if len(acked) == 0 {
 		return b.pipelineScripts(ctx, len(leases), send(leases))
 	}
 	byLease := make(map[*Lease]*redis.Cmd, len(leases))
@@ -766,14 +773,21 @@ func (b *redisBackend) extend(ctx context.Context, leases []*Lease, ttls []time.
 	if renew && len(leases) > 1 {
 		return b.renewMany(ctx, leases, ttls)
 	}
-	cmds := b.writeScripts(ctx, len(leases), func(i int) string { return leases[i].key }, func(p redis.Pipeliner, i int, eval bool) *redis.Cmd {
-		k := b.keys(leases[i].key)
-		a := extendArgs{Member: leases[i].member, TTL: ttls[i], Epoch: leases[i].epoch, Renew: renew}
-		if eval {
-			return extendScript.Eval(ctx, p, []string{k.holders, k.meta}, a.list()...)
-		}
-		return extendScript.EvalSha(ctx, p, []string{k.holders, k.meta}, a.list()...)
-	})
+	var cmds []*redis.Cmd
+	if len(leases) == 1 && b.lanes != nil { // rides the lane of its key
+		k := b.keys(leases[0].key)
+		a := extendArgs{Member: leases[0].member, TTL: ttls[0], Epoch: leases[0].epoch, Renew: renew}
+		cmds = []*redis.Cmd{b.script(ctx, leases[0].key, extendScript, []string{k.holders, k.meta}, a.list())}
+	} else {
+		cmds = b.writeScripts(ctx, len(leases), func(i int) string { return leases[i].key }, func(p redis.Pipeliner, i int, eval bool) *redis.Cmd {
+			k := b.keys(leases[i].key)
+			a := extendArgs{Member: leases[i].member, TTL: ttls[i], Epoch: leases[i].epoch, Renew: renew}
+			if eval {
+				return extendScript.Eval(ctx, p, []string{k.holders, k.meta}, a.list()...)
+			}
+			return extendScript.EvalSha(ctx, p, []string{k.holders, k.meta}, a.list()...)
+		})
+	}
 	errs := make([]error, len(leases))
 	for i, c := range cmds {
 		n, err := c.Int64()
@@ -853,7 +867,7 @@ func (a *freeArgs) list() []any { return []any{a.Label, a.Channel, ms(a.Grace)} 
 func (b *redisBackend) free(ctx context.Context, key, label string) (bool, error) {
 	k := b.keys(key)
 	a := freeArgs{Label: escapeLabel(label), Channel: k.channel, Grace: b.grace}
-	n, err := freeScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence, k.parked}, a.list()...).Int64()
+	n, err := b.call(ctx, key, false, freeScript, []string{k.holders, k.waiters, k.fence, k.parked}, a.list()).Int64()
 	return n == 1, err
 }
 
@@ -877,7 +891,7 @@ func (a *evictArgs) list() []any {
 func (b *redisBackend) evict(ctx context.Context, key, owner string, token int64, call string) (int, error) {
 	k := b.keys(key)
 	a := evictArgs{Owner: owner, Channel: k.channel, CallID: call, Grace: b.grace, Token: token, Operators: b.operators(), Lock: key}
-	return evictScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.fence}, a.list()...).Int()
+	return b.call(ctx, key, false, evictScript, []string{k.holders, k.waiters, k.fence}, a.list()).Int()
 }
 
 // cancelArgs are the arguments of cancel.lua, in the order of the table at
@@ -896,7 +910,7 @@ func (a *cancelArgs) list() []any { return []any{a.Owner, a.Token, a.Operators, 
 func (b *redisBackend) cancel(ctx context.Context, key, owner string, token int64) (int, error) {
 	k := b.keys(key)
 	a := cancelArgs{Owner: owner, Token: token, Operators: b.operators(), Lock: key, Keep: cancelKeep}
-	return cancelScript.Run(ctx, b.c, []string{k.holders, k.fence}, a.list()...).Int()
+	return b.call(ctx, key, false, cancelScript, []string{k.holders, k.fence}, a.list()).Int()
 }
 
 // leaveArgs are the arguments of leave.lua, in the order of the table at
@@ -913,7 +927,7 @@ func (a *leaveArgs) list() []any { return []any{a.Waiter, a.Channel, a.AcquireID
 func (b *redisBackend) leave(ctx context.Context, key, waiter, aid string) error {
 	k := b.keys(key)
 	a := leaveArgs{Waiter: waiter, Channel: k.channel, AcquireID: aid}
-	return leaveScript.Run(ctx, b.c, []string{k.queue, k.waiters, k.holders, k.fence}, a.list()...).Err()
+	return b.call(ctx, key, false, leaveScript, []string{k.queue, k.waiters, k.holders, k.fence}, a.list()).Err()
 }
 
 // inspectArgs are the arguments of inspect.lua, in the order of the table
@@ -928,7 +942,7 @@ func (a *inspectArgs) list() []any { return []any{ms(a.CancelKeep)} }
 func (b *redisBackend) inspect(ctx context.Context, key string) (*Info, error) {
 	k := b.keys(key)
 	a := inspectArgs{CancelKeep: cancelKeep}
-	vals, err := inspectScript.Run(ctx, b.c, []string{k.holders, k.waiters, k.parked}, a.list()...).Slice()
+	vals, err := b.call(ctx, key, false, inspectScript, []string{k.holders, k.waiters, k.parked}, a.list()).Slice()
 	if err != nil {
 		return nil, err
 	}

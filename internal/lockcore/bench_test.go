@@ -9,13 +9,19 @@ import (
 
 // BenchmarkAcquireRelease measures an uncontended TryAcquire+Release on the
 // Redis at REDIS_ADDR with default options, and reports its round trips.
-func BenchmarkAcquireRelease(b *testing.B) {
+func BenchmarkAcquireRelease(b *testing.B) { benchAcquireRelease(b) }
+
+// BenchmarkAcquireReleaseBatched is BenchmarkAcquireRelease with
+// WithBatching: each call finds its lane idle and goes alone.
+func BenchmarkAcquireReleaseBatched(b *testing.B) { benchAcquireRelease(b, WithBatching()) }
+
+func benchAcquireRelease(b *testing.B, opts ...Option) {
 	ctx := context.Background()
 	client := testredis.Client(b)
 	prefix := testredis.Prefix(b, client)
 	var rt testredis.Counter
 	client.AddHook(&rt)
-	l, err := NewRedis(client, WithPrefix(prefix))
+	l, err := NewRedis(client, append([]Option{WithPrefix(prefix)}, opts...)...)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -488,6 +488,9 @@ func NewRedis(client redis.UniversalClient, opts ...Option) (*RedisLocker, error
 		return nil, err
 	}
 	b := &redisBackend{c: client, prefix: escapeKey(cfg.prefix), grace: retryWindow(client), acks: cfg.acks, subs: make(map[string]*subscribers)}
+	if cfg.batching {
+		b.lanes = &lanes{b: b}
+	}
 	return &RedisLocker{e: newEngine(cfg, b), r: b}, nil
 }
 

@@ -21,6 +21,7 @@ type config struct {
 	logger     *slog.Logger
 	observer   func(Event)
 	acks       replicaAcks
+	batching   bool
 }
 
 // replicaAcks is how many replicas must acknowledge a lease write before it
@@ -66,6 +67,9 @@ func WithObserver(fn func(Event)) Option { return func(c *config) { c.observer =
 func WithReplicaAcks(n int, timeout time.Duration) Option {
 	return func(c *config) { c.acks = replicaAcks{n: n, timeout: timeout} }
 }
+
+// WithBatching: see lockkit.WithBatching.
+func WithBatching() Option { return func(c *config) { c.batching = true } }
 
 func newConfig(opts []Option) (config, error) {
 	c := config{

@@ -118,6 +118,30 @@ func TestBehaviourRedisCluster(t *testing.T) {
 	runSuite(t, func(t *testing.T) *harness { return clusterHarness(t, testredis.Cluster(t)) })
 }
 
+// The suite again with every Locker batching its calls (WithBatching), on
+// Redis and Redis Cluster: the Lockers of a test share their calls' round
+// trips, and each call behaves as it does alone.
+func TestBehaviourBatched(t *testing.T) {
+	t.Run("Redis", func(t *testing.T) {
+		testredis.Addr(t)
+		runSuite(t, func(t *testing.T) *harness { return batched(redisHarness(t, testredis.Client(t))) })
+	})
+	t.Run("RedisCluster", func(t *testing.T) {
+		testredis.ClusterAddrs(t)
+		runSuite(t, func(t *testing.T) *harness { return batched(clusterHarness(t, testredis.Cluster(t))) })
+	})
+}
+
+// batched makes every Locker of h batch its calls (WithBatching).
+func batched(h *harness) *harness {
+	locker, killable := h.locker, h.killable
+	h.locker = func(t *testing.T, opts ...Option) Locker { return locker(t, append(opts, WithBatching())...) }
+	h.killable = func(t *testing.T, opts ...Option) (Locker, func()) {
+		return killable(t, append(opts, WithBatching())...)
+	}
+	return h
+}
+
 func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 	tests := []struct {
 		name string

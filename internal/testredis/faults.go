@@ -54,12 +54,13 @@ type Faults struct {
 	// one answered NOSCRIPT, whose fault is given back).
 	After func(cmd redis.Cmder)
 
-	mu     sync.Mutex
-	fault  Fault
-	times  int  // how many more commands to fault; < 0 for all
-	before bool // Before was called since the last Arm
-	hits   atomic.Int64
-	done   atomic.Int64
+	mu      sync.Mutex
+	fault   Fault
+	times   int  // how many more commands to fault; < 0 for all
+	before  bool // Before was called since the last Arm
+	hits    atomic.Int64
+	done    atomic.Int64
+	carried atomic.Int64
 }
 
 // Arm makes the next n matching commands (all of them when n < 0) suffer f.
@@ -81,6 +82,10 @@ func (h *Faults) Disarm() { h.Arm(Pass, 0) }
 
 // Hits returns how many commands were faulted.
 func (h *Faults) Hits() int64 { return h.hits.Load() }
+
+// Carried returns how many commands the last faulted round trip carried:
+// 1 for a command, the length of a pipeline.
+func (h *Faults) Carried() int64 { return h.carried.Load() }
 
 // Done returns how many matching commands (and pipelines) have returned,
 // faulted or not, leaving out a script call answered NOSCRIPT (go-redis then
@@ -109,6 +114,7 @@ func (h *Faults) take(cmds []redis.Cmder) Fault {
 				h.times--
 			}
 			h.hits.Add(1)
+			h.carried.Store(int64(len(cmds)))
 			return h.fault
 		}
 	}
