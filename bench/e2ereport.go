@@ -35,6 +35,9 @@ func (r *report) throughputSection() string {
 		"%d rounds, each one bare run and one guarded run (bare first in odd rounds, guarded first in even rounds); "+
 		"the rate is tasks ÷ (srv.Start → last task returned), and the table shows the median of the rounds.\n\n",
 		r.concurrency, r.e2eRounds)
+	if r.batched {
+		w.WriteString("The guarded servers' Locker has `lockkit.WithBatching()` (`-batching`).\n\n")
+	}
 	var rows [][]string
 	for _, x := range r.tputRes {
 		bare, guarded := median(x.rates(false)), median(x.rates(true))

@@ -37,6 +37,7 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
+	"github.com/jobguard/jobguard/lockkit"
 	"os"
 	"runtime/pprof"
 	"slices"
@@ -48,6 +49,7 @@ import (
 
 type bench struct {
 	addr       string
+	batched    bool // throughput: the guarded servers' Locker WithBatching
 	cycles     int
 	goroutines int
 	rounds     int
@@ -122,6 +124,7 @@ func main() {
 		"; or the groups locks ("+strings.Join(lockSections, ", ")+") and e2e ("+strings.Join(e2eSections, ", ")+"); "+
 		"and, only when named, "+strings.Join(extraSections, ", ")+". Default: all but those")
 	flag.IntVar(&b.concurrency, "concurrency", 10, "e2e: asynq.Config.Concurrency of every server")
+	flag.BoolVar(&b.batched, "batching", false, "throughput: give the guarded servers' Locker lockkit.WithBatching()")
 	flag.IntVar(&b.tputTasks, "tput-tasks", 10000, "throughput: tasks per run with the no-op handler")
 	flag.IntVar(&b.tputSleepTasks, "tput-sleep-tasks", 3000, "throughput: tasks per run with the 5 ms handler")
 	flag.IntVar(&b.e2eRounds, "e2e-rounds", 5, "throughput: rounds of bare and guarded runs; the table shows medians")
@@ -384,4 +387,12 @@ func (b *bench) cleanup() {
 
 func progress(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+}
+
+// e2eLockerOptions are opts and, with -batching, lockkit.WithBatching().
+func (b *bench) e2eLockerOptions(opts ...lockkit.Option) []lockkit.Option {
+	if b.batched {
+		opts = append(opts, lockkit.WithBatching())
+	}
+	return opts
 }

@@ -122,7 +122,7 @@ func (b *bench) throughput(ctx context.Context, env *asynqEnv) ([]tputResult, re
 				})
 				var locker *lockkit.Locker
 				if guarded {
-					locker, err = lockkit.NewRedis(lockClient, lockkit.WithPrefix(b.prefix+"e2e:"))
+					locker, err = lockkit.NewRedis(lockClient, b.e2eLockerOptions(lockkit.WithPrefix(b.prefix+"e2e:"))...)
 					if err != nil {
 						return nil, renewRun{}, err
 					}
