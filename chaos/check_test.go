@@ -1109,7 +1109,7 @@ func byAdvice(vs []Violation) (failed, advised map[string]string) {
 // the replicas; a write that came after the kill reached the new master.
 func TestAsynqWritesAFailoverMayHaveLostAreAdvisory(t *testing.T) {
 	h := newHist(polRequeue)
-	for _, id := range []string{"d", "e", "f", "g"} {
+	for _, id := range []string{"d", "e", "f", "g", "h"} {
 		h.w.Ops = append(h.w.Ops, Op{Fam: 0, Key: "k0", ID: id, N: len(h.w.Ops) + 1, MaxRetry: 3})
 	}
 	sent := func(ms int, task string) {
@@ -1129,7 +1129,8 @@ func TestAsynqWritesAFailoverMayHaveLostAreAdvisory(t *testing.T) {
 	h.add(500, "w1", evReturn, "d", nil)
 	h.failover(5000, 5000, 7000, false)
 	sent(12300, "e") // within [11000, 12400]: the lossy one's window
-	sent(12600, "f") // after the kill: on the new master
+	sent(13000, "h") // after the kill, before the clients reached the new master: no master took it
+	sent(14100, "f") // after the clients reached the new master: on it
 	sent(20000, "g")
 	h.failover(12000, 12400, 14000, true)
 	vs, st := check(h.w, h.sorted(), nil, true)
@@ -1141,6 +1142,7 @@ func TestAsynqWritesAFailoverMayHaveLostAreAdvisory(t *testing.T) {
 		"a": "runs: its enqueue, acknowledged at +4.500s may have been lost with the failover at +5.000s (master killed at +5.000s)",
 		"c": "runs: the write after its delivery on w1 returned at +4.700s may have been lost with the failover at +5.000s (master killed at +5.000s)",
 		"e": "runs: its enqueue, acknowledged at +12.300s may have been lost with the lossy failover at +12.000s (master killed at +12.400s)",
+		"h": "runs: its enqueue, acknowledged at +13.000s may have been lost with the lossy failover at +12.000s (master killed at +12.400s)",
 	}
 	if len(advised) != len(want) {
 		t.Fatalf("want advisories %v, got %v", want, advised)
@@ -1156,8 +1158,8 @@ func TestAsynqWritesAFailoverMayHaveLostAreAdvisory(t *testing.T) {
 	// Without the failovers, every one of them fails the seed.
 	h.recs = slices.DeleteFunc(h.recs, func(r Record) bool { return r.Ev == evFault })
 	vs, _ = check(h.w, h.sorted(), nil, true)
-	if failing(vs) != 7 {
-		t.Fatalf("want seven failing violations without failovers, got %v", vs)
+	if failing(vs) != 8 {
+		t.Fatalf("want eight failing violations without failovers, got %v", vs)
 	}
 }
 
