@@ -77,6 +77,45 @@ func TestOverlapIsReported(t *testing.T) {
 	}
 }
 
+// Under WithLimitFunc each run brings its own limit: a run of a key may
+// begin only while the runs holding it are fewer than its limit and than
+// each of theirs. Two runs of limit 3 may overlap; a run of limit 1 may
+// neither join one of limit 3 nor be joined by one, nor may a third run
+// join two when one of them has limit 2.
+func TestPerTaskLimitOverlapIsReported(t *testing.T) {
+	cases := []struct {
+		name   string
+		limits []int // of a, b, c, each run beginning while the ones before run
+		want   int
+	}{
+		{"3 and 3", []int{3, 3}, 0},
+		{"3, 3 and 3", []int{3, 3, 3}, 0},
+		{"3 joined by 1", []int{3, 1}, 1},
+		{"1 joined by 3", []int{1, 3}, 1},
+		{"3 and 2 joined by 3", []int{3, 2, 3}, 1},
+		{"2 and 3 joined by 3", []int{2, 3, 3}, 1},
+		{"3 and 3 joined by 2", []int{3, 3, 2}, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHist(polSkip)
+			h.w.Families[0].LimitFunc, h.w.Families[0].Limit = true, 3 // a family limit the runs' own must override
+			for i, limit := range c.limits {
+				task := []string{"a", "b", "c"}[i]
+				h.w.Ops[i].Limit = limit
+				h.enqueue(0, task)
+				proc := fmt.Sprintf("w%d", i)
+				h.add(10+10*i, proc, evDeliver, task, nil)
+				s := h.add(10+10*i, proc, evStart, task, func(r *Record) { r.Limit = limit })
+				h.add(200, proc, evEnd, task, func(r *Record) { r.Outcome, r.Run = "ok", s })
+			}
+			if got := h.check(); got[ruleOverlap] != c.want || len(got) != c.want {
+				t.Fatalf("want %d overlap, got %v", c.want, got)
+			}
+		})
+	}
+}
+
 // A run told that its lease was lost counts only until then; a run whose
 // process was paused past the TTL counts until the pause.
 func TestOverlapAfterALossTheRunWasToldOfIsExcused(t *testing.T) {
