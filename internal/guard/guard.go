@@ -185,14 +185,16 @@ func New(locker *lockkit.Locker, opts ...Option) (*Guard, error) {
 	if err := g.policy.validate(); err != nil {
 		return nil, err
 	}
-	limitName := fmt.Sprintf("WithLimit(%d)", g.limit)
+	// most is the largest limit a job may have: WithLimit's, or any that
+	// WithLimitFunc's function may give.
+	most, limitName := g.limit, fmt.Sprintf("WithLimit(%d)", g.limit)
 	if g.limitSet {
-		limitName, g.limit = "WithLimitFunc", 2 // any limit: refused where a limit above 1 is
+		most, limitName = lockcore.MaxLimit, "WithLimitFunc"
 	}
 	switch {
 	case g.limitSet && g.limitOf == nil:
 		return nil, fmt.Errorf("%w: WithLimitFunc(nil)", ErrInvalid)
-	case g.limit < 1 || g.limit > lockcore.MaxLimit:
+	case !g.limitSet && (g.limit < 1 || g.limit > lockcore.MaxLimit):
 		return nil, fmt.Errorf("%w: %s: must be between 1 and %d", ErrInvalid, limitName, lockcore.MaxLimit)
 	case g.throttle != nil && (g.throttle.n < 1 || g.throttle.period < time.Millisecond || g.throttle.period > lockcore.MaxTTL):
 		return nil, fmt.Errorf("%w: WithThrottle(%d, %s): n must be at least 1 and period between 1ms and %s", ErrInvalid, g.throttle.n, g.throttle.period, lockcore.MaxTTL)
@@ -200,13 +202,13 @@ func New(locker *lockkit.Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("%w: WithThrottle: then must be ActionSkip or ActionRequeue, not %s", ErrInvalid, g.throttle.then)
 	case g.hold < 0 || g.hold > lockcore.MaxTTL:
 		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): must not be negative nor longer than %s", ErrInvalid, g.hold, lockcore.MaxTTL)
-	case g.limit > 1 && g.policy.mode == ModeKeepNewest:
+	case most > 1 && g.policy.mode == ModeKeepNewest:
 		return nil, fmt.Errorf("%w: %s: KeepNewest runs one job per key at a time", ErrInvalid, limitName)
-	case g.limit > 1 && g.policy.mode == ModePreempt:
+	case most > 1 && g.policy.mode == ModePreempt:
 		return nil, fmt.Errorf("%w: %s: Preempt runs one job per key at a time", ErrInvalid, limitName)
 	case g.hold > 0 && g.policy.mode == ModePreempt:
 		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): Preempt ends runs early, so it cannot keep a key held", ErrInvalid, g.hold)
-	case g.limit > 1 && g.policy.mode == ModeCoalesce:
+	case most > 1 && g.policy.mode == ModeCoalesce:
 		return nil, fmt.Errorf("%w: %s: Coalesce runs one job per key at a time", ErrInvalid, limitName)
 	case g.ttl != 0 && (g.ttl < lockcore.MinTTL || g.ttl > lockcore.MaxTTL):
 		return nil, fmt.Errorf("%w: WithTTL(%s): must be zero (the Locker's) or between %s and %s", ErrInvalid, g.ttl, lockcore.MinTTL, lockcore.MaxTTL)
@@ -223,9 +225,6 @@ func New(locker *lockkit.Locker, opts ...Option) (*Guard, error) {
 	case g.parkingSet && (g.parking.Hold < 0 || g.parking.Hold > lockcore.MaxTTL):
 		return nil, fmt.Errorf("%w: WithParking: Hold %s must not be negative nor longer than %s", ErrInvalid, g.parking.Hold, lockcore.MaxTTL)
 
-	}
-	if g.limitSet {
-		g.limit = 1 // a job whose limit is not its own (no WithLimitFunc result yet)
 	}
 	for i, o := range g.observers {
 		if o == nil {
