@@ -242,9 +242,9 @@ func WithLimit(n int) Option { return guard.WithLimit(n) }
 // waiter woken by a release is admitted by the same rule. fn returning
 // less than 1 or more than 10,000 fails that job without running it: Run
 // returns an error matching ErrInvalid that names the key and the value
-// (reported as an EventError), not a duplicate. A key's parked jobs
-// (singleton's Requeue) are kept and started only by jobs whose limit is
-// 1. New refuses it with Coalesce, KeepNewest and Preempt, which run one
+// (reported as an EventError), not a duplicate. Only a job whose limit is
+// 1 is parked for its key (singleton's Requeue); the end of any run of the
+// key, whatever its limit, starts the oldest parked job. New refuses it with Coalesce, KeepNewest and Preempt, which run one
 // job per key at a time whatever fn returns. fn must not be nil. It
 // replaces a WithLimit given before it. Defaults to none: every job has
 // WithLimit's limit.

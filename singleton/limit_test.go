@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -224,5 +225,67 @@ func TestTaskTypesWithDifferentLimitsOnOneKey(t *testing.T) {
 		close(release["report"])
 		e.Drained(10 * time.Second)
 		require.Empty(t, started)
+	})
+}
+
+// Under Requeue, tasks of one key with limits that differ (1 or 2, by the
+// task) across three servers all run, once each, and never more at once
+// than the smallest limit among the running ones: duplicates of limit 1
+// are parked and started by the run that frees the key, whatever its own
+// limit, the others come back after the policy's delay.
+func TestRequeueWithPerTaskLimits(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		const tasks = 24
+		byN := func(_ context.Context, t *asynq.Task) int { return 1 + tenantOf(t).N%2 }
+		var (
+			mu      sync.Mutex
+			running []int // the limits of the running tasks
+			ran     = map[int]int{}
+			worst   string
+		)
+		for i := range 3 {
+			mw, err := singleton.Middleware(e.locker(lockkit.WithOwner(fmt.Sprintf("server-%d", i))), byTenant,
+				singleton.WithLimitFunc(byN), singleton.WithPolicy(middleware.Requeue(50*time.Millisecond)), singleton.WithRedis(e.RDB))
+			require.NoError(t, err)
+			mux := asynq.NewServeMux()
+			mux.Use(mw)
+			mux.HandleFunc("report", func(ctx context.Context, task *asynq.Task) error {
+				limit := byN(ctx, task)
+				mu.Lock()
+				running = append(running, limit)
+				if len(running) > slices.Min(running) && worst == "" {
+					worst = fmt.Sprint(running)
+				}
+				mu.Unlock()
+				time.Sleep(20 * time.Millisecond) // the work
+				mu.Lock()
+				i := slices.Index(running, limit)
+				running = slices.Delete(running, i, i+1)
+				ran[tenantOf(task).N]++
+				mu.Unlock()
+				return nil
+			})
+			e.start(e.config(4), mux)
+		}
+		for n := range tasks {
+			opts := []asynq.Option{}
+			if n%3 == 0 {
+				opts = append(opts, asynq.MaxRetry(0))
+			}
+			e.Enqueue(asynq.NewTask("report", []byte(fmt.Sprintf(`{"tenant_id":"acme","n":%d}`, n))), opts...)
+		}
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(ran) == tasks
+		}, parkBackstop/2, 10*time.Millisecond, "every task ran before a parked task's backstop")
+		e.Drained(10 * time.Second)
+		mu.Lock()
+		defer mu.Unlock()
+		for n := range tasks {
+			require.Equal(t, 1, ran[n], "task %d ran once", n)
+		}
+		require.Empty(t, worst, "runs with these limits overlapped")
 	})
 }

@@ -147,7 +147,8 @@ type Parking struct {
 // the key from it. The job's own requeue after the policy's delay stays:
 // it is the backstop when the process that ran the key dies before it
 // resumes anyone. Only jobs whose limit is 1 (WithLimit(1), the default, or
-// WithLimitFunc's 1) are parked and resume parked jobs.
+// WithLimitFunc's 1) are parked; their runs resume parked jobs, and so do
+// the runs of every limit under WithLimitFunc.
 func WithParking(p Parking) Option {
 	return optionFunc(func(g *Guard) { g.parking, g.parkingSet = &p, true })
 }
