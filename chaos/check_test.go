@@ -1299,3 +1299,31 @@ func TestUnplannedFailoverHasAWindowOfItsOwn(t *testing.T) {
 		t.Fatalf("want one planned and one unplanned failover, got %v", st.faults)
 	}
 }
+
+// The WithLimitFunc family's tasks bring limits of 1 to 3, and the
+// even-numbered and odd-numbered workers give every task different ones,
+// so that runs of one key hold it with different limits.
+func TestLimitFuncFamilyWorkersDisagree(t *testing.T) {
+	w := newWorkload(7, 10*time.Second, true, topoStandalone)
+	fam := slices.IndexFunc(w.Families, func(f Family) bool { return f.LimitFunc })
+	if fam < 0 {
+		t.Fatal("no LimitFunc family")
+	}
+	n := 0
+	for _, op := range w.Ops {
+		if op.Fam != fam {
+			if op.Limit != 0 {
+				t.Fatalf("%s of another family has a limit", op.ID)
+			}
+			continue
+		}
+		n++
+		p := payload{L: op.Limit}
+		if op.Limit < 1 || op.Limit > 3 || limitOf("w0", p) == limitOf("w1", p) || limitOf("w0", p) != limitOf("w2", p) {
+			t.Fatalf("%s: limit %d, w0 %d, w1 %d, w2 %d", op.ID, op.Limit, limitOf("w0", p), limitOf("w1", p), limitOf("w2", p))
+		}
+	}
+	if n == 0 {
+		t.Fatal("the LimitFunc family has no task")
+	}
+}
