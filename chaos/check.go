@@ -18,7 +18,7 @@ import (
 
 // Rules the checkers enforce, as named in violations.
 const (
-	ruleOverlap     = "overlap"      // runs of one key never overlap beyond the limit
+	ruleOverlap     = "overlap"      // runs of one key never overlap beyond the limit: the smallest of a run's own and those of the runs holding the key when it began (WithLimitFunc)
 	ruleRuns        = "runs"         // Requeue / Wait / ParkAtEnqueue: every accepted task completes, once
 	ruleCover       = "cover"        // Coalesce: a task that did not run was covered by a later run that succeeded
 	ruleNewest      = "newest"       // KeepNewest / Preempt, singleton.Client: the last run of a key is of its newest task, and succeeded
@@ -107,6 +107,7 @@ type run struct {
 	proc, task, key string
 	fam             Family
 	n               int
+	limit           int // the limit it took the key with: its family's, or its own (Record.Limit)
 	seq             int64
 	deliv           int64 // the delivery the run belongs to: when it began
 	start, end      int64 // end: the end record's time, or the process's death
@@ -274,7 +275,10 @@ func index(w Workload, recs []Record) *history {
 			if !ok {
 				d = r.T
 			}
-			ru := &run{proc: r.Proc, task: r.Task, key: t.fam.Name + "/" + t.key, fam: t.fam, n: t.n, seq: r.Seq, deliv: d, start: r.T, recs: []Record{r}}
+			ru := &run{proc: r.Proc, task: r.Task, key: t.fam.Name + "/" + t.key, fam: t.fam, n: t.n, limit: t.fam.Limit, seq: r.Seq, deliv: d, start: r.T, recs: []Record{r}}
+			if r.Limit > 0 {
+				ru.limit = r.Limit
+			}
 			open[fmt.Sprint(r.Proc, "/", r.Seq)] = ru
 			t.runs = append(t.runs, ru)
 			h.runs = append(h.runs, ru)
@@ -458,8 +462,10 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 	return vs, st
 }
 
-// checkOverlap: at no time do more runs of one key count than its family's
-// limit, and two runs of one task never overlap (whatever the limit).
+// checkOverlap: a run of a key begins only while fewer runs of the key
+// count than its limit and than the limit of each of them (the family's,
+// or under WithLimitFunc each run's own: docs/rules.md), and two runs of
+// one task never overlap (whatever the limit).
 func (h *history) checkOverlap() []Violation {
 	var vs []Violation
 	byKey := map[string][]*run{}
@@ -471,13 +477,20 @@ func (h *history) checkOverlap() []Violation {
 		byKey[ru.key] = append(byKey[ru.key], ru)
 		byTask[ru.task] = append(byTask[ru.task], ru)
 	}
-	over := func(runs []*run, limit int, what string) {
+	over := func(runs []*run, perRun bool, what string) {
 		slices.SortFunc(runs, func(a, b *run) int { return cmpInt(a.start, b.start) })
 		for i, ru := range runs {
 			var with []*run
 			for _, o := range runs[:i] {
 				if o.effEnd > ru.start {
 					with = append(with, o)
+				}
+			}
+			limit := 1
+			if perRun {
+				limit = ru.limit
+				for _, o := range with {
+					limit = min(limit, o.limit)
 				}
 			}
 			if len(with) >= limit {
@@ -494,10 +507,10 @@ func (h *history) checkOverlap() []Violation {
 		}
 	}
 	for key, runs := range byKey {
-		over(runs, runs[0].fam.Limit, "key "+key)
+		over(runs, true, "key "+key)
 	}
 	for task, runs := range byTask {
-		over(runs, 1, "task "+task)
+		over(runs, false, "task "+task)
 	}
 	return vs
 }

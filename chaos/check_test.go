@@ -77,6 +77,45 @@ func TestOverlapIsReported(t *testing.T) {
 	}
 }
 
+// Under WithLimitFunc each run brings its own limit: a run of a key may
+// begin only while the runs holding it are fewer than its limit and than
+// each of theirs. Two runs of limit 3 may overlap; a run of limit 1 may
+// neither join one of limit 3 nor be joined by one, nor may a third run
+// join two when one of them has limit 2.
+func TestPerTaskLimitOverlapIsReported(t *testing.T) {
+	cases := []struct {
+		name   string
+		limits []int // of a, b, c, each run beginning while the ones before run
+		want   int
+	}{
+		{"3 and 3", []int{3, 3}, 0},
+		{"3, 3 and 3", []int{3, 3, 3}, 0},
+		{"3 joined by 1", []int{3, 1}, 1},
+		{"1 joined by 3", []int{1, 3}, 1},
+		{"3 and 2 joined by 3", []int{3, 2, 3}, 1},
+		{"2 and 3 joined by 3", []int{2, 3, 3}, 1},
+		{"3 and 3 joined by 2", []int{3, 3, 2}, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHist(polSkip)
+			h.w.Families[0].LimitFunc, h.w.Families[0].Limit = true, 3 // a family limit the runs' own must override
+			for i, limit := range c.limits {
+				task := []string{"a", "b", "c"}[i]
+				h.w.Ops[i].Limit = limit
+				h.enqueue(0, task)
+				proc := fmt.Sprintf("w%d", i)
+				h.add(10+10*i, proc, evDeliver, task, nil)
+				s := h.add(10+10*i, proc, evStart, task, func(r *Record) { r.Limit = limit })
+				h.add(200, proc, evEnd, task, func(r *Record) { r.Outcome, r.Run = "ok", s })
+			}
+			if got := h.check(); got[ruleOverlap] != c.want || len(got) != c.want {
+				t.Fatalf("want %d overlap, got %v", c.want, got)
+			}
+		})
+	}
+}
+
 // A run told that its lease was lost counts only until then; a run whose
 // process was paused past the TTL counts until the pause.
 func TestOverlapAfterALossTheRunWasToldOfIsExcused(t *testing.T) {
@@ -1260,5 +1299,33 @@ func TestUnplannedFailoverHasAWindowOfItsOwn(t *testing.T) {
 	}
 	if st.faults["failover-unplanned"] != 1 || st.faults[faultFailover] != 1 {
 		t.Fatalf("want one planned and one unplanned failover, got %v", st.faults)
+	}
+}
+
+// The WithLimitFunc family's tasks bring limits of 1 to 3, and the
+// even-numbered and odd-numbered workers give every task different ones,
+// so that runs of one key hold it with different limits.
+func TestLimitFuncFamilyWorkersDisagree(t *testing.T) {
+	w := newWorkload(7, 10*time.Second, true, topoStandalone)
+	fam := slices.IndexFunc(w.Families, func(f Family) bool { return f.LimitFunc })
+	if fam < 0 {
+		t.Fatal("no LimitFunc family")
+	}
+	n := 0
+	for _, op := range w.Ops {
+		if op.Fam != fam {
+			if op.Limit != 0 {
+				t.Fatalf("%s of another family has a limit", op.ID)
+			}
+			continue
+		}
+		n++
+		p := payload{L: op.Limit}
+		if op.Limit < 1 || op.Limit > 3 || limitOf("w0", p) == limitOf("w1", p) || limitOf("w0", p) != limitOf("w2", p) {
+			t.Fatalf("%s: limit %d, w0 %d, w1 %d, w2 %d", op.ID, op.Limit, limitOf("w0", p), limitOf("w1", p), limitOf("w2", p))
+		}
+	}
+	if n == 0 {
+		t.Fatal("the LimitFunc family has no task")
 	}
 }

@@ -59,7 +59,8 @@ type Record struct {
 	Holder   string `json:"holder,omitempty"` // a refused Unique enqueue: the asynq ID of the task holding the key
 	RedisUS  int64  `json:"redis_us,omitempty"`
 	Retry    int    `json:"retry,omitempty"`
-	Run      int64  `json:"run,omitempty"` // the Seq of the run's start record, on its end, cancel and guard events
+	Run      int64  `json:"run,omitempty"`   // the Seq of the run's start record, on its end, cancel and guard events
+	Limit    int    `json:"limit,omitempty"` // a run's start in a LimitFunc family: the limit its worker gave the task
 }
 
 func (r Record) String() string {

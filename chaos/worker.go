@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -38,6 +39,18 @@ type payload struct {
 	PanicOnce bool          `json:"panic_once,omitempty"`
 	IgnoreCtx bool          `json:"ignore_ctx,omitempty"`
 	TakeBack  bool          `json:"take_back,omitempty"`
+	L         int           `json:"l,omitempty"` // the task's limit (Op.Limit; see limitOf)
+}
+
+// limitOf is the limit that the worker proc gives the task p of a LimitFunc
+// family: p.L on the even-numbered workers (w0, w2, ...), and on the others
+// the function of another deploy, which turns 1, 2, 3 into 2, 3, 1. A run
+// records the limit it was given (Record.Limit).
+func limitOf(proc string, p payload) int {
+	if n, err := strconv.Atoi(strings.TrimPrefix(proc, "w")); err == nil && n%2 == 1 {
+		return 1 + p.L%3
+	}
+	return p.L
 }
 
 // runInfo travels in a delivery's ctx, so that the guard's events name the
@@ -196,6 +209,13 @@ func workerMain(args []string) error {
 			}
 			if f.HoldAtLeast > 0 {
 				opts = append(opts, singleton.WithHoldAtLeast(f.HoldAtLeast))
+			}
+			if f.LimitFunc {
+				opts = append(opts, singleton.WithLimitFunc(func(_ context.Context, t *asynq.Task) int {
+					var p payload
+					_ = json.Unmarshal(t.Payload(), &p)
+					return limitOf(*id, p)
+				}))
 			}
 			guard, err := singleton.Middleware(locker, opts...)
 			if err != nil {
@@ -359,6 +379,9 @@ func work(rec *recorder, rdb redis.UniversalClient, prefix string) asynq.Handler
 		base := Record{Task: p.ID, AID: ri.aid, Fam: p.Fam, Key: p.K, N: p.N}
 		start := base
 		start.Ev = evStart
+		if p.L > 0 {
+			start.Limit = limitOf(rec.proc, p)
+		}
 		run := rec.add(start).Seq
 		ri.mu.Lock()
 		ri.run = run

@@ -89,6 +89,11 @@ type Family struct {
 	// TTL, when not zero, is the family's lease TTL instead of the
 	// workload's.
 	TTL time.Duration `json:"ttl,omitempty"`
+	// LimitFunc: the middleware takes each task's limit from the task
+	// (singleton.WithLimitFunc, limitOf) instead of Limit: its Op.Limit,
+	// which half the workers change, as a rolling deploy of another
+	// function would.
+	LimitFunc bool `json:"limit_func,omitempty"`
 }
 
 // TaskType is the asynq task type of the family's tasks.
@@ -114,6 +119,8 @@ type Op struct {
 	TakeBack bool `json:"take_back,omitempty"`
 	MaxRetry int  `json:"max_retry"`
 	TaskID   bool `json:"task_id,omitempty"` // enqueued with asynq.TaskID(ID)
+	// Limit is the task's limit in a LimitFunc family (payload "l"), 1 to 3.
+	Limit int `json:"limit,omitempty"`
 	// In, when not zero, delays the task: enqueued with asynq.ProcessIn(In).
 	In time.Duration `json:"in,omitempty"`
 	// Enq, when not empty, is how the op is enqueued instead of by its
@@ -441,6 +448,19 @@ func newWorkload(seed uint64, length time.Duration, faults bool, topo topology) 
 			w.Faults = append(w.Faults, f)
 		}
 		slices.SortStableFunc(w.Faults, func(a, b Fault) int { return int(a.At - b.At) })
+	}
+	// Per-task limits (WithLimitFunc) under Skip, Requeue or Wait: each task
+	// brings its own limit, and the workers disagree about it (limitOf), so
+	// that runs of one key hold it with different limits. Drawn after
+	// everything else.
+	lf := Family{Name: "f15limitfunc", Policy: []string{polSkip, polRequeue, polWait}[r.IntN(3)], Limit: 1, Keys: 1 + r.IntN(2), Client: cliPlain, LimitFunc: true}
+	w.Families = append(w.Families, lf)
+	for range 2 + int(length/(10*time.Second)) {
+		from := len(w.Ops)
+		burst(len(w.Families) - 1)
+		for i := from; i < len(w.Ops); i++ {
+			w.Ops[i].Limit = 1 + r.IntN(3)
+		}
 	}
 	// Numbers within a key follow enqueue order.
 	slices.SortStableFunc(w.Ops, func(a, b Op) int { return int(a.At - b.At) })

@@ -354,7 +354,7 @@ func TestValidation(t *testing.T) {
 		{"negative tolerance", locker, []cronguard.Option{cronguard.WithTolerance(-time.Second)}, "e", "@hourly", "WithTolerance(-1s): must not be negative"},
 		{"short TTL", locker, []cronguard.Option{cronguard.WithTTL(time.Millisecond)}, "e", "@hourly", "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
 		{"delay without a bound", locker, []cronguard.Option{cronguard.WithPolicy(cronguard.WaitInOrder(0, cronguard.Skip()))}, "e", "@hourly", "WaitInOrder: the wait 0s must be positive"},
-		{"allow zero", locker, []cronguard.Option{cronguard.WithLimit(0)}, "e", "@hourly", "WithLimit(0): must be at least 1"},
+		{"allow zero", locker, []cronguard.Option{cronguard.WithLimit(0)}, "e", "@hourly", "WithLimit(0): must be between 1 and 10000"},
 		{"requeue", locker, []cronguard.Option{cronguard.WithPolicy(middleware.Requeue(time.Second))}, "e", "@hourly", "WithPolicy(Requeue(1s)): cron runs a tick once"},
 		{"fail after a wait", locker, []cronguard.Option{cronguard.WithPolicy(cronguard.Wait(time.Second, middleware.Fail()))}, "e", "@hourly", "a tick cannot be requeued or failed"},
 		{"coalesce", locker, []cronguard.Option{cronguard.WithPolicy(middleware.Coalesce())}, "e", "@hourly", "WithPolicy(Coalesce()): a tick that finds its entry running"},

@@ -31,7 +31,8 @@
 //   - Every acquire returns a fencing token (Lease.Token) greater than any
 //     earlier token of the key; resources that must never see a stale holder
 //     check it.
-//   - AcquireOptions.Limit allows N holders of a key at once;
+//   - AcquireOptions.Limit allows N holders of a key at once (never more
+//     than the smallest limit among its holders, when callers disagree);
 //     AcquireOptions.Fair serves waiters in arrival order;
 //     AcquireOptions.HoldAtLeast keeps a key taken for a period.
 //   - Inspect and Keys show holders and waiters; CancelRun asks runs to stop

@@ -76,8 +76,16 @@ type AcquireOptions struct {
 	// is called. Defaults to false (renewed until released).
 	NoRenew bool
 	// Limit is how many holders the key allows at once (a counting semaphore).
-	// Zero means 1, a plain lock; a negative value is an error. Every caller of a
-	// key should pass the same limit.
+	// Zero means 1, a plain lock; it must be at most 10,000, and a negative
+	// value is an error. Callers may pass different limits for one key (a
+	// rolling deploy that changes it): the key keeps the limit of each live
+	// holder, and an acquire is admitted only while the live holders are
+	// fewer than its own limit and than the limit of every one of them, so
+	// the key never has more holders than the smallest limit among them
+	// allows. When the holders with the smaller limit are gone, the larger
+	// one applies again; a waiter with the larger limit is never blocked
+	// beyond that, and one with the smaller waits until the holders are
+	// fewer than its limit. Defaults to 1.
 	Limit int
 	// Fair makes a waiting Acquire queue in arrival order: a slot goes to the
 	// earliest live waiter. A waiter that stops polling (its process died) is

@@ -57,3 +57,45 @@ func ExampleWithLimit() {
 	// Output:
 	// middleware: invalid option: WithLimit(2): KeepNewest runs one job per key at a time
 }
+
+// Each job gets its own limit: a premium tenant's key runs two jobs at
+// once, another tenant's one.
+func ExampleWithLimitFunc() {
+	ctx := context.Background()
+	store, err := inprocess.Start()
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	locker, err := store.Locker()
+	if err != nil {
+		panic(err)
+	}
+	defer locker.Close(ctx)
+	premium := map[string]bool{"tenant:acme": true}
+	g, err := middleware.New(locker, middleware.WithLimitFunc(func(_ context.Context, job middleware.Job) int {
+		if premium[job.Key] {
+			return 2
+		}
+		return 1
+	}))
+	if err != nil {
+		panic(err)
+	}
+	for _, key := range []string{"tenant:acme", "tenant:globex"} {
+		job := middleware.Job{Key: key, Name: "report"}
+		g.Run(ctx, job, func(ctx context.Context) error {
+			second := g.Run(ctx, job, func(ctx context.Context) error {
+				third := g.Run(ctx, job, func(context.Context) error { return nil })
+				fmt.Printf("%s: third run at once: %t\n", key, third.Ran)
+				return nil
+			})
+			fmt.Printf("%s: second run at once: %t\n", key, second.Ran)
+			return nil
+		})
+	}
+	// Output:
+	// tenant:acme: third run at once: false
+	// tenant:acme: second run at once: true
+	// tenant:globex: second run at once: false
+}

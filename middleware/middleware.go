@@ -35,6 +35,7 @@
 package middleware
 
 import (
+	"context"
 	"log/slog"
 	"time"
 
@@ -49,8 +50,9 @@ var (
 	// epoch.
 	ErrDuplicate = guard.ErrDuplicate
 	// ErrInvalid is matched by every error New returns for a nil locker or an
-	// invalid option; it also matches lockkit.ErrInvalid. The message names
-	// the option and the bad value.
+	// invalid option, and by the error of a Run whose WithLimitFunc gave a
+	// limit out of range; it also matches lockkit.ErrInvalid. The message
+	// names the option and the bad value.
 	ErrInvalid = guard.ErrInvalid
 	// ErrPreempted is the cause (context.Cause) of the cancellation of a
 	// run's ctx when a newer job of its key took over (Preempt): the run's
@@ -73,8 +75,8 @@ type Guard = guard.Guard
 // matching ErrInvalid for a nil locker, an option of another package
 // (singleton's key options, say), or an invalid option, naming the option
 // and the value. The combinations that cannot work are refused here:
-// WithLimit above 1 with Coalesce, KeepNewest or Preempt; WithHoldAtLeast
-// with Preempt.
+// WithLimit above 1, or WithLimitFunc, with Coalesce, KeepNewest or
+// Preempt; WithHoldAtLeast with Preempt.
 func New(locker *lockkit.Locker, opts ...Option) (*Guard, error) { return guard.New(locker, opts...) }
 
 // Option configures a Guard; singleton.New, singleton.Middleware and
@@ -218,8 +220,35 @@ const (
 func WithPolicy(p Policy) Option { return guard.WithPolicy(p) }
 
 // WithLimit sets how many runs of one key may hold it at once (per-key
-// concurrency across every process). Must be at least 1. Defaults to 1.
+// concurrency across every process). Processes that give one key different
+// limits (a rolling deploy that changes n) never let it have more runs than
+// the smallest limit among its runs allows (see WithLimitFunc). Must be
+// between 1 and 10,000. It replaces a WithLimitFunc given before it.
+// Defaults to 1.
 func WithLimit(n int) Option { return guard.WithLimit(n) }
+
+// WithLimitFunc gives each job its own limit: fn(ctx, job) is how many runs
+// of job.Key may hold it at once while this job runs (premium tenants 10,
+// the others 1), called once per Run before the job takes its key, with
+// Run's ctx. The key keeps the limit each of its runs took it with: a job
+// is admitted only while the key's runs are fewer than its own limit and
+// than the limit of every one of them, so the key never has more runs than
+// the smallest limit among them allows, whichever process or task type
+// gave which. Jobs that disagree (a rolling deploy that changes fn, or
+// another process under another WithLimit) do not deadlock: a job with the
+// larger limit counts against the smaller only while a run that took the
+// key with it lives, and a job with the smaller one waits (or is a
+// duplicate under its policy) until the runs are fewer than its limit. A
+// waiter woken by a release is admitted by the same rule. fn returning
+// less than 1 or more than 10,000 fails that job without running it: Run
+// returns an error matching ErrInvalid that names the key and the value
+// (reported as an EventError), not a duplicate. Only a job whose limit is
+// 1 is parked for its key (singleton's Requeue); the end of any run of the
+// key, whatever its limit, starts the oldest parked job. New refuses it with Coalesce, KeepNewest and Preempt, which run one
+// job per key at a time whatever fn returns. fn must not be nil. It
+// replaces a WithLimit given before it. Defaults to none: every job has
+// WithLimit's limit.
+func WithLimitFunc(fn func(ctx context.Context, job Job) int) Option { return guard.WithLimitFunc(fn) }
 
 // WithThrottle allows at most n runs of a key to begin in any window of one
 // period across every process (a budget kept on the Redis and under the prefix

@@ -343,3 +343,112 @@ func ExampleParkAtEnqueue() {
 	// scheduled
 	// scheduled
 }
+
+// Premium tenants run two reports at once, the others one: the limit is a
+// function of the task.
+func ExampleWithLimitFunc() {
+	store, err := inprocess.Start()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	locker, err := store.Locker()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+	tierOf := func(t *asynq.Task) string {
+		var p struct {
+			Tier string `json:"tier"`
+		}
+		_ = json.Unmarshal(t.Payload(), &p)
+		return p.Tier
+	}
+	mw, err := singleton.Middleware(locker,
+		singleton.KeyByFields("tenant_id"),
+		singleton.WithLimitFunc(func(_ context.Context, t *asynq.Task) int {
+			if tierOf(t) == "premium" {
+				return 2
+			}
+			return 1
+		}),
+		singleton.WithObserver(func(_ context.Context, e middleware.Event) {
+			if e.Kind == middleware.EventDuplicate {
+				fmt.Printf("skipped: %s has as many runs as its limit\n", e.Job.Key)
+			}
+		}),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var h asynq.Handler
+	depth := 0
+	h = mw(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		depth++
+		defer func() { depth-- }()
+		fmt.Printf("running %s (%d at once)\n", t.Payload(), depth)
+		if depth < 3 {
+			_ = h.ProcessTask(ctx, asynq.NewTask("report", t.Payload())) // the same tenant again
+		}
+		return nil
+	}))
+	_ = h.ProcessTask(context.Background(), asynq.NewTask("report", []byte(`{"tenant_id":"acme","tier":"premium"}`)))
+	_ = h.ProcessTask(context.Background(), asynq.NewTask("report", []byte(`{"tenant_id":"globex","tier":"basic"}`)))
+	// Output:
+	// running {"tenant_id":"acme","tier":"premium"} (1 at once)
+	// running {"tenant_id":"acme","tier":"premium"} (2 at once)
+	// skipped: asynq:report:tenant_id="acme" has as many runs as its limit
+	// running {"tenant_id":"globex","tier":"basic"} (1 at once)
+	// skipped: asynq:report:tenant_id="globex" has as many runs as its limit
+}
+
+// Tasks of several types count against one key when their key option
+// derives the same key for them: KeyFunc keys used as returned, so
+// "tenant:<id>" is shared by reports and exports (the built-in key options
+// start with the task type, so they never are). With WithLimit(1) a
+// tenant runs one of its tasks at a time, whatever its type.
+func ExampleKeyFunc_sharedAcrossTaskTypes() {
+	store, err := inprocess.Start()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	locker, err := store.Locker()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+	mw, err := singleton.Middleware(locker,
+		singleton.KeyFunc(func(_ context.Context, t *asynq.Task) (string, error) {
+			var p struct {
+				Tenant string `json:"tenant_id"`
+			}
+			if err := json.Unmarshal(t.Payload(), &p); err != nil || p.Tenant == "" {
+				return "", errors.New("no tenant_id")
+			}
+			return "tenant:" + p.Tenant, nil // the same for every task type
+		}),
+		singleton.WithObserver(func(_ context.Context, e middleware.Event) {
+			if e.Kind == middleware.EventDuplicate {
+				fmt.Printf("skipped %s: %s is held\n", e.Job.Name, e.Job.Key)
+			}
+		}),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var h asynq.Handler
+	h = mw(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		fmt.Printf("running %s of %s\n", t.Type(), t.Payload())
+		if t.Type() == "report" {
+			_ = h.ProcessTask(ctx, asynq.NewTask("export", []byte(`{"tenant_id":"acme"}`)))
+			_ = h.ProcessTask(ctx, asynq.NewTask("export", []byte(`{"tenant_id":"globex"}`)))
+		}
+		return nil
+	}))
+	_ = h.ProcessTask(context.Background(), asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`)))
+	// Output:
+	// running report of {"tenant_id":"acme"}
+	// skipped export: tenant:acme is held
+	// running export of {"tenant_id":"globex"}
+}

@@ -241,7 +241,7 @@ func (m *guarded) runFirst(ctx context.Context, queue, origin string, ids ...str
 // to be throttled too, and the next, each an extra delivery, all put back
 // together. (One that the throttle skips passes the key on.)
 func (m *guarded) passOn(ctx context.Context, dup *guard.DuplicateError, key, origin string) {
-	if m.inspector == nil || origin == "" || m.limit > 1 ||
+	if m.inspector == nil || origin == "" || m.limitOf(dup.Job) > 1 ||
 		(dup.Reason == guard.ReasonThrottled && dup.Action == guard.ActionRequeue) {
 		return
 	}

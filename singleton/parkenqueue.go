@@ -174,8 +174,12 @@ func (c *Client) enqueueParked(ctx context.Context, task *asynq.Task, key, id, q
 // tasks or takes them out of the key's parked queue. It also drops the
 // entries of tasks that will not come (dropGoneParked).
 func (m *guarded) refuseParked(ctx context.Context, job guard.Job) error {
-	err := fmt.Errorf("%w: WithLimit(%d): task %q (key %q) was enqueued with ParkAtEnqueue, which needs WithLimit(1) (%w)",
-		ErrInvalid, m.limit, job.Name, job.Key, asynq.SkipRetry)
+	limit := fmt.Sprintf("WithLimit(%d)", m.limit)
+	if m.limitFunc {
+		limit = fmt.Sprintf("WithLimitFunc gave %d", m.limitOf(job))
+	}
+	err := fmt.Errorf("%w: %s: task %q (key %q) was enqueued with ParkAtEnqueue, which needs a limit of 1 (%w)",
+		ErrInvalid, limit, job.Name, job.Key, asynq.SkipRetry)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if _, ferr := m.core.ForceRelease(fctx, job.Key, lockcore.Select{Label: guard.WorkOf(job).Label}); ferr != nil {

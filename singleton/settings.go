@@ -1,6 +1,13 @@
 package singleton
 
-import "github.com/jobguard/jobguard/middleware"
+import (
+	"context"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/jobguard/jobguard/internal/guard"
+	"github.com/jobguard/jobguard/middleware"
+)
 
 // The guard's settings and policies, declared and documented in package
 // middleware, reachable from here so that the asynq side needs one import:
@@ -12,9 +19,11 @@ import "github.com/jobguard/jobguard/middleware"
 //     Requeue, and Coalesce, KeepNewest or Preempt with WithThrottle) needs
 //     WithRedis, which New gives; a requeued duplicate is parked for its key
 //     and started by the run that frees it (see WithRedis). Defaults to Skip.
-//   - WithLimit: every server must use the same limit for a key; above 1 a
-//     task enqueued with ParkAtEnqueue is refused, and so is ParkAtEnqueue
-//     by Guard.Client.
+//   - WithLimit: servers that give a key different limits (a rolling
+//     deploy) never let it run more tasks at once than the smallest limit
+//     among its running tasks allows (see WithLimitFunc); above 1 a task
+//     enqueued with ParkAtEnqueue is refused, and so is ParkAtEnqueue by
+//     Guard.Client.
 //   - WithThrottle: ActionRequeue puts a throttled task back to run when the
 //     key's next start opens, which needs WithRedis.
 //   - WithTTL: asynq re-delivers a crashed worker's task only after its own
@@ -33,6 +42,8 @@ import "github.com/jobguard/jobguard/middleware"
 //     Event.Err, and with WithRedis in the decision log (reason
 //     would_archive). It is counted by jobguardprom (shadowed_total) and
 //     jobguardotel (jobguard.shadowed).
+//
+// WithLimitFunc is middleware.WithLimitFunc in asynq's terms (below).
 var (
 	WithPolicy       = middleware.WithPolicy
 	WithLimit        = middleware.WithLimit
@@ -59,3 +70,50 @@ const (
 	ActionSkip    = middleware.ActionSkip
 	ActionRequeue = middleware.ActionRequeue
 )
+
+// WithLimitFunc gives each task its own limit: fn(ctx, t) is how many tasks
+// of t's key may run at once while t runs (premium tenants 10, the others
+// 1), called once per delivery after the key is derived, with the
+// handler's ctx. It is middleware.WithLimitFunc in asynq's terms, which
+// says how servers and tasks that give one key different limits share it:
+// the key never runs more tasks at once than the smallest limit among its
+// running tasks allows, and nobody deadlocks. Tasks of several types whose
+// key options derive the same key share it, each with its own limit. fn
+// returning less than 1 or more than 10,000 fails that task as a key that
+// cannot be derived does: an error matching ErrInvalid and asynq.SkipRetry
+// (asynq archives it) that names the task type, the key and the value,
+// reported as an EventError and in the decision log (under WithShadow the
+// task runs and the error is reported). A task enqueued with ParkAtEnqueue
+// whose limit is above 1 is refused (ErrInvalid), and Guard.Client refuses
+// ParkAtEnqueue; a duplicate is parked for its key (Requeue) only when its
+// limit is 1, and the end of any run of the key starts it. New and Middleware refuse it with Coalesce, KeepNewest and
+// Preempt. fn must not be nil. It replaces a WithLimit given before it.
+// Defaults to none: every task has WithLimit's limit.
+func WithLimitFunc(fn func(ctx context.Context, t *asynq.Task) int) ServerOption {
+	return limitOpt{fn: fn}
+}
+
+// limitOpt is WithLimitFunc: the guard's WithLimitFunc, whose function finds
+// the task in its ctx (taskKey).
+type limitOpt struct {
+	fn func(ctx context.Context, t *asynq.Task) int
+}
+
+func (o limitOpt) Apply(s *guard.Settings) {
+	if _, ok := s.Adapter.(*config); !ok {
+		applyServer(s, nil) // refused: an option of this package
+		return
+	}
+	var fn func(context.Context, guard.Job) int
+	if o.fn != nil {
+		fn = func(ctx context.Context, _ guard.Job) int {
+			t, _ := ctx.Value(taskKey{}).(*asynq.Task)
+			return o.fn(ctx, t)
+		}
+	}
+	guard.WithLimitFunc(fn).Apply(s)
+}
+
+// taskKey is the ctx key under which the middleware gives WithLimitFunc's
+// function the task.
+type taskKey struct{}

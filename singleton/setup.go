@@ -106,7 +106,8 @@ func (g *Guard) Configure(cfg *asynq.Config) {
 // given a nil Locker uses the Guard's. It returns an error matching
 // ErrInvalid for a nil c or an invalid option, and for ParkAtEnqueue on a
 // Guard whose middleware has WithLimit(n > 1), which would refuse every
-// task the Client enqueues (see ParkAtEnqueue).
+// task the Client enqueues (see ParkAtEnqueue), or WithLimitFunc, which
+// may.
 func (g *Guard) Client(c *asynq.Client, opts ...ClientOption) (*Client, error) {
 	for _, o := range opts {
 		if _, ok := o.(keyOpt); ok {
@@ -117,6 +118,9 @@ func (g *Guard) Client(c *asynq.Client, opts ...ClientOption) (*Client, error) {
 	client, err := newClient(c, g.m.rdb, g.locker, all, &g.m.decisions) // the Redis the servers use (WithRedis)
 	if err == nil && client.park != nil && g.m.limit > 1 {
 		return nil, fmt.Errorf("%w: ParkAtEnqueue with the Guard's WithLimit(%d): it needs WithLimit(1), under which a run starts the next parked task; the middleware would refuse every task the Client enqueues", ErrInvalid, g.m.limit)
+	}
+	if err == nil && client.park != nil && g.m.limitFunc {
+		return nil, fmt.Errorf("%w: ParkAtEnqueue with the Guard's WithLimitFunc: it needs WithLimit(1), under which a run starts the next parked task; the middleware would refuse every task the Client enqueues whose limit is above 1", ErrInvalid)
 	}
 	return client, err
 }

@@ -82,7 +82,7 @@ func (o clientOpt) applyClient(c *config) { o(c) }
 func applyServer(s *guard.Settings, f func(*config)) {
 	c, ok := s.Adapter.(*config)
 	if !ok {
-		s.Refuse(errors.New("an option of package singleton (a key option, ForTypes, PerQueue, WithRedis, WithDecisionLog or WithLockerOptions) is not an option of this constructor"))
+		s.Refuse(errors.New("an option of package singleton (a key option, ForTypes, PerQueue, WithRedis, WithDecisionLog, WithLimitFunc or WithLockerOptions) is not an option of this constructor"))
 		return
 	}
 	f(c)
@@ -182,8 +182,9 @@ func PerQueue() Option { return keyOpt(func(c *config) { c.perQueue = true }) }
 // ErrKeyMismatch and asynq.SkipRetry for a task whose Client recorded
 // another key than the one derived (the Client had other key options); an error matching
 // ErrInvalid and asynq.SkipRetry for a task enqueued with ParkAtEnqueue
-// under WithLimit(n > 1) (under WithShadow these three run, and the error is
-// reported: see WithShadow); for a handler that
+// under a limit above 1, and for a task whose WithLimitFunc limit is out of
+// range (under WithShadow these run, and the error is reported: see
+// WithShadow); for a handler that
 // failed because a newer task preempted it (middleware.Preempt), an error
 // matching middleware.ErrPreempted and asynq.RevokeTask, so the task is neither
 // retried nor archived; for a handler that failed after an operator
@@ -289,7 +290,7 @@ func (c *config) buildGuard(m *guarded, locker *lockkit.Locker) (*guarded, error
 	if guard.ActionOf(set.Policy) == guard.ActionRequeue && c.rdb == nil {
 		return nil, fmt.Errorf("%w: WithPolicy(%s): a policy that requeues needs WithRedis(client) to re-enqueue duplicates that have no retries left", ErrInvalid, set.Policy)
 	}
-	m.guard, m.limit, m.shadow = g, set.Limit, set.Shadow
+	m.guard, m.limit, m.limitFunc, m.shadow = g, set.Limit, set.LimitFunc, set.Shadow
 	m.decisions = defaultDecisionLogLen
 	if c.decisionsSet {
 		switch {
@@ -320,6 +321,7 @@ type guarded struct {
 	requests  *debounce.Debouncer   // debounced tasks' requests, beside the leases
 	rdb       redis.UniversalClient // asynq's Redis, with WithRedis
 	limit     int                   // the WithLimit value; 0 when not given
+	limitFunc bool                  // WithLimitFunc: each task's limit is its own
 	shadow    bool                  // WithShadow: refused tasks run too
 	skips     *skipLog
 	hooks     *hookCheck
@@ -352,7 +354,16 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	if err := m.checkKey(t, job, key); err != nil {
 		return m.refuse(ctx, next, t, job, err)
 	}
-	if guard.WorkOf(job).Reserved && m.limit > 1 {
+	if m.limitFunc {
+		n, err := guard.LimitOf(m.guard, context.WithValue(ctx, taskKey{}, t), job)
+		if err != nil {
+			return m.refuse(ctx, next, t, job, fmt.Errorf("%w: task %q: %w (%w)", ErrInvalid, t.Type(), err, asynq.SkipRetry))
+		}
+		w := guard.WorkOf(job)
+		w.Limit = n
+		job = guard.With(job, w)
+	}
+	if guard.WorkOf(job).Reserved && m.limitOf(job) > 1 {
 		return m.refuse(ctx, next, t, job, m.refuseParked(ctx, job))
 	}
 	if gen := debounceGen(t); gen > 0 {
@@ -401,6 +412,14 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 	default:
 		return out.Duplicate
 	}
+}
+
+// limitOf is job's holder limit: its own (WithLimitFunc) or WithLimit's.
+func (m *guarded) limitOf(job guard.Job) int {
+	if n := guard.WorkOf(job).Limit; n > 0 {
+		return n
+	}
+	return m.limit
 }
 
 // refuse fails t (job), which the middleware refuses with err, an error

@@ -48,7 +48,7 @@ func TestMiddlewareRejectsInvalidOptions(t *testing.T) {
 		{"no types", []singleton.ServerOption{singleton.ForTypes()}, "ForTypes(): no task type given"},
 		{"empty type", []singleton.ServerOption{singleton.ForTypes("a", " ")}, `ForTypes(" "): task type is empty`},
 		{"nil redis", []singleton.ServerOption{singleton.WithRedis(nil)}, "WithRedis(nil): client is nil"},
-		{"limit", []singleton.ServerOption{singleton.WithLimit(0)}, "WithLimit(0): must be at least 1"},
+		{"limit", []singleton.ServerOption{singleton.WithLimit(0)}, "WithLimit(0): must be between 1 and 10000"},
 		{"ttl", []singleton.ServerOption{singleton.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
 		{"negative wait", []singleton.ServerOption{singleton.WithPolicy(middleware.Wait(-time.Second, middleware.Skip()))}, "Wait: the wait -1s must be positive"},
 		{"requeue without redis", []singleton.ServerOption{singleton.WithPolicy(middleware.Requeue(time.Second))},

@@ -108,6 +108,10 @@ type Work struct {
 	// covers no other (the engine's Coalesce.Final): a failure of its run
 	// loses no other job's work.
 	Final bool
+	// Limit, when positive, is the job's holder limit (an adapter's
+	// WithLimitFunc, which derives it from the work itself); zero means the
+	// guard's (WithLimit, WithLimitFunc). Run checks it as LimitOf does.
+	Limit int
 }
 
 // With returns job carrying w.
@@ -133,6 +137,8 @@ type Guard struct {
 	core       *lockcore.RedisLocker // the engine under locker
 	policy     Policy
 	limit      int
+	limitOf    func(ctx context.Context, job Job) int // WithLimitFunc
+	limitSet   bool                                   // WithLimitFunc was the last limit option
 	hold       time.Duration
 	throttle   *throttleSpec
 	starts     *throttle.Throttle // the throttle's budgets
@@ -179,23 +185,31 @@ func New(locker *lockkit.Locker, opts ...Option) (*Guard, error) {
 	if err := g.policy.validate(); err != nil {
 		return nil, err
 	}
+	// most is the largest limit a job may have: WithLimit's, or any that
+	// WithLimitFunc's function may give.
+	most, limitName := g.limit, fmt.Sprintf("WithLimit(%d)", g.limit)
+	if g.limitSet {
+		most, limitName = lockcore.MaxLimit, "WithLimitFunc"
+	}
 	switch {
-	case g.limit < 1:
-		return nil, fmt.Errorf("%w: WithLimit(%d): must be at least 1", ErrInvalid, g.limit)
+	case g.limitSet && g.limitOf == nil:
+		return nil, fmt.Errorf("%w: WithLimitFunc(nil)", ErrInvalid)
+	case !g.limitSet && (g.limit < 1 || g.limit > lockcore.MaxLimit):
+		return nil, fmt.Errorf("%w: %s: must be between 1 and %d", ErrInvalid, limitName, lockcore.MaxLimit)
 	case g.throttle != nil && (g.throttle.n < 1 || g.throttle.period < time.Millisecond || g.throttle.period > lockcore.MaxTTL):
 		return nil, fmt.Errorf("%w: WithThrottle(%d, %s): n must be at least 1 and period between 1ms and %s", ErrInvalid, g.throttle.n, g.throttle.period, lockcore.MaxTTL)
 	case g.throttle != nil && g.throttle.then != ActionSkip && g.throttle.then != ActionRequeue:
 		return nil, fmt.Errorf("%w: WithThrottle: then must be ActionSkip or ActionRequeue, not %s", ErrInvalid, g.throttle.then)
 	case g.hold < 0 || g.hold > lockcore.MaxTTL:
 		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): must not be negative nor longer than %s", ErrInvalid, g.hold, lockcore.MaxTTL)
-	case g.limit > 1 && g.policy.mode == ModeKeepNewest:
-		return nil, fmt.Errorf("%w: WithLimit(%d): KeepNewest runs one job per key at a time", ErrInvalid, g.limit)
-	case g.limit > 1 && g.policy.mode == ModePreempt:
-		return nil, fmt.Errorf("%w: WithLimit(%d): Preempt runs one job per key at a time", ErrInvalid, g.limit)
+	case most > 1 && g.policy.mode == ModeKeepNewest:
+		return nil, fmt.Errorf("%w: %s: KeepNewest runs one job per key at a time", ErrInvalid, limitName)
+	case most > 1 && g.policy.mode == ModePreempt:
+		return nil, fmt.Errorf("%w: %s: Preempt runs one job per key at a time", ErrInvalid, limitName)
 	case g.hold > 0 && g.policy.mode == ModePreempt:
 		return nil, fmt.Errorf("%w: WithHoldAtLeast(%s): Preempt ends runs early, so it cannot keep a key held", ErrInvalid, g.hold)
-	case g.limit > 1 && g.policy.mode == ModeCoalesce:
-		return nil, fmt.Errorf("%w: WithLimit(%d): Coalesce runs one job per key at a time", ErrInvalid, g.limit)
+	case most > 1 && g.policy.mode == ModeCoalesce:
+		return nil, fmt.Errorf("%w: %s: Coalesce runs one job per key at a time", ErrInvalid, limitName)
 	case g.ttl != 0 && (g.ttl < lockcore.MinTTL || g.ttl > lockcore.MaxTTL):
 		return nil, fmt.Errorf("%w: WithTTL(%s): must be zero (the Locker's) or between %s and %s", ErrInvalid, g.ttl, lockcore.MinTTL, lockcore.MaxTTL)
 	case slices.ContainsFunc(g.observers, func(o Observer) bool { return o == nil }):
@@ -286,6 +300,15 @@ func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error
 		g.emit(ctx, Event{Kind: EventError, Job: job, Err: err})
 		return Outcome{Err: err}
 	}
+	if job.w.Limit != 0 || g.limitOf != nil {
+		n, err := LimitOf(g, ctx, job)
+		if err != nil {
+			err = fmt.Errorf("%w: middleware: %w", ErrInvalid, err)
+			g.emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+			return Outcome{Err: err}
+		}
+		job.w.Limit = n
+	}
 	if g.shadow {
 		return g.shadowRun(ctx, job, fn)
 	}
@@ -353,6 +376,34 @@ func (g *Guard) run(ctx context.Context, job Job, lease *lockcore.Lease, waited 
 		err = fmt.Errorf("%w (%w)", err, cancelled)
 	}
 	return g.finish(ctx, job, lease, start, p, err, lost, rerr)
+}
+
+// LimitOf returns job's holder limit: its Work.Limit, else what
+// WithLimitFunc's function gives it (called with ctx), else WithLimit's. A
+// limit outside 1 to lockcore.MaxLimit is an error naming job's key and
+// the value. An adapter that refuses such a job its own way calls it before
+// Run and gives Run the limit in Work.Limit.
+func LimitOf(g *Guard, ctx context.Context, job Job) (int, error) {
+	n := job.w.Limit
+	switch {
+	case n != 0:
+	case g.limitOf != nil:
+		n = g.limitOf(ctx, job)
+	default:
+		return g.limit, nil
+	}
+	if n < 1 || n > lockcore.MaxLimit {
+		return 0, fmt.Errorf("%s: key %q: WithLimitFunc gave %d: a limit must be between 1 and %d", job.what(), job.Key, n, lockcore.MaxLimit)
+	}
+	return n, nil
+}
+
+// limitFor is job's holder limit: its own (Work.Limit) or the guard's.
+func (g *Guard) limitFor(job Job) int {
+	if job.w.Limit > 0 {
+		return job.w.Limit
+	}
+	return g.limit
 }
 
 func (g *Guard) emptyKey(ctx context.Context, job Job) error {
@@ -450,16 +501,18 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockcore.Lea
 
 // leaseOptions are the options of job's acquire: a job that may be
 // reserved for (Job.Reserved, or any job of a policy that parks) takes its
-// reservation over, and under WithParking (and a limit of 1) the run's end
+// reservation over, and under WithParking (and a limit of 1 for the job,
+// or any under WithLimitFunc, whose jobs of limit 1 park) the run's end
 // resumes the key's oldest parked job; with park, a job of a policy that
-// parks is parked when the key is held.
+// parks, whose limit is 1, is parked when the key is held.
 func (g *Guard) leaseOptions(ctx context.Context, job Job, park bool) *lockcore.AcquireOptions {
-	opt := &lockcore.AcquireOptions{TTL: g.ttl, Limit: g.limit, Epoch: job.w.Epoch, EpochTTL: job.w.EpochTTL, EpochTag: job.w.EpochTag, Label: job.w.Label, HoldAtLeast: g.hold,
+	limit := g.limitFor(job)
+	opt := &lockcore.AcquireOptions{TTL: g.ttl, Limit: limit, Epoch: job.w.Epoch, EpochTTL: job.w.EpochTTL, EpochTag: job.w.EpochTag, Label: job.w.Label, HoldAtLeast: g.hold,
 		AsyncRelease: g.async, TakeReservation: job.w.Reserved && job.w.Label != ""}
-	if p := g.parking; p != nil && g.limit <= 1 {
+	if p := g.parking; p != nil && (limit <= 1 || g.limitOf != nil) {
 		// Every run resumes the key's oldest parked job when it ends.
 		opt.Park = &lockcore.Parking{OnParked: p.Resume} // the Locker calls the adapter: the guard is not on that path
-		if g.parks() && job.w.Label != "" {
+		if g.parks() && job.w.Label != "" && limit <= 1 {
 			opt.TakeReservation = true
 			if park {
 				opt.Park.ID, opt.Park.Hold = p.ID(ctx, job), p.Hold

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -360,6 +362,124 @@ func TestLostLeaseCancelsWork(t *testing.T) {
 	require.Eventually(t, func() bool { _, ok := rec.find(guard.EventLost); return ok }, 5*time.Second, time.Millisecond)
 }
 
+func one(context.Context, guard.Job) int { return 1 }
+
+// WithLimitFunc gives each job its own limit: a premium key runs two jobs
+// at once, another one.
+func TestLimitFuncGivesEachJobItsLimit(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			if name == "redis" {
+				testredis.Addr(t)
+			}
+			ctx := context.Background()
+			g, _ := newGuard(t, newLocker(t), guard.WithLimitFunc(func(_ context.Context, job guard.Job) int {
+				if strings.HasPrefix(job.Key, "premium:") {
+					return 2
+				}
+				return 1
+			}))
+			for key, want := range map[string]int{"premium:a": 2, "basic:b": 1} {
+				var ran []bool
+				var nest func(ctx context.Context, depth int) error
+				nest = func(ctx context.Context, depth int) error {
+					if depth == 3 {
+						return nil
+					}
+					out := g.Run(ctx, guard.Job{Key: key}, func(ctx context.Context) error { return nest(ctx, depth+1) })
+					ran = append(ran, out.Ran)
+					return nil
+				}
+				require.NoError(t, nest(ctx, 0))
+				runs := 0
+				for _, r := range ran {
+					if r {
+						runs++
+					}
+				}
+				require.Equal(t, want, runs, "%s: runs at once", key)
+			}
+		})
+	}
+}
+
+// A limit out of range fails the job that got it, naming its key and the
+// value: it does not run, takes no lease, and is no duplicate.
+func TestLimitFuncOutOfRangeFailsTheJob(t *testing.T) {
+	l := lockkittest.New(t)
+	for _, n := range []int{0, -3, 10001} {
+		g, rec := newGuard(t, l, guard.WithLimitFunc(func(context.Context, guard.Job) int { return n }))
+		ran := false
+		out := g.Run(context.Background(), guard.Job{Key: "tenant:7", Name: "report"}, func(context.Context) error { ran = true; return nil })
+		require.False(t, ran)
+		require.False(t, out.Ran)
+		require.Nil(t, out.Duplicate)
+		require.ErrorIs(t, out.Err, guard.ErrInvalid)
+		require.ErrorContains(t, out.Err, fmt.Sprintf(`report: key "tenant:7": WithLimitFunc gave %d: a limit must be between 1 and 10000`, n))
+		ev, ok := rec.find(guard.EventError)
+		require.True(t, ok)
+		require.Equal(t, out.Err, ev.Err)
+		info, err := l.Inspect(context.Background(), "tenant:7")
+		require.NoError(t, err)
+		require.Empty(t, info.Holders)
+	}
+}
+
+// Guards that give one key different limits, under Wait, never run more
+// jobs at once than the smallest limit among the running jobs allows, and
+// every job runs: the waiters that a release wakes are admitted by the
+// same rule.
+func TestDisagreeingLimitsKeepTheSmallerAndEveryJobRuns(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			if name == "redis" {
+				testredis.Addr(t)
+			}
+			const jobs = 24
+			var (
+				mu               sync.Mutex
+				running, ran     int
+				limits           []int // the limits of the running jobs
+				worst, worstOver int   // the most jobs running, and above which limit
+			)
+			var wg sync.WaitGroup
+			for i := range jobs {
+				limit := []int{3, 1, 2}[i%3]
+				g, _ := newGuard(t, newLocker(t), guard.WithPolicy(guard.Wait(time.Minute, guard.Fail())),
+					guard.WithLimitFunc(func(context.Context, guard.Job) int { return limit }))
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					err := runErr(g, context.Background(), guard.Job{Key: "tenant"}, func(context.Context) error {
+						mu.Lock()
+						running++
+						limits = append(limits, limit)
+						if m := slices.Min(limits); running > m && running-m > worst-worstOver {
+							worst, worstOver = running, m
+						}
+						mu.Unlock()
+						for range 100 {
+							runtime.Gosched() // let the other jobs try meanwhile
+						}
+						mu.Lock()
+						running--
+						limits = slices.Delete(limits, slices.Index(limits, limit), slices.Index(limits, limit)+1)
+						ran++
+						mu.Unlock()
+						return nil
+					})
+					if err != nil {
+						t.Error(err)
+					}
+				}()
+			}
+			wg.Wait()
+			require.Equal(t, jobs, ran)
+			require.Zero(t, worst, "%d jobs ran at once while one with limit %d ran", worst, worstOver)
+		})
+	}
+}
+
 func TestNewValidation(t *testing.T) {
 	l := lockkittest.New(t)
 	cases := []struct {
@@ -367,7 +487,14 @@ func TestNewValidation(t *testing.T) {
 		opts []guard.Option
 		want string
 	}{
-		{"limit", []guard.Option{guard.WithLimit(0)}, "WithLimit(0): must be at least 1"},
+		{"limit", []guard.Option{guard.WithLimit(0)}, "WithLimit(0): must be between 1 and 10000"},
+		{"huge limit", []guard.Option{guard.WithLimit(10001)}, "WithLimit(10001): must be between 1 and 10000"},
+		{"nil limit func", []guard.Option{guard.WithLimitFunc(nil)}, "WithLimitFunc(nil)"},
+		{"limit func and coalesce", []guard.Option{guard.WithPolicy(guard.Coalesce()), guard.WithLimitFunc(one)}, "WithLimitFunc: Coalesce runs one job per key"},
+		{"limit func and keep newest", []guard.Option{guard.WithPolicy(guard.KeepNewest()), guard.WithLimitFunc(one)}, "WithLimitFunc: KeepNewest runs one job per key"},
+		{"limit func and preempt", []guard.Option{guard.WithPolicy(guard.Preempt(0)), guard.WithLimitFunc(one)}, "WithLimitFunc: Preempt runs one job per key"},
+		{"limit after limit func", []guard.Option{guard.WithLimitFunc(one), guard.WithLimit(-1)}, "WithLimit(-1)"},
+		{"limit func after limit", []guard.Option{guard.WithLimit(2), guard.WithLimitFunc(nil)}, "WithLimitFunc(nil)"},
 		{"ttl", []guard.Option{guard.WithTTL(time.Millisecond)}, "WithTTL(1ms): must be zero (the Locker's) or between 100ms and"},
 		{"keep newest and wait", []guard.Option{guard.WithPolicy(guard.Wait(time.Second, guard.KeepNewest()))}, "KeepNewest() waits for its turn itself"},
 		{"throttle n", []guard.Option{guard.WithThrottle(0, time.Second, guard.ActionSkip)}, "WithThrottle(0, 1s): n must be at least 1"},

@@ -48,8 +48,19 @@ func (o optionFunc) Apply(s *Settings) { s.fns = append(s.fns, o) }
 // WithPolicy is middleware.WithPolicy, which documents it.
 func WithPolicy(p Policy) Option { return optionFunc(func(g *Guard) { g.policy = p }) }
 
-// WithLimit is middleware.WithLimit, which documents it.
-func WithLimit(n int) Option { return optionFunc(func(g *Guard) { g.limit = n }) }
+// WithLimit is middleware.WithLimit, which documents it. It replaces a
+// WithLimitFunc given before it.
+func WithLimit(n int) Option {
+	return optionFunc(func(g *Guard) { g.limit, g.limitOf, g.limitSet = n, nil, false })
+}
+
+// WithLimitFunc is middleware.WithLimitFunc, which documents it. It
+// replaces a WithLimit given before it. Run calls fn only for a job without
+// Work.Limit: an adapter may call it first (LimitOf) with what fn reads
+// from its ctx.
+func WithLimitFunc(fn func(ctx context.Context, job Job) int) Option {
+	return optionFunc(func(g *Guard) { g.limit, g.limitOf, g.limitSet = 1, fn, true })
+}
 
 // WithHoldAtLeast is middleware.WithHoldAtLeast, which documents it.
 func WithHoldAtLeast(d time.Duration) Option { return optionFunc(func(g *Guard) { g.hold = d }) }
@@ -135,7 +146,9 @@ type Parking struct {
 // and jobs that keep arriving meanwhile queue behind it instead of taking
 // the key from it. The job's own requeue after the policy's delay stays:
 // it is the backstop when the process that ran the key dies before it
-// resumes anyone. Jobs are parked only under WithLimit(1) (the default).
+// resumes anyone. Only jobs whose limit is 1 (WithLimit(1), the default, or
+// WithLimitFunc's 1) are parked; their runs resume parked jobs, and so do
+// the runs of every limit under WithLimitFunc.
 func WithParking(p Parking) Option {
 	return optionFunc(func(g *Guard) { g.parking, g.parkingSet = &p, true })
 }
@@ -156,7 +169,8 @@ func WithObserver(o Observer) Option {
 // Config is what an adapter reads of a built Guard's settings.
 type Config struct {
 	Policy       Policy
-	Limit        int
+	Limit        int  // WithLimit; 1 under WithLimitFunc
+	LimitFunc    bool // WithLimitFunc: each job's limit is its own
 	Shadow       bool
 	Throttled    bool   // WithThrottle was given
 	ThrottleThen Action // its then, when Throttled
@@ -166,7 +180,7 @@ type Config struct {
 
 // ConfigOf returns g's settings, defaults filled in.
 func ConfigOf(g *Guard) Config {
-	c := Config{Policy: g.policy, Limit: g.limit, Shadow: g.shadow, Logger: g.logger}
+	c := Config{Policy: g.policy, Limit: g.limit, LimitFunc: g.limitSet, Shadow: g.shadow, Logger: g.logger}
 	if g.throttle != nil {
 		c.Throttled, c.ThrottleThen = true, g.throttle.then
 	}

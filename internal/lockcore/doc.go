@@ -39,7 +39,8 @@
 //   - Every acquire returns a fencing token (Lease.Token) greater than any
 //     earlier token of the key; resources that must never see a stale holder
 //     check it.
-//   - AcquireOptions.Limit allows N holders of a key at once; AcquireOptions.Fair serves
+//   - AcquireOptions.Limit allows N holders of a key at once (never more than
+//     the smallest limit among its holders); AcquireOptions.Fair serves
 //     waiters in arrival order; AcquireOptions.Epoch claims a unit of work once.
 //   - AcquireOptions.FollowUp says what an acquire does about the key's other
 //     runs: give way to a later run (Coalesce), keep only the newest pending

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"reflect"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -702,8 +703,8 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 	if r.limit == 0 {
 		r.limit = 1
 	}
-	if r.limit < 1 {
-		return r, fmt.Errorf("%w: key %q: Limit %d must be at least 1", ErrInvalid, key, o.Limit)
+	if r.limit < 1 || r.limit > MaxLimit {
+		return r, fmt.Errorf("%w: key %q: Limit %d must be between 1 and MaxLimit (%d)", ErrInvalid, key, o.Limit, MaxLimit)
 	}
 	if r.epoch < 0 {
 		return r, fmt.Errorf("%w: key %q: Epoch %d must not be negative", ErrInvalid, key, r.epoch)
@@ -730,6 +731,9 @@ func (c *config) request(key string, o *AcquireOptions) (request, error) {
 		r.final = false              // a reservation's holder is not marked final
 	} else if r.final {
 		r.aid = finalMark + r.aid // the holder of a final Coalesce call, which covers no other
+	}
+	if r.limit > 1 {
+		r.aid += limitMark + strconv.Itoa(r.limit) // the limit its holder keeps on the key
 	}
 	if o.TakeReservation && r.label == "" {
 		return r, fmt.Errorf("%w: key %q: TakeReservation needs a Label", ErrInvalid, key)

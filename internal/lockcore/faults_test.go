@@ -79,6 +79,25 @@ func TestRepeatedAcquireReturnsTheSameLease(t *testing.T) {
 	}
 }
 
+// A repeated acquire under a limit that differs from the holder's counts
+// once: its second run finds its own holder, not a conflict with it, and
+// the key keeps the smaller limit of the two.
+func TestRepeatedAcquireUnderAnotherLimitCountsOnce(t *testing.T) {
+	ctx := ctxT(t)
+	l, hook, observer := faultyLocker(t, anyScript(acquireSources()...))
+	first, err := observer.TryAcquire(ctx, "k", &AcquireOptions{Limit: 3})
+	require.NoError(t, err)
+	hook.Arm(testredis.Repeat, 1)
+	lease, err := l.TryAcquire(ctx, "k", &AcquireOptions{Limit: 2})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, hook.Hits())
+	require.Len(t, holders(t, observer, "k"), 2)
+	_, err = observer.TryAcquire(ctx, "k", &AcquireOptions{Limit: 3})
+	require.ErrorIs(t, err, ErrNotAcquired, "the holder with limit 2 keeps the key at two")
+	require.NoError(t, lease.Release(ctx))
+	require.NoError(t, first.Release(ctx))
+}
+
 // An acquire whose script ran but whose reply never arrived fails, and the
 // holder it left is removed within one renewal interval; a late run of the
 // same call cannot take the key afterwards.

@@ -108,13 +108,17 @@ func parseMember(m string) (token int64, owner, label string) {
 
 // The acquire id of a holder that is a reservation (a reserving acquire,
 // Lease.Reserve, a parked job's reservation) starts with reservedMark, and
-// that of a final Coalesce call's holder with finalMark: the one state a
+// that of a final Coalesce call's holder with finalMark: the state a
 // holder carries in its member, which the scripts of every version read
-// (is_reservation and is_final in promote.lua). Any other acquire id is
-// hex.
+// (is_reservation and is_final in promote.lua). The acquire id of a call
+// with a Limit above 1 ends with limitMark and the limit in decimal: while
+// the holder lives, no acquire of its key is admitted past that limit
+// (acquire.lua); a holder without it keeps a limit of 1. Any other acquire
+// id is hex.
 const (
 	reservedMark = "r"
 	finalMark    = "z"
+	limitMark    = "n"
 )
 
 // reservedMember reports whether member m is a reservation (reservedMark).

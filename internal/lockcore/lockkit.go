@@ -36,6 +36,9 @@ const (
 	MaxTTL = 100 * 365 * 24 * time.Hour
 	// MaxEpochTag is the longest AcquireOptions.EpochTag accepted, in bytes.
 	MaxEpochTag = 64
+	// MaxLimit is the largest AcquireOptions.Limit accepted: every acquire
+	// of a key reads each of its live holders.
+	MaxLimit = 10000
 	// MinRedisVersion is the oldest Redis server RedisLocker works with: its
 	// scripts renew with ZADD GT (6.2), and asynq needs 6.2 as well.
 	MinRedisVersion = "6.2.0"

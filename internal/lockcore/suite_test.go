@@ -156,6 +156,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"DeadHolderExpiresAndTokenRises", testDeadHolder},
 		{"FencingTokenMonotonicAcrossRestart", testFencing},
 		{"HolderLimit", testLimit},
+		{"DisagreeingLimitsKeepTheSmaller", testLimitsDisagree},
 		{"FairQueueIsFIFO", testFair},
 		{"DeadFairWaiterIsDropped", testDeadWaiter},
 		{"EpochClaimsOnce", testEpoch},
@@ -472,6 +473,93 @@ func testLimit(t *testing.T, h *harness) {
 	}
 }
 
+// Two servers that pass different limits for one key (a rolling deploy
+// that changed it) never let it have more holders than the smaller limit
+// while a holder that took it with that limit lives, and neither is
+// blocked for good: the larger limit applies again once those holders are
+// gone, and a waiter with the smaller one gets the key once the holders
+// are fewer than its limit.
+func testLimitsDisagree(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	three, one, two := &AcquireOptions{Limit: 3}, &AcquireOptions{Limit: 1}, &AcquireOptions{Limit: 2}
+	a, b := h.locker(t), h.locker(t)
+	holders := func() int {
+		info, err := a.Inspect(ctx, "k")
+		require.NoError(t, err)
+		return len(info.Holders)
+	}
+	refused := func(l Locker, opt *AcquireOptions, n int) {
+		t.Helper()
+		_, err := l.TryAcquire(ctx, "k", opt)
+		var ce *ConflictError
+		require.ErrorAs(t, err, &ce, "limit %d with %d holders", opt.Limit, n)
+		require.Equal(t, n, ce.Holders)
+	}
+
+	// The 1-server holds: the 3-server is refused.
+	lb, err := b.TryAcquire(ctx, "k", one)
+	require.NoError(t, err)
+	refused(a, three, 1)
+	// It waits, and gets the key when the 1-server's holder leaves; then
+	// the 3-server fills its three slots and the 1-server waits.
+	got := make(chan *Lease, 1)
+	wait := func(l Locker, opt *AcquireOptions) {
+		go func() {
+			lease, err := l.Acquire(ctx, "k", opt)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- lease
+		}()
+		waitWaiters(t, a, "k", 1)
+	}
+	wait(a, three)
+	require.NoError(t, lb.Release(ctx))
+	la := []*Lease{<-got}
+	require.NotNil(t, la[0])
+	for range 2 {
+		l, err := a.TryAcquire(ctx, "k", three)
+		require.NoError(t, err)
+		la = append(la, l)
+	}
+	refused(b, one, 3)
+	wait(b, one)
+	for _, l := range la {
+		require.LessOrEqual(t, holders(), 3)
+		require.NoError(t, l.Release(ctx))
+	}
+	lb = <-got
+	require.NotNil(t, lb)
+	require.Equal(t, 1, holders())
+	refused(a, three, 1)
+	require.NoError(t, lb.Release(ctx))
+
+	// 3 and 2: a 2-holder keeps the key at two holders, whoever comes.
+	l3, err := a.TryAcquire(ctx, "k", three)
+	require.NoError(t, err)
+	l2, err := b.TryAcquire(ctx, "k", two)
+	require.NoError(t, err)
+	refused(a, three, 2)
+	refused(b, two, 2)
+	require.NoError(t, l3.Release(ctx))
+	l3, err = a.TryAcquire(ctx, "k", three)
+	require.NoError(t, err)
+	refused(a, three, 2)
+	// Once the 2-holder leaves, the 3-server has its three slots again.
+	require.NoError(t, l2.Release(ctx))
+	more := []*Lease{l3}
+	for range 2 {
+		l, err := a.TryAcquire(ctx, "k", three)
+		require.NoError(t, err)
+		more = append(more, l)
+	}
+	refused(a, three, 3)
+	refused(b, two, 3)
+	for _, l := range more {
+		require.NoError(t, l.Release(ctx))
+	}
+}
+
 // waitWaiters blocks until key has n live waiters.
 func waitWaiters(t *testing.T, l Locker, key string, n int) {
 	t.Helper()
@@ -736,7 +824,8 @@ func testValidation(t *testing.T, h *harness) {
 		{"TTL too short to renew", "k", &AcquireOptions{TTL: 10 * time.Millisecond}, "TTL 10ms is shorter than MinTTL"},
 		{"renew interval equals TTL", "k", &AcquireOptions{TTL: time.Second, RenewInterval: time.Second}, "RenewInterval 1s must be positive and shorter than TTL 1s"},
 		{"negative renew interval", "k", &AcquireOptions{RenewInterval: -time.Second}, "RenewInterval -1s must be positive"},
-		{"limit below one", "k", &AcquireOptions{Limit: -1}, "Limit -1 must be at least 1"},
+		{"limit below one", "k", &AcquireOptions{Limit: -1}, "Limit -1 must be between 1 and MaxLimit (10000)"},
+		{"limit above MaxLimit", "k", &AcquireOptions{Limit: MaxLimit + 1}, "Limit 10001 must be between 1 and MaxLimit"},
 		{"negative epoch", "k", &AcquireOptions{Epoch: -1}, "Epoch -1 must not be negative"},
 	}
 	for _, c := range cases {

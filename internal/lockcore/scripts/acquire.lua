@@ -23,6 +23,10 @@
 --      member, since} (acquire_coalesce.lua)
 --  -5  a KeepNewest call was replaced by a later one, or is older than the
 --      key's run or follow-up: {-5}
+-- A call is admitted while the live holders (and fair waiters ahead) are
+-- fewer than its limit and than the limit of every live holder (see
+-- limitMark in lease.go): servers that disagree about a key's limit never
+-- pass the smaller one.
 promote(holders_key, fence_key)
 
 local kept_until = 0
@@ -67,6 +71,10 @@ if existed then
     if string.find(m, '^%d+:' .. aid .. ':') then
       return {1, string.match(m, '^(%d+):'), string.format('%d', math.floor(tonumber(live[i + 1]) - now))}
     end
+    -- Holders that disagree keep the smaller limit: a live holder's limit
+    -- (the "n<limit>" ending of its acquire id, 1 without one) bounds
+    -- every acquire while it holds.
+    limit = math.min(limit, tonumber(string.match(m, '^%d+:[^:]*n(%d+):') or '1'))
     if label ~= '' and string.sub(m, -#suffix) == suffix then
       holder, holder_exp = m, tonumber(live[i + 1])
     end

@@ -35,7 +35,7 @@
 --         mode files
 -- ARGV[1]  owner         owner id
 -- ARGV[2]  ttl           ms
--- ARGV[3]  limit         holder limit
+-- ARGV[3]  limit         holder limit, lowered to that of any live holder
 -- ARGV[4]  wid           waiter id, "" when the call does not wait; the id
 --                        of a waiter that a release may hand the key to
 --                        carries the hand-over's terms as its fields,
@@ -51,7 +51,9 @@
 --                        "r", and that of a final Coalesce call's holder
 --                        with "z", which the scripts of every version read
 --                        from the holders they find (is_reservation and
---                        is_final in promote.lua)
+--                        is_final in promote.lua); that of an acquire
+--                        with a limit above 1 ends with "n<limit>", the
+--                        limit its holder keeps (acquire.lua)
 -- ARGV[10] label         escaped, so that it holds no ':'; "" for none
 -- ARGV[11] since_text    Coalesce: when the work was asked for (server us);
 --                        0 or less, or a time after now, means now
