@@ -1,4 +1,4 @@
-// Package fencesql makes writes to a SQL database that a stale lease holder
+// Package fencesql makes writes to PostgreSQL that a stale lease holder
 // cannot make: the SQL half of package lockkit/fence, with its Token,
 // FromContext, ErrStale and StaleError.
 //
@@ -55,8 +55,8 @@
 // # SQL and isolation
 //
 // The statements are PostgreSQL's (INSERT ... ON CONFLICT ... RETURNING,
-// $n placeholders); the package uses database/sql only, with any driver of
-// PostgreSQL (pgx's stdlib, lib/pq). The fence is raised by the first
+// $n placeholders, PostgreSQL 9.5 or later); the package uses database/sql
+// only, with any PostgreSQL driver (its tests use pgx's stdlib). The fence is raised by the first
 // statement of the transaction:
 //
 //	INSERT INTO jobguard_fence AS f (resource, token) VALUES ($1, $2)

@@ -41,16 +41,14 @@ func Example_asynq() {
 	mux := asynq.NewServeMux()
 	mux.Use(g.Middleware)
 	mux.HandleFunc("report", func(ctx context.Context, t *asynq.Task) error {
-		tok, err := fence.FromContext(ctx) // fence.ErrNoLease without g.Middleware
+		tok, err := fence.FromContext(ctx) // ErrNoLease without g.Middleware
 		if err != nil {
 			return err
 		}
-		tenant := tenantOf(t)
-		_, err = w.Exec(ctx, tok, "report:"+tenant,
-			`INSERT INTO reports (tenant, body) VALUES ($1, $2)
-			 ON CONFLICT (tenant) DO UPDATE SET body = EXCLUDED.body`, tenant, buildReport(t))
-		// A newer run of the tenant's report has written it: this one is
-		// stale, and its write changed nothing (errors.Is(err, fence.ErrStale)).
+		// A *fence.StaleError when a newer run has written the tenant's report:
+		// the transaction was rolled back, the report is the newer run's.
+		_, err = w.Exec(ctx, tok, "report:"+tenantOf(t),
+			`UPDATE reports SET body = $1 WHERE tenant = $2`, buildReport(t), tenantOf(t))
 		return err
 	})
 }

@@ -44,7 +44,8 @@ type Option func(*Writer)
 // WithTable sets the name of the fence table: an SQL identifier (letters,
 // digits and underscores, not starting with a digit, at most 63 bytes),
 // optionally qualified by a schema ("jobs.fence"); PostgreSQL folds it to
-// lower case, as it does every unquoted name. Defaults to "jobguard_fence", in the connection's search_path.
+// lower case, as it does every unquoted name. Defaults to "jobguard_fence",
+// in the connection's search_path.
 func WithTable(name string) Option {
 	return func(w *Writer) { w.table = name }
 }
