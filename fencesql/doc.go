@@ -65,8 +65,9 @@
 //	RETURNING f.token
 //
 // It locks the resource's row until the transaction ends, so writers of one
-// resource run one at a time. At READ COMMITTED (PostgreSQL's default, and
-// the Writer's unless WithTxOptions) a writer that waits for another
+// resource run one at a time. At READ COMMITTED (PostgreSQL's default
+// level, which the Writer uses unless WithTxOptions or the database's
+// default_transaction_isolation says otherwise) a writer that waits for another
 // compares its token with the token the other committed, and the write's
 // statements, run after the fence, see what earlier writers of the resource
 // committed. At REPEATABLE READ or SERIALIZABLE a writer that waited for

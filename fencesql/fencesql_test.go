@@ -283,6 +283,26 @@ func TestWaiterComparesWithTheCommittedToken(t *testing.T) {
 	}
 }
 
+// A writer waiting for the fence's row lock stops when its ctx ends (as a
+// job's does when its lease is lost), having changed nothing.
+func TestWaiterStopsWithItsCtx(t *testing.T) {
+	db, w := setup(t)
+	release := make(chan struct{})
+	holder := holdFence(t, w, 5, release)
+	ctx, cancel := context.WithCancel(context.Background())
+	waiter := make(chan error, 1)
+	go func() { waiter <- writeReport(ctx, w, fence.Token{Value: 6}, "acme", "6") }()
+	waitForLockWaiter(t, db)
+	cancel()
+	err := <-waiter
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorContains(t, err, `fencesql: Exec("report:acme"): raising the fence in jobguard_fence`)
+	close(release)
+	require.NoError(t, <-holder)
+	require.Equal(t, "5", report(t, db, "acme"))
+	require.Equal(t, int64(5), fenceOf(t, db, "report:acme"))
+}
+
 // At REPEATABLE READ a writer that waited for another writer of its
 // resource fails with a serialization error (SQLSTATE 40001), having
 // changed nothing; called again, it writes.
