@@ -377,16 +377,17 @@ func TestFailedWriteRaisesNoFence(t *testing.T) {
 func TestCreateTable(t *testing.T) {
 	ctx := context.Background()
 	db := testpg.DB(t)
-	_, err := db.Exec(`CREATE SCHEMA jobs`)
+	jobs := fmt.Sprintf("jobs_%d", time.Now().UnixNano()) // a schema of this run's
+	_, err := db.Exec(`CREATE SCHEMA ` + jobs)
 	require.NoError(t, err)
-	w, err := fencesql.New(db, fencesql.WithTable("jobs.Fence"))
+	w, err := fencesql.New(db, fencesql.WithTable(jobs+".Fence"))
 	require.NoError(t, err)
 	require.NoError(t, w.CreateTable(ctx))
 	require.NoError(t, w.CreateTable(ctx), "CreateTable again")
 	_, err = w.Exec(ctx, fence.Token{Value: 3}, "report:acme", `SELECT 1`)
 	require.NoError(t, err)
 	var tok int64
-	require.NoError(t, db.QueryRow(`SELECT token FROM jobs.fence WHERE resource = 'report:acme'`).Scan(&tok))
+	require.NoError(t, db.QueryRow(`SELECT token FROM `+jobs+`.fence WHERE resource = 'report:acme'`).Scan(&tok))
 	require.Equal(t, int64(3), tok)
 
 	missing, err := fencesql.New(db, fencesql.WithTable("missing"))
