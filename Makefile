@@ -1,23 +1,33 @@
 # jobguard. `make test` needs nothing but Go: it starts its own redis-server on a
 # free port when REDIS_ADDR is unset (installing redis-server with apt-get if
-# the binary is missing) and stops it afterwards.
+# the binary is missing) and stops it afterwards; fencesql's tests start a
+# PostgreSQL server of their own (installing Debian's postgresql if missing).
 GO ?= go
 PKGS := ./...
 # Integration modules: each has its own go.mod, so that its dependency
-# (gocron, Prometheus, OpenTelemetry) is in no core user's build.
-MODULES := gocronguard jobguardprom jobguardotel
+# (gocron, Prometheus, OpenTelemetry, a SQL driver in fencesql's tests) is in
+# no core user's build.
+MODULES := gocronguard jobguardprom jobguardotel fencesql
 
 # NEED_REDIS_SERVER, a recipe line, installs redis-server with apt-get when
 # the binary is missing.
 NEED_REDIS_SERVER = @command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server"; export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q redis-server >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null; }; }
 
+# NEED_POSTGRESQL, a recipe line, installs Debian's postgresql (initdb and
+# postgres in /usr/lib/postgresql/<version>/bin) with apt-get when no
+# PostgreSQL server binary is found: fencesql's tests start a server of their
+# own with it, never the one the package may start on port 5432.
+NEED_POSTGRESQL = @ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/dev/null 2>&1 || { echo "installing postgresql"; export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q postgresql >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q postgresql >/dev/null; }; }
+
 .PHONY: test test-compat test-faults test-failover test-browser chaos chaos-ci bench lint run-demo run-worker run-scheduler
 
 ## test: every test with the race detector, against a real redis-server: the
 ## core module, and beside it the integration modules ($(MODULES), whose
-## tests mostly wait for cron ticks); each one's output is printed whole when
-## both have ended (tools/together.sh).
+## tests mostly wait for cron ticks; fencesql's against a PostgreSQL server
+## they start); each one's output is printed whole when both have ended
+## (tools/together.sh).
 test:
+	$(NEED_POSTGRESQL)
 	@tools/with-redis.sh tools/together.sh test \
 		'core module' '$(GO) test -race -count=1 -timeout 10m $(PKGS)' \
 		'integration modules' 'for m in $(MODULES); do (cd $$m && $(GO) test -race -count=1 -timeout 5m ./...) || exit 1; done'
@@ -29,6 +39,7 @@ test:
 ## singleton's that call go-redis, and the integration tests at the newest
 ## versions, in a temporary copy.
 test-compat:
+	$(NEED_POSTGRESQL)
 	@JOBGUARD_NO_CLUSTER=1 tools/with-redis.sh tools/compat.sh
 
 ## bench: the comparison harness (bench/, a separate module) and the Go benchmarks.

@@ -12,7 +12,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 tar -C "$root" --exclude=.git --exclude=chaos/chaos-out -cf - . | tar -C "$tmp" -xf -
 cd "$tmp"
-for m in . gocronguard jobguardprom jobguardotel; do
+for m in . gocronguard jobguardprom jobguardotel fencesql; do
 	# Every direct requirement but the root module, which the integration
 	# modules replace with this tree.
 	(cd "$m" && "$go" mod tidy && "$go" get -u $("$go" list -m -f '{{if and (not .Main) (not .Indirect) (not .Replace)}}{{.Path}}{{end}}' all) &&
@@ -20,8 +20,8 @@ for m in . gocronguard jobguardprom jobguardotel; do
 done
 echo "newest versions:"
 "$go" list -m all | grep -E 'go-redis|hibiken/asynq|robfig/cron|miniredis' | sed 's/^/  /'
-for m in gocronguard jobguardprom jobguardotel; do
-	(cd "$m" && "$go" list -m all | grep -E 'go-co-op/gocron|prometheus/client_golang|opentelemetry.io/otel ' | sed "s|^|  $m: |")
+for m in gocronguard jobguardprom jobguardotel fencesql; do
+	(cd "$m" && "$go" list -m all | grep -E 'go-co-op/gocron|prometheus/client_golang|opentelemetry.io/otel |jackc/pgx' | sed "s|^|  $m: |")
 done
 "$go" vet ./...
 # Standalone Redis only: the Cluster variants skip (CI=true would make a
@@ -33,9 +33,9 @@ export CI= JOBGUARD_NO_CLUSTER=1
 # newest is its floor v0.26.0, on the newest go-redis. middleware reaches
 # Redis only through lockkit. make test runs all of singleton.
 # The integration modules' tests (mostly waiting for cron ticks) run beside.
-for m in gocronguard jobguardprom jobguardotel; do
+for m in gocronguard jobguardprom jobguardotel fencesql; do
 	(cd "$m" && "$go" vet ./...)
 done
 GO=$go "$root/tools/together.sh" test-compat \
 	'core' '"$GO" test -count=1 -timeout 5m ./lockkit/... ./internal/lockcore/... && "$GO" test -count=1 -timeout 5m -run "DecisionLog|LateRetryWrite|ParkAtEnqueue|ClientStamp|OneKeyForTheRetryWindow|Debounce" ./singleton/' \
-	'integration modules' 'for m in gocronguard jobguardprom jobguardotel; do (cd $m && "$GO" test -count=1 -timeout 5m ./...) || exit 1; done'
+	'integration modules' 'for m in gocronguard jobguardprom jobguardotel fencesql; do (cd $m && "$GO" test -count=1 -timeout 5m ./...) || exit 1; done'
