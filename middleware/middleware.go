@@ -270,8 +270,10 @@ func WithLimitFunc(fn func(ctx context.Context, job Job) int) Option { return gu
 // gets the key; if the budget is spent then, it gives the key back without
 // running and is throttled (with ActionRequeue under Coalesce, KeepNewest
 // and Preempt, whatever then is: other jobs folded into it or gave way to
-// it). A delivery that waited for its own earlier run
-// is that run's retry and spends no start. n must be at least 1, period between a millisecond and
+// it). A delivery that waited for its own earlier run is that run's retry:
+// it takes that delivery's start over (dated when it begins) if the start
+// is still spent or reserved, and otherwise needs a start of its own, as
+// any run. n must be at least 1, period between a millisecond and
 // 100 years. The budget is kept in the Redis of the *lockkit.Locker.
 // Defaults to no throttle.
 func WithThrottle(n int, period time.Duration, then Action) Option {

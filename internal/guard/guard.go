@@ -321,9 +321,7 @@ func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error
 		}
 	}
 	lease, waited, err := g.acquire(ctx, job, a)
-	if err == nil && a.start != "" && !a.own {
-		// A delivery that waited for its own earlier run is that run's
-		// retry: it spends no start.
+	if err == nil && a.start != "" {
 		err = g.beginStart(ctx, job, lease, a, waited)
 	}
 	g.unreserve(ctx, job, a) // only a run spends a start
@@ -451,9 +449,11 @@ type attempt struct {
 	// delivery of the same work.
 	own bool
 	// start names the run's throttle start ("" without WithThrottle);
-	// reserved says that it is reserved and not taken yet.
+	// reserved says that it is reserved and not taken yet; turn is the
+	// turn it reserved in ("" for none).
 	start    string
 	reserved bool
+	turn     string
 }
 
 // acquire takes job's key under the policy. A job about to wait for the

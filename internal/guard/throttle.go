@@ -5,13 +5,12 @@ package guard
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jobguard/jobguard/internal/lockcore"
+	"github.com/jobguard/jobguard/internal/throttle"
 )
 
 // errNotBegun ends the lease of a run that did not begin after all.
@@ -25,13 +24,14 @@ var errNotBegun = errors.New("middleware: the run did not begin")
 // only if n runs began, and otherwise meets the throttle when its run
 // begins.
 func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
-	a.start = randomID()
+	a.start = throttle.ID(job.w.Label)
 	var wait time.Duration
 	var err error
 	if g.policy.wait > 0 || g.policy.mode != ModeAction {
 		wait, err = g.starts.Next(ctx, job.Key)
 	} else {
 		if g.throttle.then == ActionRequeue && job.w.Label != "" {
+			a.turn = job.w.Label
 			wait, err = g.reserveInTurn(ctx, job, a.start)
 		} else {
 			wait, err = g.starts.Reserve(ctx, job.Key, a.start)
@@ -55,11 +55,11 @@ func (g *Guard) reserveStart(ctx context.Context, job Job, a *attempt) error {
 // ownRunHolds reports whether a run of an earlier delivery of job's work
 // (its Origin) holds its key: the budget it finds spent may be that run's
 // own start, and job is that run's retry, which waits for it (awaitOwnRun)
-// and spends no start. A reservation with job's label (lockkit
-// Holder.Reserved: one a release made for a parked job, or one the job
-// holds from its enqueue) is no run: a job throttled with it keeps it (it is
-// put back in its place). Read only when job would be throttled; a key that
-// cannot be read counts as not held.
+// and takes that start over (beginStart). A reservation with job's label
+// (lockkit Holder.Reserved: one a release made for a parked job, or one
+// the job holds from its enqueue) is no run: a job throttled with it keeps
+// it (it is put back in its place). Read only when job would be throttled;
+// a key that cannot be read counts as not held.
 func (g *Guard) ownRunHolds(ctx context.Context, job Job) bool {
 	if job.w.Label == "" {
 		return false
@@ -104,19 +104,35 @@ func (g *Guard) reserveInTurn(ctx context.Context, job Job, id string) (time.Dur
 }
 
 // beginStart takes the run's throttle start as its run begins, dated now:
-// the start it reserved, or a new one if the budget allows. Otherwise it
-// ends lease, taken after waiting for waited, as a run that did nothing
-// (no HoldAtLeast, no success) and returns why the job does not run.
+// the start it reserved, or a new one if the budget allows. A job that
+// waited for its own earlier run (a.own) is that run's retry: it takes over
+// the start of the earlier delivery, if that one is still spent or
+// reserved (it ran, runs, or is yet to give it back), and otherwise takes
+// a new one, in its turn if it booked one. Otherwise it ends lease, taken
+// after waiting for waited, as a run that did nothing (no HoldAtLeast, no
+// success) and returns why the job does not run.
 func (g *Guard) beginStart(ctx context.Context, job Job, lease *lockcore.Lease, a *attempt, waited time.Duration) error {
 	t := g.throttle
-	wait, err := g.starts.Start(ctx, job.Key, a.start)
+	var wait time.Duration
+	var err error
+	if a.own {
+		// A new id: a late give-back of the start it reserved before it
+		// waited must not find the one it takes now.
+		a.start = throttle.ID(job.w.Label)
+		wait, err = g.starts.TakeOver(ctx, job.Key, a.start, a.turn)
+	} else {
+		wait, err = g.starts.Start(ctx, job.Key, a.start)
+	}
 	if err == nil && wait == 0 {
 		a.reserved = false
 		return nil
 	}
 	_ = lease.Run(ctx, func(context.Context) error { return errNotBegun })
 	if err != nil {
-		a.reserved = true // in case it was taken: give it back
+		// In case it was taken: give it back; but not a start that may be
+		// the earlier run's, taken over: it counts until it leaves the
+		// window.
+		a.reserved = !a.own
 		err = fmt.Errorf("middleware: %s: throttle %q: %w", job.what(), job.Key, err)
 		g.emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
 		return err
@@ -144,13 +160,6 @@ func (g *Guard) throttledAs(ctx context.Context, job Job, wait, waited time.Dura
 		Cause: fmt.Errorf("%d starts per %s spent; the next in %s", t.n, t.period, wait)}
 	g.emit(ctx, Event{Kind: EventDuplicate, Job: job, Action: action, Delay: wait, Wait: waited, Err: dup.Cause})
 	return dup
-}
-
-// randomID names a throttle start.
-func randomID() string {
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // unreserve gives back a's reserved throttle start, if any.

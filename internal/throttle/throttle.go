@@ -98,15 +98,25 @@ func New(client redis.UniversalClient, n int, period time.Duration, opts ...Opti
 	return t, nil
 }
 
+// ID returns a new id for a start of one try of work, such as one delivery
+// of a task, work naming the work across its tries (a task's first ID);
+// "" names none. TakeOver finds a start by the work its id names.
+func ID(work string) string {
+	id := make([]byte, 8)
+	_, _ = rand.Read(id) // crypto/rand.Read never fails on supported platforms
+	if work == "" {
+		return hex.EncodeToString(id)
+	}
+	return hex.EncodeToString(id) + ":" + work
+}
+
 // Take takes one start from key's budget. It returns zero when the start
 // is allowed, or how long until one would be. Turns booked by
 // ReserveInTurn are ahead of it: each counts against the budget, dated at
 // its slot, until it is claimed or lapses. It returns
 // lockkit.ErrInvalid for an empty key, and a Redis error wrapped.
 func (t *Throttle) Take(ctx context.Context, key string) (time.Duration, error) {
-	id := make([]byte, 8)
-	_, _ = rand.Read(id) // crypto/rand.Read never fails on supported platforms
-	return t.call(ctx, "Take", key, hex.EncodeToString(id), false, "")
+	return t.call(ctx, "Take", key, ID(""), take, "")
 }
 
 // Start is Take for a start named by id (unique to one start, such as one
@@ -118,7 +128,25 @@ func (t *Throttle) Start(ctx context.Context, key, id string) (time.Duration, er
 	if id == "" {
 		return 0, fmt.Errorf("%w: Throttle.Start(%q): id is empty", lockkit.ErrInvalid, key)
 	}
-	return t.call(ctx, "Start", key, id, false, "")
+	return t.call(ctx, "Start", key, id, take, "")
+}
+
+// TakeOver is Start for a try of work that got key after an earlier try of
+// the same work held it (id and that try's id made by ID for the same
+// work): that try's start, taken or reserved (the newest, a taken one
+// first), becomes id's, dated now, if it is still in the window, so that
+// both tries spend one start and a Return of the earlier try, even a late
+// one, finds none. Without such a start (the earlier try gave it back, or
+// never took one) it is Start, and with turn (ReserveInTurn's, "" for
+// none) it is also the claimant of turn's booking, or books it when
+// refused, as ReserveInTurn does; a start taken ends turn's booking.
+// A repeat, as after a lost reply, finds id's start and takes nothing more.
+// Errors are those of Start.
+func (t *Throttle) TakeOver(ctx context.Context, key, id, turn string) (time.Duration, error) {
+	if id == "" {
+		return 0, fmt.Errorf("%w: Throttle.TakeOver(%q): id is empty", lockkit.ErrInvalid, key)
+	}
+	return t.call(ctx, "TakeOver", key, id, takeOver, turn)
 }
 
 // Reserve reserves a start of key's budget for id, for work about to
@@ -132,7 +160,7 @@ func (t *Throttle) Reserve(ctx context.Context, key, id string) (time.Duration, 
 	if id == "" {
 		return 0, fmt.Errorf("%w: Throttle.Reserve(%q): id is empty", lockkit.ErrInvalid, key)
 	}
-	return t.call(ctx, "Reserve", key, id, true, "")
+	return t.call(ctx, "Reserve", key, id, reserve, "")
 }
 
 // ReserveInTurn is Reserve for work that comes back when told, with turn
@@ -159,7 +187,7 @@ func (t *Throttle) ReserveInTurn(ctx context.Context, key, id, turn string) (tim
 	case turn == "":
 		return 0, fmt.Errorf("%w: Throttle.ReserveInTurn(%q): turn is empty", lockkit.ErrInvalid, key)
 	}
-	return t.call(ctx, "ReserveInTurn", key, id, true, turn)
+	return t.call(ctx, "ReserveInTurn", key, id, reserve, turn)
 }
 
 // Next tells how long until fewer than n starts of key began in the last
@@ -168,7 +196,7 @@ func (t *Throttle) ReserveInTurn(ctx context.Context, key, id, turn string) (tim
 // may still be refused while reservations fill the budget. Errors are
 // those of Take.
 func (t *Throttle) Next(ctx context.Context, key string) (time.Duration, error) {
-	return t.call(ctx, "Next", key, "", false, "")
+	return t.call(ctx, "Next", key, "", take, "")
 }
 
 // Return gives back to key's budget the start that Start took or Reserve
@@ -197,18 +225,21 @@ func (t *Throttle) keys(key string) []string {
 	return []string{base + ":t", base + ":tr", base + ":tq"}
 }
 
-// call takes or reserves a start logged as id, in turn if turn is not "",
-// or only tells when one would be allowed for id "".
-func (t *Throttle) call(ctx context.Context, op, key, id string, reserve bool, turn string) (time.Duration, error) {
+// How a call logs its start (throttle.lua's ARGV[4]).
+const (
+	take     = "0"
+	reserve  = "1"
+	takeOver = "2"
+)
+
+// call takes, reserves or takes over (how) a start logged as id, in turn if
+// turn is not "", or only tells when one would be allowed for id "".
+func (t *Throttle) call(ctx context.Context, op, key, id, how, turn string) (time.Duration, error) {
 	if key == "" {
 		return 0, fmt.Errorf("%w: Throttle.%s: key is empty", lockkit.ErrInvalid, op)
 	}
-	r := "0"
-	if reserve {
-		r = "1"
-	}
 	period := (t.period + time.Millisecond - 1) / time.Millisecond // rounded up
-	wait, err := throttleScript.Run(ctx, t.c, t.keys(key), t.n, int64(period), id, r, turn, int64(turnKept/time.Millisecond)).Int64()
+	wait, err := throttleScript.Run(ctx, t.c, t.keys(key), t.n, int64(period), id, how, turn, int64(turnKept/time.Millisecond)).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("throttle: %q: %w", key, err)
 	}

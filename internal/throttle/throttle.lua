@@ -1,10 +1,11 @@
 -- Keeps a key's budget of starts: at most n in any window of one period (a
 -- sliding log of the starts), reserved starts counting against it, and a
 -- line of booked turns ahead of every newcomer. Takes a start, reserves one
--- (now or, for a turn, at a booked slot), or only tells when one would be
--- allowed. Safe to run twice: a start or reservation is logged under its
--- call's id and a booking under its turn, so a repeat finds it and takes
--- nothing more (a repeated booking call is its turn's claimant).
+-- (now or, for a turn, at a booked slot), takes over an earlier try's, or
+-- only tells when one would be allowed. Safe to run twice: a start or
+-- reservation is logged under its call's id and a booking under its turn,
+-- so a repeat finds it and takes nothing more (a repeated booking call is
+-- its turn's claimant).
 -- KEYS[1] starts: ZSET of start ids, scored by when their work began (ms,
 --         server time)
 -- KEYS[2] reserved: ZSET of reserved start ids, scored by when they were
@@ -17,13 +18,18 @@
 -- ARGV[2] period (ms)
 -- ARGV[3] id of the start; "" to take nothing and only tell when fewer than
 --         n starts began in the window or are booked (reservations, which
---         may not begin, are not counted)
+--         may not begin, are not counted). An id "<hex>:<work>" names the
+--         try of work it is for (throttle.go's ID)
 -- ARGV[4] "1" to reserve the start, "0" to take it: a reserved start is
---         taken without counting again, dated now
--- ARGV[5] turn ("" for none; only with ARGV[4] "1"): booked, its claimant
---         reserves the start when starts and reservations leave room
---         (bookings do not count against it); not booked, it is booked at
---         the next free slot when the budget is spent
+--         taken without counting again, dated now; "2" to take over the
+--         start of an earlier try of the id's work, taken or reserved (the
+--         newest, a taken one first), dated now and logged as the id, or
+--         else take one
+-- ARGV[5] turn ("" for none; with ARGV[4] "1" or "2"): booked, its
+--         claimant reserves (or takes) the start when starts and
+--         reservations leave room (bookings do not count against it); not
+--         booked, it is booked at the next free slot when the budget is
+--         spent; a start taken over ends its booking
 -- ARGV[6] how long a lapsed booking is still known (ms)
 -- Returns 0 when the start is taken or reserved (for "": when one would
 -- be), or how long until one would be (ms, at least 1): for a turn, until
@@ -34,6 +40,7 @@ local n = tonumber(ARGV[1])
 local period = tonumber(ARGV[2])
 local id = ARGV[3]
 local reserve = ARGV[4] == '1'
+local over = ARGV[4] == '2'
 local turn = ARGV[5]
 local known = period + tonumber(ARGV[6])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - period)
@@ -72,6 +79,24 @@ else
       redis.call('PEXPIRE', KEYS[1], period)
     end
     return 0
+  end
+  local work = over and string.match(id, '^[^:]*:(.+)$')
+  if work then
+    -- The earlier try's start, if still in the window, spends one start for
+    -- both tries: it is the id's now, so that its give-back finds none.
+    for _, k in ipairs({KEYS[1], KEYS[2]}) do
+      for _, m in ipairs(redis.call('ZREVRANGEBYSCORE', k, '+inf', '(' .. (now - period))) do
+        if string.match(m, '^[^:]*:(.+)$') == work then
+          redis.call('ZREM', k, m)
+          redis.call('ZADD', KEYS[1], now, id)
+          redis.call('PEXPIRE', KEYS[1], period)
+          if turn ~= '' then
+            redis.call('ZREM', KEYS[3], turn)
+          end
+          return 0
+        end
+      end
+    end
   end
   if turn ~= '' then
     slot = redis.call('ZSCORE', KEYS[3], turn)

@@ -176,6 +176,81 @@ func TestThrottleReservesStartsAndDatesThemWhenTaken(t *testing.T) {
 	})
 }
 
+// TakeOver gives a try of work the start of its earlier try, taken or
+// reserved, dated now: both spend one start, and the earlier try's
+// give-back, late, finds none. Without one it takes a start of its own,
+// within the budget; a repeat takes nothing more; an id that names no work
+// takes over nothing.
+func TestTakeOverMovesTheEarlierTrysStart(t *testing.T) {
+	testredis.Each(t, func(t *testing.T, client redis.UniversalClient) {
+		ctx := ctxT(t)
+		const period = 600 * time.Millisecond
+		l := on(t, client)(1, time.Minute)
+		wait := func(d time.Duration, err error) time.Duration {
+			t.Helper()
+			require.NoError(t, err)
+			return d
+		}
+		for _, taken := range []bool{true, false} {
+			key := fmt.Sprint("taken-", taken)
+			first, again := throttle.ID("w"), throttle.ID("w")
+			require.NotEqual(t, first, again)
+			require.Zero(t, wait(l.Reserve(ctx, key, first)))
+			if taken {
+				require.Zero(t, wait(l.Start(ctx, key, first)))
+			}
+			for range 2 {
+				require.Zero(t, wait(l.TakeOver(ctx, key, again, "")), "taken %v: the earlier try's start, once", taken)
+			}
+			require.NoError(t, l.Return(ctx, key, first), "a late give-back")
+			require.Positive(t, wait(l.Take(ctx, key)), "taken %v: one start spent", taken)
+		}
+
+		// Given back first: a start of its own, if the budget allows.
+		first, again := throttle.ID("w"), throttle.ID("w")
+		require.Zero(t, wait(l.Reserve(ctx, "back", first)))
+		require.NoError(t, l.Return(ctx, "back", first))
+		require.Zero(t, wait(l.Take(ctx, "back")), "another run took the start")
+		require.Positive(t, wait(l.TakeOver(ctx, "back", again, "")), "the budget is spent")
+		require.Zero(t, wait(l.TakeOver(ctx, "none", throttle.ID("w"), "")))
+		require.Positive(t, wait(l.TakeOver(ctx, "none", throttle.ID("v"), "")), "another work's start is not taken over")
+		require.Zero(t, wait(l.Reserve(ctx, "plain", throttle.ID(""))))
+		require.Positive(t, wait(l.TakeOver(ctx, "plain", throttle.ID(""), "")), "an id of no work takes none over")
+
+		// A start that left the window is spent no more: a new one is dated now.
+		lp := on(t, client)(1, period)
+		require.Zero(t, wait(lp.Start(ctx, "old", throttle.ID("w"))))
+		time.Sleep(period + 50*time.Millisecond)
+		require.Zero(t, wait(lp.TakeOver(ctx, "old", throttle.ID("w"), "")))
+		require.Positive(t, wait(lp.Take(ctx, "old")))
+
+		_, err := l.TakeOver(ctx, "k", "", "")
+		require.ErrorIs(t, err, lockkit.ErrInvalid)
+	})
+}
+
+// TakeOver in a turn claims its booking: a try refused when it reserved,
+// and booked, is not held back by its own booking, which it ends.
+func TestTakeOverClaimsItsTurn(t *testing.T) {
+	testredis.Each(t, func(t *testing.T, client redis.UniversalClient) {
+		ctx := ctxT(t)
+		l := on(t, client)(1, time.Minute)
+		wait := func(d time.Duration, err error) time.Duration {
+			t.Helper()
+			require.NoError(t, err)
+			return d
+		}
+		require.Zero(t, wait(l.Reserve(ctx, "k", "r")))
+		require.Positive(t, wait(l.ReserveInTurn(ctx, "k", throttle.ID("w"), "w")), "refused: w is booked")
+		require.NoError(t, l.Return(ctx, "k", "r"))
+		again := throttle.ID("w")
+		require.Zero(t, wait(l.TakeOver(ctx, "k", again, "w")), "its own booking does not hold it back")
+		require.Positive(t, wait(l.Take(ctx, "k")), "one start spent")
+		require.NoError(t, l.Return(ctx, "k", again))
+		require.Zero(t, wait(l.Take(ctx, "k")), "the booking ended when the start was taken")
+	})
+}
+
 // New refuses what cannot work; a Throttle made from a Locker's Redis and
 // prefix shares the budgets of the Throttles with that prefix, and its keys
 // are where they were when the Locker made it, so that running processes
