@@ -878,13 +878,23 @@ func testEpochLongRun(t *testing.T, h *harness) {
 			renewed <- struct{}{}
 		}
 	}))
-	ttl := 300 * time.Millisecond
+	// Four renewals, one every ttl/3: the run outlasts its TTL. A TTL of a
+	// second leaves a loaded machine 2/3 s of slack per renewal; a lease
+	// lost all the same fails the test instead of leaving it waiting.
+	ttl := time.Second
 	l, err := a.TryAcquire(ctx, "tick", &AcquireOptions{TTL: ttl, Epoch: 5})
 	require.NoError(t, err)
 	start := time.Now()
-	for time.Since(start) < 2*ttl {
-		<-renewed
+	for range 4 {
+		select {
+		case <-renewed:
+		case <-l.Lost():
+			t.Fatalf("the lease was lost: %v", l.Err())
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		}
 	}
+	require.Greater(t, time.Since(start), ttl, "the run outlasted its TTL")
 	require.NoError(t, l.Release(ctx))
 	_, err = h.locker(t).TryAcquire(ctx, "tick", &AcquireOptions{TTL: ttl, Epoch: 5})
 	require.ErrorIs(t, err, ErrEpochUsed)
