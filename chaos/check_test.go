@@ -1305,6 +1305,20 @@ func TestFencedEntryWithAnOlderTokenAfterANewerOneIsReported(t *testing.T) {
 	}
 }
 
+// A key's last value older than the newest a worker set (a stale run's SET
+// that landed after a newer run's) is reported; the newest is fine.
+func TestFencedLastValueOlderThanANewerSetIsReported(t *testing.T) {
+	for lastTok, want := range map[int64]int{5: 1, 7: 0} {
+		h := fencedHist()
+		h.add(1000, "w2", evWrite, "b", func(r *Record) { r.Kind, r.Token, r.Outcome = writeLast, 7, "ok" })
+		h.add(3000, "w1", evWrite, "a", func(r *Record) { r.Kind, r.Token, r.Outcome = writeLast, 5, "ok" })
+		h.add(100000, "driver", evEntry, "a", func(r *Record) { r.Kind, r.Token = writeLast, lastTok })
+		if got := h.check(); got[ruleFenced] != want || len(got) != want {
+			t.Fatalf("last value of token %d: want %d fenced violation, got %v", lastTok, want, got)
+		}
+	}
+}
+
 // A write the fence refused had a token older than the newest its refusal
 // named, and than an entry of the key's stream; and the refusals are
 // counted.

@@ -110,7 +110,8 @@ func entryRecord(fam, key string, m redis.XMessage) Record {
 }
 
 // recordEntries records every entry of the streams of the fenced families'
-// keys, in stream order.
+// keys, in stream order, and each key's last value (an evEntry of Kind
+// writeLast, without Entry).
 func (r *seedRun) recordEntries() error {
 	ctx := context.Background()
 	for _, f := range r.w.Families {
@@ -127,6 +128,19 @@ func (r *seedRun) recordEntries() error {
 			for _, m := range ms {
 				r.rec.add(entryRecord(f.Name, key, m))
 			}
+			_, lastKey := fencedKeys(r.prefix, f.Name, key)
+			v, err := r.rdb.Get(ctx, lastKey).Result()
+			if errors.Is(err, redis.Nil) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("read %s: %w", lastKey, err)
+			}
+			last := Record{Ev: evEntry, Fam: f.Name, Key: key, Kind: writeLast}
+			if _, err := fmt.Sscan(v, &last.Task, &last.Token); err != nil {
+				return fmt.Errorf("read %s: %q: %w", lastKey, v, err)
+			}
+			r.rec.add(last)
 		}
 	}
 	return nil
