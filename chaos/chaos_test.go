@@ -82,6 +82,23 @@ func TestNegativeControlSkipEverywhereReportsUncoveredTasks(t *testing.T) {
 	}
 }
 
+// runPlan runs seed in parallel with the other tests (each run has its own
+// servers and workers) with testOptions(t, broken) as set changes them, and
+// returns the result and its violations by rule.
+func runPlan(t *testing.T, broken string, seed uint64, set func(*options)) (result, map[string]int) {
+	t.Helper()
+	t.Parallel()
+	o := testOptions(t, broken)
+	set(&o)
+	res, err := runSeed(o, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := rules(res.violations)
+	t.Logf("%s; per rule %v", res.summary(), got)
+	return res, got
+}
+
 // lossyFailoverPlan is a Sentinel run's workload in which a lossy failover
 // cuts the replicas off just before four tasks of four free keys are due
 // (seedRun.awaitLongDue), and kills the master once their workers took the
@@ -106,15 +123,7 @@ func lossyFailoverPlan(seed uint64) Workload {
 func TestNegativeControlWithoutReplicaAcksReportsOverlaps(t *testing.T) {
 	for _, broken := range []string{brokenAcks, ""} {
 		t.Run("broken="+broken, func(t *testing.T) {
-			t.Parallel() // each run has its own servers and workers
-			o := testOptions(t, broken)
-			o.failover, o.plan = true, lossyFailoverPlan
-			res, err := runSeed(o, 7)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := rules(res.violations)
-			t.Logf("%s; per rule %v", res.summary(), got)
+			res, got := runPlan(t, broken, 7, func(o *options) { o.failover, o.plan = true, lossyFailoverPlan })
 			if res.stats.faults[faultFailoverLossy] != 1 {
 				t.Fatalf("want one lossy failover in the history, got faults %v", res.stats.faults)
 			}
@@ -123,6 +132,46 @@ func TestNegativeControlWithoutReplicaAcksReportsOverlaps(t *testing.T) {
 				t.Fatalf("no overlap reported for Lockers that wait for no replica: %v", res.violations)
 			case broken == "" && failing(res.violations) > 0:
 				t.Fatalf("violations with Lockers that wait for a replica: %v", res.violations)
+			}
+		})
+	}
+}
+
+// fencedPausePlan is a workload of one fenced family under Skip: a long
+// run of its key, a stop of its worker that outlasts the lease, and a
+// stream of tasks of the key through the stop, one of which takes the key
+// and writes while the paused run waits to write.
+func fencedPausePlan(seed uint64) Workload {
+	w := Workload{Seed: seed, TTL: leaseTTL, Workers: 2, Length: 5 * time.Second, Offsets: []time.Duration{0},
+		Families: []Family{{Name: "f0fenced", Policy: polSkip, Limit: 1, Keys: 1, Client: cliPlain, Fenced: true}},
+		Faults:   []Fault{{At: 500 * time.Millisecond, Kind: faultStop, Hold: leaseTTL + time.Second, Fam: "f0fenced"}}}
+	w.Ops = append(w.Ops, Op{At: 100 * time.Millisecond, Key: "k0", Dur: 2 * time.Second, MaxRetry: 3})
+	for at := 400 * time.Millisecond; at < 4500*time.Millisecond; at += 300 * time.Millisecond {
+		w.Ops = append(w.Ops, Op{At: at, Key: "k0", Dur: 300 * time.Millisecond, MaxRetry: 3})
+	}
+	for i := range w.Ops {
+		w.Ops[i].N, w.Ops[i].ID = i+1, fmt.Sprintf("s%d-f0fenced-k0-%d", seed, i+1)
+	}
+	return w
+}
+
+// A worker paused past its lease writes once a newer run of its key has
+// written: through the fence its writes are refused, and the key's stream
+// holds the entries in the order of their tokens; with plain writes
+// (-broken fence) its entry lands after the newer run's, which the checker
+// reports.
+func TestNegativeControlUnfencedWritesReportsStaleEntries(t *testing.T) {
+	for _, broken := range []string{brokenFence, ""} {
+		t.Run("broken="+broken, func(t *testing.T) {
+			res, got := runPlan(t, broken, 11, func(o *options) { o.plan = fencedPausePlan })
+			if res.stats.faults[faultStop] != 1 {
+				t.Fatalf("want the stop in the history, got faults %v", res.stats.faults)
+			}
+			switch {
+			case broken == brokenFence && got[ruleFenced] == 0:
+				t.Fatalf("no fenced violation reported for unfenced writes: %v", res.violations)
+			case broken == "" && (failing(res.violations) > 0 || res.stats.stale == 0):
+				t.Fatalf("want no violation and a stale write refused, got %d refused: %v", res.stats.stale, res.violations)
 			}
 		})
 	}

@@ -34,6 +34,7 @@ const (
 	ruleShadow      = "shadow"       // WithShadow: every delivery runs, under its lease or reported; of two overlapping runs of a key, one was reported
 	ruleCron        = "cron"         // cronguard: each tick of an entry runs once across the replicas: never twice, none missed unless a fault explains it
 	ruleReserved    = "reserved"     // a key reserved for a parked task that is done is passed on at once, not held until the reservation lapses
+	ruleFenced      = "fenced"       // fenced writes: no write with an older token lands after a newer one; a write refused as stale had a newer one before it
 )
 
 // advisory rules are reported but do not fail a seed: behaviour the README
@@ -207,6 +208,7 @@ func (t *taskHist) events() []Record {
 type stats struct {
 	accepted, refused, ticks, deliveries, runs, excused, keysLeft int
 	cronTicks, cronRuns                                           int
+	fenced, stale                                                 int // writes of the fenced family, and those the fence refused
 	decisions                                                     map[string]int
 	faults                                                        map[string]int // injected faults by kind, as the history records them
 }
@@ -418,6 +420,11 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 		case r.Ev == evCronRun:
 			st.cronRuns++
 			cronTicks[r.Task] = true
+		case r.Ev == evWrite:
+			st.fenced++
+			if r.Outcome == "stale" {
+				st.stale++
+			}
 		}
 	}
 	st.cronTicks = len(cronTicks)
@@ -455,6 +462,7 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 	vs = append(vs, h.checkCron()...)
 	vs = append(vs, h.checkShadow()...)
 	vs = append(vs, h.checkReserved()...)
+	vs = append(vs, h.checkFenced()...)
 	if !drained {
 		vs = append(vs, h.violation(ruleStranded, "-", fmt.Sprintf("the queue did not drain within %s of the last enqueue", drainTimeout)))
 	}

@@ -1329,3 +1329,93 @@ func TestLimitFuncFamilyWorkersDisagree(t *testing.T) {
 		t.Fatal("the LimitFunc family has no task")
 	}
 }
+
+// fencedHist is a history of one fenced family under Skip whose key's
+// stream the driver read: task a (token 5) and b (token 7).
+func fencedHist() *hist {
+	h := newHist(polSkip)
+	h.w.Families[0].Fenced = true
+	h.enqueue(0, "a")
+	h.enqueue(0, "b")
+	return h
+}
+
+// entry records an entry of the key's stream, ID "<ms>-0", written by task
+// with token tok.
+func (h *hist) entry(ms int, task, kind string, tok int64) {
+	h.add(100000, "driver", evEntry, task, func(r *Record) { r.Entry, r.Kind, r.Token, r.By = fmt.Sprintf("%d-0", ms), kind, tok, "w1" })
+}
+
+// A stale run's write that landed after a newer run's (an older token's
+// entry after a newer one's in the key's stream) is reported, naming both
+// entries; the same entries in the order of their tokens are fine, equal
+// tokens included.
+func TestFencedEntryWithAnOlderTokenAfterANewerOneIsReported(t *testing.T) {
+	h := fencedHist()
+	h.entry(10, "a", writeBegin, 5)
+	h.entry(20, "b", writeBegin, 7)
+	h.entry(30, "b", writeEnd, 7)
+	h.entry(40, "a", writeEnd, 5) // a's write after the pause, unfenced
+	vs, _ := check(h.w, h.recs, nil, true)
+	if got := rules(vs); got[ruleFenced] != 1 || len(got) != 1 || failing(vs) != 1 {
+		t.Fatalf("want one fenced violation, got %v", vs)
+	}
+	if msg := vs[0].Msg; !strings.Contains(msg, "entry 40-0 (end of run 0 on w1, token 5) follows entry 20-0 (begin of task b on w1, token 7)") {
+		t.Fatalf("the violation does not name both entries: %s", msg)
+	}
+
+	h = fencedHist()
+	h.entry(10, "a", writeBegin, 5)
+	h.entry(20, "a", writeEnd, 5)
+	h.entry(30, "b", writeBegin, 7)
+	h.entry(40, "b", writeEnd, 7)
+	if got := h.check(); len(got) != 0 {
+		t.Fatalf("want nothing, got %v", got)
+	}
+}
+
+// A key's last value older than the newest a worker set (a stale run's SET
+// that landed after a newer run's) is reported; the newest is fine.
+func TestFencedLastValueOlderThanANewerSetIsReported(t *testing.T) {
+	for lastTok, want := range map[int64]int{5: 1, 7: 0} {
+		h := fencedHist()
+		h.add(1000, "w2", evWrite, "b", func(r *Record) { r.Kind, r.Token, r.Outcome = writeLast, 7, "ok" })
+		h.add(3000, "w1", evWrite, "a", func(r *Record) { r.Kind, r.Token, r.Outcome = writeLast, 5, "ok" })
+		h.add(100000, "driver", evEntry, "a", func(r *Record) { r.Kind, r.Token = writeLast, lastTok })
+		if got := h.check(); got[ruleFenced] != want || len(got) != want {
+			t.Fatalf("last value of token %d: want %d fenced violation, got %v", lastTok, want, got)
+		}
+	}
+}
+
+// A write the fence refused had a token older than the newest its refusal
+// named, and than an entry of the key's stream; and the refusals are
+// counted.
+func TestFencedStaleWriteWithoutANewerOneIsReported(t *testing.T) {
+	stale := func(h *hist, tok, newest int64) {
+		h.add(3000, "w1", evWrite, "a", func(r *Record) { r.Kind, r.Token, r.Outcome, r.Newest = writeEnd, tok, "stale", newest })
+	}
+	h := fencedHist()
+	h.entry(10, "a", writeBegin, 5)
+	h.entry(20, "b", writeBegin, 7)
+	stale(h, 5, 7)
+	vs, st := check(h.w, h.recs, nil, true)
+	if len(vs) != 0 || st.stale != 1 || st.fenced != 1 {
+		t.Fatalf("want nothing and one stale write counted, got %v, %d stale of %d", vs, st.stale, st.fenced)
+	}
+
+	h = fencedHist()
+	h.entry(10, "a", writeBegin, 5)
+	h.entry(20, "b", writeBegin, 7)
+	stale(h, 7, 7) // refused naming its own token
+	if got := h.check(); got[ruleFenced] != 1 || len(got) != 1 {
+		t.Fatalf("want one fenced violation for a refusal naming no newer token, got %v", got)
+	}
+
+	h = fencedHist()
+	h.entry(10, "a", writeBegin, 5)
+	stale(h, 5, 7) // no entry of token 7 in the stream
+	if got := h.check(); got[ruleFenced] != 1 || len(got) != 1 {
+		t.Fatalf("want one fenced violation for a refusal with no newer entry, got %v", got)
+	}
+}

@@ -113,8 +113,8 @@ func (r result) phaseTimes() string {
 
 func (r result) summary() string {
 	n := failing(r.violations)
-	return fmt.Sprintf("seed %d (%s): %d tasks and %d ticks (%d accepted), %d deliveries, %d runs (%d counted short: lease lost or paused), %d cron ticks (%d runs), faults %v, %d keys left; %d violations, %d advisory %v",
-		r.seed, r.w.topology(), len(r.w.Ops), r.stats.ticks, r.stats.accepted, r.stats.deliveries, r.stats.runs, r.stats.excused, r.stats.cronTicks, r.stats.cronRuns, r.stats.faults, r.stats.keysLeft, n, len(r.violations)-n, r.perRule(true))
+	return fmt.Sprintf("seed %d (%s): %d tasks and %d ticks (%d accepted), %d deliveries, %d runs (%d counted short: lease lost or paused), %d cron ticks (%d runs), %d fenced writes (%d refused stale), faults %v, %d keys left; %d violations, %d advisory %v",
+		r.seed, r.w.topology(), len(r.w.Ops), r.stats.ticks, r.stats.accepted, r.stats.deliveries, r.stats.runs, r.stats.excused, r.stats.cronTicks, r.stats.cronRuns, r.stats.fenced, r.stats.stale, r.stats.faults, r.stats.keysLeft, n, len(r.violations)-n, r.perRule(true))
 }
 
 // perRule counts the violations that fail the seed by rule, or with
@@ -258,6 +258,9 @@ func runSeed(o options, seed uint64) (result, error) {
 	time.Sleep(max(w.maxTTL(), lockcore.DefaultParkHold) + time.Second)
 	keys, err := r.keysLeft()
 	if err != nil {
+		return result{}, err
+	}
+	if err := r.recordEntries(); err != nil {
 		return result{}, err
 	}
 	lap("quiet")
@@ -462,6 +465,12 @@ func (r *seedRun) runFaults() {
 	begin := time.Now()
 	for _, f := range r.w.Faults {
 		time.Sleep(time.Until(begin.Add(f.At)))
+		if f.Kind == faultStop && f.Fam != "" {
+			if p := r.aimAt(f.Fam); p != nil {
+				r.pause(p, f.Hold)
+			}
+			continue
+		}
 		r.mu.Lock()
 		if len(r.live) == 0 {
 			r.mu.Unlock()
@@ -520,13 +529,61 @@ func (r *seedRun) runFaults() {
 		case faultRelease:
 			r.releaseHung()
 		case faultStop:
-			r.rec.add(Record{Ev: evFault, Fault: faultStop, Target: p.name})
-			_ = p.cmd.Process.Signal(syscall.SIGSTOP)
-			time.Sleep(f.Hold)
-			_ = p.cmd.Process.Signal(syscall.SIGCONT)
-			r.rec.add(Record{Ev: evFault, Fault: "cont", Target: p.name})
+			r.pause(p, f.Hold)
 		}
 	}
+}
+
+// pause stops p (SIGSTOP) for hold, then lets it go on (SIGCONT).
+func (r *seedRun) pause(p *proc, hold time.Duration) {
+	r.rec.add(Record{Ev: evFault, Fault: faultStop, Target: p.name})
+	_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+	time.Sleep(hold)
+	_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	r.rec.add(Record{Ev: evFault, Fault: "cont", Target: p.name})
+}
+
+// aimAt returns a live worker running a task of family fam with at least
+// fencedLeft of its work left, as its history says, looking for one for up
+// to fencedLook; nil if there is none.
+func (r *seedRun) aimAt(fam string) *proc {
+	dur := map[string]time.Duration{}
+	for _, op := range r.w.Ops {
+		dur[op.ID] = op.Dur
+	}
+	for deadline := time.Now().Add(fencedLook); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		r.mu.Lock()
+		live := slices.Clone(r.live)
+		r.mu.Unlock()
+		for _, p := range live {
+			for _, rec := range r.openRuns(p, func(rec Record) bool { return rec.Fam == fam }) {
+				if time.Until(time.Unix(0, rec.T).Add(dur[rec.Task])) >= fencedLeft {
+					return p
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// openRuns returns the start records of the runs of p that its history
+// shows going (no end), of the tasks keep accepts.
+func (r *seedRun) openRuns(p *proc, keep func(Record) bool) []Record {
+	recs, _ := readFile(filepath.Join(r.dir, p.name+".jsonl"))
+	open := map[int64]Record{}
+	for _, rec := range recs {
+		switch {
+		case rec.Ev == evStart && keep(rec):
+			open[rec.Seq] = rec
+		case rec.Ev == evEnd:
+			delete(open, rec.Run)
+		}
+	}
+	out := make([]Record, 0, len(open))
+	for _, rec := range open {
+		out = append(out, rec)
+	}
+	return out
 }
 
 // releaseHung is an operator's release (Locker.CancelRun by fencing token)
@@ -550,17 +607,7 @@ func (r *seedRun) releaseHung() {
 		r.mu.Unlock()
 		runs := map[string]Record{} // the open runs of hung handlers, by owner and asynq task ID
 		for _, p := range live {
-			recs, _ := readFile(filepath.Join(r.dir, p.name+".jsonl"))
-			open := map[int64]Record{}
-			for _, rec := range recs {
-				switch {
-				case rec.Ev == evStart && hung[rec.Task]:
-					open[rec.Seq] = rec
-				case rec.Ev == evEnd:
-					delete(open, rec.Run)
-				}
-			}
-			for _, rec := range open {
+			for _, rec := range r.openRuns(p, func(rec Record) bool { return hung[rec.Task] }) {
 				runs[p.name+" "+rec.AID] = rec
 			}
 		}

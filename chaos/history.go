@@ -24,6 +24,15 @@ const (
 	evExit     = "exit"     // the process is about to exit
 	evReady    = "ready"    // the worker's server started
 	evLeft     = "left"     // a task still in the queue when the run did not drain: Kind (its state), Sent (when it is next due), Retry, Err
+	// evWrite is a write of a fenced family's run (fencer.write): Kind (the
+	// write: writeBegin, writeEnd or writeLast), Run, Token (the writer's),
+	// Outcome ("ok", with Entry for an entry of the stream; "stale", with
+	// Newest: the fence refused it; "error", with Err).
+	evWrite = "write"
+	// evEntry is an entry of a fenced family's key's stream, read by the
+	// driver once the run was quiet: Entry (its ID), Kind, Token, Task, Run,
+	// and By, the process that wrote it.
+	evEntry = "entry"
 )
 
 // Record is one line of a history. T is the wall clock (Unix ns; every process
@@ -59,8 +68,11 @@ type Record struct {
 	Holder   string `json:"holder,omitempty"` // a refused Unique enqueue: the asynq ID of the task holding the key
 	RedisUS  int64  `json:"redis_us,omitempty"`
 	Retry    int    `json:"retry,omitempty"`
-	Run      int64  `json:"run,omitempty"`   // the Seq of the run's start record, on its end, cancel and guard events
-	Limit    int    `json:"limit,omitempty"` // a run's start in a LimitFunc family: the limit its worker gave the task
+	Run      int64  `json:"run,omitempty"`    // the Seq of the run's start record, on its end, cancel, guard and write events
+	Entry    string `json:"entry,omitempty"`  // a stream entry's ID ("<ms>-<n>"), of a write or a stream's entry
+	Newest   int64  `json:"newest,omitempty"` // a stale write: the newest token that had written to its key
+	By       string `json:"by,omitempty"`     // a stream's entry: the process that wrote it
+	Limit    int    `json:"limit,omitempty"`  // a run's start in a LimitFunc family: the limit its worker gave the task
 }
 
 func (r Record) String() string {

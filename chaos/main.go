@@ -11,6 +11,7 @@
 //	go run . -seed 7 -broken none   # negative control: workers without the middleware
 //	go run . -seed 7 -broken skip   # negative control: every family under Skip
 //	go run . -seed 7 -failover -broken acks  # negative control: Lockers that wait for no replica
+//	go run . -seed 7 -broken fence  # negative control: the fenced family's writes unfenced
 //
 // The Lockers of an odd seed's run batch their calls (lockkit.WithBatching),
 // so that its go-redis reply faults hit pipelines of calls.
@@ -51,7 +52,7 @@ type options struct {
 	seeds    int
 	duration time.Duration
 	length   time.Duration
-	broken   string // "", brokenNone, brokenSkip or brokenAcks
+	broken   string // "", brokenNone, brokenSkip, brokenAcks or brokenFence
 	noFaults bool
 	out      string
 	addr     string
@@ -74,7 +75,7 @@ func driverMain(args []string) int {
 	fs.IntVar(&o.seeds, "seeds", 1, "number of seeds to run (seed, seed+1, ...)")
 	fs.DurationVar(&o.duration, "duration", 0, "run seeds until this much time has passed (overrides -seeds)")
 	fs.DurationVar(&o.length, "length", 20*time.Second, "how long each seed enqueues and injects faults")
-	fs.StringVar(&o.broken, "broken", "", `negative control: "none" runs the workers without the middleware, "skip" every family under Skip, "acks" (with -failover) Lockers that wait for no replica`)
+	fs.StringVar(&o.broken, "broken", "", `negative control: "none" runs the workers without the middleware, "skip" every family under Skip, "acks" (with -failover) Lockers that wait for no replica, "fence" the fenced family's writes with plain XADD and SET`)
 	fs.BoolVar(&o.noFaults, "nofaults", false, "inject no faults")
 	fs.StringVar(&o.out, "out", "chaos-out", "directory for the histories of failing seeds")
 	fs.StringVar(&o.addr, "redis", "", "use the redis-server at this address instead of starting one (its database 0 is flushed)")
@@ -89,8 +90,8 @@ func driverMain(args []string) int {
 	if check != "" {
 		return recheck(check)
 	}
-	if o.broken != "" && o.broken != brokenNone && o.broken != brokenSkip && o.broken != brokenAcks {
-		fmt.Fprintf(os.Stderr, "chaos: -broken %q: want %q, %q or %q\n", o.broken, brokenNone, brokenSkip, brokenAcks)
+	if o.broken != "" && o.broken != brokenNone && o.broken != brokenSkip && o.broken != brokenAcks && o.broken != brokenFence {
+		fmt.Fprintf(os.Stderr, "chaos: -broken %q: want %q, %q, %q or %q\n", o.broken, brokenNone, brokenSkip, brokenAcks, brokenFence)
 		return 2
 	}
 	switch {
@@ -150,6 +151,8 @@ func driverMain(args []string) int {
 		sum.runs += res.stats.runs
 		sum.cronTicks += res.stats.cronTicks
 		sum.cronRuns += res.stats.cronRuns
+		sum.fenced += res.stats.fenced
+		sum.stale += res.stats.stale
 		for k, n := range res.stats.faults {
 			sum.faults[k] += n
 		}
@@ -172,8 +175,8 @@ func driverMain(args []string) int {
 			}
 		}
 	}
-	fmt.Printf("chaos: %d seeds in %s, %d failed %v; %d tasks and %d ticks, %d deliveries, %d runs, %d cron ticks (%d runs); faults %v; violations per rule: %v; advisory per rule: %v\n",
-		runs, time.Since(start).Round(time.Second), len(failed), failed, tasks, sum.ticks, sum.deliveries, sum.runs, sum.cronTicks, sum.cronRuns, sum.faults, total, advised)
+	fmt.Printf("chaos: %d seeds in %s, %d failed %v; %d tasks and %d ticks, %d deliveries, %d runs, %d cron ticks (%d runs), %d fenced writes (%d refused stale); faults %v; violations per rule: %v; advisory per rule: %v\n",
+		runs, time.Since(start).Round(time.Second), len(failed), failed, tasks, sum.ticks, sum.deliveries, sum.runs, sum.cronTicks, sum.cronRuns, sum.fenced, sum.stale, sum.faults, total, advised)
 	if len(failed) > 0 {
 		return 1
 	}

@@ -98,9 +98,10 @@ func throttleAction(f Family) middleware.Action {
 
 // Negative controls (-broken): workers that break the rules on purpose.
 const (
-	brokenNone = "none" // no middleware at all
-	brokenSkip = "skip" // every family under Skip, whatever its policy
-	brokenAcks = "acks" // in a Sentinel run, Lockers that wait for no replica
+	brokenNone  = "none"  // no middleware at all
+	brokenSkip  = "skip"  // every family under Skip, whatever its policy
+	brokenAcks  = "acks"  // in a Sentinel run, Lockers that wait for no replica
+	brokenFence = "fence" // the fenced family writes with plain XADD and SET, which no fence checks
 )
 
 // ackTimeout is how long a lease write of a Sentinel run's Lockers waits
@@ -149,7 +150,7 @@ func workerMain(args []string) error {
 	dir := fs.String("dir", "", "run directory (workload.json, histories)")
 	prefix := fs.String("prefix", "", "lock key prefix")
 	queue := fs.String("queue", "", "asynq queue")
-	broken := fs.String("broken", "", "negative control: none (no middleware), skip (every family under Skip) or acks (Lockers that wait for no replica)")
+	broken := fs.String("broken", "", "negative control: none (no middleware), skip (every family under Skip), acks (Lockers that wait for no replica) or fence (the fenced family's writes unfenced)")
 	offset := fs.Duration("offset", 0, "the offset of the Scheduler's clock from the wall clock")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -190,9 +191,17 @@ func workerMain(args []string) error {
 		}
 		rec.add(r)
 	}
+	fc, err := newFencer(rdb, rec, *prefix, *broken)
+	if err != nil {
+		return err
+	}
 	mux := asynq.NewServeMux()
 	for _, f := range w.Families {
-		var h asynq.Handler = work(rec, rdb, *prefix)
+		var fenced *fencer
+		if f.Fenced {
+			fenced = fc
+		}
+		var h asynq.Handler = work(rec, rdb, *prefix, fenced)
 		if *broken != brokenNone {
 			pol := policyOf(f)
 			if *broken == brokenSkip {
@@ -372,7 +381,9 @@ func deliver(rec *recorder, inflight *sync.WaitGroup, next asynq.Handler) asynq.
 
 // work is the handler: it records its start and end, and does what the
 // payload says (run for Dur, fail or panic on its first run, ignore its ctx).
-func work(rec *recorder, rdb redis.UniversalClient, prefix string) asynq.Handler {
+// The run of a fenced family (fc not nil) writes through fc as it begins
+// and after its work (fencer.write), and ignores its ctx.
+func work(rec *recorder, rdb redis.UniversalClient, prefix string, fc *fencer) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		ri, _ := ctx.Value(runInfoKey{}).(*runInfo)
 		p := ri.p
@@ -411,9 +422,12 @@ func work(rec *recorder, rdb redis.UniversalClient, prefix string) asynq.Handler
 		if p.TakeBack && !first {
 			takeBack(ctx, rdb, prefix, p)
 		}
+		if fc != nil {
+			fc.write(ctx, base, run, writeBegin)
+		}
 		timer := time.NewTimer(p.Dur)
 		defer timer.Stop()
-		if p.IgnoreCtx {
+		if p.IgnoreCtx || fc != nil {
 			<-timer.C
 		} else {
 			select {
@@ -433,6 +447,12 @@ func work(rec *recorder, rdb redis.UniversalClient, prefix string) asynq.Handler
 			end.Outcome = "error"
 			rec.add(end)
 			return errors.New("chaos: failure on the first run")
+		}
+		if fc != nil {
+			// A write the fence refused is no failure: a newer run of the
+			// key has written, and its writes stand.
+			fc.write(ctx, base, run, writeEnd)
+			fc.write(ctx, base, run, writeLast)
 		}
 		end.Outcome = "ok"
 		if ctx.Err() != nil {

@@ -94,6 +94,10 @@ type Family struct {
 	// which half the workers change, as a rolling deploy of another
 	// function would.
 	LimitFunc bool `json:"limit_func,omitempty"`
+	// Fenced: the handler writes to its key's stream and last value through
+	// a fence.Writer (fencer.write), ignoring its ctx, so that a run paused
+	// past its lease attempts its write once a newer run of the key wrote.
+	Fenced bool `json:"fenced,omitempty"`
 }
 
 // TaskType is the asynq task type of the family's tasks.
@@ -135,6 +139,11 @@ type Fault struct {
 	Target int           `json:"target"` // index of the live worker it hits, modulo their number
 	Hold   time.Duration `json:"hold,omitempty"`
 	Lossy  bool          `json:"lossy,omitempty"` // a failover that loses what was written for Hold before it
+	// Fam, when not empty, is the family a stop is aimed at (Target is not
+	// used): it pauses a worker running a task of that family with
+	// fencedLeft of its work left, looking for one for up to fencedLook, and
+	// is not made if none is found.
+	Fam string `json:"fam,omitempty"`
 }
 
 // Workload is everything a seed decides: families, enqueues and faults.
@@ -227,6 +236,14 @@ const failoverTTL = 6 * time.Second
 const (
 	longRun = 3 * time.Second
 	longTTL = 15 * time.Second
+)
+
+// How the stops aimed at the fenced family (Fault.Fam) find their run: one
+// with at least fencedLeft of its work left, so that it writes after the
+// pause, looked for up to fencedLook.
+const (
+	fencedLeft = 300 * time.Millisecond
+	fencedLook = 3 * time.Second
 )
 
 // newWorkload draws a workload from seed for a run of length (enqueues and
@@ -462,6 +479,31 @@ func newWorkload(seed uint64, length time.Duration, faults bool, topo topology) 
 			w.Ops[i].Limit = 1 + r.IntN(3)
 		}
 	}
+	// Fenced writes, under Skip (each run writes as it begins and after its
+	// work: Family.Fenced): in each burst, a long run, a stop aimed at it
+	// (Fault.Fam) that outlasts its lease by half a TTL or more, and a
+	// stream of tasks of its key, some TTL/4 apart at most, until the stop
+	// is over: one of them takes the key once the lease ran out, and its run
+	// writes while the paused run waits to write, which the fence then
+	// refuses. (Under Requeue the tasks put back would stay parked until
+	// the paused run's release or their backstop.) Drawn after everything
+	// else.
+	fe := Family{Name: "f16fenced", Policy: polSkip, Limit: 1, Keys: 1 + r.IntN(2), Client: cliPlain, Fenced: true}
+	w.Families = append(w.Families, fe)
+	ttl := w.ttl(fe)
+	span := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(r.Int64N(int64(hi-lo))) }
+	for range 1 + int(length/(10*time.Second)) {
+		key := fmt.Sprintf("k%d", r.IntN(fe.Keys))
+		at := time.Duration(r.Int64N(int64(length * 6 / 10)))
+		w.Ops = append(w.Ops, Op{At: at, Fam: len(w.Families) - 1, Key: key, MaxRetry: 3, Dur: span(ttl, ttl*3/2)})
+		for next := at + span(ttl/6, ttl/4); next < at+ttl*5/2; next += span(ttl/6, ttl/4) {
+			w.Ops = append(w.Ops, Op{At: next, Fam: len(w.Families) - 1, Key: key, MaxRetry: 3, Dur: span(ttl/5, ttl/2)})
+		}
+		if faults {
+			w.Faults = append(w.Faults, Fault{At: at + span(ttl/5, ttl/2), Kind: faultStop, Hold: ttl + span(ttl/2, ttl), Fam: fe.Name})
+		}
+	}
+	slices.SortStableFunc(w.Faults, func(a, b Fault) int { return int(a.At - b.At) })
 	// Numbers within a key follow enqueue order.
 	slices.SortStableFunc(w.Ops, func(a, b Op) int { return int(a.At - b.At) })
 	seen := map[string]int{}
