@@ -289,3 +289,57 @@ func TestRequeueWithPerTaskLimits(t *testing.T) {
 		require.Empty(t, worst, "runs with these limits overlapped")
 	})
 }
+
+// A task parked by a server that gives it a limit of 1 is delivered, once
+// the key is reserved for it, to a server whose limit function gives it
+// another limit (a rolling deploy of the function): it takes its
+// reservation over and runs at once, and does not wait on the reservation
+// as if its own earlier delivery held the key (until the reservation
+// lapsed, at the parked task's backstop).
+func TestParkedTaskTakesItsReservationOverUnderAnotherLimit(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		ctx := context.Background()
+		started, gate := make(chan int, 4), make(chan struct{})
+		serve := func(owner string, limit, concurrency int) *asynq.Server {
+			mw, err := singleton.Middleware(e.locker(lockkit.WithOwner(owner)), byTenant,
+				singleton.WithLimitFunc(func(context.Context, *asynq.Task) int { return limit }),
+				singleton.WithPolicy(middleware.Requeue(50*time.Millisecond)), singleton.WithRedis(e.RDB))
+			require.NoError(t, err)
+			mux := asynq.NewServeMux()
+			mux.Use(mw)
+			mux.HandleFunc("report", func(_ context.Context, task *asynq.Task) error {
+				n := tenantOf(task).N
+				started <- n
+				if n == 0 {
+					<-gate
+				}
+				return nil
+			})
+			return e.start(e.config(concurrency), mux)
+		}
+		// Task 0 runs on the server whose function gives a limit of 1;
+		// task 1, a duplicate, is parked behind it.
+		old := serve("old-function", 1, 2)
+		e.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":0}`)))
+		require.Equal(t, 0, <-started)
+		e.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":1}`)))
+		require.Eventually(t, func() bool {
+			n, err := e.RDB.ZCard(ctx, e.Prefix+"{tenant:acme}:k").Result() // the key's parked queue
+			require.NoError(t, err)
+			return n == 1
+		}, 10*time.Second, 5*time.Millisecond, "task 1 is parked")
+		// The server with the new function starts and the old one stops
+		// pulling tasks; task 0's end reserves the key for task 1 and
+		// resumes it, which only the new server can then run.
+		serve("new-function", 3, 2)
+		old.Stop()
+		close(gate)
+		select {
+		case n := <-started:
+			require.Equal(t, 1, n)
+		case <-time.After(parkBackstop / 3):
+			t.Fatal("the resumed task did not run: it waited on its own reservation")
+		}
+	})
+}

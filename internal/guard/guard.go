@@ -504,7 +504,9 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockcore.Lea
 // reservation over, and under WithParking (and a limit of 1 for the job,
 // or any under WithLimitFunc, whose jobs of limit 1 park) the run's end
 // resumes the key's oldest parked job; with park, a job of a policy that
-// parks, whose limit is 1, is parked when the key is held.
+// parks, whose limit is 1, is parked when the key is held. Under
+// WithLimitFunc a job of any limit takes over a reservation made for it:
+// a server that gave it a limit of 1 may have parked it.
 func (g *Guard) leaseOptions(ctx context.Context, job Job, park bool) *lockcore.AcquireOptions {
 	limit := g.limitFor(job)
 	opt := &lockcore.AcquireOptions{TTL: g.ttl, Limit: limit, Epoch: job.w.Epoch, EpochTTL: job.w.EpochTTL, EpochTag: job.w.EpochTag, Label: job.w.Label, HoldAtLeast: g.hold,
@@ -512,9 +514,9 @@ func (g *Guard) leaseOptions(ctx context.Context, job Job, park bool) *lockcore.
 	if p := g.parking; p != nil && (limit <= 1 || g.limitOf != nil) {
 		// Every run resumes the key's oldest parked job when it ends.
 		opt.Park = &lockcore.Parking{OnParked: p.Resume} // the Locker calls the adapter: the guard is not on that path
-		if g.parks() && job.w.Label != "" && limit <= 1 {
+		if g.parks() && job.w.Label != "" {
 			opt.TakeReservation = true
-			if park {
+			if park && limit <= 1 {
 				opt.Park.ID, opt.Park.Hold = p.ID(ctx, job), p.Hold
 			}
 		}
