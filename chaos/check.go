@@ -1184,18 +1184,20 @@ func (h *history) checkLeak(keys []keyTTL) []Violation {
 		case "f":
 			keep = fenceKeep
 		}
-		if kind == "k" && (h.archivedOn(k.Key) || h.refusedOn(k.Key) || h.giveUpFailedOn(k.Key)) {
+		if kind == "k" && (h.archivedOn(k.Key) || h.refusedOn(k.Key) || h.giveUpFailedOn(k.Key) || h.beyondReach(k)) {
 			// The parked id of a task asynq archived (it never took the
 			// key), of a task parked at enqueue whose enqueue asynq
-			// then refused (ParkAtEnqueue: "a parked entry stays"): kept
-			// ten minutes after its last park (lockkit's Park). A task a
-			// middleware with WithLimit(n > 1) refused gives its entry
-			// up, with or without WithShadow.
+			// then refused (ParkAtEnqueue: "a parked entry stays"), of
+			// a task asynq may have lost or whose last delivery failed
+			// on Redis (beyondReach): kept ten minutes after its last
+			// park (lockkit's Park). A task a middleware with
+			// WithLimit(n > 1) refused gives its entry up, with or
+			// without WithShadow.
 			keep = parkKeep + h.w.TTL
 		}
 		switch {
 		case keep == 0:
-			vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s is left (TTL %s): no record of this kind may remain", k.Key, k.TTL)))
+			vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s is left (TTL %s): no record of this kind may remain%s", k.Key, k.TTL, h.parkedTasks(k))))
 		case k.TTL < 0:
 			vs = append(vs, h.violation(ruleLeak, "-", fmt.Sprintf("key %s has no TTL", k.Key)))
 		case k.TTL > keep:
@@ -1498,14 +1500,15 @@ func (h *history) refusedOn(k string) bool {
 }
 
 // giveUpFailedOn reports whether a task of the family key whose lock key
-// is k ran under WithShadow without a lease and could not give its parked
-// place up (a Redis error, reported as an EventError: "giving up the place
-// kept for"): its entry stays for the parked queue's retention (lockkit's
-// Park), as a refused task's does.
+// is k could not give its parked place up (a Redis error, reported as an
+// EventError: "giving up the place kept for"): one that ran under
+// WithShadow without a lease, or a delivery that completed without running
+// after its wait for its own earlier run failed. Its entry stays for the
+// parked queue's retention (lockkit's Park), as a refused task's does.
 func (h *history) giveUpFailedOn(k string) bool {
 	for _, name := range h.order {
 		t := h.tasks[name]
-		if !t.fam.Shadow || !strings.Contains(k, "{"+famKey(t.fam, t.key)+"}") {
+		if !strings.Contains(k, "{"+famKey(t.fam, t.key)+"}") {
 			continue
 		}
 		if slices.ContainsFunc(t.decs, func(d Record) bool {
@@ -1515,6 +1518,79 @@ func (h *history) giveUpFailedOn(k string) bool {
 		}
 	}
 	return false
+}
+
+// beyondReach reports whether every entry of the parked queue k is of a
+// task beyond jobguard's reach (keepsParked), or, its entries unknown (a
+// kept history without parked.txt), whether a task of its key is.
+func (h *history) beyondReach(k keyTTL) bool {
+	if len(k.Members) == 0 {
+		return slices.ContainsFunc(h.order, func(name string) bool {
+			t := h.tasks[name]
+			return strings.Contains(k.Key, "{"+famKey(t.fam, t.key)+"}") && h.keepsParked(t)
+		})
+	}
+	byLabel := h.tasksByAID()
+	return !slices.ContainsFunc(k.Members, func(m string) bool {
+		t := byLabel[parkedLabel(m)]
+		return t == nil || !h.keepsParked(t)
+	})
+}
+
+// keepsParked reports whether task t's parked entry may stay for the
+// parked queue's retention, no delivery of t coming to take the key or to
+// give its place up: asynq may have lost t (a write of its own a failover
+// lost, asynqLoss) before it ran to completion (seed 820: a Coalesce
+// follow-up's retry write lost, its parking write kept on the new master);
+// or t's last delivery failed on a Redis error (exempt: asynq archives a
+// task whose retries such errors spent), which gave up nothing, even if an
+// earlier delivery ran the work (seed 818: a delivery parked behind its own
+// run, whose wait and retries failed in a failover).
+func (h *history) keepsParked(t *taskHist) bool {
+	return len(t.oks()) == 0 && h.asynqLoss(t) != "" || t.exempt(h)
+}
+
+// tasksByAID maps each asynq ID in the history (a parked entry's label is
+// its task's first) to its task.
+func (h *history) tasksByAID() map[string]*taskHist {
+	by := map[string]*taskHist{}
+	for _, r := range h.records {
+		if t := h.tasks[r.Task]; t != nil && r.AID != "" {
+			by[r.AID] = t
+		}
+	}
+	return by
+}
+
+// parkedLabel is the label of a parked-queue entry, "<hold ms>:<label>:<id>"
+// (lockkit's Park): the first asynq ID of the entry's task.
+func parkedLabel(entry string) string {
+	f := strings.SplitN(entry, ":", 3)
+	if len(f) < 3 {
+		return ""
+	}
+	return f[1]
+}
+
+// parkedTasks names the tasks of the parked queue k's entries that are not
+// beyond reach (keepsParked), for its leak violation ("" for another key,
+// or entries unknown).
+func (h *history) parkedTasks(k keyTTL) string {
+	byLabel := h.tasksByAID()
+	var names []string
+	for _, m := range k.Members {
+		name := parkedLabel(m)
+		if t := byLabel[name]; t != nil && h.keepsParked(t) {
+			continue
+		} else if t != nil {
+			name = t.name
+		}
+		names = append(names, name)
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return " (entries of " + strings.Join(names, ", ") + ")"
 }
 
 // archivedOn reports whether a task of the family key whose lock key is k

@@ -31,6 +31,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -221,7 +222,33 @@ func readKeys(name string) ([]keyTTL, error) {
 		}
 		out = append(out, k)
 	}
-	return out, nil
+	return out, readParked(filepath.Join(filepath.Dir(name), "parked.txt"), out)
+}
+
+// readParked reads the entries of the parked queues among keys from the
+// parked.txt of a kept history (none if it has none): lines "<key>
+// <entry>", an entry's own newlines (singleton's ids hold two) going on
+// on the lines after.
+func readParked(name string, keys []keyTTL) error {
+	b, err := os.ReadFile(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var cur *keyTTL
+	for _, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+		i := slices.IndexFunc(keys, func(k keyTTL) bool { return strings.HasPrefix(line, k.Key+" ") })
+		switch {
+		case i >= 0:
+			cur = &keys[i]
+			cur.Members = append(cur.Members, strings.TrimPrefix(line, cur.Key+" "))
+		case cur != nil:
+			cur.Members[len(cur.Members)-1] += "\n" + line
+		}
+	}
+	return nil
 }
 
 // recheck runs the checkers on the history kept in dir (and the keys it

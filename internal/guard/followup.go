@@ -141,6 +141,21 @@ func (g *Guard) doneAfterFailedWait(ctx context.Context, job Job) bool {
 	return g.done(dctx, job)
 }
 
+// unpark takes job's entry, made by an acquire with opt, out of its key's
+// parked queue, bounded by a second of its own (ctx may have ended): the
+// job's work is done. An error is reported as EventError; the entry then
+// stays for the parked queue's retention.
+func (g *Guard) unpark(ctx context.Context, job Job, opt *lockcore.AcquireOptions) {
+	if !parked(opt) {
+		return
+	}
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if err := g.core.Unpark(uctx, job.Key, opt); err != nil {
+		g.emit(ctx, Event{Kind: EventError, Job: job, Err: fmt.Errorf("middleware: %s: giving up the place kept for %q: %w", job.what(), job.w.Label, err)})
+	}
+}
+
 // awaitOwnRun waits, bounded by ctx only, for the earlier delivery of the same
 // work to end: a delivery is never skipped as a duplicate of itself. When
 // that run succeeded after the runtime delivered the work again, the
@@ -162,8 +177,11 @@ func (g *Guard) awaitOwnRun(ctx context.Context, job Job, opt *lockcore.AcquireO
 	case g.done != nil && g.doneAfterFailedWait(ctx, job):
 		// The wait failed (a Redis error, ctx ended), but the earlier run
 		// did the work meanwhile: the job is not to run at its next
-		// delivery either, which need not wait for that run.
+		// delivery either, which need not wait for that run, and gives up
+		// the place it took in the key's parked queue (an acquire that
+		// takes the key or finds its Label completed gives it up itself).
 		err = fmt.Errorf("%w: %s: the earlier run of %q did the work (%w)", lockcore.ErrCompleted, job.what(), job.w.Label, err)
+		g.unpark(ctx, job, opt)
 		return nil, waited, g.notAcquired(ctx, job, err, waited)
 	}
 	err = fmt.Errorf("middleware: %s: waiting for the earlier delivery of %q: %w", job.what(), job.w.Label, err)

@@ -970,12 +970,7 @@ func TestDoneIsReadWhenTheWaitForTheOwnRunFails(t *testing.T) {
 		return dctx.Err() == nil && done.Load()
 	}))
 	job := guard.With(guard.Job{Key: "k", Name: "sync", ID: "t1"}, guard.Work{Label: "t1"})
-	started, release := make(chan struct{}), make(chan struct{})
-	first := make(chan guard.Outcome, 1)
-	go func() {
-		first <- g.Run(ctx, job, func(context.Context) error { close(started); <-release; return nil })
-	}()
-	<-started
+	release, first := runHeld(ctx, g, job)
 	for _, d := range []bool{true, false} {
 		done.Store(d)
 		wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
@@ -993,8 +988,59 @@ func TestDoneIsReadWhenTheWaitForTheOwnRunFails(t *testing.T) {
 			require.ErrorIs(t, out.Err, context.DeadlineExceeded)
 		}
 	}
-	close(release)
+	release()
 	require.True(t, (<-first).Ran)
+}
+
+// runHeld starts job on g with work that holds its key until release is
+// called, and returns once the work runs, with the Run's outcome to come.
+func runHeld(ctx context.Context, g *guard.Guard, job guard.Job) (release func(), out <-chan guard.Outcome) {
+	started, stop := make(chan struct{}), make(chan struct{})
+	first := make(chan guard.Outcome, 1)
+	go func() {
+		first <- g.Run(ctx, job, func(context.Context) error { close(started); <-stop; return nil })
+	}()
+	<-started
+	return func() { close(stop) }, first
+}
+
+// A Requeue duplicate of a job's own earlier run, parked behind it
+// (WithParking), whose wait for that run fails while the runtime's record
+// says the run did the work, completes without running and gives up its
+// place in the key's parked queue: no entry stays, and the run's end
+// reserves the key for nobody.
+func TestDoneAfterAFailedWaitGivesUpTheParkedPlace(t *testing.T) {
+	for name, locker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			l := locker(t)
+			ctx := context.Background()
+			parking := guard.Parking{
+				ID:     func(_ context.Context, job guard.Job) string { return "id-" + guard.WorkOf(job).Label },
+				Resume: func(string, string) {},
+			}
+			g, _ := newGuard(t, l, guard.WithPolicy(guard.Requeue(time.Minute)), guard.WithParking(parking),
+				guard.WithDone(func(dctx context.Context, job guard.Job) bool { return dctx.Err() == nil }))
+			job := guard.With(guard.Job{Key: "k", Name: "sync", ID: "t1"}, guard.Work{Label: "t1"})
+			release, first := runHeld(ctx, g, job)
+
+			wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			ran := false
+			out := g.Run(wctx, job, func(context.Context) error { ran = true; return nil })
+			cancel()
+			require.False(t, ran)
+			require.NotNil(t, out.Duplicate, "%v", out.Err)
+			require.Equal(t, guard.ReasonCompleted, out.Duplicate.Reason)
+			parked, err := coretest.Of(t, l).Inspect(ctx, "k")
+			require.NoError(t, err)
+			require.Zero(t, parked.Parked, "the done job's place in the parked queue is given up")
+
+			release()
+			require.True(t, (<-first).Ran)
+			info, err := l.Inspect(ctx, "k")
+			require.NoError(t, err)
+			require.Empty(t, info.Holders, "the run's end reserved the key for nobody")
+		})
+	}
 }
 
 // Under WithParking a requeued duplicate is parked: the run that frees its

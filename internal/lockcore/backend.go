@@ -871,6 +871,12 @@ func (b *redisBackend) free(ctx context.Context, key, label string) (bool, error
 	return n == 1, err
 }
 
+// unpark removes entry from key's parked queue (unpark.lua), acknowledged
+// as a lease write is: a removal lost with a failover would keep the entry.
+func (b *redisBackend) unpark(ctx context.Context, key, entry string) error {
+	return b.script(ctx, key, unparkScript, []string{b.keys(key).parked}, []any{entry}).Err()
+}
+
 // evictArgs are the arguments of evict.lua, in the order of the table at
 // its top (list lays them out).
 type evictArgs struct {

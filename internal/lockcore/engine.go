@@ -50,6 +50,8 @@ type backend interface {
 	cancel(ctx context.Context, key, owner string, token int64) (int, error)
 	// free removes the live holder of key that carries label.
 	free(ctx context.Context, key, label string) (bool, error)
+	// unpark removes entry from key's parked queue.
+	unpark(ctx context.Context, key, entry string) error
 	inspect(ctx context.Context, key string) (*Info, error)
 	// wakeups returns a channel that receives when key is released, and a
 	// function that stops the notifications. It receives 0 for "try again",
@@ -553,6 +555,19 @@ func (l *RedisLocker) Inspect(ctx context.Context, key string) (*Info, error) {
 // ForceRelease implements Locker.
 func (l *RedisLocker) ForceRelease(ctx context.Context, key string, which Select) (int, error) {
 	return l.e.forceRelease(ctx, key, which)
+}
+
+// Unpark takes out of key's parked queue the entry that an acquire with
+// opt parks (its Park.ID, under its Label and Park.Hold), for a job whose
+// work is done without its running (the work's earlier run did it): no
+// release is to reserve the key for it, and its entry does not stay for the
+// ten minutes a parked id is kept. It does nothing for an opt that does not
+// park, nor when the entry is not queued; safe to call twice. It returns an
+// error matching ErrInvalid for an opt that TryAcquire refuses, and
+// otherwise the Redis call's error (with WithReplicaAcks, also when too few
+// replicas acknowledged the removal).
+func (l *RedisLocker) Unpark(ctx context.Context, key string, opt *AcquireOptions) error {
+	return l.e.unpark(ctx, key, opt)
 }
 
 // CancelRun implements Locker.

@@ -1,6 +1,7 @@
 package lockcore
 
-// The engine's calls that take no lease: force-release (and its notices).
+// The engine's calls that take no lease: force-release (and its notices),
+// and a parked job's giving up of its place.
 
 import (
 	"context"
@@ -102,6 +103,22 @@ func (e *engine) free(ctx context.Context, key, label string) (int, error) {
 		return 1, nil
 	}
 	return 0, nil
+}
+
+// unpark is RedisLocker.Unpark.
+func (e *engine) unpark(ctx context.Context, key string, opt *AcquireOptions) error {
+	r, err := e.cfg.request(key, opt)
+	if err != nil {
+		return err
+	}
+	entry := parkEntry(&r)
+	if entry == "" {
+		return nil
+	}
+	if err := e.b.unpark(ctx, r.key, entry); err != nil {
+		return fmt.Errorf("lockkit: unpark %q from %q: %w", r.park, key, err)
+	}
+	return nil
 }
 
 // operatorRelease ends, with a cause that says an operator released them,

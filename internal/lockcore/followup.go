@@ -132,7 +132,9 @@ type Parking struct {
 	// queued task's queue and ID, say): an acquire that finds the key held
 	// records it in the key's parked queue, once (a later park of the same
 	// id keeps its place). A job that takes the key itself leaves the
-	// queue; a parked id is kept for ten minutes after its last park. It
+	// queue, and so does one whose acquire finds its Label completed
+	// (ErrCompleted); a parked id is kept for ten minutes after its last
+	// park. It
 	// needs AcquireOptions.Label and a Limit of 1; ErrInvalid otherwise.
 	// Empty means the acquire does not park; its release still hands the
 	// key to parked jobs through OnParked.

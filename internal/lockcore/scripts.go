@@ -43,6 +43,8 @@ var (
 	inspectSrc string
 	//go:embed scripts/free.lua
 	freeSrc string
+	//go:embed scripts/unpark.lua
+	unparkSrc string
 	//go:embed scripts/reserve.lua
 	reserveSrc string
 	//go:embed scripts/evict.lua
@@ -69,6 +71,7 @@ var (
 	leaveScript        = redis.NewScript(promoteSrc + leaveSrc)
 	inspectScript      = redis.NewScript(inspectSrc)
 	freeScript         = redis.NewScript(promoteSrc + freeSrc)
+	unparkScript       = redis.NewScript(unparkSrc)
 	reserveScript      = redis.NewScript(promoteSrc + reserveSrc)
 	evictScript        = redis.NewScript(promoteSrc + evictSrc)
 	cancelScript       = redis.NewScript(promoteSrc + cancelSrc)

@@ -17,7 +17,8 @@
 --  -1  the epoch was already used: {-1, last epoch, other tag}
 -- The other tag is the epoch tag of the key's last claim when it and this
 -- call's are not empty and differ; "" otherwise.
---  -2  the label was completed: {-2}
+--  -2  the label was completed: {-2} (a parking call's entry leaves the
+--      parked queue: acquire_park.lua)
 --  -3  this acquire call was abandoned: {-3}
 --  -4  a Coalesce call is covered: {-4, coverage, covering token, holder
 --      member, since} (acquire_coalesce.lua)
@@ -81,6 +82,7 @@ if existed then
   end
   -- @cover_by_run
   if label ~= '' and redis.call('ZSCORE', holders_key, 'done:' .. label) then
+    -- @completed
     forget_waiter()
     return {-2}
   end

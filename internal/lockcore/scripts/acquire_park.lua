@@ -1,7 +1,8 @@
 -- The Park sections of an acquire script (see acquire_core.lua, which names
 -- the arguments and keys): a call with a
 -- parked-queue entry that finds the key held joins the key's parked queue
--- (once); it leaves the queue when it takes the key.
+-- (once); it leaves the queue when it takes the key, or finds its label
+-- completed (the work is done: no release is to reserve the key for it).
 -- KEYS[7] parked_key: ZSET of parked jobs, "<hold ms>:<label>:<id>" scored by
 --         their first park (us); release_park.lua reserves the key for the oldest
 -- KEYS[1] holders_key: "s:<label>" marks a parked KeepNewest follow-up that
@@ -23,6 +24,10 @@ if label ~= '' and entry ~= '' and redis.call('ZREM', holders_key, 's:' .. label
   extend_key(holders_key, keep)
   forget_waiter()
   return {-5}
+end
+-- @completed: the call whose label was completed gives its entry up
+if entry ~= '' then
+  redis.call('ZREM', parked_key, entry)
 end
 -- @unpark: the call that took the key was parked if its entry was queued
 if entry ~= '' and redis.call('ZREM', parked_key, entry) == 1 then
