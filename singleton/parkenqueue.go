@@ -45,8 +45,9 @@ const parkedHeader = "jobguard-parked"
 // under middleware.Requeue (the policy to use with this option) it is
 // parked again, keeping its place; under Skip it completes without
 // running, as any duplicate does. It needs a Middleware with WithLimit(1)
-// (the default): Guard.Client refuses it on a Guard with a higher limit
-// (ErrInvalid), and a Middleware with one refuses a task parked at enqueue
+// (the default): Guard.Client refuses it on a Guard with a higher limit or
+// with WithLimitFunc (ErrInvalid), and a Middleware with a higher limit, or
+// whose WithLimitFunc gives the task one, refuses a task parked at enqueue
 // (an error matching ErrInvalid and asynq.SkipRetry, so asynq archives it;
 // under WithShadow it runs, and the error is reported)
 // and gives back its reservation and its entry in the key's parked queue,
