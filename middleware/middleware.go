@@ -244,10 +244,11 @@ func WithLimit(n int) Option { return guard.WithLimit(n) }
 // returns an error matching ErrInvalid that names the key and the value
 // (reported as an EventError), not a duplicate. Only a job whose limit is
 // 1 is parked for its key (singleton's Requeue); the end of any run of the
-// key, whatever its limit, starts the oldest parked job. New refuses it with Coalesce, KeepNewest and Preempt, which run one
-// job per key at a time whatever fn returns. fn must not be nil. It
-// replaces a WithLimit given before it. Defaults to none: every job has
-// WithLimit's limit.
+// key, whatever its limit, starts the oldest parked job. New refuses it
+// with Coalesce, KeepNewest and Preempt, which run one job per key at a
+// time whatever fn returns, and a nil fn (ErrInvalid). It replaces a
+// WithLimit given before it. Defaults to none: every job has WithLimit's
+// limit.
 func WithLimitFunc(fn func(ctx context.Context, job Job) int) Option { return guard.WithLimitFunc(fn) }
 
 // WithThrottle allows at most n runs of a key to begin in any window of one

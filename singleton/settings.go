@@ -86,9 +86,10 @@ const (
 // task runs and the error is reported). A task enqueued with ParkAtEnqueue
 // whose limit is above 1 is refused (ErrInvalid), and Guard.Client refuses
 // ParkAtEnqueue; a duplicate is parked for its key (Requeue) only when its
-// limit is 1, and the end of any run of the key starts it. New and Middleware refuse it with Coalesce, KeepNewest and
-// Preempt. fn must not be nil. It replaces a WithLimit given before it.
-// Defaults to none: every task has WithLimit's limit.
+// limit is 1, and the end of any run of the key starts it. New and
+// Middleware refuse it with Coalesce, KeepNewest and Preempt, and a nil fn
+// (ErrInvalid). It replaces a WithLimit given before it. Defaults to none:
+// every task has WithLimit's limit.
 func WithLimitFunc(fn func(ctx context.Context, t *asynq.Task) int) ServerOption {
 	return limitOpt{fn: fn}
 }

@@ -193,7 +193,7 @@ func New(locker *lockkit.Locker, opts ...Option) (*Guard, error) {
 	}
 	switch {
 	case g.limitSet && g.limitOf == nil:
-		return nil, fmt.Errorf("%w: WithLimitFunc(nil)", ErrInvalid)
+		return nil, fmt.Errorf("%w: WithLimitFunc(nil): the limit function must not be nil", ErrInvalid)
 	case !g.limitSet && (g.limit < 1 || g.limit > lockcore.MaxLimit):
 		return nil, fmt.Errorf("%w: %s: must be between 1 and %d", ErrInvalid, limitName, lockcore.MaxLimit)
 	case g.throttle != nil && (g.throttle.n < 1 || g.throttle.period < time.Millisecond || g.throttle.period > lockcore.MaxTTL):

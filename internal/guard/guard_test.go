@@ -489,7 +489,7 @@ func TestNewValidation(t *testing.T) {
 	}{
 		{"limit", []guard.Option{guard.WithLimit(0)}, "WithLimit(0): must be between 1 and 10000"},
 		{"huge limit", []guard.Option{guard.WithLimit(10001)}, "WithLimit(10001): must be between 1 and 10000"},
-		{"nil limit func", []guard.Option{guard.WithLimitFunc(nil)}, "WithLimitFunc(nil)"},
+		{"nil limit func", []guard.Option{guard.WithLimitFunc(nil)}, "WithLimitFunc(nil): the limit function must not be nil"},
 		{"limit func and coalesce", []guard.Option{guard.WithPolicy(guard.Coalesce()), guard.WithLimitFunc(one)}, "WithLimitFunc: Coalesce runs one job per key"},
 		{"limit func and keep newest", []guard.Option{guard.WithPolicy(guard.KeepNewest()), guard.WithLimitFunc(one)}, "WithLimitFunc: KeepNewest runs one job per key"},
 		{"limit func and preempt", []guard.Option{guard.WithPolicy(guard.Preempt(0)), guard.WithLimitFunc(one)}, "WithLimitFunc: Preempt runs one job per key"},
