@@ -162,8 +162,8 @@ var (
 // takes them) if t is not older than key's fence. A positive ttl gives key
 // that TTL; zero gives it none (a TTL it had is dropped, as SET does). It
 // returns a *StaleError (ErrStale) when a newer token has written to key,
-// ErrInvalid for a bad token, key or ttl (negative, or a fraction of a
-// millisecond), and a Redis error wrapped.
+// ErrInvalid for a bad token, key or ttl (negative, a fraction of a
+// millisecond, or longer than 100 years), and a Redis error wrapped.
 func (w *Writer) Set(ctx context.Context, t Token, key string, value any, ttl time.Duration) error {
 	if ttl < 0 || ttl%time.Millisecond != 0 || ttl > lockcore.MaxTTL {
 		return fmt.Errorf("%w: fence: Set(%q): ttl %s must be zero or whole milliseconds up to %s", ErrInvalid, key, ttl, lockcore.MaxTTL)
