@@ -208,13 +208,23 @@ func (w *Writer) IncrBy(ctx context.Context, t Token, key string, n int64) (int6
 	return strconv.ParseInt(v, 10, 64)
 }
 
+// maxEntryPairs is the most field, value pairs XAdd takes: the script
+// passes them to XADD in one call, and Lua passes a few thousand values at
+// once (fewer than 8000 on Redis, than 5120 on miniredis, which
+// lockkit/inprocess runs).
+const maxEntryPairs = 2000
+
 // XAdd appends an entry to the stream at key, with an ID Redis picks, if t
 // is not older than key's fence, and returns the entry's ID: values are
-// field, value, field, value, ... (at least one pair). A call sent twice
-// appends one entry. Errors are those of HSet.
+// field, value, field, value, ... (at least one pair, at most 2,000). A
+// call sent twice appends one entry. Errors are those of HSet, and
+// ErrInvalid for more than 2,000 pairs.
 func (w *Writer) XAdd(ctx context.Context, t Token, key string, values ...any) (string, error) {
 	if len(values) == 0 || len(values)%2 != 0 {
 		return "", fmt.Errorf("%w: fence: XAdd(%q): %d values: give field, value pairs", ErrInvalid, key, len(values))
+	}
+	if len(values) > 2*maxEntryPairs {
+		return "", fmt.Errorf("%w: fence: XAdd(%q): %d field, value pairs, more than %d", ErrInvalid, key, len(values)/2, maxEntryPairs)
 	}
 	return w.write(ctx, "XAdd", xaddScript, t, key, values...)
 }

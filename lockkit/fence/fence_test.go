@@ -261,6 +261,45 @@ func TestEqualTokenWrites(t *testing.T) {
 	require.Equal(t, "2", c.Get(ctx, key).Val())
 }
 
+// pairs returns n field, value pairs: "f0", 0, "f1", 1, ...
+func pairs(n int) []any {
+	vs := make([]any, 0, 2*n)
+	for i := range n {
+		vs = append(vs, fmt.Sprint("f", i), i)
+	}
+	return vs
+}
+
+// HSet takes as many fields as HSET does, more than a Lua script passes to
+// one command (fewer than 8000 values on Redis, than 5120 on miniredis, as
+// lockkit/inprocess runs it), and still checks the fence; XAdd takes its
+// most pairs on both.
+func TestManyFields(t *testing.T) {
+	_, mini := testredis.Mini(t)
+	for name, c := range map[string]redis.UniversalClient{"Redis": testredis.Client(t), "miniredis": mini} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			prefix := testredis.Prefix(t, c)
+			w, err := New(c, WithPrefix(prefix))
+			require.NoError(t, err)
+			key := prefix + "report"
+			tok := Token{Value: 1000}
+			require.NoError(t, w.HSet(ctx, tok, key, pairs(10000)...))
+			require.EqualValues(t, 10000, c.HLen(ctx, key).Val())
+			require.Equal(t, "9999", c.HGet(ctx, key, "f9999").Val())
+			err = w.HSet(ctx, Token{Value: 999}, key, append(pairs(10000), "stale", 1)...)
+			require.ErrorIs(t, err, ErrStale)
+			require.EqualValues(t, 10000, c.HLen(ctx, key).Val(), "the stale write changed nothing")
+
+			id, err := w.XAdd(ctx, tok, key+":s", pairs(maxEntryPairs)...)
+			require.NoError(t, err)
+			entries := c.XRange(ctx, key+":s", id, id).Val()
+			require.Len(t, entries, 1)
+			require.Len(t, entries[0].Values, maxEntryPairs)
+		})
+	}
+}
+
 // A key's fence and the records of its writes are in the key's Cluster
 // slot, with a hash tag or without; a key without one that contains '}'
 // is refused before anything is sent.
@@ -307,12 +346,16 @@ func TestInvalid(t *testing.T) {
 	require.Equal(t, 24*time.Hour, w.linger, "the default linger")
 	tok := Token{Value: 1}
 	for name, err := range map[string]error{
-		"token 0":      w.Set(ctx, Token{}, "k", "v", 0),
-		"token -1":     w.Del(ctx, Token{Value: -1}, "k"),
-		"ttl -1s":      w.Set(ctx, tok, "k", "v", -time.Second),
-		"ttl 1.5ms":    w.Set(ctx, tok, "k", "v", 1500*time.Microsecond),
-		"1 values":     w.HSet(ctx, tok, "k", "f"),
-		"0 values":     func() error { _, err := w.XAdd(ctx, tok, "k"); return err }(),
+		"token 0":   w.Set(ctx, Token{}, "k", "v", 0),
+		"token -1":  w.Del(ctx, Token{Value: -1}, "k"),
+		"ttl -1s":   w.Set(ctx, tok, "k", "v", -time.Second),
+		"ttl 1.5ms": w.Set(ctx, tok, "k", "v", 1500*time.Microsecond),
+		"1 values":  w.HSet(ctx, tok, "k", "f"),
+		"0 values":  func() error { _, err := w.XAdd(ctx, tok, "k"); return err }(),
+		"2001 field, value pairs": func() error {
+			_, err := w.XAdd(ctx, tok, "k", pairs(maxEntryPairs+1)...)
+			return err
+		}(),
 		"key is empty": w.Del(ctx, tok, ""),
 	} {
 		require.ErrorIs(t, err, ErrInvalid, name)

@@ -6,4 +6,10 @@ local r = refused()
 if r then
   return r
 end
-return applied(redis.call('HSET', data_key, unpack(ARGV, 4)))
+-- In chunks of 1000 values (whole pairs, from ARGV[4]): Lua's unpack
+-- returns fewer than 8000 values at once.
+local added = 0
+for i = 4, #ARGV, 1000 do
+  added = added + redis.call('HSET', data_key, unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+return applied(added)
