@@ -53,7 +53,9 @@
 // linger. The fence costs a few dozen bytes per key written, and a stale
 // writer paused for longer than the linger after its key expired or was
 // deleted is no longer refused: the linger is the longest pause the fence
-// absorbs after the key's end.
+// absorbs after the key's end. A key without a TTL that goes without a Del
+// (a plain DEL, an eviction) leaves its fence without one: delete such keys
+// with Del, or give them a TTL.
 //
 // # Sent twice
 //
