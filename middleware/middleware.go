@@ -244,7 +244,11 @@ func WithLimit(n int) Option { return guard.WithLimit(n) }
 // returns an error matching ErrInvalid that names the key and the value
 // (reported as an EventError), not a duplicate. Only a job whose limit is
 // 1 is parked for its key (singleton's Requeue); the end of any run of the
-// key, whatever its limit, starts the oldest parked job. New refuses it
+// key, whatever its limit, starts the oldest parked job. A job parked by a
+// server that gave it a limit of 1 takes over the key's reservation for it
+// on a server that gives it another limit; taking the key there, it gives
+// up its place in the parked queue (one more write, for such jobs only).
+// New refuses it
 // with Coalesce, KeepNewest and Preempt, which run one job per key at a
 // time whatever fn returns, and a nil fn (ErrInvalid). It replaces a
 // WithLimit given before it. Defaults to none: every job has WithLimit's

@@ -343,3 +343,59 @@ func TestParkedTaskTakesItsReservationOverUnderAnotherLimit(t *testing.T) {
 		}
 	})
 }
+
+// A task parked by a server that gives it a limit of 1 and run by a server
+// that gives it another limit, on a key free of any reservation (the run
+// that held it was no parking server's), takes out its place in the key's
+// parked queue when it takes the key: the place does not wait for a
+// release to pass it over (a run whose lease was lost makes none), nor
+// stay for the parked queue's retention.
+func TestTaskRunUnderAnotherLimitLeavesNoParkedPlace(t *testing.T) {
+	onEachRedis(t, func(t *testing.T, r connect) {
+		e := newEnvOn(t, r)
+		ctx := context.Background()
+		parkedQueue := e.Prefix + "{tenant:acme}:k"
+		ran, gate := make(chan int, 4), make(chan struct{})
+		serve := func(owner string, limit int) *asynq.Server {
+			mw, err := singleton.Middleware(e.locker(lockkit.WithOwner(owner)), byTenant,
+				singleton.WithLimitFunc(func(context.Context, *asynq.Task) int { return limit }),
+				singleton.WithPolicy(middleware.Requeue(50*time.Millisecond)), singleton.WithRedis(e.RDB))
+			require.NoError(t, err)
+			mux := asynq.NewServeMux()
+			mux.Use(mw)
+			mux.HandleFunc("report", func(_ context.Context, task *asynq.Task) error {
+				ran <- tenantOf(task).N
+				<-gate
+				return nil
+			})
+			return e.start(e.config(2), mux)
+		}
+		// A plain lease holds the key: its release reserves nothing.
+		holder, err := e.locker(lockkit.WithOwner("holder")).TryAcquire(ctx, "tenant:acme", nil)
+		require.NoError(t, err)
+		old := serve("old-function", 1)
+		info := e.Enqueue(asynq.NewTask("report", []byte(`{"tenant_id":"acme","n":1}`)))
+		require.Eventually(t, func() bool {
+			n, err := e.RDB.ZCard(ctx, parkedQueue).Result()
+			require.NoError(t, err)
+			return n == 1
+		}, 10*time.Second, 5*time.Millisecond, "the task is parked")
+		old.Stop()
+		require.NoError(t, holder.Release(ctx))
+		// The server with the new function runs the task at once.
+		serve("new-function", 3)
+		require.Eventually(t, func() bool {
+			return e.Inspector.RunTask(e.Queue, info.ID) == nil
+		}, 10*time.Second, 5*time.Millisecond, "the parked task is made pending")
+		select {
+		case n := <-ran:
+			require.Equal(t, 1, n)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the task did not run")
+		}
+		n, err := e.RDB.ZCard(ctx, parkedQueue).Result()
+		require.NoError(t, err)
+		require.Zero(t, n, "the running task's parked place is given up")
+		close(gate)
+	})
+}

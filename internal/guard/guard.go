@@ -321,6 +321,9 @@ func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error
 		}
 	}
 	lease, waited, err := g.acquire(ctx, job, a)
+	if err == nil {
+		g.unparkUnderAnotherLimit(ctx, job)
+	}
 	if err == nil && a.start != "" {
 		err = g.beginStart(ctx, job, lease, a, waited)
 	}
@@ -497,6 +500,21 @@ func (g *Guard) acquire(ctx context.Context, job Job, a *attempt) (*lockcore.Lea
 		return lease, waited, markParked(err, opt)
 	}
 	return nil, 0, markParked(g.notAcquired(ctx, job, err, 0), opt)
+}
+
+// unparkUnderAnotherLimit gives up, once job took its key, the place a
+// server that gave job a limit of 1 may have kept for it in the key's parked
+// queue (WithLimitFunc, a policy that parks): only jobs of limit 1 park, so
+// the acquire of a job of another limit carries no entry to take out, and
+// the place would stay for the parked queue's retention. One write, made
+// only for such jobs.
+func (g *Guard) unparkUnderAnotherLimit(ctx context.Context, job Job) {
+	if g.limitOf == nil || g.parking == nil || !g.parks() || job.w.Label == "" || job.w.Limit <= 1 {
+		return
+	}
+	one := job
+	one.w.Limit = 1
+	g.unpark(ctx, job, g.leaseOptions(ctx, one, true))
 }
 
 // leaseOptions are the options of job's acquire: a job that may be
