@@ -162,7 +162,10 @@ type Holder struct {
 // releases it when fn returns or panics. fn's ctx is cancelled with a cause
 // matching ErrLost if the lease is lost, and carries the lease
 // (LeaseFromContext). It returns fn's error, else the release's: one
-// matching ErrLost (and ErrNotHeld) if the lease was lost while fn ran.
+// matching ErrLost (and ErrNotHeld) if the lease was lost while fn ran. A
+// lease whose validity ran out before fn could start (the process paused
+// right after the acquire) does not start fn: Do returns an error matching
+// ErrLost.
 func Do(ctx context.Context, l *Locker, key string, opt *AcquireOptions, fn func(context.Context) error) error {
 	if l == nil {
 		return fmt.Errorf("%w: Do: locker is nil", ErrInvalid)

@@ -538,7 +538,10 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // renewed until fn returns, even after ctx is cancelled. Run returns fn's error
 // if it is not nil; otherwise the release error, which matches ErrLost (and
 // ErrNotHeld) if the lease was lost while fn ran. The release uses a context
-// that survives ctx's cancellation, bounded to 5 seconds.
+// that survives ctx's cancellation, bounded to 5 seconds. A lease whose
+// validity ran out before Run (Err is not nil: its process was paused
+// between the acquire and Run, say) does not call fn: Run returns Err's
+// error, which matches ErrLost.
 //
 // With AcquireOptions.AsyncRelease, the release is sent in the background
 // and Run returns once fn has (see AsyncRelease).
@@ -580,5 +583,10 @@ func (l *Lease) Run(ctx context.Context, fn func(context.Context) error) (err er
 			err = rerr
 		}
 	}()
+	if err := l.Err(); err != nil {
+		// Its validity ran out before the work began (a pause between the
+		// acquire and here): another holder may have the key by now.
+		return err
+	}
 	return fn(wctx)
 }

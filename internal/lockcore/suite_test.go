@@ -166,6 +166,7 @@ func runSuite(t *testing.T, newHarness func(*testing.T) *harness) {
 		{"CloseReleasesEverything", testClose},
 		{"AcquireEndsWithContext", testAcquireCtx},
 		{"RunReleasesOnPanic", testRunPanic},
+		{"RunDoesNotStartPastValidity", testRunPastValidity},
 		{"Validation", testValidation},
 		{"KeysListsHeldKeys", testKeys},
 		{"KeysSkipsKeysWithNoLiveHolder", testKeysLive},
@@ -2464,4 +2465,18 @@ func testForceReleaseLabelParked(t *testing.T, h *harness) {
 	require.NoError(t, err)
 	require.Empty(t, info.Holders)
 	require.Equal(t, []string{"q/t:3"}, info.ParkedIDs, "the others stay parked")
+}
+
+// A lease whose validity ran out before its work began (its process was
+// paused between the acquire and Run) does not start the work: another
+// holder may have the key by then. Run returns the loss.
+func testRunPastValidity(t *testing.T, h *harness) {
+	ctx := ctxT(t)
+	l, err := h.locker(t).TryAcquire(ctx, "k", &AcquireOptions{TTL: MinTTL, NoRenew: true})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return l.Err() != nil }, 10*time.Second, time.Millisecond, "the lease's validity runs out")
+	ran := false
+	err = l.Run(ctx, func(context.Context) error { ran = true; return nil })
+	require.False(t, ran, "the work did not start")
+	require.ErrorIs(t, err, ErrLost)
 }
