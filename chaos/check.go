@@ -538,7 +538,8 @@ func (r *run) excusedOr() string {
 // because of a Redis error: it fails, and asynq retries it while it has
 // retries left, docs/rules.md), so that its last delivery failed with no
 // retry left; or because it had no retries left when its worker was killed
-// under it (asynq's recoverer archives it, README).
+// under it (asynq's recoverer archives it, README), or paused under it past
+// its lease TTL (its run was cancelled with the lease lost, and failed).
 func (t *taskHist) exempt(h *history) bool {
 	var last *Record
 	redisFailed := false
@@ -559,6 +560,16 @@ func (t *taskHist) exempt(h *history) bool {
 	}
 	if t.maxRetry > 0 {
 		return false
+	}
+	// Its only allowed delivery's run was cancelled because its lease was
+	// lost while its process was paused past the TTL: the run failed, and
+	// asynq archives a task with no retries left whatever the cause.
+	if last != nil && last.Ev == evReturn && strings.Contains(last.Err, "lease lost") {
+		for _, ru := range t.runs {
+			if ru.proc == last.Proc && ru.end <= last.T && h.paused(ru.proc, ru.start, ru.end) {
+				return true
+			}
+		}
 	}
 	for _, d := range t.delivs {
 		if _, killed := h.kills[d.Proc]; killed {

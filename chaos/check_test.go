@@ -1510,3 +1510,27 @@ func TestFencedStaleWriteWithoutANewerOneIsReported(t *testing.T) {
 		t.Fatalf("want one fenced violation for a refusal with no newer entry, got %v", got)
 	}
 }
+
+// A task with no retries whose only run was cancelled because its lease was
+// lost while its worker was paused past the TTL failed, and asynq archived
+// it: it need not have run to completion (seed 1729). The same loss
+// without a pause is reported.
+func TestTaskWithNoRetriesLostToAPauseIsExempt(t *testing.T) {
+	for paused, want := range map[bool]int{true: 0, false: 1} {
+		h := newHist(polRequeue)
+		h.w.Ops[0].MaxRetry = 0
+		h.enqueue(0, "a")
+		if paused {
+			h.add(20, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = faultStop, "w1" })
+			h.add(20+int(leaseTTL/time.Millisecond)+100, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = "cont", "w1" })
+		}
+		h.add(10, "w1", evDeliver, "a", nil)
+		s := h.add(10, "w1", evStart, "a", nil)
+		h.add(3000, "w1", evCancel, "a", func(r *Record) { r.Cause, r.Run = "lost", s })
+		h.add(3000, "w1", evEnd, "a", func(r *Record) { r.Outcome, r.Cause, r.Run = "cancelled", "lost", s })
+		h.add(3001, "w1", evReturn, "a", func(r *Record) { r.Err, r.Reason = "chaos: cancelled: lockkit: lease lost: validity ran out", "lost" })
+		if got := h.check(); got[ruleRuns] != want {
+			t.Fatalf("paused %v: want %d runs violations, got %v", paused, want, got)
+		}
+	}
+}
