@@ -37,9 +37,9 @@ const followUpBackstop = 30 * time.Second
 // reservation whose task never came (archived): twice. And a task that
 // asynq moved to active as Redis was killed (the dequeue's reply lost) or
 // as its worker was, stays active, with no worker, until its 30 s lease
-// runs out and asynq's recoverer, once a minute, gives it back: up to 90 s
-// (seeds 4027, 5112).
-const drainTimeout = max(2*followUpBackstop, asynqLease+asynqRecoverEvery) + 15*time.Second
+// runs out and asynq's recoverer, once a minute, gives back the tasks whose
+// lease ran out 30 s before: up to 2 minutes (seeds 4027, 5112, 1631).
+const drainTimeout = max(2*followUpBackstop, 2*asynqLease+asynqRecoverEvery) + 15*time.Second
 
 // asynq's worker lease of an active task and its recoverer's interval
 // (fixed in asynq v0.26).
