@@ -89,14 +89,18 @@ func TestReplicaAcksUnacknowledgedAcquireGivesTheKeyBack(t *testing.T) {
 func TestReplicaAcksUnacknowledgedRenewalsLoseTheLease(t *testing.T) {
 	p := startReplicated(t)
 	ctx := context.Background()
-	l := p.locker(t, "a", WithReplicaAcks(1, 500*time.Millisecond))
-	lease, err := l.TryAcquire(ctx, t.Name(), &AcquireOptions{TTL: 600 * time.Millisecond})
+	// The acquire waits for the running replica up to a second (a loaded
+	// machine took over 500 ms); the renewals, every TTL/3, each wait as
+	// long for the paused one, so none succeeds before the 3 s lease runs
+	// out.
+	l := p.locker(t, "a", WithReplicaAcks(1, time.Second))
+	lease, err := l.TryAcquire(ctx, t.Name(), &AcquireOptions{TTL: 3 * time.Second})
 	require.NoError(t, err)
 	p.replica.Pause()
 	defer p.replica.Resume()
 	select {
 	case <-lease.Lost():
-	case <-time.After(5 * time.Second):
+	case <-time.After(15 * time.Second):
 		t.Fatal("the lease was not lost")
 	}
 	require.ErrorIs(t, lease.Release(ctx), ErrNotHeld)

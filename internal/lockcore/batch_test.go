@@ -65,6 +65,9 @@ func (g *gate) recorded() ([][]redis.Cmder, int) {
 }
 
 func (g *gate) pass(cmds []redis.Cmder, pipe bool) {
+	if handshake(cmds) {
+		return
+	}
 	g.mu.Lock()
 	g.trips = append(g.trips, cmds)
 	if pipe {
@@ -105,6 +108,18 @@ func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 		g.pass(cmds, true)
 		return next(ctx, cmds)
 	}
+}
+
+// handshake reports whether cmds are a new connection's handshake (HELLO,
+// CLIENT SETINFO), which newer go-redis versions send through the hooks:
+// no call of the Locker's.
+func handshake(cmds []redis.Cmder) bool {
+	for _, c := range cmds {
+		if n := c.Name(); n != "hello" && n != "client" {
+			return false
+		}
+	}
+	return len(cmds) > 0
 }
 
 func isScriptCall(c redis.Cmder) bool { return c.Name() == "evalsha" || c.Name() == "eval" }
