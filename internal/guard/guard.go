@@ -347,8 +347,10 @@ func (g *Guard) run(ctx context.Context, job Job, lease *lockcore.Lease, waited 
 	var (
 		p                    any
 		err, lost, cancelled error
+		started              bool
 	)
 	end := lease.Run(ctx, func(wctx context.Context) (ferr error) {
+		started = true
 		reported := make(chan struct{})
 		stopLost := context.AfterFunc(wctx, func() {
 			defer close(reported)
@@ -369,6 +371,12 @@ func (g *Guard) run(ctx context.Context, job Job, lease *lockcore.Lease, waited 
 		err = fn(wctx)
 		return err
 	})
+	if !started {
+		// The lease ran out before the job could start (its process was
+		// paused after the acquire): Run did not start it. The job did not
+		// run: its error, so that the runtime runs it again.
+		err, lost = end, end
+	}
 	var rerr error
 	if p == nil && err == nil {
 		rerr = end

@@ -1613,3 +1613,43 @@ func TestThrottledFollowUpIsPutBackNotSkipped(t *testing.T) {
 		})
 	}
 }
+
+// pauseAfterAcquire holds the reply of the first script call (the acquire)
+// for d, as a process paused between sending the acquire and reading its
+// reply: the lease's validity, counted from the send, runs out meanwhile.
+type pauseAfterAcquire struct {
+	d    time.Duration
+	once *sync.Once
+}
+
+func (h pauseAfterAcquire) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h pauseAfterAcquire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			h.once.Do(func() { time.Sleep(h.d) })
+		}
+		return err
+	}
+}
+
+func (h pauseAfterAcquire) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A job whose lease ran out before it could start (its process paused
+// between the acquire and the run) does not run, and fails, so that the
+// runtime runs it again: it is not completed unrun.
+func TestJobWhoseLeaseRanOutBeforeItsStartFails(t *testing.T) {
+	for name, locker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			l := locker(t, pauseAfterAcquire{d: 500 * time.Millisecond, once: &sync.Once{}})
+			g, _ := newGuard(t, l, guard.WithTTL(300*time.Millisecond))
+			ran := false
+			err := runErr(g, context.Background(), guard.Job{Key: "k"}, func(context.Context) error { ran = true; return nil })
+			require.False(t, ran, "the job did not start")
+			require.ErrorIs(t, err, lockkit.ErrLost)
+		})
+	}
+}
