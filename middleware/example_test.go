@@ -2,9 +2,11 @@ package middleware_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/jobguard/jobguard/lockkit"
 	"github.com/jobguard/jobguard/lockkit/inprocess"
 	"github.com/jobguard/jobguard/middleware"
 )
@@ -56,6 +58,51 @@ func ExampleWithLimit() {
 	fmt.Println(err)
 	// Output:
 	// middleware: invalid option: WithLimit(2): KeepNewest runs one job per key at a time
+}
+
+// Each tenant runs one report at a time, and at most two reports call the
+// shared API at once, whatever their tenants: a job holds its tenant's key
+// and "api:github", all or none.
+func ExampleWithExtraKeys() {
+	ctx := context.Background()
+	store, err := inprocess.Start()
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	locker, err := store.Locker()
+	if err != nil {
+		panic(err)
+	}
+	defer locker.Close(ctx)
+	g, err := middleware.New(locker, middleware.WithExtraKeys(func(context.Context, middleware.Job) map[string]int {
+		return map[string]int{"api:github": 2}
+	}))
+	if err != nil {
+		panic(err)
+	}
+	report := func(tenant string) middleware.Job { return middleware.Job{Key: "tenant:" + tenant, Name: "report"} }
+	g.Run(ctx, report("acme"), func(ctx context.Context) error {
+		g.Run(ctx, report("globex"), func(ctx context.Context) error {
+			third := g.Run(ctx, report("initech"), func(context.Context) error { return nil })
+			var ce *lockkit.ConflictError
+			errors.As(third.Err, &ce)
+			fmt.Printf("initech ran: %t, %q full\n", third.Ran, ce.Key)
+			info, _ := locker.Inspect(ctx, "tenant:initech")
+			fmt.Println("initech's key held:", len(info.Holders) > 0)
+			return nil
+		})
+		again := g.Run(ctx, report("acme"), func(context.Context) error { return nil })
+		fmt.Printf("acme again: %t\n", again.Ran)
+		return nil
+	})
+	after := g.Run(ctx, report("initech"), func(context.Context) error { return nil })
+	fmt.Printf("initech later: %t\n", after.Ran)
+	// Output:
+	// initech ran: false, "api:github" full
+	// initech's key held: false
+	// acme again: false
+	// initech later: true
 }
 
 // Each job gets its own limit: a premium tenant's key runs two jobs at

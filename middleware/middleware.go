@@ -255,6 +255,43 @@ func WithLimit(n int) Option { return guard.WithLimit(n) }
 // limit.
 func WithLimitFunc(fn func(ctx context.Context, job Job) int) Option { return guard.WithLimitFunc(fn) }
 
+// WithExtraKeys makes each job hold other keys besides its own while it
+// runs, each under its own limit: fn(ctx, job) maps each key to how many
+// runs may hold it at once (a tenant's key with limit 3 as the job's own,
+// and {"api:github": 20} shared by every task that calls that API), called
+// once per Run before the job takes its keys, with Run's ctx. A job runs
+// only while it holds its own key and every extra key, all or none; a job
+// that does not run holds none of them afterwards. Under Skip, Fail and
+// Requeue it takes its own key under the policy first, then the extra keys
+// in the order of their names, each tried once: when one is full it gives
+// back every key it took (its own without a WithHoldAtLeast hold; the
+// key's next parked job starts) and is a duplicate of that key's holder
+// (ReasonHeld, the policy's action, DuplicateError.Cause naming the key;
+// Requeue does not park it: it comes back after the policy's delay). Under
+// Wait it takes all its keys, its own among them, in the order of their
+// names, waiting for each within the policy's bound (counted from its
+// first attempt) while it holds those before it; when a wait ends with the
+// key still full it gives every key back and the wrapped policy applies.
+// Every job takes keys in that one order, so no two jobs deadlock,
+// whatever order their keys come in. A key held by the job's own earlier
+// delivery (its label) is waited for, as its own key is. The run's ctx is
+// cancelled (cause matching lockkit.ErrLost, naming the key) when any of
+// its leases is lost, and (lockkit.ErrCancelled) when an operator cancels
+// the run on any of its keys; the extra keys are renewed with its own and
+// released together, before its own, when the work returns. Fencing
+// tokens, epochs, holds and parking are of the job's own key. A map with
+// an empty key, the job's own key, or a limit outside 1 to 10,000 fails
+// that job without running it (ErrInvalid, reported as an EventError).
+// Each extra key costs one round trip to take, and all of them one to
+// give back (WithBatching shares round trips between concurrent jobs). New
+// refuses a nil fn, and the policies that follow up on the own key alone
+// (Coalesce, KeepNewest, Preempt) or serve it in arrival order
+// (WaitInOrder), with ErrInvalid. Defaults to none: a job holds its own key
+// only.
+func WithExtraKeys(fn func(ctx context.Context, job Job) map[string]int) Option {
+	return guard.WithExtraKeys(fn)
+}
+
 // WithThrottle allows at most n runs of a key to begin in any window of one
 // period across every process (a budget kept on the Redis and under the prefix
 // of the Locker), each start dated

@@ -94,6 +94,48 @@ func WithLimitFunc(fn func(ctx context.Context, t *asynq.Task) int) ServerOption
 	return limitOpt{fn: fn}
 }
 
+// WithExtraKeys makes each task hold other keys besides its own while its
+// handler runs, each under its own limit: fn(ctx, t) maps each key to how
+// many tasks may hold it at once ({"api:github": 20} for every task that
+// calls that API, whatever its own key), called once per delivery after
+// the key is derived, with the handler's ctx. It is
+// middleware.WithExtraKeys in asynq's terms, which says how the keys are
+// taken (all or none, in the order of their names, no task waiting for a
+// key while it holds another) and what each policy does when one is full:
+// under Requeue such a task is not parked, and comes back after the
+// policy's delay. The keys are given as they are (the Locker's prefix
+// applies; PerQueue does not). A map with an empty key, the task's own
+// key, or a limit outside 1 to 10,000 fails that task as a key that cannot
+// be derived does: an error matching ErrInvalid and asynq.SkipRetry (asynq
+// archives it) naming the task type, the key and the bad value, reported
+// as an EventError and in the decision log. New and Middleware refuse a
+// nil fn, and Coalesce, KeepNewest, Preempt and WaitInOrder (ErrInvalid).
+// Defaults to none: a task holds its own key only.
+func WithExtraKeys(fn func(ctx context.Context, t *asynq.Task) map[string]int) ServerOption {
+	return extraOpt{fn: fn}
+}
+
+// extraOpt is WithExtraKeys: the guard's WithExtraKeys, whose function
+// finds the task in its ctx (taskKey).
+type extraOpt struct {
+	fn func(ctx context.Context, t *asynq.Task) map[string]int
+}
+
+func (o extraOpt) Apply(s *guard.Settings) {
+	if _, ok := s.Adapter.(*config); !ok {
+		applyServer(s, nil) // refused: an option of this package
+		return
+	}
+	var fn func(context.Context, guard.Job) map[string]int
+	if o.fn != nil {
+		fn = func(ctx context.Context, _ guard.Job) map[string]int {
+			t, _ := ctx.Value(taskKey{}).(*asynq.Task)
+			return o.fn(ctx, t)
+		}
+	}
+	guard.WithExtraKeys(fn).Apply(s)
+}
+
 // limitOpt is WithLimitFunc: the guard's WithLimitFunc, whose function finds
 // the task in its ctx (taskKey).
 type limitOpt struct {
@@ -116,5 +158,5 @@ func (o limitOpt) Apply(s *guard.Settings) {
 }
 
 // taskKey is the ctx key under which the middleware gives WithLimitFunc's
-// function the task.
+// and WithExtraKeys's functions the task.
 type taskKey struct{}

@@ -290,7 +290,7 @@ func (c *config) buildGuard(m *guarded, locker *lockkit.Locker) (*guarded, error
 	if guard.ActionOf(set.Policy) == guard.ActionRequeue && c.rdb == nil {
 		return nil, fmt.Errorf("%w: WithPolicy(%s): a policy that requeues needs WithRedis(client) to re-enqueue duplicates that have no retries left", ErrInvalid, set.Policy)
 	}
-	m.guard, m.limit, m.limitFunc, m.shadow = g, set.Limit, set.LimitFunc, set.Shadow
+	m.guard, m.limit, m.limitFunc, m.extraKeys, m.shadow = g, set.Limit, set.LimitFunc, set.ExtraKeys, set.Shadow
 	m.decisions = defaultDecisionLogLen
 	if c.decisionsSet {
 		switch {
@@ -322,6 +322,7 @@ type guarded struct {
 	rdb       redis.UniversalClient // asynq's Redis, with WithRedis
 	limit     int                   // the WithLimit value; 0 when not given
 	limitFunc bool                  // WithLimitFunc: each task's limit is its own
+	extraKeys bool                  // WithExtraKeys: each task holds keys of its own besides its key
 	shadow    bool                  // WithShadow: refused tasks run too
 	skips     *skipLog
 	hooks     *hookCheck
@@ -361,6 +362,15 @@ func (m *guarded) process(ctx context.Context, next asynq.Handler, t *asynq.Task
 		}
 		w := guard.WorkOf(job)
 		w.Limit = n
+		job = guard.With(job, w)
+	}
+	if m.extraKeys {
+		keys, err := guard.ExtraKeysOf(m.guard, context.WithValue(ctx, taskKey{}, t), job)
+		if err != nil {
+			return m.refuse(ctx, next, t, job, fmt.Errorf("%w: task %q: %w (%w)", ErrInvalid, t.Type(), err, asynq.SkipRetry))
+		}
+		w := guard.WorkOf(job)
+		w.Extra = keys
 		job = guard.With(job, w)
 	}
 	if guard.WorkOf(job).Reserved && m.limitOf(job) > 1 {

@@ -112,6 +112,10 @@ type Work struct {
 	// WithLimitFunc, which derives it from the work itself); zero means the
 	// guard's (WithLimit, WithLimitFunc). Run checks it as LimitOf does.
 	Limit int
+	// Extra, when not nil, are the job's extra keys with their limits (an
+	// adapter's WithExtraKeys, which derives them from the work itself); nil
+	// means WithExtraKeys's function's. Run checks them as ExtraKeysOf does.
+	Extra map[string]int
 }
 
 // With returns job carrying w.
@@ -155,6 +159,8 @@ type Guard struct {
 	parkingSet bool
 	async      bool
 	shadow     bool
+	extraOf    func(ctx context.Context, job Job) map[string]int // WithExtraKeys
+	extraSet   bool
 }
 
 // New returns a Guard that takes leases from locker. It returns an error
@@ -224,7 +230,12 @@ func New(locker *lockkit.Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("%w: WithParking: ID and Resume must not be nil", ErrInvalid)
 	case g.parkingSet && (g.parking.Hold < 0 || g.parking.Hold > lockcore.MaxTTL):
 		return nil, fmt.Errorf("%w: WithParking: Hold %s must not be negative nor longer than %s", ErrInvalid, g.parking.Hold, lockcore.MaxTTL)
-
+	case g.extraSet && g.extraOf == nil:
+		return nil, fmt.Errorf("%w: WithExtraKeys(nil): the keys function must not be nil", ErrInvalid)
+	case g.extraSet && g.policy.mode != ModeAction:
+		return nil, fmt.Errorf("%w: WithExtraKeys: Coalesce, KeepNewest and Preempt follow up on the job's own key alone", ErrInvalid)
+	case g.extraSet && g.policy.fair:
+		return nil, fmt.Errorf("%w: WithExtraKeys: WaitInOrder's arrival order cannot hold across several keys (use Wait)", ErrInvalid)
 	}
 	for i, o := range g.observers {
 		if o == nil {
@@ -309,8 +320,17 @@ func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error
 		}
 		job.w.Limit = n
 	}
+	var keys []extraKey
+	if job.w.Extra != nil || g.extraOf != nil {
+		var err error
+		if keys, err = g.extraKeysOf(ctx, job); err != nil {
+			err = fmt.Errorf("%w: middleware: %w", ErrInvalid, err)
+			g.emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+			return Outcome{Err: err}
+		}
+	}
 	if g.shadow {
-		return g.shadowRun(ctx, job, fn)
+		return g.shadowRun(ctx, job, keys, fn)
 	}
 	a := &attempt{}
 	if g.throttle != nil {
@@ -320,12 +340,24 @@ func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error
 			return Outcome{Duplicate: dup, Err: err}
 		}
 	}
-	lease, waited, err := g.acquire(ctx, job, a)
+	var (
+		lease  *lockcore.Lease
+		extra  []*lockcore.Lease
+		waited time.Duration
+		err    error
+	)
+	if len(keys) > 0 && g.policy.wait > 0 {
+		lease, extra, waited, err = g.takeInOrder(ctx, job, a, keys)
+	} else {
+		lease, extra, waited, err = g.acquireAll(ctx, job, a, keys)
+	}
 	if err == nil {
 		g.unparkUnderAnotherLimit(ctx, job)
 	}
 	if err == nil && a.start != "" {
-		err = g.beginStart(ctx, job, lease, a, waited)
+		if err = g.beginStart(ctx, job, lease, a, waited); err != nil {
+			g.releaseExtra(ctx, extra)
+		}
 	}
 	g.unreserve(ctx, job, a) // only a run spends a start
 	if err != nil {
@@ -333,15 +365,16 @@ func (g *Guard) Run(ctx context.Context, job Job, fn func(context.Context) error
 		errors.As(err, &dup)
 		return Outcome{Duplicate: dup, Err: err}
 	}
-	return Outcome{Ran: true, Err: g.run(ctx, job, lease, waited, fn)}
+	return Outcome{Ran: true, Err: g.run(ctx, job, lease, extra, waited, fn)}
 }
 
 // errPanicked ends a lease whose work panicked: never a success.
 var errPanicked = errors.New("middleware: the work panicked")
 
-// run runs fn under lease (the engine's Lease.Run derives fn's context and ends
-// the lease) and reports it.
-func (g *Guard) run(ctx context.Context, job Job, lease *lockcore.Lease, waited time.Duration, fn func(context.Context) error) error {
+// run runs fn under lease and the extra keys' leases (the engine's
+// Lease.Run derives fn's context and ends the lease; the extra leases end
+// first) and reports it.
+func (g *Guard) run(ctx context.Context, job Job, lease *lockcore.Lease, extra []*lockcore.Lease, waited time.Duration, fn func(context.Context) error) error {
 	g.emitLease(ctx, EventAcquired, job, lease, waited, 0, nil)
 	start := time.Now()
 	var (
@@ -350,7 +383,12 @@ func (g *Guard) run(ctx context.Context, job Job, lease *lockcore.Lease, waited 
 		started              bool
 	)
 	end := lease.Run(ctx, func(wctx context.Context) (ferr error) {
+		if err := extraLost(extra); err != nil {
+			g.releaseExtra(ctx, extra)
+			return err // an extra lease ran out before the job could start
+		}
 		started = true
+		wctx, stopExtra := withExtra(wctx, extra)
 		reported := make(chan struct{})
 		stopLost := context.AfterFunc(wctx, func() {
 			defer close(reported)
@@ -360,7 +398,14 @@ func (g *Guard) run(ctx context.Context, job Job, lease *lockcore.Lease, waited 
 			if !stopLost() {
 				<-reported // EventLost comes before EventReleased
 			}
+			stopExtra()
 			lost = lease.Err()
+			if lost == nil {
+				lost = extraLost(extra)
+			}
+			if rerr := g.releaseExtra(ctx, extra); rerr != nil && lost == nil {
+				g.emitLease(ctx, EventError, job, lease, 0, 0, fmt.Errorf("middleware: %s: releasing its extra keys: %w", job.what(), rerr))
+			}
 			if c := context.Cause(wctx); lost == nil && errors.Is(c, lockcore.ErrCancelled) {
 				cancelled = c // an operator asked the run to stop (lockkit's Locker.CancelRun)
 			}
@@ -465,6 +510,9 @@ type attempt struct {
 	start    string
 	reserved bool
 	turn     string
+	// until, when set, bounds the job's waits for its keys in all
+	// (WithExtraKeys under Wait): the policy's bound from its first attempt.
+	until time.Time
 }
 
 // acquire takes job's key under the policy. A job about to wait for the
@@ -553,7 +601,11 @@ func (g *Guard) leaseOptions(ctx context.Context, job Job, park bool) *lockcore.
 // acquireWaiting waits up to the policy's bound.
 func (g *Guard) acquireWaiting(ctx context.Context, job Job, opt *lockcore.AcquireOptions, a *attempt) (*lockcore.Lease, time.Duration, error) {
 	start := time.Now()
-	wctx, cancel := context.WithTimeout(ctx, g.policy.wait)
+	until := start.Add(g.policy.wait)
+	if !a.until.IsZero() {
+		until = a.until
+	}
+	wctx, cancel := context.WithDeadline(ctx, until)
 	lease, err := g.core.Acquire(wctx, job.Key, opt)
 	cancel()
 	waited := time.Since(start)

@@ -171,6 +171,7 @@ type Config struct {
 	Policy       Policy
 	Limit        int  // WithLimit; 1 under WithLimitFunc
 	LimitFunc    bool // WithLimitFunc: each job's limit is its own
+	ExtraKeys    bool // WithExtraKeys: each job holds keys of its own besides its key
 	Shadow       bool
 	Throttled    bool   // WithThrottle was given
 	ThrottleThen Action // its then, when Throttled
@@ -180,7 +181,7 @@ type Config struct {
 
 // ConfigOf returns g's settings, defaults filled in.
 func ConfigOf(g *Guard) Config {
-	c := Config{Policy: g.policy, Limit: g.limit, LimitFunc: g.limitSet, Shadow: g.shadow, Logger: g.logger}
+	c := Config{Policy: g.policy, Limit: g.limit, LimitFunc: g.limitSet, ExtraKeys: g.extraSet, Shadow: g.shadow, Logger: g.logger}
 	if g.throttle != nil {
 		c.Throttled, c.ThrottleThen = true, g.throttle.then
 	}

@@ -17,13 +17,18 @@ func WithShadow() Option { return optionFunc(func(g *Guard) { g.shadow = true })
 
 // shadowRun runs job under WithShadow: under its lease when the key is
 // free, and otherwise without one, reporting what the policy would have done.
-func (g *Guard) shadowRun(ctx context.Context, job Job, fn func(context.Context) error) Outcome {
+func (g *Guard) shadowRun(ctx context.Context, job Job, keys []extraKey, fn func(context.Context) error) Outcome {
 	// A job reserved for takes its reservation over, and the run's end
 	// hands the key to the next parked job, as without shadow; nothing is
 	// parked.
 	lease, err := g.core.TryAcquire(ctx, job.Key, g.leaseOptions(ctx, job, false))
+	var extra []*lockcore.Lease
+	if err == nil && len(keys) > 0 {
+		// A full extra key gives every key back: the job runs without them.
+		extra, _, err = g.takeExtra(ctx, job, keys, lease)
+	}
 	if err == nil {
-		return Outcome{Ran: true, Err: g.run(ctx, job, lease, 0, fn)}
+		return Outcome{Ran: true, Err: g.run(ctx, job, lease, extra, 0, fn)}
 	}
 	e := Event{Kind: EventShadowed, Job: job, Action: g.policy.action, Err: err}
 	var ce *lockcore.ConflictError

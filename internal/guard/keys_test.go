@@ -1,0 +1,393 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobguard/jobguard/internal/guard"
+	"github.com/jobguard/jobguard/internal/lockcore"
+	"github.com/jobguard/jobguard/internal/testredis"
+	"github.com/jobguard/jobguard/lockkit"
+)
+
+// extraKeys gives every job the keys of m.
+func extraKeys(m map[string]int) guard.Option {
+	return guard.WithExtraKeys(func(context.Context, guard.Job) map[string]int { return m })
+}
+
+// holders is how many runs hold key now.
+func holders(t *testing.T, l *lockkit.Locker, key string) int {
+	t.Helper()
+	info, err := l.Inspect(context.Background(), key)
+	require.NoError(t, err)
+	return len(info.Holders)
+}
+
+// A job whose extra key is full does not run, is a duplicate of that key's
+// holder, and holds none of its keys afterwards; it runs once the key is
+// free.
+func TestExtraKeyFullGivesEveryKeyBack(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			l := newLocker(t)
+			g, rec := newGuard(t, l, extraKeys(map[string]int{"api": 1, "db": 5}))
+			release, first := runHeld(context.Background(), g, guard.Job{Key: "t1", Name: "a"})
+			require.Equal(t, 1, holders(t, l, "api"))
+			require.Equal(t, 1, holders(t, l, "db"))
+
+			out := g.Run(context.Background(), guard.Job{Key: "t2", Name: "b"}, func(context.Context) error {
+				t.Error("ran beside the holder of its extra key")
+				return nil
+			})
+			require.False(t, out.Ran)
+			require.NotNil(t, out.Duplicate, "%v", out.Err)
+			require.Equal(t, guard.ReasonHeld, out.Duplicate.Reason)
+			require.Equal(t, guard.ActionSkip, out.Duplicate.Action)
+			var ce *lockcore.ConflictError
+			require.ErrorAs(t, out.Err, &ce)
+			require.Equal(t, "api", ce.Key)
+			require.Contains(t, out.Err.Error(), `"api"`)
+			ev, ok := rec.find(guard.EventDuplicate)
+			require.True(t, ok)
+			require.Equal(t, "b", ev.Job.Name)
+			// No partial hold: its own key is free, db has only the holder.
+			require.Equal(t, 0, holders(t, l, "t2"))
+			require.Equal(t, 1, holders(t, l, "db"))
+
+			release()
+			require.True(t, (<-first).Ran)
+			require.Equal(t, 0, holders(t, l, "api"))
+			require.Equal(t, 0, holders(t, l, "db"))
+			ran := false
+			out = g.Run(context.Background(), guard.Job{Key: "t2", Name: "b"}, func(context.Context) error { ran = true; return nil })
+			require.NoError(t, out.Err)
+			require.True(t, ran)
+		})
+	}
+}
+
+// An extra key's limit is its own: with {"api": 2} two jobs of different
+// keys run at once and a third is a duplicate.
+func TestExtraKeyHasItsOwnLimit(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			l := newLocker(t)
+			g, _ := newGuard(t, l, extraKeys(map[string]int{"api": 2}))
+			r1, o1 := runHeld(context.Background(), g, guard.Job{Key: "t1"})
+			r2, o2 := runHeld(context.Background(), g, guard.Job{Key: "t2"})
+			require.Equal(t, 2, holders(t, l, "api"))
+			out := g.Run(context.Background(), guard.Job{Key: "t3"}, func(context.Context) error { return nil })
+			require.NotNil(t, out.Duplicate, "%v", out.Err)
+			r1()
+			r2()
+			require.True(t, (<-o1).Ran)
+			require.True(t, (<-o2).Ran)
+		})
+	}
+}
+
+// Jobs whose keys overlap in opposite orders (one's own key is the other's
+// extra key) never deadlock under Wait, and never hold a key beyond its
+// limit: each job gives every key back before it waits.
+func TestExtraKeysInOppositeOrdersDoNotDeadlock(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			var inA, inB atomic.Int32
+			var over atomic.Bool
+			run := func(g *guard.Guard, own string) error {
+				out := g.Run(context.Background(), guard.Job{Key: own}, func(context.Context) error {
+					a, b := inA.Add(1), inB.Add(1)
+					if a > 1 || b > 1 {
+						over.Store(true)
+					}
+					time.Sleep(time.Millisecond)
+					inA.Add(-1)
+					inB.Add(-1)
+					return nil
+				})
+				if !out.Ran {
+					return fmt.Errorf("%s did not run: %w", own, out.Err)
+				}
+				return out.Err
+			}
+			// Two processes: one's jobs take "a" then "b", the other's "b"
+			// then "a".
+			ga, _ := newGuard(t, newLocker(t), guard.WithPolicy(guard.Wait(time.Minute, guard.Fail())), extraKeys(map[string]int{"b": 1}))
+			gb, _ := newGuard(t, newLocker(t), guard.WithPolicy(guard.Wait(time.Minute, guard.Fail())), extraKeys(map[string]int{"a": 1}))
+			var wg sync.WaitGroup
+			errs := make(chan error, 40)
+			for i := range 40 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if i%2 == 0 {
+						errs <- run(ga, "a")
+					} else {
+						errs <- run(gb, "b")
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
+			require.False(t, over.Load(), "two runs held one key")
+		})
+	}
+}
+
+// touches calls seen after each command that names key n ({key} in its
+// arguments), once per command.
+type touches struct {
+	key  string
+	seen chan struct{}
+}
+
+func (touches) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h touches) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if strings.Contains(fmt.Sprint(cmd.Args()), "{"+h.key+"}") {
+			select {
+			case h.seen <- struct{}{}:
+			default:
+			}
+		}
+		return err
+	}
+}
+
+func (h touches) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if strings.Contains(fmt.Sprint(cmd.Args()), "{"+h.key+"}") {
+				select {
+				case h.seen <- struct{}{}:
+				default:
+				}
+			}
+		}
+		return err
+	}
+}
+
+// Under Wait a job whose extra key is full holds none of its keys while it
+// waits, and runs when the key is released.
+func TestWaitForAnExtraKeyHoldsNoKey(t *testing.T) {
+	for name, newLocker := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			l := newLocker(t)
+			policy := guard.WithPolicy(guard.Wait(time.Minute, guard.Skip()))
+			g, rec := newGuard(t, l, policy, extraKeys(map[string]int{"api": 1}))
+			release, first := runHeld(context.Background(), g, guard.Job{Key: "t1"})
+			// The waiter, in a process of its own, whose commands on api are
+			// seen: its try, then its wait's first attempt.
+			seen := make(chan struct{}, 10)
+			gw, wrec := newGuard(t, newLocker(t, touches{key: "api", seen: seen}), policy, extraKeys(map[string]int{"api": 1}))
+			second := make(chan guard.Outcome, 1)
+			var runs atomic.Int32
+			go func() {
+				second <- gw.Run(context.Background(), guard.Job{Key: "t2", Name: "waiter"}, func(context.Context) error {
+					runs.Add(1)
+					return nil
+				})
+			}()
+			<-seen
+			<-seen
+			require.Equal(t, 0, holders(t, l, "t2"), "the waiting job holds its own key")
+			select {
+			case o := <-second:
+				t.Fatalf("returned while api was held: %+v", o)
+			default:
+			}
+			release()
+			require.True(t, (<-first).Ran)
+			out := <-second
+			require.True(t, out.Ran, "%v", out.Err)
+			require.Equal(t, int32(1), runs.Load())
+			_, dup := rec.find(guard.EventDuplicate)
+			_, wdup := wrec.find(guard.EventDuplicate)
+			require.False(t, dup || wdup)
+			_, waited := wrec.find(guard.EventWaited)
+			require.True(t, waited)
+		})
+	}
+}
+
+// Under Wait the bound counts from the job's first attempt: once it is
+// spent the wrapped policy applies, naming the extra key.
+func TestWaitForAnExtraKeyEndsAtTheBound(t *testing.T) {
+	l := backends(t)["redis"](t)
+	g, _ := newGuard(t, l, guard.WithPolicy(guard.Wait(200*time.Millisecond, guard.Fail())), extraKeys(map[string]int{"api": 1}))
+	release, first := runHeld(context.Background(), g, guard.Job{Key: "t1"})
+	defer func() { release(); <-first }()
+	start := time.Now()
+	out := g.Run(context.Background(), guard.Job{Key: "t2"}, func(context.Context) error { return nil })
+	require.NotNil(t, out.Duplicate, "%v", out.Err)
+	require.Equal(t, guard.ActionFail, out.Duplicate.Action)
+	require.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
+	require.GreaterOrEqual(t, out.Duplicate.Waited, 200*time.Millisecond)
+	var ce *lockcore.ConflictError
+	require.ErrorAs(t, out.Err, &ce)
+	require.Equal(t, "api", ce.Key)
+	require.Equal(t, 0, holders(t, l, "t2"))
+}
+
+// The run's ctx is cancelled, with a cause matching ErrLost that names the
+// key, when an extra key's lease is lost; the job's error says so.
+func TestLostExtraKeyCancelsTheRun(t *testing.T) {
+	c := testredis.Client(t)
+	prefix := testredis.Prefix(t, c)
+	l, err := lockkit.NewRedis(c, lockkit.WithPrefix(prefix))
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	g, rec := newGuard(t, l, guard.WithTTL(300*time.Millisecond), extraKeys(map[string]int{"api": 1}))
+	err = runErr(g, context.Background(), guard.Job{Key: "k"}, func(ctx context.Context) error {
+		require.NoError(t, c.Del(context.Background(), prefix+"{api}:h").Err()) // the extra key is stolen
+		<-ctx.Done()
+		require.ErrorIs(t, context.Cause(ctx), lockkit.ErrLost)
+		require.Contains(t, context.Cause(ctx).Error(), `"api"`)
+		return ctx.Err()
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, err, lockkit.ErrLost)
+	ev, ok := rec.find(guard.EventLost)
+	require.True(t, ok)
+	require.ErrorIs(t, ev.Err, lockkit.ErrLost)
+	require.Equal(t, 0, holders(t, l, "k"))
+}
+
+// An operator's CancelRun on an extra key cancels the run (cause matching
+// ErrCancelled); the keys stay held until the work returns.
+func TestCancelRunOnAnExtraKeyCancelsTheRun(t *testing.T) {
+	l := backends(t)["redis"](t)
+	g, _ := newGuard(t, l, extraKeys(map[string]int{"api": 1}))
+	started := make(chan struct{})
+	cancelled := make(chan struct{})
+	proceed := make(chan struct{})
+	out := make(chan guard.Outcome, 1)
+	go func() {
+		out <- g.Run(context.Background(), guard.Job{Key: "k"}, func(ctx context.Context) error {
+			close(started)
+			<-ctx.Done()
+			close(cancelled)
+			<-proceed
+			return context.Cause(ctx)
+		})
+	}()
+	<-started
+	n, err := l.CancelRun(context.Background(), "api", lockkit.Select{})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	<-cancelled
+	require.Equal(t, 1, holders(t, l, "k"))
+	require.Equal(t, 1, holders(t, l, "api"))
+	close(proceed)
+	o := <-out
+	require.True(t, o.Ran)
+	require.ErrorIs(t, o.Err, lockkit.ErrCancelled)
+	require.Equal(t, 0, holders(t, l, "api"))
+}
+
+// A delivery whose own earlier run (same label) holds one of its extra keys
+// waits for that run, as for its own key, and then runs: it is not its
+// duplicate.
+func TestExtraKeyHeldByTheOwnEarlierRunIsWaitedFor(t *testing.T) {
+	l := backends(t)["redis"](t)
+	g, rec := newGuard(t, l, extraKeys(map[string]int{"api": 1}))
+	first := guard.With(guard.Job{Key: "old-key"}, guard.Work{Label: "task-1"})
+	release, firstOut := runHeld(context.Background(), g, first)
+	second := make(chan guard.Outcome, 1)
+	go func() {
+		second <- g.Run(context.Background(), guard.With(guard.Job{Key: "new-key"}, guard.Work{Label: "task-1"}), func(context.Context) error { return nil })
+	}()
+	require.Eventually(t, func() bool { return holders(t, l, "new-key") == 1 }, 5*time.Second, time.Millisecond)
+	select {
+	case o := <-second:
+		t.Fatalf("ran or returned beside its own earlier run: %+v", o)
+	case <-time.After(20 * time.Millisecond):
+	}
+	release()
+	require.True(t, (<-firstOut).Ran)
+	o := <-second
+	require.True(t, o.Ran, "%v", o.Err)
+	_, dup := rec.find(guard.EventDuplicate)
+	require.False(t, dup)
+}
+
+// A job whose extra keys are bad fails without running (ErrInvalid naming
+// the bad key or limit); New refuses a nil function and the policies that
+// cannot take several keys.
+func TestExtraKeysValidation(t *testing.T) {
+	l := backends(t)["miniredis"](t)
+	for _, c := range []struct {
+		keys map[string]int
+		want string
+	}{
+		{map[string]int{"": 1}, "empty key"},
+		{map[string]int{"k": 1}, "own key"},
+		{map[string]int{"api": 0}, `"api" the limit 0`},
+		{map[string]int{"api": 10001}, `"api" the limit 10001`},
+	} {
+		g, rec := newGuard(t, l, extraKeys(c.keys))
+		out := g.Run(context.Background(), guard.Job{Key: "k"}, func(context.Context) error {
+			t.Error("ran")
+			return nil
+		})
+		require.False(t, out.Ran)
+		require.ErrorIs(t, out.Err, guard.ErrInvalid)
+		require.ErrorIs(t, out.Err, lockkit.ErrInvalid)
+		require.Contains(t, out.Err.Error(), c.want)
+		_, ok := rec.find(guard.EventError)
+		require.True(t, ok)
+	}
+	for _, opts := range [][]guard.Option{
+		{guard.WithExtraKeys(nil)},
+		{extraKeys(nil), guard.WithPolicy(guard.Coalesce())},
+		{extraKeys(nil), guard.WithPolicy(guard.KeepNewest())},
+		{extraKeys(nil), guard.WithPolicy(guard.Preempt(time.Second))},
+		{extraKeys(nil), guard.WithPolicy(guard.WaitInOrder(time.Second, guard.Skip()))},
+	} {
+		_, err := guard.New(l, opts...)
+		require.ErrorIs(t, err, guard.ErrInvalid)
+		require.Contains(t, err.Error(), "WithExtraKeys")
+	}
+	// A job with no extra keys holds its own only.
+	g, _ := newGuard(t, l, extraKeys(nil))
+	require.NoError(t, runErr(g, context.Background(), guard.Job{Key: "k"}, func(context.Context) error { return nil }))
+}
+
+// Under WithShadow a job whose extra key is full runs anyway, without its
+// keys, and the duplicate it would have been is reported.
+func TestShadowReportsAFullExtraKey(t *testing.T) {
+	l := backends(t)["redis"](t)
+	g, rec := newGuard(t, l, guard.WithShadow(), extraKeys(map[string]int{"api": 1}))
+	release, first := runHeld(context.Background(), g, guard.Job{Key: "t1"})
+	ran := false
+	out := g.Run(context.Background(), guard.Job{Key: "t2"}, func(context.Context) error {
+		ran = true
+		require.Equal(t, 0, holders(t, l, "t2"))
+		return nil
+	})
+	require.True(t, out.Ran)
+	require.True(t, ran)
+	ev, ok := rec.find(guard.EventShadowed)
+	require.True(t, ok)
+	var ce *lockcore.ConflictError
+	require.True(t, errors.As(ev.Err, &ce))
+	require.Equal(t, "api", ce.Key)
+	release()
+	<-first
+}
