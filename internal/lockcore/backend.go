@@ -289,7 +289,7 @@ func (b *redisBackend) acquireOnce(ctx context.Context, r *request) (acquireResu
 			}
 			return res, nil
 		case len(vals) >= 1 && toInt(vals[0]) == 0:
-			return conflictOf(r.key, vals)
+			return conflictOf(r, vals)
 		case len(vals) != 1 || toInt(vals[0]) != -9:
 			return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
 		}
@@ -345,11 +345,13 @@ func (b *redisBackend) acquireOnce(ctx context.Context, r *request) (acquireResu
 		}
 		return acquireResult{covered: c, since: toInt(vals[4])}, nil
 	}
-	return conflictOf(r.key, vals)
+	return conflictOf(r, vals)
 }
 
-// conflictOf reads the acquire script's reply for a held key.
-func conflictOf(key string, vals []any) (acquireResult, error) {
+// conflictOf reads the acquire script's reply for a held key, for the call
+// r.
+func conflictOf(r *request, vals []any) (acquireResult, error) {
+	key := r.key
 	if len(vals) < 5 {
 		return acquireResult{}, fmt.Errorf("unexpected acquire reply %v", vals)
 	}
@@ -371,6 +373,11 @@ func conflictOf(key string, vals []any) (acquireResult, error) {
 			if _, rest, ok := strings.Cut(e, ":"); ok {
 				_, c.Superseded, _ = strings.Cut(rest, ":")
 			}
+		}
+	}
+	if len(vals) > 8 {
+		if n := int(toInt(vals[8])); n > 0 && n < r.limit {
+			c.Limit = n // a holder's smaller limit applied
 		}
 	}
 	return res, nil

@@ -115,6 +115,11 @@ type ConflictError struct {
 	TTL time.Duration
 	// Holders is the number of live holders.
 	Holders int
+	// Limit, when not zero, is the limit the call was refused under: a live
+	// holder took the key with a smaller limit than the call's own
+	// (AcquireOptions.Limit), and holders that disagree keep the smallest.
+	// Zero when the call's own limit applied.
+	Limit int
 	// Ahead is the number of live fair waiters queued before the caller.
 	Ahead int
 	// Parked, for an acquire with a Parking.ID, is the number of
@@ -133,14 +138,22 @@ type ConflictError struct {
 // Error implements error.
 func (e *ConflictError) Error() string {
 	if e.Owner == "" {
-		return fmt.Sprintf("lockkit: not acquired: %q has %d holder(s) and %d waiter(s) ahead", e.Key, e.Holders, e.Ahead)
+		limit := ""
+		if e.Limit > 0 {
+			limit = fmt.Sprintf(", at a holder's limit of %d", e.Limit)
+		}
+		return fmt.Sprintf("lockkit: not acquired: %q has %d holder(s) and %d waiter(s) ahead%s", e.Key, e.Holders, e.Ahead, limit)
 	}
 	label := ""
 	if e.Label != "" {
 		label = fmt.Sprintf(" for %q", e.Label)
 	}
-	return fmt.Sprintf("lockkit: not acquired: %q is held by %s%s (token %d, ttl %s, %d holder(s))",
-		e.Key, e.Owner, label, e.Token, e.TTL.Round(time.Millisecond), e.Holders)
+	limit := ""
+	if e.Limit > 0 {
+		limit = fmt.Sprintf(", at a holder's limit of %d", e.Limit)
+	}
+	return fmt.Sprintf("lockkit: not acquired: %q is held by %s%s (token %d, ttl %s, %d holder(s)%s)",
+		e.Key, e.Owner, label, e.Token, e.TTL.Round(time.Millisecond), e.Holders, limit)
 }
 
 // Is reports whether target is ErrNotAcquired.

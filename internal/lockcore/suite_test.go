@@ -489,18 +489,26 @@ func testLimitsDisagree(t *testing.T, h *harness) {
 		require.NoError(t, err)
 		return len(info.Holders)
 	}
-	refused := func(l Locker, opt *AcquireOptions, n int) {
+	// refused checks the conflict, which names the limit it applied when a
+	// holder's smaller one did (lowered).
+	refused := func(l Locker, opt *AcquireOptions, n, lowered int) {
 		t.Helper()
 		_, err := l.TryAcquire(ctx, "k", opt)
 		var ce *ConflictError
 		require.ErrorAs(t, err, &ce, "limit %d with %d holders", opt.Limit, n)
 		require.Equal(t, n, ce.Holders)
+		require.Equal(t, lowered, ce.Limit)
+		if lowered > 0 {
+			require.ErrorContains(t, err, fmt.Sprintf("at a holder's limit of %d", lowered))
+		} else {
+			require.NotContains(t, err.Error(), "a holder's limit")
+		}
 	}
 
 	// The 1-server holds: the 3-server is refused.
 	lb, err := b.TryAcquire(ctx, "k", one)
 	require.NoError(t, err)
-	refused(a, three, 1)
+	refused(a, three, 1, 1)
 	// It waits, and gets the key when the 1-server's holder leaves; then
 	// the 3-server fills its three slots and the 1-server waits.
 	got := make(chan *Lease, 1)
@@ -523,7 +531,7 @@ func testLimitsDisagree(t *testing.T, h *harness) {
 		require.NoError(t, err)
 		la = append(la, l)
 	}
-	refused(b, one, 3)
+	refused(b, one, 3, 0)
 	wait(b, one)
 	for _, l := range la {
 		require.LessOrEqual(t, holders(), 3)
@@ -532,7 +540,7 @@ func testLimitsDisagree(t *testing.T, h *harness) {
 	lb = <-got
 	require.NotNil(t, lb)
 	require.Equal(t, 1, holders())
-	refused(a, three, 1)
+	refused(a, three, 1, 1)
 	require.NoError(t, lb.Release(ctx))
 
 	// 3 and 2: a 2-holder keeps the key at two holders, whoever comes.
@@ -540,12 +548,12 @@ func testLimitsDisagree(t *testing.T, h *harness) {
 	require.NoError(t, err)
 	l2, err := b.TryAcquire(ctx, "k", two)
 	require.NoError(t, err)
-	refused(a, three, 2)
-	refused(b, two, 2)
+	refused(a, three, 2, 2)
+	refused(b, two, 2, 0)
 	require.NoError(t, l3.Release(ctx))
 	l3, err = a.TryAcquire(ctx, "k", three)
 	require.NoError(t, err)
-	refused(a, three, 2)
+	refused(a, three, 2, 2)
 	// Once the 2-holder leaves, the 3-server has its three slots again.
 	require.NoError(t, l2.Release(ctx))
 	more := []*Lease{l3}
@@ -554,8 +562,8 @@ func testLimitsDisagree(t *testing.T, h *harness) {
 		require.NoError(t, err)
 		more = append(more, l)
 	}
-	refused(a, three, 3)
-	refused(b, two, 3)
+	refused(a, three, 3, 0)
+	refused(b, two, 3, 0)
 	for _, l := range more {
 		require.NoError(t, l.Release(ctx))
 	}

@@ -13,7 +13,8 @@
 --   0  held: {0, holder member, its ttl (ms), holders, waiters ahead, since,
 --      parked jobs ahead of a parking call (-1 for none), the parked
 --      follow-up that this KeepNewest call replaced ("" for none; a repeat of
---      the call reports it too)}
+--      the call reports it too), the limit that applied (the call's, or a
+--      live holder's smaller one)}
 --  -1  the epoch was already used: {-1, last epoch, other tag}
 -- The other tag is the epoch tag of the key's last claim when it and this
 -- call's are not empty and differ; "" otherwise.
@@ -143,6 +144,6 @@ end
 
 local s = string.format('%d', since)
 if holder then
-  return {0, holder, holder_exp - now, count, ahead, s, parked, replaced}
+  return {0, holder, holder_exp - now, count, ahead, s, parked, replaced, limit}
 end
-return {0, '', 0, count, ahead, s, parked, replaced}
+return {0, '', 0, count, ahead, s, parked, replaced, limit}
