@@ -23,7 +23,7 @@ import (
 
 // lookDB is the database of the standalone Redis that these tests keep to
 // when they look at a whole database: no other package's tests use it.
-const lookDB = 11
+const lookDB = 9 // singleton keeps to 11, examples/worker to 12, the integration modules to 13 and 14, singleton's decision log tests to 15
 
 // dbClient is a client of database db of the standalone Redis.
 func dbClient(t *testing.T, db int) *redis.Client {
