@@ -20,7 +20,7 @@ import (
 // offsets; without the rule, Close hangs within a few hundred tries.
 func TestCloseWithAQueuedReleaseAndAnAcquireWaitingForIt(t *testing.T) {
 	c := mini(t)
-	for i := range 3000 {
+	for i := range 1000 {
 		m, err := NewRedis(c)
 		if err != nil {
 			t.Fatal(err)
