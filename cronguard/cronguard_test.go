@@ -746,3 +746,33 @@ func TestGuardRefusesAnEntryNameItHas(t *testing.T) {
 	_, err = g.Add(c, "weekly", "@weekly", cron.FuncJob(func() {}))
 	require.ErrorIs(t, err, cronguard.ErrDuplicateEntry)
 }
+
+// Two entries that share an extra key (middleware.WithExtraKeys) never run
+// at once: a tick of one that fires while the other runs is skipped on
+// every replica (its claim is kept with its own key), and the next runs.
+func TestEntriesSharingAnExtraKeyRunOneAtATime(t *testing.T) {
+	f := newFleet(t)
+	rec := newRecorder()
+	shared := middleware.WithExtraKeys(func(context.Context, middleware.Job) map[string]int { return map[string]int{"db": 1} })
+	a := f.replica(0, "nightly", "* * * * * *", rec, shared)
+	b := f.replica(1, "hourly", "* * * * * *", rec, shared)
+	b2 := f.replica(2, "hourly", "* * * * * *", rec, shared)
+	long := newBlocking()
+	doneA := a.fireAsync(t0, long.job())
+	recv(t, long.started)
+
+	ran := false
+	never := cronguard.Func(func(context.Context) error { ran = true; return nil })
+	b.fire(t0, never)
+	require.False(t, ran, "ran beside the other entry's run")
+	ev, ok := rec.find(middleware.EventDuplicate)
+	require.True(t, ok)
+	require.ErrorContains(t, ev.Err, `"db"`)
+	b2.fire(t0.Add(200*time.Millisecond), never)
+	require.False(t, ran, "a late replica ran the skipped tick")
+
+	close(long.release)
+	<-doneA
+	b2.fire(t0.Add(time.Second), never)
+	require.True(t, ran)
+}

@@ -76,12 +76,30 @@ func checkExtra(job Job, m map[string]int) ([]extraKey, error) {
 	return keys, nil
 }
 
-// extraOptions are the options of the acquire of an extra key: the job's
-// label (a delivery whose own earlier run holds the key waits for it), TTL
+// extraOptions are the options of the acquire of an extra key: its label
+// (extraLabel: a delivery whose own earlier run holds the key waits for it), TTL
 // and release; no parking, reservation, epoch, follow-up or hold, which
 // belong to the job's own key.
 func (g *Guard) extraOptions(job Job, k extraKey) *lockcore.AcquireOptions {
-	return &lockcore.AcquireOptions{TTL: g.ttl, Limit: k.limit, Label: job.w.Label, AsyncRelease: g.async}
+	return &lockcore.AcquireOptions{TTL: g.ttl, Limit: k.limit, Label: extraLabel(job), AsyncRelease: g.async}
+}
+
+// extraLabel is the label of job's leases on its extra keys: its own
+// label with its own key ("<label>@<key>"), since a label names the work
+// only among the jobs of one key (cronguard's is the tick, which the
+// entries sharing an extra key have in common); "" without a label.
+func extraLabel(job Job) string {
+	if job.w.Label == "" {
+		return ""
+	}
+	return job.w.Label + "@" + job.Key
+}
+
+// ownExtra reports whether err is the conflict of an extra key held by
+// job's own earlier delivery.
+func ownExtra(job Job, err error) bool {
+	var ce *lockcore.ConflictError
+	return job.w.Label != "" && errors.As(err, &ce) && ce.Label == extraLabel(job)
 }
 
 // errExtraFull gives back, without running the work and without a hold,
@@ -98,7 +116,7 @@ func (g *Guard) takeExtra(ctx context.Context, job Job, keys []extraKey, lease *
 	for _, k := range keys {
 		opt := g.extraOptions(job, k)
 		l, err := g.core.TryAcquire(ctx, k.key, opt)
-		if err != nil && ownRun(job, err) {
+		if err != nil && ownExtra(job, err) {
 			l, err = g.core.Acquire(ctx, k.key, opt)
 		}
 		if err != nil {
@@ -226,7 +244,7 @@ func (g *Guard) takeInOrder(ctx context.Context, job Job, a *attempt, keys []ext
 			l, err = g.core.Acquire(wctx, k.key, opt)
 			cancel()
 		}
-		if err != nil && ownRun(job, err) {
+		if err != nil && ownExtra(job, err) {
 			l, err = g.core.Acquire(ctx, k.key, opt)
 		}
 		if err != nil {

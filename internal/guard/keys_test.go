@@ -301,30 +301,47 @@ func TestCancelRunOnAnExtraKeyCancelsTheRun(t *testing.T) {
 	require.Equal(t, 0, holders(t, l, "api"))
 }
 
-// A delivery whose own earlier run (same label) holds one of its extra keys
-// waits for that run, as for its own key, and then runs: it is not its
-// duplicate.
+// A delivery whose own earlier run still holds one of its extra keys (its
+// release did not reach Redis) waits for it, as for its own key, and then
+// runs: it is not its duplicate. The extra key's holder is labelled with
+// the job's label and its own key.
 func TestExtraKeyHeldByTheOwnEarlierRunIsWaitedFor(t *testing.T) {
 	l := backends(t)["redis"](t)
 	g, rec := newGuard(t, l, extraKeys(map[string]int{"api": 1}))
-	first := guard.With(guard.Job{Key: "old-key"}, guard.Work{Label: "task-1"})
-	release, firstOut := runHeld(context.Background(), g, first)
-	second := make(chan guard.Outcome, 1)
+	job := guard.With(guard.Job{Key: "k"}, guard.Work{Label: "task-1"})
+	core, err := lockcore.Of("test", l)
+	require.NoError(t, err)
+	earlier, err := core.TryAcquire(context.Background(), "api", &lockcore.AcquireOptions{Label: "task-1@k"})
+	require.NoError(t, err)
+	out := make(chan guard.Outcome, 1)
 	go func() {
-		second <- g.Run(context.Background(), guard.With(guard.Job{Key: "new-key"}, guard.Work{Label: "task-1"}), func(context.Context) error { return nil })
+		out <- g.Run(context.Background(), job, func(ctx context.Context) error {
+			info, err := l.Inspect(ctx, "api")
+			require.NoError(t, err)
+			require.Len(t, info.Holders, 1)
+			require.Equal(t, "task-1@k", info.Holders[0].Label)
+			return nil
+		})
 	}()
-	require.Eventually(t, func() bool { return holders(t, l, "new-key") == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return holders(t, l, "k") == 1 }, 5*time.Second, time.Millisecond)
 	select {
-	case o := <-second:
+	case o := <-out:
 		t.Fatalf("ran or returned beside its own earlier run: %+v", o)
 	case <-time.After(20 * time.Millisecond):
 	}
-	release()
-	require.True(t, (<-firstOut).Ran)
-	o := <-second
+	require.NoError(t, earlier.Release(context.Background()))
+	o := <-out
 	require.True(t, o.Ran, "%v", o.Err)
 	_, dup := rec.find(guard.EventDuplicate)
 	require.False(t, dup)
+
+	// Another job's delivery with the same label (cron entries share their
+	// tick) is no earlier run of it: a duplicate.
+	earlier, err = core.TryAcquire(context.Background(), "api", &lockcore.AcquireOptions{Label: "task-1@other"})
+	require.NoError(t, err)
+	defer earlier.Release(context.Background())
+	o = g.Run(context.Background(), job, func(context.Context) error { return nil })
+	require.NotNil(t, o.Duplicate, "%v", o.Err)
 }
 
 // A job whose extra keys are bad fails without running (ErrInvalid naming
