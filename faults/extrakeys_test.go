@@ -20,9 +20,10 @@ import (
 	"github.com/jobguard/jobguard/middleware"
 )
 
-// extraDeployments are the Redis deployments of the WithExtraKeys
-// scenarios: a faulty client (the guard's) and a clean one (the observer's).
-var extraDeployments = map[string]func(t *testing.T) (redis.UniversalClient, redis.UniversalClient){
+// replyDeployments are the Redis deployments of the reply-fault scenarios:
+// a faulty client (the one faults are injected into) and a clean one (an
+// observer's), each closed when the test ends.
+var replyDeployments = map[string]func(t *testing.T) (redis.UniversalClient, redis.UniversalClient){
 	"standalone": func(t *testing.T) (redis.UniversalClient, redis.UniversalClient) {
 		addr := testredis.Addr(t)
 		a, b := redis.NewClient(&redis.Options{Addr: addr}), redis.NewClient(&redis.Options{Addr: addr})
@@ -168,7 +169,7 @@ func TestExtraKeysUnderReplyFaults(t *testing.T) {
 		{"extras-release", 1, true},
 		{"own-release", 0, true},
 	}
-	for dname, connect := range extraDeployments {
+	for dname, connect := range replyDeployments {
 		for _, step := range steps {
 			for _, f := range []testredis.Fault{testredis.Repeat, testredis.DropReply, testredis.Late} {
 				t.Run(fmt.Sprintf("%s/%s/%s", dname, step.name, f), func(t *testing.T) {
@@ -233,7 +234,7 @@ func TestExtraKeysUnderReplyFaults(t *testing.T) {
 // once; and no key keeps a holder afterwards.
 func TestExtraKeysInOppositeOrdersUnderReplyFaults(t *testing.T) {
 	const runsEach = 5
-	for dname, connect := range extraDeployments {
+	for dname, connect := range replyDeployments {
 		for _, f := range []testredis.Fault{testredis.Repeat, testredis.DropReply, testredis.Late} {
 			t.Run(fmt.Sprintf("%s/%s", dname, f), func(t *testing.T) {
 				t.Parallel()

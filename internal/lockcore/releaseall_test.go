@@ -14,16 +14,17 @@ import (
 	"github.com/jobguard/jobguard/internal/testredis"
 )
 
-// scriptTrips is a go-redis hook that counts the round trips (a command or
-// a pipeline) that carry a script call, per server address. On a Cluster
-// it is added to each node's client (ClusterOptions.NewClient): a
-// ClusterClient's own hooks see one pipeline where each node gets one.
+// scriptTrips counts the round trips (a command or a pipeline) that carry
+// a script call, per server address, through the hook of each server's
+// client (on a Cluster, each node's: clusterWithNodeHooks).
 type scriptTrips struct {
 	mu sync.Mutex
 	by map[string]int
 }
 
-func (s *scriptTrips) hook(addr string) redis.Hook { return scriptTripsHook{s, addr} }
+func (s *scriptTrips) hook(addr string) redis.Hook {
+	return beforeHook(func(cmds []redis.Cmder) { s.count(addr, cmds) })
+}
 
 func (s *scriptTrips) count(addr string, cmds []redis.Cmder) {
 	for _, c := range cmds {
@@ -48,27 +49,6 @@ func (s *scriptTrips) take() map[string]int {
 	return by
 }
 
-type scriptTripsHook struct {
-	s    *scriptTrips
-	addr string
-}
-
-func (h scriptTripsHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h scriptTripsHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.s.count(h.addr, []redis.Cmder{cmd})
-		return next(ctx, cmd)
-	}
-}
-
-func (h scriptTripsHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.s.count(h.addr, cmds)
-		return next(ctx, cmds)
-	}
-}
-
 // countedClients are the deployments ReleaseAll's round trips are counted
 // on, each with trips added to every server's client.
 var countedClients = map[string]func(t *testing.T, trips *scriptTrips) redis.UniversalClient{
@@ -79,15 +59,7 @@ var countedClients = map[string]func(t *testing.T, trips *scriptTrips) redis.Uni
 		return c
 	},
 	"cluster": func(t *testing.T, trips *scriptTrips) redis.UniversalClient {
-		opts := testredis.ClusterOptions(t)
-		opts.NewClient = func(o *redis.Options) *redis.Client {
-			c := redis.NewClient(o)
-			c.AddHook(trips.hook(o.Addr))
-			return c
-		}
-		c := redis.NewClusterClient(opts)
-		t.Cleanup(func() { _ = c.Close() })
-		return c
+		return clusterWithNodeHooks(t, trips.hook)
 	},
 }
 
