@@ -29,6 +29,12 @@
 // goroutines on one Locker with and without lockkit.WithBatching:
 //
 //	tools/with-redis.sh sh -c 'cd bench && go run . -only batching'
+//
+// A third, extrakeys, measures middleware.Guard.Run of a job that holds its
+// own key only, or one or two extra keys besides (middleware.WithExtraKeys),
+// lockkit used directly:
+//
+//	tools/with-redis.sh sh -c 'cd bench && go run . -only extrakeys'
 package main
 
 import (
@@ -323,6 +329,12 @@ func (b *bench) run(out string) error {
 			return err
 		}
 	}
+	if b.runs("extrakeys") {
+		progress("extrakeys: %d jobs × %d rounds per setting: own key only, +1 and +2 extra keys", b.cycles, b.rounds)
+		if r.extraRes, err = b.extraKeys(ctx); err != nil {
+			return err
+		}
+	}
 	r.elapsed = time.Since(start)
 	r.env = append(r.env, []string{"load average (1, 5, 15 min) at the start → the end of the run",
 		loadStart + " → " + loadAvg() + " (other processes on this machine were not stopped)"})
@@ -344,7 +356,7 @@ var (
 	lockSections  = []string{"uncontended", "handoff", "renewal", "scale"}
 	e2eSections   = []string{"throughput", "burst", "stream", "flow", "followup", "cron", "profile"}
 	allSections   = append(slices.Clone(lockSections), e2eSections...)
-	extraSections = []string{"replicas", "batching"}
+	extraSections = []string{"replicas", "batching", "extrakeys"}
 )
 
 // parseSections parses -only.

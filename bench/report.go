@@ -32,6 +32,7 @@ type report struct {
 	scaleRes    scaleResult
 	replicasRes replicasResult
 	batchingRes []batchResult
+	extraRes    []extraResult
 	elapsed     time.Duration
 	sectionNo   int
 }
@@ -214,6 +215,10 @@ func (r *report) markdown() string {
 	if r.runs("batching") {
 		r.heading(&w, "Calls in flight at once share their round trips: WithBatching (lockkit)")
 		w.WriteString(r.batchingSection())
+	}
+	if r.runs("extrakeys") {
+		r.heading(&w, "Several keys per job: what WithExtraKeys costs (middleware, lockkit)")
+		w.WriteString(r.extraKeysSection())
 	}
 	return w.String()
 }

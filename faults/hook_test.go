@@ -633,21 +633,8 @@ func pendingFault(hook *testredis.Faults) testredis.Fault { return hook.Pending(
 // to the key's server busy: the faulted call goes in a pipeline with theirs
 // and the fault hits the whole pipeline, as a lost connection would.
 func TestOperationsUnderReplyFaults(t *testing.T) {
-	deployments := map[string]func(t *testing.T) (redis.UniversalClient, redis.UniversalClient){
-		"standalone": func(t *testing.T) (redis.UniversalClient, redis.UniversalClient) {
-			addr := testredis.Addr(t)
-			a, b := redis.NewClient(&redis.Options{Addr: addr}), redis.NewClient(&redis.Options{Addr: addr})
-			t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
-			return a, b
-		},
-		"cluster": func(t *testing.T) (redis.UniversalClient, redis.UniversalClient) {
-			a, b := redis.NewClusterClient(testredis.ClusterOptions(t)), redis.NewClusterClient(testredis.ClusterOptions(t))
-			t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
-			return a, b
-		},
-	}
 	var batchedRows, sharedRows atomic.Int64
-	for dname, connect := range deployments {
+	for dname, connect := range replyDeployments {
 		for _, batched := range []bool{false, true} {
 			mode := dname
 			if batched {

@@ -394,18 +394,6 @@ func toInt(v any) int64 {
 	return 0
 }
 
-// pipelineEval runs n calls of script in one pipeline, call i with keys(i)
-// and args(i), retrying with EVAL the calls that found the script cache
-// empty (after a Redis restart).
-func (b *redisBackend) pipelineEval(ctx context.Context, s *redis.Script, n int, keys func(int) []string, args func(int) []any) []*redis.Cmd {
-	return b.pipelineScripts(ctx, n, func(p redis.Pipeliner, i int, eval bool) *redis.Cmd {
-		if eval {
-			return s.Eval(ctx, p, keys(i), args(i)...)
-		}
-		return s.EvalSha(ctx, p, keys(i), args(i)...)
-	})
-}
-
 // pipelineScripts sends n script calls in one pipeline, call i with send(p,
 // i, false) (EVALSHA), and sends again, with send(p, i, true) (EVAL), the
 // calls that found the script cache empty (after a Redis restart).
@@ -476,87 +464,79 @@ func (b *redisBackend) release(ctx context.Context, leases []*Lease, ends []endi
 	// A lease taken in the plain form is released with plain_release.lua
 	// when the release records nothing else; the script defers to
 	// release.lua when the key's holders are in the sorted set by now, and
-	// the key is remembered (isSorted).
-	var plains, full []*Lease
+	// the key is remembered (isSorted). Both kinds of call go in one
+	// pipeline; only those the plain script deferred go in a second.
+	isPlain := make(map[*Lease]bool, len(leases))
 	for i, l := range leases {
 		var end ending
 		if ends != nil {
 			end = ends[i]
 		}
 		if l.plain && l.member != "" && end.done <= 0 && end.coalesce <= 0 && l.holdFor(end) <= 0 && !end.handOver && !b.isSorted(l.key) {
-			plains = append(plains, l)
-		} else {
-			full = append(full, l)
+			isPlain[l] = true
 		}
 	}
-	if len(plains) > 0 {
-		cmds := b.run(ctx, plainReleaseScript, plains,
-			func(l *Lease) []string { return b.plainKeys(l.key, l.member) },
-			func(l *Lease) []any {
-				a := plainReleaseArgs{Member: l.member, Grace: b.grace, Record: "~" + l.member[:strings.IndexByte(l.member, ':')] + "."}
-				return a.list()
-			})
-		for i, c := range cmds {
-			n, err := c.Int64()
-			switch {
-			case err != nil:
-				errs = append(errs, err)
-			case n == -9:
-				b.markSorted(plains[i].key)
-				full = append(full, plains[i])
-			default:
-				held[idx[plains[i]]] = n == 1
-			}
+	call := func(l *Lease) (*redis.Script, []string, []any) {
+		if isPlain[l] {
+			a := plainReleaseArgs{Member: l.member, Grace: b.grace, Record: "~" + l.member[:strings.IndexByte(l.member, ':')] + "."}
+			return plainReleaseScript, b.plainKeys(l.key, l.member), a.list()
 		}
-	}
-	if len(full) == 0 {
-		return held, errors.Join(errs...)
-	}
-	cmds := b.runEach(ctx, full, func(l *Lease) (*redis.Script, []string, []any) {
 		var end ending
 		if ends != nil {
 			end = ends[idx[l]]
 		}
 		return b.releaseCall(l, end)
-	}, func(l *Lease) bool {
-		// A release that records a completion or what a run covered
-		// waits: a record lost in a failover would let the work run again.
+	}
+	// A release that records a completion or what a run covered waits: a
+	// record lost in a failover would let the work run again.
+	waited := func(l *Lease) bool {
 		return ends != nil && (ends[idx[l]].done > 0 || ends[idx[l]].coalesce > 0)
-	})
-	for i, c := range cmds {
+	}
+	// 1 or 0, {1, id of the parked job the key was reserved for}, or {2,
+	// ms the release is held for} (with OnParked).
+	result := func(l *Lease, c *redis.Cmd) {
 		v, err := c.Result()
 		if err != nil {
 			errs = append(errs, err)
-			continue
+			return
 		}
-		// 1 or 0, {1, id of the parked job the key was reserved for}, or
-		// {2, ms the release is held for} (with OnParked).
 		if vals, ok := v.([]any); ok && len(vals) == 2 {
 			v = vals[0]
 			if id, _ := vals[1].(string); id != "" {
-				full[i].parked.Store(&id)
+				l.parked.Store(&id)
 			}
 			if toInt(v) == 2 {
-				full[i].holdLeft.Store(int64(time.Duration(max(toInt(vals[1]), 1)) * time.Millisecond))
+				l.holdLeft.Store(int64(time.Duration(max(toInt(vals[1]), 1)) * time.Millisecond))
 				v = int64(1)
 			}
 		}
-		held[idx[full[i]]] = toInt(v) == 1
+		held[idx[l]] = toInt(v) == 1
+	}
+	var deferred []*Lease
+	for i, c := range b.runEach(ctx, leases, call, waited) {
+		l := leases[i]
+		if !isPlain[l] {
+			result(l, c)
+			continue
+		}
+		n, err := c.Int64()
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case n == -9:
+			b.markSorted(l.key)
+			delete(isPlain, l)
+			deferred = append(deferred, l)
+		default:
+			held[idx[l]] = n == 1
+		}
+	}
+	if len(deferred) > 0 {
+		for i, c := range b.runEach(ctx, deferred, call, waited) {
+			result(deferred[i], c)
+		}
 	}
 	return held, errors.Join(errs...)
-}
-
-// run runs script once for each lease, with keys(lease, its keys) and
-// args(lease): one call alone (see call), more in one pipeline (see
-// pipelineEval).
-func (b *redisBackend) run(ctx context.Context, s *redis.Script, leases []*Lease, keys func(*Lease) []string, args func(*Lease) []any) []*redis.Cmd {
-	if len(leases) == 1 {
-		l := leases[0]
-		return []*redis.Cmd{b.call(ctx, l.key, false, s, keys(l), args(l))}
-	}
-	return b.pipelineEval(ctx, s, len(leases),
-		func(i int) []string { return keys(leases[i]) },
-		func(i int) []any { return args(leases[i]) })
 }
 
 // releaseArgs are the arguments of every release script, in the order of

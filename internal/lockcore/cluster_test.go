@@ -39,27 +39,45 @@ func (s *nodeStall) wait(addr string) {
 	time.Sleep(time.Until(until))
 }
 
-func (s *nodeStall) hook(addr string) redis.Hook { return stallHook{s, addr} }
-
-type stallHook struct {
-	s    *nodeStall
-	addr string
+func (s *nodeStall) hook(addr string) redis.Hook {
+	return beforeHook(func([]redis.Cmder) { s.wait(addr) })
 }
 
-func (h stallHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+// beforeHook is a go-redis hook that calls itself with the commands of every
+// command and pipeline before they are sent.
+type beforeHook func(cmds []redis.Cmder)
 
-func (h stallHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h beforeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h beforeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.s.wait(h.addr)
+		h([]redis.Cmder{cmd})
 		return next(ctx, cmd)
 	}
 }
 
-func (h stallHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h beforeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.s.wait(h.addr)
+		h(cmds)
 		return next(ctx, cmds)
 	}
+}
+
+// clusterWithNodeHooks returns a client of the test Cluster whose client
+// of each node (at addr) has the hook hook(addr): a ClusterClient's own
+// hooks see one pipeline where each node gets its own. It is closed when
+// the test ends.
+func clusterWithNodeHooks(t *testing.T, hook func(addr string) redis.Hook) *redis.ClusterClient {
+	t.Helper()
+	opts := testredis.ClusterOptions(t)
+	opts.NewClient = func(o *redis.Options) *redis.Client {
+		c := redis.NewClient(o)
+		c.AddHook(hook(o.Addr))
+		return c
+	}
+	cc := redis.NewClusterClient(opts)
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
 }
 
 // One Cluster node that stalls must not cost the leases on the other nodes:
@@ -67,14 +85,7 @@ func (h stallHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 func TestClusterStalledNodeKeepsOtherLeases(t *testing.T) {
 	ctx := ctxT(t)
 	stall := &nodeStall{}
-	opts := testredis.ClusterOptions(t)
-	opts.NewClient = func(o *redis.Options) *redis.Client {
-		c := redis.NewClient(o)
-		c.AddHook(stall.hook(o.Addr))
-		return c
-	}
-	cc := redis.NewClusterClient(opts)
-	t.Cleanup(func() { _ = cc.Close() })
+	cc := clusterWithNodeHooks(t, stall.hook)
 	prefix := testredis.Prefix(t, cc)
 	l, err := NewRedis(cc, WithPrefix(prefix))
 	require.NoError(t, err)

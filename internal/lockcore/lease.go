@@ -618,7 +618,7 @@ func ReleaseAll(ctx context.Context, leases []*Lease) error {
 	held, err := e.b.release(ctx, now, nil)
 	for i, l := range now {
 		switch {
-		case err != nil:
+		case err != nil && !held[i]: // its call may not have run
 			e.orphanRelease(l, ending{})
 		case !held[i]:
 			errs = append(errs, fmt.Errorf("%w: %q token %d expired or was taken over", ErrNotHeld, l.key, l.token))
