@@ -87,7 +87,7 @@ test-failover:
 ## faults drawn from a seed, a history checked rule by rule. SEED=n replays
 ## one seed (0: a random one), SEEDS=n runs n seeds from it, DURATION=30m runs
 ## seeds for that long, LENGTH is each seed's enqueue-and-fault phase, ARGS
-## more flags (-broken none|skip|fence: a negative control that must fail); CLUSTER=1
+## more flags (-broken none|skip|fence|extrakeys: a negative control that must fail); CLUSTER=1
 ## runs against a 3-master Redis Cluster of the run's own, FAILOVER=1 against a
 ## master, two replicas and three sentinels of its own, the master killed and
 ## a replica promoted by the Redis faults (-broken acks: Lockers that wait for

@@ -177,6 +177,38 @@ func TestNegativeControlUnfencedWritesReportsStaleEntries(t *testing.T) {
 	}
 }
 
+// extraKeysPlan is a workload of one ExtraKeys family under Skip: a task
+// of each of three tenants' keys at once, each naming the shared extra key
+// under a limit of 1, each run longer than the three deliveries take.
+func extraKeysPlan(seed uint64) Workload {
+	w := Workload{Seed: seed, TTL: leaseTTL, Workers: 2, Length: 2 * time.Second, Offsets: []time.Duration{0},
+		Families: []Family{{Name: "f0extrakeys", Policy: polSkip, Limit: 1, Keys: 3, Client: cliPlain, ExtraKeys: true}}}
+	for i := range 3 {
+		key := fmt.Sprintf("k%d", i)
+		w.Ops = append(w.Ops, Op{At: 100 * time.Millisecond, Key: key, ID: fmt.Sprintf("s%d-f0extrakeys-%s-1", seed, key), N: 1,
+			Dur: 1200 * time.Millisecond, MaxRetry: 3, Extra: map[string]int{extraShared: 1}})
+	}
+	return w
+}
+
+// Three tenants' tasks that share an extra key of limit 1 arrive at once:
+// under WithExtraKeys one runs and the others are skipped; without it
+// (-broken extrakeys) they hold their own keys only and run at once, which
+// the checker reports.
+func TestNegativeControlWithoutExtraKeysReportsSharedKeyOverlaps(t *testing.T) {
+	for _, broken := range []string{brokenExtraKeys, ""} {
+		t.Run("broken="+broken, func(t *testing.T) {
+			res, got := runPlan(t, broken, 13, func(o *options) { o.plan = extraKeysPlan })
+			switch {
+			case broken == brokenExtraKeys && got[ruleExtraKeys] == 0:
+				t.Fatalf("no extrakeys violation reported for tasks that hold their own keys only: %v", res.violations)
+			case broken == "" && (failing(res.violations) > 0 || res.stats.runs == 3):
+				t.Fatalf("want no violation and a task skipped, got %d runs: %v", res.stats.runs, res.violations)
+			}
+		})
+	}
+}
+
 // The pub/sub fault closes the subscribers' connections, and only those,
 // and the history records it.
 func TestPubsubCutClosesSubscriptionsAndIsRecorded(t *testing.T) {

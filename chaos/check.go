@@ -35,6 +35,7 @@ const (
 	ruleCron        = "cron"         // cronguard: each tick of an entry runs once across the replicas: never twice, none missed unless a fault explains it
 	ruleReserved    = "reserved"     // a key reserved for a parked task that is done is passed on at once, not held until the reservation lapses
 	ruleFenced      = "fenced"       // fenced writes: no write with an older token lands after a newer one; a write refused as stale had a newer one before it
+	ruleExtraKeys   = "extrakeys"    // WithExtraKeys: runs holding an extra key never overlap beyond its limit, each run holding it as long as its own key
 )
 
 // advisory rules are reported but do not fail a seed: behaviour the README
@@ -108,7 +109,8 @@ type run struct {
 	proc, task, key string
 	fam             Family
 	n               int
-	limit           int // the limit it took the key with: its family's, or its own (Record.Limit)
+	limit           int            // the limit it took the key with: its family's, or its own (Record.Limit)
+	extra           map[string]int // the extra keys it holds besides its own, with their limits (Record.Extra)
 	seq             int64
 	deliv           int64 // the delivery the run belongs to: when it began
 	start, end      int64 // end: the end record's time, or the process's death
@@ -281,6 +283,7 @@ func index(w Workload, recs []Record) *history {
 			if r.Limit > 0 {
 				ru.limit = r.Limit
 			}
+			ru.extra = r.Extra
 			open[fmt.Sprint(r.Proc, "/", r.Seq)] = ru
 			t.runs = append(t.runs, ru)
 			h.runs = append(h.runs, ru)
@@ -473,31 +476,38 @@ func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation,
 // checkOverlap: a run of a key begins only while fewer runs of the key
 // count than its limit and than the limit of each of them (the family's,
 // or under WithLimitFunc each run's own: docs/rules.md), and two runs of
-// one task never overlap (whatever the limit).
+// one task never overlap (whatever the limit). Under WithExtraKeys
+// (ruleExtraKeys) the same holds of each extra key, a run holding it with
+// the limit its task gave it for as long as the run counts for its own key
+// (overlapEnd): all its keys or none.
 func (h *history) checkOverlap() []Violation {
 	var vs []Violation
-	byKey := map[string][]*run{}
-	byTask := map[string][]*run{}
+	// holding is a run holding a key with limit.
+	type holding struct {
+		ru    *run
+		limit int
+	}
+	byKey := map[string][]holding{}
+	byExtra := map[string][]holding{}
+	byTask := map[string][]holding{}
 	for _, ru := range h.runs {
 		if ru.fam.Shadow { // every task runs: checkShadow's
 			continue
 		}
-		byKey[ru.key] = append(byKey[ru.key], ru)
-		byTask[ru.task] = append(byTask[ru.task], ru)
+		byKey[ru.key] = append(byKey[ru.key], holding{ru, ru.limit})
+		byTask[ru.task] = append(byTask[ru.task], holding{ru, 1})
+		for k, n := range ru.extra {
+			byExtra[k] = append(byExtra[k], holding{ru, n})
+		}
 	}
-	over := func(runs []*run, perRun bool, what string) {
-		slices.SortFunc(runs, func(a, b *run) int { return cmpInt(a.start, b.start) })
-		for i, ru := range runs {
+	over := func(hs []holding, rule, what string) {
+		slices.SortFunc(hs, func(a, b holding) int { return cmpInt(a.ru.start, b.ru.start) })
+		for i, x := range hs {
+			ru, limit := x.ru, x.limit
 			var with []*run
-			for _, o := range runs[:i] {
-				if o.effEnd > ru.start {
-					with = append(with, o)
-				}
-			}
-			limit := 1
-			if perRun {
-				limit = ru.limit
-				for _, o := range with {
+			for _, o := range hs[:i] {
+				if o.ru.effEnd > ru.start {
+					with = append(with, o.ru)
 					limit = min(limit, o.limit)
 				}
 			}
@@ -509,16 +519,19 @@ func (h *history) checkOverlap() []Violation {
 					names = append(names, fmt.Sprintf("%s on %s (%s)", o.task, o.proc, o.excusedOr()))
 				}
 				slices.SortStableFunc(evs, func(a, b Record) int { return cmpInt(a.T, b.T) })
-				vs = append(vs, h.violation(ruleOverlap, ru.task, fmt.Sprintf("%s: run on %s began while %d runs held it (limit %d): %s",
+				vs = append(vs, h.violation(rule, ru.task, fmt.Sprintf("%s: run on %s began while %d runs held it (limit %d): %s",
 					what, ru.proc, len(with), limit, strings.Join(names, ", ")), evs...))
 			}
 		}
 	}
-	for key, runs := range byKey {
-		over(runs, true, "key "+key)
+	for key, hs := range byKey {
+		over(hs, ruleOverlap, "key "+key)
 	}
-	for task, runs := range byTask {
-		over(runs, false, "task "+task)
+	for key, hs := range byExtra {
+		over(hs, ruleExtraKeys, "extra key "+key)
+	}
+	for task, hs := range byTask {
+		over(hs, ruleOverlap, "task "+task)
 	}
 	return vs
 }

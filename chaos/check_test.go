@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -1418,6 +1419,92 @@ func TestLimitFuncFamilyWorkersDisagree(t *testing.T) {
 	}
 	if n == 0 {
 		t.Fatal("the LimitFunc family has no task")
+	}
+}
+
+// Under WithExtraKeys a run holds each extra key its task names, under the
+// limit its task gives it, for as long as it counts for its own key: two
+// runs of different keys may not hold an extra key of limit 1 at once, and
+// may hold one of limit 2; a run told that its lease was lost holds none of
+// its keys from then on.
+func TestExtraKeyOverlapIsReported(t *testing.T) {
+	cases := []struct {
+		name  string
+		limit int
+		told  bool // a's lease is lost before b begins
+		want  int
+	}{
+		{"limit 1", 1, false, 1},
+		{"limit 2", 2, false, 0},
+		{"limit 1, the first run told its lease was lost", 1, true, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHist(polSkip)
+			h.w.Families[0].ExtraKeys, h.w.Families[0].Keys = true, 2
+			h.w.Ops[1].Key = "k1"
+			extra := map[string]int{extraShared: c.limit}
+			for i, task := range []string{"a", "b"} {
+				h.w.Ops[i].Extra = extra
+				key := h.w.Ops[i].Key
+				h.enqueue(0, task)
+				h.add(10+40*i, "w"+fmt.Sprint(i), evDeliver, task, func(r *Record) { r.Key = key })
+				s := h.add(10+40*i, "w"+fmt.Sprint(i), evStart, task, func(r *Record) { r.Key, r.Extra = key, extra })
+				if c.told && i == 0 {
+					h.add(40, "w0", evCancel, task, func(r *Record) { r.Key, r.Cause, r.Run = key, "lost", s })
+				}
+				h.add(200, "w"+fmt.Sprint(i), evEnd, task, func(r *Record) { r.Key, r.Outcome, r.Run = key, "ok", s })
+			}
+			vs, _ := check(h.w, h.sorted(), nil, true)
+			if got := rules(vs); got[ruleExtraKeys] != c.want || len(got) != min(c.want, 1) {
+				t.Fatalf("want %d extrakeys violation, got %v", c.want, vs)
+			}
+			if c.want > 0 && !strings.Contains(vs[0].Msg, "extra key "+extraShared+": run on w1 began while 1 runs held it (limit 1): a on w0") {
+				t.Fatalf("the violation names another key or run: %v", vs[0])
+			}
+		})
+	}
+}
+
+// The ExtraKeys family's tasks name the shared extra key under the one
+// limit of the seed, 1 or 2, or the second under 1, or both; the tenants'
+// tasks arrive together, and no other family's task names extra keys.
+func TestExtraKeysFamilyTenantsContendForSharedKeys(t *testing.T) {
+	w := newWorkload(7, 10*time.Second, true, topoStandalone)
+	fam := slices.IndexFunc(w.Families, func(f Family) bool { return f.ExtraKeys })
+	if fam != len(w.Families)-1 || !slices.Contains([]string{polSkip, polRequeue, polWait}, w.Families[fam].Policy) {
+		t.Fatalf("want the ExtraKeys family last, under Skip, Requeue or Wait: %+v", w.Families)
+	}
+	limits := map[int]bool{}
+	tenants := map[time.Duration]map[string]bool{} // by the 200 ms window of their enqueue
+	for _, op := range w.Ops {
+		if op.Fam != fam {
+			if op.Extra != nil {
+				t.Fatalf("%s of another family names extra keys", op.ID)
+			}
+			continue
+		}
+		for k, n := range op.Extra {
+			switch {
+			case k == extraShared && (n == 1 || n == 2):
+				limits[n] = true
+			case k != extraSecond || n != 1:
+				t.Fatalf("%s: extra key %q, limit %d", op.ID, k, n)
+			}
+		}
+		if op.Extra[extraShared] > 0 {
+			win := op.At / (200 * time.Millisecond)
+			if tenants[win] == nil {
+				tenants[win] = map[string]bool{}
+			}
+			tenants[win][op.Key] = true
+		}
+	}
+	if len(limits) != 1 {
+		t.Fatalf("want one limit for %s, got %v", extraShared, limits)
+	}
+	if !slices.ContainsFunc(slices.Collect(maps.Values(tenants)), func(m map[string]bool) bool { return len(m) > 1 }) {
+		t.Fatalf("no two tenants' tasks naming %s arrive together: %v", extraShared, tenants)
 	}
 }
 

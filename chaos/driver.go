@@ -416,7 +416,7 @@ func (r *seedRun) enqueueAll() error {
 		time.Sleep(time.Until(begin.Add(op.At)))
 		f := r.w.Families[op.Fam]
 		p := payload{ID: op.ID, Fam: f.Name, K: op.Key, N: op.N, Dur: op.Dur, FailOnce: op.FailOnce, PanicOnce: op.PanicOnce, IgnoreCtx: op.IgnoreCtx,
-			TakeBack: op.TakeBack, L: op.Limit}
+			TakeBack: op.TakeBack, L: op.Limit, X: op.Extra}
 		b, _ := json.Marshal(p)
 		opts := []asynq.Option{asynq.Queue(r.queue), asynq.MaxRetry(op.MaxRetry), asynq.Timeout(time.Minute)}
 		if op.TaskID {

@@ -73,6 +73,10 @@ type Record struct {
 	Newest   int64  `json:"newest,omitempty"` // a stale write: the newest token that had written to its key
 	By       string `json:"by,omitempty"`     // a stream's entry: the process that wrote it
 	Limit    int    `json:"limit,omitempty"`  // a run's start in a LimitFunc family: the limit its worker gave the task
+	// Extra is a run's start in an ExtraKeys family: the extra keys its
+	// task names, with their limits (payload "x"), which the run holds
+	// besides its own key.
+	Extra map[string]int `json:"extra,omitempty"`
 }
 
 func (r Record) String() string {

@@ -12,6 +12,7 @@
 //	go run . -seed 7 -broken skip   # negative control: every family under Skip
 //	go run . -seed 7 -failover -broken acks  # negative control: Lockers that wait for no replica
 //	go run . -seed 7 -broken fence  # negative control: the fenced family's writes unfenced
+//	go run . -seed 7 -broken extrakeys  # negative control: the ExtraKeys family's tasks hold their own keys only
 //
 // The Lockers of an odd seed's run batch their calls (lockkit.WithBatching),
 // so that its go-redis reply faults hit pipelines of calls.
@@ -53,7 +54,7 @@ type options struct {
 	seeds    int
 	duration time.Duration
 	length   time.Duration
-	broken   string // "", brokenNone, brokenSkip, brokenAcks or brokenFence
+	broken   string // "", brokenNone, brokenSkip, brokenAcks, brokenFence or brokenExtraKeys
 	noFaults bool
 	out      string
 	addr     string
@@ -76,7 +77,7 @@ func driverMain(args []string) int {
 	fs.IntVar(&o.seeds, "seeds", 1, "number of seeds to run (seed, seed+1, ...)")
 	fs.DurationVar(&o.duration, "duration", 0, "run seeds until this much time has passed (overrides -seeds)")
 	fs.DurationVar(&o.length, "length", 20*time.Second, "how long each seed enqueues and injects faults")
-	fs.StringVar(&o.broken, "broken", "", `negative control: "none" runs the workers without the middleware, "skip" every family under Skip, "acks" (with -failover) Lockers that wait for no replica, "fence" the fenced family's writes with plain XADD and SET`)
+	fs.StringVar(&o.broken, "broken", "", `negative control: "none" runs the workers without the middleware, "skip" every family under Skip, "acks" (with -failover) Lockers that wait for no replica, "fence" the fenced family's writes with plain XADD and SET, "extrakeys" the ExtraKeys family's middleware without WithExtraKeys`)
 	fs.BoolVar(&o.noFaults, "nofaults", false, "inject no faults")
 	fs.StringVar(&o.out, "out", "chaos-out", "directory for the histories of failing seeds")
 	fs.StringVar(&o.addr, "redis", "", "use the redis-server at this address instead of starting one (its database 0 is flushed)")
@@ -91,8 +92,8 @@ func driverMain(args []string) int {
 	if check != "" {
 		return recheck(check)
 	}
-	if o.broken != "" && o.broken != brokenNone && o.broken != brokenSkip && o.broken != brokenAcks && o.broken != brokenFence {
-		fmt.Fprintf(os.Stderr, "chaos: -broken %q: want %q, %q, %q or %q\n", o.broken, brokenNone, brokenSkip, brokenAcks, brokenFence)
+	if o.broken != "" && !slices.Contains([]string{brokenNone, brokenSkip, brokenAcks, brokenFence, brokenExtraKeys}, o.broken) {
+		fmt.Fprintf(os.Stderr, "chaos: -broken %q: want %q, %q, %q, %q or %q\n", o.broken, brokenNone, brokenSkip, brokenAcks, brokenFence, brokenExtraKeys)
 		return 2
 	}
 	switch {

@@ -40,6 +40,9 @@ type payload struct {
 	IgnoreCtx bool          `json:"ignore_ctx,omitempty"`
 	TakeBack  bool          `json:"take_back,omitempty"`
 	L         int           `json:"l,omitempty"` // the task's limit (Op.Limit; see limitOf)
+	// X are the task's extra keys with their limits (Op.Extra), which the
+	// ExtraKeys family's middleware gives WithExtraKeys.
+	X map[string]int `json:"x,omitempty"`
 }
 
 // limitOf is the limit that the worker proc gives the task p of a LimitFunc
@@ -102,6 +105,9 @@ const (
 	brokenSkip  = "skip"  // every family under Skip, whatever its policy
 	brokenAcks  = "acks"  // in a Sentinel run, Lockers that wait for no replica
 	brokenFence = "fence" // the fenced family writes with plain XADD and SET, which no fence checks
+	// brokenExtraKeys: the ExtraKeys family's middleware has no
+	// WithExtraKeys, so that its tasks hold their own keys only.
+	brokenExtraKeys = "extrakeys"
 )
 
 // ackTimeout is how long a lease write of a Sentinel run's Lockers waits
@@ -150,7 +156,7 @@ func workerMain(args []string) error {
 	dir := fs.String("dir", "", "run directory (workload.json, histories)")
 	prefix := fs.String("prefix", "", "lock key prefix")
 	queue := fs.String("queue", "", "asynq queue")
-	broken := fs.String("broken", "", "negative control: none (no middleware), skip (every family under Skip), acks (Lockers that wait for no replica) or fence (the fenced family's writes unfenced)")
+	broken := fs.String("broken", "", "negative control: none (no middleware), skip (every family under Skip), acks (Lockers that wait for no replica), fence (the fenced family's writes unfenced) or extrakeys (the ExtraKeys family's tasks hold their own keys only)")
 	offset := fs.Duration("offset", 0, "the offset of the Scheduler's clock from the wall clock")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -224,6 +230,13 @@ func workerMain(args []string) error {
 					var p payload
 					_ = json.Unmarshal(t.Payload(), &p)
 					return limitOf(*id, p)
+				}))
+			}
+			if f.ExtraKeys && *broken != brokenExtraKeys {
+				opts = append(opts, singleton.WithExtraKeys(func(_ context.Context, t *asynq.Task) map[string]int {
+					var p payload
+					_ = json.Unmarshal(t.Payload(), &p)
+					return p.X
 				}))
 			}
 			guard, err := singleton.Middleware(locker, opts...)
@@ -393,6 +406,7 @@ func work(rec *recorder, rdb redis.UniversalClient, prefix string, fc *fencer) a
 		if p.L > 0 {
 			start.Limit = limitOf(rec.proc, p)
 		}
+		start.Extra = p.X
 		run := rec.add(start).Seq
 		ri.mu.Lock()
 		ri.run = run

@@ -98,6 +98,10 @@ type Family struct {
 	// a fence.Writer (fencer.write), ignoring its ctx, so that a run paused
 	// past its lease attempts its write once a newer run of the key wrote.
 	Fenced bool `json:"fenced,omitempty"`
+	// ExtraKeys: the middleware makes each task hold the extra keys its
+	// payload names besides its own (singleton.WithExtraKeys, Op.Extra),
+	// all or none.
+	ExtraKeys bool `json:"extra_keys,omitempty"`
 }
 
 // TaskType is the asynq task type of the family's tasks.
@@ -125,6 +129,9 @@ type Op struct {
 	TaskID   bool `json:"task_id,omitempty"` // enqueued with asynq.TaskID(ID)
 	// Limit is the task's limit in a LimitFunc family (payload "l"), 1 to 3.
 	Limit int `json:"limit,omitempty"`
+	// Extra are the task's extra keys with their limits in an ExtraKeys
+	// family (payload "x"): extraShared, extraSecond or both, or none.
+	Extra map[string]int `json:"extra,omitempty"`
 	// In, when not zero, delays the task: enqueued with asynq.ProcessIn(In).
 	In time.Duration `json:"in,omitempty"`
 	// Enq, when not empty, is how the op is enqueued instead of by its
@@ -246,6 +253,16 @@ const (
 	fencedLook = 3 * time.Second
 )
 
+// The extra keys of the ExtraKeys family's tasks: extraShared, under a
+// limit of 1 or 2 drawn for the seed, and extraSecond, under 1. The first
+// sorts before every task's own key ("asynq:..."), the second after it:
+// under Wait a task waits for the first before its own key, and for the
+// second while it holds its own.
+const (
+	extraShared = "api:x0"
+	extraSecond = "x1"
+)
+
 // newWorkload draws a workload from seed for a run of length (enqueues and
 // faults; the quiet phase comes after) against a Redis of topology topo.
 // faults false draws none. The draws of a standalone run and of a Cluster
@@ -305,6 +322,25 @@ func newWorkload(seed uint64, length time.Duration, faults bool, topo topology) 
 			enqueued = append(enqueued, i)
 		}
 	}
+	// task draws a task of key of family fi enqueued at at: its run's
+	// length, and whether it fails, panics or ignores its ctx, its retries
+	// and its task ID.
+	task := func(fi int, key string, at time.Duration) Op {
+		op := Op{At: at, Fam: fi, Key: key, MaxRetry: 3, Dur: time.Duration(20+r.IntN(300)) * time.Millisecond}
+		switch x := r.IntN(100); {
+		case x < 8:
+			op.Dur = time.Duration(1000+r.IntN(2500)) * time.Millisecond // past the TTL: renewals
+		case x < 16:
+			op.FailOnce = true
+		case x < 20:
+			op.PanicOnce = true
+		case x < 35:
+			op.MaxRetry = 0
+		}
+		op.IgnoreCtx = r.IntN(8) == 0
+		op.TaskID = r.IntN(6) == 0
+		return op
+	}
 	// burst draws a burst or a stream of tasks of one key of family fi.
 	burst := func(fi int) {
 		f := w.Families[fi]
@@ -315,20 +351,7 @@ func newWorkload(seed uint64, length time.Duration, faults bool, topo topology) 
 			count, gap = 4+r.IntN(8), time.Duration(100+r.IntN(300))*time.Millisecond // a stream
 		}
 		for range count {
-			op := Op{At: at, Fam: fi, Key: key, MaxRetry: 3, Dur: time.Duration(20+r.IntN(300)) * time.Millisecond}
-			switch x := r.IntN(100); {
-			case x < 8:
-				op.Dur = time.Duration(1000+r.IntN(2500)) * time.Millisecond // past the TTL: renewals
-			case x < 16:
-				op.FailOnce = true
-			case x < 20:
-				op.PanicOnce = true
-			case x < 35:
-				op.MaxRetry = 0
-			}
-			op.IgnoreCtx = r.IntN(8) == 0
-			op.TaskID = r.IntN(6) == 0
-			w.Ops = append(w.Ops, op)
+			w.Ops = append(w.Ops, task(fi, key, at))
 			at += gap
 		}
 	}
@@ -504,6 +527,33 @@ func newWorkload(seed uint64, length time.Duration, faults bool, topo topology) 
 		}
 	}
 	slices.SortStableFunc(w.Faults, func(a, b Fault) int { return int(a.At - b.At) })
+	// Extra keys (WithExtraKeys) under Skip, Requeue or Wait: each task of
+	// a tenant's own key (k0 to k2, under a limit of 1 or 2) also holds the
+	// extra keys its payload names (Op.Extra), all or none: mostly
+	// extraShared, sometimes extraSecond too. In each wave every tenant's
+	// tasks arrive within about 150 ms, so that tasks of every tenant and
+	// worker contend for the shared keys. Drawn after everything else.
+	ek := Family{Name: "f17extrakeys", Policy: []string{polSkip, polRequeue, polWait}[r.IntN(3)], Limit: 1 + r.IntN(2), Keys: 3, Client: cliPlain, ExtraKeys: true}
+	w.Families = append(w.Families, ek)
+	shared := 1 + r.IntN(2)
+	for range 2 + int(length/(10*time.Second)) {
+		at := time.Duration(r.Int64N(int64(length * 9 / 10)))
+		for k := range ek.Keys {
+			next := at + time.Duration(r.IntN(100))*time.Millisecond
+			for range 2 + r.IntN(3) {
+				op := task(len(w.Families)-1, fmt.Sprintf("k%d", k), next)
+				op.Extra = map[string]int{}
+				if r.IntN(6) > 0 {
+					op.Extra[extraShared] = shared
+				}
+				if r.IntN(3) == 0 {
+					op.Extra[extraSecond] = 1
+				}
+				w.Ops = append(w.Ops, op)
+				next += time.Duration(r.IntN(20)) * time.Millisecond
+			}
+		}
+	}
 	// Numbers within a key follow enqueue order.
 	slices.SortStableFunc(w.Ops, func(a, b Op) int { return int(a.At - b.At) })
 	seen := map[string]int{}
