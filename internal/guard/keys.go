@@ -195,9 +195,9 @@ func (g *Guard) acquireAll(ctx context.Context, job Job, a *attempt, keys []extr
 	if err != nil || len(keys) == 0 {
 		return lease, nil, waited, err
 	}
-	extra, _, err := g.takeExtra(ctx, job, keys, lease)
+	extra, full, err := g.takeExtra(ctx, job, keys, lease)
 	if err != nil {
-		return nil, nil, waited, g.notAcquired(ctx, job, err, waited)
+		return nil, nil, waited, g.extraNotAcquired(ctx, job, full, err, waited)
 	}
 	return lease, extra, waited, nil
 }
@@ -254,7 +254,7 @@ func (g *Guard) takeInOrder(ctx context.Context, job Job, a *attempt, keys []ext
 				g.emit(ctx, Event{Kind: EventError, Job: job, Wait: time.Since(start), Err: err})
 				return nil, nil, time.Since(start), err
 			}
-			return nil, nil, time.Since(start), g.notAcquired(ctx, job, err, time.Since(start))
+			return nil, nil, time.Since(start), g.extraNotAcquired(ctx, job, k, err, time.Since(start))
 		}
 		extra = append(extra, l)
 	}
@@ -267,4 +267,15 @@ func (g *Guard) takeInOrder(ctx context.Context, job Job, a *attempt, keys []ext
 		g.emit(ctx, Event{Kind: EventWaited, Job: job, Wait: time.Since(start)})
 	}
 	return lease, extra, time.Since(start), nil
+}
+
+// extraNotAcquired is notAcquired for the extra key k: a conflict is a
+// duplicate of its holder; another error names k.
+func (g *Guard) extraNotAcquired(ctx context.Context, job Job, k extraKey, err error, waited time.Duration) error {
+	if errors.Is(err, lockcore.ErrNotAcquired) {
+		return g.notAcquired(ctx, job, err, waited)
+	}
+	err = fmt.Errorf("middleware: %s: acquire its extra key %q: %w", job.what(), k.key, err)
+	g.emit(ctx, Event{Kind: EventError, Job: job, Err: err})
+	return err
 }
