@@ -408,3 +408,30 @@ func TestShadowReportsAFullExtraKey(t *testing.T) {
 	release()
 	<-first
 }
+
+// The extra keys are renewed with the own key: a run three times as long
+// as the TTL keeps all of them, and its ctx is not cancelled.
+func TestExtraKeysAreRenewedWhileTheWorkRuns(t *testing.T) {
+	l := backends(t)["redis"](t)
+	g, rec := newGuard(t, l, guard.WithTTL(500*time.Millisecond), extraKeys(map[string]int{"api": 1, "db": 2}))
+	err := runErr(g, context.Background(), guard.Job{Key: "k"}, func(ctx context.Context) error {
+		deadline := time.Now().Add(1500 * time.Millisecond)
+		for time.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-time.After(50 * time.Millisecond):
+			}
+			for _, key := range []string{"k", "api", "db"} {
+				if n := holders(t, l, key); n != 1 {
+					return fmt.Errorf("%q has %d holders", key, n)
+				}
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	_, lost := rec.find(guard.EventLost)
+	require.False(t, lost)
+	require.Equal(t, 0, holders(t, l, "api"))
+}
