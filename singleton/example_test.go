@@ -402,6 +402,56 @@ func ExampleWithLimitFunc() {
 	// skipped: asynq:report:tenant_id="globex" has as many runs as its limit
 }
 
+// Each tenant runs one report at a time (its key), and reports that call
+// the GitHub API also hold "api:github", two at once across every tenant:
+// the third such report is skipped although its tenant's key is free, and
+// keeps no key.
+func ExampleWithExtraKeys() {
+	store, err := inprocess.Start()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	locker, err := store.Locker()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+	mw, err := singleton.Middleware(locker,
+		singleton.KeyByFields("tenant_id"),
+		singleton.WithExtraKeys(func(_ context.Context, t *asynq.Task) map[string]int {
+			return map[string]int{"api:github": 2}
+		}),
+		singleton.WithObserver(func(_ context.Context, e middleware.Event) {
+			if e.Kind == middleware.EventDuplicate {
+				fmt.Printf("skipped %s: %v\n", e.Job.Key, errors.Is(e.Err, lockkit.ErrNotAcquired))
+			}
+		}),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	others := []string{"globex", "initech"} // delivered while the one before runs
+	var h asynq.Handler
+	h = mw(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		fmt.Printf("running %s\n", t.Payload())
+		if len(others) > 0 {
+			next := others[0]
+			others = others[1:]
+			_ = h.ProcessTask(ctx, asynq.NewTask("report", []byte(`{"tenant_id":"`+next+`"}`)))
+		}
+		return nil
+	}))
+	_ = h.ProcessTask(context.Background(), asynq.NewTask("report", []byte(`{"tenant_id":"acme"}`)))
+	info, _ := locker.Inspect(context.Background(), `asynq:report:tenant_id="initech"`)
+	fmt.Println("initech's key held afterwards:", len(info.Holders) > 0)
+	// Output:
+	// running {"tenant_id":"acme"}
+	// running {"tenant_id":"globex"}
+	// skipped asynq:report:tenant_id="initech": true
+	// initech's key held afterwards: false
+}
+
 // Tasks of several types count against one key when their key option
 // derives the same key for them: KeyFunc keys used as returned, so
 // "tenant:<id>" is shared by reports and exports (the built-in key options
