@@ -273,11 +273,15 @@ func WithLimitFunc(fn func(ctx context.Context, job Job) int) Option { return gu
 // first attempt) while it holds those before it; when a wait ends with the
 // key still full it gives every key back and the wrapped policy applies.
 // Every job takes keys in that one order, so no two jobs deadlock,
-// whatever order their keys come in. The job's leases on its extra keys
-// are labelled with its label and its own key ("<label>@<key>": a label
-// names the work among the jobs of one key only, and cron entries share
-// their ticks); a key held by the job's own earlier delivery under that
-// label is waited for, as its own key is. The run's ctx is
+// whatever order their keys come in (a job its own key may be reserved
+// for, resumed from parking, takes that key first: the reservation holds
+// it already). The job's leases on its extra keys are labelled with its
+// label and its own key, quoted (`<label>@"<key>"`: a label names the
+// work among the jobs of one key only, and cron entries share their
+// ticks); a key held by the job's own earlier delivery under that label is
+// waited for, as its own key is, bounded by ctx only. The release of an
+// extra key starts the oldest job parked for it (it may be another job's
+// own key), as every run's end does. The run's ctx is
 // cancelled (cause matching lockkit.ErrLost, naming the key) when any of
 // its leases is lost, and (lockkit.ErrCancelled) when an operator cancels
 // the run on any of its keys; the extra keys are renewed with its own and

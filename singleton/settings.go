@@ -100,10 +100,11 @@ func WithLimitFunc(fn func(ctx context.Context, t *asynq.Task) int) ServerOption
 // calls that API, whatever its own key), called once per delivery after
 // the key is derived, with the handler's ctx. It is
 // middleware.WithExtraKeys in asynq's terms, which says how the keys are
-// taken (all or none, in the order of their names, no task waiting for a
-// key while it holds another) and what each policy does when one is full:
-// under Requeue such a task is not parked, and comes back after the
-// policy's delay. The keys are given as they are (the Locker's prefix
+// taken (all or none; under Skip, Fail and Requeue the task's own key
+// first, then the others in the order of their names, each tried once;
+// under Wait all of them in the order of their names, so that no two tasks
+// deadlock) and what each policy does when one is full: under Requeue such
+// a task is not parked, and comes back after the policy's delay. The keys are given as they are (the Locker's prefix
 // applies; PerQueue does not). A map with an empty key, the task's own
 // key, or a limit outside 1 to 10,000 fails that task as a key that cannot
 // be derived does: an error matching ErrInvalid and asynq.SkipRetry (asynq

@@ -384,7 +384,6 @@ func (g *Guard) run(ctx context.Context, job Job, lease *lockcore.Lease, extra [
 	)
 	end := lease.Run(ctx, func(wctx context.Context) (ferr error) {
 		if err := extraLost(extra); err != nil {
-			g.releaseExtra(ctx, extra)
 			return err // an extra lease ran out before the job could start
 		}
 		started = true
@@ -419,7 +418,9 @@ func (g *Guard) run(ctx context.Context, job Job, lease *lockcore.Lease, extra [
 	if !started {
 		// The lease ran out before the job could start (its process was
 		// paused after the acquire): Run did not start it. The job did not
-		// run: its error, so that the runtime runs it again.
+		// run: its error, so that the runtime runs it again. Its extra keys
+		// are given back (fn, which would have, was not called).
+		_ = g.releaseExtra(ctx, extra)
 		err, lost = end, end
 	}
 	var rerr error

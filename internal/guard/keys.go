@@ -1,13 +1,16 @@
 package guard
 
 // WithExtraKeys: a job also holds other keys, each under its own limit, all
-// or none, and never waits for a key while it holds one.
+// or none: under a policy that does not wait it tries each once and gives
+// every key back when one is full; under Wait it takes them in the order of
+// their names.
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -81,18 +84,25 @@ func checkExtra(job Job, m map[string]int) ([]extraKey, error) {
 // and release; no parking, reservation, epoch, follow-up or hold, which
 // belong to the job's own key.
 func (g *Guard) extraOptions(job Job, k extraKey) *lockcore.AcquireOptions {
-	return &lockcore.AcquireOptions{TTL: g.ttl, Limit: k.limit, Label: extraLabel(job), AsyncRelease: g.async}
+	opt := &lockcore.AcquireOptions{TTL: g.ttl, Limit: k.limit, Label: extraLabel(job), AsyncRelease: g.async}
+	if p := g.parking; p != nil {
+		// The key may be another job's own, with jobs parked for it: the
+		// release starts the oldest, as every run's end does.
+		opt.Park = &lockcore.Parking{OnParked: p.Resume}
+	}
+	return opt
 }
 
 // extraLabel is the label of job's leases on its extra keys: its own
-// label with its own key ("<label>@<key>"), since a label names the work
-// only among the jobs of one key (cronguard's is the tick, which the
-// entries sharing an extra key have in common); "" without a label.
+// label with its own key, quoted (`<label>@"<key>"`, one string for each
+// pair), since a label names the work only among the jobs of one key
+// (cronguard's is the tick, which the entries sharing an extra key have in
+// common); "" without a label.
 func extraLabel(job Job) string {
 	if job.w.Label == "" {
 		return ""
 	}
-	return job.w.Label + "@" + job.Key
+	return job.w.Label + "@" + strconv.Quote(job.Key)
 }
 
 // ownExtra reports whether err is the conflict of an extra key held by
@@ -110,8 +120,8 @@ var errExtraFull = errors.New("middleware: an extra key of the job is full")
 // key with lease. Each is tried once: a key held by the job's own earlier
 // run (its label) is waited for, bounded by ctx, as its own key would be;
 // any other full key, or an error, gives back every key the job took, its
-// own included (so that no job waits for a key while it holds another, and
-// no two jobs deadlock), and returns that key (full) and its error.
+// own included (a job that does not wait holds no key another waits for
+// longer than a try), and returns that key (full) and its error.
 func (g *Guard) takeExtra(ctx context.Context, job Job, keys []extraKey, lease *lockcore.Lease) (extra []*lockcore.Lease, full extraKey, err error) {
 	for _, k := range keys {
 		opt := g.extraOptions(job, k)
@@ -230,22 +240,28 @@ func (g *Guard) takeInOrder(ctx context.Context, job Job, a *attempt, keys []ext
 		}
 		return err
 	}
+	// A job the key may be reserved for takes its own key first: the
+	// reservation holds it for the job already.
+	reserved := job.w.Reserved || (g.parking != nil && g.parks() && job.w.Label != "")
 	for _, k := range keys {
-		if lease == nil && job.Key < k.key {
+		if lease == nil && (reserved || job.Key < k.key) {
 			if err := own(); err != nil {
 				return nil, nil, time.Since(start), err
 			}
 		}
 		opt := g.extraOptions(job, k)
 		l, err := g.core.TryAcquire(ctx, k.key, opt)
-		if err != nil && errors.Is(err, lockcore.ErrNotAcquired) {
+		switch {
+		case err != nil && ownExtra(job, err):
+			l, err = g.core.Acquire(ctx, k.key, opt) // bounded by ctx only
+		case err != nil && errors.Is(err, lockcore.ErrNotAcquired):
 			waited = true
 			wctx, cancel := context.WithDeadline(ctx, a.until)
 			l, err = g.core.Acquire(wctx, k.key, opt)
 			cancel()
-		}
-		if err != nil && ownExtra(job, err) {
-			l, err = g.core.Acquire(ctx, k.key, opt)
+			if err != nil && ownExtra(job, err) {
+				l, err = g.core.Acquire(ctx, k.key, opt)
+			}
 		}
 		if err != nil {
 			g.giveBack(ctx, lease, extra)
@@ -263,7 +279,10 @@ func (g *Guard) takeInOrder(ctx context.Context, job Job, a *attempt, keys []ext
 			return nil, nil, time.Since(start), err
 		}
 	}
-	if waited && ownWaits == 0 {
+	if !waited && ownWaits == 0 {
+		return lease, extra, 0, nil
+	}
+	if ownWaits == 0 {
 		g.emit(ctx, Event{Kind: EventWaited, Job: job, Wait: time.Since(start)})
 	}
 	return lease, extra, time.Since(start), nil

@@ -97,7 +97,7 @@ func TestExtraKeyHasItsOwnLimit(t *testing.T) {
 
 // Jobs whose keys overlap in opposite orders (one's own key is the other's
 // extra key) never deadlock under Wait, and never hold a key beyond its
-// limit: each job gives every key back before it waits.
+// limit: every job takes its keys in the order of their names.
 func TestExtraKeysInOppositeOrdersDoNotDeadlock(t *testing.T) {
 	for name, newLocker := range backends(t) {
 		t.Run(name, func(t *testing.T) {
@@ -183,9 +183,10 @@ func (h touches) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 	}
 }
 
-// Under Wait a job whose extra key is full holds none of its keys while it
-// waits, and runs when the key is released.
-func TestWaitForAnExtraKeyHoldsNoKey(t *testing.T) {
+// Under Wait a job whose extra key, which comes before its own key in the
+// order of their names, is full holds none of its keys while it waits, and
+// runs when the key is released.
+func TestWaitForAnExtraKeyBeforeItsOwnHoldsNoKey(t *testing.T) {
 	for name, newLocker := range backends(t) {
 		t.Run(name, func(t *testing.T) {
 			l := newLocker(t)
@@ -304,14 +305,14 @@ func TestCancelRunOnAnExtraKeyCancelsTheRun(t *testing.T) {
 // A delivery whose own earlier run still holds one of its extra keys (its
 // release did not reach Redis) waits for it, as for its own key, and then
 // runs: it is not its duplicate. The extra key's holder is labelled with
-// the job's label and its own key.
+// the job's label and its own key, quoted.
 func TestExtraKeyHeldByTheOwnEarlierRunIsWaitedFor(t *testing.T) {
 	l := backends(t)["redis"](t)
 	g, rec := newGuard(t, l, extraKeys(map[string]int{"api": 1}))
 	job := guard.With(guard.Job{Key: "k"}, guard.Work{Label: "task-1"})
 	core, err := lockcore.Of("test", l)
 	require.NoError(t, err)
-	earlier, err := core.TryAcquire(context.Background(), "api", &lockcore.AcquireOptions{Label: "task-1@k"})
+	earlier, err := core.TryAcquire(context.Background(), "api", &lockcore.AcquireOptions{Label: `task-1@"k"`})
 	require.NoError(t, err)
 	out := make(chan guard.Outcome, 1)
 	go func() {
@@ -319,7 +320,7 @@ func TestExtraKeyHeldByTheOwnEarlierRunIsWaitedFor(t *testing.T) {
 			info, err := l.Inspect(ctx, "api")
 			require.NoError(t, err)
 			require.Len(t, info.Holders, 1)
-			require.Equal(t, "task-1@k", info.Holders[0].Label)
+			require.Equal(t, `task-1@"k"`, info.Holders[0].Label)
 			return nil
 		})
 	}()
@@ -337,7 +338,7 @@ func TestExtraKeyHeldByTheOwnEarlierRunIsWaitedFor(t *testing.T) {
 
 	// Another job's delivery with the same label (cron entries share their
 	// tick) is no earlier run of it: a duplicate.
-	earlier, err = core.TryAcquire(context.Background(), "api", &lockcore.AcquireOptions{Label: "task-1@other"})
+	earlier, err = core.TryAcquire(context.Background(), "api", &lockcore.AcquireOptions{Label: `task-1@"other"`})
 	require.NoError(t, err)
 	defer earlier.Release(context.Background())
 	o = g.Run(context.Background(), job, func(context.Context) error { return nil })
@@ -434,4 +435,75 @@ func TestExtraKeysAreRenewedWhileTheWorkRuns(t *testing.T) {
 	_, lost := rec.find(guard.EventLost)
 	require.False(t, lost)
 	require.Equal(t, 0, holders(t, l, "api"))
+}
+
+// A full extra key gives back the extra keys taken before it, not only the
+// job's own: under Skip (each tried once, after the own key) and under
+// Wait (in the order of their names, the own key among them) once the
+// bound is spent.
+func TestFullExtraKeyGivesBackTheKeysTakenBeforeIt(t *testing.T) {
+	for _, policy := range []guard.Policy{guard.Skip(), guard.Wait(100*time.Millisecond, guard.Skip())} {
+		t.Run(policy.String(), func(t *testing.T) {
+			l := backends(t)["redis"](t)
+			holder, _ := newGuard(t, l, extraKeys(map[string]int{"z-full": 1}))
+			release, first := runHeld(context.Background(), holder, guard.Job{Key: "other"})
+			defer func() { release(); <-first }()
+			g, _ := newGuard(t, l, guard.WithPolicy(policy), extraKeys(map[string]int{"a-free": 1, "m-free": 2, "z-full": 1}))
+			out := g.Run(context.Background(), guard.Job{Key: "k"}, func(context.Context) error {
+				t.Error("ran without z-full")
+				return nil
+			})
+			require.NotNil(t, out.Duplicate, "%v", out.Err)
+			for _, key := range []string{"k", "a-free", "m-free"} {
+				require.Equal(t, 0, holders(t, l, key), "%q still held", key)
+			}
+		})
+	}
+}
+
+// A job whose own lease ran out after it took its keys and before its work
+// could start (an operator's ForceRelease, a pause) does not run, and gives
+// its extra keys back: nothing renews them after Run returns.
+func TestJobThatCouldNotStartGivesItsExtraKeysBack(t *testing.T) {
+	l := backends(t)["redis"](t)
+	var g *guard.Guard
+	g, _ = newGuard(t, l, extraKeys(map[string]int{"api": 1}), guard.WithObserver(func(ctx context.Context, e guard.Event) {
+		if e.Kind != guard.EventAcquired {
+			return
+		}
+		// Between the acquire and the start: the own key is taken away.
+		n, err := l.ForceRelease(context.Background(), "k", lockkit.Select{})
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Eventually(t, func() bool { return l.Held() == 1 }, 5*time.Second, time.Millisecond, "the Locker heard of the release")
+	}))
+	out := g.Run(context.Background(), guard.Job{Key: "k"}, func(context.Context) error {
+		t.Error("started under a lease taken away")
+		return nil
+	})
+	require.ErrorIs(t, out.Err, lockkit.ErrLost)
+	require.Equal(t, 0, holders(t, l, "api"))
+	require.Equal(t, 0, l.Held(), "a lease is still renewed")
+}
+
+// The release of an extra key starts the oldest job parked for it, when
+// the key is another job's own (WithParking): a key's end, whoever held
+// it, resumes its parked jobs.
+func TestReleaseOfAnExtraKeyResumesAJobParkedForIt(t *testing.T) {
+	l, parking, resumed := parkingLocker(t)
+	requeue := guard.WithPolicy(guard.Requeue(time.Minute))
+	owner, _ := newGuard(t, l, requeue, guard.WithParking(parking))
+	user, _ := newGuard(t, l, requeue, guard.WithParking(parking), extraKeys(map[string]int{"tenant": 1}))
+	release, first := runHeld(context.Background(), user, guard.With(guard.Job{Key: "report"}, guard.Work{Label: "user-1"}))
+	out := owner.Run(context.Background(), guard.With(guard.Job{Key: "tenant"}, guard.Work{Label: "parked-1"}), func(context.Context) error { return nil })
+	require.NotNil(t, out.Duplicate, "%v", out.Err)
+	require.True(t, out.Duplicate.Parked)
+	release()
+	require.True(t, (<-first).Ran)
+	select {
+	case id := <-resumed:
+		require.Contains(t, id, "parked-1")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the parked job was not resumed by the extra key's release")
+	}
 }
