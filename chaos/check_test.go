@@ -845,6 +845,11 @@ func TestClusterSeedHistoriesBreakNoRule(t *testing.T) {
 		// their parked ids stay, as ParkAtEnqueue documents, up to ten
 		// minutes.
 		"seed-6115": "parked ids of refused enqueues",
+		// A Preempt run whose handler ignores its ctx was released by an
+		// operator (its ctx's cause "cancelled"), then preempted by the
+		// next task's acquire; the task after that took the key when the
+		// grace ran out, while the run went on (Record.Lost).
+		"seed-2202": "a run preempted after an operator's release",
 	} {
 		t.Run(name+": "+what, func(t *testing.T) { wantNoViolationWithKeys(t, name) })
 	}
