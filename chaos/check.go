@@ -90,7 +90,7 @@ func (v Violation) event(e Record) string {
 	at := time.Duration(e.T - v.base)
 	s := fmt.Sprintf("+%8.3fs %-6s %-8s", at.Seconds(), e.Proc, e.Ev)
 	for _, kv := range [][2]string{{"task", e.Task}, {"aid", e.AID}, {"kind", e.Kind}, {"reason", e.Reason}, {"action", e.Action},
-		{"outcome", e.Outcome}, {"cause", e.Cause}, {"fault", e.Fault}, {"target", e.Target}, {"err", e.Err}} {
+		{"outcome", e.Outcome}, {"cause", e.Cause}, {"lost", e.Lost}, {"fault", e.Fault}, {"target", e.Target}, {"err", e.Err}} {
 		if kv[1] != "" {
 			s += " " + kv[0] + "=" + kv[1]
 		}
@@ -118,6 +118,7 @@ type run struct {
 	outcome, cause  string
 	cancelAt        int64
 	cancelCause     string
+	lost            string // the end record's Lost: its lease was preempted after another cause cancelled its ctx
 	died            bool   // the process died or exited while the run went on
 	killedBefore    bool   // the process was killed after the run began and before its delivery returned to asynq
 	excused         string // why the run counts only until effEnd
@@ -298,7 +299,7 @@ func index(w Workload, recs []Record) *history {
 					ru.cancelAt, ru.cancelCause = r.T, r.Cause
 				}
 			} else {
-				ru.end, ru.outcome, ru.cause = r.T, r.Outcome, r.Cause
+				ru.end, ru.outcome, ru.cause, ru.lost = r.T, r.Outcome, r.Cause, r.Lost
 			}
 		case evDecision:
 			if t != nil {
@@ -345,19 +346,25 @@ func index(w Workload, recs []Record) *history {
 // overlapEnd is when a run stops counting for the overlap rule: its end,
 // unless it was told its lease was lost (ctx cancelled with ErrLost: then
 // its handler's work after that is its own, as the README says; a
-// preempted run may keep the key for the policy's Grace), or its process was
-// paused past the lease TTL while it ran (only a fencing token protects the
-// work of a paused holder).
+// preempted run may keep the key for the policy's Grace, and so may one
+// whose lease was preempted after an operator's release cancelled its ctx:
+// the release alone is no excuse, as the key stays held until the run
+// returns), or its process was paused past the lease TTL while it ran (only
+// a fencing token protects the work of a paused holder).
 func (h *history) overlapEnd(ru *run) int64 {
 	e := ru.end
-	switch ru.cancelCause {
-	case "lost":
+	switch {
+	case ru.cancelCause == "lost":
 		if ru.cancelAt < e {
 			e, ru.excused = ru.cancelAt, "told its lease was lost"
 		}
-	case "preempted":
+	case ru.cancelCause == "preempted":
 		if g := h.preemptedAt(ru) + int64(preemptGrace); g < e {
 			e, ru.excused = g, "preempted, past its grace"
+		}
+	case ru.lost == "preempted":
+		if g := h.preemptedAt(ru) + int64(preemptGrace); g < e {
+			e, ru.excused = g, "preempted after its ctx was cancelled ("+ru.cancelCause+"), past its grace"
 		}
 	}
 	for _, s := range h.stops[ru.proc] {
@@ -375,8 +382,14 @@ func (h *history) overlapEnd(ru *run) int64 {
 // of its key up to ru's start, or else the first one after it before ru was
 // told (in a burst the first newer task's acquire preempts ru; the later
 // ones only take the follow-up's place: seed 402 on the Cluster), or else
-// when ru was told.
+// when ru was told. A run whose ctx another cause cancelled first (Lost)
+// was never told: the preempting delivery came before its end (seed 2202
+// on the Cluster, preempted 156 ms after an operator's release).
 func (h *history) preemptedAt(ru *run) int64 {
+	told := ru.cancelAt
+	if ru.cancelCause != "preempted" {
+		told = ru.end
+	}
 	before, after := int64(0), int64(0)
 	for _, t := range h.tasks {
 		if t.fam.Name+"/"+t.key != ru.key || t.n <= ru.n {
@@ -386,7 +399,7 @@ func (h *history) preemptedAt(ru *run) int64 {
 			switch {
 			case d.T <= ru.start:
 				before = max(before, d.T)
-			case d.T <= ru.cancelAt && (after == 0 || d.T < after):
+			case d.T <= told && (after == 0 || d.T < after):
 				after = d.T
 			}
 		}
@@ -397,7 +410,7 @@ func (h *history) preemptedAt(ru *run) int64 {
 	case after != 0:
 		return after
 	}
-	return ru.cancelAt
+	return told
 }
 
 func (h *history) violation(rule, task, msg string, events ...Record) Violation {

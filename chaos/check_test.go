@@ -544,6 +544,36 @@ func TestPreemptedRunsGraceCountsFromTheFirstNewerDelivery(t *testing.T) {
 	}
 }
 
+// A run whose ctx an operator's release cancelled (the key stays held
+// until it returns) and whose lease a newer task's acquire then preempted
+// counts until the grace after the preemption, as any preempted run does;
+// its ctx's cause stays the operator's, and its end record says the lease
+// was preempted (seed 2202 on the Cluster). Without that the release is no
+// excuse, and neither is the preemption before the grace ran out.
+func TestRunPreemptedAfterAnOperatorsReleaseCountsUntilTheGrace(t *testing.T) {
+	grace := int(preemptGrace / time.Millisecond)
+	for _, c := range []struct {
+		lost  string
+		start int
+		want  int
+	}{{"preempted", 100 + grace + 2, 0}, {"preempted", 100 + grace - 20, 1}, {"", 100 + grace + 2, 1}} {
+		h := newHist(polPreempt)
+		h.enqueue(0, "a")
+		h.enqueue(1, "b")
+		h.add(10, "w1", evDeliver, "a", nil)
+		s := h.add(10, "w1", evStart, "a", nil)
+		h.add(30, "driver", evFault, "a", func(r *Record) { r.Fault, r.Target = faultRelease, "w1" })
+		h.add(40, "w1", evCancel, "a", func(r *Record) { r.Cause, r.Run = "cancelled", s })
+		h.add(100, "w2", evDeliver, "b", nil)
+		h.add(2000, "w1", evEnd, "a", func(r *Record) { r.Outcome, r.Cause, r.Lost, r.Run = "ok", "cancelled", c.lost, s })
+		s2 := h.add(c.start, "w2", evStart, "b", nil)
+		h.add(c.start+50, "w2", evEnd, "b", func(r *Record) { r.Outcome, r.Run = "ok", s2 })
+		if got := h.check(); got[ruleOverlap] != c.want || len(got) != c.want {
+			t.Errorf("lost %q, b starting %dms after its delivery: want %d overlaps, got %v", c.lost, c.start-100, c.want, got)
+		}
+	}
+}
+
 // A re-delivery of a task whose worker was killed under it, within a lease
 // TTL of the kill, waits for the dead run's lease and is its retry: its run
 // spends no start. One delivered after the lease expired spends one.
@@ -815,6 +845,11 @@ func TestClusterSeedHistoriesBreakNoRule(t *testing.T) {
 		// their parked ids stay, as ParkAtEnqueue documents, up to ten
 		// minutes.
 		"seed-6115": "parked ids of refused enqueues",
+		// A Preempt run whose handler ignores its ctx was released by an
+		// operator (its ctx's cause "cancelled"), then preempted by the
+		// next task's acquire; the task after that took the key when the
+		// grace ran out, while the run went on (Record.Lost).
+		"seed-2202": "a run preempted after an operator's release",
 	} {
 		t.Run(name+": "+what, func(t *testing.T) { wantNoViolationWithKeys(t, name) })
 	}

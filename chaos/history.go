@@ -15,7 +15,7 @@ const (
 	evEnqueue  = "enqueue"  // an enqueue: Accepted, or refused with Err
 	evDeliver  = "deliver"  // asynq called the worker's handler chain
 	evStart    = "start"    // the guarded handler began (the work runs)
-	evEnd      = "end"      // the guarded handler returned: Outcome, Cause
+	evEnd      = "end"      // the guarded handler returned: Outcome, Cause, Lost
 	evCancel   = "cancel"   // the run's ctx was cancelled while it ran: Cause
 	evDecision = "decision" // a guard event: Kind, Reason, Action
 	evReturn   = "return"   // the middleware returned to asynq: Err
@@ -77,6 +77,11 @@ type Record struct {
 	// task names, with their limits (payload "x"), which the run holds
 	// besides its own key.
 	Extra map[string]int `json:"extra,omitempty"`
+	// Lost is a run's end: "preempted" if a newer task's acquire preempted
+	// the run's lease after its ctx was cancelled for another cause (an
+	// operator's release, say: Cause is the ctx's first cause only); else
+	// empty.
+	Lost string `json:"lost,omitempty"`
 }
 
 func (r Record) String() string {

@@ -413,6 +413,10 @@ func work(rec *recorder, rdb redis.UniversalClient, prefix string, fc *fencer) a
 		ri.mu.Unlock()
 		end := base
 		end.Ev, end.Run = evEnd, run
+		addEnd := func() {
+			end.Lost = lostOf(ctx)
+			rec.add(end)
+		}
 		ended := make(chan struct{})
 		var watch sync.WaitGroup
 		watch.Add(1)
@@ -448,18 +452,18 @@ func work(rec *recorder, rdb redis.UniversalClient, prefix string, fc *fencer) a
 			case <-timer.C:
 			case <-ctx.Done():
 				end.Outcome, end.Cause = "cancelled", causeOf(ctx)
-				rec.add(end)
+				addEnd()
 				return fmt.Errorf("chaos: cancelled: %w", context.Cause(ctx))
 			}
 		}
 		switch {
 		case first && p.PanicOnce:
 			end.Outcome = "panic"
-			rec.add(end)
+			addEnd()
 			panic("chaos: panic on the first run")
 		case first:
 			end.Outcome = "error"
-			rec.add(end)
+			addEnd()
 			return errors.New("chaos: failure on the first run")
 		}
 		if fc != nil {
@@ -472,7 +476,7 @@ func work(rec *recorder, rdb redis.UniversalClient, prefix string, fc *fencer) a
 		if ctx.Err() != nil {
 			end.Cause = causeOf(ctx)
 		}
-		rec.add(end)
+		addEnd()
 		return nil
 	})
 }
@@ -509,6 +513,18 @@ func causeOf(ctx context.Context) string {
 		return "cancelled" // an operator's release: the key stays held, no excuse
 	}
 	return c.Error()
+}
+
+// lostOf names how the lease of ctx's run ended when that is not what
+// ctx's cause says: "preempted" if a newer task's acquire preempted it
+// after ctx was cancelled for another cause (an operator's release, say,
+// which sets the cause first), else "".
+func lostOf(ctx context.Context) string {
+	lease, ok := lockcore.LeaseFromContext(ctx)
+	if !ok || !errors.Is(lease.Err(), lockcore.ErrPreempted) || causeOf(ctx) == "preempted" {
+		return ""
+	}
+	return "preempted"
 }
 
 // reasonOf names why a guard event's job did not run, or how its lease ended.
