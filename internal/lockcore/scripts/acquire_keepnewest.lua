@@ -11,7 +11,8 @@
 --         or the parked-queue entry of a parking call), r = the parked
 --         follow-up that p replaced and a = the acquire id of the call that
 --         replaced it (only its repeat is told r again), o = the order of p
---         ("0" for none)
+--         ("0" for none); kept for keep (ARGV[18]) after the last attempt
+--         of a waiting or parking follow-up
 -- KEYS[1] holders_key ("s:" records; live reservations are read), KEYS[4]
 --         waiters_key (read) and KEYS[7] parked_key (a replaced entry is
 --         removed)
@@ -103,11 +104,10 @@ if keepnewest and fid ~= '' and not took_reserved and not (same and first) then
     forget_waiter()
     return {-5}
   end
-  if wid ~= '' then
-    extend_key(followup_key, wttl)
-  else
-    extend_key(followup_key, keep)
-  end
+  -- Kept for keep, not the waiter ttl: a waiter whose process stalled
+  -- past its waiter ttl is still the follow-up unless a newer call took
+  -- its place (which then runs and clears p).
+  extend_key(followup_key, keep)
 end
 -- @took: the run's order; an older call gives up while it runs and after
 if fid ~= '' and (keepnewest or order > 0) then
