@@ -1129,7 +1129,8 @@ func (h *history) checkDebounce() []Violation {
 // as lockkit's scripts and docs state them.
 const (
 	// parkKeep: the key's order and epoch (P{K}:m) and its follow-up record
-	// (P{K}:u) are kept 10 minutes after a run with an order or a park.
+	// (P{K}:u) are kept 10 minutes after a run with an order, a park or a
+	// waiting follow-up's attempt.
 	parkKeep = 10 * time.Minute
 	// fenceKeep: the last fencing token (P{K}:f), and the plain form's
 	// record of it after a release in the sorted set ("~<token>" in P{K}:h),

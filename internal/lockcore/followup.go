@@ -72,11 +72,13 @@ type KeepNewest struct {
 	// KeepNewest or Preempt run that took the key with an order
 	// (remembered for ten minutes after that run took the key, and while
 	// it is renewed), fails at once with ErrSuperseded: it neither takes a
-	// newer call's place nor preempts a newer run. Calls with the same
-	// order (deliveries of one task) are not older than each other. Zero
-	// means none: the call, and a comparison with a run or follow-up
-	// without one, goes by arrival at Redis. Negative is an error.
-	// Defaults to zero.
+	// newer call's place nor preempts a newer run. A waiting call whose
+	// process stalled past its waiter TTL (4 poll intervals), so that a
+	// call with a lower order took its place (and maybe ran), takes the
+	// place back. Calls with the same order (deliveries of one task) are
+	// not older than each other. Zero means none: the call, and a
+	// comparison with a run or follow-up without one, goes by arrival at
+	// Redis. Negative is an error. Defaults to zero.
 	Order int64
 }
 

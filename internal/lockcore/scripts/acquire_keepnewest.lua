@@ -11,7 +11,8 @@
 --         or the parked-queue entry of a parking call), r = the parked
 --         follow-up that p replaced and a = the acquire id of the call that
 --         replaced it (only its repeat is told r again), o = the order of p
---         ("0" for none)
+--         ("0" for none); kept for keep (ARGV[18]) after the last attempt
+--         of a waiting or parking follow-up
 -- KEYS[1] holders_key ("s:" records; live reservations are read), KEYS[4]
 --         waiters_key (read) and KEYS[7] parked_key (a replaced entry is
 --         removed)
@@ -19,7 +20,8 @@
 --          call the key's pending follow-up: a waiting call on its first
 --          attempt (ARGV[15] first), and a parking call that does not wait
 --          (its entry is the follow-up); a waiting call's later attempts
---          give up once another call took its place
+--          give up once another call took its place, unless that call has a
+--          lower order (outranks)
 -- ARGV[19] order: the call's order (its task's place in the key's order, taken at
 --          enqueue), "0" for none; it applies to a waiting or parking call,
 --          also on the attempts after the first, and once it waits as a
@@ -60,6 +62,21 @@ local function older()
   return false
 end
 
+-- outranks tells whether this waiting call, whose place another call took
+-- (p, with order o; or none left: the call that took it ran), is newer by
+-- order than that call: it takes the place back. Only a call that stalled
+-- past its waiter ttl (older() then let an older call in) finds one.
+local function outranks(p, o)
+  if order == 0 then
+    return false
+  end
+  local other = tonumber(o or '0')
+  if not p then
+    other = tonumber(redis.call('HGET', epoch_key, 'n') or '0')
+  end
+  return other > 0 and other < order
+end
+
 -- @give_way
 if not took_reserved and older() then
   forget_waiter()
@@ -72,42 +89,41 @@ end
 -- earlier delivery holds the key (same) is no follow-up: it neither
 -- replaces the key's follow-up nor becomes it
 if keepnewest and fid ~= '' and not took_reserved and not (same and first) then
-  local p = redis.call('HGET', followup_key, 'p')
-  if first then
-    if p == fid then
-      -- A repeat of the call that replaced r is told so again; a later
-      -- call with the same entry (a backstop delivery) replaced no one.
-      local again = redis.call('HMGET', followup_key, 'r', 'a')
-      if again[2] == aid then
-        replaced = again[1] or ''
-      end
-    else
-      if p and redis.call('ZREM', parked_key, p) == 1 then
-        -- A parked follow-up: marked, so that its next acquire gives up;
-        -- unless it is this job's own earlier entry (parked under another
-        -- id), whose place this call takes.
-        local pl = string.match(p, '^%d+:([^:]*):')
-        if not (pl and pl ~= '' and pl == label) then
-          if pl and pl ~= '' then
-            redis.call('ZADD', holders_key, -(now + keep), 's:' .. pl)
-            extend_key(holders_key, keep)
-          end
-          replaced = p
-        end
-      elseif p then
-        redis.call('PUBLISH', channel, '1')
-      end
-      redis.call('HSET', followup_key, 'p', fid, 'r', replaced, 'a', aid, 'o', string.format('%d', order))
-    end
-  elseif p ~= wid then
+  local f = redis.call('HMGET', followup_key, 'p', 'o')
+  local p = f[1]
+  if not first and p ~= wid and not outranks(p, f[2]) then
     forget_waiter()
     return {-5}
   end
-  if wid ~= '' then
-    extend_key(followup_key, wttl)
+  if p == fid then
+    -- A repeat of the call that replaced r is told so again; a later
+    -- call with the same entry (a backstop delivery) replaced no one.
+    local again = redis.call('HMGET', followup_key, 'r', 'a')
+    if again[2] == aid then
+      replaced = again[1] or ''
+    end
   else
-    extend_key(followup_key, keep)
+    if p and redis.call('ZREM', parked_key, p) == 1 then
+      -- A parked follow-up: marked, so that its next acquire gives up;
+      -- unless it is this job's own earlier entry (parked under another
+      -- id), whose place this call takes.
+      local pl = string.match(p, '^%d+:([^:]*):')
+      if not (pl and pl ~= '' and pl == label) then
+        if pl and pl ~= '' then
+          redis.call('ZADD', holders_key, -(now + keep), 's:' .. pl)
+          extend_key(holders_key, keep)
+        end
+        replaced = p
+      end
+    elseif p then
+      redis.call('PUBLISH', channel, '1')
+    end
+    redis.call('HSET', followup_key, 'p', fid, 'r', replaced, 'a', aid, 'o', string.format('%d', order))
   end
+  -- Kept for keep, not the waiter ttl: a waiter whose process stalled
+  -- past its waiter ttl is still the follow-up unless a newer call took
+  -- its place (which then runs and clears p).
+  extend_key(followup_key, keep)
 end
 -- @took: the run's order; an older call gives up while it runs and after
 if fid ~= '' and (keepnewest or order > 0) then
