@@ -564,15 +564,19 @@ func (r *run) excusedOr() string {
 // because of a Redis error: it fails, and asynq retries it while it has
 // retries left, docs/rules.md), so that its last delivery failed with no
 // retry left; or because it had no retries left when its worker was killed
-// under it (asynq's recoverer archives it, README), or paused under it past
-// its lease TTL (its run was cancelled with the lease lost, and failed).
+// under it (asynq's recoverer archives it, README); or because its last
+// allowed delivery lost its lease while its worker was paused past the
+// lease TTL (pausedLast).
 func (t *taskHist) exempt(h *history) bool {
-	var last *Record
+	var last, deliv *Record
 	redisFailed := false
 	for i, r := range h.records {
 		if r.Task == t.name && (r.Ev == evReturn || r.Ev == evDeliver) {
 			last = &h.records[i]
 			redisFailed = redisFailed || r.Ev == evReturn && redisError(r.Err)
+			if r.Ev == evDeliver {
+				deliv = last
+			}
 		}
 	}
 	// Its last delivery failed (a requeue, or a throttled or parked task put
@@ -584,18 +588,11 @@ func (t *taskHist) exempt(h *history) bool {
 	if failed && redisFailed {
 		return true
 	}
+	if h.pausedLast(t, deliv, last) {
+		return true
+	}
 	if t.maxRetry > 0 {
 		return false
-	}
-	// Its only allowed delivery's run was cancelled because its lease was
-	// lost while its process was paused past the TTL: the run failed, and
-	// asynq archives a task with no retries left whatever the cause.
-	if last != nil && last.Ev == evReturn && strings.Contains(last.Err, "lease lost") {
-		for _, ru := range t.runs {
-			if ru.proc == last.Proc && ru.end <= last.T && h.paused(ru.proc, ru.start, ru.end) {
-				return true
-			}
-		}
 	}
 	for _, d := range t.delivs {
 		if _, killed := h.kills[d.Proc]; killed {
@@ -603,6 +600,31 @@ func (t *taskHist) exempt(h *history) bool {
 		}
 	}
 	return false
+}
+
+// pausedLast reports whether task t's last delivery deliv, which returned
+// with ret, was its last allowed one (asynq archives a task whose last
+// allowed delivery fails, whatever the cause) and failed because its lease
+// was lost while its worker was paused past the lease TTL (SIGSTOP): its
+// run was cancelled (seed 1729), or, its lease's validity having run out
+// during the pause before the work could start, none began (Lease.Run
+// starts no work past validity; the guard fails the delivery with
+// lockkit.ErrLost, docs/rules.md; seed 2606).
+func (h *history) pausedLast(t *taskHist, deliv, ret *Record) bool {
+	if deliv == nil || ret == nil || ret.Ev != evReturn || ret.Proc != deliv.Proc || deliv.Retry < t.maxRetry ||
+		ret.Reason != "lost" || !strings.Contains(ret.Err, "lease lost") {
+		return false
+	}
+	from := deliv.T // no run began: paused while it waited
+	for _, ru := range t.runs {
+		if ru.proc == deliv.Proc && ru.deliv == deliv.T {
+			from = ru.start // paused while its run went on
+		}
+	}
+	ttl := h.w.ttl(t.fam)
+	return slices.ContainsFunc(h.stops[deliv.Proc], func(s interval) bool {
+		return s.from <= ret.T && s.to >= from && time.Duration(s.to-s.from) >= ttl
+	})
 }
 
 // redisError reports whether a delivery's error is a Redis error (an

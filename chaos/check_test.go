@@ -850,6 +850,13 @@ func TestClusterSeedHistoriesBreakNoRule(t *testing.T) {
 		// next task's acquire; the task after that took the key when the
 		// grace ran out, while the run went on (Record.Lost).
 		"seed-2202": "a run preempted after an operator's release",
+		// An ExtraKeys Wait task's first three deliveries failed on
+		// CLUSTERDOWN (a master restarted); its last allowed one waited for
+		// its keys while its worker was paused past the lease TTL, and on
+		// resume found its lease's validity run out before the work could
+		// start: the delivery failed (lockkit.ErrLost) without a run, and
+		// asynq archived the task.
+		"seed-2606": "a last allowed delivery whose lease ran out in a pause before its run",
 	} {
 		t.Run(name+": "+what, func(t *testing.T) { wantNoViolationWithKeys(t, name) })
 	}
@@ -1653,6 +1660,51 @@ func TestTaskWithNoRetriesLostToAPauseIsExempt(t *testing.T) {
 		h.add(3001, "w1", evReturn, "a", func(r *Record) { r.Err, r.Reason = "chaos: cancelled: lockkit: lease lost: validity ran out", "lost" })
 		if got := h.check(); got[ruleRuns] != want {
 			t.Fatalf("paused %v: want %d runs violations, got %v", paused, want, got)
+		}
+	}
+}
+
+// A Wait task whose first three deliveries failed on a Redis error, and
+// whose last allowed delivery (MaxRetry 3) waited for its key while its
+// worker was paused past the lease TTL and, on resume, found its lease's
+// validity run out before the work could start (no run; the delivery
+// failed with lockkit.ErrLost), was archived by asynq: it need not have run
+// to completion (seed 2606). The same delivery with a retry left, or under
+// a pause shorter than the TTL, or with no pause, is reported.
+func TestLastDeliveryLostToAPauseBeforeItsRunIsExempt(t *testing.T) {
+	ttlMS := int(leaseTTL / time.Millisecond)
+	for _, c := range []struct {
+		name    string
+		retries int // failed deliveries before the last one
+		pauseMS int // 0: none
+		want    int
+	}{
+		{"last allowed, paused past the TTL", 3, ttlMS + 100, 0},
+		{"a retry left", 2, ttlMS + 100, 1},
+		{"paused within the TTL", 3, ttlMS / 2, 1},
+		{"not paused", 3, 0, 1},
+	} {
+		h := newHist(polWait)
+		h.enqueue(0, "a")
+		ms := 10
+		for i := range c.retries {
+			h.add(ms, "w1", evDeliver, "a", func(r *Record) { r.Retry = i })
+			h.add(ms+5, "w1", evDecision, "a", func(r *Record) { r.Kind, r.Err = "error", "lockkit: acquire: CLUSTERDOWN The cluster is down" })
+			h.add(ms+5, "w1", evReturn, "a", func(r *Record) { r.Err, r.Retry = "lockkit: acquire: CLUSTERDOWN The cluster is down", i })
+			ms += 100
+		}
+		h.add(ms, "w2", evDeliver, "a", func(r *Record) { r.Retry = c.retries })
+		if c.pauseMS > 0 {
+			h.add(ms+50, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = faultStop, "w2" })
+			h.add(ms+50+c.pauseMS, "driver", evFault, "", func(r *Record) { r.Fault, r.Target = "cont", "w2" })
+		}
+		end := ms + 100 + ttlMS + 100
+		h.add(end, "w2", evDecision, "a", func(r *Record) { r.Kind = "acquired" })
+		lost := "lockkit: lease lost: validity ran out: not renewed in time"
+		h.add(end+1, "w2", evDecision, "a", func(r *Record) { r.Kind, r.Reason, r.Err = "released", "lost", lost })
+		h.add(end+2, "w2", evReturn, "a", func(r *Record) { r.Err, r.Reason, r.Retry = lost, "lost", c.retries })
+		if got := h.check(); got[ruleRuns] != c.want {
+			t.Errorf("%s: want %d runs violations, got %v", c.name, c.want, got)
 		}
 	}
 }
