@@ -103,24 +103,29 @@ func (m *guarded) takenBack(ctx context.Context, job guard.Job, retried int) tim
 // completion of that run, meeting this delivery's entry, completes the task
 // (its hash is gone, or with Retention completed); before it, a run that
 // followed a late write has recorded its success in the hash (takenBack).
-// One HMGET; false when it cannot be read, or when the task waits for a
-// retry or was archived (that run failed).
-func (m *guarded) ranBefore(ctx context.Context, job guard.Job) bool {
+// One HMGET; false when the task waits for a retry or was archived (that
+// run failed); an error when it cannot be read (a Redis error: the delivery
+// fails without running, and asynq retries it unless that run's completion
+// removed the task meanwhile).
+func (m *guarded) ranBefore(ctx context.Context, job guard.Job) (bool, error) {
 	id, queue := taskIdentity(ctx)
 	if id == "" || id != job.ID {
-		return false
+		return false, nil
 	}
 	vals, err := m.rdb.HMGet(ctx, asynqkey.Task(queue, id), asynqkey.StateField, succeededField).Result()
-	if err != nil || len(vals) != 2 {
-		return false
+	if err != nil {
+		return false, fmt.Errorf("singleton: task %s: reading its state: %w", id, err)
+	}
+	if len(vals) != 2 {
+		return false, nil
 	}
 	state, _ := vals[0].(string)
 	ran, _ := vals[1].(string)
 	if vals[0] != nil && state != "completed" && ran == "" {
-		return false
+		return false, nil
 	}
 	m.skips.l.LogAttrs(ctx, slog.LevelWarn, "singleton: asynq delivered the task again while an earlier delivery ran, and that run succeeded: "+
 		"this delivery completes without running",
 		slog.String("id", id), slog.String("queue", queue), slog.String("state", state), slog.String("run_token", ran))
-	return true
+	return true, nil
 }

@@ -3,6 +3,7 @@ package singleton_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,8 +13,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobguard/jobguard/internal/asynqkey"
 	"github.com/jobguard/jobguard/internal/asynqtest"
 	"github.com/jobguard/jobguard/internal/lockcore"
+	"github.com/jobguard/jobguard/internal/testredis"
 	"github.com/jobguard/jobguard/middleware"
 	"github.com/jobguard/jobguard/singleton"
 )
@@ -147,4 +150,75 @@ func lateRetryWrite(t *testing.T, earlier string, redeliveredWhileRunning bool) 
 		}
 		require.True(t, found, "x's success is recorded")
 	})
+}
+
+// A delivery that waited for its task's taken-back run, and cannot read the
+// task's state when it has the key (a Redis error: a Cluster down while a
+// master restarts), fails without running, with an EventError; meanwhile
+// asynq's completion of that run has removed the task, so asynq does not
+// deliver it again: the work is done once.
+func TestTakenBackRedeliveryThatCannotReadTheTaskDoesNotRun(t *testing.T) {
+	e := newEnvOn(t, standalone)
+	faulty := redis.NewClient(e.RDB.(*redis.Client).Options())
+	t.Cleanup(func() { _ = faulty.Close() })
+	hook := &testredis.Faults{Match: func(cmd redis.Cmder) bool {
+		args := cmd.Args()
+		return strings.EqualFold(cmd.Name(), "hmget") && args[len(args)-1] == "jobguard-succeeded"
+	}}
+	faulty.AddHook(hook)
+	ev := &events{}
+	mw, err := singleton.Middleware(e.locker(), singleton.WithRedis(faulty),
+		singleton.WithPolicy(middleware.Requeue(time.Second)), singleton.WithObserver(ev.observe))
+	require.NoError(t, err)
+	xStarted, releaseX := make(chan string), make(chan struct{})
+	var xRuns atomic.Int32
+	cfg := e.configRetrying(4, func(int, error, *asynq.Task) time.Duration { return 0 })
+	e.start(cfg, mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		switch xRuns.Add(1) {
+		case 1:
+			return errors.New("the first run fails")
+		case 2:
+			id, _ := asynq.GetTaskID(ctx)
+			xStarted <- id
+			<-releaseX
+		}
+		return nil
+	})))
+	x := e.Enqueue(asynq.NewTask("job", []byte("x")), asynq.MaxRetry(3))
+	require.Equal(t, x.ID, <-xStarted)
+	gone := make(chan bool, 1)
+	hook.Before = func(redis.Cmder) {
+		// The read fails once asynq has completed the taken-back run.
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			if n, err := e.RDB.Exists(context.Background(), asynqkey.Task(e.Queue, x.ID)).Result(); err == nil && n == 0 {
+				gone <- true
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		gone <- false
+	}
+	hook.Arm(testredis.DropReply, 1)
+
+	require.NoError(t, asynqtest.LateRetry(context.Background(), e.RDB, e.Queue, x.ID, time.Now()),
+		"the late write takes the running delivery back")
+	e.waiters("asynq:job", 1) // asynq's next delivery waits for x's run
+	close(releaseX)
+
+	require.True(t, recv(t, gone, 15*time.Second), "asynq completed the taken-back run")
+	var failed *middleware.Event
+	require.Eventually(t, func() bool {
+		for _, d := range ev.all() {
+			if d.Kind == middleware.EventError && errors.Is(d.Err, testredis.ErrInjected) && d.Job.ID == x.ID {
+				failed = &d
+			}
+		}
+		return failed != nil || xRuns.Load() > 2
+	}, 10*time.Second, 10*time.Millisecond, "the waiting delivery ends")
+	require.EqualValues(t, 2, xRuns.Load(), "x's work ran to success once (after one failed run)")
+	require.NotNil(t, failed, "an EventError reports the failed read: %v", ev.all())
+	require.ErrorContains(t, failed.Err, "reading whether the earlier run")
+	e.gone(x.ID, "asynq does not deliver x again")
+	require.EqualValues(t, 2, xRuns.Load(), "x's work ran to success once (after one failed run)")
 }

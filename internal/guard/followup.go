@@ -132,13 +132,18 @@ func ownRun(job Job, err error) bool {
 // lease of a job whose earlier run did its work (WithDone).
 var errDoneBefore = errors.New("middleware: the work was done by an earlier run")
 
+// errDoneUnknown ends, as a run that did nothing, the lease of a job whose
+// runtime's record (WithDone) could not be read.
+var errDoneUnknown = errors.New("middleware: whether an earlier run did the work is unknown")
+
 // doneAfterFailedWait reads the runtime's record (WithDone) for job, whose
 // wait for its own earlier run failed, bounded by a second of its own: ctx
 // may be what ended the wait.
 func (g *Guard) doneAfterFailedWait(ctx context.Context, job Job) bool {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	return g.done(dctx, job)
+	done, err := g.done(dctx, job)
+	return err == nil && done
 }
 
 // unpark takes job's entry, made by an acquire with opt, out of its key's
@@ -159,16 +164,27 @@ func (g *Guard) unpark(ctx context.Context, job Job, opt *lockcore.AcquireOption
 // awaitOwnRun waits, bounded by ctx only, for the earlier delivery of the same
 // work to end: a delivery is never skipped as a duplicate of itself. When
 // that run succeeded after the runtime delivered the work again, the
-// runtime's record says so (WithDone) and the job completes without running.
+// runtime's record says so (WithDone) and the job completes without running;
+// when that record cannot be read, the job fails without running.
 func (g *Guard) awaitOwnRun(ctx context.Context, job Job, opt *lockcore.AcquireOptions) (*lockcore.Lease, time.Duration, error) {
 	start := time.Now()
 	lease, err := g.core.Acquire(ctx, job.Key, opt)
 	waited := time.Since(start)
+	if err == nil && g.done != nil {
+		done, derr := g.done(ctx, job)
+		switch {
+		case derr != nil:
+			_ = lease.Run(ctx, func(context.Context) error { return errDoneUnknown })
+			err = fmt.Errorf("middleware: %s: reading whether the earlier run of %q did the work: %w", job.what(), job.w.Label, derr)
+			g.emit(ctx, Event{Kind: EventError, Job: job, Wait: waited, Err: err})
+			return nil, waited, err
+		case done:
+			_ = lease.Run(ctx, func(context.Context) error { return errDoneBefore })
+			err = fmt.Errorf("%w: %s: the earlier run of %q did the work", lockcore.ErrCompleted, job.what(), job.w.Label)
+			return nil, waited, g.notAcquired(ctx, job, err, waited)
+		}
+	}
 	switch {
-	case err == nil && g.done != nil && g.done(ctx, job):
-		_ = lease.Run(ctx, func(context.Context) error { return errDoneBefore })
-		err = fmt.Errorf("%w: %s: the earlier run of %q did the work", lockcore.ErrCompleted, job.what(), job.w.Label)
-		return nil, waited, g.notAcquired(ctx, job, err, waited)
 	case err == nil:
 		g.emit(ctx, Event{Kind: EventWaited, Job: job, Wait: waited})
 		return lease, waited, nil

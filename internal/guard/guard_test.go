@@ -916,9 +916,9 @@ func TestDoneIsReadAfterWaitingForTheOwnRun(t *testing.T) {
 	ctx := context.Background()
 	var done atomic.Bool
 	var asked atomic.Int32
-	g, _ := newGuard(t, l, guard.WithDone(func(_ context.Context, job guard.Job) bool {
+	g, _ := newGuard(t, l, guard.WithDone(func(_ context.Context, job guard.Job) (bool, error) {
 		asked.Add(1)
-		return done.Load()
+		return done.Load(), nil
 	}))
 	job := guard.With(guard.Job{Key: "k", Name: "sync", ID: "t1"}, guard.Work{Label: "t1"})
 	for _, d := range []bool{true, false} {
@@ -957,6 +957,43 @@ func TestDoneIsReadAfterWaitingForTheOwnRun(t *testing.T) {
 	require.EqualValues(t, 2, asked.Load(), "and is not asked")
 }
 
+// A job that took its key after waiting for its own earlier run, whose
+// runtime's record (WithDone) cannot be read (a Redis error), fails
+// without running: it frees the key and returns the record's error with an
+// EventError, for the runtime to deliver it again. Running it would make a
+// second run of work its own run most often did.
+func TestDoneThatCannotBeReadFailsTheJobWithoutRunning(t *testing.T) {
+	l := lockkittest.New(t)
+	ctx := context.Background()
+	unread := errors.New("CLUSTERDOWN The cluster is down")
+	g, rec := newGuard(t, l, guard.WithDone(func(context.Context, guard.Job) (bool, error) { return false, unread }))
+	job := guard.With(guard.Job{Key: "k", Name: "sync", ID: "t1"}, guard.Work{Label: "t1"})
+	release, first := runHeld(ctx, g, job)
+	second := make(chan guard.Outcome, 1)
+	var ran atomic.Bool
+	go func() {
+		second <- g.Run(ctx, job, func(context.Context) error { ran.Store(true); return nil })
+	}()
+	require.Eventually(t, func() bool {
+		info, err := l.Inspect(ctx, "k")
+		return err == nil && info.Waiters == 1
+	}, 5*time.Second, time.Millisecond, "the second delivery waits for its own run")
+	release()
+	require.True(t, (<-first).Ran)
+	out := <-second
+	require.False(t, ran.Load(), "the job does not run on a record it could not read")
+	require.False(t, out.Ran)
+	require.Nil(t, out.Duplicate)
+	require.ErrorIs(t, out.Err, unread)
+	require.NotErrorIs(t, out.Err, lockcore.ErrCompleted)
+	ev, found := rec.find(guard.EventError)
+	require.True(t, found, "an EventError reports it")
+	require.ErrorIs(t, ev.Err, unread)
+	info, err := l.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Empty(t, info.Holders, "the key is free")
+}
+
 // A job whose wait for its own earlier run fails (here its ctx ends; a
 // Redis error does the same) reads the runtime's record too: when it says
 // the work is done, the job completes without running, so that its next
@@ -966,8 +1003,8 @@ func TestDoneIsReadWhenTheWaitForTheOwnRunFails(t *testing.T) {
 	l := lockkittest.New(t)
 	ctx := context.Background()
 	var done atomic.Bool
-	g, _ := newGuard(t, l, guard.WithDone(func(dctx context.Context, job guard.Job) bool {
-		return dctx.Err() == nil && done.Load()
+	g, _ := newGuard(t, l, guard.WithDone(func(dctx context.Context, job guard.Job) (bool, error) {
+		return dctx.Err() == nil && done.Load(), nil
 	}))
 	job := guard.With(guard.Job{Key: "k", Name: "sync", ID: "t1"}, guard.Work{Label: "t1"})
 	release, first := runHeld(ctx, g, job)
@@ -1019,7 +1056,7 @@ func TestDoneAfterAFailedWaitGivesUpTheParkedPlace(t *testing.T) {
 				Resume: func(string, string) {},
 			}
 			g, _ := newGuard(t, l, guard.WithPolicy(guard.Requeue(time.Minute)), guard.WithParking(parking),
-				guard.WithDone(func(dctx context.Context, job guard.Job) bool { return dctx.Err() == nil }))
+				guard.WithDone(func(dctx context.Context, job guard.Job) (bool, error) { return dctx.Err() == nil, nil }))
 			job := guard.With(guard.Job{Key: "k", Name: "sync", ID: "t1"}, guard.Work{Label: "t1"})
 			release, first := runHeld(ctx, g, job)
 

@@ -96,9 +96,12 @@ func WithAdmit(a Admit) Option { return optionFunc(func(g *Guard) { g.admit, g.a
 // same work (Job.Origin) to end: the runtime may have delivered the work
 // again while that run went on, unaware of it (singleton: asynq took the
 // task back), and that run may have done it. true completes the job without
-// running (ReasonCompleted, ActionSkip); false, also when the record cannot be read, runs
-// it: a second run is better than a lost one.
-type Done func(ctx context.Context, job Job) bool
+// running (ReasonCompleted, ActionSkip); false runs it. An error (the record
+// cannot be read) fails the job without running: Run frees the key, reports
+// an EventError and returns the error, for the runtime to deliver the job
+// again; a job that waited for its own run is not run on a guess, since
+// that run most often did the work.
+type Done func(ctx context.Context, job Job) (bool, error)
 
 // WithDone sets the record Run reads for a job that waited for its own
 // earlier run (see Done), also when that wait failed (a Redis error, ctx
