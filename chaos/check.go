@@ -413,6 +413,47 @@ func (h *history) preemptedAt(ru *run) int64 {
 	return told
 }
 
+// tickCopies returns recs with every record of a Requeue copy of a
+// periodic tick's task named by that task (Record.Task), as a copy of any
+// other family's task is: a worker names a tick's task by its asynq ID
+// (deliver), and singleton names the copy it enqueues for a task with no
+// retries left "<task ID>~<suffix>" (singleton's newCopyID; "~a" and "~b" by
+// earlier versions), so the tick's work done by the copy is that tick's,
+// for every rule (checkRuns, checkPeriodic). Its AID keeps the copy's ID.
+// A name with an empty suffix, more than one "~", or before its "~" no
+// tick's task ID (periodickey.Tick) is left as it is, for checkPeriodic to
+// report. recs itself is not changed.
+func tickCopies(w Workload, recs []Record) []Record {
+	periodicFam := map[string]bool{}
+	for _, f := range w.Families {
+		periodicFam[f.Name] = f.Client == cliPeriodic
+	}
+	var out []Record
+	for i, r := range recs {
+		if !periodicFam[r.Fam] {
+			continue
+		}
+		tick, suffix, ok := strings.Cut(r.Task, "~")
+		if !ok || suffix == "" || strings.Contains(suffix, "~") {
+			continue
+		}
+		if _, ok := periodickey.Tick(tick); !ok {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(recs)
+		}
+		if out[i].AID == "" {
+			out[i].AID = r.Task
+		}
+		out[i].Task = tick
+	}
+	if out == nil {
+		return recs
+	}
+	return out
+}
+
 func (h *history) violation(rule, task, msg string, events ...Record) Violation {
 	return Violation{Rule: rule, Task: task, Msg: msg, Events: events, base: h.base}
 }
@@ -421,6 +462,7 @@ func (h *history) violation(rule, task, msg string, events ...Record) Violation 
 // the lock key prefix once the run was quiet; drained says whether the queue
 // drained.
 func check(w Workload, recs []Record, keys []keyTTL, drained bool) ([]Violation, stats) {
+	recs = tickCopies(w, recs)
 	h := index(w, recs)
 	st := stats{decisions: map[string]int{}, faults: map[string]int{}}
 	cronTicks := map[string]bool{}

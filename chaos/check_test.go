@@ -491,6 +491,70 @@ func TestPeriodicTickEnqueuedTwiceOrMissedIsReported(t *testing.T) {
 	h.wantOne(t, rulePeriodic, "f@2000")
 }
 
+// A Requeue copy "<tick's task ID>~<suffix>" of a tick's task, enqueued by
+// singleton for the task's last allowed delivery, is that tick's task: its
+// run to completion is the tick's, and its ID names the tick. The tick's
+// work must still be done once and the tick enqueued once, and a copy's ID
+// with no tick before its "~" still names no tick.
+func TestPeriodicTickTaskRequeuedAsACopyIsThatTicksTask(t *testing.T) {
+	const id = "periodic:e:1000"
+	for _, c := range []struct {
+		name     string
+		copyID   string // "" for no copy delivered
+		origOK   bool   // the original also ran to completion
+		enqTwice bool
+		want     map[string]int
+	}{
+		{"the copy ran", id + "~89c78caa1bcf99ca", false, false, map[string]int{}},
+		{"a copy of an earlier version ran", id + "~a", false, false, map[string]int{}},
+		{"no copy ran", "", false, false, map[string]int{ruleRuns: 1}},
+		{"the copy and the original ran", id + "~89c78caa1bcf99ca", true, false, map[string]int{ruleRuns: 1}},
+		{"the tick enqueued twice", id + "~89c78caa1bcf99ca", false, true, map[string]int{rulePeriodic: 1}},
+		{"a copy's ID with an empty suffix", id + "~", false, false, map[string]int{ruleRuns: 1, rulePeriodic: 1}},
+		{"a copy's ID naming no tick", "periodic:e:x~89c78caa1bcf99ca", false, false, map[string]int{ruleRuns: 1, rulePeriodic: 1}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHist(polRequeue)
+			h.w.Ops = nil
+			h.w.Families[0].Client = cliPeriodic
+			h.add(0, "w1", evEnqueue, id, func(r *Record) { r.Accepted, r.AID = true, id })
+			for i := range periodicMaxRetry {
+				ms := 100 * (i + 1)
+				h.add(ms, "w2", evDeliver, id, func(r *Record) { r.AID, r.Retry = id, i })
+				h.add(ms+5, "w2", evReturn, id, func(r *Record) { r.AID, r.Retry, r.Err = id, i, "acquire: CLUSTERDOWN The cluster is down" })
+			}
+			if c.origOK {
+				h.run(400, 450, "w3", id, "ok")
+			} else {
+				h.add(400, "w3", evDeliver, id, func(r *Record) { r.AID, r.Retry = id, periodicMaxRetry })
+				h.add(405, "w3", evDecision, id, func(r *Record) { r.AID, r.Kind, r.Reason, r.Action = id, "duplicate", "held", "requeue" })
+				h.add(410, "w3", evReturn, id, func(r *Record) {
+					r.AID, r.Retry, r.Reason = id, periodicMaxRetry, "held"
+					r.Err = "middleware: duplicate f, requeue: held; re-enqueued as task " + c.copyID + " (revoke task)"
+				})
+			}
+			if c.copyID != "" {
+				h.add(500, "w1", evDeliver, c.copyID, func(r *Record) { r.AID = c.copyID })
+				s := h.add(500, "w1", evStart, c.copyID, func(r *Record) { r.AID = c.copyID })
+				h.add(550, "w1", evEnd, c.copyID, func(r *Record) { r.AID, r.Outcome, r.Run = c.copyID, "ok", s })
+				h.add(555, "w1", evReturn, c.copyID, func(r *Record) { r.AID = c.copyID })
+			}
+			if c.enqTwice {
+				h.add(5, "w2", evEnqueue, id, func(r *Record) { r.Accepted, r.AID = true, id })
+			}
+			got := h.check()
+			if len(got) != len(c.want) {
+				t.Fatalf("want %v, got %v", c.want, got)
+			}
+			for rule, n := range c.want {
+				if got[rule] != n {
+					t.Fatalf("want %v, got %v", c.want, got)
+				}
+			}
+		})
+	}
+}
+
 // A preempted run counts for the overlap rule until the grace after the
 // preempting task's delivery (which may come before the run's start), not
 // after the run heard of it: a newer run that begins when the grace ran out
@@ -857,6 +921,12 @@ func TestClusterSeedHistoriesBreakNoRule(t *testing.T) {
 		// start: the delivery failed (lockkit.ErrLost) without a run, and
 		// asynq archived the task.
 		"seed-2606": "a last allowed delivery whose lease ran out in a pause before its run",
+		// A Requeue tick's task (f9periodic) whose first deliveries failed
+		// on CLUSTERDOWN (a master restarted) found its key held on its
+		// last allowed one: singleton enqueued a copy
+		// ("<tick's task ID>~<suffix>") and revoked it, and the copy ran
+		// to completion: the tick's work, done once.
+		"seed-3114": "a periodic tick's task requeued as a copy with no retries left",
 	} {
 		t.Run(name+": "+what, func(t *testing.T) { wantNoViolationWithKeys(t, name) })
 	}
