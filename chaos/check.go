@@ -185,6 +185,27 @@ func (t *taskHist) stoppedByOperator() bool {
 	return slices.ContainsFunc(t.runs, func(r *run) bool { return r.cancelCause == "cancelled" && r.outcome != "ok" })
 }
 
+// revokedByOperator reports whether an operator asked t's last run to stop
+// (the fault kind faultRelease: its ctx cancelled with ErrCancelled), that
+// run failed, and t was not delivered again after it: singleton revoked t
+// (docs: an operator cancelled the run, the task is done, neither retried
+// nor archived). A run that failed with no operator's stop does not count.
+func (t *taskHist) revokedByOperator() bool {
+	if len(t.runs) == 0 {
+		return false
+	}
+	last := t.runs[len(t.runs)-1]
+	for _, r := range t.runs {
+		if r.start > last.start {
+			last = r
+		}
+	}
+	if last.cancelCause != "cancelled" || last.outcome == "ok" {
+		return false
+	}
+	return !slices.ContainsFunc(t.delivs, func(d Record) bool { return d.T > last.start })
+}
+
 // died reports whether a worker died while running t, or was killed after
 // a run of t began and before its delivery returned to asynq (its release
 // in flight, say): asynq's recoverer then delivers t again, and its work
@@ -820,6 +841,9 @@ func (h *history) checkNewest() []Violation {
 			evs := append(t.events(), last.recs...)
 			slices.SortStableFunc(evs, func(a, b Record) int { return cmpInt(a.T, b.T) })
 			vs = append(vs, advise(h.violation(rule, t.name, fmt.Sprintf("key %s: its last run is of %s (#%d), not of the newest task (#%d)", k, last.task, last.n, t.n), evs...), loss))
+		case last.outcome != "ok" && t.fam.Client == cliDebounce && last.cancelCause == "cancelled" && t.revokedByOperator():
+			// An operator stopped the newest task's run, which then
+			// failed: singleton revoked it, ending its work by design.
 		case last.outcome != "ok":
 			vs = append(vs, advise(h.violation(rule, t.name, fmt.Sprintf("key %s: the newest task's last run ended %s", k, last.outcome), t.events()...), loss))
 		}
@@ -1158,8 +1182,10 @@ func (h *history) acquiredToken(ru *run) int64 {
 
 // checkDebounce: a task enqueued with Debounce that never ran to completion
 // gave way to a newer task of its key (docs/rules.md item 5): one that
-// exists and ran to completion, or that asynq archived when its worker was
-// killed under it with no retries left. The last run of each key is checked
+// exists and ran to completion, that asynq archived when its worker was
+// killed under it with no retries left, or whose last run an operator
+// stopped (Locker.CancelRun) and that singleton then revoked: an
+// operator's decision ends the key's work. The last run of each key is checked
 // by checkNewest.
 func (h *history) checkDebounce() []Violation {
 	var vs []Violation
@@ -1171,10 +1197,10 @@ func (h *history) checkDebounce() []Violation {
 	}
 	for _, ts := range byKey {
 		for i, t := range ts {
-			if len(t.oks()) > 0 || t.exempt(h) {
+			if len(t.oks()) > 0 || t.exempt(h) || t.revokedByOperator() {
 				continue
 			}
-			if !slices.ContainsFunc(ts[i+1:], func(u *taskHist) bool { return len(u.oks()) > 0 || u.exempt(h) }) {
+			if !slices.ContainsFunc(ts[i+1:], func(u *taskHist) bool { return len(u.oks()) > 0 || u.exempt(h) || u.revokedByOperator() }) {
 				// It, or a newer task it gave way to, lost with a failover.
 				loss := h.asynqLoss(t)
 				for _, u := range ts[i+1:] {

@@ -425,6 +425,39 @@ func TestDebounceTaskLostOrOlderLastRunIsReported(t *testing.T) {
 	}
 }
 
+// Under Debounce, a newest task whose run an operator stopped, and which
+// then failed and was revoked, ends its key's work: neither it nor an older
+// task that gave way to it is reported. The same failure without the
+// operator's stop is reported, as is a stopped task delivered again.
+func TestDebounceNewestStoppedByAnOperatorIsNoViolation(t *testing.T) {
+	for _, c := range []struct {
+		stopped, again bool
+		want           int
+	}{{true, false, 0}, {false, false, 3}, {true, true, 3}} {
+		h := newHist(polKeepNewest)
+		h.w.Families[0].Client = cliDebounce
+		h.enqueue(0, "a")
+		h.enqueue(1, "b")
+		h.add(1000, "w1", evDeliver, "a", nil)
+		h.add(1001, "w1", evDecision, "a", func(r *Record) { r.Kind, r.Reason, r.Action = "duplicate", "superseded", "skip" })
+		h.add(1000, "w2", evDeliver, "b", nil)
+		s := h.add(1000, "w2", evStart, "b", nil)
+		if c.stopped {
+			h.add(1050, "w2", evCancel, "b", func(r *Record) { r.Cause, r.Run = "cancelled", s })
+		}
+		h.add(1100, "w2", evEnd, "b", func(r *Record) { r.Outcome, r.Run = "error", s })
+		h.add(1101, "w2", evReturn, "b", func(r *Record) { r.Err = "chaos: failure on the first run" })
+		if c.again {
+			h.add(2000, "w1", evDeliver, "b", nil)
+			h.add(2001, "w1", evReturn, "b", func(r *Record) { r.Err = "chaos: lost" })
+		}
+		vs, _ := check(h.w, h.recs, nil, true)
+		if got := rules(vs); got[ruleDebounce] != c.want || len(vs) != c.want {
+			t.Errorf("stopped=%v again=%v: want %d debounce violations, got %v", c.stopped, c.again, c.want, vs)
+		}
+	}
+}
+
 // Once quiet, records may remain for their documented retention; a live
 // holder, a waiter, a parked job, a record kept longer than its retention
 // and a key without a TTL are reported.
@@ -927,6 +960,11 @@ func TestClusterSeedHistoriesBreakNoRule(t *testing.T) {
 		// ("<tick's task ID>~<suffix>") and revoked it, and the copy ran
 		// to completion: the tick's work, done once.
 		"seed-3114": "a periodic tick's task requeued as a copy with no retries left",
+		// The newest Debounce task of a key (f8debounce, FailOnce) was
+		// stopped by an operator (Locker.CancelRun) during its first run,
+		// which then failed: singleton revoked it, and the five older
+		// tasks had given way to it.
+		"seed-3238": "a newest Debounce task revoked after an operator's stop",
 	} {
 		t.Run(name+": "+what, func(t *testing.T) { wantNoViolationWithKeys(t, name) })
 	}
