@@ -111,6 +111,9 @@ func TestTaskTypesShareATenantKeyAndItsLimit(t *testing.T) {
 		require.Eventually(t, func() bool { return skipped("acme") == 1 && skipped("globex") == 1 }, 10*time.Second, 5*time.Millisecond)
 		require.Len(t, e.holders("tenant:acme"), 2)
 		require.Len(t, e.holders("tenant:globex"), 1)
+		// Every holder's handler has begun (a lease is taken a moment
+		// before its handler runs) before any ends.
+		require.Eventually(t, func() bool { return tr.peaks()["acme"] == 2 && tr.peaks()["globex"] == 1 }, 10*time.Second, 5*time.Millisecond)
 		once.Do(func() { close(release) })
 		e.Drained(10 * time.Second)
 		require.Equal(t, map[string]int{"acme": 2, "globex": 1}, tr.peaks())
