@@ -19,8 +19,9 @@
 //
 // # Words
 //
-// A job is one run of work under a key; a duplicate is a job whose key is
-// held by another run; a policy says what happens to a duplicate (skip it,
+// A job is one run of work under a key (and its extra keys, other keys it
+// holds besides its own: WithExtraKeys); a duplicate is a job whose key, or
+// one of its extra keys, is held by other runs up to its limit; a policy says what happens to a duplicate (skip it,
 // requeue it, fail it, wait, coalesce, keep the newest, preempt); an action
 // is what a policy does with one duplicate (skip, requeue, fail); an event
 // is what happened to a job, reported to observers. The lease, its label,
